@@ -1,0 +1,93 @@
+"""The tiny offline models are real Qwen3 / Qwen3-MoE models: forward, sampling, chat template."""
+import pytest
+import torch
+
+import engine
+
+TOOLS = [{"type": "function", "function": {
+    "name": "lookup_order", "description": "Find an order by id.",
+    "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}},
+                   "required": ["order_id"]}}}]
+
+
+@pytest.mark.parametrize("fixture,arch", [("tiny", "Qwen3ForCausalLM"),
+                                          ("tiny_moe", "Qwen3MoeForCausalLM")])
+def test_forward_and_generate_with_logprobs(request, fixture, arch):
+    model, tok = request.getfixturevalue(fixture)
+    assert type(model).__name__ == arch
+    n_params = sum(p.numel() for p in model.parameters())
+    assert 50_000 < n_params < 2_000_000
+    ids = torch.tensor([tok.encode("The tides follow the moon.")])
+    logits = model(ids).logits  # (1, T, V)
+    assert logits.shape == (1, ids.shape[1], len(tok)) and torch.isfinite(logits).all()
+    torch.manual_seed(0)
+    out = model.generate(ids, max_new_tokens=6, do_sample=True, output_scores=True,
+                         return_dict_in_generate=True)
+    new = out.sequences[0, ids.shape[1]:]
+    # per-token log-probs of the sampled tokens, from the scores generate hands back
+    lp = torch.stack([torch.log_softmax(s[0].float(), -1)[t] for s, t in zip(out.scores, new)])
+    assert lp.shape == (len(new),) and (lp <= 0).all() and torch.isfinite(lp).all()
+
+
+def test_same_seed_same_weights():
+    a, _ = engine.build_tiny("tiny", seed=3)
+    b, _ = engine.build_tiny("tiny", seed=3)
+    c, _ = engine.build_tiny("tiny", seed=4)
+    wa, wb, wc = (m.model.embed_tokens.weight for m in (a, b, c))
+    assert torch.equal(wa, wb) and not torch.equal(wa, wc)
+
+
+def test_tokenizer_round_trips_any_text(tokenizer):
+    text = "Grüße \\boxed{x_1 + 2} 🙂\n\ttab <|im_end|>"
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token == "<|endoftext|>"
+    assert tokenizer.padding_side == "left"
+
+
+def test_chat_template_round_trip_plain(tokenizer):
+    msgs = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "\\boxed{4}"}]
+    text = tokenizer.apply_chat_template(msgs, tokenize=False)
+    assert text == ("<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
+                    "<|im_start|>assistant\n<think>\n\n</think>\n\n\\boxed{4}<|im_end|>\n")
+    ids = tokenizer.apply_chat_template(msgs, tokenize=True, return_dict=False)
+    assert tokenizer.decode(ids) == text
+    prompt = tokenizer.apply_chat_template(msgs[:2], tokenize=False, add_generation_prompt=True)
+    assert prompt.endswith("<|im_start|>assistant\n")
+    no_think = tokenizer.apply_chat_template(msgs[:2], tokenize=False, add_generation_prompt=True,
+                                             enable_thinking=False)
+    assert no_think == prompt + "<think>\n\n</think>\n\n"
+
+
+def test_chat_template_drops_earlier_reasoning(tokenizer):
+    first = [{"role": "user", "content": "a"},
+             {"role": "assistant", "content": "<think>\nplan\n</think>\n\n\\boxed{1}"}]
+    before = tokenizer.apply_chat_template(first, tokenize=False)
+    after = tokenizer.apply_chat_template(first + [{"role": "user", "content": "b"}],
+                                          tokenize=False)
+    assert "plan" in before and "plan" not in after
+    assert not after.startswith(before)  # the Qwen3 behaviour the agent must handle
+
+
+def test_chat_template_with_tools(tokenizer):
+    msgs = [{"role": "user", "content": "Where is order 7?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"type": "function",
+                 "function": {"name": "lookup_order", "arguments": {"order_id": "7"}}}]},
+            {"role": "tool", "content": "shipped"}]
+    text = tokenizer.apply_chat_template(msgs, tools=TOOLS, tokenize=False,
+                                         add_generation_prompt=True)
+    assert text.startswith("<|im_start|>system\n# Tools")
+    assert '"name": "lookup_order"' in text
+    assert '<tool_call>\n{"name": "lookup_order", "arguments": {"order_id": "7"}}\n</tool_call>' in text
+    assert "<|im_start|>user\n<tool_response>\nshipped\n</tool_response><|im_end|>\n" in text
+    assert text.endswith("<|im_start|>assistant\n")
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+def test_aliases_resolve_without_network():
+    assert engine.resolve_model_name("Qwen3-30B-A3B") == "Qwen/Qwen3-30B-A3B-Instruct-2507"
+    assert engine.resolve_model_name("Qwen3-4B") == "Qwen/Qwen3-4B-Instruct-2507"
+    assert engine.resolve_model_name("tiny-moe") == "tiny-moe"
+    with pytest.raises(ValueError, match="unknown model"):
+        engine.resolve_model_name("Qwen3-5B")
