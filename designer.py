@@ -1,0 +1,742 @@
+"""The Environment Designer: skills, corpus grounding, designer prompts, reply parsing, hints.
+
+SPADE (arXiv 2608.19197; the designer role, Algorithm 1 step 1; SPEC §3) makes the policy write
+complete multi-turn environments as Python classes. Each regeneration picks the active skills by round
+robin, grounds every attempt in a document sampled from a corpus, shows the environment memory
+(memory.py), extracts the code from the reply, validates it in the sandbox (up to 5 attempts per
+slot, a fresh document each time; invalid attempts are rejection-sampled away, never trained on),
+and then asks the same policy for a privileged hint used by the hint-based regret, Eq. (3).
+
+    round robin:  e = step // R,  start = (e * k) mod n,  active = S[start], ..., S[start + k - 1]
+    slot i of a regeneration gets skill active[i mod k]
+    hinted first observation = f"{observation}\\n\\nHINT: {hint}"
+
+Symbols (paper -> code):
+    S, n (skills)              GAME_SKILLS / TOOL_SKILLS, len(skills)
+    k (active per regen)       per_regen  (3 for games, 6 for tool use)
+    R (regeneration interval)  interval   (4 for games, 8 for tool use)
+    N (environments per regen) len(skills_for_slots) (24 in the paper)
+    d (corpus document)        Document
+    h(e) (privileged hint)     Proposal.hint
+
+Deviations from the paper and from the authors' code:
+    1. The environment class is the LAST module-level class whose name ends in "Env" (the
+       sandbox's report, when it names a class, takes precedence).
+    2. Code extraction takes the first ```python (or ```py) fence, then an untagged ``` fence, then
+       the whole reply; an unclosed fence (a reply cut at the token cap) runs to the end.
+    3. Brace repair fixes only f-string fields that do not parse on their own (e.g.
+       f"answer \\boxed{<move>}") by doubling their braces, at most 3 rounds, and keeps the result
+       only if `ast` parses it. Fields that parse but fail at run time are the sandbox's business.
+    4. A reply that hit the token cap and does not parse is rejected as "truncated", not "syntax".
+    5. The "decline one irrelevant request" tool-use variant asks for an explicit decline tool,
+       because the ToolEnv contract advances instructions only through tool calls.
+    6. The solvability check of tool-use environments is executable (sandbox replays solution())
+       where the authors used an LLM self-audit; the prompt tells the designer about it.
+    7. A hint is capped at 100 words (the prompt asks for fewer); an empty hint becomes None and
+       the hinted arm then equals the unhinted one.
+    8. `validate` is retried up to twice when it raises (the sandbox raises only for
+       infrastructure faults, SECURITY.md); a third failure propagates to the trainer.
+    9. Without a corpus (the no-corpus ablation) the prompt simply omits the document section.
+
+Dependencies: standard library only.
+Test: `pytest tests/test_designer.py`.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import logging
+import random
+import re
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+log = logging.getLogger(__name__)
+
+# Sampling constants (the paper's training setup, as SPEC §3.3 and §3.5 record them). train.py binds
+# them into the generate callables; they live here beside the prompts they belong to.
+DESIGNER_TEMPERATURE = 0.6
+DESIGNER_TOP_P = 0.95
+DESIGNER_TOP_K = 20
+DESIGNER_MAX_NEW_TOKENS = 16384
+HINT_TEMPERATURE = 0.3
+HINT_TOP_P = 0.95   # not stated for the hint call; we keep the designer's nucleus settings
+HINT_TOP_K = 20
+HINT_MAX_NEW_TOKENS = {"games": 4096, "tool": 2048}
+HINT_MAX_WORDS = 100
+MAX_ATTEMPTS = 5                                  # attempts per slot (paper)
+CORPUS_SEED = 42                                  # document sampler seed (paper)
+CORPUS_MAX_WORDS = {"games": 6000, "tool": 4000}  # words kept per document (paper)
+REPAIR_ROUNDS = 3
+MAX_FIELD_CHARS = 400        # longer "fields" are left alone
+REPAIR_BUDGET = 200_000      # characters of field probing per round; beyond it a reply is not repaired
+VALIDATE_RETRIES = 2
+SETTINGS = ("games", "tool")
+
+# ----------------------------------------------------------------------------------------------
+# ALGO: skills and the round-robin curriculum (SPEC §3.1)
+
+
+@dataclass(frozen=True)
+class Skill:
+    name: str
+    description: str
+    examples: tuple[str, ...]
+
+
+GAME_SKILLS = (
+    Skill("Mathematical Reasoning", "solving mathematical problems and equations",
+          ("a vault whose dial code satisfies arithmetic clues revealed one at a time",
+           "a shopkeeper game where the player balances a ledger by querying entries",
+           "narrowing down a hidden polynomial by asking for its value at chosen points")),
+    Skill("Logical Deduction", "drawing conclusions from premises and rules",
+          ("a detective interview where each answer rules suspects in or out",
+           "a knights-and-knaves island where the player questions inhabitants",
+           "a seating puzzle whose constraints are uncovered by inspecting chairs")),
+    Skill("Spatial Reasoning", "spatial relationships, navigation and mental rotation",
+          ("steering a robot through a fogged grid that reports only nearby walls",
+           "rotating and placing tiles to complete a picture on a small board",
+           "locating a hidden ship from distance readings at probed cells",
+           "folding a paper net and predicting which faces touch")),
+    Skill("Pattern Recognition", "finding patterns in sequences, numbers and text",
+          ("predicting the next terms of a sequence revealed one term per probe",
+           "cracking a substitution cipher by testing letter mappings",
+           "inferring a hidden rewriting rule from before/after examples the player requests")),
+    Skill("Optimization", "finding optimal solutions under constraints",
+          ("packing a delivery van with weight and volume limits, item by item",
+           "scheduling jobs on two machines to minimise the finishing time",
+           "buying supplies across shops with changing prices to stay under budget")),
+    Skill("Causal Inference", "identifying cause-effect relationships",
+          ("a greenhouse where the player toggles factors to find what makes plants wilt",
+           "debugging a circuit of switches and lamps by flipping one switch at a time",
+           "finding which of several medicines causes a side effect from controlled trials")),
+)
+
+TOOL_SKILLS = (
+    Skill("API Orchestration", "chaining several tools so each call feeds the next",
+          ("look up a customer, then their latest order, then issue a refund on it",
+           "find a free meeting room, book it and invite the right people",
+           "convert a price with a rates tool before placing a foreign order")),
+    Skill("Data Retrieval", "finding and filtering the right records through search tools",
+          ("find the cheapest direct flight under a budget among many results",
+           "list the unread tickets of one customer and report their priorities",
+           "locate the file last modified by a given user in a nested folder tree")),
+    Skill("State Modification", "changing the backend state correctly and completely",
+          ("move two items from a wishlist into the cart with the right quantities",
+           "update a contact's phone number and mark the old one inactive",
+           "reschedule a recurring event without touching its other occurrences")),
+    Skill("Error Recovery", "noticing failed or rejected calls and recovering from them",
+          ("a payment that fails for an expired card and must be retried with another",
+           "a booking request rejected for a bad date format that must be corrected",
+           "a transfer over the daily limit that must be split into two transfers")),
+    Skill("Tool Selection", "choosing the right tool among many similar ones",
+          ("pick between search_by_name and search_by_id when only an email is known",
+           "use a dry-run tool before the irreversible one",
+           "choose the device-specific control among thermostat, light and lock tools")),
+    Skill("Multi-Step Workflows", "carrying out long procedures in the right order",
+          ("open a support case, attach logs, escalate and notify the customer",
+           "onboard an employee: create the account, assign a team, grant access",
+           "close a project milestone only after all its tasks are marked done")),
+)
+
+TWO_SKILLS = tuple(s for s in GAME_SKILLS if s.name in ("Mathematical Reasoning", "Pattern Recognition"))
+SKILLS = {s.name: s for s in GAME_SKILLS + TOOL_SKILLS}
+
+
+def active_skills(step: int, skills: Sequence[Skill | str], per_regen: int, interval: int) -> list[str]:
+    """Names of the k skills active at `step` (SPEC §3.1 round robin)."""
+    names = [s.name if isinstance(s, Skill) else s for s in skills]
+    n, k = len(names), per_regen
+    if not 1 <= k <= n or interval < 1:
+        raise ValueError(f"need 1 <= per_regen <= {n} and interval >= 1, got {k} and {interval}")
+    epoch = step // interval
+    start = (epoch * k) % n
+    return [names[(start + i) % n] for i in range(k)]
+
+
+def slot_skills(active: Sequence[str], n_slots: int) -> list[str]:
+    """Slot i of a regeneration gets skill active[i mod k]."""
+    return [active[i % len(active)] for i in range(n_slots)]
+
+
+# ----------------------------------------------------------------------------------------------
+# INFRA: the grounding corpus (SPEC §3.2)
+
+
+@dataclass(frozen=True)
+class Document:
+    doc_id: str       # the line's "id" field if it has one, else "line <n>" (1-based)
+    text: str         # possibly truncated, with a note saying so
+    truncated: bool
+
+
+def truncate_words(text: str, max_words: int) -> tuple[str, bool]:
+    """Keep the first `max_words` whitespace-separated words (original spacing kept) plus a note."""
+    for i, m in enumerate(re.finditer(r"\S+", text)):
+        if i == max_words:
+            note = f"\n\n[Document truncated: only its first {max_words:,} words are shown.]"
+            return text[:m.start()].rstrip() + note, True
+    return text, False
+
+
+class Corpus:
+    """Documents from a JSONL file (`text` or `orig_doc` per line) and a seeded sampler.
+
+    Build it once per run and keep it (checkpoint `state_dict()`): a fresh Corpus restarts the
+    sampler at its seed and would hand every regeneration the same documents.
+    """
+
+    def __init__(self, path: str | Path, *, max_words: int = CORPUS_MAX_WORDS["games"],
+                 seed: int = CORPUS_SEED):
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"corpus {path} not found: pass a JSONL file with one "
+                                    "{\"text\": ...} object per line (data/corpus.jsonl ships one; "
+                                    "a FineWeb-Edu sample is the paper-scale choice)")
+        self.path, self.max_words = path, max_words
+        self.documents: list[Document] = []
+        self.skipped = 0  # lines that were not JSON objects with a non-empty text
+        with path.open(encoding="utf-8", errors="replace") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    row = None
+                text = (row.get("text") or row.get("orig_doc")) if isinstance(row, dict) else None
+                if not isinstance(text, str) or not text.strip():
+                    self.skipped += 1
+                    continue
+                doc_id = str(row["id"]) if row.get("id") is not None else f"line {n}"
+                self.documents.append(Document(doc_id, *truncate_words(text.strip(), self.max_words)))
+        if self.skipped:
+            log.warning("corpus %s: skipped %d unreadable or empty lines", path, self.skipped)
+        if not self.documents:
+            raise ValueError(f"corpus {path} has no usable documents ({self.skipped} lines skipped)")
+        self.rng = random.Random(seed)
+
+    @classmethod
+    def load(cls, path: str | Path, *, max_words: int = CORPUS_MAX_WORDS["games"],
+             seed: int = CORPUS_SEED) -> "Corpus":
+        """Same as the constructor; reads as what it does at the call site."""
+        return cls(path, max_words=max_words, seed=seed)
+
+    def __len__(self) -> int:
+        return len(self.documents)
+
+    def sample(self) -> Document:
+        return self.rng.choice(self.documents)
+
+    def state_dict(self) -> dict:
+        """The sampler state, JSON-serialisable, for checkpoints."""
+        version, internal, gauss = self.rng.getstate()
+        return {"rng": [version, list(internal), gauss]}
+
+    def load_state_dict(self, state: dict) -> None:
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))
+
+
+# ----------------------------------------------------------------------------------------------
+# ALGO: the designer prompts (SPEC §3.3)
+
+TOOL_DOMAINS = ("retail", "travel booking", "telecom", "banking", "calendar", "file system",
+                "shopping cart", "support tickets", "smart home", "project tracker")
+TOOL_VARIANTS = {
+    "execute": "The instructions ask for actions the tools can carry out directly; the assistant "
+               "must execute them correctly and in order.",
+    "read_then_write": "Each change depends on a value the assistant must first read with another "
+                       "tool (for example a balance, a status or an id).",
+    "missing_parameter": "One instruction leaves out a required parameter (such as an id) that "
+                         "the assistant must look up with another tool before acting.",
+    "decline": "One instruction is an irrelevant or forbidden request (outside the tools' scope "
+               "or against a stated policy). Provide a tool such as decline_request(reason); that "
+               "instruction is complete when the request is declined and the state is unchanged.",
+}
+
+GAMES_SYSTEM = ("You are an expert game designer. You write interactive, multi-turn text "
+                "environments in Python that train and test the reasoning of an AI player.")
+TOOL_SYSTEM = ("You are an expert designer of tool-use environments. You write realistic, "
+               "multi-turn simulated backends in Python that an AI assistant operates through "
+               "tools to complete a user's requests.")
+
+GAMES_REQUIREMENTS = r"""## Interaction requirements
+- Genuinely multi-turn: reaching the goal takes several actions; one lucky guess must not win.
+- Hidden state: the environment knows something the player does not; acting reveals it.
+- Every observation states the current situation and the actions available now, with their format.
+- The player makes exactly one action per turn, written as \boxed{...}.
+- Give partial reward in [0, 1] for real progress on intermediate steps; at the end the reward is
+  1.0 on success and 0.0 on failure.
+- Terminate only when the goal is reached or definitively failed; truncate when turns run out.
+- Never reveal the solution, the hidden values or the formula behind them.
+- Never mention the reference document: the player never sees it."""
+
+GAMES_INTERFACE = r"""## Interface
+```python
+import random
+
+class LanternMazeEnv:                      # the class name must end in "Env"
+    def __init__(self, max_turns: int = 20):
+        self.max_turns = max_turns
+        ...                                # initialise EVERY attribute here
+    def reset(self, seed: int | None = None) -> tuple[str, dict]:
+        self.rng = random.Random(seed)     # all randomness comes from this rng
+        ...
+        return observation, {}
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        ...                                # action is the text "\boxed{<move>}"
+        return observation, reward, terminated, truncated, info
+```
+- `__init__` works with no arguments; define one class ending in "Env".
+- The same seed gives the same first observation and the same dynamics.
+- `step` returns (observation: str, reward: float, terminated: bool, truncated: bool, info: dict);
+  truncated is True once the turn budget is used up; rewards stay within [0, 1]."""
+
+GAMES_ROBUSTNESS = r"""## Robustness rules
+- Standard library only (math, random, re, json, itertools, collections, functools, heapq,
+  string); no files, network, subprocesses, input() or printing.
+- Initialise every attribute in `__init__`, so any call order works.
+- Never crash on a garbage action: an unparsable or illegal move returns an observation that
+  restates the valid format, with reward 0.0 and terminated False.
+- Inside f-strings, double literal braces: f"Answer as \\boxed{{move}}. Turn {self.turn}."
+- Every code path of `step` returns the full 5-tuple."""
+
+TOOL_INTERFACE = r"""## Interface
+`ToolEnv` is provided by the runtime: do not import it and do not define it. Subclass it:
+```python
+class OrderDeskEnv(ToolEnv):               # the class name must end in "Env"
+    TOOLS = [{"name": "lookup_order", "description": "Look up an order by id.",
+              "parameters": {"type": "object",
+                             "properties": {"order_id": {"type": "string"}},
+                             "required": ["order_id"]}},
+             ...]
+    def setup(self, rng):                  # rng: random.Random seeded by reset(seed)
+        self.state = {...}                 # the hidden backend state, built from rng only
+        self.instructions = [("Find the status of order 17.", lambda s: s["found"]), ...]  # 3-5
+    def tool_lookup_order(self, order_id: str) -> str:
+        ...                                # one method tool_<name> per entry of TOOLS
+    def solution(self) -> list[dict]:      # reference calls, computed from self.state
+        return [{"name": "lookup_order", "arguments": {"order_id": "17"}}, ...]
+```
+What ToolEnv provides (do not override these):
+- `__init__(self, max_turns=20)`; `reset(seed)` calls `setup(rng)` and returns (the first
+  instruction, {"tools": [...]}); `tools()` exports TOOLS as function schemas.
+- `step(action)`: the action holds zero or more
+  `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks, or `<answer>done</answer>`.
+  Each call is dispatched with `call(name, arguments) -> str` (errors come back as text). The
+  observation is the outputs joined by newlines; a call that completes the current instruction
+  gets the next instruction appended to its output. Reward 0.0, not terminated.
+  `<answer>done</answer>` terminates with reward 1.0 if every instruction is done, else 0.0.
+  Anything else is malformed: reward -0.1, not terminated, a format reminder. After `max_turns`
+  steps the episode is truncated.
+Solvability is checked by running your code: for seeds 0, 1 and 2, `solution()` is replayed one
+call per step from `reset(seed)`; every instruction must complete in order and
+`<answer>done</answer>` must then earn 1.0. Predicates take the state, never raise, and are all
+False right after reset."""
+
+TOOL_REQUIREMENTS = r"""## Interaction requirements
+- The user's goal arrives as 3-5 atomic instructions, revealed one at a time.
+- Several tool calls are needed; ids and values live in the hidden state and must be looked up,
+  never guessed. Tool outputs are short, informative text (JSON text is fine).
+- Tools validate their arguments and return an error message as text instead of raising.
+- Instructions never reveal the solution and never mention the reference document."""
+
+TOOL_ROBUSTNESS = r"""## Robustness rules
+- Standard library only (math, random, re, json, itertools, collections, functools, heapq,
+  string); no files, network, subprocesses, input() or printing.
+- Build all state in `setup` from the given rng, so the same seed gives the same episode.
+- Every tool method accepts exactly the parameters its schema declares and returns a str.
+- Inside f-strings, double literal braces: f"Order {oid}: status {{shipped}}"."""
+
+
+def tool_task(rng: random.Random) -> tuple[str, str]:
+    """Sample one of the ten domains and one of the four task variants for a tool-use prompt."""
+    return rng.choice(TOOL_DOMAINS), rng.choice(sorted(TOOL_VARIANTS))
+
+
+def _skill_section(skill: Skill) -> str:
+    ideas = "\n".join(f"- {e}" for e in skill.examples)
+    return (f"## Target skill\n{skill.name}: {skill.description}.\nIdeas for inspiration (invent "
+            f"your own):\n{ideas}\nDifficulty: medium, the goal needs 3 or more interaction steps.")
+
+
+def designer_messages(skill: str | Skill, *, setting: str = "games", document: Document | None = None,
+                      memory_block: str = "", task: tuple[str, str] | None = None) -> list[dict]:
+    """The designer chat for one attempt; `task` = (domain, variant) is required for tool use."""
+    skill = SKILLS[skill] if isinstance(skill, str) else skill
+    doc = (f"<REFERENCE_DOCUMENT>\n{document.text}\n</REFERENCE_DOCUMENT>" if document else None)
+    ask = "Write the complete environment in a single ```python code block."
+    if setting == "games":
+        intro = ("Design a new interactive, multi-turn text environment in Python."
+                 + (" Ground it in a concept, fact, process or situation from the reference "
+                    "document below; use the document as a source of ideas, not as text to quote."
+                    if doc else ""))
+        parts = [intro, doc, GAMES_REQUIREMENTS, GAMES_INTERFACE, GAMES_ROBUSTNESS, _skill_section(skill)]
+        system = GAMES_SYSTEM
+    elif setting == "tool":
+        if task is None:
+            raise ValueError("tool-use prompts need task=(domain, variant); see tool_task(rng)")
+        domain, variant = task
+        intro = (f"Design a new multi-turn tool-use environment in Python: a simulated {domain} "
+                 f"backend that an assistant operates through tools.\nTask variant: "
+                 f"{TOOL_VARIANTS[variant]}"
+                 + ("\nThe reference document below is optional flavour (names, products, a "
+                    "scenario); ignore it if it does not fit the domain." if doc else ""))
+        parts = [intro, doc, TOOL_REQUIREMENTS, TOOL_INTERFACE, TOOL_ROBUSTNESS, _skill_section(skill)]
+        system = TOOL_SYSTEM
+    else:
+        raise ValueError(f"setting must be one of {SETTINGS}, got {setting!r}")
+    parts += [ask, memory_block or None]  # the memory block comes last (SPEC §3.3)
+    return [{"role": "system", "content": system},
+            {"role": "user", "content": "\n\n".join(p for p in parts if p)}]
+
+
+# ----------------------------------------------------------------------------------------------
+# ALGO: from reply to environment source (SPEC §3.4)
+
+
+def reply_text(reply: Any) -> str:
+    """A reply is a str or a Completion-like object with `.text`."""
+    return reply if isinstance(reply, str) else str(getattr(reply, "text", "") or "")
+
+
+def strip_thinking(text: str) -> str:
+    """Remove reasoning: closed <think> blocks, anything before a stray </think>, an unclosed <think> tail."""
+    text = re.sub(r"<think>.*?</think>", "", text, flags=re.S)
+    if "</think>" in text:  # the chat template opened the block inside the prompt
+        text = text.rsplit("</think>", 1)[1]
+    return text.split("<think>", 1)[0]
+
+
+def code_block(text: str) -> str:
+    """First ```python fence, else first untagged fence, else the whole text; unclosed runs to the end."""
+    for opener in (r"```(?:python3?|py)[ \t]*\n", r"```[ \t]*\n"):
+        m = re.search(opener, text, flags=re.I)
+        if m:
+            end = text.find("```", m.end())
+            return text[m.end():] if end < 0 else text[m.end():end]
+    return text
+
+
+def _parses(source: str) -> bool:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # invalid escapes like "\d" in designer code are not our concern
+            ast.parse(source)
+        return True
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+
+
+_WORD = re.compile(r"\w+")
+_STRING_PREFIXES = {"", "r", "u", "f", "b", "rb", "br", "fr", "rf"}
+
+
+def _fstring_edits(src: str) -> list[tuple[int, str]]:
+    """Scan the source for f-string fields that do not parse alone; return (position, brace) insertions."""
+    edits, i, n, budget = [], 0, len(src), [REPAIR_BUDGET]
+    while i < n:
+        c = src[i]
+        if c == "#":
+            end = src.find("\n", i)
+            i = n if end < 0 else end
+        elif c.isalpha() or c == "_" or c in "'\"":
+            word = _WORD.match(src, i).group() if c not in "'\"" else ""
+            j = i + len(word)
+            if word.lower() in _STRING_PREFIXES and src[j:j + 1] in ("'", '"'):
+                delim = src[j] * 3 if src.startswith(src[j] * 3, j) else src[j]
+                i = _scan_string(src, j + len(delim), word.lower(), delim, edits, budget)
+                if budget[0] < 0:
+                    return []  # a hostile or degenerate reply: not worth repairing
+            else:
+                i = j  # an identifier or keyword
+        else:
+            i += 1
+    return edits
+
+
+def _scan_string(src: str, i: int, prefix: str, delim: str, edits: list, budget: list) -> int:
+    """Scan one string literal body from i; record brace fixes for f-strings; return the index after it."""
+    n, is_f, raw = len(src), "f" in prefix, "r" in prefix
+    while i < n and budget[0] >= 0:
+        if src.startswith(delim, i):
+            return i + len(delim)
+        c = src[i]
+        if c == "\n" and len(delim) == 1:
+            return i  # unterminated single-line string: the parser will say so
+        if c == "\\":
+            if not raw and src.startswith("N{", i + 1):
+                close = src.find("}", i)
+                i = close + 1 if close > 0 else n
+            else:
+                i += 1 if src[i + 1:i + 2] in ("{", "}") else 2
+            continue
+        if is_f and c in "{}" and src[i + 1:i + 2] == c:
+            i += 2  # an escaped brace
+        elif is_f and c == "}":
+            edits.append((i, "}"))  # a lone closing brace: double it
+            i += 1
+        elif is_f and c == "{":
+            end = _field_end(src, i + 1, delim)
+            budget[0] -= (end if end and end > 0 else i + MAX_FIELD_CHARS) - i + 100  # + a parse
+            if end == -1:
+                i += 1  # too long to judge: leave it to the parser
+            elif end is None:
+                edits.append((i, "{"))  # an unclosed field: the brace was meant literally
+                i += 1
+            else:
+                inner = src[i + 1:end]
+                if not _parses(f"{prefix}{delim}{{{inner}}}{delim}"):
+                    edits += [(i, "{"), (end, "}")]
+                i = end + 1
+        else:
+            i += 1
+    return n
+
+
+def _field_end(src: str, i: int, delim: str) -> int | None:
+    """Index of the '}' closing an f-string field starting at i; None if it never closes; -1 if too long."""
+    depth, n = 0, min(len(src), i + MAX_FIELD_CHARS)
+    while i < n:
+        c = src[i]
+        if c == "\n" and len(delim) == 1 or src.startswith(delim, i) and len(delim) == 3:
+            return None
+        if c in "'\"":
+            close = src.find(c, i + 1, n)
+            if close < 0 or (len(delim) == 1 and "\n" in src[i:close]):
+                return None
+            i = close + 1
+            continue
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            if depth == 0:
+                return i if c == "}" else None
+            depth -= 1
+        i += 1
+    return -1 if n < len(src) else None
+
+
+def repair_fstring_braces(source: str, rounds: int = REPAIR_ROUNDS) -> str | None:
+    """Return `source` if it parses, else a version with broken f-string fields' braces doubled, else None."""
+    for _ in range(rounds + 1):
+        if _parses(source):
+            return source
+        edits = _fstring_edits(source)
+        if not edits:
+            return None
+        for pos, brace in sorted(edits, reverse=True):
+            source = source[:pos] + brace + source[pos:]
+    return None
+
+
+def extract_environment(reply: Any) -> str | None:
+    """The environment source of a designer reply (thinking removed, braces repaired), or None."""
+    code = code_block(strip_thinking(reply_text(reply))).strip()
+    return repair_fstring_braces(code) if code else None
+
+
+def find_env_class(source: str) -> str | None:
+    """Name of the last module-level class whose name ends in 'Env' (deviation 1)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    names = [node.name for node in tree.body if isinstance(node, ast.ClassDef) and node.name.endswith("Env")]
+    return names[-1] if names else None
+
+
+# ----------------------------------------------------------------------------------------------
+# ALGO: one regeneration: generate -> extract -> validate, retrying failed slots (Algorithm 1)
+
+
+@dataclass
+class Proposal:
+    """One designer attempt for one slot; accepted ones become environments and training samples."""
+    skill: str
+    setting: str = "games"
+    slot: int = 0                   # index into skills_for_slots
+    attempt: int = 1                # 1-based attempt number of this slot
+    doc_id: str | None = None       # corpus document the prompt was grounded in
+    messages: list[dict] = field(default_factory=list)  # the designer chat (train renders it to tokens)
+    task: tuple[str, str] | None = None  # (domain, variant) for tool use
+    reply: Any = None               # the engine's Completion (token_ids, logprobs) or a str
+    source: str | None = None       # extracted (and repaired) code; raw code when it did not parse
+    class_name: str | None = None
+    repaired: bool = False          # brace repair changed the code
+    ok: bool = False
+    reason: str | None = None       # rejection kind: no_code, truncated, syntax, no_class, or the sandbox's
+    error: str | None = None        # rejection message
+    hint: str | None = None
+
+    def to_log(self) -> dict:
+        """JSON-friendly summary for the run's logs (the reply object itself is not serialised)."""
+        return {"skill": self.skill, "setting": self.setting, "slot": self.slot, "attempt": self.attempt,
+                "doc_id": self.doc_id, "task": list(self.task) if self.task else None, "ok": self.ok,
+                "reason": self.reason, "error": self.error, "class_name": self.class_name,
+                "repaired": self.repaired, "hint": self.hint, "source": self.source,
+                "finish_reason": getattr(self.reply, "finish_reason", None)}
+
+
+def _judge(p: Proposal, validate: Callable) -> None:
+    """Fill in source, class name, ok and the rejection reason of an answered proposal."""
+    text = strip_thinking(reply_text(p.reply))
+    code = code_block(text).strip()
+    if not code:
+        p.reason, p.error = "no_code", "the reply contains no code"
+        return
+    source = repair_fstring_braces(code)
+    if source is None and "```" not in text and not re.search(r"^\s*(class|def|import)\s", text, re.M):
+        p.reason, p.error = "no_code", "no ```python block, and the reply is not Python"
+        return
+    if source is None:
+        p.source = code
+        cut = getattr(p.reply, "finish_reason", None) == "length"
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ast.parse(code)
+        except SyntaxError as e:
+            p.error = f"{e.msg} (line {e.lineno})"
+        except (ValueError, RecursionError, MemoryError) as e:
+            p.error = f"{type(e).__name__}: {e}"
+        p.reason = "truncated" if cut else "syntax"
+        return
+    p.source, p.repaired, p.class_name = source, source != code, find_env_class(source)
+    if p.class_name is None:
+        p.reason, p.error = "no_class", "no module-level class whose name ends in 'Env'"
+        return
+    for retry in range(VALIDATE_RETRIES + 1):
+        try:
+            report = validate(source)
+            break
+        except Exception as e:  # INFRA: the sandbox raises only for its own faults; retry them
+            if retry == VALIDATE_RETRIES:
+                raise
+            log.warning("validate raised %s: %s; retrying", type(e).__name__, e)
+    p.ok = bool(report.ok)
+    p.class_name = getattr(report, "class_name", None) or p.class_name
+    if not p.ok:
+        p.reason = getattr(report, "kind", None) or "invalid"
+        p.error = getattr(report, "error", None)
+
+
+def regenerate(skills_for_slots: Sequence[str], *, generate: Callable, validate: Callable,
+               corpus: Corpus | None, memory_block: Callable[[str], str] | None, setting: str,
+               rng: random.Random, max_attempts: int = MAX_ATTEMPTS) -> tuple[list[Proposal], dict]:
+    """Write one environment per slot, with up to `max_attempts` attempts per slot.
+
+    generate(list of chats) -> list of replies (str or Completion); validate(source) -> report
+    with .ok, .error, .class_name, .kind (the caller binds the setting, e.g.
+    `lambda src: sb.validate(src, setting=setting)`); memory_block(skill) -> str (None: no memory).
+    Each round batches every still-failing slot into one generate call; every attempt gets a fresh
+    document. Returns all proposals (accepted and rejected, in attempt order) and statistics.
+    """
+    proposals, pending = [], list(range(len(skills_for_slots)))
+    for attempt in range(1, max_attempts + 1):
+        if not pending:
+            break
+        batch = []
+        for slot in pending:
+            skill = skills_for_slots[slot]
+            doc = corpus.sample() if corpus is not None else None
+            task = tool_task(rng) if setting == "tool" else None
+            block = memory_block(skill) if memory_block is not None else ""
+            messages = designer_messages(skill, setting=setting, document=doc, memory_block=block, task=task)
+            batch.append(Proposal(skill, setting, slot, attempt, doc.doc_id if doc else None, messages, task))
+        replies = generate([p.messages for p in batch])
+        if len(replies) != len(batch):
+            raise ValueError(f"generate returned {len(replies)} replies for {len(batch)} prompts")
+        for p, reply in zip(batch, replies):
+            p.reply = reply
+            _judge(p, validate)
+        proposals += batch
+        pending = [p.slot for p in batch if not p.ok]
+    return proposals, regeneration_stats(proposals, len(skills_for_slots))
+
+
+def regeneration_stats(proposals: Sequence[Proposal], n_slots: int) -> dict:
+    """Metrics of one regeneration; train.py logs them under "designer/" (keys in the README)."""
+    valid = sum(p.ok for p in proposals)
+    stats = {"slots": n_slots, "attempts": len(proposals), "valid": valid,
+             "validity_rate": valid / len(proposals) if proposals else 0.0,  # per attempt (SPEC §3.4)
+             "first_attempt_validity_rate":
+                 sum(p.ok for p in proposals if p.attempt == 1) / n_slots if n_slots else 0.0,
+             "empty_slots": n_slots - valid,
+             "repaired": sum(p.ok and p.repaired for p in proposals)}
+    for p in proposals:
+        if not p.ok:
+            stats[f"rejected/{p.reason}"] = stats.get(f"rejected/{p.reason}", 0) + 1
+    return stats
+
+
+# ----------------------------------------------------------------------------------------------
+# ALGO: the privileged hint (SPEC §3.5)
+
+HINT_SYSTEM = {
+    "games": "You write hints for players of text games. The player sees only the text "
+             "observations the game prints, never its code.",
+    "tool": "You write hints for an assistant that operates a backend through tools. The "
+            "assistant sees only the instructions and the tool outputs, never the code.",
+}
+HINT_ASK = {
+    "games": "Write a privileged hint for a player of this game: name the key insight or strategy "
+             "and the exact answer format, in 1-3 sentences and under 100 words. Do not give the "
+             "exact answer or any hidden value.",
+    "tool": "Write a privileged hint for the assistant: a procedural strategy in terms of the "
+            "tools' roles (which tool to use first, what to look up before acting), in 1-3 "
+            "sentences and under 100 words. Never mention concrete ids or values.",
+}
+
+
+def hint_messages(source: str, setting: str) -> list[dict]:
+    user = (f"Environment source:\n```python\n{source}\n```\n\n{HINT_ASK[setting]}\n"
+            'Reply with a JSON object: {"hint": "..."}')
+    return [{"role": "system", "content": HINT_SYSTEM[setting]}, {"role": "user", "content": user}]
+
+
+def parse_hint(reply: Any) -> str | None:
+    """The value of a JSON object's "hint" key if the reply holds one, else the stripped text; capped."""
+    text = strip_thinking(reply_text(reply)).strip()
+    hint = None
+    decoder = json.JSONDecoder()
+    for m in re.finditer(r"\{", text):
+        try:
+            obj, _ = decoder.raw_decode(text, m.start())
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("hint"), str):
+            hint = obj["hint"]
+            break
+    if hint is None:
+        hint = re.sub(r"^```\w*\n?|\n?```$", "", text).strip()
+    words = hint.split()
+    if len(words) > HINT_MAX_WORDS:
+        hint = " ".join(words[:HINT_MAX_WORDS]) + " ..."
+    return hint.strip() or None
+
+
+def write_hints(proposals: Sequence[Proposal], generate: Callable) -> list[str | None]:
+    """Hints for every proposal that has a source and was not rejected, in one generate call.
+
+    Sets each such proposal's `.hint`; returns one entry per input proposal (None where skipped).
+    A bare `Proposal(skill=..., setting=..., source=...)` also works (e.g. a carried environment).
+    """
+    todo = [p for p in proposals if p.source and p.reason is None]
+    if todo:
+        replies = generate([hint_messages(p.source, p.setting) for p in todo])
+        if len(replies) != len(todo):
+            raise ValueError(f"generate returned {len(replies)} replies for {len(todo)} prompts")
+        for p, reply in zip(todo, replies):
+            p.hint = parse_hint(reply)
+    return [p.hint if p.source and p.reason is None else None for p in proposals]
+
+
+def hinted_observation(observation: str, hint: str | None) -> str:
+    """The hinted arm's FIRST observation (SPEC §3.5); later observations are unchanged."""
+    return f"{observation}\n\nHINT: {hint}" if hint else observation

@@ -1,0 +1,213 @@
+"""Environment memory: what the designer remembers about the environments it wrote before.
+
+SPADE (arXiv 2608.19197; the environment memory, SPEC §4) keeps a bounded record of past
+environments with the agent's win rate and the hint-based regret each one earned. Every designer
+prompt for a skill shows up to two positive exemplars of that skill (environments at the agent's
+learning frontier, ranked by regret) as inspiration for structure and complexity, plus one
+negative example (an environment that was far too easy or far too hard), so the designer drifts
+towards the frontier without copying.
+
+    positive(skill) = sample_2( top_10_by_regret({r : r.skill = skill, 0.15 <= r.win_rate <= 0.85}) )
+    negative(skill) = newest({r : r.skill = skill, r.win_rate > 0.9 or r.win_rate < 0.1})
+
+Symbols (paper -> code):
+    M (memory, capacity 200)        EnvironmentMemory(capacity=200)
+    w(e) (agent win rate)           MemoryRecord.win_rate  (share of unhinted plays with return > 0)
+    regret(e), Eq. (3)              MemoryRecord.regret
+    code of e                       MemoryRecord.source    (first 2,000 characters shown)
+
+Deviations from the paper and from the authors' code:
+    1. The negative example is the newest qualifying record of the skill (the agent's current
+       ability is what makes an environment too easy or too hard); the authors' choice is not
+       stated. Positive exemplars are sampled with the caller's rng, so a seeded run is repeatable.
+    2. Persistence is one JSON document written atomically (temp file + fsync + os.replace) and a
+       corrupt or mismatched file raises `MemoryFileError` on load: a resumed run never silently
+       starts with an empty memory.
+
+Dependencies: standard library only.
+Test: `pytest tests/test_memory.py`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import tempfile
+from collections import deque
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+# Paper constants (SPEC §4).
+CAPACITY = 200               # FIFO capacity of the memory
+FRONTIER = (0.15, 0.85)      # win rates of positive exemplars (inclusive)
+TOO_EASY = 0.9               # win rate above this: negative example ("too easy")
+TOO_HARD = 0.1               # win rate below this: negative example ("too hard")
+TOP_K = 10                   # positives are sampled from the top-10 by regret
+N_POSITIVE = 2               # at most 2 positive exemplars per prompt
+CODE_CHARS = 2000            # characters of an exemplar's code shown in the prompt
+FORMAT_VERSION = 1
+
+
+class MemoryFileError(ValueError):
+    """A memory file that exists but cannot be trusted (bad JSON, wrong shape, bad record)."""
+
+
+@dataclass
+class MemoryRecord:
+    """One environment the designer wrote, with how the agent fared on it."""
+    skill: str           # skill the environment was written for (prompts filter on it)
+    source: str          # the environment's Python source
+    win_rate: float      # share of the step's unhinted plays with return > 0, in [0, 1]
+    regret: float        # hint-based regret of the step, Eq. (3)
+    step: int            # training step of the regeneration that produced it
+    class_name: str      # the environment class (named by negative examples)
+    setting: str = "games"  # "games" or "tool"
+
+    def __post_init__(self):
+        if not isinstance(self.skill, str) or not isinstance(self.source, str):
+            raise ValueError("MemoryRecord.skill and .source must be strings")
+        if not isinstance(self.class_name, str) or not isinstance(self.setting, str):
+            raise ValueError("MemoryRecord.class_name and .setting must be strings")
+        self.win_rate, self.regret, self.step = float(self.win_rate), float(self.regret), int(self.step)
+        if not 0.0 <= self.win_rate <= 1.0:
+            raise ValueError(f"MemoryRecord.win_rate must lie in [0, 1], got {self.win_rate}")
+        if not math.isfinite(self.regret):
+            raise ValueError(f"MemoryRecord.regret must be finite, got {self.regret}")
+
+
+class EnvironmentMemory:
+    """FIFO memory of past environments that renders the designer prompt's memory block."""
+
+    def __init__(self, capacity: int = CAPACITY, path: str | os.PathLike | None = None):
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self.path = Path(path) if path is not None else None
+        self._records: deque[MemoryRecord] = deque(maxlen=capacity)  # oldest falls out first
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    @property
+    def records(self) -> list[MemoryRecord]:
+        """Records oldest first (a copy)."""
+        return list(self._records)
+
+    def add(self, record: MemoryRecord) -> None:
+        self._records.append(record)
+
+    # ALGO: exemplar selection (SPEC §4)
+
+    def positives(self, skill: str, rng: random.Random) -> list[MemoryRecord]:
+        """Up to 2 frontier records of `skill`, sampled from its top 10 by regret; best first."""
+        lo, hi = FRONTIER
+        frontier = [r for r in self._records if r.skill == skill and lo <= r.win_rate <= hi]
+        # Highest regret first; among equal regrets the newer record wins (enumerate keeps FIFO order).
+        ranked = [r for _, r in sorted(enumerate(frontier), key=lambda ir: (-ir[1].regret, -ir[0]))]
+        top = ranked[:TOP_K]
+        picked = rng.sample(range(len(top)), min(N_POSITIVE, len(top)))
+        return [top[i] for i in sorted(picked)]
+
+    def negative(self, skill: str) -> MemoryRecord | None:
+        """The newest record of `skill` that was too easy (> 0.9) or too hard (< 0.1)."""
+        for r in reversed(self._records):
+            if r.skill == skill and (r.win_rate > TOO_EASY or r.win_rate < TOO_HARD):
+                return r
+        return None
+
+    def prompt_block(self, skill: str, rng: random.Random) -> str:
+        """The memory section of a designer prompt for `skill`; "" when nothing qualifies."""
+        positives, negative = self.positives(skill, rng), self.negative(skill)
+        parts = []
+        if positives:
+            lines = ["<REFERENCE_ENVIRONMENTS>",
+                     f"Environments written earlier for the skill {skill!r} that the agent found "
+                     "challenging but solvable. Use them as inspiration for structure and "
+                     "complexity only: write a DIFFERENT environment, not a variant of these."]
+            for i, r in enumerate(positives, 1):
+                code = r.source[:CODE_CHARS]
+                if len(r.source) > CODE_CHARS:
+                    code += f"\n# ... (truncated: first {CODE_CHARS} characters shown)"
+                lines += ["", f"Reference {i}: {r.class_name} (skill: {r.skill}, "
+                              f"agent win rate {r.win_rate:.2f}, regret {r.regret:.2f})",
+                          "```python", code, "```"]
+            lines.append("</REFERENCE_ENVIRONMENTS>")
+            parts.append("\n".join(lines))
+        if negative is not None:
+            verdict = "too easy" if negative.win_rate > TOO_EASY else "too hard"
+            parts.append(f"Avoid environments like {negative.class_name}: it was {verdict} for the "
+                         f"agent (win rate {negative.win_rate:.2f}).")
+        return "\n\n".join(parts)
+
+    # INFRA: persistence and checkpoints
+
+    def to_dict(self) -> dict:
+        return {"version": FORMAT_VERSION, "capacity": self.capacity,
+                "records": [asdict(r) for r in self._records]}
+
+    @classmethod
+    def from_dict(cls, data: dict, path: str | os.PathLike | None = None) -> "EnvironmentMemory":
+        """Rebuild a memory; raises MemoryFileError on anything malformed."""
+        if not isinstance(data, dict) or data.get("version") != FORMAT_VERSION:
+            raise MemoryFileError(f"not an environment memory of format version {FORMAT_VERSION}")
+        capacity, records = data.get("capacity"), data.get("records")
+        if type(capacity) is not int or not isinstance(records, list):
+            raise MemoryFileError("environment memory needs an int 'capacity' and a list 'records'")
+        if capacity < 1:
+            raise MemoryFileError(f"environment memory capacity must be >= 1, got {capacity}")
+        names = {f.name for f in fields(MemoryRecord)}
+        memory = cls(capacity=capacity, path=path)
+        for i, raw in enumerate(records):
+            if not isinstance(raw, dict) or set(raw) != names:
+                raise MemoryFileError(f"record {i} must have exactly the fields {sorted(names)}")
+            try:
+                memory.add(MemoryRecord(**raw))
+            except (TypeError, ValueError) as e:
+                raise MemoryFileError(f"record {i} is invalid: {e}") from e
+        return memory
+
+    def save(self, path: str | os.PathLike | None = None) -> Path:
+        """Write the memory as JSON atomically: a crash leaves the previous file intact."""
+        target = Path(path) if path is not None else self.path
+        if target is None:
+            raise ValueError("EnvironmentMemory.save needs a path (none given at construction)")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(self.to_dict(), f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)  # atomic on POSIX: readers see the old or the new file
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        dir_fd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)  # make the rename itself durable
+        finally:
+            os.close(dir_fd)
+        return target
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "EnvironmentMemory":
+        """Reload a saved memory; a missing file raises FileNotFoundError, a corrupt one MemoryFileError."""
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise FileNotFoundError(f"environment memory file {path} does not exist") from None
+        except UnicodeDecodeError as e:
+            raise MemoryFileError(f"environment memory file {path} is not UTF-8: {e}") from e
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise MemoryFileError(f"environment memory file {path} is corrupt: {e}") from e
+        try:
+            return cls.from_dict(data, path=path)
+        except MemoryFileError as e:
+            raise MemoryFileError(f"environment memory file {path}: {e}") from e

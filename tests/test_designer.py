@@ -1,0 +1,602 @@
+"""The designer (SPEC §3) with scripted replies: skills, corpus, prompts, extraction, hints, regeneration."""
+import ast
+import json
+import random
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+import pytest
+
+import designer as d
+from memory import EnvironmentMemory, MemoryRecord
+
+MATH, LOGIC, SPATIAL, PATTERN, OPTIM, CAUSAL = (s.name for s in d.GAME_SKILLS)
+
+
+# ----------------------------------------------------------------------------------------------
+# skills and the round robin
+
+
+def test_skill_tables():
+    assert [s.name for s in d.GAME_SKILLS] == [
+        "Mathematical Reasoning", "Logical Deduction", "Spatial Reasoning",
+        "Pattern Recognition", "Optimization", "Causal Inference"]
+    assert [s.name for s in d.TOOL_SKILLS] == [
+        "API Orchestration", "Data Retrieval", "State Modification",
+        "Error Recovery", "Tool Selection", "Multi-Step Workflows"]
+    assert [s.name for s in d.TWO_SKILLS] == [MATH, PATTERN]
+    for s in d.GAME_SKILLS + d.TOOL_SKILLS:
+        assert s.description and 3 <= len(s.examples) <= 4
+
+
+def test_round_robin_games_alternates_halves():
+    # n=6, k=3, R=4: epoch e = step // 4, start = 3e mod 6 (0 for even e, 3 for odd e; 396 // 4 = 99).
+    first, second = [MATH, LOGIC, SPATIAL], [PATTERN, OPTIM, CAUSAL]
+    expected = {0: first, 3: first, 4: second, 7: second, 8: first, 12: second, 392: first, 396: second, 399: second}
+    for step, active in expected.items():
+        assert d.active_skills(step, d.GAME_SKILLS, 3, 4) == active, step
+
+
+def test_round_robin_wraps_when_k_does_not_divide_n():
+    names = [s.name for s in d.GAME_SKILLS]
+    # n=6, k=4, R=2: epoch 0 start 0, epoch 1 start 4, epoch 2 start 8 mod 6 = 2, epoch 3 start 0.
+    idx = {0: [0, 1, 2, 3], 1: [0, 1, 2, 3], 2: [4, 5, 0, 1], 5: [2, 3, 4, 5], 6: [0, 1, 2, 3]}
+    for step, want in idx.items():
+        assert d.active_skills(step, names, 4, 2) == [names[i] for i in want], step
+
+
+def test_round_robin_tool_use_and_two_skills():
+    tool = [s.name for s in d.TOOL_SKILLS]
+    for step in (0, 7, 8, 16, 399):
+        assert d.active_skills(step, d.TOOL_SKILLS, 6, 8) == tool
+    # two-skill ablation with one active per regeneration alternates Math / Pattern by epoch
+    assert [d.active_skills(s, d.TWO_SKILLS, 1, 4) for s in (0, 4, 8, 12)] == [[MATH], [PATTERN], [MATH], [PATTERN]]
+    with pytest.raises(ValueError):
+        d.active_skills(0, d.TWO_SKILLS, 3, 4)
+
+
+def test_slot_assignment():
+    active = [PATTERN, OPTIM, CAUSAL]
+    slots = d.slot_skills(active, 24)
+    assert slots[:4] == [PATTERN, OPTIM, CAUSAL, PATTERN]
+    assert all(slots.count(s) == 8 for s in active)
+
+
+# ----------------------------------------------------------------------------------------------
+# corpus
+
+
+def write_corpus(path, lines):
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_corpus_reads_text_and_orig_doc_and_counts_skipped(tmp_path, caplog):
+    path = write_corpus(tmp_path / "c.jsonl", [
+        json.dumps({"text": "Bees dance to share the direction of flowers."}),
+        "",
+        "{not json",
+        json.dumps({"orig_doc": "Tides follow the moon.", "id": "doc-7"}),
+        json.dumps({"text": "   "}),
+        json.dumps(["a", "list"]),
+        json.dumps({"title": "no text field"}),
+    ])
+    with caplog.at_level("WARNING"):
+        corpus = d.Corpus(path)
+    assert len(corpus) == 2 and corpus.skipped == 4
+    assert [doc.doc_id for doc in corpus.documents] == ["line 1", "doc-7"]
+    assert corpus.documents[1].text == "Tides follow the moon."
+    assert "skipped 4" in caplog.text
+
+
+def test_corpus_truncation_by_setting(tmp_path):
+    words = [f"w{i}" for i in range(7000)]
+    path = write_corpus(tmp_path / "c.jsonl", [json.dumps({"text": " ".join(words)}),
+                                                json.dumps({"text": "short text"})])
+    games, tool = d.Corpus(path), d.Corpus.load(path, max_words=d.CORPUS_MAX_WORDS["tool"])
+    g, t = games.documents[0], tool.documents[0]
+    assert g.truncated and t.truncated and not games.documents[1].truncated
+    assert g.text.startswith("w0 w1 ") and "w5999 " not in g.text and "w5999\n" in g.text and "w6000" not in g.text
+    assert "first 6,000 words" in g.text
+    assert "w3999\n" in t.text and "w4000" not in t.text and "first 4,000 words" in t.text
+    text, cut = d.truncate_words("a  b\n\nc d", 3)
+    assert cut and text.startswith("a  b\n\nc\n\n[Document truncated")
+
+
+def test_corpus_sampler_is_seeded_and_resumable(tmp_path):
+    path = write_corpus(tmp_path / "c.jsonl", [json.dumps({"text": f"document {i}"}) for i in range(20)])
+    a, b = d.Corpus(path), d.Corpus(path)
+    assert [a.sample().doc_id for _ in range(10)] == [b.sample().doc_id for _ in range(10)]
+    seed42, fresh = random.Random(42), d.Corpus(path)  # the sampler is random.Random(42).choice
+    assert [fresh.sample().doc_id for _ in range(5)] == [seed42.choice(a.documents).doc_id for _ in range(5)]
+    state = json.loads(json.dumps(a.state_dict()))
+    nxt = [a.sample().doc_id for _ in range(5)]
+    c = d.Corpus(path)
+    c.load_state_dict(state)
+    assert [c.sample().doc_id for _ in range(5)] == nxt
+
+
+def test_corpus_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not found"):
+        d.Corpus(tmp_path / "missing.jsonl")
+    path = write_corpus(tmp_path / "bad.jsonl", ["garbage", "", json.dumps({"x": 1})])
+    with pytest.raises(ValueError, match="no usable documents"):
+        d.Corpus(path)
+
+
+# ----------------------------------------------------------------------------------------------
+# prompts
+
+DOC = d.Document("doc-1", "The lighthouse keeper logged ship sightings every hour.", False)
+
+
+def user_text(messages):
+    assert [m["role"] for m in messages] == ["system", "user"]
+    return messages[1]["content"]
+
+
+@pytest.mark.parametrize("skill", d.GAME_SKILLS, ids=lambda s: s.name)
+def test_games_prompt_per_skill(skill):
+    messages = d.designer_messages(skill.name, setting="games", document=DOC, memory_block="MEMORY BLOCK")
+    assert "game designer" in messages[0]["content"]
+    text = user_text(messages)
+    assert f"<REFERENCE_DOCUMENT>\n{DOC.text}\n</REFERENCE_DOCUMENT>" in text
+    assert skill.name in text and skill.description in text
+    assert all(e in text for e in skill.examples)
+    for needle in (r"\boxed{...}", "Hidden state", "partial reward", "Never reveal the solution",
+                   "Never mention the reference document", "def reset(self, seed: int | None = None)",
+                   "def step(self, action: str)", "Standard library only", "double literal braces",
+                   "full 5-tuple", "medium", "3 or more", "```python code block"):
+        assert needle in text, needle
+    order = [text.index(s) for s in ("<REFERENCE_DOCUMENT>", "## Interaction", "## Interface",
+                                     "## Robustness", "## Target skill", "```python code block")]
+    assert order == sorted(order)
+    assert text.endswith("MEMORY BLOCK")  # the memory block comes last
+    assert "ToolEnv" not in text
+    # the interface skeleton in the prompt is itself valid Python
+    skeleton = text.split("```python\n", 1)[1].split("```", 1)[0].replace("...", "pass")
+    ast.parse(skeleton)
+
+
+@pytest.mark.parametrize("skill", d.TOOL_SKILLS, ids=lambda s: s.name)
+def test_tool_prompt_per_skill(skill):
+    task = ("banking", "missing_parameter")
+    messages = d.designer_messages(skill, setting="tool", document=DOC, task=task)
+    assert "tool-use" in messages[0]["content"]
+    text = user_text(messages)
+    assert skill.name in text and skill.description in text and all(e in text for e in skill.examples)
+    assert "simulated banking backend" in text and d.TOOL_VARIANTS["missing_parameter"] in text
+    assert "optional flavour" in text and DOC.text in text
+    for needle in ("class OrderDeskEnv(ToolEnv)", "do not import it", "TOOLS = [", "def setup(self, rng)",
+                   "self.state", "self.instructions", "3-5", "def tool_lookup_order", "def solution(self)",
+                   "__init__(self, max_turns=20)", '<tool_call>{"name": ..., "arguments": {...}}</tool_call>',
+                   "<answer>done</answer>", "call(name, arguments) -> str", "next instruction appended",
+                   "reward 1.0 if every instruction is done", "reward -0.1", "truncated",
+                   "seeds 0, 1 and 2", "never raise", "False right after reset", "```python code block"):
+        assert needle in text, needle
+    assert r"\boxed" not in text
+    assert not text.endswith("\n")  # no memory block: the code request is last
+
+
+def test_tool_prompt_needs_a_task_and_tasks_cover_the_tables():
+    with pytest.raises(ValueError, match="task"):
+        d.designer_messages(d.TOOL_SKILLS[0], setting="tool")
+    with pytest.raises(ValueError, match="setting"):
+        d.designer_messages(MATH, setting="chess")
+    rng = random.Random(0)
+    tasks = [d.tool_task(rng) for _ in range(400)]
+    assert {t[0] for t in tasks} == set(d.TOOL_DOMAINS) and len(d.TOOL_DOMAINS) == 10
+    assert {t[1] for t in tasks} == set(d.TOOL_VARIANTS) and len(d.TOOL_VARIANTS) == 4
+    assert tasks[:20] == [d.tool_task(r) for r in [random.Random(0)] for _ in range(20)]
+
+
+def test_prompt_without_corpus_has_no_document():
+    text = user_text(d.designer_messages(MATH, setting="games", document=None))
+    assert "REFERENCE_DOCUMENT" not in text and "reference document below" not in text
+
+
+# ----------------------------------------------------------------------------------------------
+# extraction and brace repair
+
+GOOD = r'''import random
+import re
+
+
+class NAMEEnv:
+    def __init__(self, max_turns: int = 8):
+        self.max_turns = max_turns
+        self.secret = 0
+        self.turn = 0
+
+    def reset(self, seed=None):
+        self.rng = random.Random(seed)
+        self.secret = self.rng.randint(1, 50)
+        self.turn = 0
+        return f"Guess a number from 1 to 50. Answer as \\boxed{{n}}. Turns left: {self.max_turns}.", {}
+
+    def step(self, action):
+        self.turn += 1
+        m = re.search(r"\\boxed\{(-?\d+)\}", action)
+        truncated = self.turn >= self.max_turns
+        if not m:
+            return f"Invalid move. Answer as \\boxed{{n}}, turns left: {self.max_turns - self.turn}.", 0.0, False, truncated, {}
+        guess = int(m.group(1))
+        if guess == self.secret:
+            return "Correct!", REWARD, True, False, {}
+        hint = "higher" if guess < self.secret else "lower"
+        return f"Go {hint}. Answer as \\boxed{{n}}.", 0.0, False, truncated, {}
+'''
+
+
+def env(name, reward="1.0", src=GOOD):
+    return src.replace("NAME", name).replace("REWARD", reward)
+
+
+def fenced(code, before="Here is my environment.", after="It is medium difficulty."):
+    return f"{before}\n```python\n{code}```\n{after}"
+
+
+def test_extract_fenced_unfenced_think_and_truncated():
+    code = env("Dial")
+    assert d.extract_environment(fenced(code)) == code.strip()
+    assert d.extract_environment(code) == code.strip()  # no fence: the whole reply
+    think = f"<think>Maybe ```python\nclass DraftEnv: pass\n``` no.</think>\n{fenced(code)}"
+    assert d.extract_environment(think) == code.strip()
+    stray = f"Plan: ```python\nclass DraftEnv: pass\n```</think>{fenced(code)}"  # opening tag was in the prompt
+    assert d.extract_environment(stray) == code.strip()
+    assert d.extract_environment("<think>I will write ```python\nclass AEnv: pass\n```") is None  # cut while thinking
+    assert d.extract_environment(f"```py\n{code}```") == code.strip()
+    assert d.extract_environment(f'```json\n{{"a": 1}}\n```\n```python\n{code}```') == code.strip()
+    assert d.extract_environment(f"```\n{code}```") == code.strip()  # untagged fence
+    cut = fenced(code)[: fenced(code).index("if guess == ") + 12]  # token cap hit mid-function
+    assert d.extract_environment(cut) is None
+    assert d.extract_environment("```python\nclass BrokenEnv:\n    def reset(self\n") is None
+    assert d.extract_environment("") is None and d.extract_environment("no code at all") is None
+
+
+@dataclass
+class FakeCompletion:
+    text: str
+    finish_reason: str = "stop"
+    token_ids: list = field(default_factory=lambda: [1, 2, 3])
+    logprobs: list = field(default_factory=lambda: [-0.1, -0.2, -0.3])
+
+
+def test_extract_accepts_completion_objects():
+    assert d.extract_environment(FakeCompletion(fenced(env("Dial")))) == env("Dial").strip()
+
+
+@pytest.mark.parametrize("broken, fixed_fragment", [
+    ('f"Answer as \\\\boxed{<move>}. Turn {self.turn}."', 'f"Answer as \\\\boxed{{<move>}}. Turn {self.turn}."'),
+    ('f"Valid moves: {up, down, or left}; at {self.pos}"', 'f"Valid moves: {{up, down, or left}}; at {self.pos}"'),
+    ('f"Use {} to pass. Score {self.score}"', 'f"Use {{}} to pass. Score {self.score}"'),
+    ('f"Grid: {self.grid}}"', 'f"Grid: {self.grid}}}"'),
+    ("f'Format: \\\\boxed{row col} ({self.n} left)'", "f'Format: \\\\boxed{{row col}} ({self.n} left)'"),
+])
+def test_brace_repair_single_line(broken, fixed_fragment):
+    src = f"class GridEnv:\n    def obs(self):\n        return {broken}\n"
+    with pytest.raises(SyntaxError):
+        ast.parse(src)
+    repaired = d.repair_fstring_braces(src)
+    assert repaired == src.replace(broken, fixed_fragment)
+    ast.parse(repaired)
+
+
+def test_brace_repair_realistic_environment_runs():
+    broken = env("Dial").replace("Answer as \\\\boxed{{n}}. Turns left", "Answer as \\\\boxed{<n>}. Turns left")
+    broken = broken.replace("Go {hint}.", "Go {hint} (a {1..50} guess).")
+    assert d.extract_environment(fenced(broken)) is not None
+    ns = {}
+    exec(d.extract_environment(fenced(broken)), ns)
+    game = ns["DialEnv"]()
+    obs, _ = game.reset(seed=3)
+    assert r"Answer as \boxed{<n>}. Turns left: 8." in obs
+    assert "{1..50} guess" in game.step(r"\boxed{0}")[0]
+
+
+def test_brace_repair_multiline_and_limits():
+    src = 'def f(n):\n    return f"""Pick one of {1, 2, or 3}.\nTurn {n}.\n"""\n'
+    assert d.repair_fstring_braces(src) == src.replace("{1, 2, or 3}", "{{1, 2, or 3}}")
+    valid = 'x, w = 2, 5\ns = f"{x:{w}} and {{literal}}"  # f"{not touched}"\n'
+    assert d.repair_fstring_braces(valid) == valid  # valid code is never changed
+    assert d.repair_fstring_braces("def f(:\n    return f'{a b}'\n") is None  # another error remains
+    assert d.repair_fstring_braces('s = "a {plain} string"\nif x\n') is None  # nothing to repair
+    assert d.repair_fstring_braces("") == ""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("hostile", [
+    'f"""' + "{a " * 20000 + '"""\nx(',         # thousands of fields that never close
+    "x = f'" + "}" * 30000 + "'\n(",             # a flood of lone braces plus another error
+    'f"""' + "{a b}" * 12000 + '"""',             # more broken fields than the repair budget
+    "s = f'{" + "(" * 5000 + "'",                 # deep nesting inside one field
+])
+def test_brace_repair_gives_up_on_hostile_replies(hostile):
+    assert d.repair_fstring_braces(hostile) is None
+
+
+def test_find_env_class_takes_the_last_module_level_env():
+    src = "class AEnv: pass\nclass Helper: pass\ndef f():\n    class InnerEnv: pass\nclass BEnv(AEnv): pass\n"
+    assert d.find_env_class(src) == "BEnv"
+    assert d.find_env_class("class Game: pass\n") is None
+    assert d.find_env_class("class (:") is None
+
+
+# ----------------------------------------------------------------------------------------------
+# hints
+
+
+def test_parse_hint_json_plain_and_caps():
+    assert d.parse_hint('{"hint": "Binary search the range."}') == "Binary search the range."
+    assert d.parse_hint('Sure! ```json\n{"hint": "Track parity.", "x": 1}\n```') == "Track parity."
+    assert d.parse_hint('<think>{"hint": "wrong"}</think>{"hint": "Right one."}') == "Right one."
+    assert d.parse_hint("  Halve the interval each turn; answer as \\boxed{n}.  ") == \
+        "Halve the interval each turn; answer as \\boxed{n}."
+    assert d.parse_hint('Use {"hint" style braces} loosely') == 'Use {"hint" style braces} loosely'
+    assert d.parse_hint('{"other": 1}') == '{"other": 1}'
+    assert d.parse_hint(FakeCompletion("<think>only thinking")) is None
+    long = d.parse_hint(" ".join(["word"] * 300))
+    assert len(long.split()) == d.HINT_MAX_WORDS + 1 and long.endswith("...")
+
+
+def test_write_hints_for_bare_proposals_is_batched_and_aligned():
+    props = [d.Proposal(skill=MATH, setting="games", source="class AEnv: pass"),
+             d.Proposal(skill=MATH, setting="games", source="class BEnv: pass", reason="syntax"),
+             d.Proposal(skill="Data Retrieval", setting="tool", source="class CEnv(ToolEnv): pass")]
+    gen = ScriptedDesigner(['{"hint": "A."}', "Plain C."])
+    assert d.write_hints(props, gen) == ["A.", None, "Plain C."]
+    assert len(gen.batches) == 1 and len(gen.batches[0]) == 2
+    assert "never its code" in gen.batches[0][0][0]["content"] and "tools" in gen.batches[0][1][0]["content"]
+    assert d.write_hints([], gen) == [] and len(gen.batches) == 1
+
+
+def test_hint_prompts_and_hinted_observation():
+    games = d.hint_messages("class XEnv: pass", "games")
+    assert "never its code" in games[0]["content"]
+    assert "class XEnv: pass" in games[1]["content"] and "under 100 words" in games[1]["content"]
+    assert "exact answer" in games[1]["content"] and '{"hint": "..."}' in games[1]["content"]
+    tool = d.hint_messages("class YEnv(ToolEnv): pass", "tool")
+    assert "tools" in tool[0]["content"] and "Never mention concrete ids or values" in tool[1]["content"]
+    assert d.hinted_observation("You see a door.", "Try the key.") == "You see a door.\n\nHINT: Try the key."
+    assert d.hinted_observation("You see a door.", None) == "You see a door."
+    assert d.HINT_MAX_NEW_TOKENS == {"games": 4096, "tool": 2048} and d.HINT_TEMPERATURE == 0.3
+    assert (d.DESIGNER_TEMPERATURE, d.DESIGNER_TOP_P, d.DESIGNER_TOP_K, d.DESIGNER_MAX_NEW_TOKENS) == \
+        (0.6, 0.95, 20, 16384)
+
+
+# ----------------------------------------------------------------------------------------------
+# end-to-end regeneration with a scripted designer and a subprocess validator
+
+PROBE = r'''
+import ast, json, math, sys
+src = sys.stdin.read()
+def out(ok, kind=None, error=None, cls=None):
+    sys.stdout.write("\n" + json.dumps({"ok": ok, "kind": kind, "error": error, "class_name": cls}))
+    sys.stdout.flush()
+    sys.exit(0)
+class Fail(Exception):
+    def __init__(self, kind, message):
+        super().__init__(message)
+        self.kind = kind
+names = [n.name for n in ast.parse(src).body if isinstance(n, ast.ClassDef) and n.name.endswith("Env")]
+if not names:
+    out(False, "no_class", "no Env class")
+def transcript():
+    ns = {}
+    try:
+        exec(compile(src, "<env>", "exec"), ns)
+        env = ns[names[-1]]()
+        obs, info = env.reset(seed=42)
+    except BaseException as e:
+        raise Fail("reset_error", f"{type(e).__name__}: {e}")
+    if type(obs) is not str or not obs or type(info) is not dict:
+        raise Fail("invalid_result", "reset must return (str, dict)")
+    log = [obs]
+    for action in ("\\boxed{1}", "\\boxed{test}", "\\boxed{42}"):
+        try:
+            o, r, term, trunc, inf = env.step(action)
+        except BaseException as e:
+            raise Fail("step_error", f"{type(e).__name__}: {e}")
+        if type(r) not in (int, float) or not math.isfinite(r) or not -10 <= r <= 10:
+            raise Fail("invalid_reward", f"reward {r!r} outside [-10, 10]")
+        log.append([o, r, term, trunc])
+        if term or trunc:
+            break
+    return log
+try:
+    first, second = transcript(), transcript()
+except Fail as e:
+    out(False, e.kind, str(e), names[-1])
+if first != second:
+    out(False, "nondeterministic", "same seed, different transcript", names[-1])
+out(True, None, None, names[-1])
+'''
+
+
+@dataclass
+class Report:
+    ok: bool
+    kind: str | None
+    error: str | None
+    class_name: str | None
+
+
+class SubprocessValidator:
+    """A stand-in for Sandbox.validate: the probe of SPEC §7.2 in a fresh interpreter with a deadline.
+
+    Failure kinds use sandbox.py's names; the designer passes them through as rejection reasons."""
+
+    def __init__(self, workdir, timeout=4.0):
+        self.workdir, self.timeout, self.calls = workdir, timeout, []
+
+    def __call__(self, source):
+        self.calls.append(len(source))
+        try:
+            r = subprocess.run([sys.executable, "-I", "-c", PROBE], input=source, capture_output=True,
+                               text=True, timeout=self.timeout, cwd=self.workdir, env={"PYTHONHASHSEED": "0"})
+        except subprocess.TimeoutExpired:
+            return Report(False, "timeout", f"validation exceeded {self.timeout} s", None)
+        if r.returncode != 0 or not r.stdout.strip():
+            return Report(False, "crash", r.stderr[-300:], None)
+        return Report(**json.loads(r.stdout.strip().splitlines()[-1]))
+
+
+class ScriptedDesigner:
+    """generate(list of chats) -> replies, popped in order from a script; records every batch."""
+
+    def __init__(self, script):
+        self.script, self.batches = list(script), []
+
+    def __call__(self, chats):
+        self.batches.append(chats)
+        replies, self.script = self.script[:len(chats)], self.script[len(chats):]
+        return replies
+
+
+BRACE_BROKEN = env("Compass").replace("Answer as \\\\boxed{{n}}. Turns left", "Answer as \\\\boxed{<n>}. Turns left")
+HANG = env("Hang").replace("self.secret = self.rng.randint(1, 50)", "while True:\n            pass")
+HUGE_REWARD = env("Jackpot").replace("        guess = int", "        return 'ok', 1e9, False, False, {}\n        guess = int")
+NONDETERMINISTIC = env("Dice").replace(  # the first observation leaks an unseeded draw
+    "Turns left: {self.max_turns}", "Turns left: {self.max_turns} (noise {random.random()!r})")
+EXPLODES = env("Bomb").replace("self.max_turns = max_turns", "raise SystemExit('boom')")
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    topics = ["tides", "bees", "bridges", "ciphers", "orchards", "glaciers", "markets", "comets"]
+    path = write_corpus(tmp_path / "corpus.jsonl",
+                        [json.dumps({"text": f"An essay about {t}.", "id": t}) for t in topics])
+    return d.Corpus(path)
+
+
+def test_end_to_end_regeneration(tmp_path, corpus):
+    skills = d.slot_skills(d.active_skills(0, d.GAME_SKILLS, 3, 4), 6)
+    assert skills == [MATH, LOGIC, SPATIAL, MATH, LOGIC, SPATIAL]
+    code = env("Cut")
+    truncated = FakeCompletion("```python\n" + code[:code.index("randint(1, ") + 11], finish_reason="length")
+    valid_first = FakeCompletion(f"<think>A guessing game.</think>{fenced(env('Dial'))}")
+    script = [
+        # attempt 1, slots 0-5
+        valid_first,                                                   # 0: valid
+        fenced(env("Syntax").replace("def step(self, action):", "def step(self, action)")),  # 1: syntax
+        fenced(BRACE_BROKEN),                                          # 2: brace-broken -> repaired, valid
+        fenced(HANG),                                                  # 3: hostile: hangs in reset
+        fenced("class Game:\n    pass\n"),                             # 4: no Env class
+        truncated,                                                     # 5: cut by the token cap
+        # attempt 2, failing slots 1, 3, 4, 5
+        env("Logic"),                                                  # 1: valid, unfenced
+        fenced(HUGE_REWARD),                                           # 3: hostile: reward 1e9
+        fenced(NONDETERMINISTIC),                                      # 4: ignores the seed
+        "<think>```python\n" + env("Ghost") + "```</think>Done!",      # 5: code only inside thinking
+        # attempt 3, failing slots 3, 4, 5
+        fenced(env("Vault")),                                          # 3: valid
+        fenced(EXPLODES),                                              # 4: raises SystemExit in __init__
+        fenced("class Half" + "Env:\n    def reset(self\n"),           # 5: syntax
+    ]
+    generate, validate = ScriptedDesigner(script), SubprocessValidator(tmp_path)
+    reference = d.Corpus(corpus.path)
+    proposals, stats = d.regenerate(skills, generate=generate, validate=validate, corpus=corpus,
+                                    memory_block=None, setting="games", rng=random.Random(0), max_attempts=3)
+
+    # one batched generate call per attempt round, only failing slots retried
+    assert [len(b) for b in generate.batches] == [6, 4, 3]
+    assert [(p.slot, p.attempt) for p in proposals] == [
+        (0, 1), (1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (1, 2), (3, 2), (4, 2), (5, 2), (3, 3), (4, 3), (5, 3)]
+    # a fresh document per attempt, in sampler order, and it is in that attempt's prompt
+    want_docs = [reference.sample().doc_id for _ in proposals]
+    assert [p.doc_id for p in proposals] == want_docs
+    assert all(f"An essay about {p.doc_id}." in p.messages[1]["content"] for p in proposals)
+    assert all(p.skill == skills[p.slot] and p.skill in p.messages[1]["content"] for p in proposals)
+
+    by = {(p.slot, p.attempt): p for p in proposals}
+    assert [(k, by[k].reason) for k in sorted(by)] == [
+        ((0, 1), None), ((1, 1), "syntax"), ((1, 2), None), ((2, 1), None), ((3, 1), "timeout"),
+        ((3, 2), "invalid_reward"), ((3, 3), None), ((4, 1), "no_class"), ((4, 2), "nondeterministic"),
+        ((4, 3), "reset_error"),
+        ((5, 1), "truncated"), ((5, 2), "no_code"), ((5, 3), "syntax")]
+    accepted = [p for p in proposals if p.ok]
+    assert [(p.slot, p.class_name) for p in accepted] == [(0, "DialEnv"), (2, "CompassEnv"), (1, "LogicEnv"), (3, "VaultEnv")]
+    assert by[(0, 1)].reply is valid_first and by[(0, 1)].reply.token_ids == [1, 2, 3]
+    assert by[(2, 1)].repaired and "\\\\boxed{{<n>}}" in by[(2, 1)].source and not by[(0, 1)].repaired
+    assert "outside [-10, 10]" in by[(3, 2)].error and "SystemExit: boom" in by[(4, 3)].error
+    assert "line" in by[(1, 1)].error and by[(5, 2)].source is None
+    assert len(validate.calls) == 8  # syntax / no class / no code never reach the sandbox
+    json.dumps([p.to_log() for p in proposals])  # loggable
+
+    assert stats == {
+        "slots": 6, "attempts": 13, "valid": 4,
+        "validity_rate": pytest.approx(4 / 13), "first_attempt_validity_rate": pytest.approx(2 / 6),
+        "empty_slots": 2, "repaired": 1,
+        "rejected/syntax": 2, "rejected/timeout": 1, "rejected/no_class": 1,
+        "rejected/truncated": 1, "rejected/invalid_reward": 1, "rejected/reset_error": 1,
+        "rejected/nondeterministic": 1,
+        "rejected/no_code": 1}
+
+    # hints for the accepted environments, in one batched call
+    hint_gen = ScriptedDesigner([json.dumps({"hint": f"Hint {i}."}) for i in range(4)])
+    hints = d.write_hints(proposals, hint_gen)
+    assert [h for h in hints if h] == ["Hint 0.", "Hint 1.", "Hint 2.", "Hint 3."]
+    assert [h is not None for h in hints] == [p.ok for p in proposals]
+    assert len(hint_gen.batches) == 1 and "class DialEnv" in hint_gen.batches[0][0][1]["content"]
+    assert by[(2, 1)].hint == "Hint 1." and by[(1, 1)].hint is None
+
+    # record how the agent fared; the next Math prompt's memory block reflects it
+    outcome = {"DialEnv": (0.5, 0.25), "VaultEnv": (0.95, 0.0), "CompassEnv": (0.3, 0.5), "LogicEnv": (0.05, 0.0)}
+    memory = EnvironmentMemory()
+    for p in accepted:
+        w, regret = outcome[p.class_name]
+        memory.add(MemoryRecord(skill=p.skill, source=p.source, win_rate=w, regret=regret, step=0,
+                                class_name=p.class_name, setting=p.setting))
+    rng = random.Random(1)
+    nxt, _ = d.regenerate([MATH, LOGIC], generate=ScriptedDesigner([fenced(env("Next")), fenced(env("Other"))]),
+                          validate=lambda src: Report(True, None, None, None), corpus=corpus,
+                          memory_block=lambda skill: memory.prompt_block(skill, rng), setting="games", rng=rng)
+    math_prompt, logic_prompt = (p.messages[1]["content"] for p in nxt)
+    tail = math_prompt.split("```python code block.", 1)[1]
+    assert tail.lstrip().startswith("<REFERENCE_ENVIRONMENTS>")
+    assert "DialEnv (skill: Mathematical Reasoning, agent win rate 0.50, regret 0.25)" in tail
+    assert "class DialEnv" in tail and "CompassEnv" not in tail  # other skills' records stay out
+    assert tail.endswith("Avoid environments like VaultEnv: it was too easy for the agent (win rate 0.95).")
+    assert "<REFERENCE_ENVIRONMENTS>" not in logic_prompt
+    assert logic_prompt.endswith("Avoid environments like LogicEnv: it was too hard for the agent (win rate 0.05).")
+    assert [p.class_name for p in nxt] == ["NextEnv", "OtherEnv"]
+
+
+def test_tool_regeneration_samples_tasks(corpus):
+    seen = []
+
+    def validate(source):
+        seen.append(source)
+        return Report(True, None, None, "ShopEnv")
+    reply = fenced("class ShopEnv(ToolEnv):\n    TOOLS = []\n")
+    skills = [s.name for s in d.TOOL_SKILLS]
+    props, stats = d.regenerate(skills, generate=ScriptedDesigner([reply] * 6), validate=validate,
+                                corpus=corpus, memory_block=None, setting="tool", rng=random.Random(5))
+    rng = random.Random(5)
+    assert [p.task for p in props] == [d.tool_task(rng) for _ in range(6)]
+    assert all(f"simulated {p.task[0]} backend" in p.messages[1]["content"] for p in props)
+    assert len(seen) == 6 and stats["validity_rate"] == 1.0 and stats["empty_slots"] == 0
+
+
+def test_no_corpus_and_infra_retries():
+    calls = []
+
+    def flaky(source):
+        calls.append(1)
+        if len(calls) < 3:
+            raise RuntimeError("could not start a worker")
+        return Report(True, None, None, None)
+    props, stats = d.regenerate([MATH], generate=ScriptedDesigner([fenced(env("Dial"))]), validate=flaky,
+                                corpus=None, memory_block=None, setting="games", rng=random.Random(0))
+    assert len(calls) == 3 and props[0].ok and props[0].doc_id is None
+    assert "REFERENCE_DOCUMENT" not in props[0].messages[1]["content"]
+
+    def broken(source):
+        raise RuntimeError("sandbox down")
+    with pytest.raises(RuntimeError, match="sandbox down"):
+        d.regenerate([MATH], generate=ScriptedDesigner([fenced(env("Dial"))]), validate=broken,
+                     corpus=None, memory_block=None, setting="games", rng=random.Random(0))
+    with pytest.raises(ValueError, match="replies"):
+        d.regenerate([MATH, MATH], generate=lambda chats: ["x"], validate=broken,
+                     corpus=None, memory_block=None, setting="games", rng=random.Random(0))

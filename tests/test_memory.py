@@ -1,0 +1,172 @@
+"""Environment memory (SPEC §4): selection thresholds and order, the rendered block, persistence."""
+import json
+import os
+import random
+
+import pytest
+
+import memory
+from memory import EnvironmentMemory, MemoryFileError, MemoryRecord
+
+
+def rec(name, win_rate, regret, skill="Mathematical Reasoning", step=0, source=None):
+    return MemoryRecord(skill=skill, source=source or f"class {name}:\n    pass\n", win_rate=win_rate,
+                        regret=regret, step=step, class_name=name)
+
+
+def test_fifo_capacity_drops_oldest():
+    mem = EnvironmentMemory(capacity=3)
+    for i in range(5):
+        mem.add(rec(f"E{i}Env", 0.5, 0.1, step=i))
+    assert len(mem) == 3
+    assert [r.class_name for r in mem.records] == ["E2Env", "E3Env", "E4Env"]
+
+
+def test_positive_thresholds_are_inclusive_and_same_skill_only():
+    mem = EnvironmentMemory()
+    for name, w in [("LowEdgeEnv", 0.15), ("HighEdgeEnv", 0.85), ("BelowEnv", 0.149), ("AboveEnv", 0.851)]:
+        mem.add(rec(name, w, 0.2))
+    mem.add(rec("OtherSkillEnv", 0.5, 0.9, skill="Optimization"))
+    picked = mem.positives("Mathematical Reasoning", random.Random(0))
+    assert {r.class_name for r in picked} == {"LowEdgeEnv", "HighEdgeEnv"}
+    assert mem.positives("Causal Inference", random.Random(0)) == []
+
+
+def test_positives_come_from_top_10_by_regret_best_first():
+    mem = EnvironmentMemory()
+    for i in range(15):  # regrets 0.00 .. 0.14; the top 10 are E5..E14
+        mem.add(rec(f"E{i}Env", 0.5, i / 100))
+    seen = set()
+    for seed in range(200):
+        picked = mem.positives("Mathematical Reasoning", random.Random(seed))
+        assert len(picked) == 2
+        assert picked[0].regret > picked[1].regret  # rendered best first
+        seen |= {r.class_name for r in picked}
+    assert seen == {f"E{i}Env" for i in range(5, 15)}
+
+
+def test_equal_regret_prefers_newer_records():
+    mem = EnvironmentMemory()
+    for i in range(12):
+        mem.add(rec(f"E{i}Env", 0.5, 0.3, step=i))
+    seen = set()
+    for seed in range(100):
+        seen |= {r.class_name for r in mem.positives("Mathematical Reasoning", random.Random(seed))}
+    assert seen == {f"E{i}Env" for i in range(2, 12)}
+
+
+def test_negative_thresholds_are_strict_and_newest_wins():
+    mem = EnvironmentMemory()
+    mem.add(rec("EdgeEasyEnv", 0.9, 0.0))   # exactly 0.9 is not "too easy"
+    mem.add(rec("EdgeHardEnv", 0.1, 0.0))   # exactly 0.1 is not "too hard"
+    assert mem.negative("Mathematical Reasoning") is None
+    mem.add(rec("HardEnv", 0.05, 0.0, step=1))
+    mem.add(rec("EasyEnv", 0.95, 0.0, step=2))
+    assert mem.negative("Mathematical Reasoning").class_name == "EasyEnv"
+    assert mem.negative("Optimization") is None
+
+
+def test_prompt_block_contents():
+    mem = EnvironmentMemory()
+    assert mem.prompt_block("Mathematical Reasoning", random.Random(0)) == ""
+    long_source = "class LongEnv:\n" + "    x = 1\n" * 400  # ~4,000 characters
+    mem.add(rec("LongEnv", 0.4, 0.25, source=long_source))
+    mem.add(rec("TrivialEnv", 1.0, 0.0))
+    block = mem.prompt_block("Mathematical Reasoning", random.Random(0))
+    assert block.startswith("<REFERENCE_ENVIRONMENTS>")
+    assert "</REFERENCE_ENVIRONMENTS>" in block
+    assert "LongEnv" in block and "win rate 0.40" in block and "regret 0.25" in block
+    assert "DIFFERENT" in block
+    assert long_source[:memory.CODE_CHARS] in block and long_source[:memory.CODE_CHARS + 10] not in block
+    assert "truncated" in block
+    assert block.rstrip().endswith("it was too easy for the agent (win rate 1.00).")
+    assert "TrivialEnv" in block.split("</REFERENCE_ENVIRONMENTS>")[1]
+
+
+def test_prompt_block_negative_only_has_no_tags():
+    mem = EnvironmentMemory()
+    mem.add(rec("ImpossibleEnv", 0.0, 0.0))
+    block = mem.prompt_block("Mathematical Reasoning", random.Random(0))
+    assert block == "Avoid environments like ImpossibleEnv: it was too hard for the agent (win rate 0.00)."
+
+
+def test_record_validation():
+    with pytest.raises(ValueError):
+        rec("BadEnv", 1.5, 0.0)
+    with pytest.raises(ValueError):
+        rec("BadEnv", 0.5, float("nan"))
+
+
+def test_save_load_round_trip(tmp_path):
+    path = tmp_path / "mem" / "memory.json"
+    mem = EnvironmentMemory(capacity=5, path=path)
+    for i in range(7):
+        mem.add(rec(f"E{i}Env", i / 10, i / 20, step=i, skill="Optimization"))
+    assert mem.save() == path
+    back = EnvironmentMemory.load(path)
+    assert back.capacity == 5 and back.path == path
+    assert back.records == mem.records
+    assert back.to_dict() == mem.to_dict()
+    again = EnvironmentMemory.from_dict(json.loads(json.dumps(mem.to_dict())))
+    assert again.records == mem.records
+    assert [p for p in os.listdir(path.parent)] == ["memory.json"]  # no temp files left behind
+
+
+def test_save_without_path_is_an_error():
+    with pytest.raises(ValueError, match="path"):
+        EnvironmentMemory().save()
+
+
+def test_crash_mid_save_leaves_previous_file_intact(tmp_path, monkeypatch):
+    path = tmp_path / "memory.json"
+    mem = EnvironmentMemory(path=path)
+    mem.add(rec("FirstEnv", 0.5, 0.1))
+    mem.save()
+    before = path.read_bytes()
+    mem.add(rec("SecondEnv", 0.5, 0.2))
+
+    def crash(src, dst):
+        raise OSError("simulated crash before rename")
+    monkeypatch.setattr(memory.os, "replace", crash)
+    with pytest.raises(OSError, match="simulated crash"):
+        mem.save()
+    assert path.read_bytes() == before
+    assert os.listdir(tmp_path) == ["memory.json"]
+    monkeypatch.undo()
+    assert [r.class_name for r in EnvironmentMemory.load(path).records] == ["FirstEnv"]
+
+
+def test_crash_while_writing_json_leaves_previous_file_intact(tmp_path, monkeypatch):
+    path = tmp_path / "memory.json"
+    mem = EnvironmentMemory(path=path)
+    mem.add(rec("FirstEnv", 0.5, 0.1))
+    mem.save()
+    before = path.read_bytes()
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt  # even a BaseException must not leave a half-written file
+    monkeypatch.setattr(memory.json, "dump", crash)
+    with pytest.raises(KeyboardInterrupt):
+        mem.save()
+    assert path.read_bytes() == before
+    assert os.listdir(tmp_path) == ["memory.json"]
+
+
+@pytest.mark.parametrize("content", [
+    '{"version": 1, "capacity": 200, "records": [',                                  # truncated JSON
+    "[]",                                                                             # wrong shape
+    '{"version": 99, "capacity": 200, "records": []}',                                # unknown version
+    '{"version": 1, "capacity": 200, "records": [{"skill": "x"}]}',                   # missing fields
+    '{"version": 1, "capacity": 200, "records": [{"skill": "x", "source": "", "win_rate": 7, '
+    '"regret": 0, "step": 0, "class_name": "XEnv", "setting": "games"}]}',            # bad win rate
+])
+def test_corrupt_file_is_a_clear_error(tmp_path, content):
+    path = tmp_path / "memory.json"
+    path.write_text(content)
+    with pytest.raises(MemoryFileError, match=str(path)):
+        EnvironmentMemory.load(path)
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        EnvironmentMemory.load(tmp_path / "nope.json")
