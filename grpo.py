@@ -1,0 +1,297 @@
+"""GRPO for both roles of one policy: advantages, memory-efficient token log-probs, and the loss.
+
+SPADE (arXiv 2608.19197), Sec. 3.4. One policy is both the Environment Designer and the
+Reasoning Agent; both roles update it with GRPO. Per role:
+
+    agent:     A_i = (R_i - mean_g(R)) / (std_g(R) + 1e-8)     g = the G plays of one environment
+    designer:  A_i = S * (score_i - mean_k(score))             k = the designer samples of one skill
+               S   = min(50, N_agent / N_designer * R)         role-balancing scale (~32 in the paper)
+
+The loss, per completion token t of sample i (mask 1 only), with clip-higher and a truncated
+importance weight against the rollout engine's log-probs:
+
+    rho_t = exp(logp_t - old_logp_t)
+    pg_t  = max(-rho_t * A_i, -clip(rho_t, 1 - 0.2, 1 + 0.28) * A_i)
+    w_t   = min(exp(old_logp_t - rollout_logp_t), 2.0)
+    l_t   = w_t * pg_t + beta * k3_t,   k3_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1
+    loss  = mean_i [ sum_t mask_it * l_t / sum_t mask_it ]     (token-mean per sample, mean over samples)
+
+Symbols (paper -> code; shapes: B samples, G plays per group, T tokens, V vocabulary, H hidden):
+    R_i            returns (B,)                A_i      advantages (B,) or (B, T)
+    pi_theta       logp (B, T)                 pi_old   old_logp (B, T)
+    pi_rollout     rollout_logp (B, T)         pi_ref   ref_logp (B, T)
+    epsilon_low/high  clip_low / clip_high     C        tis_cap    beta  kl_coef
+    S              role_scale(...)             R        interval (regeneration interval)
+
+Deviations from the paper (and from the authors' code):
+    1. The k3 KL term clamps the log-ratio to [-20, 20] and k3 to [0, 10] (as verl does) so a
+       single token cannot blow up the loss; the paper states only "k3".
+    2. Samples without any completion token are left out of the mean over samples (they carry no
+       gradient; counting them would silently shrink the loss).
+    3. Token log-probs are computed from the body's hidden states and the output head in chunks of
+       completion tokens; values match the naive full log-softmax to fp32 round-off (tested
+       against an fp64 reference).
+
+Dependencies: torch only (transformers models are duck-typed: get_decoder(),
+get_output_embeddings()).
+Test: `pytest tests/test_grpo.py`
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Hashable, Sequence
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+# Optimizer constants of the paper (Sec. 4 / App. training details): AdamW, constant lr 1e-6,
+# betas (0.9, 0.98), weight decay 0.1, gradient clipping at 1.0, bf16.
+LR = 1e-6
+BETAS = (0.9, 0.98)
+WEIGHT_DECAY = 0.1
+GRAD_CLIP = 1.0
+CLIP_LOW, CLIP_HIGH = 0.2, 0.28   # clip-higher (paper Sec. 3.4)
+TIS_CAP = 2.0                     # truncated importance sampling cap (paper Sec. 3.4)
+ROLE_SCALE_CAP = 50.0             # cap of the designer's role-balancing scale S
+
+
+# ALGO: advantages --------------------------------------------------------------------------------
+
+def agent_advantages(returns: Sequence[float], group_ids: Sequence[Hashable]) -> torch.Tensor:
+    """(B,) group-normalised advantages; a group whose returns are all equal gets exactly 0."""
+    r = torch.as_tensor(returns, dtype=torch.float64)                       # (B,)
+    if r.ndim != 1 or len(group_ids) != r.numel():
+        raise ValueError(f"need one group id per return, got {r.shape} returns and "
+                         f"{len(group_ids)} ids")
+    if not torch.isfinite(r).all():
+        raise ValueError("returns must be finite")
+    members = defaultdict(list)
+    for i, g in enumerate(group_ids):
+        members[g].append(i)
+    adv = torch.zeros_like(r)
+    for idx in members.values():
+        g = r[idx]                                                          # (G,)
+        if g.max() == g.min():      # zero variance: the group says nothing about what is better
+            continue
+        # A = (R - mean) / (std + 1e-8), population std
+        adv[idx] = (g - g.mean()) / (g.std(correction=0) + 1e-8)
+    return adv.float()
+
+
+def role_scale(n_agent: int, n_designer: int, interval: int, cap: float = ROLE_SCALE_CAP) -> float:
+    """S = min(cap, N_agent / N_designer * R); 0.0 when there are no designer samples."""
+    if n_agent < 0 or n_designer < 0 or interval <= 0:
+        raise ValueError(f"bad counts: n_agent={n_agent}, n_designer={n_designer}, "
+                         f"interval={interval}")
+    if n_designer == 0:
+        return 0.0
+    return min(float(cap), n_agent / n_designer * interval)   # S = min(50, N_a / N_d * R)
+
+
+def designer_advantages(scores: Sequence[float], skills: Sequence[Hashable],
+                        scale: float) -> torch.Tensor:
+    """(B,) A = S * (score - mean of the same skill's scores); no std division (paper Sec. 3.4)."""
+    s = torch.as_tensor(scores, dtype=torch.float64)                        # (B,)
+    if s.ndim != 1 or len(skills) != s.numel():
+        raise ValueError(f"need one skill per score, got {s.shape} scores and {len(skills)} skills")
+    if not (torch.isfinite(s).all() and math.isfinite(scale)):
+        raise ValueError("scores and scale must be finite")
+    members = defaultdict(list)
+    for i, k in enumerate(skills):
+        members[k].append(i)
+    adv = torch.zeros_like(s)
+    for idx in members.values():
+        adv[idx] = scale * (s[idx] - s[idx].mean())             # A = S * (score - mean_skill)
+    return adv.float()
+
+
+# ALGO: token log-probs without the (B, T, V) log-softmax -----------------------------------------
+# Why: at V = 151,936 a 32k-token sequence has a 20 GB fp32 log-softmax. We run the model body to
+# hidden states (B, T, H), keep only the completion positions (N, H), and project + log-sum-exp
+# chunk_size tokens at a time. Each chunk runs under torch.utils.checkpoint, so the forward keeps
+# no (chunk, V) logits and the backward recomputes one chunk at a time: peak extra memory is a few
+# (chunk, V) buffers instead of several (N, V) ones.
+
+def chunked_logprobs(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor,
+                     temperature: float = 1.0, chunk_size: int = 512) -> torch.Tensor:
+    """(N,) log softmax(head(hidden) / temperature)[targets], chunk_size rows at a time.
+
+    hidden (N, H), targets (N,). `head` is called as a module (not via its weight) so ZeRO-3 /
+    FSDP hooks on it fire, also when checkpoint recomputes a chunk in the backward.
+    """
+    def one_chunk(h, y):
+        logits = head(h)                                                     # (C, V)
+        if logits.dtype in (torch.float16, torch.bfloat16):   # log-sum-exp in fp32 at least
+            logits = logits.float()
+        logits = logits / temperature
+        # log p(y) = logit_y - logsumexp(logits)
+        return logits.gather(-1, y[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # (C,)
+
+    out = []
+    for start in range(0, hidden.shape[0], chunk_size):
+        h, y = hidden[start:start + chunk_size], targets[start:start + chunk_size]
+        if torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad
+                                                                for p in head.parameters())):
+            out.append(checkpoint(one_chunk, h, y, use_reentrant=False))
+        else:
+            out.append(one_chunk(h, y))
+    return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.promote_types(
+        hidden.dtype, torch.float32))
+
+
+def _logprob_forward(inner, input_ids, attention_mask, completion_mask, temperature, chunk_size):
+    """The forward that replaces the model's own for one call (see token_logprobs)."""
+    body, head = inner.get_decoder(), inner.get_output_embeddings()
+    hidden = body(input_ids=input_ids, attention_mask=attention_mask,
+                  use_cache=False).last_hidden_state                         # (B, T, H)
+    B, T = input_ids.shape
+    # hidden[:, t-1] predicts input_ids[:, t]; only completion positions are projected
+    select = completion_mask[:, 1:] > 0                                      # (B, T-1)
+    logp = chunked_logprobs(hidden[:, :-1][select], head, input_ids[:, 1:][select],
+                            temperature, chunk_size)                         # (N,)
+    b, t = select.nonzero(as_tuple=True)
+    out = torch.zeros(B, T, dtype=logp.dtype, device=hidden.device)         # (B, T)
+    return out.index_put((b, t + 1), logp)
+
+
+def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   completion_mask: torch.Tensor, temperature: float = 1.0,
+                   chunk_size: int = 512) -> torch.Tensor:
+    """(B, T): out[b, t] = log p(input_ids[b, t] | input_ids[b, :t]) at temperature, 0 where mask 0.
+
+    `model` is a causal LM (transformers: get_decoder() gives the body, get_output_embeddings() the
+    head), possibly wrapped: DDP / DeepSpeed engines (found through `.module`) or FSDP2
+    (fully_shard wraps in place). completion_mask[:, 0] must be 0 (nothing predicts token 0).
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if (completion_mask[:, 0] > 0).any():
+        raise ValueError("completion_mask[:, 0] must be 0: the first token has no prediction")
+    # INFRA: run the chunk loop INSIDE the outermost module's __call__, so wrapper hooks fire:
+    # FSDP2 unshards its root parameters (often the head and embeddings) in the root's pre-forward
+    # hook, DDP does its bookkeeping, a DeepSpeed engine runs its forward. We swap the innermost
+    # model's forward for ours for this one call and put back whatever was there (Accelerate
+    # itself sets an instance-level forward for autocast).
+    inner = model
+    while isinstance(getattr(inner, "module", None), torch.nn.Module):
+        inner = inner.module
+    saved = inner.__dict__.get("forward")
+
+    def forward(*_args, **_kwargs):
+        return _logprob_forward(inner, input_ids, attention_mask, completion_mask,
+                                temperature, chunk_size)
+
+    inner.forward = forward
+    try:
+        return model(input_ids)   # the argument only feeds the wrappers; forward uses closures
+    finally:
+        if saved is None:
+            del inner.forward
+        else:
+            inner.forward = saved
+
+
+# ALGO: the loss ----------------------------------------------------------------------------------
+
+def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.Tensor,
+                advantages: torch.Tensor, mask: torch.Tensor, ref_logp: torch.Tensor | None = None,
+                kl_coef: float = 0.0, clip_low: float = CLIP_LOW, clip_high: float = CLIP_HIGH,
+                tis_cap: float = TIS_CAP) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped (clip-higher) policy gradient with truncated importance weights, SPEC Sec. 8.
+
+    logp (B, T) carries the gradient; old_logp, rollout_logp, ref_logp (B, T) are constants;
+    advantages (B,) or (B, T); mask (B, T) 1 on trained tokens. Returns (loss, stats) where loss is
+    the mean over the B samples given: with gradient accumulation over micro-batches, scale it by
+    B_micro / B_total. Stats (floats, over masked tokens): see the keys below.
+    """
+    on = mask > 0                                                            # (B, T)
+    mask = on.to(logp.dtype)
+    adv = advantages.to(logp.dtype)
+    adv = adv[:, None] if adv.ndim == 1 else adv                             # (B, 1) or (B, T)
+    # masked positions (prompt, observations, padding) may hold anything: zero them before any
+    # exp() so an overflow there cannot turn into inf * 0 = NaN in the loss or its gradient
+    logp = torch.where(on, logp, 0.0)
+    old_logp = torch.where(on, old_logp.detach(), 0.0)
+    rollout_logp = torch.where(on, rollout_logp.detach(), 0.0)
+    # rho = exp(logp - old_logp)
+    ratio = torch.exp(logp - old_logp)                                       # (B, T)
+    # pg = max(-rho * A, -clip(rho, 1 - eps_low, 1 + eps_high) * A)
+    pg_plain = -ratio * adv
+    pg_clipped = -torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
+    pg = torch.maximum(pg_plain, pg_clipped)                                 # (B, T)
+    # w = min(exp(old_logp - rollout_logp), C)
+    is_raw = torch.exp(old_logp - rollout_logp)                              # (B, T)
+    is_weight = torch.clamp(is_raw, max=tis_cap)
+    per_token = is_weight * pg                                               # (B, T)
+    kl = None
+    if ref_logp is not None:
+        # k3 = exp(ref - logp) - (ref - logp) - 1, log-ratio clamped to [-20, 20], k3 to [0, 10]
+        log_ratio = torch.clamp(torch.where(on, ref_logp.detach(), 0.0) - logp, -20.0, 20.0)
+        kl = torch.clamp(torch.exp(log_ratio) - log_ratio - 1.0, 0.0, 10.0)   # (B, T)
+        if kl_coef:
+            per_token = per_token + kl_coef * kl
+    # token-mean within each sample, then mean over samples that have tokens
+    n_tokens = mask.sum(dim=1)                                               # (B,)
+    has_tokens = n_tokens > 0
+    per_sample = (per_token * mask).sum(dim=1) / n_tokens.clamp(min=1)       # (B,)
+    loss = per_sample[has_tokens].mean() if has_tokens.any() else (per_token * mask).sum()
+
+    with torch.no_grad():
+        total = on.sum().clamp(min=1)
+
+        def token_mean(x):
+            return float(x[on].sum() / total)
+
+        raw_on = is_raw[on] if on.any() else is_raw.new_ones(1)
+        stats = {
+            "loss/policy": float((is_weight * pg * mask).sum(1).div(n_tokens.clamp(min=1))
+                                 [has_tokens].mean()) if has_tokens.any() else 0.0,
+            "loss/clip_frac": token_mean((pg_clipped > pg_plain).to(logp.dtype)),
+            "loss/is_weight_min": float(raw_on.min()),
+            "loss/is_weight_mean": float(raw_on.mean()),
+            "loss/is_weight_max": float(raw_on.max()),
+            "loss/is_weight_capped_frac": token_mean((is_raw > tis_cap).to(logp.dtype)),
+            "loss/entropy": -token_mean(logp.detach()),
+            "loss/tokens": float(mask.sum()),
+        }
+        if kl is not None:
+            stats["loss/kl"] = token_mean(kl)
+    return loss, stats
+
+
+# INFRA: batching ---------------------------------------------------------------------------------
+
+def _field(record, name):
+    return record[name] if isinstance(record, dict) else getattr(record, name)
+
+
+def pad_batch(samples: Sequence, pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad records with token_ids / mask / logprobs (dicts or objects) into tensors.
+
+    Returns input_ids (B, T) long, attention_mask (B, T) long, completion_mask (B, T) float
+    (the record's mask; 0 on padding), rollout_logp (B, T) float (0 where completion_mask is 0).
+    """
+    if not samples:
+        raise ValueError("pad_batch needs at least one sample")
+    rows = []
+    for i, s in enumerate(samples):
+        ids, mask, lps = (list(_field(s, k)) for k in ("token_ids", "mask", "logprobs"))
+        if not (len(ids) == len(mask) == len(lps)) or not ids:
+            raise ValueError(f"sample {i}: token_ids, mask and logprobs need one equal, non-zero "
+                             f"length, got {len(ids)}, {len(mask)}, {len(lps)}")
+        rows.append((ids, mask, lps))
+    T = max(len(ids) for ids, _, _ in rows)
+    B = len(rows)
+    out = {"input_ids": torch.full((B, T), pad_id, dtype=torch.long),
+           "attention_mask": torch.zeros(B, T, dtype=torch.long),
+           "completion_mask": torch.zeros(B, T, dtype=torch.float32),
+           "rollout_logp": torch.zeros(B, T, dtype=torch.float32)}
+    for b, (ids, mask, lps) in enumerate(rows):
+        n = len(ids)
+        out["input_ids"][b, :n] = torch.tensor(ids, dtype=torch.long)
+        out["attention_mask"][b, :n] = 1
+        out["completion_mask"][b, :n] = torch.tensor(mask, dtype=torch.float32)
+        out["rollout_logp"][b, :n] = torch.tensor(lps, dtype=torch.float32)
+    out["rollout_logp"] *= out["completion_mask"]
+    return out

@@ -1,0 +1,219 @@
+"""Rewards and regret: what the agent and the Environment Designer are scored by.
+
+SPADE (arXiv 2608.19197), Sec. 3.3 and Eq. (3). The agent is rewarded by its episode return. The
+designer is rewarded for environments at the agent's learning frontier, measured by the
+hint-based regret: the same policy plays each new environment with and without a privileged hint,
+and the gap between the two mean returns is
+
+    regret(e) = mean_i R_hint(e, s_i) - mean_j R_nohint(e, s_j)                          # Eq. (3)
+
+The paper's runs score the designer with a blend of regret and a solve-rate plateau:
+
+    score(e) = 0.4 * clip(regret(e) / 0.15, 0, 1) + 0.6 * plateau(w(e))
+    plateau(w) = 1 on [0.4, 0.6], falling linearly to 0 at 0.15 and 0.85
+
+where w(e) is the environment's mean unhinted return over its whole regeneration epoch.
+
+Symbols (paper -> code):
+    R(e, s)        episode return            episode_return(rewards, terminated)
+    R_hint / R_nohint                        hinted_returns / unhinted_returns
+    regret(e)      Eq. (3)                   hint_regret(...)
+    w(e)           mean unhinted return      win_rate (the contract's name for it)
+    score(e)       designer score            designer_score(...)
+
+Also here, the logged environment statistics of SPEC Sec. 6: learnable share, reward granularity,
+zero-variance group share, and a per-regeneration diversity score (Vendi score, see `diversity`).
+
+Deviations from the paper (and from the authors' code):
+    1. An environment ended by an environment fault scores 0 (`designer_score(..., faulty=True)`);
+       the authors give the agent -1 for a crash and silently drop timeouts. The faulty episodes
+       themselves never reach this module: train.py drops them from the agent's batch.
+    2. Regret uses common random numbers (both arms play one explicit seed list); that is the
+       caller's job, the formula here is unchanged.
+    3. The diversity score (Vendi score over token-trigram cosine similarity of the environment
+       sources) is our choice; the paper reports diversity qualitatively.
+
+Input policy: every function validates its inputs. NaN / inf raise ValueError, as do empty
+arms of Eq. (3). Statistics over an empty step (no environments) return the documented neutral
+value 0.0, never NaN, so a log line stays numeric.
+
+Dependencies: standard library + numpy only.
+Test: `pytest tests/test_regret.py`
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+DESIGNER_MODES = ("blend", "regret", "solve_rate")
+
+
+def _finite(x, name: str) -> float:
+    """x as a float, or a ValueError naming `name` if it is None, NaN, inf or not a number."""
+    if x is None or isinstance(x, bool):
+        raise ValueError(f"{name} must be a finite number, got {x!r}")
+    value = float(x)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return value
+
+
+def _finite_list(xs: Iterable, name: str, allow_empty: bool = False) -> list[float]:
+    values = [_finite(x, f"{name}[{i}]") for i, x in enumerate(xs)]
+    if not values and not allow_empty:
+        raise ValueError(f"{name} is empty")
+    return values
+
+
+# ALGO: the agent's reward ------------------------------------------------------------------------
+
+def episode_return(rewards: Sequence[float], terminated: bool) -> float:
+    """The agent's shaped return in [-1, 1]: the last step's reward, clipped, if it terminated, else 0.
+
+    Intermediate (partial-progress) rewards do not count for training (SPEC Sec. 6). An episode
+    with no steps (empty `rewards`) returns 0.0 unless `terminated`, which is a contradiction and
+    raises.
+    """
+    rewards = _finite_list(rewards, "rewards", allow_empty=True)
+    if not terminated:
+        return 0.0
+    if not rewards:
+        raise ValueError("a terminated episode needs at least one reward")
+    # R = clip(r_last, -1, 1) if terminated else 0
+    return min(1.0, max(-1.0, rewards[-1]))
+
+
+# ALGO: the designer's reward ---------------------------------------------------------------------
+
+def hint_regret(hinted_returns: Sequence[float], unhinted_returns: Sequence[float]) -> float:
+    """Eq. (3): mean hinted return minus mean unhinted return (both arms must be non-empty)."""
+    hinted = _finite_list(hinted_returns, "hinted_returns")
+    unhinted = _finite_list(unhinted_returns, "unhinted_returns")
+    return sum(hinted) / len(hinted) - sum(unhinted) / len(unhinted)  # Eq. (3)
+
+
+def plateau(w: float, lo: float = 0.4, hi: float = 0.6, ramp: float = 0.25) -> float:
+    """1 on [lo, hi], falling linearly to 0 at lo - ramp and hi + ramp (0 beyond)."""
+    w = _finite(w, "w")
+    if not (lo <= hi and ramp > 0):
+        raise ValueError(f"need lo <= hi and ramp > 0, got lo={lo}, hi={hi}, ramp={ramp}")
+    # plateau(w) = clip(1 - dist(w, [lo, hi]) / ramp, 0, 1)
+    distance = max(lo - w, 0.0, w - hi)
+    return max(0.0, 1.0 - distance / ramp)
+
+
+def designer_score(regret: float | None, win_rate: float | None, mode: str = "blend",
+                   regret_scale: float = 0.15, regret_weight: float = 0.4,
+                   faulty: bool = False) -> float:
+    """The designer's score of one environment (SPEC Sec. 6).
+
+    regret:   Eq. (3) at the environment's regeneration step.
+    win_rate: w, the environment's mean unhinted return over its regeneration epoch.
+    mode:     "blend" (the paper's runs), "regret" (ablation: max(0, regret)),
+              "solve_rate" (ablation: plateau(w) only). An input the mode does not use may be None.
+    faulty:   the environment hit an environment fault; it scores 0, below its skill's mean.
+    """
+    if mode not in DESIGNER_MODES:
+        raise ValueError(f"mode must be one of {DESIGNER_MODES}, got {mode!r}")
+    if faulty:
+        return 0.0
+    if mode == "regret":
+        return max(0.0, _finite(regret, "regret"))
+    if mode == "solve_rate":
+        return plateau(_finite(win_rate, "win_rate"))
+    regret, w = _finite(regret, "regret"), _finite(win_rate, "win_rate")
+    # score = 0.4 * clip(regret / 0.15, 0, 1) + 0.6 * plateau(w)
+    regret_term = min(1.0, max(0.0, regret / regret_scale))
+    return regret_weight * regret_term + (1.0 - regret_weight) * plateau(w)
+
+
+# ALGO: environment statistics (logged, not trained on) -------------------------------------------
+
+def learnable_share(win_rates: Sequence[float], lo: float = 0.2, hi: float = 0.8) -> float:
+    """Share of environments whose mean unhinted return lies in [lo, hi]; 0.0 for no environments."""
+    rates = _finite_list(win_rates, "win_rates", allow_empty=True)
+    if not rates:
+        return 0.0
+    return sum(lo <= w <= hi for w in rates) / len(rates)
+
+
+def reward_granularity(env_rewards: Sequence[Iterable]) -> float:
+    """Mean number of distinct reward values per environment.
+
+    env_rewards holds one entry per environment: the rewards observed in it, either flat
+    ([0.0, 0.5, 1.0]) or per episode ([[0.0, 1.0], [0.5]]). Values are compared after rounding to
+    9 decimals so float noise does not invent levels. A binary win/lose environment scores 2 (or
+    1 if only one outcome was seen); shaped rewards score more. 0.0 for no environments.
+    """
+    counts = []
+    for i, rewards in enumerate(env_rewards):
+        flat = []
+        for r in rewards:
+            flat.extend(r if isinstance(r, Iterable) else [r])
+        levels = {round(v, 9) for v in _finite_list(flat, f"env_rewards[{i}]", allow_empty=True)}
+        counts.append(len(levels))
+    return sum(counts) / len(counts) if counts else 0.0
+
+
+def zero_variance_share(groups: Sequence[Sequence[float]]) -> float:
+    """Share of GRPO groups whose returns are all equal (they give the agent no gradient).
+
+    0.0 for no groups; an empty group raises.
+    """
+    if not groups:
+        return 0.0
+    flat = [_finite_list(g, f"groups[{i}]") for i, g in enumerate(groups)]
+    return sum(max(g) == min(g) for g in flat) / len(flat)
+
+
+# ALGO: diversity of one regeneration -------------------------------------------------------------
+# Our choice (deviation 3): the Vendi score (Friedman & Dieng, 2023) of the regeneration's
+# environment sources under a token-trigram cosine kernel. Code is split into identifier/number
+# words and single punctuation characters; each source becomes a bag of its token trigrams (a
+# source shorter than 3 tokens is one "gram", its whole token tuple, so no vector is zero);
+# K[i, j] = cosine(counts_i, counts_j), K[i, i] = 1. With lambda the eigenvalues of K / n,
+#     Vendi = exp(-sum_k lambda_k * log lambda_k)
+# the "effective number of distinct environments": 1 when all sources are identical, n when no two
+# share a trigram. Cheap (numpy, no model), deterministic, and sensitive to copy-paste
+# environments, which is the failure it exists to catch.
+
+_CODE_TOKEN = re.compile(r"\w+|[^\w\s]")
+
+
+def _trigram_counts(source: str, n: int = 3) -> Counter:
+    tokens = _CODE_TOKEN.findall(source)
+    if len(tokens) < n:
+        return Counter([tuple(tokens)])
+    return Counter(tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1))
+
+
+def similarity_matrix(sources: Sequence[str]) -> np.ndarray:
+    """K (n, n): cosine similarity of the sources' token-trigram count vectors."""
+    bags = [_trigram_counts(s) for s in sources]
+    vocab = {g: k for k, g in enumerate(set().union(*bags))}
+    counts = np.zeros((len(bags), len(vocab)))                 # (n, grams)
+    for i, bag in enumerate(bags):
+        for gram, c in bag.items():
+            counts[i, vocab[gram]] = c
+    unit = counts / np.linalg.norm(counts, axis=1, keepdims=True)
+    return np.clip(unit @ unit.T, 0.0, 1.0)                    # (n, n)
+
+
+def diversity(sources: Sequence[str]) -> float:
+    """Vendi score of one regeneration's environment sources, in [1, n]; 0.0 for no sources."""
+    if isinstance(sources, str):
+        raise ValueError("diversity() takes a list of sources, not one string")
+    for i, s in enumerate(sources):
+        if not isinstance(s, str):
+            raise ValueError(f"sources[{i}] must be str, got {type(s).__name__}")
+    if not sources:
+        return 0.0
+    K = similarity_matrix(sources)
+    lam = np.clip(np.linalg.eigvalsh(K / len(sources)), 0.0, None)
+    lam = lam[lam > 1e-12]
+    # Vendi = exp(-sum lambda log lambda)
+    return float(np.exp(-(lam * np.log(lam)).sum()))
