@@ -1,0 +1,982 @@
+"""Evaluation: the held-out benchmarks of SPADE's Table 1 and its tool-use result.
+
+SPADE (arXiv 2608.19197, Sec. 5 and Table 1) reports, for the games setting, eight cells: AIME 2025
+and AIME 2026 (avg@32, T 0.7, top-p 0.8), GPQA-Diamond (8 samples, T 0.7, boxed letter),
+LiveCodeBench v6 (pass@1, T 0.2, every test within 6 s) and four Reasoning-Gym categories (Math,
+Algorithmic, Cognition, Logic: 100 tasks at the reasoning-gym paper's hard settings, 8 single-turn
+episodes each, a win is `score_answer == 1.0`, the cell is the pooled win rate). For the tool-use
+setting it reports BFCL v4 multi-turn accuracy. This file runs all of them against a checkpoint
+(engine.py: vLLM or transformers), an OpenAI-compatible endpoint, or a scripted sampler (tests).
+
+Formulas:
+    avg@n   = mean_i ( c_i / n )                       (c_i correct samples of item i, n samples)
+    pass@k  = mean_i ( 1 - C(n - c_i, k) / C(n, k) )   (unbiased estimator; pass@1 = avg@n)
+    RG cell = sum_tasks wins / sum_tasks episodes      (pooled over the category's tasks)
+
+Symbols: n samples per item, c correct samples, k the pass@k budget.
+
+Data (local JSONL, one object per line; see `load_items` for the accepted field names):
+    aime2025.jsonl / aime2026.jsonl  {"id", "problem", "answer"}
+    gpqa_diamond.jsonl               {"id", "question", "correct_answer", "incorrect_answers": [3]}
+                                     (or the hub's "Question", "Correct Answer", "Incorrect Answer 1..3")
+    livecodebench_v6.jsonl           {"question_id", "question_content", "starter_code", "contest_date",
+                                      "tests": [{"input", "output", "testtype": "stdin"|"functional"}],
+                                      "func_name" (functional only)}  (or raw hub rows)
+Reasoning-Gym items are generated offline; BFCL v4 multi-turn data and checker come from the
+`bfcl-eval` package (install it with `pip install --no-deps bfcl-eval`: its declared dependencies
+are API clients and pinned numpy, none of which the multi-turn checker imports).
+When a file is missing and `datasets` is installed and the hub is reachable, the hub copy is
+loaded and cached as that JSONL file.
+
+Deviations (from the paper, which does not publish its harness, and from upstream harnesses):
+1. Reasoning-Gym "hard" settings: the 100-task difficulty config the reasoning-gym authors published
+   (repo eval/yaml, the harder of their two zero-shot configs), renamed to reasoning-gym 0.1.25's
+   fields; five tasks are eased because they do not generate at the published settings in 0.1.25:
+   jugs (difficulty 50 -> 10), palindrome_partitioning (50-100 -> 20-30 chars), tsumego (5-15 board,
+   10 stones -> 13-19, 20), rearc (8 -> 7 difficulty bins, same bin), rubiks_cube (min=max steps).
+   The SPADE paper's grouping of reasoning-gym's 11 packages into 4 cells is not published; ours:
+   Math = algebra + arithmetic + geometry (26), Algorithmic = algorithmic + code + graphs (41),
+   Cognition = cognition + arc + induction (12), Logic = logic + games (21).
+2. Reasoning-Gym answers are read from the last \\boxed{} (SPADE's agent format), not from
+   reasoning-gym's <answer> tags (accepted as a fallback); sampling is the agent's (T 0.6, top-p
+   0.95, top-k 20, SPEC Sec. 5) since the paper gives none for this suite.
+3. GPQA top-p 0.8 (as AIME); options are reshuffled per sample with a seeded RNG.
+4. LiveCodeBench: 10 samples at T 0.2 / top-p 0.95 (LiveCodeBench's runner defaults), pass@1 by
+   the unbiased estimator; v6 = problems dated 2025-02-01 .. 2025-05-01 (the window Qwen3 reports);
+   tests stop at the first failure; outputs compared line by line, then token by token with
+   numeric tokens compared as decimals.
+5. BFCL multi-turn runs in function-calling mode through the chat template's `tools=`, parsing
+   `<tool_call>` JSON; calls are rebuilt as `name(arg=repr(value))` for BFCL's executor, so only
+   literal arguments reach its `eval`. Temperature 0.001 (BFCL's default), 20 steps per turn.
+
+Dependencies: stdlib, tqdm, transformers (CLI), reasoning-gym, math-verify; lazily: engine.py,
+`datasets`/`huggingface_hub` (hub loading), `bfcl_eval` (BFCL).
+Test: `pytest tests/test_eval.py`.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import pickle
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+
+from tqdm import tqdm
+
+# ----------------------------------------------------------------------------------------------
+# ALGO: the Reasoning-Gym task table (100 tasks at hard settings, grouped into Table 1's 4 cells)
+
+RG_CELLS = {"math": ("algebra", "arithmetic", "geometry"),
+            "algorithmic": ("algorithmic", "code", "graphs"),
+            "cognition": ("cognition", "arc", "induction"),
+            "logic": ("logic", "games")}
+W4 = [0, 0, 0, 1, 0, 0, 0]  # rearc: all mass on the 4th difficulty bin
+RG_HARD_TASKS = {  # package -> [(task, hard params)], deviation 1
+    "algebra": [
+        ("complex_arithmetic", dict(min_real=-100, max_real=100, min_imag=-100, max_imag=100, operations_weights=[0.25] * 4)),
+        ("intermediate_integration", dict(problem_type_weights=[0, 0, 0, 1, 0, 0, 0, 0])),
+        ("polynomial_equations", dict(min_degree=2, max_degree=3, min_terms=3, max_terms=4)),
+        ("polynomial_multiplication", dict(min_terms=4, max_terms=8, min_value=10, max_value=10000, min_degree=1, max_degree=4, min_polynomials=3, max_polynomials=6)),
+        ("simple_equations", dict(min_terms=3, max_terms=10, min_value=10, max_value=10000, operators_weights=[0.35, 0.35, 0.3])),
+        ("simple_integration", dict(min_terms=3, max_terms=4))],
+    "algorithmic": [
+        ("ab", dict(length=25)),
+        ("base_conversion", dict(min_base=9, max_base=18, min_value=10000, max_value=100000)),
+        ("binary_alternation", dict(min_n=50, max_n=500)),
+        ("binary_matrix", dict(p_zero=0.25, min_n=25, max_n=50)),
+        ("caesar_cipher", dict(min_rotation=15, max_rotation=25, min_words=15, max_words=25)),
+        ("count_primes", dict(min_n=10000, max_n=50000)),
+        ("cryptarithm", dict(min_words=5, max_words=10)),
+        ("game_of_life", dict(grid_size_x=50, grid_size_y=50, filled_cells_weights=0.2, simulation_steps=2)),
+        ("game_of_life_halting", dict(grid_size_x=50, grid_size_y=50, difficulty=2, num_oscillators=7, max_simulation_steps=50)),
+        ("graph_color", dict(min_num_vertices=10, max_num_vertices=20, num_colors=4)),
+        ("group_anagrams", dict(min_anagram_groups=10, max_anagram_groups=50, min_words_per_group=2, max_words_per_group=5)),
+        ("isomorphic_strings", dict(min_string_length=50, max_string_length=100)),
+        ("jugs", dict(num_jugs=4, difficulty=10)),
+        ("letter_counting", dict(min_words=25, max_words=50)),
+        ("letter_jumble", dict(min_word_len=5, max_word_len=30, min_words=25, max_words=50, min_corruption_level=0.5, max_corruption_level=0.5)),
+        ("manipulate_matrix", dict(min_rows=25, max_rows=50, min_cols=25, max_cols=50, min_transforms=3, max_transforms=10)),
+        ("number_filtering", dict(min_numbers=50, max_numbers=100, min_decimals=2, max_decimals=4, min_value=-500, max_value=500)),
+        ("number_sorting", dict(min_numbers=50, max_numbers=100, min_decimals=2, max_decimals=4, min_value=-500, max_value=500)),
+        ("palindrome_generation", dict(min_length=50, max_length=100)),
+        ("palindrome_partitioning", dict(min_string_len=20, max_string_len=30, min_substring_palindrome_len=5, max_substring_palindrome_len=10)),
+        ("pool_matrix", dict(min_rows=25, max_rows=50, min_cols=25, max_cols=50, min_pool_size=5, max_pool_size=7)),
+        ("ransom_note", dict(min_note_length=50, max_note_length=100, min_magazine_length=100, max_magazine_length=500)),
+        ("rotate_matrix", dict(min_n=25, max_n=50, min_rotations=5, max_rotations=15)),
+        ("rotten_oranges", dict(min_n=25, max_n=50)),
+        ("sentence_reordering", dict(min_words_in_sentence=20, max_words_in_sentence=50)),
+        ("spell_backward", dict(min_word_len=5, max_word_len=20)),
+        ("spiral_matrix", dict(min_n=25, max_n=50)),
+        ("string_insertion", dict(min_string_length=50, max_string_length=100)),
+        ("string_manipulation", dict(min_string_length=50, max_string_length=100)),
+        ("string_splitting", dict(min_initial_machines=50, max_initial_machines=100)),
+        ("string_synthesis", dict(min_initial_blocks=50, max_initial_blocks=100)),
+        ("word_ladder", dict(min_word_length=3, max_word_length=5)),
+        ("word_sequence_reversal", dict(min_words=25, max_words=50)),
+        ("word_sorting", dict(min_words=25, max_words=50, min_word_length=5, max_word_length=10))],
+    "arc": [
+        ("arc_1d", dict(min_size=25, max_size=50)),
+        ("arc_agi", dict(rotations_weights=[0.15, 0.3, 0.25, 0.3], mirrors_weights=[0.2] * 5)),
+        ("rearc", dict(pso_difficulty_weights=W4, rng_difficulty_weights=W4))],
+    "arithmetic": [
+        ("basic_arithmetic", dict(min_terms=5, max_terms=10, min_digits=2, max_digits=5)),
+        ("bitwise_arithmetic", dict(difficulty=5)),
+        ("calendar_arithmetic", dict(tasks=["weekday_of_date", "is_leap_year", "weekday_offset", "count_days", "count_business_days"], offset_upper_bound=200)),
+        ("chain_sum", dict(min_terms=5, max_terms=8, min_digits=4, max_digits=6)),
+        ("count_bits", dict(min_n=1000000, max_n=100000000)),
+        ("decimal_arithmetic", dict(min_num_decimal_places=5, max_num_decimal_places=8, precision=10, min_terms=5, max_terms=8)),
+        ("decimal_chain_sum", dict(min_terms=5, max_terms=8, min_digits=4, max_digits=8, min_decimal_places=4, max_decimal_places=6)),
+        ("dice", dict(num_dice=6, max_dice_size=25)),
+        ("fraction_simplification", dict(min_value=100, max_value=1000, min_factor=10, max_factor=100)),
+        ("gcd", dict(min_numbers=3, max_numbers=4, min_value=1000, max_value=10000)),
+        ("gsm_symbolic", dict()),
+        ("lcm", dict(min_numbers=3, max_numbers=4, min_value=1000, max_value=10000)),
+        ("leg_counting", dict(min_animals=20, max_animals=30, min_instances=64, max_instances=256)),
+        ("number_format", dict(min_num_candidates=25, max_num_candidates=100, min_n=100000, max_n=1000000, max_delta=0.001)),
+        ("power_function", dict(min_exponent=4, max_exponent=8)),
+        ("prime_factorization", dict(min_value=1000, max_value=5000)),
+        ("products", dict(min_terms=4, max_terms=8, min_digits=4, max_digits=8)),
+        ("time_intervals", dict(max_time_difference_seconds=21600, max_date_difference_days=30))],
+    "code": [("bf", dict(difficulty=2)), ("codeio", dict(difficulty=7))],
+    "cognition": [
+        ("color_cube_rotation", dict(min_rotations=10, max_rotations=50)),
+        ("figlet_font", dict(min_word_len=5, max_word_len=10)),
+        ("modulo_grid", dict(size_x=40, size_y=40, max_holes=5, max_divisor=7, max_target=3)),
+        ("needle_haystack", dict(min_num_statements=100, max_num_statements=500)),
+        ("number_sequence", dict(min_terms=8, max_terms=12, min_value=-500, max_value=500, max_complexity=3)),
+        ("rectangle_count", dict(max_rectangles=15)),
+        ("rubiks_cube", dict(cube_size=5, min_scramble_steps=50, max_scramble_steps=50))],
+    "games": [
+        ("countdown", dict(min_numbers=6, max_numbers=9, min_target=100, max_target=1000, min_value=1, max_value=250)),
+        ("emoji_mystery", dict(min_words_in_sentence=20, max_words_in_sentence=40)),
+        ("futoshiki", dict(min_board_size=6, max_board_size=7, min_difficulty=1, max_difficulty=2)),
+        ("knight_swap", dict(min_nodes=6, max_nodes=8, min_pieces=3, max_pieces=4, min_steps=1, max_steps=20)),
+        ("mahjong_puzzle", dict(min_num_rounds=50, max_num_rounds=100)),
+        ("maze", dict(min_grid_size=25, max_grid_size=50, min_dist=25, max_dist=50)),
+        ("mini_sudoku", dict(min_empty=6, max_empty=10)),
+        ("n_queens", dict(n=8, min_remove=4, max_remove=6)),
+        ("puzzle24", dict(min_value=1, max_value=6)),
+        ("rush_hour", dict(min_moves=25, max_moves=50)),
+        ("sokoban", dict(min_w=10, max_w=15, min_h=10, max_h=15)),
+        ("sudoku", dict(min_empty=30, max_empty=50)),
+        ("tower_of_hanoi", dict(min_disks=5, max_disks=10, min_pegs=3, max_pegs=4)),
+        ("tsumego", dict(min_board_size=13, max_board_size=19, max_stones=20))],
+    "geometry": [("advanced_geometry", dict(min_coord=-100, max_coord=100)), ("simple_geometry", dict(min_sides=10, max_sides=15))],
+    "graphs": [
+        ("course_schedule", dict(min_num_courses=25, max_num_courses=50, min_num_prerequisites=3, max_num_prerequisites=4, min_cycle_length=3, max_cycle_length=4)),
+        ("family_relationships", dict(min_family_size=5, max_family_size=9)),
+        ("largest_island", dict(min_rows=25, max_rows=50, min_cols=25, max_cols=50, min_num_islands=5, max_num_islands=10, min_island_size=5, max_island_size=20)),
+        ("quantum_lock", dict(difficulty=5)),
+        ("shortest_path", dict(min_rows=25, max_rows=50, min_cols=25, max_cols=50))],
+    "induction": [("acre", dict()), ("list_functions", dict())],
+    "logic": [
+        ("aiw", dict(task_type_weights=[0.5, 0.25, 0.25], max_entities=10)),
+        ("circuit_logic", dict(min_terms=10, max_terms=20, min_inputs=4, max_inputs=8)),
+        ("knights_knaves", dict(n_people=3, depth_constraint=3, width_constraint=3)),
+        ("propositional_logic", dict(min_vars=4, max_vars=8, min_statements=4, max_statements=8, min_complexity=2, max_complexity=4)),
+        ("self_reference", dict(difficulty=5)),
+        ("syllogism", dict(allow_all=True, allow_no=True, allow_some=False, allow_some_not=False)),
+        ("zebra_puzzles", dict(num_people=5, num_characteristics=5))],
+}
+
+# Known upstream quirks, copied into results.json so a reader of a low cell knows why.
+SCORER_NOTES = {
+    "reasoning_gym": "graph_color, rubiks_cube, rush_hour and propositional_logic verify a submitted "
+                     "solution; their stored reference answer does not score 1.0 (an oracle that echoes it "
+                     "loses), a model's valid solution does. A scorer exception counts as a loss and is "
+                     "counted in reasoning_gym/scorer_errors.",
+    "aime": "math-verify runs under a per-sample timeout (parse and verify); a timeout counts as wrong.",
+    "livecodebench": "stdout compared line by line, then token-wise with decimal-aware numbers; tests stop "
+                     "at the first failure; a test past the time limit fails the sample.",
+    "bfcl_multi_turn": "bfcl-eval's checker compares environment state and call outputs per turn; an "
+                       "entry that hits 20 steps in a turn is force-terminated and fails.",
+}
+
+ANSWER_FORMAT = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+def cell_tasks(cell: str) -> list[tuple[str, str, dict]]:
+    """(package, task, params) of one Table-1 Reasoning-Gym cell, in table order."""
+    return [(pkg, name, params) for pkg in RG_CELLS[cell] for name, params in RG_HARD_TASKS[pkg]]
+
+
+# ----------------------------------------------------------------------------------------------
+# ALGO: metrics
+
+
+def avg_at_n(correct: list[list[float]]) -> float:
+    """avg@n: mean over items of the mean over that item's samples."""
+    return sum(sum(c) / len(c) for c in correct) / len(correct) if correct else 0.0
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one item with c of n samples correct: 1 - C(n-c, k) / C(n, k)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def after_thinking(text: str) -> str:
+    """Everything after the last </think> (the committed answer), or the whole reply."""
+    return text.rsplit("</think>", 1)[-1]
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last \\boxed{...} with balanced braces after the reasoning, else None."""
+    text = after_thinking(text)
+    start = text.rfind("\\boxed{")
+    while start != -1:
+        depth, i = 0, start + len("\\boxed")
+        for j in range(i, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            if depth == 0:
+                return text[i + 1:j].strip()
+        start = text.rfind("\\boxed{", 0, start)  # unbalanced: try an earlier box
+    return None
+
+
+def rg_answer(text: str) -> str | None:
+    """The agent's answer for a Reasoning-Gym item: last box, else the last <answer> tag."""
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed
+    tags = re.findall(r"<answer>(.*?)</answer>", after_thinking(text), flags=re.S)
+    return tags[-1].strip() if tags else None
+
+
+# ----------------------------------------------------------------------------------------------
+# INFRA: samplers. A sampler maps conversations to n reply texts each:
+#   sampler.chat(conversations, n=, temperature=, top_p=, max_new_tokens=, seed=, tools=) -> list[list[str]]
+
+
+class ScriptedSampler:
+    """Replies from a function `fn(messages, sample_index) -> str` (tests, oracles, baselines)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def chat(self, conversations, *, n=1, tools=None, **_sampling):
+        return [[self.fn(messages, k) for k in range(n)] for messages in conversations]
+
+
+class EngineSampler:
+    """Renders conversations with the tokenizer's chat template and samples through engine.py."""
+
+    def __init__(self, engine, tokenizer, *, top_k: int = -1, enable_thinking: bool | None = None):
+        self.engine, self.tokenizer, self.top_k, self.enable_thinking = engine, tokenizer, top_k, enable_thinking
+
+    def _prompt(self, messages, tools):
+        extra = {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
+        text = self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                                  add_generation_prompt=True, **extra)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def chat(self, conversations, *, n=1, temperature, top_p, max_new_tokens, seed=None, tools=None):
+        tools = tools or [None] * len(conversations)
+        prompts = [self._prompt(m, t) for m, t in zip(conversations, tools) for _ in range(n)]
+        outs = self.engine.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
+                                    top_p=top_p, top_k=self.top_k, seed=seed)
+        texts = [o.text for o in outs]
+        return [texts[i * n:(i + 1) * n] for i in range(len(conversations))]
+
+
+class OpenAISampler:
+    """An OpenAI-compatible /chat/completions endpoint (vLLM serve, SGLang, ...) over urllib."""
+
+    def __init__(self, base_url: str, model: str, api_key: str = "", workers: int = 16, timeout: float = 3600):
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model, self.api_key, self.workers, self.timeout = model, api_key, workers, timeout
+
+    def _one(self, messages, tools, n, sampling):
+        body = {"model": self.model, "messages": _openai_messages(messages), "n": n, **sampling}
+        if tools:
+            body["tools"] = tools
+        req = urllib.request.Request(self.url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json",
+                                              "Authorization": f"Bearer {self.api_key}"})
+        with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            choices = json.loads(resp.read())["choices"]
+        return [_choice_text(c["message"]) for c in choices]
+
+    def chat(self, conversations, *, n=1, temperature, top_p, max_new_tokens, seed=None, tools=None):
+        tools = tools or [None] * len(conversations)
+        sampling = {"temperature": temperature, "top_p": top_p, "max_tokens": max_new_tokens}
+        if seed is not None:
+            sampling["seed"] = seed
+        with ThreadPoolExecutor(self.workers) as pool:
+            return list(pool.map(lambda mt: self._one(mt[0], mt[1], n, sampling), zip(conversations, tools)))
+
+
+def _choice_text(message: dict) -> str:
+    """Endpoint reply as text; structured tool calls become <tool_call> blocks like a raw model's."""
+    text = message.get("content") or ""
+    for call in message.get("tool_calls") or []:
+        fn = call["function"]
+        args = fn.get("arguments") or "{}"
+        args = json.loads(args) if isinstance(args, str) else args
+        text += f"\n<tool_call>\n{json.dumps({'name': fn['name'], 'arguments': args})}\n</tool_call>"
+    return text
+
+
+def _openai_messages(messages: list[dict]) -> list[dict]:
+    """Turn our text-form tool calls back into the structured form an endpoint expects."""
+    out, pending = [], []
+    for m in messages:
+        if m["role"] == "assistant" and "<tool_call>" in m["content"]:
+            calls = parse_tool_calls(m["content"])
+            pending = [f"call_{len(out)}_{i}" for i in range(len(calls))]
+            out.append({"role": "assistant", "content": m["content"].split("<tool_call>")[0],
+                        "tool_calls": [{"id": cid, "type": "function", "function": {
+                            "name": c["name"], "arguments": json.dumps(c["arguments"])}}
+                            for cid, c in zip(pending, calls)]})
+        elif m["role"] == "tool" and pending:
+            out.append({"role": "tool", "tool_call_id": pending.pop(0), "content": m["content"]})
+        else:
+            out.append(dict(m))
+    return out
+
+
+def build_sampler(cfg: "EvalConfig"):
+    """The sampler the config asks for: an endpoint, or an engine on a checkpoint directory."""
+    if cfg.endpoint:
+        return OpenAISampler(cfg.endpoint, cfg.served_model or cfg.model, os.environ.get(cfg.api_key_env, ""))
+    import engine  # sibling; heavy imports stay out of the test path
+    if cfg.engine == "vllm":
+        from engine import VLLMEngine
+        from transformers import AutoTokenizer
+        path = engine.resolve_model_name(cfg.model)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        gen = VLLMEngine(path, tensor_parallel_size=cfg.tensor_parallel_size,
+                         max_model_len=cfg.max_model_len, seed=cfg.seed)
+    else:
+        from engine import TransformersEngine
+        model, tokenizer = engine.load_model_and_tokenizer(cfg.model)
+        gen = TransformersEngine(model, tokenizer)
+    return EngineSampler(gen, tokenizer, enable_thinking=cfg.enable_thinking)
+
+
+# ----------------------------------------------------------------------------------------------
+# INFRA: data. Local JSONL first; the hub only when the file is missing and the hub is usable.
+
+HUB = {  # suite -> (how to fetch, local file name)
+    "aime2025": (("datasets", "MathArena/aime_2025", None, "train"), "aime2025.jsonl"),
+    "aime2026": (("datasets", "MathArena/aime_2026", None, "train"), "aime2026.jsonl"),
+    "gpqa_diamond": (("datasets", "Idavidrein/gpqa", "gpqa_diamond", "train"), "gpqa_diamond.jsonl"),
+    "livecodebench_v6": (("files", "livecodebench/code_generation_lite",
+                          ["test.jsonl"] + [f"test{i}.jsonl" for i in range(2, 7)]), "livecodebench_v6.jsonl"),
+}
+
+
+class MissingDataset(FileNotFoundError):
+    """A benchmark's data is neither on disk nor reachable; the message says how to provide it."""
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _from_hub(suite: str) -> list[dict]:
+    source = HUB[suite][0]
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise RuntimeError("HF_HUB_OFFLINE=1")
+    if source[0] == "datasets":
+        import datasets  # lazy: optional dependency
+        _, name, config, split = source
+        return [dict(r) for r in datasets.load_dataset(name, config, split=split)]
+    from huggingface_hub import hf_hub_download
+    rows = []
+    for fname in source[2]:
+        rows += _read_jsonl(Path(hf_hub_download(source[1], fname, repo_type="dataset")))
+    return rows
+
+
+def load_items(suite: str, data_dir: str | Path) -> list[dict]:
+    """Rows of `suite` from `<data_dir>/<file>`; else from the hub (cached to that file)."""
+    path = Path(data_dir) / HUB[suite][1]
+    if path.exists():
+        return _read_jsonl(path)
+    try:
+        rows = _from_hub(suite)
+    except Exception as err:  # offline, `datasets` absent, gated repo, ...
+        raise MissingDataset(
+            f"{suite}: no {path} and the hub copy ({HUB[suite][0][1]}) could not be loaded ({err!r}). "
+            f"Write the benchmark as JSONL to {path} (formats in eval.py's docstring), or go online "
+            f"with `pip install datasets` (GPQA is gated: accept its terms and `huggingface-cli login`).")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows), encoding="utf-8")
+    return rows
+
+
+def _first(row: dict, *keys, default=None):
+    return next((row[k] for k in keys if k in row and row[k] is not None), default)
+
+
+# ----------------------------------------------------------------------------------------------
+# ALGO: the single-turn suites. Each returns (metrics, per-sample records).
+
+
+def _sample_all(sampler, prompts, *, n, sampling, batch_size, desc):
+    """Replies (n per prompt) in chunks of `batch_size` prompts, with a progress bar."""
+    replies = []
+    with tqdm(total=len(prompts), desc=desc, unit="item") as bar:
+        for i in range(0, len(prompts), batch_size):
+            chunk = prompts[i:i + batch_size]
+            replies += sampler.chat([[{"role": "user", "content": p}] for p in chunk], n=n, **sampling)
+            bar.update(len(chunk))
+    return replies
+
+
+def rg_items(tasks: list[tuple[str, str, dict]], episodes: int, seed: int):
+    """Deterministic items: task t's episodes are items 0..episodes-1 of a dataset seeded by
+    (seed, t's name), so adding or removing a task never changes another task's items."""
+    import reasoning_gym
+    out = []
+    for pkg, name, params in tasks:
+        ds = reasoning_gym.create_dataset(name, size=episodes, seed=seed * 1_000_003 + zlib.crc32(name.encode()), **params)
+        out += [(pkg, name, ds, ds[i]) for i in range(episodes)]
+    return out
+
+
+def run_reasoning_gym(sampler, *, cells=tuple(RG_CELLS), episodes=8, seed=0, sampling, batch_size=256, tasks=None):
+    """Table 1's Reasoning-Gym cells: one sample per item, win = score_answer == 1.0, pooled per cell."""
+    metrics, records = {}, []
+    for cell in cells:
+        table = [t for t in cell_tasks(cell) if tasks is None or t[1] in tasks]
+        items = rg_items(table, episodes, seed)
+        replies = _sample_all(sampler, [it["question"] + "\n\n" + ANSWER_FORMAT for *_, it in items],
+                              n=1, sampling=sampling, batch_size=batch_size, desc=f"reasoning_gym/{cell}")
+        wins = errors = 0
+        for (pkg, name, ds, item), (reply,) in zip(items, replies):
+            answer, error = rg_answer(reply), None
+            try:
+                score = float(ds.score_answer(answer=answer, entry=item))
+            except Exception as err:  # the scorer's fault or the model's: a loss either way, counted
+                score, error = 0.0, repr(err)
+                errors += 1
+            wins += score == 1.0
+            records.append({"suite": "reasoning_gym", "cell": cell, "task": name, "package": pkg,
+                            "question": item["question"], "reference": item["answer"], "reply": reply,
+                            "answer": answer, "score": score, "win": score == 1.0, "scorer_error": error})
+        metrics[f"reasoning_gym/{cell}"] = wins / max(len(items), 1)
+        metrics[f"reasoning_gym/{cell}_episodes"] = len(items)
+        metrics[f"reasoning_gym/{cell}_scorer_errors"] = errors
+    metrics["reasoning_gym/scorer_errors"] = sum(metrics.pop(f"reasoning_gym/{c}_scorer_errors") for c in cells)
+    return metrics, records
+
+
+def math_equal(reply: str, gold: str, timeout: int = 5) -> bool:
+    """math-verify equivalence of the reply's last box and the gold answer, under a timeout."""
+    from math_verify import parse, verify
+    boxed = last_boxed(reply)
+    if boxed is None:
+        return False
+    try:
+        gold_p = parse(f"${gold}$", parsing_timeout=timeout)
+        pred_p = parse(f"$\\boxed{{{boxed}}}$", parsing_timeout=timeout)
+        return bool(gold_p and pred_p and verify(gold_p, pred_p, timeout_seconds=timeout))
+    except Exception:  # math-verify's TimeoutException included
+        return False
+
+
+def run_aime(sampler, rows, *, name, n=32, sampling, batch_size=256, timeout=5):
+    """avg@n on AIME: each of n samples correct iff math-verify finds it equal to the answer."""
+    prompts = [str(_first(r, "problem", "question", "Problem")) + "\n" + ANSWER_FORMAT for r in rows]
+    replies = _sample_all(sampler, prompts, n=n, sampling=sampling, batch_size=batch_size, desc=name)
+    correct, records = [], []
+    for i, (row, samples) in enumerate(zip(rows, replies)):
+        gold = str(_first(row, "answer", "Answer"))
+        scores = [float(math_equal(s, gold, timeout)) for s in samples]
+        correct.append(scores)
+        records += [{"suite": name, "id": _first(row, "id", "problem_idx", "ID", default=i), "sample": k,
+                     "reference": gold, "reply": s, "answer": last_boxed(s), "score": sc}
+                    for k, (s, sc) in enumerate(zip(samples, scores))]
+    return {f"{name}/avg@{n}": avg_at_n(correct), f"{name}/items": len(rows)}, records
+
+
+def gpqa_options(row: dict, rng: random.Random) -> tuple[list[str], int]:
+    """The four options in a seeded random order, and the index of the correct one."""
+    correct = str(_first(row, "correct_answer", "Correct Answer")).strip()
+    wrong = row.get("incorrect_answers") or [row[f"Incorrect Answer {i}"] for i in (1, 2, 3)]
+    options = [correct] + [str(w).strip() for w in wrong]
+    order = list(range(4))
+    rng.shuffle(order)
+    return [options[j] for j in order], order.index(0)
+
+
+def boxed_letter(reply: str) -> str | None:
+    """The option letter in the last box: \\boxed{B}, \\boxed{(B)}, \\boxed{\\text{B}}, \\boxed{B) ...}."""
+    boxed = last_boxed(reply)
+    if boxed is None:
+        return None
+    boxed = re.sub(r"\\text(bf)?\{([^}]*)\}", r"\2", boxed).strip()
+    m = re.match(r"^\(?([A-D])\)?(?:$|[\s.:)])", boxed)
+    return m.group(1) if m else None
+
+
+def run_gpqa(sampler, rows, *, n=8, seed=0, sampling, batch_size=256):
+    """GPQA-Diamond avg@n: per sample a fresh seeded option order, the boxed letter must match."""
+    prompts, keys = [], []
+    for i, row in enumerate(rows):
+        for k in range(n):  # one conversation per sample: the option order differs per sample
+            options, key = gpqa_options(row, random.Random(f"{seed}-{i}-{k}"))
+            body = "\n".join(f"{'ABCD'[j]}) {o}" for j, o in enumerate(options))
+            prompts.append(f"{str(_first(row, 'question', 'Question')).strip()}\n\n{body}\n\n"
+                           "Please reason step by step, and put the letter of the correct option within \\boxed{}.")
+            keys.append("ABCD"[key])
+    replies = [r[0] for r in _sample_all(sampler, prompts, n=1, sampling=sampling, batch_size=batch_size,
+                                         desc="gpqa_diamond")]
+    correct, records = [], []
+    for i, row in enumerate(rows):
+        scores = []
+        for k in range(n):
+            reply, key = replies[i * n + k], keys[i * n + k]
+            scores.append(float(boxed_letter(reply) == key))
+            records.append({"suite": "gpqa_diamond", "id": _first(row, "id", "Record ID", default=i), "sample": k,
+                            "reference": key, "reply": reply, "answer": boxed_letter(reply), "score": scores[-1]})
+        correct.append(scores)
+    return {f"gpqa_diamond/avg@{n}": avg_at_n(correct), "gpqa_diamond/items": len(rows)}, records
+
+
+# ----------------------------------------------------------------------------------------------
+# ALGO: LiveCodeBench. Every test runs in a fresh subprocess: own session (the whole group is
+# killed on timeout), rlimits on memory / CPU / file size, an empty temp cwd, stdout to a capped
+# file. This contains honest mistakes (loops, memory blow-ups, floods), not a hostile model: there
+# is no network or filesystem isolation beyond the temp cwd.
+
+FUNCTIONAL_RUNNER = r"""
+import json, sys
+sys.setrecursionlimit(100000)
+src, func, args = open(sys.argv[1]).read(), sys.argv[2], open(sys.argv[3]).read()
+ns = {"__name__": "__solution__"}
+exec("from typing import *\nimport collections, heapq, itertools, math, bisect, functools\n" + src, ns)
+target = getattr(ns["Solution"](), func) if "Solution" in ns else ns[func]
+result = target(*[json.loads(line) for line in args.split("\n") if line.strip()])
+print(json.dumps(result))
+"""
+
+
+def extract_code(reply: str) -> str | None:
+    """The last fenced code block after the reasoning (```python preferred)."""
+    text = after_thinking(reply)
+    blocks = re.findall(r"```python\s*\n(.*?)```", text, flags=re.S) or re.findall(r"```\w*\s*\n(.*?)```", text, flags=re.S)
+    return blocks[-1] if blocks else None
+
+
+# Limits are set inside the child by this launcher (a preexec_fn is unsafe with grader threads).
+LAUNCHER = r"""
+import resource, runpy, sys
+mem, cpu = int(sys.argv[1]) << 20, int(sys.argv[2])
+for kind, value in ((resource.RLIMIT_AS, mem), (resource.RLIMIT_CPU, cpu), (resource.RLIMIT_FSIZE, 64 << 20),
+                    (resource.RLIMIT_CORE, 0)):
+    resource.setrlimit(kind, (value, value))
+sys.argv = sys.argv[3:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def run_program(args: list[str], stdin: str, *, timeout: float, memory_mb: int, cwd: str) -> tuple[str, str]:
+    """Run `python script args...` with stdin under limits; returns (status, stdout), status ok|timeout|error."""
+    argv = [sys.executable, "-I", "-c", LAUNCHER, str(memory_mb), str(math.ceil(timeout) + 1), *args]
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.DEVNULL, cwd=cwd,
+                                env={"PATH": "/usr/bin:/bin", "PYTHONIOENCODING": "utf-8"}, start_new_session=True)
+        try:
+            proc.communicate(stdin.encode(), timeout=timeout)
+            status = "ok" if proc.returncode == 0 else "error"
+        except subprocess.TimeoutExpired:
+            status = "timeout"
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the program and anything it spawned
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        out.seek(0)
+        return status, out.read(8 << 20).decode("utf-8", "replace")
+
+
+def _same_token(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    try:
+        return Decimal(a) == Decimal(b)
+    except (InvalidOperation, ValueError):
+        return False
+
+
+def stdout_matches(got: str, expected: str) -> bool:
+    """Line by line after stripping; a line may differ in whitespace and numeric spelling."""
+    g, e = got.strip().splitlines(), expected.strip().splitlines()
+    if len(g) != len(e):
+        return False
+    for gl, el in zip(g, e):
+        gt, et = gl.split(), el.split()
+        if gl.strip() != el.strip() and (len(gt) != len(et) or not all(map(_same_token, gt, et))):
+            return False
+    return True
+
+
+def grade_code(code: str | None, tests: list[dict], *, func_name: str | None = None, timeout: float = 6.0,
+               memory_mb: int = 4096) -> tuple[bool, str]:
+    """All tests pass? Returns (passed, reason of the first failure or "ok")."""
+    if not code:
+        return False, "no_code"
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp, "solution.py")
+        src.write_text(code, encoding="utf-8")
+        runner = Path(tmp, "runner.py")
+        runner.write_text(FUNCTIONAL_RUNNER, encoding="utf-8")
+        for t, test in enumerate(tests):
+            if test.get("testtype", "stdin") == "functional":
+                Path(tmp, "args.txt").write_text(test["input"], encoding="utf-8")
+                status, out = run_program([str(runner), str(src), func_name or "", "args.txt"],
+                                          "", timeout=timeout, memory_mb=memory_mb, cwd=tmp)
+                try:
+                    ok = status == "ok" and json.loads(out.strip().splitlines()[-1]) == json.loads(test["output"])
+                except (ValueError, IndexError):
+                    ok = False
+            else:
+                status, out = run_program([str(src)], test["input"], timeout=timeout,
+                                          memory_mb=memory_mb, cwd=tmp)
+                ok = status == "ok" and stdout_matches(out, test["output"])
+            if not ok:
+                return False, f"test {t}: {status if status != 'ok' else 'wrong_answer'}"
+    return True, "ok"
+
+
+def lcb_tests(row: dict) -> list[dict]:
+    """Public + private tests of a problem: our JSONL's "tests", or the hub's encoded columns."""
+    if "tests" in row:
+        return row["tests"]
+    tests = json.loads(row["public_test_cases"])
+    private = row.get("private_test_cases") or "[]"
+    try:
+        tests += json.loads(private)
+    except ValueError:  # the hub packs large test sets as base64(zlib(pickle(json))), as LCB's own loader reads them
+        tests += json.loads(pickle.loads(zlib.decompress(base64.b64decode(private.encode()))))
+    return tests
+
+
+def lcb_prompt(row: dict) -> str:
+    starter = (row.get("starter_code") or "").strip()
+    how = (f"Complete the following starter code; the solution is called as a method of `Solution`:\n"
+           f"```python\n{starter}\n```" if starter else
+           "Read the input from standard input and write the answer to standard output.")
+    return (f"{row['question_content'].strip()}\n\n{how}\n\nReason about the problem, then give your complete "
+            "Python solution in a single ```python code block at the end of your reply.")
+
+
+def run_livecodebench(sampler, rows, *, n=10, sampling, batch_size=256, timeout=6.0, memory_mb=4096,
+                      workers=None, start_date="2025-02-01", end_date="2025-05-01", limit=None):
+    """pass@1 on LiveCodeBench problems dated in [start_date, end_date) (the first `limit` of them)."""
+    rows = [r for r in rows if start_date <= str(r.get("contest_date", start_date))[:10] < end_date][:limit]
+    replies = _sample_all(sampler, [lcb_prompt(r) for r in rows], n=n, sampling=sampling, batch_size=batch_size,
+                          desc="livecodebench_v6")
+    jobs = [(i, k) for i in range(len(rows)) for k in range(n)]
+
+    def grade(job):
+        i, k = job
+        row = rows[i]
+        func = row.get("func_name") or json.loads(row.get("metadata") or "{}").get("func_name")
+        return grade_code(extract_code(replies[i][k]), lcb_tests(row), func_name=func, timeout=timeout,
+                          memory_mb=memory_mb)
+
+    with ThreadPoolExecutor(workers or os.cpu_count() or 1) as pool:
+        results = list(tqdm(pool.map(grade, jobs), total=len(jobs), desc="livecodebench_v6 grading"))
+    correct, records = [[0.0] * n for _ in rows], []
+    for (i, k), (passed, reason) in zip(jobs, results):
+        correct[i][k] = float(passed)
+        records.append({"suite": "livecodebench_v6", "id": rows[i].get("question_id", i), "sample": k,
+                        "reply": replies[i][k], "score": float(passed), "reason": reason})
+    pass1 = sum(pass_at_k(n, int(sum(c)), 1) for c in correct) / max(len(rows), 1)
+    return {"livecodebench_v6/pass@1": pass1, "livecodebench_v6/items": len(rows)}, records
+
+
+# ----------------------------------------------------------------------------------------------
+# ALGO: BFCL v4 multi-turn (function-calling mode). Every entry is a sequence of user turns; in a
+# turn the model calls tools step by step until it answers without a call; bfcl-eval's checker then
+# replays the decoded calls and compares state and outputs with the ground truth after each turn.
+
+BFCL_CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
+BFCL_STEP_LIMIT = 20  # bfcl-eval's MAXIMUM_STEP_LIMIT
+OPENAI_TYPES = {"dict": "object", "float": "number", "tuple": "array", "list": "array", "bool": "boolean",
+                "any": "string", "int": "integer"}
+
+
+def parse_tool_calls(text: str) -> list[dict]:
+    """Every well-formed `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` after the reasoning."""
+    calls = []
+    for body in re.findall(r"<tool_call>(.*?)</tool_call>", after_thinking(text), flags=re.S):
+        try:
+            call = json.loads(body)
+        except ValueError:
+            continue
+        args = call.get("arguments", {}) if isinstance(call, dict) else None
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                args = None
+        if isinstance(call, dict) and isinstance(call.get("name"), str) and isinstance(args, dict):
+            calls.append({"name": call["name"], "arguments": args})
+    return calls
+
+
+def call_string(call: dict) -> str | None:
+    """`name(k=repr(v), ...)` for bfcl-eval's executor; None unless every name is an identifier,
+    so the executor's `eval` only ever sees a call with literal arguments."""
+    if not all(re.fullmatch(r"[A-Za-z_]\w*", k) for k in [call["name"], *call["arguments"]]):
+        return None
+    return f"{call['name']}({', '.join(f'{k}={v!r}' for k, v in call['arguments'].items())})"
+
+
+def _openai_schema(schema):
+    if isinstance(schema, dict):
+        out = {k: _openai_schema(v) for k, v in schema.items()}
+        if isinstance(out.get("type"), str):
+            out["type"] = OPENAI_TYPES.get(out["type"], out["type"])
+        return out
+    return [_openai_schema(v) for v in schema] if isinstance(schema, list) else schema
+
+
+def bfcl_tool(doc: dict) -> dict:
+    """A BFCL function doc as an OpenAI tool schema (BFCL's own type names mapped to JSON Schema)."""
+    return {"type": "function", "function": {"name": doc["name"], "description": doc.get("description", ""),
+                                             "parameters": _openai_schema(doc["parameters"])}}
+
+
+def load_bfcl(categories=BFCL_CATEGORIES, limit: int | None = None) -> list[dict]:
+    """Entries with their function docs and ground truth, from the installed bfcl-eval package."""
+    try:
+        import bfcl_eval
+        from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING
+    except ImportError as err:
+        raise MissingDataset("bfcl_multi_turn: the bfcl-eval package is not installed; install it without its "
+                             "API-client dependencies: `pip install --no-deps bfcl-eval`") from err
+    root = Path(bfcl_eval.__file__).parent / "data"
+    entries = []
+    for cat in categories:
+        answers = {a["id"]: a["ground_truth"] for a in _read_jsonl(root / "possible_answer" / f"BFCL_v4_{cat}.json")}
+        rows = _read_jsonl(root / f"BFCL_v4_{cat}.json")[:limit]
+        for e in rows:
+            docs = [d for c in e["involved_classes"] for d in _read_jsonl(root / "multi_turn_func_doc" / MULTI_TURN_FUNC_DOC_FILE_MAPPING[c])]
+            missed = {int(t): names for t, names in e.get("missed_function", {}).items()}
+            entries.append({**e, "category": cat, "docs": docs, "missed": missed, "ground_truth": answers[e["id"]]})
+    return entries
+
+
+class _BfclEpisode:
+    def __init__(self, entry, tag):
+        hidden = {n for names in entry["missed"].values() for n in names}
+        self.entry, self.tag, self.turn, self.steps, self.done = entry, tag, -1, 0, False
+        self.tools = [bfcl_tool(d) for d in entry["docs"] if d["name"] not in hidden]
+        self.messages, self.decoded, self.force_quit = [], [], False
+
+    def next_turn(self):
+        """Open the next user turn (a held-out turn reveals its functions first), or finish."""
+        from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
+        self.turn += 1
+        self.steps = 0
+        if self.turn == len(self.entry["question"]):
+            self.done = True
+            return
+        user = list(self.entry["question"][self.turn])
+        if self.turn in self.entry["missed"]:
+            names = self.entry["missed"][self.turn]
+            self.tools += [bfcl_tool(d) for d in self.entry["docs"] if d["name"] in names]
+            user = [{"role": "user", "content": DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC}]
+        self.messages += user
+        self.decoded.append([])
+
+
+def _bfcl_step(ep: _BfclEpisode, reply: str):
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import execute_multi_turn_func_call
+    ep.messages.append({"role": "assistant", "content": reply})
+    calls = [c for c in map(call_string, parse_tool_calls(reply)) if c]
+    if not calls:
+        return ep.next_turn()
+    results, _ = execute_multi_turn_func_call(
+        calls, ep.entry.get("initial_config", {}), ep.entry["involved_classes"], ep.tag, ep.entry["id"],
+        long_context="long_context" in ep.entry["category"])
+    ep.decoded[-1].append(calls)
+    ep.messages += [{"role": "tool", "content": r} for r in results]
+    ep.steps += 1
+    if ep.steps >= BFCL_STEP_LIMIT:
+        ep.force_quit, ep.done = True, True
+
+
+def _forget_bfcl_instances(tag: str):
+    """bfcl-eval keeps environment instances in a module global keyed by model name: drop ours."""
+    from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
+    for key in [k for k in vars(multi_turn_utils) if k.startswith(tag)]:
+        del vars(multi_turn_utils)[key]
+
+
+def run_bfcl(sampler, entries, *, sampling, batch_size=256):
+    """BFCL v4 multi-turn accuracy: share of entries the checker accepts (overall and per category)."""
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
+    tag = f"spade_{uuid.uuid4().hex[:8]}"
+    episodes = [_BfclEpisode(e, tag) for e in entries]
+    for ep in episodes:
+        ep.next_turn()
+    with tqdm(total=len(episodes), desc="bfcl_multi_turn", unit="entry") as bar:
+        while live := [ep for ep in episodes if not ep.done]:
+            for i in range(0, len(live), batch_size):  # every live entry's next step, in one call per chunk
+                chunk = live[i:i + batch_size]
+                replies = sampler.chat([ep.messages for ep in chunk], n=1, tools=[ep.tools for ep in chunk], **sampling)
+                for ep, (reply,) in zip(chunk, replies):
+                    _bfcl_step(ep, reply)
+            bar.update(sum(ep.done for ep in episodes) - bar.n)
+    records, by_cat = [], {}
+    for ep in episodes:
+        e = ep.entry
+        if ep.force_quit:
+            result = {"valid": False, "error_type": "multi_turn:force_terminated"}
+        else:
+            try:
+                result = multi_turn_checker(ep.decoded, e["ground_truth"], e, e["category"], tag)
+            except Exception as err:  # the checker asserts on malformed state: a failed entry
+                result = {"valid": False, "error_type": f"checker_error: {err!r}"}
+        by_cat.setdefault(e["category"], []).append(float(result["valid"]))
+        records.append({"suite": "bfcl_multi_turn", "id": e["id"], "score": float(result["valid"]),
+                        "error_type": result.get("error_type"), "decoded": ep.decoded, "messages": ep.messages})
+    _forget_bfcl_instances(tag)
+    scores = [s for v in by_cat.values() for s in v]
+    metrics = {"bfcl_multi_turn/accuracy": sum(scores) / max(len(scores), 1), "bfcl_multi_turn/items": len(scores)}
+    metrics.update({f"bfcl_multi_turn/{c.removeprefix('multi_turn_')}": sum(v) / len(v) for c, v in by_cat.items()})
+    return metrics, records
+
+
+# ----------------------------------------------------------------------------------------------
+# INFRA: config, the driver, outputs, CLI
+
+SUITES = ("reasoning_gym", "aime2025", "aime2026", "gpqa_diamond", "livecodebench_v6", "bfcl_multi_turn")
+TABLE1 = (("AIME25", "aime2025/avg@"), ("AIME26", "aime2026/avg@"), ("GPQA-D", "gpqa_diamond/avg@"),
+          ("LCB-v6", "livecodebench_v6/pass@1"), ("RG-Math", "reasoning_gym/math"),
+          ("RG-Algo", "reasoning_gym/algorithmic"), ("RG-Cog", "reasoning_gym/cognition"), ("RG-Logic", "reasoning_gym/logic"))
+
+
+@dataclass
+class EvalConfig:
+    model: str = field(default="tiny", metadata={"help": "Checkpoint directory, hub id or alias (Qwen3-4B, Qwen3-8B, Qwen3-30B-A3B), or tiny; with --endpoint, the served model name."})
+    endpoint: str = field(default="", metadata={"help": "Base URL of an OpenAI-compatible server (e.g. http://localhost:8000/v1); empty = load --model through engine.py."})
+    served_model: str = field(default="", metadata={"help": "Model name to send to --endpoint (default: --model)."})
+    api_key_env: str = field(default="OPENAI_API_KEY", metadata={"help": "Environment variable holding the endpoint's API key."})
+    engine: str = field(default="vllm", metadata={"help": "Engine for --model: vllm (GPU) or transformers (CPU / small GPU)."})
+    tensor_parallel_size: int = field(default=1, metadata={"help": "vLLM tensor-parallel size."})
+    max_model_len: int = field(default=40960, metadata={"help": "vLLM context length (prompt + max_new_tokens)."})
+    enable_thinking: bool | None = field(default=None, metadata={"help": "Pass enable_thinking to the chat template (hybrid Qwen3); unset = template default."})
+    suites: str = field(default=",".join(SUITES), metadata={"help": f"Comma-separated suites to run, from {', '.join(SUITES)}."})
+    data_dir: str = field(default="data/eval", metadata={"help": "Directory of the benchmark JSONL files (formats in eval.py's docstring)."})
+    output_dir: str = field(default="runs/eval", metadata={"help": "Where results.json, samples/*.jsonl and table1.md are written."})
+    seed: int = field(default=0, metadata={"help": "Seed of item selection, option shuffles and sampling."})
+    limit: int | None = field(default=None, metadata={"help": "Use only the first N items of each dataset suite (smoke runs; not a paper number)."})
+    batch_size: int = field(default=256, metadata={"help": "Prompts per sampler call (the progress bar advances per call)."})
+    max_new_tokens: int = field(default=32768, metadata={"help": "Token budget per reply (paper: 32,768-token context)."})
+    rg_episodes: int = field(default=8, metadata={"help": "Episodes per Reasoning-Gym task (paper: 8)."})
+    rg_tasks: str = field(default="", metadata={"help": "Comma-separated subset of the 100-task table (smoke runs); empty = all."})
+    rg_temperature: float = field(default=0.6, metadata={"help": "Reasoning-Gym temperature (agent sampling, SPEC Sec. 5)."})
+    rg_top_p: float = field(default=0.95, metadata={"help": "Reasoning-Gym top-p (agent sampling)."})
+    aime_samples: int = field(default=32, metadata={"help": "Samples per AIME problem (paper: avg@32)."})
+    aime_temperature: float = field(default=0.7, metadata={"help": "AIME temperature (paper: 0.7)."})
+    aime_top_p: float = field(default=0.8, metadata={"help": "AIME top-p (paper: 0.8)."})
+    math_verify_timeout: int = field(default=5, metadata={"help": "Seconds for math-verify's parse and verify per sample."})
+    gpqa_samples: int = field(default=8, metadata={"help": "Samples per GPQA-Diamond question (paper: 8)."})
+    gpqa_temperature: float = field(default=0.7, metadata={"help": "GPQA temperature (paper: 0.7)."})
+    gpqa_top_p: float = field(default=0.8, metadata={"help": "GPQA top-p (as AIME; the paper gives none)."})
+    lcb_samples: int = field(default=10, metadata={"help": "Samples per LiveCodeBench problem for the pass@1 estimate (LCB runner default)."})
+    lcb_temperature: float = field(default=0.2, metadata={"help": "LiveCodeBench temperature (paper: 0.2)."})
+    lcb_top_p: float = field(default=0.95, metadata={"help": "LiveCodeBench top-p (LCB runner default)."})
+    lcb_test_timeout: float = field(default=6.0, metadata={"help": "Seconds per test case (paper: 6)."})
+    lcb_memory_mb: int = field(default=4096, metadata={"help": "Address-space limit per test process, MiB."})
+    lcb_start_date: str = field(default="2025-02-01", metadata={"help": "First contest date of LiveCodeBench v6 (inclusive)."})
+    lcb_end_date: str = field(default="2025-05-01", metadata={"help": "End contest date of LiveCodeBench v6 (exclusive)."})
+    bfcl_categories: str = field(default=",".join(BFCL_CATEGORIES), metadata={"help": "BFCL v4 multi-turn categories."})
+    bfcl_temperature: float = field(default=0.001, metadata={"help": "BFCL temperature (BFCL default)."})
+
+
+def run_suite(suite: str, sampler, cfg: EvalConfig) -> tuple[dict, list[dict]]:
+    """One suite under the config's protocol."""
+    common = {"batch_size": cfg.batch_size}
+
+    def sampling(t, p):
+        return {"temperature": t, "top_p": p, "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed}
+
+    if suite == "reasoning_gym":
+        tasks = set(cfg.rg_tasks.split(",")) if cfg.rg_tasks else None
+        return run_reasoning_gym(sampler, episodes=cfg.rg_episodes, seed=cfg.seed, tasks=tasks,
+                                 sampling=sampling(cfg.rg_temperature, cfg.rg_top_p), **common)
+    if suite == "bfcl_multi_turn":
+        return run_bfcl(sampler, load_bfcl(cfg.bfcl_categories.split(","), cfg.limit),
+                        sampling=sampling(cfg.bfcl_temperature, 1.0), **common)
+    rows = load_items(suite, cfg.data_dir)
+    if suite.startswith("aime"):
+        return run_aime(sampler, rows[:cfg.limit], name=suite, n=cfg.aime_samples, timeout=cfg.math_verify_timeout,
+                        sampling=sampling(cfg.aime_temperature, cfg.aime_top_p), **common)
+    if suite == "gpqa_diamond":
+        return run_gpqa(sampler, rows[:cfg.limit], n=cfg.gpqa_samples, seed=cfg.seed,
+                        sampling=sampling(cfg.gpqa_temperature, cfg.gpqa_top_p), **common)
+    if suite == "livecodebench_v6":
+        return run_livecodebench(sampler, rows, n=cfg.lcb_samples, timeout=cfg.lcb_test_timeout,
+                                 memory_mb=cfg.lcb_memory_mb, start_date=cfg.lcb_start_date, end_date=cfg.lcb_end_date, limit=cfg.limit,
+                                 sampling=sampling(cfg.lcb_temperature, cfg.lcb_top_p), **common)
+    raise ValueError(f"unknown suite {suite!r}: use {', '.join(SUITES)}")
+
+
+def table1_row(metrics: dict, label: str) -> str:
+    """Markdown header + one row of the eight Table-1 cells (percent) and their average."""
+    cells = [next((v for k, v in metrics.items() if k.startswith(key) and not k.endswith(("items", "episodes"))), None)
+             for _, key in TABLE1]
+    avg = sum(cells) / len(cells) if all(c is not None for c in cells) else None
+    fmt = [f"{100 * c:.1f}" if c is not None else "-" for c in cells + [avg]]
+    head = ["Model", *(name for name, _ in TABLE1), "Avg"]
+    return ("| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n| " + " | ".join([label, *fmt]) + " |\n")
+
+
+def evaluate(cfg: EvalConfig, sampler=None) -> dict:
+    """Run the configured suites; write results.json, samples/<suite>.jsonl and table1.md."""
+    out = Path(cfg.output_dir)
+    (out / "samples").mkdir(parents=True, exist_ok=True)
+    sampler = sampler or build_sampler(cfg)
+    metrics, timing, notes = {}, {}, {}
+    for suite in [s.strip() for s in cfg.suites.split(",") if s.strip()]:
+        start = time.time()
+        suite_metrics, records = run_suite(suite, sampler, cfg)
+        timing[suite] = round(time.time() - start, 3)
+        metrics.update(suite_metrics)
+        key = "aime" if suite.startswith("aime") else suite.removesuffix("_v6")
+        if key in SCORER_NOTES:
+            notes[suite] = SCORER_NOTES[key]
+        with open(out / "samples" / f"{suite}.jsonl", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r, default=str) + "\n" for r in records)
+    row = table1_row(metrics, Path(cfg.model).name or cfg.model)
+    results = {"config": asdict(cfg), "metrics": metrics, "timing_s": timing, "notes": notes, "table1_markdown": row}
+    (out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
+    (out / "table1.md").write_text(row, encoding="utf-8")
+    return results
+
+
+def main(argv=None):
+    from transformers import HfArgumentParser
+    (cfg,) = HfArgumentParser(EvalConfig).parse_args_into_dataclasses(args=argv)
+    results = evaluate(cfg)
+    print(json.dumps(results["metrics"], indent=2))
+    print(results["table1_markdown"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,276 @@
+"""eval.py: metric arithmetic, the Reasoning-Gym task table, oracle/garbage samplers per suite,
+the LiveCodeBench grader under hostile code, BFCL multi-turn ground-truth replay, and the driver."""
+import ast
+import inspect
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import eval as E
+
+FIXTURES = Path(__file__).parent / "fixtures" / "eval"
+SAMPLING = {"temperature": 0.0, "top_p": 1.0, "max_new_tokens": 16, "seed": 0}
+QUICK_RG = {"basic_arithmetic", "spell_backward", "color_cube_rotation", "syllogism"}  # one per cell, fast
+GARBAGE = E.ScriptedSampler(lambda messages, k: "I am not sure. \\boxed{}")
+
+
+def jsonl(name):
+    return [json.loads(line) for line in (FIXTURES / name).read_text().splitlines() if line.strip()]
+
+
+def user_text(messages):
+    return next(m["content"] for m in messages if m["role"] == "user")
+
+
+# ------------------------------------------------------------------------------------- metrics
+
+def test_avg_at_n_hand_computed():
+    # item 1: 2 of 4 correct -> 0.5; item 2: 4 of 4 -> 1.0; mean 0.75
+    assert E.avg_at_n([[1, 0, 0, 1], [1, 1, 1, 1]]) == pytest.approx(0.75)
+    assert E.avg_at_n([[0.0] * 32]) == 0.0
+
+
+def test_pass_at_k_hand_computed():
+    assert E.pass_at_k(4, 2, 1) == pytest.approx(0.5)            # 1 - C(2,1)/C(4,1) = 1 - 2/4
+    assert E.pass_at_k(4, 2, 2) == pytest.approx(1 - 1 / 6)      # 1 - C(2,2)/C(4,2)
+    assert E.pass_at_k(10, 3, 1) == pytest.approx(0.3)           # pass@1 = c/n
+    assert E.pass_at_k(4, 0, 1) == 0.0
+    assert E.pass_at_k(4, 3, 2) == 1.0                           # fewer than k wrong samples
+
+
+def test_answer_extraction():
+    assert E.last_boxed("<think>\\boxed{1}</think> so \\boxed{\\frac{1}{2}} and \\boxed{3}") == "3"
+    assert E.last_boxed("<think>\\boxed{7}</think> no box") is None
+    assert E.last_boxed("\\boxed{a {b} c} then \\boxed{broken") == "a {b} c"
+    assert E.rg_answer("<answer>north</answer>") == "north"
+    assert E.boxed_letter("\\boxed{\\text{C}}") == "C" and E.boxed_letter("\\boxed{(B)}") == "B"
+    assert E.boxed_letter("\\boxed{B) Weber}") == "B" and E.boxed_letter("\\boxed{Both}") is None
+    assert E.math_equal("\\boxed{\\frac{1}{2}}", "0.5") and not E.math_equal("\\boxed{3}", "0.5")
+    assert E.extract_code("```python\nx=1\n```\ntext\n```python\nprint(2)\n```") == "print(2)\n"
+
+
+# ------------------------------------------------------------------------- Reasoning-Gym table
+
+def test_task_table_integrity():
+    import dataclasses
+    from reasoning_gym.factory import DATASETS
+    names = [name for tasks in E.RG_HARD_TASKS.values() for name, _ in tasks]
+    assert len(names) == 100 and len(set(names)) == 100
+    for tasks in E.RG_HARD_TASKS.values():
+        for name, params in tasks:
+            assert name in DATASETS, name
+            fields = {f.name for f in dataclasses.fields(DATASETS[name][1])}
+            assert set(params) <= fields, (name, set(params) - fields)
+    packages = [p for cell in E.RG_CELLS.values() for p in cell]
+    assert sorted(packages) == sorted(E.RG_HARD_TASKS)  # every package in exactly one cell
+    counts = {cell: len(E.cell_tasks(cell)) for cell in E.RG_CELLS}
+    assert counts == {"math": 26, "algorithmic": 41, "cognition": 12, "logic": 21}
+
+
+def test_item_selection_is_deterministic_and_per_task():
+    table = [t for t in E.cell_tasks("math") if t[1] in ("basic_arithmetic", "chain_sum")]
+    a = [it["question"] for *_, it in E.rg_items(table, 3, seed=0)]
+    assert a == [it["question"] for *_, it in E.rg_items(table, 3, seed=0)]
+    assert a != [it["question"] for *_, it in E.rg_items(table, 3, seed=1)]
+    alone = [it["question"] for *_, it in E.rg_items(table[1:], 3, seed=0)]
+    assert alone == a[3:]  # dropping a task leaves the other's items unchanged
+
+
+def rg_oracle(episodes, seed):
+    answers = {}
+    for cell in E.RG_CELLS:
+        table = [t for t in E.cell_tasks(cell) if t[1] in QUICK_RG]
+        answers.update({it["question"]: it["answer"] for *_, it in E.rg_items(table, episodes, seed)})
+    return lambda messages, k: "<think>\\boxed{wrong}</think> Final: \\boxed{%s}" % answers[
+        user_text(messages).rsplit("\n\n", 1)[0]]
+
+
+def test_reasoning_gym_oracle_wins_garbage_loses():
+    oracle = E.ScriptedSampler(rg_oracle(2, 0))
+    metrics, records = E.run_reasoning_gym(oracle, episodes=2, seed=0, tasks=QUICK_RG, sampling=SAMPLING)
+    assert all(metrics[f"reasoning_gym/{c}"] == 1.0 for c in E.RG_CELLS)
+    assert len(records) == 8 and metrics["reasoning_gym/scorer_errors"] == 0
+    metrics, _ = E.run_reasoning_gym(GARBAGE, episodes=2, seed=0, tasks=QUICK_RG, sampling=SAMPLING)
+    assert all(metrics[f"reasoning_gym/{c}"] == 0.0 for c in E.RG_CELLS)
+
+
+def test_scorer_exception_is_a_counted_loss(monkeypatch):
+    from reasoning_gym.factory import DATASETS
+    cls = DATASETS["basic_arithmetic"][0]
+    monkeypatch.setattr(cls, "score_answer", lambda self, answer, entry: 1 / 0)
+    metrics, records = E.run_reasoning_gym(E.ScriptedSampler(rg_oracle(2, 0)), cells=("math",), episodes=2,
+                                           seed=0, tasks=QUICK_RG, sampling=SAMPLING)
+    assert metrics["reasoning_gym/math"] == 0.0 and metrics["reasoning_gym/scorer_errors"] == 2
+    assert "ZeroDivisionError" in records[0]["scorer_error"]
+
+
+# -------------------------------------------------------------------------------- AIME / GPQA
+
+def test_aime_oracle_and_garbage():
+    rows = jsonl("aime2025.jsonl")
+    gold = {r["problem"]: r["answer"] for r in rows}
+    oracle = E.ScriptedSampler(lambda m, k: "\\boxed{%s}" % gold[user_text(m).rsplit("\n", 1)[0]])
+    metrics, records = E.run_aime(oracle, rows, name="aime2025", n=3, sampling=SAMPLING)
+    assert metrics["aime2025/avg@3"] == 1.0 and len(records) == 9
+    metrics, _ = E.run_aime(GARBAGE, rows, name="aime2025", n=3, sampling=SAMPLING)
+    assert metrics["aime2025/avg@3"] == 0.0
+
+
+def gpqa_oracle(rows):
+    correct = [str(r.get("correct_answer") or r.get("Correct Answer")) for r in rows]
+
+    def reply(messages, k):
+        text = user_text(messages)
+        letter = next(line[0] for line in text.splitlines() if re.match(r"^[A-D]\) ", line) and line[3:] in correct)
+        return f"The answer is \\boxed{{{letter}}}"
+    return reply
+
+
+def test_gpqa_oracle_garbage_and_seeded_shuffle():
+    rows = jsonl("gpqa_diamond.jsonl")
+    metrics, records = E.run_gpqa(E.ScriptedSampler(gpqa_oracle(rows)), rows, n=8, seed=0, sampling=SAMPLING)
+    assert metrics["gpqa_diamond/avg@8"] == 1.0 and len(records) == 16
+    assert len({r["reference"] for r in records}) > 1  # the correct letter moves between samples
+    _, again = E.run_gpqa(E.ScriptedSampler(gpqa_oracle(rows)), rows, n=8, seed=0, sampling=SAMPLING)
+    assert [r["reference"] for r in again] == [r["reference"] for r in records]
+    metrics, _ = E.run_gpqa(GARBAGE, rows, n=8, seed=0, sampling=SAMPLING)
+    assert metrics["gpqa_diamond/avg@8"] == 0.0
+
+
+# ----------------------------------------------------------------------------- LiveCodeBench
+
+def lcb_oracle(rows):
+    sols = {E.lcb_prompt(r): r["solution"] for r in rows}
+    return E.ScriptedSampler(lambda m, k: "Here it is.\n```python\n%s```" % sols[user_text(m)])
+
+
+def test_livecodebench_oracle_garbage_and_window():
+    rows = jsonl("livecodebench_v6.jsonl")
+    metrics, records = E.run_livecodebench(lcb_oracle(rows), rows, n=2, sampling=SAMPLING, timeout=5.0, workers=2)
+    assert metrics["livecodebench_v6/pass@1"] == 1.0
+    assert metrics["livecodebench_v6/items"] == 2  # the 2024 problem is outside the v6 window
+    garbage = E.ScriptedSampler(lambda m, k: "```python\nprint('no')\n```")
+    metrics, records = E.run_livecodebench(garbage, rows, n=1, sampling=SAMPLING, timeout=5.0, workers=2)
+    assert metrics["livecodebench_v6/pass@1"] == 0.0 and all(r["reason"] != "ok" for r in records)
+
+
+STDIN_TEST = [{"input": "2 3\n", "output": "5\n", "testtype": "stdin"}]
+
+
+@pytest.mark.timeout(30)
+def test_grader_kills_an_infinite_loop_and_its_children():
+    code = "import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'while True: pass'])\nwhile True:\n    pass\n"
+    assert E.grade_code(code, STDIN_TEST, timeout=1.0) == (False, "test 0: timeout")
+
+
+def test_grader_catches_wrong_answers_crashes_and_memory():
+    assert E.grade_code("a, b = map(int, input().split())\nprint(a + b)", STDIN_TEST, timeout=5.0) == (True, "ok")
+    assert E.grade_code("print(6)", STDIN_TEST, timeout=5.0) == (False, "test 0: wrong_answer")
+    assert E.grade_code("raise SystemExit(3)", STDIN_TEST, timeout=5.0) == (False, "test 0: error")
+    assert E.grade_code("x = bytearray(8 << 30)", STDIN_TEST, timeout=5.0, memory_mb=512) == (False, "test 0: error")
+    assert E.grade_code(None, STDIN_TEST) == (False, "no_code")
+    functional = [{"input": "[1, 2]\n3", "output": "[1, 2, 3]", "testtype": "functional"}]
+    good = "class Solution:\n    def push(self, xs: List[int], x: int) -> List[int]:\n        return xs + [x]\n"
+    assert E.grade_code(good, functional, func_name="push", timeout=5.0) == (True, "ok")
+    assert E.grade_code(good.replace("+ [x]", ""), functional, func_name="push", timeout=5.0)[0] is False
+
+
+def test_stdout_comparison():
+    assert E.stdout_matches("1 2\n3.50\n", "1  2\n3.5")
+    assert not E.stdout_matches("1 2\n3\n", "1 2\n")
+    assert not E.stdout_matches("abc", "abd")
+
+
+# -------------------------------------------------------------------------- BFCL multi-turn
+
+def bfcl_oracle(entries):
+    """Replays each turn's ground-truth calls in one step, then answers in words."""
+    from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
+    import importlib
+    by_first = {e["question"][0][0]["content"]: e for e in entries}
+
+    def as_call(src, classes):
+        node = ast.parse(src, mode="eval").body
+        method = next(getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[c]), c)
+                      for c in classes if hasattr(getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[c]), c), node.func.id))
+        names = [p for p in inspect.signature(getattr(method, node.func.id)).parameters if p != "self"]
+        args = {names[i]: ast.literal_eval(a) for i, a in enumerate(node.args)}
+        args.update({kw.arg: ast.literal_eval(kw.value) for kw in node.keywords})
+        return {"name": node.func.id, "arguments": args}
+
+    def reply(messages, k):
+        entry = by_first[messages[0]["content"]]
+        if messages[-1]["role"] == "tool":
+            return "All done."
+        turn = sum(m["role"] == "user" for m in messages) - 1
+        calls = [as_call(c, entry["involved_classes"]) for c in entry["ground_truth"][turn]]
+        return "".join(f"<tool_call>\n{json.dumps(c)}\n</tool_call>\n" for c in calls) or "I need more details."
+    return E.ScriptedSampler(reply)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("category", E.BFCL_CATEGORIES)
+def test_bfcl_ground_truth_replay_scores_100_percent(category):
+    pytest.importorskip("bfcl_eval", reason="install with `pip install --no-deps bfcl-eval`")
+    entries = E.load_bfcl((category,), limit=3)  # one category per run: categories share first questions
+    metrics, records = E.run_bfcl(bfcl_oracle(entries), entries, sampling=SAMPLING)
+    assert metrics["bfcl_multi_turn/accuracy"] == 1.0, [r["error_type"] for r in records if not r["score"]]
+    assert metrics[f"bfcl_multi_turn/{category.removeprefix('multi_turn_')}"] == 1.0
+    metrics, _ = E.run_bfcl(GARBAGE, entries, sampling=SAMPLING)
+    assert metrics["bfcl_multi_turn/accuracy"] == 0.0
+
+
+def test_tool_call_parsing_and_call_strings():
+    text = ('<think><tool_call>{"name": "x", "arguments": {}}</tool_call></think>'
+            '<tool_call>{"name": "cd", "arguments": {"folder": "doc"}}</tool_call><tool_call>{bad json}</tool_call>')
+    calls = E.parse_tool_calls(text)
+    assert calls == [{"name": "cd", "arguments": {"folder": "doc"}}]
+    assert E.call_string(calls[0]) == "cd(folder='doc')"
+    assert E.call_string({"name": "__import__('os').system", "arguments": {}}) is None
+    assert E.call_string({"name": "f", "arguments": {"a=1, b": 2}}) is None
+
+
+# ------------------------------------------------------------------------------- the driver
+
+def test_evaluate_writes_results_samples_and_table(tmp_path):
+    lcb_rows, gpqa_rows = jsonl("livecodebench_v6.jsonl"), jsonl("gpqa_diamond.jsonl")
+    gold = {r["problem"]: r["answer"] for r in jsonl("aime2025.jsonl")}
+    lcb, gpqa, rg = lcb_oracle(lcb_rows).fn, gpqa_oracle(gpqa_rows), rg_oracle(1, 0)
+
+    def oracle(messages, k):
+        text = user_text(messages)
+        if text.rsplit("\n", 1)[0] in gold:
+            return "\\boxed{%s}" % gold[text.rsplit("\n", 1)[0]]
+        if "```python" in text or "standard input" in text:
+            return lcb(messages, k)
+        if "letter of the correct option" in text:
+            return gpqa(messages, k)
+        return rg(messages, k)
+
+    cfg = E.EvalConfig(suites="reasoning_gym,aime2025,aime2026,gpqa_diamond,livecodebench_v6", data_dir=str(FIXTURES),
+                       output_dir=str(tmp_path), rg_episodes=1, rg_tasks=",".join(QUICK_RG), aime_samples=2,
+                       gpqa_samples=2, lcb_samples=1, lcb_test_timeout=5.0)
+    results = E.evaluate(cfg, sampler=E.ScriptedSampler(oracle))
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["metrics"] == results["metrics"] and saved["config"]["rg_episodes"] == 1
+    assert saved["metrics"]["aime2025/avg@2"] == 1.0 and saved["metrics"]["livecodebench_v6/pass@1"] == 1.0
+    assert set(saved["timing_s"]) == set(cfg.suites.split(",")) and "reasoning_gym" in saved["notes"]
+    assert len((tmp_path / "samples" / "gpqa_diamond.jsonl").read_text().splitlines()) == 4
+    row = (tmp_path / "table1.md").read_text().splitlines()
+    assert row[0].startswith("| Model | AIME25") and row[2].endswith(" | 100.0" * 9 + " |")
+
+
+def test_missing_dataset_names_the_file_and_the_fix(tmp_path):
+    cfg = E.EvalConfig(suites="aime2026", data_dir=str(tmp_path), output_dir=str(tmp_path / "out"))
+    with pytest.raises(E.MissingDataset, match=r"aime2026: no .*aime2026\.jsonl.*pip install datasets"):
+        E.evaluate(cfg, sampler=GARBAGE)
+
+
+def test_cli_help_on_every_field():
+    from transformers import HfArgumentParser
+    parser = HfArgumentParser(E.EvalConfig)
+    assert all(action.help for action in parser._actions)
+    (cfg,) = parser.parse_args_into_dataclasses(args=["--suites", "aime2025", "--aime_samples", "4"])
+    assert cfg.aime_samples == 4 and cfg.aime_top_p == 0.8 and cfg.lcb_test_timeout == 6.0
