@@ -276,8 +276,8 @@ class ScriptedSampler:
 class EngineSampler:
     """Renders conversations with the tokenizer's chat template and samples through engine.py."""
 
-    def __init__(self, engine, tokenizer, *, top_k: int = -1, enable_thinking: bool | None = None):
-        self.engine, self.tokenizer, self.top_k, self.enable_thinking = engine, tokenizer, top_k, enable_thinking
+    def __init__(self, engine, tokenizer, *, enable_thinking: bool | None = None):
+        self.engine, self.tokenizer, self.enable_thinking = engine, tokenizer, enable_thinking
 
     def _prompt(self, messages, tools):
         extra = {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
@@ -285,11 +285,11 @@ class EngineSampler:
                                                   add_generation_prompt=True, **extra)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def chat(self, conversations, *, n=1, temperature, top_p, max_new_tokens, seed=None, tools=None):
+    def chat(self, conversations, *, n=1, temperature, top_p, top_k=-1, max_new_tokens, seed=None, tools=None):
         tools = tools or [None] * len(conversations)
         prompts = [self._prompt(m, t) for m, t in zip(conversations, tools) for _ in range(n)]
         outs = self.engine.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
-                                    top_p=top_p, top_k=self.top_k, seed=seed)
+                                    top_p=top_p, top_k=top_k, seed=seed)
         texts = [o.text for o in outs]
         return [texts[i * n:(i + 1) * n] for i in range(len(conversations))]
 
@@ -312,9 +312,11 @@ class OpenAISampler:
             choices = json.loads(resp.read())["choices"]
         return [_choice_text(c["message"]) for c in choices]
 
-    def chat(self, conversations, *, n=1, temperature, top_p, max_new_tokens, seed=None, tools=None):
+    def chat(self, conversations, *, n=1, temperature, top_p, top_k=-1, max_new_tokens, seed=None, tools=None):
         tools = tools or [None] * len(conversations)
         sampling = {"temperature": temperature, "top_p": top_p, "max_tokens": max_new_tokens}
+        if top_k > 0:
+            sampling["top_k"] = top_k  # an extension vLLM and SGLang servers accept
         if seed is not None:
             sampling["seed"] = seed
         with ThreadPoolExecutor(self.workers) as pool:
@@ -358,10 +360,14 @@ def build_sampler(cfg: "EvalConfig"):
     if cfg.engine == "vllm":
         from engine import VLLMEngine
         from transformers import AutoTokenizer
+        if cfg.tensor_parallel_size == 1:  # the engine's external_launcher wants a (one-process) torch.distributed env
+            for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                               "MASTER_PORT": str(29500 + os.getpid() % 1000)}.items():
+                os.environ.setdefault(key, value)
         path = engine.resolve_model_name(cfg.model)
         tokenizer = AutoTokenizer.from_pretrained(path)
-        gen = VLLMEngine(path, tensor_parallel_size=cfg.tensor_parallel_size,
-                         max_model_len=cfg.max_model_len, seed=cfg.seed)
+        gen = VLLMEngine(path, tensor_parallel_size=cfg.tensor_parallel_size, max_model_len=cfg.max_model_len,
+                         gpu_memory_utilization=cfg.gpu_memory_utilization, seed=cfg.seed)
     else:
         from engine import TransformersEngine
         model, tokenizer = engine.load_model_and_tokenizer(cfg.model)
@@ -453,9 +459,11 @@ def rg_items(tasks: list[tuple[str, str, dict]], episodes: int, seed: int):
 
 def run_reasoning_gym(sampler, *, cells=tuple(RG_CELLS), episodes=8, seed=0, sampling, batch_size=256, tasks=None):
     """Table 1's Reasoning-Gym cells: one sample per item, win = score_answer == 1.0, pooled per cell."""
-    metrics, records = {}, []
+    metrics, records, scorer_errors = {}, [], 0
     for cell in cells:
         table = [t for t in cell_tasks(cell) if tasks is None or t[1] in tasks]
+        if not table:  # a smoke run's task subset may leave a cell empty: no number, not 0
+            continue
         items = rg_items(table, episodes, seed)
         replies = _sample_all(sampler, [it["question"] + "\n\n" + ANSWER_FORMAT for *_, it in items],
                               n=1, sampling=sampling, batch_size=batch_size, desc=f"reasoning_gym/{cell}")
@@ -471,10 +479,10 @@ def run_reasoning_gym(sampler, *, cells=tuple(RG_CELLS), episodes=8, seed=0, sam
             records.append({"suite": "reasoning_gym", "cell": cell, "task": name, "package": pkg,
                             "question": item["question"], "reference": item["answer"], "reply": reply,
                             "answer": answer, "score": score, "win": score == 1.0, "scorer_error": error})
-        metrics[f"reasoning_gym/{cell}"] = wins / max(len(items), 1)
+        metrics[f"reasoning_gym/{cell}"] = wins / len(items)
         metrics[f"reasoning_gym/{cell}_episodes"] = len(items)
-        metrics[f"reasoning_gym/{cell}_scorer_errors"] = errors
-    metrics["reasoning_gym/scorer_errors"] = sum(metrics.pop(f"reasoning_gym/{c}_scorer_errors") for c in cells)
+        scorer_errors += errors
+    metrics["reasoning_gym/scorer_errors"] = scorer_errors
     return metrics, records
 
 
@@ -879,18 +887,20 @@ class EvalConfig:
     engine: str = field(default="vllm", metadata={"help": "Engine for --model: vllm (GPU) or transformers (CPU / small GPU)."})
     tensor_parallel_size: int = field(default=1, metadata={"help": "vLLM tensor-parallel size."})
     max_model_len: int = field(default=40960, metadata={"help": "vLLM context length (prompt + max_new_tokens)."})
+    gpu_memory_utilization: float = field(default=0.85, metadata={"help": "vLLM's share of GPU memory (no trainer shares the GPU here)."})
     enable_thinking: bool | None = field(default=None, metadata={"help": "Pass enable_thinking to the chat template (hybrid Qwen3); unset = template default."})
     suites: str = field(default=",".join(SUITES), metadata={"help": f"Comma-separated suites to run, from {', '.join(SUITES)}."})
     data_dir: str = field(default="data/eval", metadata={"help": "Directory of the benchmark JSONL files (formats in eval.py's docstring)."})
     output_dir: str = field(default="runs/eval", metadata={"help": "Where results.json, samples/*.jsonl and table1.md are written."})
     seed: int = field(default=0, metadata={"help": "Seed of item selection, option shuffles and sampling."})
     limit: int | None = field(default=None, metadata={"help": "Use only the first N items of each dataset suite (smoke runs; not a paper number)."})
-    batch_size: int = field(default=256, metadata={"help": "Prompts per sampler call (the progress bar advances per call)."})
+    batch_size: int = field(default=256, metadata={"help": "Prompts per sampler call, each sampled n times (the progress bar advances per call)."})
     max_new_tokens: int = field(default=32768, metadata={"help": "Token budget per reply (paper: 32,768-token context)."})
     rg_episodes: int = field(default=8, metadata={"help": "Episodes per Reasoning-Gym task (paper: 8)."})
     rg_tasks: str = field(default="", metadata={"help": "Comma-separated subset of the 100-task table (smoke runs); empty = all."})
     rg_temperature: float = field(default=0.6, metadata={"help": "Reasoning-Gym temperature (agent sampling, SPEC Sec. 5)."})
     rg_top_p: float = field(default=0.95, metadata={"help": "Reasoning-Gym top-p (agent sampling)."})
+    rg_top_k: int = field(default=20, metadata={"help": "Reasoning-Gym top-k (agent sampling); the other suites use none."})
     aime_samples: int = field(default=32, metadata={"help": "Samples per AIME problem (paper: avg@32)."})
     aime_temperature: float = field(default=0.7, metadata={"help": "AIME temperature (paper: 0.7)."})
     aime_top_p: float = field(default=0.8, metadata={"help": "AIME top-p (paper: 0.8)."})
@@ -913,13 +923,13 @@ def run_suite(suite: str, sampler, cfg: EvalConfig) -> tuple[dict, list[dict]]:
     """One suite under the config's protocol."""
     common = {"batch_size": cfg.batch_size}
 
-    def sampling(t, p):
-        return {"temperature": t, "top_p": p, "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed}
+    def sampling(t, p, k=-1):  # top_k -1: off
+        return {"temperature": t, "top_p": p, "top_k": k, "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed}
 
     if suite == "reasoning_gym":
         tasks = set(cfg.rg_tasks.split(",")) if cfg.rg_tasks else None
         return run_reasoning_gym(sampler, episodes=cfg.rg_episodes, seed=cfg.seed, tasks=tasks,
-                                 sampling=sampling(cfg.rg_temperature, cfg.rg_top_p), **common)
+                                 sampling=sampling(cfg.rg_temperature, cfg.rg_top_p, cfg.rg_top_k), **common)
     if suite == "bfcl_multi_turn":
         return run_bfcl(sampler, load_bfcl(cfg.bfcl_categories.split(","), cfg.limit),
                         sampling=sampling(cfg.bfcl_temperature, 1.0), **common)

@@ -94,6 +94,8 @@ def test_reasoning_gym_oracle_wins_garbage_loses():
     assert len(records) == 8 and metrics["reasoning_gym/scorer_errors"] == 0
     metrics, _ = E.run_reasoning_gym(GARBAGE, episodes=2, seed=0, tasks=QUICK_RG, sampling=SAMPLING)
     assert all(metrics[f"reasoning_gym/{c}"] == 0.0 for c in E.RG_CELLS)
+    metrics, _ = E.run_reasoning_gym(GARBAGE, episodes=1, seed=0, tasks={"basic_arithmetic"}, sampling=SAMPLING)
+    assert "reasoning_gym/math" in metrics and "reasoning_gym/logic" not in metrics  # empty cell: no number
 
 
 def test_scorer_exception_is_a_counted_loss(monkeypatch):
@@ -274,3 +276,62 @@ def test_cli_help_on_every_field():
     assert all(action.help for action in parser._actions)
     (cfg,) = parser.parse_args_into_dataclasses(args=["--suites", "aime2025", "--aime_samples", "4"])
     assert cfg.aime_samples == 4 and cfg.aime_top_p == 0.8 and cfg.lcb_test_timeout == 6.0
+
+
+# --------------------------------------------------------------------------------- samplers
+
+def test_engine_sampler_renders_tools_and_groups_samples(tokenizer):
+    class FakeEngine:
+        def generate(self, prompts, **kwargs):
+            self.prompts, self.kwargs = prompts, kwargs
+            return [type("C", (), {"text": f"r{i}"}) for i in range(len(prompts))]
+
+    engine = FakeEngine()
+    tool = E.bfcl_tool({"name": "lookup", "description": "d", "parameters": {"type": "dict", "properties": {
+        "x": {"type": "float"}}, "required": ["x"]}})
+    assert tool["function"]["parameters"]["type"] == "object"
+    assert tool["function"]["parameters"]["properties"]["x"]["type"] == "number"
+    out = E.EngineSampler(engine, tokenizer).chat([[{"role": "user", "content": "hi"}], [{"role": "user", "content": "yo"}]],
+                                                  n=2, temperature=0.7, top_p=0.8, top_k=-1, max_new_tokens=5, seed=3,
+                                                  tools=[None, [tool]])
+    assert out == [["r0", "r1"], ["r2", "r3"]]
+    assert engine.prompts[0] == engine.prompts[1] != engine.prompts[2]
+    assert "lookup" in tokenizer.decode(engine.prompts[2]) and "lookup" not in tokenizer.decode(engine.prompts[0])
+    assert engine.kwargs == {"max_new_tokens": 5, "temperature": 0.7, "top_p": 0.8, "top_k": -1, "seed": 3}
+
+
+def test_openai_sampler_round_trip_on_loopback():
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(body)
+            msg = {"content": "", "tool_calls": [{"id": "a", "type": "function", "function": {
+                "name": "cd", "arguments": json.dumps({"folder": "x"})}}]}
+            data = json.dumps({"choices": [{"message": msg}] * body["n"]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        sampler = E.OpenAISampler(f"http://127.0.0.1:{server.server_port}/v1", "m", workers=2, timeout=10)
+        history = [{"role": "user", "content": "go"},
+                   {"role": "assistant", "content": 'ok<tool_call>{"name": "ls", "arguments": {}}</tool_call>'},
+                   {"role": "tool", "content": "a.txt"}]
+        out = sampler.chat([history], n=2, temperature=0.5, top_p=0.9, top_k=20, max_new_tokens=7, seed=1)
+    finally:
+        server.shutdown()
+    assert len(out[0]) == 2 and E.parse_tool_calls(out[0][0]) == [{"name": "cd", "arguments": {"folder": "x"}}]
+    sent = seen[0]["messages"]
+    assert sent[1]["tool_calls"][0]["function"]["name"] == "ls" and sent[1]["content"] == "ok"
+    assert sent[2]["tool_call_id"] == sent[1]["tool_calls"][0]["id"]
+    assert (seen[0]["max_tokens"], seen[0]["top_k"], seen[0]["seed"], seen[0]["n"]) == (7, 20, 1, 2)
