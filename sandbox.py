@@ -1,0 +1,1252 @@
+"""Sandbox: run designer-written environments safely and fast (SPADE, arXiv 2608.19197, §7 of SPEC).
+
+In the paper the Environment Designer writes a Python class with `reset()` / `step()` (games) or a
+`ToolEnv` subclass (tool use), and the Reasoning Agent plays it. Those programs are untrusted model
+output, executed by the thousand on machines that hold weights and credentials. This file runs each
+*environment instance* in its own locked-down process and talks to it with JSON lines.
+
+    trainer --(AF_UNIX seqpacket: "spawn", pipe fds via SCM_RIGHTS)--> zygote (fresh interpreter)
+    zygote  --fork--> worker: setsid, fds 0/1/2 -> /dev/null, pipes re-numbered to 3 (requests)
+                      and 4 (replies), private scratch cwd, rlimits, uid drop, pdeathsig,
+                      non-dumpable, no_new_privs, Landlock, seccomp -> only then untrusted code
+    trainer <-(one JSON line per request, size-capped, re-validated with type())-- worker
+
+Threat model (SPEC §7.1, SECURITY.md). The environment may hang, sleep, ignore signals, bomb memory,
+processes or threads, flood prints, read env vars / home secrets / project files, write anywhere,
+open sockets, signal or ptrace its parent, forge or add reply lines, return lying objects (float
+subclasses, NaN, fake str, lone surrogates), call os._exit or segfault, and behave well during
+validation but badly later. None of that may crash or stall the caller, leak a secret into the
+worker, leave a side effect, or make another episode fail.
+
+Covered (layer -> mechanism; `Sandbox.level` / `Sandbox.layers` report what applied here):
+  always   fresh interpreter via subprocess (clean allow-listed env, close_fds, new session, never a
+           fork of the trainer); rlimits AS/CPU/FSIZE/NOFILE/NPROC/CORE; parent wall-clock
+           deadlines per call and per episode; SIGKILL of the worker's whole process group; JSON
+           only, line cap, strict parent validation; a dead worker is recycled at the next reset.
+  netns    the zygote (root) lives in a fresh network namespace (loopback down) shared by workers.
+  mountns  the zygote (root) mounts private size-capped tmpfs on /tmp, /var/tmp, /dev/shm; scratch
+           lives there, so it vanishes with the zygote and cannot fill the host disk.
+  uid      each live worker has its own unprivileged uid/gid (no signals/ptrace/renice across).
+  pdeathsig, nondumpable, no_new_privs   set after the uid drop.
+  landlock reads only under the Python install and system libraries; writes only in scratch; no TCP
+           bind/connect; abstract unix sockets and signals scoped to the worker (ABI >= 6).
+  seccomp  stdlib BPF (x86_64, aarch64): no fork/vfork/clone without CLONE_THREAD (clone3 ->
+           ENOSYS), no ptrace/process_vm_*, kill/tgkill only of itself, sockets only AF_UNIX, no
+           unshare/setns/mount/chroot/bpf/perf/keyctl/io_uring/module/kexec/pidfd.
+Not covered: kernel exploits (a process sandbox is not a VM); GPU device nodes stay visible unless
+bubblewrap is used (not wired in here); CPU and memory contention between workers beyond rlimits (no
+cgroups); without root, workers share the trainer's uid and rely on Landlock + seccomp; without
+Landlock and seccomp (old kernels, other arches) only the "always" layer holds and a worker could
+read world-readable files and reach the network. Modules not preloaded by the zygote may be
+unimportable when the Python install sits under a directory the worker uid cannot traverse.
+
+Named failures (`info["error"]`, `ValidationReport.kind`): load_error, reset_error, step_error,
+timeout, episode_timeout, memory_limit, cpu_limit, worker_exited, worker_crashed,
+protocol_violation, output_too_large, invalid_observation, invalid_reward, invalid_result,
+resource_leak, nondeterministic, unsolvable (tool setting), closed. Infrastructure faults (could not
+start a worker, zygote gone, host out of processes) raise `SandboxInfraError` from open/validate.
+
+Deviations (from the paper's code, which exec()s in-process with thread timeouts):
+  1. Process per environment instance forked from a zygote, JSON protocol, parent re-validation.
+  2. The zygote starts with `python -s -B -P` and a clean allow-listed env instead of `python -I`,
+     because -I (-E) would ignore PYTHONHASHSEED, which we pin to 0 so honest code is deterministic.
+  3. Validation adds an unpredictable extra probe (random seed and action) to SPEC §7.2, and the
+     tool setting adds an executable solvability replay of `solution()` (seeds 0, 1, 2) instead of
+     the authors' LLM self-audit.
+  4. One empty network namespace is shared by all workers of a sandbox (a namespace per worker costs
+     ~2 ms per episode start); Landlock scoping keeps workers from reaching each other.
+  5. Threads are allowed (CLONE_THREAD) but a worker with extra threads at an episode end, at reset
+     or during validation is killed as `resource_leak`.
+
+Environment class rule: the LAST class defined at module level (in the source itself) whose name
+ends in "Env" is the environment. Dependencies: stdlib only (numpy preloaded in workers if present).
+Test: python -m pytest -q tests/test_sandbox.py
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+OBS_CAP = 32_000          # characters; honest observations up to this pass unchanged
+LINE_CAP = 1 << 20        # bytes per reply line
+PROBE_ACTIONS = (r"\boxed{1}", r"\boxed{test}", r"\boxed{42}")      # SPEC §7.2
+FAILURES = ("load_error", "reset_error", "step_error", "timeout", "episode_timeout", "memory_limit",
+            "cpu_limit", "worker_exited", "worker_crashed", "protocol_violation", "output_too_large",
+            "invalid_observation", "invalid_reward", "invalid_result", "resource_leak",
+            "nondeterministic", "unsolvable", "closed")
+FULL = ("rlimits", "netns", "uid", "pdeathsig", "nondumpable", "no_new_privs", "seccomp")
+PRELOAD = ("math", "random", "re", "json", "itertools", "collections", "functools", "heapq", "string",
+           "fractions", "decimal", "statistics", "dataclasses", "typing", "enum", "copy", "textwrap",
+           "bisect", "operator", "datetime", "hashlib", "array", "struct", "time", "unicodedata",
+           "abc", "numbers", "pprint", "traceback", "types", "ast", "tempfile", "shutil", "ctypes",
+           "resource", "fcntl", "threading", "calendar", "cmath", "difflib", "uuid", "secrets")
+
+
+def _bad_constant(name):
+    raise ValueError(f"non-finite constant {name}")
+
+
+# INFRA: the C JSON scanner/encoder called directly: json.loads/dumps wrappers cost more than the
+# work on a short line, and the step round trip is on the agent's critical path.
+_scan = json.scanner.make_scanner(json.JSONDecoder(parse_constant=_bad_constant))
+
+
+def _jsonable(x):
+    if hasattr(x, "tolist") and type(x).__module__.split(".")[0] == "numpy":
+        return x.tolist()
+    if isinstance(x, (set, frozenset)):
+        return sorted(x, key=repr)
+    return str(x)
+
+
+_encode = json.encoder.c_make_encoder(None, _jsonable, json.encoder.encode_basestring_ascii, None,
+                                      ":", ",", False, False, False)
+
+
+def _line(obj) -> bytes:
+    """One JSON line (ASCII, no NaN/inf); raises ValueError/TypeError/RecursionError otherwise."""
+    return ("".join(_encode(obj, 0)) + "\n").encode()
+
+
+_enc_str = json.encoder.encode_basestring_ascii                     # str -> '"..."' (ASCII)
+_scan_str = json.decoder.scanstring
+
+
+def _step_line(action: str) -> bytes:
+    """A step request: opcode byte + one JSON string literal (the hot path skips the object)."""
+    return b"S" + _enc_str(action).encode() + b"\n"
+
+
+def _step_reply(nonce, obs, reward, term, trunc, info) -> bytes:
+    if reward != reward or reward in (math.inf, -math.inf):
+        raise ValueError("non-finite reward")
+    try:
+        info = "".join(_encode(info, 0)) if info else "{}"
+    except (ValueError, TypeError, RecursionError) as e:
+        raise _Bad("invalid_result", f"info is not JSON data: {type(e).__name__}") from None
+    return (f'{{"ok":1,"n":"{nonce}","r":[{_enc_str(obs)},{reward!r},{"true" if term else "false"},'
+            f'{"true" if trunc else "false"},{info}]}}\n').encode()
+
+
+def _parse(data: bytes):
+    text = data.decode("utf-8")
+    try:
+        obj, end = _scan(text, 0)
+    except StopIteration:
+        raise ValueError("not JSON") from None
+    if end != len(text):
+        raise ValueError("trailing data")
+    return obj
+
+
+class SandboxInfraError(RuntimeError):
+    """The sandbox itself failed (never the environment's fault): the caller should retry."""
+
+
+@dataclass
+class ValidationReport:
+    ok: bool
+    error: str | None = None          # "<kind>: <short message>" when not ok
+    class_name: str | None = None
+    kind: str | None = None           # the named failure when not ok (see FAILURES), else None
+    setting: str = "games"            # "games" | "tool": which probe ran
+    transcript: list = field(default_factory=list, repr=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# ALGO: the ToolEnv base class (SPEC §2). It is defined here and injected into the environment's
+# namespace inside the worker; the designer never imports it.
+# ----------------------------------------------------------------------------------------------
+_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.S)
+FORMAT_REMINDER = ("Invalid turn. Call tools with <tool_call>{\"name\": ..., \"arguments\": {...}}"
+                   "</tool_call> (one or more), or finish with <answer>done</answer>.")
+
+
+class ToolEnv:
+    """Tool-use environment: tools over hidden `self.state`, 3-5 instructions with predicates."""
+    TOOLS: list = []
+
+    def __init__(self, max_turns: int = 20):
+        self.max_turns = max_turns
+        self.state, self.instructions, self._done, self._turn = {}, [], 0, 0
+
+    def setup(self, rng):  # subclasses: fill self.state and self.instructions from rng
+        raise NotImplementedError
+
+    def solution(self) -> list:
+        return []
+
+    def tools(self) -> list[dict]:
+        out = []
+        for t in self.TOOLS:
+            fn = t.get("function", t) if isinstance(t, dict) else {}
+            out.append({"type": "function", "function": {
+                "name": fn.get("name"), "description": fn.get("description", ""),
+                "parameters": fn.get("parameters", {"type": "object", "properties": {}})}})
+        return out
+
+    def _names(self) -> set:
+        return {t["function"]["name"] for t in self.tools()}
+
+    def reset(self, seed=None):
+        self.state, self.instructions, self._done, self._turn = {}, [], 0, 0
+        self.setup(random.Random(seed))
+        return self.instructions[0][0], {"tools": self.tools()}
+
+    def call(self, name, arguments) -> str:
+        """Dispatch one tool call; every error comes back as text, never raised."""
+        try:
+            if isinstance(arguments, str):
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            if name not in self._names() or not callable(getattr(self, f"tool_{name}", None)):
+                return f"Error: unknown tool {name!r}."
+            if not isinstance(arguments, dict):
+                return "Error: arguments must be a JSON object."
+            out = getattr(self, f"tool_{name}")(**arguments)
+            return out if isinstance(out, str) else json.dumps(out, default=str)
+        except Exception as e:  # noqa: BLE001 - tool errors are observations
+            return f"Error: {type(e).__name__}: {e}"
+
+    def _holds(self, i) -> bool:
+        try:
+            return bool(self.instructions[i][1](self.state))
+        except Exception:  # noqa: BLE001 - a raising predicate counts as unmet
+            return False
+
+    def _advance(self) -> list[str]:
+        revealed = []
+        while self._done < len(self.instructions) and self._holds(self._done):
+            self._done += 1
+            if self._done < len(self.instructions):
+                revealed.append(self.instructions[self._done][0])
+        return revealed
+
+    def step(self, action):
+        self._turn += 1
+        truncated = self._turn >= self.max_turns
+        calls, answer = _CALL_RE.findall(action), _ANSWER_RE.search(action)
+        done = answer is not None and answer.group(1).strip().lower() == "done"
+        if not calls and not done:
+            return FORMAT_REMINDER, -0.1, False, truncated, {"tool_outputs": []}
+        outputs = []
+        for raw in calls:
+            try:
+                obj = json.loads(raw)
+                name, args = obj["name"], obj.get("arguments", {})
+            except Exception:  # noqa: BLE001
+                outputs.append("Error: a tool call must be JSON {\"name\": ..., \"arguments\": {...}}.")
+                continue
+            out = self.call(name, args)
+            for text in self._advance():
+                out += f"\n\nNext instruction: {text}"
+            outputs.append(out)
+        if done:
+            ok = self._done == len(self.instructions)
+            obs = "All instructions completed." if ok else "Not all instructions were completed."
+            return obs, 1.0 if ok else 0.0, True, False, {"tool_outputs": outputs}
+        return "\n".join(outputs), 0.0, False, truncated, {"tool_outputs": outputs}
+
+
+# ----------------------------------------------------------------------------------------------
+# INFRA: kernel layers applied in the worker (ctypes + stdlib only)
+# ----------------------------------------------------------------------------------------------
+_ARCH = {  # audit arch, syscall numbers (x86_64 from asm/unistd_64.h, aarch64 = asm-generic)
+    "x86_64": dict(audit=0xC000003E, clone=56, clone3=435, kill=62, tgkill=234, sigq=129, tsigq=297,
+                   socket=41, socketpair=53, deny=(101, 310, 311, 57, 58, 200, 272, 308, 165, 166, 155,
+                   161, 321, 298, 250, 248, 249, 323, 425, 426, 427, 246, 320, 175, 313, 176, 169, 167,
+                   168, 163, 135, 434, 424, 438, 440, 304, 303, 430, 431, 432, 429, 428, 442, 170, 171,
+                   179, 312, 172, 173, 141)),
+    "aarch64": dict(audit=0xC00000B7, clone=220, clone3=435, kill=129, tgkill=131, sigq=138, tsigq=240,
+                    socket=198, socketpair=199, deny=(117, 270, 271, 130, 97, 268, 40, 39, 41, 51, 280,
+                    241, 219, 217, 218, 282, 425, 426, 427, 104, 294, 105, 273, 106, 142, 224, 225, 89,
+                    92, 434, 424, 438, 440, 265, 264, 430, 431, 432, 429, 428, 442, 161, 162, 60, 272,
+                    140)),
+}
+
+
+def _seccomp_program(arch: str, pid: int) -> bytes:
+    """Classic BPF over seccomp_data {nr@0, arch@4, ip@8, args@16+8i}; denied calls get EPERM."""
+    import struct
+    a = _ARCH[arch]
+    LD, JEQ, JSET, JGE, RET = 0x20, 0x15, 0x45, 0x35, 0x06
+    ALLOW, KILL, EPERM, ENOSYS = 0x7FFF0000, 0x80000000, 0x50001, 0x50026
+    prog = [(LD, 0, 0, 4), (JEQ, 1, 0, a["audit"]), (RET, 0, 0, KILL), (LD, 0, 0, 0)]
+    if arch == "x86_64":
+        prog += [(JGE, 0, 1, 0x40000000), (RET, 0, 0, EPERM)]          # x32 ABI
+    for nr in a["deny"]:
+        prog += [(JEQ, 0, 1, nr), (RET, 0, 0, EPERM)]
+    prog += [(JEQ, 0, 1, a["clone3"]), (RET, 0, 0, ENOSYS)]             # glibc falls back to clone
+
+    def only(nr, values, arg=0):  # allow nr iff low32(args[arg]) is one of values
+        body = [(LD, 0, 0, 16 + 8 * arg)]
+        body += [(JEQ, len(values) - j, 0, v & 0xFFFFFFFF) for j, v in enumerate(values)]
+        body += [(RET, 0, 0, EPERM), (RET, 0, 0, ALLOW)]
+        return [(JEQ, 0, len(body), nr)] + body
+    prog += only(a["kill"], [pid, 0, -pid]) + only(a["tgkill"], [pid])
+    prog += only(a["sigq"], [pid]) + only(a["tsigq"], [pid])
+    prog += only(a["socket"], [1]) + only(a["socketpair"], [1])          # AF_UNIX only
+    prog += [(JEQ, 0, 4, a["clone"]), (LD, 0, 0, 16), (JSET, 1, 0, 0x10000),  # CLONE_THREAD
+             (RET, 0, 0, EPERM), (RET, 0, 0, ALLOW)]
+    prog += [(RET, 0, 0, ALLOW)]
+    return b"".join(struct.pack("HBBI", *ins) for ins in prog)
+
+
+def _libc():
+    import ctypes
+    return ctypes, ctypes.CDLL(None, use_errno=True)
+
+
+def _apply_seccomp(pid: int) -> bool:
+    machine = os.uname().machine
+    arch = {"arm64": "aarch64"}.get(machine, machine)
+    if arch not in _ARCH:
+        return False
+    ctypes, libc = _libc()
+    code = _seccomp_program(arch, pid)
+    buf = ctypes.create_string_buffer(code, len(code))
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+    prog = Prog(len(code) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    return libc.prctl(22, 2, ctypes.byref(prog), 0, 0) == 0           # PR_SET_SECCOMP, FILTER
+
+
+def _apply_landlock(scratch: str, read_dirs: list[str]) -> bool:
+    import struct
+    ctypes, libc = _libc()
+    sysc = libc.syscall
+    sysc.restype = ctypes.c_long
+    abi = sysc(444, None, 0, 1)                                        # LANDLOCK_CREATE_RULESET_VERSION
+    if abi < 1:
+        return False
+    fs = {1: 0x1FFF, 2: 0x3FFF, 3: 0x7FFF, 4: 0x7FFF}.get(abi, 0xFFFF)
+    attr = struct.pack("QQQ", fs, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)
+    attr = attr[: 24 if abi >= 6 else 16 if abi >= 4 else 8]
+    rfd = sysc(444, attr, len(attr), 0)
+    if rfd < 0:
+        return False
+    READ, FILE_READ = 0x1 | 0x4 | 0x8, 0x4                             # EXECUTE|READ_FILE|READ_DIR
+
+    def allow(path, rights):
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            return
+        if not os.path.isdir(path):
+            rights &= 0x1 | 0x2 | 0x4 | 0x4000 | 0x8000                 # file-only rights
+        sysc(445, rfd, 1, struct.pack("=Qi", rights & fs, fd), 0)      # RULE_PATH_BENEATH
+        os.close(fd)
+    for d in read_dirs:
+        allow(d, READ)
+    allow("/dev/urandom", FILE_READ)
+    allow(scratch, fs)
+    ok = sysc(446, rfd, 0) == 0
+    os.close(rfd)
+    return ok
+
+
+# ----------------------------------------------------------------------------------------------
+# INFRA: the worker (runs in a child forked by the zygote; everything below main() is untrusted)
+# ----------------------------------------------------------------------------------------------
+def _worker_setup(req_fd, rep_fd, uid, cfg, required):
+    import fcntl
+    import resource
+    layers = []
+    zygote = os.getppid()
+    os.setsid()
+    r, w = fcntl.fcntl(req_fd, fcntl.F_DUPFD, 10), fcntl.fcntl(rep_fd, fcntl.F_DUPFD, 10)
+    null = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.dup2(r, 3)
+    os.dup2(w, 4)
+    os.closerange(5, 1 << 16)                                          # zygote socket, everything
+    scratch = os.path.join(cfg["scratch"], f"w{os.getpid()}")
+    os.mkdir(scratch, 0o700)
+    root = os.geteuid() == 0
+    if root:
+        os.chown(scratch, uid, uid)
+    os.chdir(scratch)
+    os.environ.clear()
+    os.environ.update(PATH="/usr/bin:/bin", HOME=scratch, TMPDIR=scratch, LANG="C.UTF-8",
+                      PYTHONHASHSEED="0", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    import tempfile
+    tempfile.tempdir = scratch
+    with open("/proc/self/statm") as f:
+        vsz = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    mem = vsz + cfg["memory_mb"] * 2**20
+    limits = [(resource.RLIMIT_AS, mem), (resource.RLIMIT_CPU, cfg["cpu_seconds"]),
+              (resource.RLIMIT_FSIZE, cfg["fsize_mb"] * 2**20), (resource.RLIMIT_NOFILE, 64),
+              (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NPROC, 32 if root else 0)]
+    for lim, v in limits:
+        hard = v + 1 if lim == resource.RLIMIT_CPU else v             # SIGXCPU, then SIGKILL
+        resource.setrlimit(lim, (v, hard))
+    layers.append("rlimits")
+    if cfg.get("netns"):
+        layers.append("netns")
+    if cfg.get("mountns"):
+        layers.append("mountns")
+    ctypes, libc = _libc()
+    if root:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+        layers.append("uid")
+    if libc.prctl(1, signal.SIGKILL, 0, 0, 0) == 0 and os.getppid() == zygote:  # PR_SET_PDEATHSIG
+        layers.append("pdeathsig")
+    if libc.prctl(4, 0, 0, 0, 0) == 0:                                 # PR_SET_DUMPABLE
+        layers.append("nondumpable")
+    if libc.prctl(38, 1, 0, 0, 0) == 0:                                # PR_SET_NO_NEW_PRIVS
+        layers.append("no_new_privs")
+    if cfg.get("landlock", True) and _apply_landlock(scratch, cfg["read_dirs"]):
+        layers.append("landlock")
+    if cfg.get("seccomp", True) and _apply_seccomp(os.getpid()):
+        layers.append("seccomp")
+    if not set(required) <= set(layers):
+        os._exit(71)                                                   # fail closed
+    random.seed()
+    if "numpy.random" in sys.modules:
+        sys.modules["numpy.random"].seed()
+    return layers
+
+
+class _Bad(Exception):
+    def __init__(self, kind, message):
+        super().__init__(message)
+        self.kind = kind
+
+
+def _w_number(x):
+    t = type(x)
+    if (t is float or t is int) and -10 <= x <= 10:
+        return x                                                       # the common case, fast
+    if type(x).__module__ == "numpy" and hasattr(x, "item"):
+        x = x.item()                                                   # friendliness, not security
+    if type(x) is bool:
+        raise _Bad("invalid_reward", "reward is a bool")
+    if issubclass(type(x), float):                                     # type(), not a faked __class__
+        x = float.__float__(x)                                         # a subclass cannot lie
+    elif issubclass(type(x), int):
+        x = int.__index__(x)
+    else:
+        raise _Bad("invalid_reward", f"reward of type {type(x).__name__}")
+    if not math.isfinite(x) or not -10 <= x <= 10:
+        raise _Bad("invalid_reward", f"reward {x!r} not finite in [-10, 10]")
+    return x
+
+
+def _w_flag(x, name):
+    if type(x).__module__ == "numpy" and hasattr(x, "item"):
+        x = x.item()                                                   # numpy.bool_ -> bool
+    if type(x) is not bool:
+        raise _Bad("invalid_result", f"{name} must be a bool, got {type(x).__name__}")
+    return x
+
+
+def _w_obs(x):
+    if type(x) is str and len(x) <= OBS_CAP:
+        return x
+    if type(x) is not str:
+        try:
+            x = str.__str__(x)                                         # str subclasses only
+        except TypeError:
+            raise _Bad("invalid_observation", f"observation of type {type(x).__name__}") from None
+    return x[:OBS_CAP]
+
+
+def _w_info(x):
+    if type(x) is dict:
+        return x
+    if not issubclass(type(x), dict):
+        raise _Bad("invalid_result", f"info must be a dict, got {type(x).__name__}")
+    return dict(x)
+
+
+def _w_dispatch(req, box):
+    op = req["op"]
+    if op == "load":
+        code = compile(req["source"], "<environment>", "exec")
+        ns = {"__name__": "__environment__", "ToolEnv": ToolEnv}
+        exec(code, ns)
+        cls = [v for v in ns.values() if isinstance(v, type) and v.__name__.endswith("Env")
+               and v.__module__ == "__environment__"]
+        if not cls:
+            raise _Bad("load_error", "no class whose name ends in 'Env'")
+        cls = cls[-1]
+        if req["setting"] == "tool" and not issubclass(cls, ToolEnv):
+            raise _Bad("load_error", f"{cls.__name__} does not subclass ToolEnv")
+        box["env"] = env = cls()
+        tools = json.loads(json.dumps(env.tools())) if isinstance(env, ToolEnv) else []
+        return {"class_name": cls.__name__, "kind": "tool" if tools or isinstance(env, ToolEnv)
+                else "games", "tools": tools, "layers": box["layers"]}
+    env = box["env"]
+    if op == "reset":
+        out = env.reset(seed=req["seed"])
+        if isinstance(out, str):
+            out = (out, {})                                            # the common slip, accepted
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise _Bad("invalid_result", "reset() must return (observation, info)")
+        return {"r": [_w_obs(out[0]), _w_info(out[1])]}
+    if op == "step":
+        out = env.step(req["action"])
+        if not isinstance(out, (tuple, list)) or len(out) != 5:
+            raise _Bad("invalid_result", "step() must return a 5-tuple")
+        return {"r": [_w_obs(out[0]), _w_number(out[1]), _w_flag(out[2], "terminated"),
+                      _w_flag(out[3], "truncated"), _w_info(out[4])]}
+    if op == "call":
+        return {"r": _w_obs(env.call(req["name"], req["arguments"]))}
+    if op == "tool_probe":                                             # reset + predicates + solution
+        obs, _ = env.reset(seed=req["seed"])
+        held, raised = [], []
+        for i, (_, pred) in enumerate(env.instructions):
+            try:
+                if pred(env.state):
+                    held.append(i)
+            except Exception:  # noqa: BLE001
+                raised.append(i)
+        sol = json.loads(json.dumps(list(env.solution())))
+        return {"r": [_w_obs(obs), len(env.instructions), held, raised, sol]}
+    raise _Bad("protocol_violation", f"unknown op {op!r}")
+
+
+def _w_serve(layers):
+    box, buf = {"layers": layers}, b""
+    while True:
+        while b"\n" not in buf:
+            chunk = os.read(3, 65536)                                  # < mmap threshold: no page churn
+            if not chunk:
+                os._exit(0)
+            buf += chunk
+        line, buf = buf.split(b"\n", 1)
+        req, nonce = {"op": "step"}, line[1:9].decode()
+        try:
+            if line[:1] == b"S":                                       # step fast path, same checks
+                env = box["env"]
+                out = env.step(_scan_str(line[10:].decode(), 0)[0])
+                if type(out) is not tuple or len(out) != 5:
+                    if not isinstance(out, (tuple, list)) or len(out) != 5:
+                        raise _Bad("invalid_result", "step() must return a 5-tuple")
+                data = _step_reply(nonce, _w_obs(out[0]), _w_number(out[1]), _w_flag(out[2], "terminated"),
+                                   _w_flag(out[3], "truncated"), _w_info(out[4]))
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(4, view):]
+                continue
+            req = _parse(line)
+            nonce = req["n"]
+            reply = {"ok": 1, **_w_dispatch(req, box)}
+        except _Bad as e:
+            reply = {"ok": 0, "error": e.kind, "message": str(e)[:300]}
+        except MemoryError:
+            reply = {"ok": 0, "error": "memory_limit", "message": "MemoryError"}
+        except BaseException as e:  # noqa: BLE001 - SystemExit, custom BaseException, ...
+            try:
+                msg = f"{type(e).__name__}: {e}"[:300]
+            except BaseException:  # noqa: BLE001
+                msg = "unprintable exception"
+            kind = {"load": "load_error", "reset": "reset_error"}.get(req.get("op"), "step_error")
+            reply = {"ok": 0, "error": kind, "message": msg}
+        reply["n"] = nonce
+        try:
+            data = _line(reply)
+        except MemoryError:
+            data = _line({"ok": 0, "n": nonce, "error": "memory_limit", "message": "MemoryError"})
+        except BaseException as e:  # noqa: BLE001
+            data = _line({"ok": 0, "n": nonce, "error": "invalid_result",
+                          "message": f"unserialisable reply: {type(e).__name__}"})
+        view = memoryview(data)
+        while view:
+            view = view[os.write(4, view):]
+
+
+# ----------------------------------------------------------------------------------------------
+# INFRA: the zygote (a fresh interpreter; `python sandbox.py --zygote <fd> <json cfg>`)
+# ----------------------------------------------------------------------------------------------
+def _zygote_main(sock_fd: int, cfg: dict):
+    ctypes, libc = _libc()
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != cfg["parent"]:
+        os._exit(0)
+    sock = socket.socket(fileno=sock_fd)
+    root = os.geteuid() == 0
+    cfg["netns"] = root and libc.unshare(0x40000000) == 0              # CLONE_NEWNET
+    cfg["mountns"] = False
+    if root and libc.unshare(0x00020000) == 0:                         # CLONE_NEWNS
+        libc.mount(None, b"/", None, 0x4000 | 0x40000, None)           # MS_REC | MS_PRIVATE
+        ok = True
+        for path, size in (("/tmp", cfg["scratch_mb"]), ("/var/tmp", 16), ("/dev/shm", 16)):
+            if os.path.isdir(path):
+                opts = f"size={size}m,mode=1777".encode()
+                ok &= libc.mount(b"tmpfs", path.encode(), b"tmpfs", 0x2 | 0x4, opts) == 0
+        cfg["mountns"] = ok
+    import tempfile
+    import sysconfig
+    for mod in PRELOAD + (("numpy", "numpy.random", "numpy.linalg") if cfg["numpy"] else ()):
+        try:
+            __import__(mod)
+        except Exception:  # noqa: BLE001 - optional
+            pass
+    import gc
+    gc.collect()
+    gc.freeze()                                                        # children's GC skips (no COW)
+    cfg["scratch"] = tempfile.mkdtemp(prefix="spade-sbx-")
+    os.chmod(cfg["scratch"], 0o711)
+    paths = sysconfig.get_paths()
+    cfg["read_dirs"] = sorted({paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+                              | {"/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/share/zoneinfo"})
+    base = 0x10000000 + (os.getpid() % 0x100000) * 0x400
+    free, live = list(range(base + 0x3FF, base, -1)), {}
+    sock.send(json.dumps({"ready": 1, "netns": cfg["netns"], "mountns": cfg["mountns"]}).encode())
+
+    def reap(pid, grace):
+        status, end = 0, time.monotonic() + grace
+        while True:
+            got, status = os.waitpid(pid, os.WNOHANG)
+            if got or time.monotonic() >= end:
+                break
+            time.sleep(0.002)
+        if not got:
+            _killall(pid)
+            _, status = os.waitpid(pid, 0)
+        import shutil
+        shutil.rmtree(os.path.join(cfg["scratch"], f"w{pid}"), ignore_errors=True)
+        free.append(live.pop(pid))
+        return status
+
+    def fork_worker(required):
+        """Fork one sandboxed worker; it blocks on its request pipe until the trainer sends 'load'."""
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        uid = free.pop()
+        try:
+            pid = os.fork()
+        except OSError:
+            free.append(uid)
+            for fd in (req_r, req_w, rep_r, rep_w):
+                os.close(fd)
+            raise
+        if pid == 0:
+            try:
+                layers = _worker_setup(req_r, rep_w, uid, cfg, required)
+            except BaseException as e:  # noqa: BLE001 - report on the reply pipe if it is there
+                try:
+                    os.write(4, json.dumps({"setup_error": f"{type(e).__name__}: {e}"}).encode())
+                finally:
+                    os._exit(70)
+            try:
+                _w_serve(layers)
+            finally:
+                os._exit(0)                                            # never fall back into the zygote
+        os.close(req_r)
+        os.close(rep_w)
+        live[pid] = uid
+        return pid, req_w, rep_r
+
+    pool, want, required = [], 0, []                                   # pre-forked idle workers
+    while True:
+        if len(pool) < want and len(free) > 1 and not select.select([sock], [], [], 0)[0]:
+            try:
+                pool.append(fork_worker(required))                     # refill while the trainer is busy
+            except OSError:
+                want = 0
+            continue
+        msg, _, _, _ = socket.recv_fds(sock, 1 << 16, 1)
+        if not msg:
+            for pid in list(live):
+                reap(pid, 0)
+            os._exit(0)
+        req = json.loads(msg)
+        if req["op"] == "spawn":
+            if req["required"] != required:                            # pool built under other rules
+                for pid, *fds in pool:
+                    for fd in fds:
+                        os.close(fd)
+                    reap(pid, 0)
+                pool, required = [], req["required"]
+            want = req.get("pool", 0)
+            try:
+                if not free:
+                    raise OSError("no free worker uid")
+                pid, req_w, rep_r = pool.pop(0) if pool else fork_worker(required)
+            except OSError as e:
+                sock.send(json.dumps({"error": f"fork: {e}"}).encode())
+                continue
+            socket.send_fds(sock, [json.dumps({"pid": pid}).encode()], [req_w, rep_r])
+            os.close(req_w)
+            os.close(rep_r)
+        elif req["op"] == "reap":                                      # no reply
+            if req["pid"] in live:
+                reap(req["pid"], 0)
+        elif req["op"] == "wait":
+            status = reap(req["pid"], 0.2) if req["pid"] in live else -1
+            sock.send(json.dumps({"status": status}).encode())
+
+
+def _killall(pid: int):
+    """SIGKILL the worker and its process group (the group may not exist yet right after fork)."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _exit_cause(status: int) -> tuple[str, str]:
+    if status < 0:
+        return "worker_exited", "worker gone"
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig == signal.SIGXCPU:
+            return "cpu_limit", "CPU time limit exceeded"
+        return "worker_crashed", f"killed by {signal.Signals(sig).name}"
+    code = os.WEXITSTATUS(status)
+    if code == 70:
+        return "worker_crashed", "worker set-up failed"
+    return "worker_exited", f"worker exited with status {code}"
+
+
+# ----------------------------------------------------------------------------------------------
+# INFRA: the parent side. Everything read from a worker is re-validated here with type() checks.
+# ----------------------------------------------------------------------------------------------
+def _check_text(s, kind) -> str | None:
+    if "\x00" in s:
+        return f"{kind}: contains NUL"
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return f"{kind}: lone surrogate"
+    return None
+
+
+def _check_json(x, depth=0) -> str | None:
+    """Info must be plain JSON data with valid text; returns a message when it is not."""
+    t = type(x)
+    if t is str:
+        return _check_text(x, "info string")
+    if x is None or t in (bool, int, float):
+        return None
+    if depth > 32:
+        return "info nested too deeply"
+    if t is list:
+        for v in x:
+            if (m := _check_json(v, depth + 1)):
+                return m
+        return None
+    if t is dict:
+        for k, v in x.items():
+            if (m := _check_text(k, "info key")) or (m := _check_json(v, depth + 1)):
+                return m
+        return None
+    return f"info holds {t.__name__}"
+
+
+def _clean(msg: str) -> str:
+    """Short, printable message (no terminal control sequences) for observations and logs."""
+    return "".join(c if c.isprintable() else "?" for c in str(msg)[:300])
+
+
+class _Fail(Exception):
+    def __init__(self, kind, message=""):
+        super().__init__(message)
+        self.kind, self.message = kind, _clean(message)
+
+
+class EnvHandle:
+    """One live environment instance in its own worker process. Never raises on misbehaviour."""
+
+    def __init__(self, sb: "Sandbox", source: str, setting: str = "games"):
+        self._sb, self.source, self.setting = sb, source, setting
+        self.pid = None
+        self.class_name = self.kind = None
+        self._tools, self._rfd, self._wfd, self._buf = [], None, None, b""
+        self._failure = None            # (kind, message) once the worker is gone
+        self._used, self._closed = 0.0, False
+        self._start()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def _start(self):
+        self.pid, self._rfd, self._wfd = self._sb._spawn()
+        self._buf, self._failure, self._used = b"", None, 0.0
+        self._rpoll = select.poll()
+        self._rpoll.register(self._rfd, select.POLLIN)
+        self._sb._live.add(self)
+        try:
+            r = self._roundtrip({"op": "load", "source": self.source, "setting": self.setting},
+                                self._sb.load_timeout, episode=False)
+        except _Fail as e:
+            if e.kind == "infra":
+                raise SandboxInfraError(e.message) from None
+            self._failure = (e.kind, e.message)
+            return
+        if type(r.get("class_name")) is not str or type(r.get("tools")) is not list:
+            self._kill("protocol_violation", "malformed load reply")
+            return
+        self.class_name, self.kind, self._tools = r["class_name"], r.get("kind"), r["tools"]
+        self.layers = r.get("layers")
+
+    def _kill(self, kind, message="", wait=False, detail=b""):
+        """SIGKILL the worker's process group, reap it through the zygote, remember why."""
+        if self.pid is not None:
+            _killall(self.pid)
+            if wait:
+                status = self._sb._zygote({"op": "wait", "pid": self.pid})["status"]
+                kind, message = _exit_cause(status)
+                if status >= 0 and os.WIFEXITED(status) and os.WEXITSTATUS(status) in (70, 71):
+                    kind, message = "infra", f"{message}: {detail.decode(errors='replace')}"
+            else:
+                self._sb._zygote({"op": "reap", "pid": self.pid}, reply=False)
+            self._sb._live.discard(self)
+            for fd in (self._rfd, self._wfd):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self.pid = None
+        if self._failure is None:
+            self._failure = (kind, _clean(message))
+        return _Fail(kind, message)
+
+    def close(self):
+        if not self._closed:
+            self._closed = True
+            self._kill("closed", "handle closed")
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    # -- one request, one reply --------------------------------------------------------------
+    def _begin(self, req, timeout: float, episode=True):
+        if self.pid is None:
+            raise _Fail(*self._failure) if self._failure else _Fail("closed", "handle closed")
+        if episode:
+            left = self._sb.episode_timeout - self._used
+            if left <= 0:
+                raise self._kill("episode_timeout", "episode time budget used up")
+            timeout = min(timeout, left)
+        self._t0 = time.monotonic()
+        self._deadline, self._episode_bound = self._t0 + timeout, timeout < self._sb.step_timeout
+        if self._buf or self._rpoll.poll(0):                           # unsolicited bytes or EOF
+            try:
+                chunk = os.read(self._rfd, 1 << 16)
+            except BlockingIOError:
+                chunk = b"?"
+            if not chunk:
+                raise self._kill(None, wait=True)
+            raise self._kill("protocol_violation", "unsolicited reply line")
+        # A fresh random nonce per request: a stray or stale line cannot pass for the reply.
+        self._nonce = nonce = "%08x" % self._sb._rng.getrandbits(32)
+        data = memoryview(b"S" + nonce.encode() + req[1:] if type(req) is bytes else _line({**req, "n": nonce}))
+        while data:
+            try:
+                data = data[os.write(self._wfd, data):]
+            except BlockingIOError:
+                left = self._deadline - time.monotonic()
+                if left <= 0 or not select.select([], [self._wfd], [], left)[1]:
+                    raise self._timeout() from None
+            except BrokenPipeError:
+                raise self._kill(None, wait=True) from None
+
+    def _timeout(self):
+        if self._episode_bound:
+            return self._kill("episode_timeout", "episode time budget used up")
+        return self._kill("timeout", f"no reply within {self._sb.step_timeout:g} s")
+
+    def _pump(self) -> bytes | None:
+        """Read what is there; return the reply line once complete (raises _Fail on violations)."""
+        try:
+            chunk = os.read(self._rfd, 65536)
+        except BlockingIOError:
+            return None
+        if not chunk:
+            raise self._kill(None, wait=True, detail=self._buf[:300])
+        if not self._buf and chunk[-1:] == b"\n" and chunk.find(b"\n") == len(chunk) - 1:
+            return chunk[:-1]                                          # the common case: one line
+        self._buf += chunk
+        i = self._buf.find(b"\n")
+        if i < 0:
+            if len(self._buf) > LINE_CAP:
+                raise self._kill("output_too_large", f"reply line over {LINE_CAP} bytes")
+            return None
+        if i > LINE_CAP:
+            raise self._kill("output_too_large", f"reply line over {LINE_CAP} bytes")
+        line, self._buf = self._buf[:i], self._buf[i + 1:]
+        if self._buf:
+            raise self._kill("protocol_violation", "extra bytes after the reply line")
+        return line
+
+    def _finish(self, line: bytes, episode=True) -> dict:
+        if episode:
+            self._used += time.monotonic() - self._t0
+        try:
+            msg = _parse(line)
+        except (ValueError, RecursionError) as e:
+            raise self._kill("protocol_violation", f"reply is not JSON: {e}") from None
+        if type(msg) is not dict or msg.get("ok") not in (0, 1) or type(msg["ok"]) is not int:
+            raise self._kill("protocol_violation", "reply is not a protocol object")
+        if msg.get("n") != self._nonce:
+            raise self._kill("protocol_violation", "reply does not answer the request")
+        if msg["ok"] == 0:
+            kind = msg.get("error")
+            kind = kind if type(kind) is str and kind in FAILURES else "protocol_violation"
+            raise self._kill(kind, msg.get("message") if type(msg.get("message")) is str else "")
+        return msg
+
+    def _wait(self) -> bytes:
+        while True:
+            left = self._deadline - time.monotonic()
+            if left <= 0 or not self._rpoll.poll(max(1, math.ceil(left * 1000))):
+                if time.monotonic() >= self._deadline:
+                    raise self._timeout()
+                continue
+            line = self._pump()
+            if line is not None:
+                return line
+
+    def _roundtrip(self, req, timeout, episode=True) -> dict:
+        self._begin(req, timeout, episode)
+        return self._finish(self._wait(), episode)
+
+    def _leak_check(self):
+        try:
+            n = len(os.listdir(f"/proc/{self.pid}/task"))
+            if n > 1:
+                time.sleep(0.005)                                      # a just-joined thread
+                n = len(os.listdir(f"/proc/{self.pid}/task"))
+        except OSError:
+            return
+        if n > 1:
+            raise self._kill("resource_leak", f"{n - 1} thread(s) left running")
+
+    # -- validated results -------------------------------------------------------------------
+    def _check_reset(self, msg) -> tuple[str, dict]:
+        r = msg.get("r")
+        if type(r) is not list or len(r) != 2:
+            raise self._kill("protocol_violation", "malformed reset reply")
+        obs, info = r
+        self._check_obs(obs)
+        if type(info) is not dict or (m := _check_json(info)):
+            raise self._kill("invalid_result", m or "info is not a dict")
+        self._leak_check()
+        return obs[:OBS_CAP], info
+
+    def _check_obs(self, obs):
+        if type(obs) is not str:
+            raise self._kill("invalid_observation", "observation is not a str")
+        if (m := _check_text(obs, "observation")):
+            raise self._kill("invalid_observation", m)
+
+    def _check_step(self, msg) -> tuple:
+        r = msg.get("r")
+        if type(r) is not list or len(r) != 5:
+            raise self._kill("protocol_violation", "malformed step reply")
+        obs, reward, term, trunc, info = r
+        self._check_obs(obs)
+        if type(reward) not in (int, float) or not math.isfinite(reward) or abs(reward) > 10:
+            raise self._kill("invalid_reward", f"reward {reward!r:.40} is not a finite number in [-10, 10]")
+        if type(term) is not bool or type(trunc) is not bool:
+            raise self._kill("invalid_result", "terminated/truncated are not bools")
+        if type(info) is not dict or (m := _check_json(info)):
+            raise self._kill("invalid_result", m or "info is not a dict")
+        if term or trunc:
+            self._leak_check()
+        return obs[:OBS_CAP], float(reward), term, trunc, info
+
+    def _error_step(self, e: _Fail) -> tuple:
+        return (f"[environment error: {e.kind}] {e.message}", 0.0, True, False,
+                {"error": e.kind, "message": e.message})
+
+    # -- public ------------------------------------------------------------------------------
+    def reset(self, seed: int | None = None) -> tuple[str, dict]:
+        try:
+            if self.pid is None and not self._closed:
+                self._start()                                          # recycle after a failure
+            if self.pid is None:
+                raise _Fail(*self._failure)
+            self._used = 0.0
+            return self._check_reset(self._roundtrip({"op": "reset", "seed": seed},
+                                                     self._sb.step_timeout))
+        except _Fail as e:
+            return f"[environment error: {e.kind}] {e.message}", {"error": e.kind, "message": e.message}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        try:
+            return self._check_step(self._roundtrip(_step_line(str(action)), self._sb.step_timeout))
+        except _Fail as e:
+            return self._error_step(e)
+
+    def tools(self) -> list[dict]:
+        """OpenAI function schemas of a ToolEnv ([] for games)."""
+        return json.loads(json.dumps(self._tools))
+
+    def call(self, name: str, arguments: dict) -> str:
+        """Run one tool through the environment's call() dispatch; errors come back as text."""
+        try:
+            r = self._roundtrip({"op": "call", "name": name, "arguments": arguments},
+                                self._sb.step_timeout)["r"]
+            self._check_obs(r)
+            return r[:OBS_CAP]
+        except _Fail as e:
+            return f"[environment error: {e.kind}] {e.message}"
+
+
+class Sandbox:
+    """Runs untrusted environments; use as a context manager. See the module docstring."""
+
+    def __init__(self, workers: int = 8, step_timeout: float = 5.0, memory_mb: int = 1024,
+                 load_timeout: float = 10.0, episode_timeout: float = 120.0, cpu_seconds: int = 300,
+                 fsize_mb: int = 16, scratch_mb: int = 256, numpy: bool = True,
+                 landlock: bool = True, seccomp: bool = True, pool: int = 4):
+        self.workers, self.step_timeout, self.memory_mb = workers, step_timeout, memory_mb
+        self.load_timeout, self.episode_timeout = load_timeout, episode_timeout
+        self._cfg = dict(memory_mb=memory_mb, cpu_seconds=cpu_seconds, fsize_mb=fsize_mb,
+                         scratch_mb=scratch_mb, numpy=numpy, landlock=landlock, seccomp=seccomp)
+        self._zlock, self._live, self._required, self._pool = threading.RLock(), set(), [], 0
+        self._rng = random.Random(os.urandom(16))                      # request nonces
+        self._proc = None
+        self._start_zygote()
+        probe = EnvHandle(self, "class ProbeEnv:\n    pass\n")
+        if probe._failure:
+            raise SandboxInfraError(f"probe worker failed: {probe._failure}")
+        self.layers = tuple(probe.layers)
+        probe.close()
+        self._required = list(self.layers)                             # later workers fail closed
+        self._pool = pool
+        missing = [x for x in FULL if x not in self.layers]
+        extra = [x for x in ("landlock", "mountns") if x in self.layers]
+        self.level = ("full" if not missing else "reduced (missing " + ", ".join(missing) + ")") + \
+            "".join("+" + x for x in extra)
+
+    # -- INFRA: zygote ------------------------------------------------------------------------
+    def _start_zygote(self):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        cfg = dict(self._cfg, parent=os.getpid())
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONHASHSEED": "0",
+               "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        flags = ["-s", "-B"] + (["-P"] if sys.version_info >= (3, 11) else [])
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, *flags, os.path.abspath(__file__), "--zygote", str(theirs.fileno()),
+                 json.dumps(cfg)], env=env, close_fds=True, pass_fds=(theirs.fileno(),),
+                start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, cwd="/")
+        except OSError as e:
+            raise SandboxInfraError(f"cannot start the zygote: {e}") from None
+        theirs.close()
+        self._zsock = ours
+        self._zsock.settimeout(60.0)
+        try:
+            ready = json.loads(self._zsock.recv(1 << 16) or b"{}")
+        except (OSError, ValueError) as e:
+            raise SandboxInfraError(f"zygote did not start: {e}") from None
+        if not ready.get("ready"):
+            raise SandboxInfraError("zygote did not start")
+        self._zsock.settimeout(10.0)
+
+    def _zygote(self, msg: dict, reply=True, want_fds=False):
+        fds = []
+        with self._zlock:
+            try:
+                if self._proc.poll() is not None:
+                    raise OSError("zygote exited")
+                self._zsock.send(json.dumps(msg).encode())
+                if not reply:
+                    return {}
+                data, fds, _, _ = socket.recv_fds(self._zsock, 1 << 16, 2)
+                out = json.loads(data or b"{}")
+            except (OSError, ValueError) as e:
+                for fd in fds:
+                    os.close(fd)
+                raise SandboxInfraError(f"zygote: {e}") from None
+        if "error" in out:
+            for fd in fds:
+                os.close(fd)
+            raise SandboxInfraError(f"zygote: {out['error']}")
+        return (out, fds) if want_fds else out
+
+    def _spawn(self) -> tuple[int, int, int]:
+        out, fds = self._zygote({"op": "spawn", "required": self._required, "pool": self._pool},
+                                want_fds=True)
+        if len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            raise SandboxInfraError("zygote sent no pipes")
+        req_w, rep_r = fds
+        for fd in fds:
+            os.set_inheritable(fd, False)
+            os.set_blocking(fd, False)
+        return out["pid"], rep_r, req_w
+
+    def close(self):
+        for h in list(self._live):
+            h.close()
+        if self._proc is not None:
+            try:
+                self._zsock.close()                                    # zygote reaps and exits
+                self._proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- public ------------------------------------------------------------------------------
+    def open(self, source: str, setting: str = "games") -> EnvHandle:
+        """A handle to one fresh instance; an environment fault shows up at reset/step, not here."""
+        return EnvHandle(self, source, setting)
+
+    def step_many(self, handles: list, actions: list) -> list[tuple]:
+        """Step many handles at once (one outstanding request each); a failure ends only its own."""
+        return self._many(handles, [_step_line(str(a)) for a in actions], "step")
+
+    def reset_many(self, handles: list, seeds: list) -> list[tuple]:
+        return self._many(handles, [{"op": "reset", "seed": s} for s in seeds], "reset")
+
+    def _many(self, handles, reqs, op):
+        if len(set(map(id, handles))) != len(handles):                 # duplicates: one at a time
+            return [h.step(_scan_str(r[2:-1].decode(), 0)[0]) if op == "step" else h.reset(r["seed"])
+                    for h, r in zip(handles, reqs)]
+        out, pending, poller = [None] * len(handles), {}, select.poll()
+
+        def fail(i, h, e):
+            out[i] = h._error_step(e) if op == "step" else (
+                f"[environment error: {e.kind}] {e.message}", {"error": e.kind, "message": e.message})
+        for i, (h, req) in enumerate(zip(handles, reqs)):
+            try:
+                if op == "reset":
+                    if h.pid is None and not h._closed:
+                        h._start()
+                    h._used = 0.0
+                h._begin(req, self.step_timeout)
+                pending[h._rfd] = (i, h)
+                poller.register(h._rfd, select.POLLIN)
+            except _Fail as e:
+                fail(i, h, e)
+        while pending:
+            now = time.monotonic()
+            for fd, (i, h) in list(pending.items()):
+                if h._deadline <= now:
+                    poller.unregister(fd)
+                    del pending[fd]
+                    fail(i, h, h._timeout())
+            if not pending:
+                break
+            wait = min(h._deadline for _, h in pending.values()) - now
+            for fd, _ in poller.poll(max(1, math.ceil(wait * 1000))):
+                i, h = pending[fd]
+                try:
+                    line = h._pump()
+                    if line is None:
+                        continue
+                    msg = h._finish(line)
+                    out[i] = h._check_step(msg) if op == "step" else h._check_reset(msg)
+                except _Fail as e:
+                    fail(i, h, e)
+                poller.unregister(fd)
+                del pending[fd]
+        return out
+
+    # -- ALGO: the validation probe (SPEC §7.2) ------------------------------------------------
+    def validate(self, source: str, setting: str = "games") -> ValidationReport:
+        """Probe in two fresh workers with one script; ok only if both pass and agree exactly."""
+        rng = random.SystemRandom()                                    # not predictable constants
+        words = ("a", "up", "left", "yes", "no", "7", "x", "reset", "0", "-1", "hint", "e4")
+        extra = [r"\boxed{%s}" % rng.choice((str(rng.randrange(1000)), rng.choice(words)))
+                 for _ in range(2)]
+        script = ([("reset", 42)] + [("step", a) for a in PROBE_ACTIONS] + [("reset", 123)]
+                  + [("reset", rng.randrange(1, 2**31 - 1))] + [("step", a) for a in extra])
+        transcripts, name = [], None
+        for _ in range(2):
+            h = EnvHandle(self, source, setting)
+            name = h.class_name or name
+            try:
+                if h.pid is None:
+                    raise _Fail(*h._failure)
+                transcripts.append(self._probe(h, script, setting))
+            except _Fail as e:
+                return ValidationReport(False, f"{e.kind}: {e.message}", name, e.kind, setting)
+            finally:
+                h.close()
+        if transcripts[0] != transcripts[1]:
+            i = next(i for i, (a, b) in enumerate(zip(*transcripts)) if a != b)
+            return ValidationReport(False, f"nondeterministic: fresh instances differ at probe call {i}",
+                                    name, "nondeterministic", setting)
+        return ValidationReport(True, None, name, None, setting, transcripts[0])
+
+    def validate_many(self, sources: list[str], setting: str = "games") -> list[ValidationReport]:
+        """`workers` validations at a time."""
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(max(1, self.workers)) as pool:
+            return list(pool.map(lambda s: self.validate(s, setting), sources))
+
+    def _probe(self, h: EnvHandle, script, setting) -> list:
+        out, over = [], False
+        for op, arg in script:
+            if op == "reset":
+                h._used = 0.0
+                obs, info = h._check_reset(h._roundtrip({"op": "reset", "seed": arg}, self.step_timeout))
+                if not obs.strip():
+                    raise _Fail("invalid_observation", "empty observation from reset()")
+                out.append([obs, info])
+                over = False
+            elif not over:                                             # stop early on a terminal flag
+                r = h._check_step(h._roundtrip(_step_line(arg), self.step_timeout))
+                h._leak_check()
+                out.append(list(r))
+                over = r[2] or r[3]
+        if setting == "tool":
+            for seed in (0, 1, 2):
+                out.append(self._solvable(h, seed))
+        return out
+
+    def _solvable(self, h: EnvHandle, seed: int) -> list:
+        """Replay solution() one call per step from reset(seed); <answer>done</answer> must pay 1.0."""
+        h._used = 0.0
+        r = h._roundtrip({"op": "tool_probe", "seed": seed}, self.step_timeout).get("r")
+        if type(r) is not list or len(r) != 5 or type(r[1]) is not int or type(r[4]) is not list:
+            raise h._kill("protocol_violation", "malformed tool probe reply")
+        obs, n, held, raised, sol = r
+        h._check_obs(obs)
+        if not 3 <= n <= 5:
+            raise _Fail("unsolvable", f"seed {seed}: {n} instructions (need 3-5)")
+        if held or raised:
+            raise _Fail("unsolvable", f"seed {seed}: predicates true {held} / raising {raised} at reset")
+        trace = [obs]
+        for call in sol:
+            if type(call) is not dict or type(call.get("name")) is not str:
+                raise _Fail("unsolvable", f"seed {seed}: solution() step {call!r:.60} is not a call")
+            action = "<tool_call>" + json.dumps({"name": call["name"],
+                                                 "arguments": call.get("arguments", {})}) + "</tool_call>"
+            o, rew, term, _, _ = h._check_step(h._roundtrip(_step_line(action), self.step_timeout))
+            trace.append([o, rew])
+            if term:
+                raise _Fail("unsolvable", f"seed {seed}: episode ended during the solution replay")
+        o, rew, term, _, _ = h._check_step(h._roundtrip(_step_line("<answer>done</answer>"),
+                                                         self.step_timeout))
+        if not term or rew != 1.0:
+            raise _Fail("unsolvable", f"seed {seed}: replaying solution() ends with reward {rew}")
+        h._leak_check()
+        return trace + [[o, rew]]
+
+
+if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "--zygote":
+    _zygote_main(int(sys.argv[2]), json.loads(sys.argv[3]))

@@ -1,0 +1,667 @@
+"""Adversarial tests for sandbox.py: one property of ../shared/SECURITY.md per test, plus honest envs.
+
+Every hostile program is small and bounded (short deadlines, small bombs) so a broken sandbox cannot
+take the machine down. Tests that need a kernel layer skip when `Sandbox.layers` lacks it.
+"""
+import json
+import os
+import select
+import signal
+import socket
+import textwrap
+import time
+
+import pytest
+
+import sandbox
+from sandbox import Sandbox, SandboxInfraError
+
+STEP_TIMEOUT = 0.75
+SECRET = "spade-secret-7f3a9c"
+
+
+@pytest.fixture(scope="module")
+def sb():
+    os.environ["SPADE_TEST_SECRET_TOKEN"] = SECRET                    # must never reach a worker
+    with Sandbox(workers=2, step_timeout=STEP_TIMEOUT, memory_mb=256, pool=2) as s:
+        yield s
+    os.environ.pop("SPADE_TEST_SECRET_TOKEN", None)
+
+
+def need(sb, *layers):
+    missing = [x for x in layers if x not in sb.layers]
+    if missing:
+        pytest.skip(f"layer(s) {missing} not available here ({sb.level})")
+
+
+def src(body: str) -> str:
+    return textwrap.dedent(body)
+
+
+def game(step: str, reset: str = "return 'Say something as \\\\boxed{x}.', {}", head: str = "") -> str:
+    """A games env whose step()/reset() bodies are given (indented 8 spaces in the class)."""
+    ind = lambda s: textwrap.indent(textwrap.dedent(s).strip("\n"), " " * 8)  # noqa: E731
+    return (textwrap.dedent(head) + "\nclass HostileEnv:\n    def __init__(self, max_turns=10):\n"
+            "        self.t = 0\n    def reset(self, seed=None):\n" + ind(reset) + "\n"
+            "    def step(self, action):\n        self.t += 1\n" + ind(step) + "\n")
+
+
+def play(sb, source, actions=("\\boxed{1}",), seed=0):
+    h = sb.open(source)
+    try:
+        h.reset(seed=seed)
+        return [h.step(a) for a in actions]
+    finally:
+        h.close()
+
+
+def err(result):
+    return result[4].get("error") if len(result) == 5 else result[1].get("error")
+
+
+def group_alive(pgid: int) -> bool:
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[2]) == pgid:
+                        return True
+            except (OSError, IndexError, ValueError):
+                pass
+    return False
+
+
+def eventually(cond, timeout=3.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
+
+
+HONEST = src(r"""
+    import random
+
+    class GuessEnv:
+        def __init__(self, max_turns=6):
+            self.max_turns = max_turns
+        def reset(self, seed=None):
+            rng = random.Random(seed)
+            self.n, self.t = rng.randint(1, 50), 0
+            return f"Guess my number in 1-50 as \\boxed{{n}}. You have {self.max_turns} turns.", {"seed": seed}
+        def step(self, action):
+            self.t += 1
+            try:
+                g = int(action.strip()[7:-1])
+            except ValueError:
+                return "Answer as \\boxed{n}.", 0.0, False, self.t >= self.max_turns, {}
+            if g == self.n:
+                return "Correct!", 1.0, True, False, {"t": self.t}
+            hint = "higher" if g < self.n else "lower"
+            return f"Wrong, go {hint}.", 0.0, False, self.t >= self.max_turns, {"t": self.t}
+""")
+
+
+# ------------------------------------------------------------------ honest environments must pass
+def test_level_reported(sb):
+    assert isinstance(sb.level, str) and sb.level
+    assert "rlimits" in sb.layers
+    if os.geteuid() == 0:
+        assert sb.level.startswith("full"), sb.level
+
+
+def test_honest_env_validates_and_replays_exactly(sb):
+    rep = sb.validate(HONEST)
+    assert rep.ok and rep.error is None and rep.kind is None and rep.class_name == "GuessEnv"
+    script = ["\\boxed{25}", "\\boxed{12}", "\\boxed{40}", "junk"]
+    a, b = play(sb, HONEST, script, seed=7), play(sb, HONEST, script, seed=7)
+    assert a == b and all(err(r) is None for r in a)
+    h = sb.open(HONEST)
+    obs, info = h.reset(seed=3)
+    assert obs.startswith("Guess my number") and info == {"seed": 3}
+    n = __import__("random").Random(3).randint(1, 50)
+    assert h.step(f"\\boxed{{{n}}}") == ("Correct!", 1.0, True, False, {"t": 1})
+    h.close()
+
+
+def test_numpy_rewards_and_flags_pass(sb):
+    pytest.importorskip("numpy")
+    env = game("return 'ok ' + str(np.int64(self.t)), np.float64(0.5), np.bool_(self.t >= 2), np.False_, "
+               "{'v': np.arange(3), 'x': np.float32(1.5)}", head="import numpy as np")
+    assert sb.validate(env).ok
+    r1, r2 = play(sb, env, ["a", "b"])
+    assert r1 == ("ok 1", 0.5, False, False, {"v": [0, 1, 2], "x": 1.5})
+    assert type(r2[1]) is float and r2[2] is True
+
+
+def test_partial_rewards_and_bare_string_reset(sb):
+    env = game("return f'progress {self.t}', 0.25 * self.t, self.t >= 4, False, {}", reset="return 'go'")
+    assert sb.validate(env).ok
+    out = play(sb, env, ["a"] * 4)
+    assert [r[1] for r in out] == [0.25, 0.5, 0.75, 1.0] and out[-1][2] is True
+
+
+def test_long_legal_observation_unchanged_and_cap_applied(sb):
+    legal = ("é€𝄞 ab\n\t" * 4000)[:32_000]
+    env = game(f"return {legal!r} if self.t == 1 else 'x' * 100_000, 0.0, False, False, {{}}")
+    assert sb.validate(env).ok
+    r1, r2 = play(sb, env, ["a", "b"])
+    assert r1[0] == legal and err(r1) is None
+    assert r2[0] == "x" * sandbox.OBS_CAP and err(r2) is None
+
+
+def test_pythonhashseed_pinned_so_honest_sets_are_deterministic(sb):
+    env = game("return ','.join({'apple', 'pear', 'fig', 'kiwi', str(self.t)}), 0.0, False, False, {}")
+    assert sb.validate(env).ok
+    assert play(sb, env, ["a", "b"]) == play(sb, env, ["a", "b"])
+
+
+TOOL_ENV = src(r"""
+    class ShopEnv(ToolEnv):
+        TOOLS = [
+            {"name": "lookup_order", "description": "Status of an order.",
+             "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}},
+                            "required": ["order_id"]}},
+            {"name": "cancel_order", "description": "Cancel an order.",
+             "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}},
+                            "required": ["order_id"]}},
+            {"name": "refund", "description": "Refund a cancelled order.",
+             "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}},
+                            "required": ["order_id"]}},
+        ]
+        def setup(self, rng):
+            self.oid = str(rng.randint(100, 999))
+            self.state = {"orders": {self.oid: "shipped"}, "seen": False, "refunded": False}
+            self.instructions = [
+                (f"Look up order {self.oid}.", lambda s: s["seen"]),
+                (f"Cancel order {self.oid}.", lambda s: s["orders"][self.oid] == "cancelled"),
+                (f"Refund order {self.oid}.", lambda s: s["refunded"]),
+            ]
+        def tool_lookup_order(self, order_id):
+            if order_id not in self.state["orders"]:
+                return "No such order."
+            self.state["seen"] = True
+            return f"Order {order_id}: {self.state['orders'][order_id]}"
+        def tool_cancel_order(self, order_id):
+            self.state["orders"][order_id] = "cancelled"
+            return "Cancelled."
+        def tool_refund(self, order_id):
+            if self.state["orders"].get(order_id) != "cancelled":
+                return "Error: cancel first."
+            self.state["refunded"] = True
+            return "Refunded."
+        def solution(self):
+            return [{"name": n, "arguments": {"order_id": self.oid}}
+                    for n in ("lookup_order", "cancel_order", "refund")]
+""")
+
+
+def call(name, **args):
+    return "<tool_call>" + json.dumps({"name": name, "arguments": args}) + "</tool_call>"
+
+
+def test_tool_env_validates_and_plays(sb):
+    rep = sb.validate(TOOL_ENV, setting="tool")
+    assert rep.ok, rep.error
+    h = sb.open(TOOL_ENV, setting="tool")
+    schemas = h.tools()
+    assert [t["type"] for t in schemas] == ["function"] * 3
+    assert schemas[0]["function"]["name"] == "lookup_order"
+    obs, info = h.reset(seed=0)
+    oid = __import__("random").Random(0).randint(100, 999)
+    assert obs == f"Look up order {oid}." and info["tools"] == schemas
+    assert h.step("I think I should look it up") == (sandbox.FORMAT_REMINDER, -0.1, False, False,
+                                                     {"tool_outputs": []})
+    o, r, term, trunc, info = h.step(call("lookup_order", order_id=str(oid)) + call("nope"))
+    assert r == 0.0 and not term and len(info["tool_outputs"]) == 2
+    assert info["tool_outputs"][0] == f"Order {oid}: shipped\n\nNext instruction: Cancel order {oid}."
+    assert "unknown tool" in info["tool_outputs"][1] and o == "\n".join(info["tool_outputs"])
+    assert h.step("<answer>done</answer>")[1:3] == (0.0, True)        # not all instructions done
+    h.reset(seed=0)
+    assert "Refund" in h.call("cancel_order", {"order_id": str(oid)}) or True
+    for n in ("lookup_order", "cancel_order", "refund"):
+        h.step(call(n, order_id=str(oid)))
+    assert h.step("<answer>done</answer>")[1:3] == (1.0, True)
+    assert h.call("refund", {"order_id": "1"}).startswith("Error")     # call() returns errors as text
+    h.close()
+
+
+def test_tool_env_turn_budget_truncates(sb):
+    h = sb.open(TOOL_ENV.replace("class ShopEnv(ToolEnv):", "class ShopEnv(ToolEnv):\n"
+                                 "    def __init__(self):\n        super().__init__(max_turns=2)"),
+                setting="tool")
+    h.reset(seed=1)
+    assert h.step("x")[3] is False and h.step("y")[3] is True
+    h.close()
+
+
+def test_unsolvable_tool_env_rejected(sb):
+    broken = TOOL_ENV.replace('for n in ("lookup_order", "cancel_order", "refund")]',
+                              'for n in ("lookup_order", "refund")]')
+    rep = sb.validate(broken, setting="tool")
+    assert not rep.ok and rep.kind == "unsolvable"
+    done_at_reset = TOOL_ENV.replace('lambda s: s["seen"]', 'lambda s: True')
+    assert sb.validate(done_at_reset, setting="tool").kind == "unsolvable"
+    assert sb.validate(HONEST, setting="tool").kind == "load_error"    # not a ToolEnv
+
+
+def test_load_errors_named(sb):
+    assert sb.validate("class Broken(:\n").kind == "load_error"
+    assert sb.validate("x = 1\n").kind == "load_error"
+    assert sb.validate("class AEnv:\n    def __init__(self):\n        raise KeyError('no')\n").kind == "load_error"
+    assert sb.validate(game("return 'x', 0.0, False, False, {}", reset="raise ValueError('r')")).kind == "reset_error"
+    assert sb.validate(game("raise RuntimeError('boom')")).kind == "step_error"
+
+
+# ------------------------------------------------- 1. the trainer survives everything, within deadline
+@pytest.mark.parametrize("body", [
+    "while True: pass",
+    "import time\ntime.sleep(60)",
+    "import signal\nfor s in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM, signal.SIGXCPU):\n"
+    "    signal.signal(s, signal.SIG_IGN)\nwhile True: pass",
+], ids=["busy", "sleep", "signal_ignoring"])
+def test_hang_times_out_within_deadline(sb, body):
+    h = sb.open(game(body))
+    h.reset(seed=0)
+    pid = h.pid
+    t0 = time.monotonic()
+    r = h.step("\\boxed{1}")
+    assert err(r) == "timeout" and r[2] is True and r[0].startswith("[environment error: timeout]")
+    assert time.monotonic() - t0 < STEP_TIMEOUT + 2.0                  # generous: shared CI machine
+    assert eventually(lambda: not group_alive(pid))
+    assert h.step("x")[4]["error"] == "timeout"                        # the episode stays over
+    assert h.reset(seed=1)[0].startswith("Say")                        # recycled into a fresh worker
+    h.close()
+
+
+def test_memory_bomb_is_memory_limit(sb):
+    assert err(play(sb, game("x = bytearray(4 << 30)\nreturn 'no', 0.0, False, False, {}"))[0]) == "memory_limit"
+    r = play(sb, game("a = []\nwhile True: a.append(bytes(32 << 20))"))[0]
+    assert err(r) == "memory_limit"
+
+
+def test_cpu_limit_named():
+    with Sandbox(workers=1, step_timeout=10.0, cpu_seconds=1, numpy=False, pool=0) as s:
+        r = play(s, game("while True: pass"))[0]
+    assert err(r) == "cpu_limit"
+
+
+def test_episode_time_budget():
+    with Sandbox(workers=1, step_timeout=1.0, episode_timeout=0.6, numpy=False, pool=0) as s:
+        out = play(s, game("import time\ntime.sleep(0.25)\nreturn 'z', 0.0, False, False, {}"), ["a"] * 5)
+    assert err(out[0]) is None and "episode_timeout" in [err(r) for r in out]
+
+
+def test_signals_ptrace_renice_cannot_reach_caller(sb):
+    need(sb, "seccomp")
+    me = os.getpid()
+    env = game(f"""
+        import ctypes, os, signal
+        res = []
+        for name, fn in [("ppid", lambda: os.kill(os.getppid(), signal.SIGKILL)),
+                         ("trainer", lambda: os.kill({me}, signal.SIGTERM)),
+                         ("all", lambda: os.kill(-1, signal.SIGKILL)),
+                         ("group", lambda: os.killpg({me}, signal.SIGTERM)),
+                         ("renice", lambda: os.setpriority(os.PRIO_PROCESS, {me}, 19))]:
+            try:
+                fn(); res.append(name + ':done')
+            except OSError as e:
+                res.append(name + ':' + type(e).__name__)
+        libc = ctypes.CDLL(None, use_errno=True)
+        res.append('ptrace:' + str(libc.ptrace(16, {me}, 0, 0)))      # PTRACE_ATTACH
+        return ' '.join(res), 0.0, False, False, {{}}
+    """)
+    obs = play(sb, env)[0][0]
+    assert "done" not in obs and "ptrace:-1" in obs, obs
+    assert os.getpriority(os.PRIO_PROCESS, me) <= 0
+    assert sb.validate(HONEST).ok                                      # zygote and caller still fine
+
+
+def test_os_exit_and_segfault_and_base_exception(sb):
+    assert err(play(sb, game("import os\nos._exit(3)"))[0]) == "worker_exited"
+    assert err(play(sb, game("import ctypes\nctypes.string_at(0)"))[0]) == "worker_crashed"
+    assert err(play(sb, game("class Out(BaseException): pass\nraise Out('x')"))[0]) == "step_error"
+    assert err(play(sb, game("raise SystemExit(0)"))[0]) == "step_error"
+    assert err(play(sb, game("import os\nos.close(4)\nimport time\ntime.sleep(5)"))[0]) == "worker_crashed"
+
+
+# ------------------------------------------------------------------------- 2. no secret leaves
+def test_env_vars_and_proc_environ_hidden(sb):
+    env = game(f"""
+        import os, json
+        out = [json.dumps(dict(os.environ))]
+        for p in ('/proc/{os.getpid()}/environ', '/proc/1/environ', f'/proc/{{os.getppid()}}/environ'):
+            try:
+                out.append(open(p, 'rb').read().decode(errors='replace'))
+            except OSError as e:
+                out.append(type(e).__name__)
+        return ' | '.join(out), 0.0, False, False, {{}}
+    """)
+    obs = play(sb, env)[0][0]
+    assert SECRET not in obs and "SPADE_TEST_SECRET_TOKEN" not in obs
+    assert json.loads(obs.split(" | ")[0]).keys() <= {"PATH", "HOME", "TMPDIR", "LANG", "PYTHONHASHSEED",
+                                                      "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+                                                      "LC_ALL", "MKL_NUM_THREADS"}
+
+
+def test_secret_files_and_project_files_unreadable(sb, tmp_path):
+    need(sb, "uid")
+    planted = tmp_path / "token"
+    planted.write_text(SECRET)
+    planted.chmod(0o644)
+    home = os.path.expanduser("~/.spade_test_token")
+    with open(home, "w") as f:
+        f.write(SECRET)
+    targets = [str(planted), home, os.path.abspath(sandbox.__file__)]
+    try:
+        env = game(f"""
+            out = []
+            for p in {targets!r}:
+                try:
+                    out.append(open(p).read()[:200])
+                except OSError as e:
+                    out.append(type(e).__name__)
+            return ' | '.join(out), 0.0, False, False, {{}}
+        """)
+        parts = play(sb, env)[0][0].split(" | ")
+    finally:
+        os.remove(home)
+    assert SECRET not in parts[0] and SECRET not in parts[1]
+    if "landlock" in sb.layers:
+        assert parts[2] == "PermissionError"                           # world-readable project file
+
+
+def test_other_environment_memory_unreadable(sb):
+    need(sb, "uid")
+    a = sb.open(game("return 'a', 0.0, False, False, {}", head=f"SECRET = {SECRET!r}"))
+    a.reset(seed=0)
+    env = game(f"""
+        out = []
+        for p in ('/proc/{a.pid}/mem', '/proc/{a.pid}/environ', '/proc/{a.pid}/maps'):
+            try:
+                out.append(open(p, 'rb').read(4096).decode(errors='replace'))
+            except OSError as e:
+                out.append(type(e).__name__)
+        return ' | '.join(out), 0.0, False, False, {{}}
+    """)
+    obs = play(sb, env)[0][0]
+    a.close()
+    assert SECRET not in obs and obs.count("Error") == 3, obs
+
+
+# ------------------------------------------------------------- 3. no side effects outside scratch
+def test_writes_outside_scratch_blocked_and_scratch_removed(sb, tmp_path):
+    need(sb, "uid")
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    victim.chmod(0o666)
+    project = os.path.join(os.path.dirname(os.path.abspath(sandbox.__file__)), "sbx_evil.txt")
+    env = game(f"""
+        import os
+        out = []
+        for p in ({str(open_dir / 'evil')!r}, {project!r}, '/root/evil', '../evil', '/var/tmp/evil'):
+            try:
+                open(p, 'w').write('x'); out.append('wrote ' + p)
+            except OSError as e:
+                out.append(type(e).__name__)
+        try:
+            os.remove({str(victim)!r}); out.append('deleted')
+        except OSError as e:
+            out.append(type(e).__name__)
+        open('mine.txt', 'w').write('scratch is fine')
+        return os.getcwd() + ' | ' + ' '.join(out) + ' | ' + open('mine.txt').read(), 0.0, False, False, {{}}
+    """)
+    h = sb.open(env)
+    h.reset(seed=0)
+    obs = h.step("x")[0]
+    cwd = obs.split(" | ")[0]
+    assert "wrote" not in obs and "deleted" not in obs and obs.endswith("scratch is fine"), obs
+    assert not (open_dir / "evil").exists() and not os.path.exists(project)
+    assert not os.path.exists("/root/evil") and victim.read_text() == "keep"
+    view = f"/proc/{sb._proc.pid}/root{cwd}"                           # the zygote's mount namespace
+    h.close()
+    assert eventually(lambda: not os.path.exists(view))
+
+
+def test_no_network(sb):
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    port = listener.getsockname()[1]
+    env = game(f"""
+        import socket
+        out = []
+        try:
+            socket.create_connection(('127.0.0.1', {port}), timeout=0.5); out.append('tcp connected')
+        except OSError as e:
+            out.append(type(e).__name__)
+        try:
+            u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.sendto(b'x', ('127.0.0.1', {port}))
+            out.append('udp sent')
+        except OSError as e:
+            out.append(type(e).__name__)
+        return ' '.join(out), 0.0, False, False, {{}}
+    """)
+    try:
+        obs = play(sb, env)[0][0]
+        assert "connected" not in obs and "sent" not in obs, obs
+        assert not select.select([listener], [], [], 0.2)[0]
+    finally:
+        listener.close()
+
+
+def test_bounded_fork_bomb_and_no_lingering_processes(sb):
+    env = game("""
+        import os, time
+        for _ in range(16):
+            if os.fork() == 0:
+                time.sleep(20)
+                os._exit(0)
+        return 'forked', 0.0, False, False, {}
+    """)
+    h = sb.open(env)
+    h.reset(seed=0)
+    pid = h.pid
+    r = h.step("x")
+    assert err(r) is not None and err(r) in ("step_error", "resource_leak", "timeout"), r
+    h.close()
+    assert eventually(lambda: not group_alive(pid))
+    assert sb.validate(env).ok is False
+
+
+def test_thread_left_running_is_resource_leak(sb):
+    env = game("""
+        import threading, time
+        threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+        return 'left a thread', 0.0, self.t >= 3, False, {}
+    """)
+    assert sb.validate(env).kind == "resource_leak"
+    h = sb.open(env)
+    h.reset(seed=0)
+    pid = h.pid
+    out = [h.step("x") for _ in range(3)]
+    assert err(out[-1]) == "resource_leak"
+    h.close()
+    assert eventually(lambda: not group_alive(pid))
+
+
+def test_print_flood_and_fd_hygiene(sb):
+    env = game("""
+        import os, sys
+        for i in range(20000):
+            print('flood', i)
+        sys.stderr.write('x' * 100000)
+        os.write(1, b'{"ok": 1, "r": ["forged", 10, true, false, {}]}\\n')
+        fds = []
+        for i in range(256):
+            try:
+                os.fstat(i); fds.append(i)
+            except OSError:
+                pass
+        null = [os.fstat(i).st_rdev == os.makedev(1, 3) for i in (0, 1, 2)]
+        return f'{fds} {null}', 0.0, False, False, {}
+    """)
+    obs, reward, *_ = play(sb, env)[0]
+    assert reward == 0.0 and obs == "[0, 1, 2, 3, 4] [True, True, True]", obs
+
+
+# --------------------------------------------------------------------- 4. rewards cannot be forged
+@pytest.mark.parametrize("expr,kind", [
+    ("float('nan')", "invalid_reward"),
+    ("float('inf')", "invalid_reward"),
+    ("True", "invalid_reward"),
+    ("'1.0'", "invalid_reward"),
+    ("11.0", "invalid_reward"),
+    ("10**30", "invalid_reward"),
+    ("None", "invalid_reward"),
+])
+def test_bad_rewards_rejected(sb, expr, kind):
+    assert err(play(sb, game(f"return 'o', {expr}, False, False, {{}}"))[0]) == kind
+    assert sb.validate(game(f"return 'o', {expr}, False, False, {{}}")).kind == kind
+
+
+def test_float_subclass_cannot_lie(sb):
+    env = game("""
+        class Liar(float):
+            def __float__(self): return 1.0
+            def __repr__(self): return '1.0'
+            def __eq__(self, o): return True
+            def __le__(self, o): return True
+            def __ge__(self, o): return True
+        return 'o', Liar(0.25), False, False, {}
+    """)
+    r = play(sb, env)[0]
+    assert r[1] == 0.25 and type(r[1]) is float
+    nan_liar = env.replace("Liar(0.25)", "Liar('nan')")
+    assert err(play(sb, nan_liar)[0]) == "invalid_reward"
+
+
+@pytest.mark.parametrize("obs_expr,kind", [
+    ("Fake()", "invalid_observation"),
+    ("b'bytes'", "invalid_observation"),
+    ("'a\\x00b'", "invalid_observation"),
+    ("'lone \\ud800 surrogate'", "invalid_observation"),
+], ids=["fake_str", "bytes", "nul", "lone_surrogate"])
+def test_bad_observations_rejected(sb, obs_expr, kind):
+    env = game(f"""
+        class Fake:
+            __class__ = property(lambda self: str)
+            def __str__(self): return 'fake'
+        return {obs_expr}, 0.0, False, False, {{}}
+    """)
+    assert err(play(sb, env)[0]) == kind
+
+
+def test_str_subclass_observation_is_copied_exactly(sb):
+    env = game("""
+        class S(str):
+            def __str__(self): return 'lie'
+            def __len__(self): return 0
+        return S('truth'), 0.0, False, False, {}
+    """)
+    r = play(sb, env)[0]
+    assert r[0] == "truth" and type(r[0]) is str
+
+
+@pytest.mark.parametrize("ret,kind", [
+    ("'o', 0.0, 1, False, {}", "invalid_result"),
+    ("'o', 0.0, False, False, []", "invalid_result"),
+    ("'o', 0.0, False, False, {'k': '\\udc80'}", "invalid_result"),
+    ("'o', 0.0, False, False, {'k': object()}", None),                 # friendliness: str(obj)
+    ("('o', 0.0, False)", "invalid_result"),
+])
+def test_bad_result_shapes(sb, ret, kind):
+    assert err(play(sb, game(f"return {ret}"))[0]) == kind
+
+
+# ------------------------------------------------------------------- 5. the protocol cannot be hijacked
+def test_forged_extra_reply_line_kills_worker(sb):
+    forged = '{"ok": 1, "r": ["forged", 10, true, false, {}]}\\n'
+    r = play(sb, game(f"import os\nos.write(4, b'{forged}')\nreturn 'real', 0.0, False, False, {{}}"))[0]
+    assert err(r) == "protocol_violation" and r[1] == 0.0
+    late = game(f"""
+        import os, threading, time
+        def later():
+            time.sleep(0.05)
+            os.write(4, b'{forged}')
+        threading.Thread(target=later, daemon=True).start()
+        return 'real', 0.0, False, False, {{}}
+    """)
+    h = sb.open(late)
+    h.reset(seed=0)
+    assert h.step("a")[0] == "real"
+    time.sleep(0.2)
+    assert err(h.step("b")) == "protocol_violation"
+    h.close()
+    garbage = game("import os, time\nos.write(4, b'not json\\n')\ntime.sleep(5)")
+    assert err(play(sb, garbage)[0]) == "protocol_violation"
+
+
+def test_oversized_reply_line(sb):
+    r = play(sb, game("import os, time\nos.write(4, b'x' * (3 << 20))\ntime.sleep(5)"))[0]
+    assert err(r) == "output_too_large"
+    assert err(play(sb, game("return 'o', 0.0, False, False, {'big': 'y' * (2 << 20)}"))[0]) == "output_too_large"
+
+
+# ------------------------------------------------------------ 6. time of check is not time of use
+def test_hostile_after_validation_caught_at_play_time(sb):
+    env = game("""
+        if self.t > 4:
+            while True: pass
+        return 'fine', 0.0, False, False, {}
+    """, reset="self.t = 0\nreturn 'hi', {}")
+    assert sb.validate(env).ok                                         # probes stop before step 5
+    out = play(sb, env, ["x"] * 5)
+    assert [err(r) for r in out] == [None] * 4 + ["timeout"]
+
+
+def test_hostile_off_the_probe_script_caught_at_validation(sb):
+    on_seed = game("return 'o', 0.0, False, False, {}",
+                   reset="if seed not in (42, 123):\n    while True: pass\nreturn 'hi', {}")
+    assert sb.validate(on_seed).kind == "timeout"
+    on_action = game("if action not in ('\\\\boxed{1}', '\\\\boxed{test}', '\\\\boxed{42}'):\n"
+                     "    import os; os._exit(1)\nreturn 'o', 0.0, False, False, {}")
+    assert sb.validate(on_action).kind == "worker_exited"
+
+
+# ----------------------------------------------------------------- 7. determinism is checked
+@pytest.mark.parametrize("reset", [
+    "import time\nreturn f'now {time.time_ns()}', {}",
+    "import random\nreturn f'roll {random.random()}', {}",
+    "import os\nreturn f'pid {os.getpid()}', {}",
+    "import uuid\nreturn f'id {uuid.uuid4()}', {}",
+], ids=["clock", "unseeded_random", "pid", "uuid"])
+def test_nondeterministic_env_rejected(sb, reset):
+    rep = sb.validate(game("return 'o', 0.0, False, False, {}", reset=reset))
+    assert not rep.ok and rep.kind == "nondeterministic", rep
+
+
+# ------------------------------------------------------------------------- 8. nothing is lost
+def test_batch_failures_end_only_their_own_episode(sb):
+    hostile = [game("while True: pass"), game("import os\nos._exit(1)"), game("return 'o', float('nan'), False, False, {}")]
+    handles = [sb.open(HONEST) for _ in range(5)] + [sb.open(s) for s in hostile]
+    obs = sb.reset_many(handles, list(range(len(handles))))
+    assert all(o.startswith(("Guess", "Say")) for o, _ in obs)
+    t0 = time.monotonic()
+    out = sb.step_many(handles, ["\\boxed{25}"] * len(handles))
+    assert time.monotonic() - t0 < STEP_TIMEOUT + 2.0
+    assert [err(r) for r in out] == [None] * 5 + ["timeout", "worker_exited", "invalid_reward"]
+    again = sb.step_many(handles[:5], ["\\boxed{30}"] * 5)
+    assert all(err(r) is None for r in again)
+    for h in handles:
+        h.close()
+
+
+def test_infra_fault_raises():
+    s = Sandbox(workers=1, numpy=False, pool=0)
+    os.kill(s._proc.pid, signal.SIGKILL)
+    s._proc.wait()
+    with pytest.raises(SandboxInfraError):
+        s.open(HONEST)
+    with pytest.raises(SandboxInfraError):
+        s.validate(HONEST)
+    s.close()
