@@ -49,6 +49,12 @@ Deviations (from the paper, which does not publish its harness, and from upstrea
    `<tool_call>` JSON; calls are rebuilt as `name(arg=repr(value))` for BFCL's executor, so only
    literal arguments reach its `eval`. Temperature 0.001 (BFCL's default), 20 steps per turn.
 
+Usage (multi-GPU tensor parallelism: serve the model with `vllm serve` and use --endpoint):
+    python eval.py --model runs/spade/checkpoint-400 --engine vllm --output_dir runs/eval/spade
+    python eval.py --endpoint http://localhost:8000/v1 --model Qwen/Qwen3-8B --suites aime2025,gpqa_diamond
+    python eval.py --model tiny --engine transformers --data_dir tests/fixtures/eval --limit 1 \
+        --rg_tasks chain_sum --rg_episodes 2 --aime_samples 2 --max_new_tokens 16   # CPU smoke run
+
 Dependencies: stdlib, tqdm, transformers (CLI), reasoning-gym, math-verify; lazily: engine.py,
 `datasets`/`huggingface_hub` (hub loading), `bfcl_eval` (BFCL).
 Test: `pytest tests/test_eval.py`.
@@ -274,10 +280,12 @@ class ScriptedSampler:
 
 
 class EngineSampler:
-    """Renders conversations with the tokenizer's chat template and samples through engine.py."""
+    """Renders conversations with the tokenizer's chat template and samples through engine.py.
+    A reply's budget shrinks to fit `max_context`; a prompt that leaves no room gets an empty reply."""
 
-    def __init__(self, engine, tokenizer, *, enable_thinking: bool | None = None):
+    def __init__(self, engine, tokenizer, *, enable_thinking: bool | None = None, max_context: int = 40960):
         self.engine, self.tokenizer, self.enable_thinking = engine, tokenizer, enable_thinking
+        self.max_context = max_context
 
     def _prompt(self, messages, tools):
         extra = {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
@@ -288,9 +296,13 @@ class EngineSampler:
     def chat(self, conversations, *, n=1, temperature, top_p, top_k=-1, max_new_tokens, seed=None, tools=None):
         tools = tools or [None] * len(conversations)
         prompts = [self._prompt(m, t) for m, t in zip(conversations, tools) for _ in range(n)]
-        outs = self.engine.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
-                                    top_p=top_p, top_k=top_k, seed=seed)
-        texts = [o.text for o in outs]
+        caps = [min(max_new_tokens, self.max_context - len(p)) for p in prompts]
+        fits = [i for i, cap in enumerate(caps) if cap > 0]
+        outs = self.engine.generate([prompts[i] for i in fits], max_new_tokens=[caps[i] for i in fits],
+                                    temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        texts = [""] * len(prompts)
+        for i, out in zip(fits, outs):
+            texts[i] = out.text
         return [texts[i * n:(i + 1) * n] for i in range(len(conversations))]
 
 
@@ -357,7 +369,7 @@ def build_sampler(cfg: "EvalConfig"):
     if cfg.endpoint:
         return OpenAISampler(cfg.endpoint, cfg.served_model or cfg.model, os.environ.get(cfg.api_key_env, ""))
     import engine  # sibling; heavy imports stay out of the test path
-    if cfg.engine == "vllm":
+    if cfg.engine == "vllm" and cfg.model not in engine.TINY_MODELS:  # tiny models always run on transformers
         from engine import VLLMEngine
         from transformers import AutoTokenizer
         if cfg.tensor_parallel_size == 1:  # the engine's external_launcher wants a (one-process) torch.distributed env
@@ -372,7 +384,7 @@ def build_sampler(cfg: "EvalConfig"):
         from engine import TransformersEngine
         model, tokenizer = engine.load_model_and_tokenizer(cfg.model)
         gen = TransformersEngine(model, tokenizer)
-    return EngineSampler(gen, tokenizer, enable_thinking=cfg.enable_thinking)
+    return EngineSampler(gen, tokenizer, enable_thinking=cfg.enable_thinking, max_context=cfg.max_model_len)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -382,8 +394,8 @@ HUB = {  # suite -> (how to fetch, local file name)
     "aime2025": (("datasets", "MathArena/aime_2025", None, "train"), "aime2025.jsonl"),
     "aime2026": (("datasets", "MathArena/aime_2026", None, "train"), "aime2026.jsonl"),
     "gpqa_diamond": (("datasets", "Idavidrein/gpqa", "gpqa_diamond", "train"), "gpqa_diamond.jsonl"),
-    "livecodebench_v6": (("files", "livecodebench/code_generation_lite",
-                          ["test.jsonl"] + [f"test{i}.jsonl" for i in range(2, 7)]), "livecodebench_v6.jsonl"),
+    # release_v6's own file holds its new problems (2025-02 .. 2025-04); earlier windows need test..test5.jsonl
+    "livecodebench_v6": (("files", "livecodebench/code_generation_lite", ["test6.jsonl"]), "livecodebench_v6.jsonl"),
 }
 
 
@@ -886,7 +898,7 @@ class EvalConfig:
     api_key_env: str = field(default="OPENAI_API_KEY", metadata={"help": "Environment variable holding the endpoint's API key."})
     engine: str = field(default="vllm", metadata={"help": "Engine for --model: vllm (GPU) or transformers (CPU / small GPU)."})
     tensor_parallel_size: int = field(default=1, metadata={"help": "vLLM tensor-parallel size."})
-    max_model_len: int = field(default=40960, metadata={"help": "vLLM context length (prompt + max_new_tokens)."})
+    max_model_len: int = field(default=40960, metadata={"help": "Context length (prompt + reply); replies are cut to fit it."})
     gpu_memory_utilization: float = field(default=0.85, metadata={"help": "vLLM's share of GPU memory (no trainer shares the GPU here)."})
     enable_thinking: bool | None = field(default=None, metadata={"help": "Pass enable_thinking to the chat template (hybrid Qwen3); unset = template default."})
     suites: str = field(default=",".join(SUITES), metadata={"help": f"Comma-separated suites to run, from {', '.join(SUITES)}."})

@@ -297,7 +297,12 @@ def test_engine_sampler_renders_tools_and_groups_samples(tokenizer):
     assert out == [["r0", "r1"], ["r2", "r3"]]
     assert engine.prompts[0] == engine.prompts[1] != engine.prompts[2]
     assert "lookup" in tokenizer.decode(engine.prompts[2]) and "lookup" not in tokenizer.decode(engine.prompts[0])
-    assert engine.kwargs == {"max_new_tokens": 5, "temperature": 0.7, "top_p": 0.8, "top_k": -1, "seed": 3}
+    assert engine.kwargs == {"max_new_tokens": [5] * 4, "temperature": 0.7, "top_p": 0.8, "top_k": -1, "seed": 3}
+    short = len(engine.prompts[0]) + 2  # room for 2 tokens after the short prompt, none after the tool prompt
+    out = E.EngineSampler(engine, tokenizer, max_context=short).chat(
+        [[{"role": "user", "content": "hi"}], [{"role": "user", "content": "yo"}]], n=1, temperature=1.0,
+        top_p=1.0, max_new_tokens=5, tools=[None, [tool]])
+    assert out == [["r0"], [""]] and engine.kwargs["max_new_tokens"] == [2]
 
 
 def test_openai_sampler_round_trip_on_loopback():
