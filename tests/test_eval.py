@@ -4,6 +4,7 @@ import ast
 import inspect
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -161,10 +162,27 @@ def test_livecodebench_oracle_garbage_and_window():
 STDIN_TEST = [{"input": "2 3\n", "output": "5\n", "testtype": "stdin"}]
 
 
+def _alive(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 @pytest.mark.timeout(30)
-def test_grader_kills_an_infinite_loop_and_its_children():
-    code = "import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'while True: pass'])\nwhile True:\n    pass\n"
-    assert E.grade_code(code, STDIN_TEST, timeout=1.0) == (False, "test 0: timeout")
+def test_grader_kills_an_infinite_loop_and_its_children(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    code = ("import subprocess, sys\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n"
+            f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+            "while True:\n    pass\n")
+    assert E.grade_code(code, STDIN_TEST, timeout=5.0) == (False, "test 0: timeout")
+    pid = int(pid_file.read_text())
+    for _ in range(100):  # SIGKILL is delivered asynchronously
+        if not _alive(pid):
+            break
+        time.sleep(0.05)
+    assert not _alive(pid)
 
 
 def test_grader_catches_wrong_answers_crashes_and_memory():
