@@ -969,6 +969,18 @@ def table1_row(metrics: dict, label: str) -> str:
     return ("| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n| " + " | ".join([label, *fmt]) + " |\n")
 
 
+def _versions() -> dict:
+    """Versions of the packages whose data or scorers decide the numbers."""
+    from importlib.metadata import PackageNotFoundError, version
+    out = {}
+    for pkg in ("reasoning-gym", "math-verify", "bfcl-eval", "transformers", "vllm"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
 def evaluate(cfg: EvalConfig, sampler=None) -> dict:
     """Run the configured suites; write results.json, samples/<suite>.jsonl and table1.md."""
     out = Path(cfg.output_dir)
@@ -986,7 +998,8 @@ def evaluate(cfg: EvalConfig, sampler=None) -> dict:
         with open(out / "samples" / f"{suite}.jsonl", "w", encoding="utf-8") as f:
             f.writelines(json.dumps(r, default=str) + "\n" for r in records)
     row = table1_row(metrics, Path(cfg.model).name or cfg.model)
-    results = {"config": asdict(cfg), "metrics": metrics, "timing_s": timing, "notes": notes, "table1_markdown": row}
+    results = {"config": asdict(cfg), "metrics": metrics, "timing_s": timing, "notes": notes,
+               "versions": _versions(), "table1_markdown": row}
     (out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
     (out / "table1.md").write_text(row, encoding="utf-8")
     return results

@@ -277,6 +277,7 @@ def test_evaluate_writes_results_samples_and_table(tmp_path):
     assert saved["metrics"] == results["metrics"] and saved["config"]["rg_episodes"] == 1
     assert saved["metrics"]["aime2025/avg@2"] == 1.0 and saved["metrics"]["livecodebench_v6/pass@1"] == 1.0
     assert set(saved["timing_s"]) == set(cfg.suites.split(",")) and "reasoning_gym" in saved["notes"]
+    assert saved["versions"]["reasoning-gym"] and saved["versions"]["math-verify"]
     assert len((tmp_path / "samples" / "gpqa_diamond.jsonl").read_text().splitlines()) == 4
     row = (tmp_path / "table1.md").read_text().splitlines()
     assert row[0].startswith("| Model | AIME25") and row[2].endswith(" | 100.0" * 9 + " |")
