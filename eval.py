@@ -707,12 +707,12 @@ def run_livecodebench(sampler, rows, *, n=10, sampling, batch_size=256, timeout=
     replies = _sample_all(sampler, [lcb_prompt(r) for r in rows], n=n, sampling=sampling, batch_size=batch_size,
                           desc="livecodebench_v6")
     jobs = [(i, k) for i in range(len(rows)) for k in range(n)]
+    tests = [lcb_tests(r) for r in rows]  # decoded once per problem, not per sample
+    funcs = [r.get("func_name") or json.loads(r.get("metadata") or "{}").get("func_name") for r in rows]
 
     def grade(job):
         i, k = job
-        row = rows[i]
-        func = row.get("func_name") or json.loads(row.get("metadata") or "{}").get("func_name")
-        return grade_code(extract_code(replies[i][k]), lcb_tests(row), func_name=func, timeout=timeout,
+        return grade_code(extract_code(replies[i][k]), tests[i], func_name=funcs[i], timeout=timeout,
                           memory_mb=memory_mb)
 
     with ThreadPoolExecutor(workers or os.cpu_count() or 1) as pool:

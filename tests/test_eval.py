@@ -359,3 +359,13 @@ def test_openai_sampler_round_trip_on_loopback():
     assert sent[1]["tool_calls"][0]["function"]["name"] == "ls" and sent[1]["content"] == "ok"
     assert sent[2]["tool_call_id"] == sent[1]["tool_calls"][0]["id"]
     assert (seen[0]["max_tokens"], seen[0]["top_k"], seen[0]["seed"], seen[0]["n"]) == (7, 20, 1, 2)
+
+
+def test_lcb_hub_row_decoding():
+    import base64
+    import pickle
+    import zlib
+    private = [{"input": "1\n", "output": "2\n", "testtype": "stdin"}]
+    packed = base64.b64encode(zlib.compress(pickle.dumps(json.dumps(private)))).decode()
+    row = {"public_test_cases": json.dumps(STDIN_TEST), "private_test_cases": packed}
+    assert E.lcb_tests(row) == STDIN_TEST + private
