@@ -43,7 +43,6 @@ from collections import defaultdict
 from collections.abc import Hashable, Sequence
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 # Optimizer constants of the paper (Sec. 4 / App. training details): AdamW, constant lr 1e-6,
 # betas (0.9, 0.98), weight decay 0.1, gradient clipping at 1.0, bf16.
@@ -109,35 +108,93 @@ def designer_advantages(scores: Sequence[float], skills: Sequence[Hashable],
 # ALGO: token log-probs without the (B, T, V) log-softmax -----------------------------------------
 # Why: at V = 151,936 a 32k-token sequence has a 20 GB fp32 log-softmax. We run the model body to
 # hidden states (B, T, H), keep only the completion positions (N, H), and project + log-sum-exp
-# chunk_size tokens at a time. Each chunk runs under torch.utils.checkpoint, so the forward keeps
-# no (chunk, V) logits and the backward recomputes one chunk at a time: peak extra memory is a few
-# (chunk, V) buffers instead of several (N, V) ones.
+# chunk_size tokens at a time. A custom autograd Function keeps only hidden, the head weight and
+# one log-sum-exp per token for the backward, which recomputes each chunk's logits and writes
+#     d logp_n / d logits_n = (onehot(y_n) - softmax(logits_n)) / temperature
+# straight into one (N, H) and one (V, H) gradient buffer. Peak extra memory is the head's
+# gradient plus about two (chunk, V) fp32 buffers, against several (N, V) ones for the naive
+# log_softmax -> gather (bench/logprob.py). I tried torch.utils.checkpoint per chunk first: it is
+# simpler, but autograd then allocates a fresh (V, H) weight gradient for every chunk before
+# adding it to .grad, which costs a second copy of the head at the peak.
+
+
+def _head_logits(h, weight, bias, temperature):
+    logits = h @ weight.T if bias is None else torch.addmm(bias, h, weight.T)     # (C, V)
+    if logits.dtype in (torch.float16, torch.bfloat16):     # log-sum-exp in fp32 at least
+        logits = logits.float()
+    return logits.div_(temperature)
+
+
+class _ChunkedLogprob(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size):
+        out, lse = [], []
+        for start in range(0, hidden.shape[0], chunk_size):
+            logits = _head_logits(hidden[start:start + chunk_size], weight, bias, temperature)
+            y = targets[start:start + chunk_size]
+            lse.append(torch.logsumexp(logits, dim=-1))                          # (C,)
+            # log p(y) = logit_y / T - logsumexp(logits / T)
+            out.append(logits.gather(-1, y[:, None]).squeeze(-1) - lse[-1])      # (C,)
+        ctx.save_for_backward(hidden, weight, bias, targets, torch.cat(lse))
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        return torch.cat(out)                                                    # (N,)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        T, C = ctx.temperature, ctx.chunk_size
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.empty_like(hidden) if need_h else None                   # (N, H)
+        grad_w = torch.zeros_like(weight) if need_w else None                   # (V, H)
+        grad_b = torch.zeros_like(bias) if need_b else None                     # (V,)
+        for start in range(0, hidden.shape[0], C):
+            h, y = hidden[start:start + C], targets[start:start + C]
+            g = grad_out[start:start + C].to(lse.dtype)                         # (C,)
+            logits = _head_logits(h, weight, bias, T)                            # (C, V)
+            # d logp / d logits = (onehot(y) - softmax) / T, scaled by the incoming gradient
+            grad_logits = logits.sub_(lse[start:start + C, None]).exp_().mul_(-g[:, None] / T)
+            grad_logits[torch.arange(len(y), device=y.device), y] += g / T
+            grad_logits = grad_logits.to(weight.dtype)   # (autocast may have mixed dtypes)
+            if need_h:
+                grad_h[start:start + C] = grad_logits @ weight                   # (C, H)
+            if need_w:
+                grad_w.addmm_(grad_logits.T, h.to(weight.dtype))                 # (V, H)
+            if need_b:
+                grad_b += grad_logits.sum(0)
+        return grad_h, grad_w, grad_b, None, None, None
+
+
+def _call_with_forward(module, forward, *args, outer=None):
+    """(outer or module)(*args) with `forward` standing in for module.forward during this call.
+
+    Going through __call__ keeps every hook on the module (and on `outer`, a wrapper holding it):
+    FSDP2 unshards the module's parameters in its pre-forward hook (and again before the
+    backward), DeepSpeed ZeRO-3 gathers them, DDP does its bookkeeping. Whatever instance-level forward was set before (Accelerate sets one for
+    autocast) is put back afterwards.
+    """
+    saved = module.__dict__.get("forward")
+    module.forward = forward
+    try:
+        return (outer if outer is not None else module)(*args)
+    finally:
+        if saved is None:
+            del module.forward
+        else:
+            module.forward = saved
+
 
 def chunked_logprobs(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor,
-                     temperature: float = 1.0, chunk_size: int = 512) -> torch.Tensor:
+                     temperature: float = 1.0, chunk_size: int = 256) -> torch.Tensor:
     """(N,) log softmax(head(hidden) / temperature)[targets], chunk_size rows at a time.
 
-    hidden (N, H), targets (N,). `head` is called as a module (not via its weight) so ZeRO-3 /
-    FSDP hooks on it fire, also when checkpoint recomputes a chunk in the backward.
+    hidden (N, H), targets (N,); head is a linear output layer (`.weight` (V, H), optional
+    `.bias`), as in every transformers causal LM. The chunk loop runs inside head's own __call__,
+    so wrapper hooks on the head fire (see _call_with_forward).
     """
-    def one_chunk(h, y):
-        logits = head(h)                                                     # (C, V)
-        if logits.dtype in (torch.float16, torch.bfloat16):   # log-sum-exp in fp32 at least
-            logits = logits.float()
-        logits = logits / temperature
-        # log p(y) = logit_y - logsumexp(logits)
-        return logits.gather(-1, y[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # (C,)
-
-    out = []
-    for start in range(0, hidden.shape[0], chunk_size):
-        h, y = hidden[start:start + chunk_size], targets[start:start + chunk_size]
-        if torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad
-                                                                for p in head.parameters())):
-            out.append(checkpoint(one_chunk, h, y, use_reentrant=False))
-        else:
-            out.append(one_chunk(h, y))
-    return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.promote_types(
-        hidden.dtype, torch.float32))
+    def forward(h):
+        return _ChunkedLogprob.apply(h, head.weight, getattr(head, "bias", None), targets,
+                                     temperature, chunk_size)
+    return _call_with_forward(head, forward, hidden)
 
 
 def _logprob_forward(inner, input_ids, attention_mask, completion_mask, temperature, chunk_size):
@@ -157,7 +214,7 @@ def _logprob_forward(inner, input_ids, attention_mask, completion_mask, temperat
 
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    completion_mask: torch.Tensor, temperature: float = 1.0,
-                   chunk_size: int = 512) -> torch.Tensor:
+                   chunk_size: int = 256) -> torch.Tensor:
     """(B, T): out[b, t] = log p(input_ids[b, t] | input_ids[b, :t]) at temperature, 0 where mask 0.
 
     `model` is a causal LM (transformers: get_decoder() gives the body, get_output_embeddings() the
@@ -168,28 +225,18 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if (completion_mask[:, 0] > 0).any():
         raise ValueError("completion_mask[:, 0] must be 0: the first token has no prediction")
-    # INFRA: run the chunk loop INSIDE the outermost module's __call__, so wrapper hooks fire:
-    # FSDP2 unshards its root parameters (often the head and embeddings) in the root's pre-forward
-    # hook, DDP does its bookkeeping, a DeepSpeed engine runs its forward. We swap the innermost
-    # model's forward for ours for this one call and put back whatever was there (Accelerate
-    # itself sets an instance-level forward for autocast).
+    # INFRA: run the whole computation INSIDE the outermost module's __call__ so wrapper hooks
+    # fire (FSDP2's root unshards its parameters, often the embeddings and the head; a DeepSpeed
+    # engine or DDP runs its own forward), with the innermost model's forward swapped for ours.
     inner = model
     while isinstance(getattr(inner, "module", None), torch.nn.Module):
         inner = inner.module
-    saved = inner.__dict__.get("forward")
 
-    def forward(*_args, **_kwargs):
+    def forward(*_args):
         return _logprob_forward(inner, input_ids, attention_mask, completion_mask,
                                 temperature, chunk_size)
 
-    inner.forward = forward
-    try:
-        return model(input_ids)   # the argument only feeds the wrappers; forward uses closures
-    finally:
-        if saved is None:
-            del inner.forward
-        else:
-            inner.forward = saved
+    return _call_with_forward(inner, forward, input_ids, outer=model)
 
 
 # ALGO: the loss ----------------------------------------------------------------------------------
