@@ -1,15 +1,23 @@
-"""Sandbox: run designer-written environments safely and fast (SPADE, arXiv 2608.19197, §7 of SPEC).
+"""Sandbox: run designer-written environments safely and fast (SPADE, arXiv 2608.19197, SPEC §2, §7).
 
 In the paper the Environment Designer writes a Python class with `reset()` / `step()` (games) or a
 `ToolEnv` subclass (tool use), and the Reasoning Agent plays it. Those programs are untrusted model
 output, executed by the thousand on machines that hold weights and credentials. This file runs each
-*environment instance* in its own locked-down process and talks to it with JSON lines.
+environment in its own locked-down worker process and talks to it in JSON lines.
 
-    trainer --(AF_UNIX seqpacket: "spawn", pipe fds via SCM_RIGHTS)--> zygote (fresh interpreter)
-    zygote  --fork--> worker: setsid, fds 0/1/2 -> /dev/null, pipes re-numbered to 3 (requests)
-                      and 4 (replies), private scratch cwd, rlimits, uid drop, pdeathsig,
-                      non-dumpable, no_new_privs, Landlock, seccomp -> only then untrusted code
-    trainer <-(one JSON line per request, size-capped, re-validated with type())-- worker
+    trainer --(AF_UNIX seqpacket)--> zygote: a fresh interpreter, started once, never a fork of the
+                                     trainer; keeps a few pre-forked idle workers ready
+    zygote  --fork--> worker: setsid; fds 0/1/2 -> /dev/null; pipes re-numbered to 3 (requests) and
+                      4 (replies), all else closed; private scratch cwd; rlimits; own uid; pdeathsig;
+                      non-dumpable; no_new_privs; Landlock; seccomp -> only then untrusted code
+    trainer <-(one JSON line per request, size-capped, nonce-checked, re-validated with type())-- worker
+
+    with Sandbox(workers=8, step_timeout=5.0, memory_mb=1024) as sb:
+        report = sb.validate(source, setting="games")   # ValidationReport(.ok, .error, .class_name, .kind)
+        env = sb.open(source)                           # EnvHandle: .reset .step .tools .call .close
+        obs, info = env.reset(seed=0)
+        obs, reward, terminated, truncated, info = env.step(r"\boxed{north}")
+        sb.step_many(handles, actions); sb.reset_many(handles, seeds); sb.level
 
 Threat model (SPEC §7.1, SECURITY.md). The environment may hang, sleep, ignore signals, bomb memory,
 processes or threads, flood prints, read env vars / home secrets / project files, write anywhere,
@@ -18,48 +26,61 @@ subclasses, NaN, fake str, lone surrogates), call os._exit or segfault, and beha
 validation but badly later. None of that may crash or stall the caller, leak a secret into the
 worker, leave a side effect, or make another episode fail.
 
-Covered (layer -> mechanism; `Sandbox.level` / `Sandbox.layers` report what applied here):
-  always   fresh interpreter via subprocess (clean allow-listed env, close_fds, new session, never a
-           fork of the trainer); rlimits AS/CPU/FSIZE/NOFILE/NPROC/CORE; parent wall-clock
-           deadlines per call and per episode; SIGKILL of the worker's whole process group; JSON
-           only, line cap, strict parent validation; a dead worker is recycled at the next reset.
-  netns    the zygote (root) lives in a fresh network namespace (loopback down) shared by workers.
-  mountns  the zygote (root) mounts private size-capped tmpfs on /tmp, /var/tmp, /dev/shm; scratch
-           lives there, so it vanishes with the zygote and cannot fill the host disk.
-  uid      each live worker has its own unprivileged uid/gid (no signals/ptrace/renice across).
+What is covered (`Sandbox.level` names what applied here, `Sandbox.layers` lists the layers; a
+later worker that cannot apply a layer the start-up probe achieved refuses to run):
+  always   clean allow-listed env, fresh interpreter, close_fds, new session; rlimits AS (memory_mb
+           above the preloaded interpreter), CPU, FSIZE, NOFILE, NPROC, CORE=0; wall-clock deadline
+           per call and per episode enforced by the parent; SIGKILL of the worker's process group;
+           JSON only (never pickle), 1 MiB line cap, a random nonce per request, strict type()
+           re-validation in the parent; a failed worker is killed and recycled at the next reset.
+  netns    (root) the zygote unshares an empty network namespace (loopback down) for all workers.
+  mountns  (root) private size-capped tmpfs on /tmp, /var/tmp, /dev/shm; scratch lives there, so it
+           cannot fill the host disk and vanishes with the zygote.
+  uid      (root) each live worker runs as its own unprivileged uid/gid: no signals, ptrace, renice
+           or /proc snooping across workers or towards the trainer.
   pdeathsig, nondumpable, no_new_privs   set after the uid drop.
-  landlock reads only under the Python install and system libraries; writes only in scratch; no TCP
-           bind/connect; abstract unix sockets and signals scoped to the worker (ABI >= 6).
-  seccomp  stdlib BPF (x86_64, aarch64): no fork/vfork/clone without CLONE_THREAD (clone3 ->
-           ENOSYS), no ptrace/process_vm_*, kill/tgkill only of itself, sockets only AF_UNIX, no
-           unshare/setns/mount/chroot/bpf/perf/keyctl/io_uring/module/kexec/pidfd.
-Not covered: kernel exploits (a process sandbox is not a VM); GPU device nodes stay visible unless
-bubblewrap is used (not wired in here); CPU and memory contention between workers beyond rlimits (no
-cgroups); without root, workers share the trainer's uid and rely on Landlock + seccomp; without
-Landlock and seccomp (old kernels, other arches) only the "always" layer holds and a worker could
-read world-readable files and reach the network. Modules not preloaded by the zygote may be
-unimportable when the Python install sits under a directory the worker uid cannot traverse.
+  landlock reads only below the Python install and system library dirs, writes only in scratch, no
+           TCP bind/connect; abstract unix sockets and signals scoped to the worker (ABI >= 6).
+  seccomp  a stdlib-built BPF filter (x86_64, aarch64): no fork/vfork/clone without CLONE_THREAD
+           (clone3 -> ENOSYS), no ptrace/process_vm_*, kill/tgkill/sigqueue only of itself,
+           sockets only AF_UNIX, no unshare/setns/mount/chroot/bpf/perf/keyctl/io_uring/module/
+           kexec/pidfd/setpriority.
+What is not covered: kernel exploits (a process sandbox is not a VM); GPU device nodes stay
+visible (bubblewrap would hide them; not wired in); CPU/memory contention between workers beyond
+rlimits (no cgroups); without root, workers share the trainer's uid and rely on Landlock + seccomp;
+without those (old kernels, other arches) only the "always" layer holds and a worker could read
+world-readable files and reach the network. A worker that knows the request nonce (it can inspect
+its own serve loop) can answer for itself; that only changes its own reply, which it controls anyway.
+Modules outside PRELOAD may be unimportable when the Python install sits under a directory the
+worker uid cannot traverse (e.g. /root/.pyenv).
 
 Named failures (`info["error"]`, `ValidationReport.kind`): load_error, reset_error, step_error,
 timeout, episode_timeout, memory_limit, cpu_limit, worker_exited, worker_crashed,
 protocol_violation, output_too_large, invalid_observation, invalid_reward, invalid_result,
-resource_leak, nondeterministic, unsolvable (tool setting), closed. Infrastructure faults (could not
-start a worker, zygote gone, host out of processes) raise `SandboxInfraError` from open/validate.
+resource_leak, nondeterministic, unsolvable (tool setting), closed. Infrastructure faults (no worker
+could be started, zygote cannot be restarted) raise `SandboxInfraError` from open/validate.
 
 Deviations (from the paper's code, which exec()s in-process with thread timeouts):
-  1. Process per environment instance forked from a zygote, JSON protocol, parent re-validation.
-  2. The zygote starts with `python -s -B -P` and a clean allow-listed env instead of `python -I`,
-     because -I (-E) would ignore PYTHONHASHSEED, which we pin to 0 so honest code is deterministic.
-  3. Validation adds an unpredictable extra probe (random seed and action) to SPEC §7.2, and the
-     tool setting adds an executable solvability replay of `solution()` (seeds 0, 1, 2) instead of
-     the authors' LLM self-audit.
-  4. One empty network namespace is shared by all workers of a sandbox (a namespace per worker costs
-     ~2 ms per episode start); Landlock scoping keeps workers from reaching each other.
-  5. Threads are allowed (CLONE_THREAD) but a worker with extra threads at an episode end, at reset
-     or during validation is killed as `resource_leak`.
+  1. One process per environment instance, forked from a zygote; JSON protocol; parent re-validation.
+  2. The zygote runs `python -s -B -P` with a clean allow-listed env instead of `python -I`: -I
+     implies -E, which would ignore PYTHONHASHSEED, and we pin it to 0 so honest code is
+     deterministic across workers.
+  3. Validation (SPEC §7.2) adds an unpredictable extra probe (random seed, random actions other
+     than the fixed ones) and runs every call under the play-time limits; the tool setting adds an
+     executable solvability replay of `solution()` (seeds 0, 1, 2) instead of an LLM self-audit.
+  4. One empty network namespace is shared by the workers of a sandbox (one per worker costs ~2 ms
+     per start); Landlock scoping keeps workers from reaching each other through it.
+  5. Threads are allowed (CLONE_THREAD) but a worker with extra threads at an episode end, at
+     reset, at close or during validation is killed as `resource_leak`.
+  6. One worker per environment source (SECURITY.md): close() parks a healthy worker and the next
+     open() of the SAME source gets it back with a fresh instance (`cls()` again) and an emptied
+     scratch dir; module globals persist, so "hostile on episode N" is still caught at play time.
+     Validation always uses fresh workers. `max_reuse` bounds the episodes per worker.
+  7. Honest conveniences: a bare-str reset() is read as (obs, {}); numpy scalars/arrays are
+     converted in the worker; observations over 32,000 characters are truncated, not rejected.
 
-Environment class rule: the LAST class defined at module level (in the source itself) whose name
-ends in "Env" is the environment. Dependencies: stdlib only (numpy preloaded in workers if present).
+Environment class rule: the LAST class defined at module level in the source whose name ends in
+"Env" is the environment. Dependencies: stdlib only (numpy preloaded in workers when installed).
 Test: python -m pytest -q tests/test_sandbox.py
 """
 from __future__ import annotations
@@ -487,10 +508,20 @@ def _w_dispatch(req, box):
         cls = cls[-1]
         if req["setting"] == "tool" and not issubclass(cls, ToolEnv):
             raise _Bad("load_error", f"{cls.__name__} does not subclass ToolEnv")
+        box["cls"] = cls
         box["env"] = env = cls()
         tools = json.loads(json.dumps(env.tools())) if isinstance(env, ToolEnv) else []
         return {"class_name": cls.__name__, "kind": "tool" if tools or isinstance(env, ToolEnv)
                 else "games", "tools": tools, "layers": box["layers"]}
+    if op == "renew":                                                  # a fresh instance, same module
+        import shutil
+        for name in os.listdir("."):                                   # and an empty scratch dir
+            if os.path.isdir(name) and not os.path.islink(name):
+                shutil.rmtree(name, ignore_errors=True)
+            else:
+                os.remove(name)
+        box["env"] = box["cls"]()
+        return {}
     env = box["env"]
     if op == "reset":
         out = env.reset(seed=req["seed"])
@@ -556,7 +587,8 @@ def _w_serve(layers):
                 msg = f"{type(e).__name__}: {e}"[:300]
             except BaseException:  # noqa: BLE001
                 msg = "unprintable exception"
-            kind = {"load": "load_error", "reset": "reset_error"}.get(req.get("op"), "step_error")
+            kind = {"load": "load_error", "renew": "load_error",
+                    "reset": "reset_error"}.get(req.get("op"), "step_error")
             reply = {"ok": 0, "error": kind, "message": msg}
         reply["n"] = nonce
         try:
@@ -766,14 +798,30 @@ class _Fail(Exception):
 class EnvHandle:
     """One live environment instance in its own worker process. Never raises on misbehaviour."""
 
-    def __init__(self, sb: "Sandbox", source: str, setting: str = "games"):
+    def __init__(self, sb: "Sandbox", source: str, setting: str = "games", fresh: bool = False):
         self._sb, self.source, self.setting = sb, source, setting
         self.pid = None
         self.class_name = self.kind = None
         self._tools, self._rfd, self._wfd, self._buf = [], None, None, b""
         self._failure = None            # (kind, message) once the worker is gone
-        self._used, self._closed = 0.0, False
-        self._start()
+        self._used, self._closed, self._parkable, self._uses = 0.0, False, not fresh, 0
+        if fresh or not self._adopt():
+            self._start()
+
+    def _adopt(self) -> bool:
+        """Take a parked worker that already loaded this exact source; give it a fresh instance."""
+        state = self._sb._unpark((self.setting, self.source))
+        if state is None:
+            return False
+        (self.pid, self._rfd, self._wfd, self._rpoll, self._uses, self.class_name, self.kind,
+         self._tools, self.layers) = state
+        self._sb._live.add(self)
+        try:
+            self._roundtrip({"op": "renew"}, self._sb.load_timeout, episode=False)
+            return True
+        except _Fail:
+            self._failure = None
+            return False                                               # start a fresh worker instead
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _start(self):
@@ -800,13 +848,16 @@ class EnvHandle:
         """SIGKILL the worker's process group, reap it through the zygote, remember why."""
         if self.pid is not None:
             _killall(self.pid)
-            if wait:
-                status = self._sb._zygote({"op": "wait", "pid": self.pid})["status"]
-                kind, message = _exit_cause(status)
-                if status >= 0 and os.WIFEXITED(status) and os.WEXITSTATUS(status) in (70, 71):
-                    kind, message = "infra", f"{message}: {detail.decode(errors='replace')}"
-            else:
-                self._sb._zygote({"op": "reap", "pid": self.pid}, reply=False)
+            try:
+                if wait:
+                    status = self._sb._zygote({"op": "wait", "pid": self.pid})["status"]
+                    kind, message = _exit_cause(status)
+                    if status >= 0 and os.WIFEXITED(status) and os.WEXITSTATUS(status) in (70, 71):
+                        kind, message = "infra", f"{message}: {detail.decode(errors='replace')}"
+                else:
+                    self._sb._zygote({"op": "reap", "pid": self.pid}, reply=False)
+            except SandboxInfraError as e:                             # the zygote itself is gone
+                kind, message = kind or "worker_exited", f"sandbox fault: {e}"
             self._sb._live.discard(self)
             for fd in (self._rfd, self._wfd):
                 try:
@@ -819,9 +870,25 @@ class EnvHandle:
         return _Fail(kind, message)
 
     def close(self):
-        if not self._closed:
-            self._closed = True
-            self._kill("closed", "handle closed")
+        """End the instance. A healthy worker is parked for the next open() of the same source
+        (one worker per environment source, SECURITY.md); anything unusual kills it."""
+        if self._closed:
+            return
+        self._closed = True
+        if (self._parkable and self.pid is not None and self._failure is None
+                and self._uses < self._sb.max_reuse and not self._buf and not self._rpoll.poll(0)):
+            try:
+                self._leak_check()
+                self._sb._park((self.setting, self.source), (
+                    self.pid, self._rfd, self._wfd, self._rpoll, self._uses + 1, self.class_name,
+                    self.kind, self._tools, self.layers))
+                self._sb._live.discard(self)
+                self.pid = None
+                self._failure = ("closed", "handle closed")
+                return
+            except _Fail:
+                return
+        self._kill("closed", "handle closed")
 
     def __del__(self):
         try:
@@ -840,14 +907,10 @@ class EnvHandle:
             timeout = min(timeout, left)
         self._t0 = time.monotonic()
         self._deadline, self._episode_bound = self._t0 + timeout, timeout < self._sb.step_timeout
-        if self._buf or self._rpoll.poll(0):                           # unsolicited bytes or EOF
-            try:
-                chunk = os.read(self._rfd, 1 << 16)
-            except BlockingIOError:
-                chunk = b"?"
-            if not chunk:
-                raise self._kill(None, wait=True)
-            raise self._kill("protocol_violation", "unsolicited reply line")
+        # An unsolicited line still in the pipe cannot carry this request's nonce (drawn from the
+        # trainer's private RNG after it was written), so _finish rejects it: no poll() needed here.
+        if self._buf:
+            raise self._kill("protocol_violation", "unsolicited reply bytes")
         # A fresh random nonce per request: a stray or stale line cannot pass for the reply.
         self._nonce = nonce = "%08x" % self._sb._rng.getrandbits(32)
         data = memoryview(b"S" + nonce.encode() + req[1:] if type(req) is bytes else _line({**req, "n": nonce}))
@@ -1010,16 +1073,20 @@ class Sandbox:
     def __init__(self, workers: int = 8, step_timeout: float = 5.0, memory_mb: int = 1024,
                  load_timeout: float = 10.0, episode_timeout: float = 120.0, cpu_seconds: int = 300,
                  fsize_mb: int = 16, scratch_mb: int = 256, numpy: bool = True,
-                 landlock: bool = True, seccomp: bool = True, pool: int = 4):
+                 landlock: bool = True, seccomp: bool = True, pool: int = 4, max_reuse: int = 32,
+                 max_parked: int = 256):
         self.workers, self.step_timeout, self.memory_mb = workers, step_timeout, memory_mb
         self.load_timeout, self.episode_timeout = load_timeout, episode_timeout
         self._cfg = dict(memory_mb=memory_mb, cpu_seconds=cpu_seconds, fsize_mb=fsize_mb,
                          scratch_mb=scratch_mb, numpy=numpy, landlock=landlock, seccomp=seccomp)
         self._zlock, self._live, self._required, self._pool = threading.RLock(), set(), [], 0
         self._rng = random.Random(os.urandom(16))                      # request nonces
+        self._parked, self._n_parked = {}, 0                          # (setting, source) -> workers
+        self.max_reuse, self.max_parked = max_reuse, max_parked
         self._proc = None
         self._start_zygote()
-        probe = EnvHandle(self, "class ProbeEnv:\n    pass\n")
+        probe = EnvHandle(self, "class ProbeEnv:\n    pass\n", fresh=True)
+        probe._parkable = False
         if probe._failure:
             raise SandboxInfraError(f"probe worker failed: {probe._failure}")
         self.layers = tuple(probe.layers)
@@ -1079,6 +1146,14 @@ class Sandbox:
         return (out, fds) if want_fds else out
 
     def _spawn(self) -> tuple[int, int, int]:
+        if self._proc is None:
+            raise SandboxInfraError("sandbox is closed")
+        if self._proc.poll() is not None:                              # zygote died: start a new one
+            with self._zlock:
+                self._parked.clear()
+                self._n_parked = 0
+                self._zsock.close()
+                self._start_zygote()
         out, fds = self._zygote({"op": "spawn", "required": self._required, "pool": self._pool},
                                 want_fds=True)
         if len(fds) != 2:
@@ -1091,7 +1166,43 @@ class Sandbox:
             os.set_blocking(fd, False)
         return out["pid"], rep_r, req_w
 
+    def _park(self, key, state):
+        with self._zlock:
+            self._parked.setdefault(key, []).append(state)
+            self._n_parked += 1
+            while self._n_parked > self.max_parked:                    # evict the oldest source
+                old = next(iter(self._parked))
+                self._reap_state(self._parked[old].pop(0))
+                if not self._parked[old]:
+                    del self._parked[old]
+
+    def _unpark(self, key):
+        with self._zlock:
+            states = self._parked.get(key)
+            if not states:
+                return None
+            state = states.pop()
+            if not states:
+                del self._parked[key]
+            self._n_parked -= 1
+            return state
+
+    def _reap_state(self, state):
+        self._n_parked -= 1
+        _killall(state[0])
+        os.close(state[1])
+        os.close(state[2])
+        self._zygote({"op": "reap", "pid": state[0]}, reply=False)
+
     def close(self):
+        with self._zlock:
+            for states in self._parked.values():
+                for state in states:
+                    try:
+                        self._reap_state(state)
+                    except (OSError, SandboxInfraError):
+                        pass
+            self._parked.clear()
         for h in list(self._live):
             h.close()
         if self._proc is not None:
@@ -1176,7 +1287,8 @@ class Sandbox:
                   + [("reset", rng.randrange(1, 2**31 - 1))] + [("step", a) for a in extra])
         transcripts, name = [], None
         for _ in range(2):
-            h = EnvHandle(self, source, setting)
+            h = EnvHandle(self, source, setting, fresh=True)
+            h._parkable = False
             name = h.class_name or name
             try:
                 if h.pid is None:

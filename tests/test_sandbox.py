@@ -412,6 +412,8 @@ def test_writes_outside_scratch_blocked_and_scratch_removed(sb, tmp_path):
             os.remove({str(victim)!r}); out.append('deleted')
         except OSError as e:
             out.append(type(e).__name__)
+        if action == 'look':
+            return ' '.join(sorted(os.listdir('.'))) or 'empty', 0.0, False, False, {{}}
         open('mine.txt', 'w').write('scratch is fine')
         return os.getcwd() + ' | ' + ' '.join(out) + ' | ' + open('mine.txt').read(), 0.0, False, False, {{}}
     """)
@@ -422,8 +424,13 @@ def test_writes_outside_scratch_blocked_and_scratch_removed(sb, tmp_path):
     assert "wrote" not in obs and "deleted" not in obs and obs.endswith("scratch is fine"), obs
     assert not (open_dir / "evil").exists() and not os.path.exists(project)
     assert not os.path.exists("/root/evil") and victim.read_text() == "keep"
+    h.close()                                                          # parked for this source
+    h2 = sb.open(env)                                                  # reused: a fresh, empty scratch
+    h2.reset(seed=0)
+    assert h2.step("look")[0] == "empty"
+    h2._parkable = False
     view = f"/proc/{sb._proc.pid}/root{cwd}"                           # the zygote's mount namespace
-    h.close()
+    h2.close()                                                         # killed: its scratch is removed
     assert eventually(lambda: not os.path.exists(view))
 
 
@@ -656,12 +663,55 @@ def test_batch_failures_end_only_their_own_episode(sb):
         h.close()
 
 
-def test_infra_fault_raises():
+def test_dead_zygote_is_restarted_and_infra_faults_raise(monkeypatch):
     s = Sandbox(workers=1, numpy=False, pool=0)
+    h = s.open(HONEST)
+    h.reset(seed=0)
+    os.kill(s._proc.pid, signal.SIGKILL)                               # workers die with it (pdeathsig)
+    s._proc.wait()
+    r = h.step("\\boxed{1}")
+    assert r[2] is True and err(r) in ("worker_exited", "worker_crashed")
+    assert s.validate(HONEST).ok                                       # a fresh zygote took over
     os.kill(s._proc.pid, signal.SIGKILL)
     s._proc.wait()
+    monkeypatch.setattr(sandbox.sys, "executable", "/nonexistent/python")
     with pytest.raises(SandboxInfraError):
         s.open(HONEST)
     with pytest.raises(SandboxInfraError):
         s.validate(HONEST)
     s.close()
+
+
+# ------------------------------------------- worker reuse: one worker per source, fresh instances
+def test_reused_worker_gets_fresh_instance_and_never_crosses_sources(sb):
+    env = game("return f'step {self.t}', 0.0, False, False, {}", reset="return 'hi', {}",
+               head="# reuse test")
+    h = sb.open(env)
+    h.reset(seed=0)
+    assert [h.step("a")[0] for _ in range(2)] == ["step 1", "step 2"]
+    pid = h.pid
+    h.close()
+    h2 = sb.open(env)
+    assert h2.pid == pid                                               # parked worker reused
+    h2.reset(seed=0)
+    assert h2.step("a")[0] == "step 1"                                 # but a fresh instance
+    h2.close()
+    other = sb.open(env + "\n# another source\n")
+    assert other.pid != pid
+    other.close()
+
+
+def test_hostile_on_a_later_episode_caught_at_play_time(sb):
+    env = game("return 'o', 0.0, True, False, {}", head="EPISODES = [0]", reset="""
+        EPISODES[0] += 1
+        if EPISODES[0] > 3:
+            while True: pass
+        return 'hi', {}
+    """)
+    assert sb.validate(env).ok                                         # 3 resets per probe worker
+    errors = []
+    for i in range(5):
+        h = sb.open(env)
+        errors.append(h.reset(seed=i)[1].get("error"))
+        h.close()
+    assert errors[:3] == [None] * 3 and errors[3] == "timeout", errors

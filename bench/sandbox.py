@@ -1,0 +1,210 @@
+"""Sandbox figures of ../shared/BENCH.md, as ratios against baselines measured in the same run.
+
+    python bench/sandbox.py          # < 2 minutes on 2 cores; last lines are JSON figures
+
+Baselines: a fresh `python -I` subprocess per episode (what human-eval / nanochat style harnesses
+do), a bare pipe echo between two processes, a bare fork()+exit from this (small) process.
+"""
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import sandbox  # noqa: E402
+
+ENV = r"""
+import random
+
+class Guess{k}Env:
+    def __init__(self, max_turns=25):
+        self.max_turns = max_turns
+    def reset(self, seed=None):
+        self.n, self.t = random.Random(seed).randint(1, {hi}), 0
+        return "Guess my number in 1-{hi} as \\boxed{{n}}.", {{}}
+    def step(self, action):
+        self.t += 1
+        try:
+            g = int(action.strip()[7:-1])
+        except ValueError:
+            g = -1
+        if g == self.n:
+            return "Correct!", 1.0, True, False, {{"t": self.t}}
+        return ("higher" if g < self.n else "lower"), 0.0, False, self.t >= self.max_turns, {{"t": self.t}}
+"""
+SRC = ENV.format(k="", hi=10**6)
+STEPS = 20
+ACTIONS = [r"\boxed{%d}" % i for i in range(STEPS)]
+
+RUNNER = r"""
+import sys
+ns = {}
+exec(sys.stdin.read(), ns)
+env = [v for k, v in ns.items() if k.endswith("Env")][-1]()
+env.reset(seed=int(sys.argv[1]))
+for i in range(%d):
+    env.step("\\boxed{%%d}" %% i)
+print("done")
+""" % STEPS
+
+HANG = {
+    "busy": "while True: pass",
+    "sleep": "import time\ntime.sleep(60)",
+    "signal_ignoring": "import signal\nfor s in (signal.SIGTERM, signal.SIGINT):\n    signal.signal(s, signal.SIG_IGN)\n"
+                       "while True: pass",
+    "fork_bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+}
+
+
+def hang_env(body):
+    body = "\n".join("        " + line for line in body.splitlines())
+    return ("class HangEnv:\n    def reset(self, seed=None):\n        return 'hi', {}\n"
+            "    def step(self, action):\n" + body + "\n")
+
+
+def figure(metric, value, target=None, **context):
+    print(json.dumps({"metric": metric, "value": round(value, 4), "target": target, **context}))
+
+
+def pipe_echo_rtt(n=2000):
+    p = subprocess.Popen([sys.executable, "-I", "-c", "import os\nwhile True:\n d = os.read(0, 65536)\n"
+                          " if not d: break\n os.write(1, d)"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    msg, out = b'{"op": "step", "action": "\\\\boxed{1}"}\n', []
+    for _ in range(n):
+        t = time.perf_counter()
+        os.write(p.stdin.fileno(), msg)
+        os.read(p.stdout.fileno(), 65536)
+        out.append(time.perf_counter() - t)
+    p.stdin.close()
+    p.wait()
+    return statistics.median(out)
+
+
+def main():
+    t_start = time.time()
+    with sandbox.Sandbox(workers=2, step_timeout=5.0, pool=4) as sb:
+        print(f"# sandbox level: {sb.level}")
+        # -- step round trip vs a bare pipe echo (interleaved so machine load hits both alike)
+        h = sb.open(SRC)
+        h.reset(seed=0)
+        rtts, pipes = [], []
+        for _ in range(5):
+            pipes.append(pipe_echo_rtt(1000))
+            ts = []
+            for i in range(1000):
+                t = time.perf_counter()
+                h.step(ACTIONS[i % STEPS])
+                ts.append(time.perf_counter() - t)
+            rtts.append(statistics.median(ts))
+        h.close()
+        rtt, pipe = statistics.median(rtts), statistics.median(pipes)
+        print(f"# step rtt {rtt * 1e6:.1f} us, pipe echo rtt {pipe * 1e6:.1f} us")
+
+        # -- episode start: open + reset, vs a bare fork()+exit here
+        starts, reuse_starts = [], []
+        for i in range(60):
+            time.sleep(0.02)                                           # a trainer does work between opens
+            t = time.perf_counter()
+            h = sandbox.EnvHandle(sb, SRC, fresh=True)                  # a fresh isolated instance
+            h.reset(seed=i)
+            starts.append(time.perf_counter() - t)
+            h._parkable = False
+            h.close()
+            t = time.perf_counter()
+            h = sb.open(SRC)                                           # a parked worker of this source
+            h.reset(seed=i)
+            reuse_starts.append(time.perf_counter() - t)
+            h.close()
+        forks = []
+        for _ in range(60):
+            t = time.perf_counter()
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            os.waitpid(pid, 0)
+            forks.append(time.perf_counter() - t)
+        start, fork = statistics.median(starts), statistics.median(forks)
+
+        # -- completed 20-step episodes per second: ours (8 at a time, one fresh worker each) vs spawn
+        n_eps, t = 0, time.perf_counter()
+        while time.perf_counter() - t < 8.0:
+            hs = [sb.open(SRC) for _ in range(8)]
+            sb.reset_many(hs, list(range(n_eps, n_eps + 8)))
+            for a in ACTIONS:
+                sb.step_many(hs, [a] * 8)
+            for h in hs:
+                h.close()
+            n_eps += 8
+        ours = n_eps / (time.perf_counter() - t)
+        fresh_eps, t = 0, time.perf_counter()
+        while time.perf_counter() - t < 4.0:
+            hs = [sandbox.EnvHandle(sb, SRC, fresh=True) for _ in range(8)]
+            sb.reset_many(hs, list(range(fresh_eps, fresh_eps + 8)))
+            for a in ACTIONS:
+                sb.step_many(hs, [a] * 8)
+            for h in hs:
+                h._parkable = False
+                h.close()
+            fresh_eps += 8
+        ours_fresh = fresh_eps / (time.perf_counter() - t)
+        seq_eps, t = 0, time.perf_counter()
+        while time.perf_counter() - t < 4.0:
+            h = sb.open(SRC)
+            h.reset(seed=seq_eps)
+            for a in ACTIONS:
+                h.step(a)
+            h.close()
+            seq_eps += 1
+        ours_seq = seq_eps / (time.perf_counter() - t)
+        spawn_eps, t = 0, time.perf_counter()
+        while time.perf_counter() - t < 8.0:
+            procs = [subprocess.Popen([sys.executable, "-I", "-c", RUNNER, str(spawn_eps + j)],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE) for j in range(8)]
+            for p in procs:
+                p.communicate(SRC.encode())
+            spawn_eps += 8
+        spawn = spawn_eps / (time.perf_counter() - t)
+        print(f"# episodes/s: ours {ours:.1f} (8 concurrent), ours one at a time {ours_seq:.1f}, "
+              f"ours with a fresh worker per episode {ours_fresh:.1f} (8 concurrent), "
+              f"fresh python -I per episode {spawn:.1f} (8 concurrent)")
+
+        # -- timeout overrun: deadline -> caller has control again
+        overruns, named = {k: [] for k in HANG}, {}
+        with sandbox.Sandbox(workers=2, step_timeout=0.2, pool=2) as short:
+            for name, body in HANG.items():
+                for _ in range(10):
+                    h = short.open(hang_env(body))
+                    h.reset(seed=0)
+                    t = time.monotonic()
+                    r = h.step("x")
+                    overruns[name].append(time.monotonic() - t - 0.2)
+                    named[r[4].get("error")] = named.get(r[4].get("error"), 0) + 1
+                    h.close()
+        allv = sorted(v for vs in overruns.values() for v in vs)
+        p95 = allv[int(0.95 * (len(allv) - 1))]
+        print("# timeout overrun p95 by kind (ms): " + ", ".join(
+            f"{k} {sorted(v)[int(0.95 * (len(v) - 1))] * 1e3:.1f}" for k, v in overruns.items()))
+
+        # -- validation probes per second, 50 varied envs, 2 workers
+        sources = [ENV.format(k=i, hi=5 + 7 * i) for i in range(50)]
+        t = time.perf_counter()
+        reports = sb.validate_many(sources)
+        vps = len(sources) / (time.perf_counter() - t)
+        n_ok = sum(r.ok for r in reports)
+
+    print(f"# total bench time {time.time() - t_start:.1f} s")
+    figure("sandbox.episodes_per_s_ratio_vs_spawn", ours / spawn, ">= 10", ours=round(ours, 1),
+           spawn=round(spawn, 1), ours_one_at_a_time=round(ours_seq, 1),
+           fresh_worker_per_episode_ratio=round(ours_fresh / spawn, 2))
+    figure("sandbox.step_rtt_ratio_vs_pipe", rtt / pipe, "<= 3", step_us=round(rtt * 1e6, 1),
+           pipe_us=round(pipe * 1e6, 1))
+    figure("sandbox.episode_start_ms_p50", start * 1e3, "ratio <= 3", ratio_vs_fork=round(start / fork, 2),
+           fork_ms=round(fork * 1e3, 3), reused_worker_ms=round(statistics.median(reuse_starts) * 1e3, 3))
+    figure("sandbox.timeout_overrun_ms_p95", p95 * 1e3, "<= 100", failures=named)
+    figure("sandbox.validations_per_s", vps, "report", envs=len(sources), valid=n_ok, workers=2)
+
+
+if __name__ == "__main__":
+    main()
