@@ -7,6 +7,22 @@ paper takes for granted:
 1. Model loading: short aliases for the paper's models (Qwen3-4B, Qwen3-8B, Qwen3-30B-A3B), local
    paths, and `tiny` / `tiny-moe`: small random-initialised Qwen3 / Qwen3-MoE models with a
    byte-level BPE tokenizer trained offline, so tests, benchmarks and the CPU demo need no network.
+2. `TransformersEngine`: batched, left-padded sampling with a KV cache on CPU or one GPU; returns
+   the sampled tokens and log p(token) under softmax(logits / T), NOT renormalised after top-k /
+   top-p, which is exactly what the trainer recomputes (grpo.token_logprobs), so the truncated
+   importance weight of SPEC §8 sees only numeric engine-vs-trainer drift.
+3. `VLLMEngine`: vLLM colocated in the training processes (`external_launcher`, tensor parallel
+   within the node, sleep mode between generation and training), token-in/token-out.
+4. Weight sync (SPEC §9): `vllm_weight_plan` maps trainer parameter names and shapes to the
+   checkpoint names vLLM's `load_weights` expects (a pure function of names and shapes, so it
+   runs on a meta-device model), un-fusing transformers-v5 Qwen3-MoE experts; `stream_weights`
+   gathers full tensors (FSDP2 DTensor, ZeRO-3) one decoder layer at a time and yields
+   (name, tensor) pairs equal to what `save_pretrained` writes.
+
+Deviations: vLLM's `processed_logprobs` are log-softmax over the temperature-scaled logits AFTER
+top-k / top-p masking (renormalised over the kept tokens), while the trainer's recomputation is not
+truncated. The gap is log(kept mass) >= 0 per token, so the TIS weight min(exp(old - rollout), 2)
+is slightly conservative; the transformers engine has no such gap.
 
 Symbols: B batch, T tokens, V vocabulary, E experts, H hidden, I expert intermediate size.
 
@@ -17,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -141,3 +158,322 @@ def load_model_and_tokenizer(name: str, dtype: torch.dtype = torch.bfloat16, see
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(resolved, dtype=dtype)
     return model, tokenizer
+
+
+# ----------------------------------------------------------------------------------------------
+# INFRA: what every engine returns
+
+
+@dataclass
+class Completion:
+    """One sampled reply: tokens (EOS included when hit), log p of each under softmax(logits/T)."""
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str             # decoded, special tokens skipped
+    finish_reason: str    # "stop" (EOS) | "length" (hit its max_new_tokens)
+
+
+def _candidates(scaled: torch.Tensor, top_k: int, top_p: float):
+    """The tokens top-k / top-p sampling may pick: (values, ids), sorted descending, with -inf on
+    tokens outside the smallest prefix holding top_p of the (top-k) mass. Only k columns are
+    sorted and sampled over, which keeps a batched step cheap."""
+    if 0 < top_k < scaled.shape[-1]:
+        values, ids = torch.topk(scaled, top_k, dim=-1)                       # (B, k), sorted
+    else:
+        values, ids = torch.sort(scaled, dim=-1, descending=True)             # (B, V)
+    if top_p < 1.0:
+        probs = torch.softmax(values, dim=-1)
+        drop = probs.cumsum(-1) - probs > top_p  # mass BEFORE a token already reaches top_p
+        values = values.masked_fill(drop, float("-inf"))
+    return values, ids
+
+
+class TransformersEngine:
+    """Batched sampling with a plain transformers model (CPU, or one small GPU).
+
+    One left-padded prefill, then one decode step per new token for the whole batch with a KV
+    cache; rows stop at EOS or at their own max_new_tokens and leave the batch (their cache rows
+    are dropped), so a step costs only the rows still generating.
+    """
+
+    def __init__(self, model, tokenizer):
+        self.model, self.tokenizer = model, tokenizer
+        eos = getattr(model.generation_config, "eos_token_id", None) if hasattr(
+            model, "generation_config") else None
+        eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        self.eos_ids = {tokenizer.eos_token_id, *eos}
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
+            else tokenizer.eos_token_id
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], *, max_new_tokens: int | list[int],
+                 temperature: float = 0.6, top_p: float = 0.95, top_k: int = 20,
+                 seed: int | None = None) -> list[Completion]:
+        B = len(prompts)
+        if B == 0:
+            return []
+        caps = [max_new_tokens] * B if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        device = next(self.model.parameters()).device
+        L = max(len(p) for p in prompts)
+        ids = torch.full((B, L), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((B, L), dtype=torch.long)
+        for b, p in enumerate(prompts):  # left padding: every row's next token is at column L
+            ids[b, L - len(p):] = torch.tensor(p, dtype=torch.long)
+            attn[b, L - len(p):] = 1
+        ids, attn = ids.to(device), attn.to(device)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)                                # (B, L)
+        gen = torch.Generator(device=device)
+        if seed is None:
+            gen.seed()  # fresh entropy: unseeded calls differ
+        else:
+            gen.manual_seed(seed)
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
+                         logits_to_keep=1)  # only the last position's logits: (B, 1, V)
+        cache, logits = out.past_key_values, out.logits[:, -1, :].float()       # (B, V)
+        tokens, logps = [[] for _ in range(B)], [[] for _ in range(B)]
+        reasons = ["length" if c <= 0 else "" for c in caps]
+        rows = list(range(B))  # batch row k holds prompt rows[k]; finished rows leave the batch
+        for _ in range(max(caps)):
+            if temperature > 0:
+                scaled = logits / temperature
+                values, ids = _candidates(scaled, top_k, top_p)
+                pick = torch.multinomial(torch.softmax(values, dim=-1), 1, generator=gen)
+                nxt = ids.gather(1, pick).squeeze(1)                             # (b,)
+            else:
+                scaled, nxt = logits, logits.argmax(-1)
+            # log p(token) under softmax(logits / T), un-truncated: what the trainer recomputes
+            lp = torch.log_softmax(scaled, dim=-1).gather(1, nxt[:, None]).squeeze(1)  # (b,)
+            for b, t, l in zip(rows, nxt.tolist(), lp.tolist()):
+                if reasons[b]:
+                    continue
+                tokens[b].append(t)
+                logps[b].append(l)
+                if t in self.eos_ids:
+                    reasons[b] = "stop"
+                elif len(tokens[b]) >= caps[b]:
+                    reasons[b] = "length"
+            keep = [k for k, b in enumerate(rows) if not reasons[b]]
+            if not keep:
+                break
+            if len(keep) < len(rows):  # drop finished rows so each step costs only live ones
+                index = torch.tensor(keep, device=device)
+                cache.batch_select_indices(index)
+                attn, pos, nxt = attn[index], pos[index], nxt[index]
+                rows = [rows[k] for k in keep]
+            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)         # (b, L + step)
+            pos = pos[:, -1:] + 1                                                 # (b, 1)
+            out = self.model(input_ids=nxt[:, None], attention_mask=attn, position_ids=pos,
+                             past_key_values=cache, use_cache=True, logits_to_keep=1)
+            cache, logits = out.past_key_values, out.logits[:, -1, :].float()
+        return [Completion(t, l, self.tokenizer.decode(t, skip_special_tokens=True), r)
+                for t, l, r in zip(tokens, logps, reasons)]
+
+    def sync_weights(self, model) -> None:
+        """Copy the trainer's weights in (a no-op when the engine samples from the same model)."""
+        if model is self.model:
+            return
+        own = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                own[checkpoint_name(name)].copy_(_full_tensor(param))
+
+    def sleep(self) -> None:
+        """Nothing to free: the transformers engine shares the trainer's model."""
+
+    def wake_up(self) -> None:
+        """Nothing to restore (see sleep)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# INFRA: weight sync, trainer parameters -> vLLM checkpoint names (SPEC §9)
+
+WRAPPER_PARTS = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod")
+
+
+def checkpoint_name(name: str) -> str:
+    """Strip wrapper components (FSDP1, activation checkpointing, torch.compile, DDP/DeepSpeed
+    `module.`) from a parameter name."""
+    parts = [p for p in name.split(".") if p not in WRAPPER_PARTS]
+    while parts and parts[0] == "module":
+        parts.pop(0)
+    return ".".join(parts)
+
+
+def vllm_weight_plan(name: str, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...], tuple]]:
+    """Map one trainer parameter to the checkpoint tensors vLLM's `load_weights` expects.
+
+    Returns [(checkpoint name, shape, index)] where `full_tensor[index]` is that checkpoint tensor.
+    Pure (names and shapes only), so it runs on a meta-device model. transformers v5 keeps Qwen3-MoE
+    experts fused; checkpoints (and save_pretrained, which converts back) are per expert:
+      mlp.experts.gate_up_proj [E, 2I, H] -> mlp.experts.{e}.gate_proj.weight = [e, :I]  (I, H)
+                                             mlp.experts.{e}.up_proj.weight   = [e, I:]  (I, H)
+      mlp.experts.down_proj    [E, H, I]  -> mlp.experts.{e}.down_proj.weight = [e]      (H, I)
+    """
+    name = checkpoint_name(name)
+    if name.endswith("mlp.experts.gate_up_proj"):
+        E, two_i, H = shape
+        I, stem = two_i // 2, name[:-len("gate_up_proj")]
+        gate, up = slice(0, I), slice(I, two_i)  # gate rows first, as save_pretrained splits them
+        return [item for e in range(E) for item in (
+            (f"{stem}{e}.gate_proj.weight", (I, H), (e, gate)),
+            (f"{stem}{e}.up_proj.weight", (I, H), (e, up)))]
+    if name.endswith("mlp.experts.down_proj"):
+        E, H, I = shape
+        stem = name[:-len("down_proj")]
+        return [(f"{stem}{e}.down_proj.weight", (H, I), (e,)) for e in range(E)]
+    return [(name, tuple(shape), ())]
+
+
+def checkpoint_shapes(model) -> dict[str, tuple[int, ...]]:
+    """Every checkpoint name and shape `stream_weights` would send (works on the meta device)."""
+    return {target: shape for name, p in model.named_parameters()
+            for target, shape, _ in vllm_weight_plan(name, tuple(p.shape))}
+
+
+def _full_tensor(param: torch.Tensor) -> torch.Tensor:
+    """The whole tensor behind a possibly sharded parameter (a collective on sharded ones: every
+    rank must call this in the same order)."""
+    if hasattr(param, "full_tensor"):  # FSDP2: parameters are DTensors
+        return param.full_tensor().detach()
+    if hasattr(param, "ds_id"):  # DeepSpeed ZeRO-3: gather into place, copy out, re-partition
+        import deepspeed
+        with deepspeed.zero.GatheredParameters([param]):
+            return param.data.detach().clone()
+    return param.detach()
+
+
+def _layer_of(name: str) -> str:
+    parts = checkpoint_name(name).split(".")
+    return ".".join(parts[:3]) if len(parts) > 2 and parts[1] == "layers" else ""
+
+
+def stream_weights(model):
+    """Yield the full weights one decoder layer at a time, as [(checkpoint name, tensor)] lists.
+
+    Peak extra memory is one layer's full tensors (a 30B-A3B layer is ~1.2 GB in bf16), never the
+    whole model.
+    """
+    group, layer = [], None
+    for name, param in model.named_parameters():
+        if group and _layer_of(name) != layer:
+            yield group
+            group = []
+        layer = _layer_of(name)
+        full = _full_tensor(param)
+        group += [(target, full[index]) for target, _, index in
+                  vllm_weight_plan(name, tuple(full.shape))]
+    if group:
+        yield group
+
+
+# ----------------------------------------------------------------------------------------------
+# INFRA: vLLM, colocated in the training processes
+# Written against vLLM 0.33.0 (pinned in requirements-gpu.txt with the torch 2.14.0 it pins).
+# API used, as documented for recent vLLM (docs.vllm.ai): LLM(..., distributed_executor_backend=
+# "external_launcher") runs one in-process worker per torchrun rank (ExecutorWithExternalLauncher:
+# "users will launch multiple engines with torchrun-compatible launchers"); enable_sleep_mode=True
+# with LLM.sleep(level=1|2) / LLM.wake_up(tags=["weights"] | ["kv_cache"]) ("wake up only model
+# weights or KV cache to avoid OOM during weight updates"); logprobs_mode="processed_logprobs"
+# (log-probs after temperature, top-k/top-p; see the module deviations); SamplingParams(logprobs=0)
+# returns the sampled token's log-prob; TokensPrompt(prompt_token_ids=...) feeds tokens; the model
+# object at llm.llm_engine.model_executor.driver_worker.worker.model_runner.model takes
+# load_weights(iterable of (name, tensor)) in checkpoint names, sharding for tensor parallelism
+# itself. reload_weights is never called: it reloads the original checkpoint from disk.
+
+
+class VLLMEngine:
+    """vLLM rollouts colocated with training: token in, token out, log-probs, sleep, weight sync.
+
+    With tensor parallelism, every rank of a TP group must submit the same requests: generate()
+    gathers the group's prompts, generates them all on every rank, and returns this rank's share.
+    `llm` / `vllm_module` let tests inject fakes; by default vllm is imported here, lazily.
+    """
+
+    def __init__(self, model_name: str, *, tensor_parallel_size: int = 1,
+                 gpu_memory_utilization: float = 0.4, max_model_len: int = 40960,
+                 dtype: str = "bfloat16", seed: int = 0, sleep_level: int = 1,
+                 llm=None, vllm_module=None, **llm_kwargs):
+        if vllm_module is None:
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
+            import vllm as vllm_module
+        self.vllm, self.sleep_level, self.asleep = vllm_module, sleep_level, False
+        self.tp = tensor_parallel_size
+        self.tp_group = self._tp_group(tensor_parallel_size)
+        self.llm = llm if llm is not None else vllm_module.LLM(
+            model=resolve_model_name(model_name), tensor_parallel_size=tensor_parallel_size,
+            distributed_executor_backend="external_launcher", enable_sleep_mode=True,
+            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+            dtype=dtype, seed=seed, logprobs_mode="processed_logprobs",
+            enable_prefix_caching=True, **llm_kwargs)
+
+    @staticmethod
+    def _tp_group(tp: int):
+        """The torch.distributed group of the ranks sharing one vLLM tensor-parallel engine."""
+        import torch.distributed as dist
+        if tp == 1 or not dist.is_initialized():
+            return None
+        world = dist.get_world_size()
+        assert world % tp == 0, f"world size {world} is not a multiple of tensor parallel {tp}"
+        group, _ = dist.new_subgroups_by_enumeration(
+            [list(range(i, i + tp)) for i in range(0, world, tp)])
+        return group
+
+    def generate(self, prompts: list[list[int]], *, max_new_tokens: int | list[int],
+                 temperature: float = 0.6, top_p: float = 0.95, top_k: int = 20,
+                 seed: int | None = None) -> list[Completion]:
+        caps = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) \
+            else list(max_new_tokens)
+        requests, mine = list(zip(prompts, caps)), slice(0, len(prompts))
+        if self.tp_group is not None:
+            import torch.distributed as dist
+            gathered = [None] * self.tp
+            dist.all_gather_object(gathered, requests, group=self.tp_group)
+            rank = dist.get_rank(self.tp_group)
+            start = sum(len(g) for g in gathered[:rank])
+            requests, mine = [r for g in gathered for r in g], slice(start, start + len(requests))
+        if not requests:
+            return []
+        params = [self.vllm.SamplingParams(
+            n=1, temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=cap, logprobs=0,
+            seed=None if seed is None else seed + i, skip_special_tokens=True)
+            for i, (_, cap) in enumerate(requests)]
+        outputs = self.llm.generate([self.vllm.TokensPrompt(prompt_token_ids=list(p))
+                                     for p, _ in requests], sampling_params=params, use_tqdm=False)
+        completions = []
+        for request in outputs:
+            o = request.outputs[0]
+            ids = list(o.token_ids)
+            logps = [float(step[t].logprob) for step, t in zip(o.logprobs, ids)]
+            completions.append(Completion(ids, logps, o.text,
+                                          "stop" if o.finish_reason == "stop" else "length"))
+        return completions[mine]
+
+    def sleep(self) -> None:
+        """Free the GPU for training: level 1 offloads weights to CPU, level 2 discards them."""
+        if not self.asleep:
+            self.llm.sleep(level=self.sleep_level)
+            self.asleep = True
+
+    def wake_up(self) -> None:
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+    def _model(self):
+        return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
+
+    def sync_weights(self, model) -> None:
+        """Push the trainer's current weights into vLLM, one decoder layer at a time.
+
+        Weights wake first (the KV cache stays released while the full tensors are in flight),
+        then the KV cache; the prefix cache is reset since cached KV came from the old weights.
+        """
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])
+        target = self._model()
+        for group in stream_weights(model):
+            target.load_weights(group)
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
+        self.llm.reset_prefix_cache()

@@ -1,0 +1,386 @@
+"""The Reasoning Agent: batched multi-turn play of designer-written environments.
+
+SPADE (arXiv 2608.19197) trains one policy that, as the Reasoning Agent, plays the environments it
+designed, turn by turn, with and without the privileged hint (SPEC §5). This file turns a batch of
+(environment, seed, hint) triples into token-exact training records:
+
+    sequence = prompt, reply_1 (mask 1), observation_1 (mask 0), reply_2 (mask 1), ...
+
+Each turn, every live episode's full token sequence goes to the engine in ONE generate call; the
+engine returns the sampled tokens and their log-probs, which are appended verbatim (token in, token
+out: the trained sequence is exactly what the model saw and produced, never a re-tokenisation).
+Return (SPEC §6): the last step's reward clipped to [-1, 1] if that step terminated, else 0.
+
+Observation tokens come from the chat template. I keep the token list as the source of truth and
+only tokenize what the template puts AFTER the model's reply: render the conversation with the last
+reply replaced by a marker, once without and once with the new messages (plus the generation
+prompt); the text after the marker without the new messages (the closing `<|im_end|>\n`) must be a
+prefix of the text after it with them (asserted), and that longer tail is the delta. Looking only
+past the marker is what makes the bookkeeping survive templates that rewrite history: Qwen3 drops
+the reasoning of earlier assistant turns and shows the last turn with a `<think>` block, so a full
+rendering ending in an assistant turn is NOT a prefix of the next one, and with
+`enable_thinking=False` the generation prompt's empty think block never reappears in a
+re-rendering. Neither matters here: the history is never re-tokenized. The model's own EOS token
+ends its reply; the template's `<|im_end|>` is then skipped (added as a mask-0 token only when the
+reply stopped on a different EOS). Message contents (observations, tool outputs, the first
+instruction) are rendered as markers too and tokenized with special-token parsing OFF, so an
+environment that prints `<|im_end|>` cannot inject chat structure; the template's own scaffolding
+is parsed normally.
+
+Symbols: B live episodes in a batch, T tokens of one episode; mask[t] = 1 for reply tokens.
+
+Deviations from the paper / the authors' code:
+1. The action is the LAST balanced `\\boxed{...}` after the last `</think>` (authors: the first).
+2. Episodes ended by an environment fault get status "env_error" and no agent reward (the authors
+   give -1 for a crash); train.py drops them from the agent batch (SPEC §6).
+3. A reply cut by the per-turn cap without EOS ends the episode ("truncated"; "context" when the cap
+   was the remaining context), rather than being fed back to the environment.
+
+Dependencies: the standard library and the tokenizer object passed in.
+Test: `pytest tests/test_agent.py`.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+PREAMBLE = "You are playing a language game. Make valid actions to win."
+ANSWER_FORMAT = ("Think it through step by step, then give your action inside \\boxed{}, "
+                 "for example \\boxed{your action}.")
+REPLY_MARK = "\x00SPADE-REPLY\x00"  # stands in for the last reply while rendering the template
+CONTENT_MARK = "\x00SPADE-CONTENT-{}\x00"  # stands in for untrusted message contents
+
+STATUSES = ("terminated", "truncated", "turn_limit", "context", "env_error")
+
+
+# ----------------------------------------------------------------------------------------------
+# ALGO: action parsing (SPEC §5)
+
+
+def _last_balanced_box(text: str) -> str | None:
+    r"""Content of the last `\boxed{...}` whose braces balance; None when there is none."""
+    start = text.rfind("\\boxed{")
+    while start != -1:
+        depth, i = 0, start + len("\\boxed")
+        for i in range(start + len("\\boxed"), len(text)):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                return text[start + len("\\boxed{"):i]
+        start = text.rfind("\\boxed{", 0, start)  # unbalanced: fall back to the one before it
+    return None
+
+
+def parse_action(text: str) -> str:
+    r"""The agent's move as the environment expects it: `\boxed{<move>}` (SPEC §5).
+
+    Everything up to the last `</think>` is reasoning and ignored; the LAST balanced box is the move
+    the agent commits to. No box: the stripped reply goes through so the environment can remind the
+    agent of the format.
+    """
+    answer = text.rsplit("</think>", 1)[-1]
+    move = _last_balanced_box(answer)
+    return answer.strip() if move is None else "\\boxed{" + move + "}"
+
+
+_JSON_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+_XML_FUNCTION = re.compile(r"<function=([^>\s]+)>(.*?)</function>", re.S)
+_XML_PARAMETER = re.compile(r"<parameter=([^>\s]+)>(.*?)</parameter>", re.S)
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
+
+
+def _xml_value(raw: str) -> Any:
+    """A parameter of the XML call form: JSON when it parses (numbers, lists), else the text."""
+    raw = raw.strip("\n")
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def parse_tool_calls(text: str) -> list[dict]:
+    """Every tool call in a reply, in order, as `{"name": str, "arguments": dict}`.
+
+    Accepts the JSON form `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Qwen3,
+    Hermes; arguments may also be a JSON string) and the XML form
+    `<tool_call><function=NAME><parameter=KEY>VALUE</parameter>...</function></tool_call>`
+    (Qwen3-Coder), several per reply. Reasoning before the last `</think>` is ignored; a block that
+    parses as neither is skipped.
+    """
+    body = text.rsplit("</think>", 1)[-1]
+    calls = []
+    for block in _JSON_CALL.findall(body):
+        functions = _XML_FUNCTION.findall(block)
+        if functions:
+            for name, params in functions:
+                calls.append({"name": name, "arguments": {k: _xml_value(v) for k, v in
+                                                          _XML_PARAMETER.findall(params)}})
+            continue
+        try:
+            call = json.loads(block.strip())
+        except ValueError:
+            continue
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            continue
+        arguments = call.get("arguments", call.get("parameters", {}))
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                continue
+        if isinstance(arguments, dict):
+            calls.append({"name": call["name"], "arguments": arguments})
+    return calls
+
+
+def tool_action(text: str) -> str:
+    """Normalise a tool-use reply to the action text ToolEnv.step() expects (CONTRACT.md).
+
+    Tool calls win when present (one canonical JSON block per call); otherwise an `<answer>` tag is
+    passed as `<answer>...</answer>`; otherwise the stripped reply (the environment answers a
+    malformed turn with a format reminder).
+    """
+    calls = parse_tool_calls(text)
+    if calls:
+        return "\n".join("<tool_call>" + json.dumps(c, ensure_ascii=False) + "</tool_call>"
+                         for c in calls)
+    answers = _ANSWER.findall(text.rsplit("</think>", 1)[-1])
+    if answers:
+        return "<answer>" + answers[-1].strip() + "</answer>"
+    return text.rsplit("</think>", 1)[-1].strip()
+
+
+def first_user_message(observation: str, hint: str | None, setting: str) -> str:
+    """SPEC §5: preamble + observation + answer-format sentence (games); raw instruction (tools).
+
+    A hinted play sees the hint appended to its first observation.
+    """
+    if hint:
+        observation = f"{observation}\n\nHINT: {hint}"
+    if setting == "tool":
+        return observation
+    return f"{PREAMBLE}\n\nObservation: {observation}\n\n{ANSWER_FORMAT}"
+
+
+# ----------------------------------------------------------------------------------------------
+# ALGO: episode records
+
+
+@dataclass
+class EpisodeSpec:
+    """One play to run: which environment, with which seed, hinted or not, on which live handle."""
+    env_id: str
+    seed: int
+    hint: str | None
+    handle: Any  # reset/step/tools/close (a sandbox EnvHandle or anything that quacks like one)
+
+
+@dataclass
+class Episode:
+    """A finished play. token_ids, mask and logprobs have one entry per token (prompt included)."""
+    env_id: str
+    seed: int
+    hinted: bool
+    turns: int = 0                                   # agent replies generated
+    actions: list[str] = field(default_factory=list)  # normalised actions sent to step(), in order
+    token_ids: list[int] = field(default_factory=list)
+    prompt_len: int = 0
+    mask: list[int] = field(default_factory=list)      # 1 = reply token (trained)
+    logprobs: list[float] = field(default_factory=list)  # engine's, 0.0 where mask is 0
+    rewards: list[float] = field(default_factory=list)   # one per step()
+    ret: float = 0.0
+    status: str = ""
+    error: str | None = None
+    messages: list[dict] = field(default_factory=list)
+    tools: list[dict] = field(default_factory=list)
+
+
+def episode_return(rewards: list[float], terminated: bool) -> float:
+    """SPEC §6: the last step's reward clipped to [-1, 1] if that step terminated, else 0."""
+    if not terminated or not rewards:
+        return 0.0
+    return max(-1.0, min(1.0, float(rewards[-1])))
+
+
+# ----------------------------------------------------------------------------------------------
+# INFRA: chat-template deltas, tokenized without letting contents inject special tokens
+
+
+class _Renderer:
+    def __init__(self, tokenizer, tools: list[dict], enable_thinking: bool | None):
+        self.tok = tokenizer
+        self.kwargs = {"tools": tools or None}
+        if enable_thinking is not None:
+            self.kwargs["enable_thinking"] = enable_thinking
+        self.eos_text = tokenizer.eos_token
+
+    def render(self, messages: list[dict], generation_prompt: bool) -> str:
+        return self.tok.apply_chat_template(messages, tokenize=False,
+                                            add_generation_prompt=generation_prompt, **self.kwargs)
+
+    def encode(self, text: str, contents: list[str]) -> list[int]:
+        """Tokenize rendered text whose i-th CONTENT_MARK stands for contents[i]."""
+        ids: list[int] = []
+        for i, content in enumerate(contents):
+            mark = CONTENT_MARK.format(i)
+            assert text.count(mark) == 1, "the chat template duplicated or dropped a message"
+            scaffold, text = text.split(mark)
+            ids += self.tok.encode(scaffold, add_special_tokens=False)
+            ids += self.tok.encode(content, add_special_tokens=False, split_special_tokens=True)
+        return ids + self.tok.encode(text, add_special_tokens=False)
+
+    def prompt(self, messages: list[dict]) -> list[int]:
+        """Tokens of the first prompt (the conversation so far plus the generation prompt)."""
+        marked = [dict(m, content=CONTENT_MARK.format(i)) for i, m in enumerate(messages)]
+        return self.encode(self.render(marked, True), [m["content"] for m in messages])
+
+    def delta(self, history: list[dict], new: list[dict], reply_had_eos: bool) -> list[int]:
+        """Tokens the template puts after the last assistant reply of `history`, through `new`
+        messages and the next generation prompt."""
+        base = history[:-1] + [dict(history[-1], content=REPLY_MARK)]
+        marked = [dict(m, content=CONTENT_MARK.format(i)) for i, m in enumerate(new)]
+        before = self.render(base, False)
+        after = self.render(base + marked, True)
+        assert before.count(REPLY_MARK) == 1 and after.count(REPLY_MARK) == 1
+        tail_before = before.split(REPLY_MARK)[1]
+        tail_after = after.split(REPLY_MARK)[1]
+        # The prefix property, checked where it must hold: past the last reply, adding messages
+        # only appends (the history before it may be rewritten; we never re-tokenize it).
+        if not tail_after.startswith(tail_before) or not tail_before.startswith(self.eos_text):
+            raise ValueError("chat template: the text after an assistant reply changes when a "
+                             f"message follows ({tail_before!r} vs {tail_after[:80]!r}); "
+                             "cannot compute observation tokens exactly")
+        if reply_had_eos:  # the model's own EOS closed the turn: do not add a second one
+            tail_after = tail_after[len(self.eos_text):]
+        return self.encode(tail_after, [m["content"] for m in new])
+
+
+# ----------------------------------------------------------------------------------------------
+# ALGO: the batched multi-turn loop
+
+
+def _step_all(handles: list, actions: list[str], step_many: Callable | None) -> list[tuple]:
+    """Step every handle once; an exception from one handle is that episode's fault only."""
+    if step_many is not None:
+        return list(step_many(handles, actions))
+    results = []
+    for handle, action in zip(handles, actions):
+        try:
+            results.append(handle.step(action))
+        except Exception as exc:  # the contract says handles never raise; a fake one might
+            results.append(("", 0.0, True, False, {"error": f"raised {type(exc).__name__}: {exc}"}))
+    return results
+
+
+def _finish(ep: Episode, status: str, error: str | None = None, terminated: bool = False) -> None:
+    ep.status, ep.error = status, error
+    ep.ret = 0.0 if status == "env_error" else episode_return(ep.rewards, terminated)
+
+
+def _start(spec: EpisodeSpec, tokenizer, setting: str, enable_thinking: bool | None):
+    """Reset one environment and build its first prompt; returns (episode, renderer or None)."""
+    ep = Episode(env_id=spec.env_id, seed=spec.seed, hinted=bool(spec.hint))
+    try:
+        obs, info = spec.handle.reset(seed=spec.seed)
+        ep.tools = list(spec.handle.tools()) if setting == "tool" else []
+    except Exception as exc:
+        _finish(ep, "env_error", f"raised {type(exc).__name__}: {exc}")
+        return ep, None
+    if isinstance(info, dict) and info.get("error"):
+        _finish(ep, "env_error", str(info["error"]))
+        return ep, None
+    ep.messages = [{"role": "user", "content": first_user_message(obs, spec.hint, setting)}]
+    renderer = _Renderer(tokenizer, ep.tools, enable_thinking)
+    ep.token_ids = renderer.prompt(ep.messages)
+    ep.prompt_len = len(ep.token_ids)
+    ep.mask = [0] * ep.prompt_len
+    ep.logprobs = [0.0] * ep.prompt_len
+    return ep, renderer
+
+
+def play(specs: list[EpisodeSpec], *, generate: Callable, tokenizer,
+         step_many: Callable | None = None, setting: str = "games", max_turns: int = 25,
+         max_context: int = 32768, max_new_tokens: int = 8192,
+         enable_thinking: bool | None = None) -> list[Episode]:
+    """Play every spec to its end; one `generate(prompts, max_new_tokens_list)` call per turn.
+
+    Paper limits (SPEC §5): 25 turns, 32,768-token context, 8,192 new tokens per turn (fewer when
+    the context is nearly full). Returns one Episode per spec, in order.
+    """
+    assert setting in ("games", "tool"), setting
+    episodes, renderers = zip(*[_start(s, tokenizer, setting, enable_thinking) for s in specs]) \
+        if specs else ((), ())
+    episodes, renderers = list(episodes), list(renderers)
+    live = [i for i, ep in enumerate(episodes) if not ep.status]
+    eos_id = tokenizer.eos_token_id
+    while live:
+        for i in [i for i in live if episodes[i].turns >= max_turns]:
+            _finish(episodes[i], "turn_limit")
+        live = [i for i in live if not episodes[i].status]
+        caps = {i: min(max_new_tokens, max_context - len(episodes[i].token_ids)) for i in live}
+        for i in [i for i in live if caps[i] <= 0]:
+            _finish(episodes[i], "context")
+        live = [i for i in live if not episodes[i].status]
+        if not live:
+            break
+        completions = generate([episodes[i].token_ids for i in live], [caps[i] for i in live])
+        stepping = []
+        for i, completion in zip(live, completions):
+            ep = episodes[i]
+            ids = list(completion.token_ids)
+            ep.turns += 1
+            ep.token_ids += ids
+            ep.mask += [1] * len(ids)
+            ep.logprobs += [float(x) for x in completion.logprobs]
+            assert len(ep.logprobs) == len(ep.token_ids), "engine returned one log-prob per token"
+            had_eos = bool(ids) and ids[-1] == eos_id
+            stopped = completion.finish_reason == "stop"
+            text = tokenizer.decode(ids[:-1] if had_eos else ids, skip_special_tokens=False)
+            ep.messages.append({"role": "assistant", "content": text})
+            if not stopped:  # EOS-less reply: no action is taken from a cut-off thought
+                _finish(ep, "context" if caps[i] < max_new_tokens else "truncated")
+                continue
+            ep.actions.append(tool_action(text) if setting == "tool" else parse_action(text))
+            stepping.append((i, had_eos))
+        results = _step_all([specs[i].handle for i, _ in stepping],
+                            [episodes[i].actions[-1] for i, _ in stepping], step_many)
+        for (i, had_eos), (obs, reward, terminated, truncated, info) in zip(stepping, results):
+            ep = episodes[i]
+            if isinstance(info, dict) and info.get("error"):
+                _finish(ep, "env_error", str(info["error"]))
+                continue
+            ep.rewards.append(float(reward))
+            if terminated or truncated:
+                _finish(ep, "terminated" if terminated else "truncated", terminated=terminated)
+                continue
+            outputs = info.get("tool_outputs") if isinstance(info, dict) else None
+            if setting == "tool" and outputs:
+                new = [{"role": "tool", "content": str(out)} for out in outputs]
+            else:
+                new = [{"role": "user", "content": str(obs)}]
+            delta = renderers[i].delta(ep.messages, new, had_eos)
+            if len(ep.token_ids) + len(delta) >= max_context:  # no room left to reply
+                _finish(ep, "context")
+                continue
+            ep.messages += new
+            ep.token_ids += delta
+            ep.mask += [0] * len(delta)
+            ep.logprobs += [0.0] * len(delta)
+        live = [i for i in live if not episodes[i].status]
+    return episodes
+
+
+def replay(episode: Episode, handle) -> float:
+    """Re-run an episode's action log through a fresh environment with its seed; its return.
+
+    Equal to episode.ret for every episode that did not end in an environment fault.
+    """
+    handle.reset(seed=episode.seed)
+    rewards, terminated = [], False
+    for action in episode.actions:
+        _, reward, terminated, truncated, _ = handle.step(action)
+        rewards.append(float(reward))
+        if terminated or truncated:
+            break
+    return episode_return(rewards, terminated)

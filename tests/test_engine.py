@@ -1,0 +1,298 @@
+"""engine.py: transformers sampling with exact log-probs, vLLM plumbing, weight-name mapping."""
+import copy
+import inspect
+import types
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import engine
+from engine import Completion, TransformersEngine, checkpoint_name, vllm_weight_plan
+
+# Tiny matmuls on a shared 2-core machine: one thread is 10-50x faster than two fighting.
+torch.set_num_threads(1)
+
+
+@pytest.fixture
+def eos_biased(tiny):
+    """The tiny model with +8 on the EOS logit, so replies end within a few tokens."""
+    model, tok = tiny
+    bias = torch.zeros(model.config.vocab_size)
+    bias[tok.eos_token_id] = 8.0
+    hook = model.lm_head.register_forward_hook(lambda mod, inp, out: out + bias)
+    yield model, tok
+    hook.remove()
+
+
+def trainer_logprobs(model, prompt, reply, temperature):
+    """The trainer's recomputation: one plain forward, log_softmax(logits / T) in fp64."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + reply])).logits[0].double()      # (T, V)
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    return [logp[len(prompt) - 1 + k, t].item() for k, t in enumerate(reply)]
+
+
+# ----------------------------------------------------------------------------------------------
+# TransformersEngine
+
+
+def test_batched_left_padded_logprobs_match_trainer(tiny):
+    model, tok = tiny
+    eng = TransformersEngine(model, tok)
+    prompts = [tok.encode("The tides"), tok.encode("Observation: a long row of stones, east"), [5]]
+    outs = eng.generate(prompts, max_new_tokens=[12, 7, 3], temperature=0.7, top_p=0.9,
+                        top_k=15, seed=0)
+    for p, o, cap in zip(prompts, outs, [12, 7, 3]):
+        assert isinstance(o, Completion) and len(o.logprobs) == len(o.token_ids) <= cap
+        assert o.finish_reason == ("stop" if o.token_ids[-1] == tok.eos_token_id else "length")
+        ref = trainer_logprobs(model, p, o.token_ids, 0.7)
+        assert o.logprobs == pytest.approx(ref, abs=1e-4)
+        assert o.text == tok.decode(o.token_ids, skip_special_tokens=True)
+
+
+def test_stops_at_eos(eos_biased):
+    model, tok = eos_biased
+    outs = TransformersEngine(model, tok).generate([tok.encode("hi")] * 6, max_new_tokens=64,
+                                                   temperature=1.0, top_p=1.0, top_k=0, seed=1)
+    assert all(o.finish_reason == "stop" and o.token_ids[-1] == tok.eos_token_id
+               and tok.eos_token_id not in o.token_ids[:-1] for o in outs)
+    for o in outs:
+        assert o.logprobs == pytest.approx(trainer_logprobs(model, tok.encode("hi"),
+                                                            o.token_ids, 1.0), abs=1e-4)
+
+
+def test_seeded_and_batch_invariant(tiny):
+    model, tok = tiny
+    eng = TransformersEngine(model, tok)
+    prompts = [tok.encode("alpha beta"), tok.encode("x")]
+    kw = dict(max_new_tokens=6, temperature=0.6, top_p=0.95, top_k=20)
+    a, b = eng.generate(prompts, seed=3, **kw), eng.generate(prompts, seed=3, **kw)
+    c = eng.generate(prompts, seed=4, **kw)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    assert [o.token_ids for o in a] != [o.token_ids for o in c]
+    # greedy: a row's tokens do not depend on the padding its batch-mates force on it
+    greedy = dict(max_new_tokens=6, temperature=0.0, top_p=1.0, top_k=0)
+    alone = eng.generate(prompts[1:], **greedy)[0]
+    batched = eng.generate(prompts, **greedy)[1]
+    assert alone.token_ids == batched.token_ids
+    assert alone.logprobs == pytest.approx(batched.logprobs, abs=1e-5)
+    assert eng.generate([], **kw) == []
+
+
+def test_top_k_top_p_candidates_hand_computed():
+    logits = torch.tensor([[1.0, 2.0, -1.0, 0.0]])
+    inf = float("-inf")
+
+    def cands(k, p):
+        values, ids = engine._candidates(logits, k, p)
+        return values.tolist(), ids.tolist()
+
+    assert cands(2, 1.0) == ([[2.0, 1.0]], [[1, 0]])
+    # probs = softmax([2, 1, 0, -1]) = [0.6439, 0.2369, 0.0871, 0.0321]
+    assert cands(0, 0.6) == ([[2.0, inf, inf, inf]], [[1, 0, 3, 2]])
+    assert cands(0, 0.7) == ([[2.0, 1.0, inf, inf]], [[1, 0, 3, 2]])
+    assert cands(0, 0.9) == ([[2.0, 1.0, 0.0, inf]], [[1, 0, 3, 2]])
+    # top-p applies to the top-k mass: softmax([2, 1, 0]) = [0.6652, 0.2447, 0.0900]
+    assert cands(3, 0.92) == ([[2.0, 1.0, 0.0]], [[1, 0, 3]])
+    assert cands(3, 0.9) == ([[2.0, 1.0, inf]], [[1, 0, 3]])  # 0.6652 + 0.2447 = 0.9099 > 0.9
+
+
+def test_top_k_one_is_greedy_but_logprobs_stay_untruncated(tiny):
+    model, tok = tiny
+    eng = TransformersEngine(model, tok)
+    p = tok.encode("Observation:")
+    sampled = eng.generate([p], max_new_tokens=5, temperature=0.6, top_p=1.0, top_k=1, seed=0)[0]
+    greedy = eng.generate([p], max_new_tokens=5, temperature=0.0, top_p=1.0, top_k=0)[0]
+    assert sampled.token_ids == greedy.token_ids
+    assert all(lp < -1e-3 for lp in sampled.logprobs)  # not renormalised to log 1 = 0
+    assert sampled.logprobs == pytest.approx(trainer_logprobs(model, p, sampled.token_ids, 0.6),
+                                             abs=1e-4)
+
+
+def test_transformers_sync_weights_copies_and_strips_wrappers(tiny):
+    model, tok = tiny
+    twin = copy.deepcopy(model)
+    eng = TransformersEngine(twin, tok)
+    eng.sync_weights(twin)  # same model: nothing to do
+    trained = copy.deepcopy(model)
+    with torch.no_grad():
+        trained.model.norm.weight.add_(1.0)
+    eng.sync_weights(Wrapped(trained))
+    assert torch.equal(twin.model.norm.weight, trained.model.norm.weight)
+    eng.sleep(), eng.wake_up()
+
+
+# ----------------------------------------------------------------------------------------------
+# weight sync: names and tensors equal what save_pretrained writes
+
+
+class Wrapped(torch.nn.Module):
+    """DDP / DeepSpeed (`module.`) around an activation-checkpointing wrapper."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.module = torch.nn.Module()
+        self.module._checkpoint_wrapped_module = inner
+
+
+def test_checkpoint_name_and_plan_hand_computed():
+    assert checkpoint_name("module.model.layers.0._fsdp_wrapped_module._checkpoint_wrapped_module"
+                           ".mlp.gate.weight") == "model.layers.0.mlp.gate.weight"
+    assert checkpoint_name("_orig_mod.model.norm.weight") == "model.norm.weight"
+    assert checkpoint_name("model.submodule.x") == "model.submodule.x"
+    assert vllm_weight_plan("model.norm.weight", (8,)) == [("model.norm.weight", (8,), ())]
+    plan = vllm_weight_plan("model.layers.3.mlp.experts.gate_up_proj", (2, 6, 4))
+    assert plan == [("model.layers.3.mlp.experts.0.gate_proj.weight", (3, 4), (0, slice(0, 3))),
+                    ("model.layers.3.mlp.experts.0.up_proj.weight", (3, 4), (0, slice(3, 6))),
+                    ("model.layers.3.mlp.experts.1.gate_proj.weight", (3, 4), (1, slice(0, 3))),
+                    ("model.layers.3.mlp.experts.1.up_proj.weight", (3, 4), (1, slice(3, 6)))]
+    assert vllm_weight_plan("module.model.layers.3.mlp.experts.down_proj", (2, 4, 3)) == [
+        ("model.layers.3.mlp.experts.0.down_proj.weight", (4, 3), (0,)),
+        ("model.layers.3.mlp.experts.1.down_proj.weight", (4, 3), (1,))]
+
+
+@pytest.mark.parametrize("fixture", ["tiny", "tiny_moe"])
+def test_stream_weights_equal_save_pretrained(request, tmp_path, fixture):
+    model, _ = request.getfixturevalue(fixture)
+    model.save_pretrained(tmp_path)
+    saved = load_file(str(tmp_path / "model.safetensors"))
+    groups = list(engine.stream_weights(Wrapped(model)))
+    streamed = {name: t for group in groups for name, t in group}
+    assert sum(len(g) for g in groups) == len(streamed)  # no name sent twice
+    assert streamed.keys() == saved.keys()
+    for name, t in streamed.items():
+        assert t.dtype == saved[name].dtype and torch.equal(t, saved[name]), name
+    assert engine.checkpoint_shapes(model) == {k: tuple(v.shape) for k, v in saved.items()}
+    # one group per decoder layer, plus the embeddings / final norm outside the layers
+    layers = model.config.num_hidden_layers
+    assert len(groups) == layers + 2
+    if fixture == "tiny_moe":
+        assert "model.layers.1.mlp.experts.3.up_proj.weight" in streamed
+
+
+def test_30b_a3b_shaped_meta_model_names_and_shapes():
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+    from transformers.core_model_loading import revert_weight_conversion
+    cfg = Qwen3MoeConfig(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                         moe_intermediate_size=768, num_hidden_layers=48, num_attention_heads=32,
+                         num_key_value_heads=4, head_dim=128, num_experts=128,
+                         num_experts_per_tok=8, norm_topk_prob=True, tie_word_embeddings=False)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    shapes = engine.checkpoint_shapes(model)
+    assert len(shapes) == 18867 == 48 * (128 * 3 + 9) + 3
+    assert shapes["model.layers.47.mlp.experts.127.gate_proj.weight"] == (768, 2048)
+    assert shapes["model.layers.0.mlp.experts.0.down_proj.weight"] == (2048, 768)
+    # what save_pretrained would write: transformers' own reverse conversion on the meta tensors
+    saved = revert_weight_conversion(model, dict(model.state_dict()))
+    assert shapes == {k: tuple(v.shape) for k, v in saved.items()}
+
+
+# ----------------------------------------------------------------------------------------------
+# VLLMEngine against a fake vLLM that records calls
+
+
+class FakeVLLM:
+    """Stands in for the `vllm` module and its LLM; records every call in order."""
+
+    def __init__(self, target_model=None):
+        self.log, self.loaded = [], []
+        self.target = types.SimpleNamespace(load_weights=self._load)
+        self.llm_engine = types.SimpleNamespace(model_executor=types.SimpleNamespace(
+            driver_worker=types.SimpleNamespace(worker=types.SimpleNamespace(
+                model_runner=types.SimpleNamespace(model=self.target)))))
+
+    # module attributes
+    def LLM(self, **kwargs):
+        self.log.append(("LLM", kwargs))
+        return self
+
+    @staticmethod
+    def SamplingParams(**kwargs):
+        return types.SimpleNamespace(**kwargs)
+
+    @staticmethod
+    def TokensPrompt(prompt_token_ids):
+        return {"prompt_token_ids": prompt_token_ids}
+
+    # LLM methods
+    def generate(self, prompts, sampling_params, use_tqdm):
+        self.log.append(("generate", prompts, sampling_params))
+        outs = []
+        for i, (p, sp) in enumerate(zip(prompts, sampling_params)):
+            ids = [100 + i, 101, 2] if i % 2 == 0 else [7] * sp.max_tokens
+            lps = [{t: types.SimpleNamespace(logprob=-0.5 * (k + 1), rank=1)} for k, t in
+                   enumerate(ids)]
+            outs.append(types.SimpleNamespace(outputs=[types.SimpleNamespace(
+                token_ids=tuple(ids), logprobs=lps, text=f"r{i}",
+                finish_reason="stop" if i % 2 == 0 else "length")]))
+        return outs
+
+    def _load(self, weights):
+        weights = list(weights)
+        self.log.append(("load_weights", len(weights)))
+        self.loaded += weights
+
+    def sleep(self, level):
+        self.log.append(("sleep", level))
+
+    def wake_up(self, tags=None):
+        self.log.append(("wake_up", tags))
+
+    def reset_prefix_cache(self):
+        self.log.append(("reset_prefix_cache",))
+
+    def reload_weights(self, *a, **k):
+        raise AssertionError("reload_weights reloads the checkpoint from disk: never call it")
+
+
+def test_vllm_engine_construction_and_generate():
+    fake = FakeVLLM()
+    eng = engine.VLLMEngine("Qwen3-30B-A3B", tensor_parallel_size=1, sleep_level=2,
+                            vllm_module=fake)
+    _, kwargs = fake.log[0]
+    assert kwargs["model"] == "Qwen/Qwen3-30B-A3B-Instruct-2507"
+    assert kwargs["distributed_executor_backend"] == "external_launcher"
+    assert kwargs["enable_sleep_mode"] is True and kwargs["logprobs_mode"] == "processed_logprobs"
+    outs = eng.generate([[1, 2, 3], [4, 5]], max_new_tokens=[16, 4], temperature=0.6, top_p=0.95,
+                        top_k=20, seed=10)
+    _, prompts, params = fake.log[1]
+    assert prompts == [{"prompt_token_ids": [1, 2, 3]}, {"prompt_token_ids": [4, 5]}]
+    assert [(p.max_tokens, p.seed, p.logprobs, p.temperature, p.top_p, p.top_k, p.n)
+            for p in params] == [(16, 10, 0, 0.6, 0.95, 20, 1), (4, 11, 0, 0.6, 0.95, 20, 1)]
+    assert outs[0] == Completion([100, 101, 2], [-0.5, -1.0, -1.5], "r0", "stop")
+    assert outs[1] == Completion([7] * 4, [-0.5, -1.0, -1.5, -2.0], "r1", "length")
+    assert eng.generate([], max_new_tokens=4) == []
+
+
+def test_vllm_engine_sleep_wake_and_sync_order(tiny_moe, tmp_path):
+    model, _ = tiny_moe
+    fake = FakeVLLM()
+    eng = engine.VLLMEngine("tiny-moe", llm=fake, vllm_module=fake)
+    eng.sleep()
+    eng.sleep()  # idempotent
+    eng.sync_weights(Wrapped(model))
+    calls = [c[0] if c[0] != "wake_up" and c[0] != "sleep" else c for c in fake.log]
+    n_groups = model.config.num_hidden_layers + 2
+    assert calls == ([("sleep", 1), ("wake_up", ["weights"])] + ["load_weights"] * n_groups
+                     + [("wake_up", ["kv_cache"]), "reset_prefix_cache"])
+    model.save_pretrained(tmp_path)
+    saved = load_file(str(tmp_path / "model.safetensors"))
+    loaded = dict(fake.loaded)
+    assert len(loaded) == len(fake.loaded) and loaded.keys() == saved.keys()
+    assert all(torch.equal(loaded[k], saved[k]) for k in saved)
+    fake.log.clear()
+    eng.sync_weights(model)  # awake: push, then reset the prefix cache; no wake-ups
+    assert [c[0] for c in fake.log] == ["load_weights"] * n_groups + ["reset_prefix_cache"]
+    fake.log.clear()
+    eng.sleep(), eng.wake_up(), eng.wake_up()
+    assert fake.log == [("sleep", 1), ("wake_up", None)]
+
+
+def test_engine_generate_signature_matches_contract(tiny):
+    """Both engines take the same keyword-only sampling arguments."""
+    a = inspect.signature(engine.TransformersEngine.generate).parameters
+    b = inspect.signature(engine.VLLMEngine.generate).parameters
+    assert list(a) == list(b) == ["self", "prompts", "max_new_tokens", "temperature", "top_p",
+                                  "top_k", "seed"]
