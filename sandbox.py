@@ -150,8 +150,7 @@ def _step_line(action: str) -> bytes:
 
 
 def _step_reply(nonce, obs, reward, term, trunc, info) -> bytes:
-    if reward != reward or reward in (math.inf, -math.inf):
-        raise ValueError("non-finite reward")
+    """The step reply built directly (inputs already checked by the worker; the parent re-checks)."""
     try:
         info = "".join(_encode(info, 0)) if info else "{}"
     except (ValueError, TypeError, RecursionError) as e:
@@ -393,7 +392,7 @@ def _worker_setup(req_fd, rep_fd, uid, cfg, required):
         os.dup2(null, fd)
     os.dup2(r, 3)
     os.dup2(w, 4)
-    os.closerange(5, 1 << 16)                                          # zygote socket, everything
+    os.closerange(5, max(1 << 16, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))  # all else
     scratch = os.path.join(cfg["scratch"], f"w{os.getpid()}")
     os.mkdir(scratch, 0o700)
     root = os.geteuid() == 0
@@ -569,8 +568,14 @@ def _w_serve(layers):
                 if type(out) is not tuple or len(out) != 5:
                     if not isinstance(out, (tuple, list)) or len(out) != 5:
                         raise _Bad("invalid_result", "step() must return a 5-tuple")
-                data = _step_reply(nonce, _w_obs(out[0]), _w_number(out[1]), _w_flag(out[2], "terminated"),
-                                   _w_flag(out[3], "truncated"), _w_info(out[4]))
+                obs, rew, term, trunc, info = out
+                if type(obs) is not str or len(obs) > OBS_CAP:
+                    obs = _w_obs(obs)
+                if (type(rew) is not float and type(rew) is not int) or not -10 <= rew <= 10:
+                    rew = _w_number(rew)
+                if type(term) is not bool or type(trunc) is not bool:
+                    term, trunc = _w_flag(term, "terminated"), _w_flag(trunc, "truncated")
+                data = _step_reply(nonce, obs, rew, term, trunc, info if type(info) is dict else _w_info(info))
                 view = memoryview(data)
                 while view:
                     view = view[os.write(4, view):]
@@ -695,9 +700,11 @@ def _zygote_main(sock_fd: int, cfg: dict):
                 want = 0
             continue
         msg, _, _, _ = socket.recv_fds(sock, 1 << 16, 1)
-        if not msg:
+        if not msg:                                                    # the trainer closed the socket
             for pid in list(live):
                 reap(pid, 0)
+            import shutil
+            shutil.rmtree(cfg["scratch"], ignore_errors=True)
             os._exit(0)
         req = json.loads(msg)
         if req["op"] == "spawn":
@@ -912,7 +919,7 @@ class EnvHandle:
         if self._buf:
             raise self._kill("protocol_violation", "unsolicited reply bytes")
         # A fresh random nonce per request: a stray or stale line cannot pass for the reply.
-        self._nonce = nonce = "%08x" % self._sb._rng.getrandbits(32)
+        self._nonce = nonce = os.urandom(4).hex()
         data = memoryview(b"S" + nonce.encode() + req[1:] if type(req) is bytes else _line({**req, "n": nonce}))
         while data:
             try:
@@ -1048,9 +1055,41 @@ class EnvHandle:
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         try:
-            return self._check_step(self._roundtrip(_step_line(str(action)), self._sb.step_timeout))
+            self._begin(_step_line(action if type(action) is str else str(action)), self._sb.step_timeout)
+            line = self._pump() if self._rpoll.poll(max(1, int(self._sb.step_timeout * 1000))) else None
+            return self._finish_step(line if line is not None else self._wait())
         except _Fail as e:
             return self._error_step(e)
+
+    def _finish_step(self, line: bytes) -> tuple:
+        """_finish + _check_step fused for the training hot path; the same checks, fewer calls."""
+        prefix = b'{"ok":1,"n":"' + self._nonce.encode() + b'","r":'
+        if not (line.startswith(prefix) and line.endswith(b"}")):
+            return self._check_step(self._finish(line))                # errors and odd replies
+        self._used += time.monotonic() - self._t0
+        try:
+            text = line.decode("utf-8")
+            r, end = _scan(text, len(prefix))
+        except (ValueError, StopIteration, RecursionError) as e:
+            raise self._kill("protocol_violation", f"reply is not JSON: {e}") from None
+        if end != len(text) - 1 or type(r) is not list or len(r) != 5:
+            raise self._kill("protocol_violation", "malformed step reply")
+        obs, reward, term, trunc, info = r
+        # Strict UTF-8 decoding and the JSON scanner already exclude raw NULs and surrogates; both can
+        # only arrive as \u escapes, so without one in the line every string here is clean text.
+        suspect = b"\\u" in line and (b"\\ud" in line or b"\\uD" in line or b"\\u0000" in line)
+        if type(obs) is not str or suspect:
+            self._check_obs(obs)                                       # names the exact problem
+        t = type(reward)
+        if (t is not float and t is not int) or not -10 <= reward <= 10:   # NaN fails the compare
+            raise self._kill("invalid_reward", f"reward {reward!r:.40} is not a finite number in [-10, 10]")
+        if type(term) is not bool or type(trunc) is not bool:
+            raise self._kill("invalid_result", "terminated/truncated are not bools")
+        if type(info) is not dict or (suspect and (m := _check_json(info))):
+            raise self._kill("invalid_result", "info is not a dict" if type(info) is not dict else m)
+        if term or trunc:
+            self._leak_check()
+        return (obs if len(obs) <= OBS_CAP else obs[:OBS_CAP]), float(reward), term, trunc, info
 
     def tools(self) -> list[dict]:
         """OpenAI function schemas of a ToolEnv ([] for games)."""
@@ -1080,10 +1119,14 @@ class Sandbox:
         self._cfg = dict(memory_mb=memory_mb, cpu_seconds=cpu_seconds, fsize_mb=fsize_mb,
                          scratch_mb=scratch_mb, numpy=numpy, landlock=landlock, seccomp=seccomp)
         self._zlock, self._live, self._required, self._pool = threading.RLock(), set(), [], 0
-        self._rng = random.Random(os.urandom(16))                      # request nonces
         self._parked, self._n_parked = {}, 0                          # (setting, source) -> workers
         self.max_reuse, self.max_parked = max_reuse, max_parked
         self._proc = None
+        import resource                                                # each handle holds two pipe fds
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < 65536:
+            target = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, target), hard))
         self._start_zygote()
         probe = EnvHandle(self, "class ProbeEnv:\n    pass\n", fresh=True)
         probe._parkable = False

@@ -34,6 +34,11 @@ def need(sb, *layers):
         pytest.skip(f"layer(s) {missing} not available here ({sb.level})")
 
 
+def need_any(sb, *layers):
+    if not any(x in sb.layers for x in layers):
+        pytest.skip(f"none of {layers} available here ({sb.level})")
+
+
 def src(body: str) -> str:
     return textwrap.dedent(body)
 
@@ -328,6 +333,7 @@ def test_os_exit_and_segfault_and_base_exception(sb):
 
 # ------------------------------------------------------------------------- 2. no secret leaves
 def test_env_vars_and_proc_environ_hidden(sb):
+    need_any(sb, "uid", "landlock")
     env = game(f"""
         import os, json
         out = [json.dumps(dict(os.environ))]
@@ -435,6 +441,7 @@ def test_writes_outside_scratch_blocked_and_scratch_removed(sb, tmp_path):
 
 
 def test_no_network(sb):
+    need_any(sb, "netns", "seccomp", "landlock")
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
     listener.listen(4)
@@ -481,6 +488,7 @@ def test_bounded_fork_bomb_and_no_lingering_processes(sb):
 
 
 def test_thread_left_running_is_resource_leak(sb):
+    need(sb, "uid")                                                    # else RLIMIT_NPROC=0: no threads
     env = game("""
         import threading, time
         threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
@@ -587,6 +595,7 @@ def test_bad_result_shapes(sb, ret, kind):
 
 # ------------------------------------------------------------------- 5. the protocol cannot be hijacked
 def test_forged_extra_reply_line_kills_worker(sb):
+    need(sb, "uid")                                                    # the late forger is a thread
     forged = '{"ok": 1, "r": ["forged", 10, true, false, {}]}\\n'
     r = play(sb, game(f"import os\nos.write(4, b'{forged}')\nreturn 'real', 0.0, False, False, {{}}"))[0]
     assert err(r) == "protocol_violation" and r[1] == 0.0
@@ -715,3 +724,26 @@ def test_hostile_on_a_later_episode_caught_at_play_time(sb):
         errors.append(h.reset(seed=i)[1].get("error"))
         h.close()
     assert errors[:3] == [None] * 3 and errors[3] == "timeout", errors
+
+
+@pytest.mark.parametrize("r,kind", [
+    ('["\\uD800", 0.0, false, false, {}]', "invalid_observation"),
+    ('["a\\u0000b", 0.0, false, false, {}]', "invalid_observation"),
+    ('[{"fake": "str"}, 0.0, false, false, {}]', "invalid_observation"),
+    ('["ok", 1e999, false, false, {}]', "invalid_reward"),
+    ('["ok", true, false, false, {}]', "invalid_reward"),
+    ('["ok", NaN, false, false, {}]', "protocol_violation"),
+    ('["ok", 0.5, 1, false, {}]', "invalid_result"),
+    ('["ok", 0.5, false, false, {"k": ["\\udc00"]}]', "invalid_result"),
+    ('["ok", 0.5, false, false]', "protocol_violation"),
+], ids=["surrogate", "nul", "obs_object", "inf", "bool", "nan", "int_flag", "info_surrogate", "short"])
+def test_parent_revalidates_a_forger_that_knows_the_nonce(sb, r, kind):
+    """Worker-side checks are friendliness: a forger that bypasses them still meets the parent's."""
+    env = game(f"""
+        import os, sys, time
+        nonce = sys._getframe(1).f_locals['nonce']                     # read from the serve loop
+        os.write(4, ('{{"ok":1,"n":"%s","r":%s}}\\n' % (nonce, {r!r})).encode())
+        time.sleep(5)
+    """)
+    res = play(sb, env)[0]
+    assert err(res) == kind and res[1] == 0.0 and res[2] is True
