@@ -1,11 +1,11 @@
 """GRPO for both roles of one policy: advantages, memory-efficient token log-probs, and the loss.
 
-SPADE (arXiv 2608.19197), Sec. 3.4. One policy is both the Environment Designer and the
-Reasoning Agent; both roles update it with GRPO. Per role:
+SPADE (arXiv 2608.19197), the policy update of both roles (our SPEC Sec. 8). One policy is both
+the Environment Designer and the Reasoning Agent; both roles update it with GRPO. Per role:
 
     agent:     A_i = (R_i - mean_g(R)) / (std_g(R) + 1e-8)     g = the G plays of one environment
     designer:  A_i = S * (score_i - mean_k(score))             k = the designer samples of one skill
-               S   = min(50, N_agent / N_designer * R)         role-balancing scale (~32 in the paper)
+               S   = min(50, N_agent / N_designer * R)         role balance (~32 in the paper)
 
 The loss, per completion token t of sample i (mask 1 only), with clip-higher and a truncated
 importance weight against the rollout engine's log-probs:
@@ -14,7 +14,7 @@ importance weight against the rollout engine's log-probs:
     pg_t  = max(-rho_t * A_i, -clip(rho_t, 1 - 0.2, 1 + 0.28) * A_i)
     w_t   = min(exp(old_logp_t - rollout_logp_t), 2.0)
     l_t   = w_t * pg_t + beta * k3_t,   k3_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1
-    loss  = mean_i [ sum_t mask_it * l_t / sum_t mask_it ]     (token-mean per sample, mean over samples)
+    loss  = mean_i [ sum_t mask_it * l_t / sum_t mask_it ]   (token-mean per sample, then samples)
 
 Symbols (paper -> code; shapes: B samples, G plays per group, T tokens, V vocabulary, H hidden):
     R_i            returns (B,)                A_i      advantages (B,) or (B, T)
@@ -28,9 +28,26 @@ Deviations from the paper (and from the authors' code):
        single token cannot blow up the loss; the paper states only "k3".
     2. Samples without any completion token are left out of the mean over samples (they carry no
        gradient; counting them would silently shrink the loss).
-    3. Token log-probs are computed from the body's hidden states and the output head in chunks of
-       completion tokens; values match the naive full log-softmax to fp32 round-off (tested
-       against an fp64 reference).
+    3. role_scale returns 0.0 when a step has no designer samples (nothing to scale).
+    Not a deviation, but how it is done: token log-probs come from the body's hidden states and
+    the output head in chunks of completion tokens (a custom autograd Function, see below); they
+    match the naive full log-softmax to fp32 round-off (tested against an fp64 reference).
+
+Distributed use: token_logprobs(model, ...) takes the model as the trainer holds it (plain, FSDP2
+fully_shard-ed in place, or a DDP / DeepSpeed engine exposing `.module`). It swaps the innermost
+model's forward for the log-prob computation during one call through the OUTERMOST module, and
+the chunk loop runs inside the output head's own call, so every unshard / gather hook fires as in
+an ordinary forward. The loss is a mean over the samples it is given: with gradient accumulation,
+scale each micro-batch's loss by B_micro / B_total.
+
+Metrics returned by policy_loss (token means are over trained tokens of the whole batch):
+    loss/policy                 mean_i token-mean_t (w_t * pg_t)  (the loss without the KL term)
+    loss/kl                     token-mean k3 (only when ref_logp is given)
+    loss/clip_frac              share of tokens where the clipped branch is taken (no gradient)
+    loss/is_weight_min|mean|max exp(old_logp - rollout_logp) before the cap
+    loss/is_weight_capped_frac  share of tokens whose weight hit tis_cap
+    loss/entropy                -token-mean logp (a one-sample entropy estimate)
+    loss/tokens                 number of trained tokens
 
 Dependencies: torch only (transformers models are duck-typed: get_decoder(),
 get_output_embeddings()).
@@ -44,14 +61,14 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-# Optimizer constants of the paper (Sec. 4 / App. training details): AdamW, constant lr 1e-6,
-# betas (0.9, 0.98), weight decay 0.1, gradient clipping at 1.0, bf16.
+# Optimizer constants of the paper's training setup (SPEC Sec. 8): AdamW, constant lr 1e-6,
+# betas (0.9, 0.98), weight decay 0.1, gradient clipping at 1.0, bf16 (train.py builds it).
 LR = 1e-6
 BETAS = (0.9, 0.98)
 WEIGHT_DECAY = 0.1
 GRAD_CLIP = 1.0
-CLIP_LOW, CLIP_HIGH = 0.2, 0.28   # clip-higher (paper Sec. 3.4)
-TIS_CAP = 2.0                     # truncated importance sampling cap (paper Sec. 3.4)
+CLIP_LOW, CLIP_HIGH = 0.2, 0.28   # clip-higher, the paper's values
+TIS_CAP = 2.0                     # truncated importance-sampling cap, the paper's value
 ROLE_SCALE_CAP = 50.0             # cap of the designer's role-balancing scale S
 
 
@@ -90,7 +107,7 @@ def role_scale(n_agent: int, n_designer: int, interval: int, cap: float = ROLE_S
 
 def designer_advantages(scores: Sequence[float], skills: Sequence[Hashable],
                         scale: float) -> torch.Tensor:
-    """(B,) A = S * (score - mean of the same skill's scores); no std division (paper Sec. 3.4)."""
+    """(B,) A = S * (score - mean of the same skill's scores); no std division, as in the paper."""
     s = torch.as_tensor(scores, dtype=torch.float64)                        # (B,)
     if s.ndim != 1 or len(skills) != s.numel():
         raise ValueError(f"need one skill per score, got {s.shape} scores and {len(skills)} skills")
@@ -169,8 +186,8 @@ def _call_with_forward(module, forward, *args, outer=None):
 
     Going through __call__ keeps every hook on the module (and on `outer`, a wrapper holding it):
     FSDP2 unshards the module's parameters in its pre-forward hook (and again before the
-    backward), DeepSpeed ZeRO-3 gathers them, DDP does its bookkeeping. Whatever instance-level forward was set before (Accelerate sets one for
-    autocast) is put back afterwards.
+    backward), DeepSpeed ZeRO-3 gathers them, DDP does its bookkeeping. Whatever instance-level
+    forward was set before (Accelerate sets one for autocast) is put back afterwards.
     """
     saved = module.__dict__.get("forward")
     module.forward = forward
@@ -250,8 +267,13 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.
     logp (B, T) carries the gradient; old_logp, rollout_logp, ref_logp (B, T) are constants;
     advantages (B,) or (B, T); mask (B, T) 1 on trained tokens. Returns (loss, stats) where loss is
     the mean over the B samples given: with gradient accumulation over micro-batches, scale it by
-    B_micro / B_total. Stats (floats, over masked tokens): see the keys below.
+    B_micro / B_total. Stats: floats, keys listed in the module docstring.
     """
+    if not (logp.shape == old_logp.shape == rollout_logp.shape == mask.shape):
+        raise ValueError(f"logp, old_logp, rollout_logp and mask need one (B, T) shape, got "
+                         f"{logp.shape}, {old_logp.shape}, {rollout_logp.shape}, {mask.shape}")
+    if kl_coef and ref_logp is None:
+        raise ValueError("kl_coef > 0 needs ref_logp")
     on = mask > 0                                                            # (B, T)
     mask = on.to(logp.dtype)
     adv = advantages.to(logp.dtype)
@@ -261,6 +283,14 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.
     logp = torch.where(on, logp, 0.0)
     old_logp = torch.where(on, old_logp.detach(), 0.0)
     rollout_logp = torch.where(on, rollout_logp.detach(), 0.0)
+    n_tokens = mask.sum(dim=1)                                               # (B,)
+    has_tokens = n_tokens > 0
+
+    def sample_mean(x):
+        """token-mean within each sample, then the mean over samples that have tokens"""
+        per_sample = (x * mask).sum(dim=1) / n_tokens.clamp(min=1)           # (B,)
+        return per_sample[has_tokens].mean() if has_tokens.any() else (x * mask).sum()
+
     # rho = exp(logp - old_logp)
     ratio = torch.exp(logp - old_logp)                                       # (B, T)
     # pg = max(-rho * A, -clip(rho, 1 - eps_low, 1 + eps_high) * A)
@@ -269,20 +299,14 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.
     pg = torch.maximum(pg_plain, pg_clipped)                                 # (B, T)
     # w = min(exp(old_logp - rollout_logp), C)
     is_raw = torch.exp(old_logp - rollout_logp)                              # (B, T)
-    is_weight = torch.clamp(is_raw, max=tis_cap)
-    per_token = is_weight * pg                                               # (B, T)
+    policy_term = torch.clamp(is_raw, max=tis_cap) * pg                      # (B, T)
     kl = None
     if ref_logp is not None:
         # k3 = exp(ref - logp) - (ref - logp) - 1, log-ratio clamped to [-20, 20], k3 to [0, 10]
         log_ratio = torch.clamp(torch.where(on, ref_logp.detach(), 0.0) - logp, -20.0, 20.0)
         kl = torch.clamp(torch.exp(log_ratio) - log_ratio - 1.0, 0.0, 10.0)   # (B, T)
-        if kl_coef:
-            per_token = per_token + kl_coef * kl
-    # token-mean within each sample, then mean over samples that have tokens
-    n_tokens = mask.sum(dim=1)                                               # (B,)
-    has_tokens = n_tokens > 0
-    per_sample = (per_token * mask).sum(dim=1) / n_tokens.clamp(min=1)       # (B,)
-    loss = per_sample[has_tokens].mean() if has_tokens.any() else (per_token * mask).sum()
+    # loss = mean_i token-mean_t (w * pg + beta * k3)
+    loss = sample_mean(policy_term + kl_coef * kl if kl_coef else policy_term)
 
     with torch.no_grad():
         total = on.sum().clamp(min=1)
@@ -292,8 +316,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.
 
         raw_on = is_raw[on] if on.any() else is_raw.new_ones(1)
         stats = {
-            "loss/policy": float((is_weight * pg * mask).sum(1).div(n_tokens.clamp(min=1))
-                                 [has_tokens].mean()) if has_tokens.any() else 0.0,
+            "loss/policy": float(sample_mean(policy_term)),
             "loss/clip_frac": token_mean((pg_clipped > pg_plain).to(logp.dtype)),
             "loss/is_weight_min": float(raw_on.min()),
             "loss/is_weight_mean": float(raw_on.mean()),

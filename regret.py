@@ -1,9 +1,9 @@
 """Rewards and regret: what the agent and the Environment Designer are scored by.
 
-SPADE (arXiv 2608.19197), Sec. 3.3 and Eq. (3). The agent is rewarded by its episode return. The
-designer is rewarded for environments at the agent's learning frontier, measured by the
-hint-based regret: the same policy plays each new environment with and without a privileged hint,
-and the gap between the two mean returns is
+SPADE (arXiv 2608.19197), Eq. (3) and the designer reward of the paper's runs (SPEC Sec. 6).
+The agent is rewarded by its episode return. The designer is rewarded for environments at the
+agent's learning frontier, measured by the hint-based regret: the same policy plays each new
+environment with and without a privileged hint, and the gap between the two mean returns is
 
     regret(e) = mean_i R_hint(e, s_i) - mean_j R_nohint(e, s_j)                          # Eq. (3)
 
@@ -72,7 +72,7 @@ def _finite_list(xs: Iterable, name: str, allow_empty: bool = False) -> list[flo
 # ALGO: the agent's reward ------------------------------------------------------------------------
 
 def episode_return(rewards: Sequence[float], terminated: bool) -> float:
-    """The agent's shaped return in [-1, 1]: the last step's reward, clipped, if it terminated, else 0.
+    """The agent's shaped return in [-1, 1]: the last reward, clipped, if it terminated, else 0.
 
     Intermediate (partial-progress) rewards do not count for training (SPEC Sec. 6). An episode
     with no steps (empty `rewards`) returns 0.0 unless `terminated`, which is a contradiction and
@@ -134,7 +134,7 @@ def designer_score(regret: float | None, win_rate: float | None, mode: str = "bl
 # ALGO: environment statistics (logged, not trained on) -------------------------------------------
 
 def learnable_share(win_rates: Sequence[float], lo: float = 0.2, hi: float = 0.8) -> float:
-    """Share of environments whose mean unhinted return lies in [lo, hi]; 0.0 for no environments."""
+    """Share of environments whose mean unhinted return is in [lo, hi]; 0.0 for no environments."""
     rates = _finite_list(win_rates, "win_rates", allow_empty=True)
     if not rates:
         return 0.0

@@ -79,7 +79,8 @@ def test_policy_loss_hand_computed():
     logp, old, rollout, adv, mask = _hand_batch()
     loss, stats = policy_loss(logp, old, rollout, adv, mask)
     # s0 t0: rho = e^0.2 = 1.221403 (inside [0.8, 1.28]), w = 1 -> -1.221403
-    # s0 t1: rho = e^0.5 = 1.648721 -> clipped 1.28: max(-1.648721, -1.28) = -1.28; w = min(e, 2) = 2
+    # s0 t1: rho = e^0.5 = 1.648721 -> clipped 1.28: max(-1.648721, -1.28) = -1.28;
+    #        w = min(e, 2) = 2
     #        -> -2.56; sample mean (-1.221403 - 2.56) / 2 = -1.8907015
     # s1 t0: rho = e^-0.5 = 0.606531, A = -0.5: max(0.303265, 0.8 * 0.5) = 0.4, w = 1 -> 0.4
     # loss = (-1.8907015 + 0.4) / 2 = -0.74535075
@@ -216,6 +217,15 @@ def test_token_logprobs_match_fp64_reference_values_and_grads(tiny, temperature)
     m64.zero_grad()
     ours64 = token_logprobs(m64, ids, attn, cmask, temperature=temperature, chunk_size=5)
     assert (ours64 - ref).abs().max().item() < 1e-10
+
+
+def test_token_logprobs_moe_matches_naive(tiny_moe):
+    model, tok = tiny_moe
+    ids, attn, cmask = _batch(len(tok))
+    ours = token_logprobs(model, ids, attn, cmask, chunk_size=4)
+    with torch.no_grad():
+        ref = _naive_logprobs(model, ids, attn, cmask)
+    assert (ours - ref).abs().max().item() < 1e-5
 
 
 def test_chunked_logprobs_large_vocab_toy_head():
@@ -425,3 +435,11 @@ def test_grpo_learns_a_toy_reward(tiny, seed):
         assert stats["loss/is_weight_max"] < 1.01        # engine and trainer log-probs agree
     end = mean_reward()
     assert end > start + 0.3 and end > 0.8, (start, end)
+
+
+def test_policy_loss_validates():
+    x = torch.zeros(2, 3)
+    with pytest.raises(ValueError):
+        policy_loss(x, x, x, torch.zeros(2), torch.ones(2, 4))
+    with pytest.raises(ValueError):
+        policy_loss(x, x, x, torch.zeros(2), torch.ones(2, 3), kl_coef=0.1)   # no ref_logp

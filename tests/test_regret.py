@@ -152,6 +152,7 @@ def test_diversity_edge_cases():
 
 def test_diversity_of_realistic_sources_between_1_and_n():
     base = "class GridEnv:\n    def reset(self, seed=None):\n        return 'start', {}\n"
-    other = "class MazeEnv:\n    def step(self, action):\n        return 'x', 0.0, False, False, {}\n"
+    other = ("class MazeEnv:\n    def step(self, action):\n"
+             "        return 'x', 0.0, False, False, {}\n")
     d = diversity([base, base.replace("Grid", "Maze"), other])
     assert 1.0 < d < 3.0 and math.isfinite(d)
