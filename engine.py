@@ -194,9 +194,15 @@ class TransformersEngine:
     One left-padded prefill, then one decode step per new token for the whole batch with a KV
     cache; rows stop at EOS or at their own max_new_tokens and leave the batch (their cache rows
     are dropped), so a step costs only the rows still generating.
+
+    prefix_cache=True keeps, for every reply that ended at EOS, the KV of its prompt + reply; a
+    later prompt that extends it (the agent's next turn) prefills only its new tokens. The rows'
+    cached pasts are left-padded into one batch cache (holes are masked, positions are explicit).
+    Entries are dropped when used and on sync_weights (stale after an update); it costs memory
+    proportional to live episodes x context, which suits CPU and small models.
     """
 
-    def __init__(self, model, tokenizer):
+    def __init__(self, model, tokenizer, prefix_cache: bool = False):
         self.model, self.tokenizer = model, tokenizer
         eos = getattr(model.generation_config, "eos_token_id", None) if hasattr(
             model, "generation_config") else None
@@ -204,6 +210,60 @@ class TransformersEngine:
         self.eos_ids = {tokenizer.eos_token_id, *eos}
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
             else tokenizer.eos_token_id
+        self.prefix_cache = prefix_cache
+        self._pasts: dict[tuple, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+    def _take_past(self, prompt: list[int]):
+        """The longest cached (tokens, per-layer (k, v)) that is a strict prefix of prompt."""
+        for n in sorted({len(k) for k in self._pasts}, reverse=True):
+            key = tuple(prompt[:n])
+            if n < len(prompt) and key in self._pasts:
+                return n, self._pasts.pop(key)
+        return 0, None
+
+    def _prefill(self, prompts: list[list[int]], device):
+        """Left-padded prefill of the prompts' uncached suffixes on top of their cached pasts."""
+        B = len(prompts)
+        pasts = [self._take_past(p) if self.prefix_cache else (0, None) for p in prompts]
+        P = max(n for n, _ in pasts)
+        S = max(len(p) - n for p, (n, _) in zip(prompts, pasts))
+        ids = torch.full((B, S), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((B, P + S), dtype=torch.long)
+        pos = torch.zeros((B, S), dtype=torch.long)
+        for b, (p, (n, _)) in enumerate(zip(prompts, pasts)):
+            # row layout: [pad | cached past (n) | pad | new tokens]; every row ends at column P+S
+            new = p[n:]
+            ids[b, S - len(new):] = torch.tensor(new, dtype=torch.long)
+            attn[b, P - n:P] = 1
+            attn[b, P + S - len(new):] = 1
+            pos[b, S - len(new):] = torch.arange(n, len(p))
+        cache = None
+        if P > 0:
+            layers = []
+            for layer in range(self.model.config.num_hidden_layers):
+                like = next(kv for _, kv in pasts if kv is not None)[layer][0]  # (1, h, n, d)
+                k = like.new_zeros((B, like.shape[1], P, like.shape[3]))
+                v = k.clone()
+                for b, (n, kv) in enumerate(pasts):
+                    if kv is not None:
+                        k[b, :, P - n:] = kv[layer][0][0]
+                        v[b, :, P - n:] = kv[layer][1][0]
+                layers.append((k, v))
+            from transformers import DynamicCache
+            cache = DynamicCache(layers, config=self.model.config)
+        ids, attn, pos = ids.to(device), attn.to(device), pos.to(device)
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos,
+                         past_key_values=cache, use_cache=True,
+                         logits_to_keep=1)  # only the last position's logits: (B, 1, V)
+        return out, attn, pos
+
+    def _keep_past(self, cache, k: int, attn_row: torch.Tensor, tokens: list[int]) -> None:
+        """Store batch row k's KV (padding removed), which covers `tokens`."""
+        valid = attn_row.nonzero().squeeze(1)                                    # (n,)
+        assert len(valid) == len(tokens)
+        self._pasts[tuple(tokens)] = [
+            (layer.keys[k:k + 1, :, valid].clone(), layer.values[k:k + 1, :, valid].clone())
+            for layer in cache.layers]
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int | list[int],
@@ -214,21 +274,13 @@ class TransformersEngine:
             return []
         caps = [max_new_tokens] * B if isinstance(max_new_tokens, int) else list(max_new_tokens)
         device = next(self.model.parameters()).device
-        L = max(len(p) for p in prompts)
-        ids = torch.full((B, L), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((B, L), dtype=torch.long)
-        for b, p in enumerate(prompts):  # left padding: every row's next token is at column L
-            ids[b, L - len(p):] = torch.tensor(p, dtype=torch.long)
-            attn[b, L - len(p):] = 1
-        ids, attn = ids.to(device), attn.to(device)
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)                                # (B, L)
         gen = torch.Generator(device=device)
         if seed is None:
             gen.seed()  # fresh entropy: unseeded calls differ
         else:
             gen.manual_seed(seed)
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
-                         logits_to_keep=1)  # only the last position's logits: (B, 1, V)
+        out, attn, pos = self._prefill(prompts, device)
+        pos = pos[:, -1:]                                                        # (B, 1)
         cache, logits = out.past_key_values, out.logits[:, -1, :].float()       # (B, V)
         tokens, logps = [[] for _ in range(B)], [[] for _ in range(B)]
         reasons = ["length" if c <= 0 else "" for c in caps]
@@ -243,13 +295,15 @@ class TransformersEngine:
                 scaled, nxt = logits, logits.argmax(-1)
             # log p(token) under softmax(logits / T), un-truncated: what the trainer recomputes
             lp = torch.log_softmax(scaled, dim=-1).gather(1, nxt[:, None]).squeeze(1)  # (b,)
-            for b, t, l in zip(rows, nxt.tolist(), lp.tolist()):
-                if reasons[b]:
+            for k, (b, t, l) in enumerate(zip(rows, nxt.tolist(), lp.tolist())):
+                if reasons[b]:  # a row asked for 0 new tokens
                     continue
                 tokens[b].append(t)
                 logps[b].append(l)
                 if t in self.eos_ids:
                     reasons[b] = "stop"
+                    if self.prefix_cache:  # the cache holds prompt + reply minus its last token
+                        self._keep_past(cache, k, attn[k], prompts[b] + tokens[b][:-1])
                 elif len(tokens[b]) >= caps[b]:
                     reasons[b] = "length"
             keep = [k for k, b in enumerate(rows) if not reasons[b]]
@@ -261,7 +315,7 @@ class TransformersEngine:
                 attn, pos, nxt = attn[index], pos[index], nxt[index]
                 rows = [rows[k] for k in keep]
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)         # (b, L + step)
-            pos = pos[:, -1:] + 1                                                 # (b, 1)
+            pos = pos + 1
             out = self.model(input_ids=nxt[:, None], attention_mask=attn, position_ids=pos,
                              past_key_values=cache, use_cache=True, logits_to_keep=1)
             cache, logits = out.past_key_values, out.logits[:, -1, :].float()
@@ -269,7 +323,9 @@ class TransformersEngine:
                 for t, l, r in zip(tokens, logps, reasons)]
 
     def sync_weights(self, model) -> None:
-        """Copy the trainer's weights in (a no-op when the engine samples from the same model)."""
+        """Copy the trainer's weights in (nothing to copy when the engine samples from the same
+        model); cached prefixes were computed with the old weights and are dropped."""
+        self._pasts.clear()
         if model is self.model:
             return
         own = dict(self.model.named_parameters())

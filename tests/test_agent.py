@@ -385,7 +385,8 @@ def test_reasoning_dropping_templates_keep_bookkeeping_exact(request, tokenizer,
 # play with the tiny model
 
 
-def test_tiny_model_play_logprobs_match_trainer(tiny):
+@pytest.mark.parametrize("prefix_cache", [False, True])
+def test_tiny_model_play_logprobs_match_trainer(tiny, prefix_cache):
     import engine
     model, tok = tiny
     eos = tok.eos_token_id
@@ -394,7 +395,7 @@ def test_tiny_model_play_logprobs_match_trainer(tiny):
 
     hook = model.lm_head.register_forward_hook(lambda mod, inp, out: out + bias)
     try:
-        eng = engine.TransformersEngine(model, tok)
+        eng = engine.TransformersEngine(model, tok, prefix_cache=prefix_cache)
         seen = []
 
         def generate(prompts, caps):

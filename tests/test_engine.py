@@ -80,6 +80,30 @@ def test_seeded_and_batch_invariant(tiny):
     assert eng.generate([], **kw) == []
 
 
+def test_prefix_cache_reuses_earlier_turns_exactly(eos_biased):
+    model, tok = eos_biased
+    plain = TransformersEngine(model, tok)
+    cached = TransformersEngine(model, tok, prefix_cache=True)
+    prompts = [tok.encode("first game"), tok.encode("a much longer first observation here"),
+               tok.encode("x")]
+    greedy = dict(temperature=0.0, top_p=1.0, top_k=0)
+    turn1 = cached.generate(prompts, max_new_tokens=[30, 30, 0], **greedy)
+    assert [o.finish_reason for o in turn1] == ["stop", "stop", "length"]
+    assert len(cached._pasts) == 2  # one per reply that ended at EOS
+    first = set(cached._pasts)
+    nxt = [p + o.token_ids + tok.encode(f"\nobservation {i}") for i, (p, o) in
+           enumerate(zip(prompts, turn1))]
+    nxt[2] = tok.encode("an unrelated prompt")
+    turn2 = cached.generate(nxt, max_new_tokens=12, temperature=0.8, top_p=1.0, top_k=0, seed=5)
+    assert first.isdisjoint(cached._pasts)  # both were reused (and dropped once used)
+    reference = plain.generate(nxt, max_new_tokens=12, temperature=0.8, top_p=1.0, top_k=0, seed=5)
+    for p, a, b in zip(nxt, turn2, reference):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(trainer_logprobs(model, p, a.token_ids, 0.8), abs=1e-4)
+    cached.sync_weights(model)
+    assert cached._pasts == {}
+
+
 def test_top_k_top_p_candidates_hand_computed():
     logits = torch.tensor([[1.0, 2.0, -1.0, 0.0]])
     inf = float("-inf")
