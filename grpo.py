@@ -145,8 +145,9 @@ def _head_logits(h, weight, bias, temperature):
 class _ChunkedLogprob(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size):
-        out, lse = [], []
-        for start in range(0, hidden.shape[0], chunk_size):
+        dtype = torch.promote_types(hidden.dtype, torch.float32)
+        out, lse = [hidden.new_zeros(0, dtype=dtype)], [hidden.new_zeros(0, dtype=dtype)]
+        for start in range(0, hidden.shape[0], chunk_size):   # (N = 0 still runs the hooks)
             logits = _head_logits(hidden[start:start + chunk_size], weight, bias, temperature)
             y = targets[start:start + chunk_size]
             lse.append(torch.logsumexp(logits, dim=-1))                          # (C,)

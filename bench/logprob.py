@@ -21,7 +21,6 @@ of the two-minute budget on two cores): max over values and both gradients of |o
 Run: python bench/logprob.py   (last lines: JSON figures; never asserts)
 """
 import json
-import os
 import resource
 import subprocess
 import sys

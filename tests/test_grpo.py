@@ -297,6 +297,20 @@ def test_padding_does_not_change_a_sample(tiny):
     assert (full[1, 10:] == 0).all()
 
 
+def test_token_logprobs_without_completion_tokens(tiny):
+    # a filler micro-batch (every rank must run the same forwards under FSDP) has no trained token
+    model, tok = tiny
+    m = copy.deepcopy(model)
+    ids, attn, cmask = _batch(len(tok))
+    out = token_logprobs(m, ids, attn, torch.zeros_like(cmask))
+    assert out.shape == ids.shape and (out == 0).all()
+    none = torch.zeros_like(cmask)
+    loss, stats = policy_loss(out, out.detach(), out.detach(), torch.ones(3), none)
+    loss.backward()
+    assert loss.item() == 0.0 and stats["loss/tokens"] == 0.0
+    assert m.lm_head.weight.grad is not None and (m.lm_head.weight.grad == 0).all()
+
+
 def test_token_logprobs_rejects_mask_on_first_token(tiny):
     model, tok = tiny
     ids, attn, cmask = _batch(len(tok))
