@@ -43,14 +43,13 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 PREAMBLE = "You are playing a language game. Make valid actions to win."
 ANSWER_FORMAT = ("Think it through step by step, then give your action inside \\boxed{}, "
                  "for example \\boxed{your action}.")
-REPLY_MARK = "\x00SPADE-REPLY\x00"  # stands in for the last reply while rendering the template
-CONTENT_MARK = "\x00SPADE-CONTENT-{}\x00"  # stands in for untrusted message contents
 
 STATUSES = ("terminated", "truncated", "turn_limit", "context", "env_error")
 
@@ -208,7 +207,13 @@ def episode_return(rewards: list[float], terminated: bool) -> float:
 
 
 class _Renderer:
+    """Renders one episode's conversation; markers carry a random nonce so that no environment
+    output or reply can forge one."""
+
     def __init__(self, tokenizer, tools: list[dict], enable_thinking: bool | None):
+        nonce = secrets.token_hex(8)
+        self.reply_mark = f"\x00reply-{nonce}\x00"       # stands in for the last reply
+        self.content_mark = f"\x00content-{nonce}-{{}}\x00"  # for untrusted message contents
         self.tok = tokenizer
         self.kwargs = {"tools": tools or None}
         if enable_thinking is not None:
@@ -223,7 +228,7 @@ class _Renderer:
         """Tokenize rendered text whose i-th CONTENT_MARK stands for contents[i]."""
         ids: list[int] = []
         for i, content in enumerate(contents):
-            mark = CONTENT_MARK.format(i)
+            mark = self.content_mark.format(i)
             assert text.count(mark) == 1, "the chat template duplicated or dropped a message"
             scaffold, text = text.split(mark)
             ids += self.tok.encode(scaffold, add_special_tokens=False)
@@ -232,19 +237,19 @@ class _Renderer:
 
     def prompt(self, messages: list[dict]) -> list[int]:
         """Tokens of the first prompt (the conversation so far plus the generation prompt)."""
-        marked = [dict(m, content=CONTENT_MARK.format(i)) for i, m in enumerate(messages)]
+        marked = [dict(m, content=self.content_mark.format(i)) for i, m in enumerate(messages)]
         return self.encode(self.render(marked, True), [m["content"] for m in messages])
 
     def delta(self, history: list[dict], new: list[dict], reply_had_eos: bool) -> list[int]:
         """Tokens the template puts after the last assistant reply of `history`, through `new`
         messages and the next generation prompt."""
-        base = history[:-1] + [dict(history[-1], content=REPLY_MARK)]
-        marked = [dict(m, content=CONTENT_MARK.format(i)) for i, m in enumerate(new)]
+        base = history[:-1] + [dict(history[-1], content=self.reply_mark)]
+        marked = [dict(m, content=self.content_mark.format(i)) for i, m in enumerate(new)]
         before = self.render(base, False)
         after = self.render(base + marked, True)
-        assert before.count(REPLY_MARK) == 1 and after.count(REPLY_MARK) == 1
-        tail_before = before.split(REPLY_MARK)[1]
-        tail_after = after.split(REPLY_MARK)[1]
+        assert before.count(self.reply_mark) == 1 and after.count(self.reply_mark) == 1
+        tail_before = before.split(self.reply_mark)[1]
+        tail_after = after.split(self.reply_mark)[1]
         # The prefix property, checked where it must hold: past the last reply, adding messages
         # only appends (the history before it may be rewritten; we never re-tokenize it).
         if not tail_after.startswith(tail_before) or not tail_before.startswith(self.eos_text):
