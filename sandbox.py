@@ -75,7 +75,8 @@ Deviations (from the paper's code, which exec()s in-process with thread timeouts
   6. One worker per environment source (SECURITY.md): close() parks a healthy worker and the next
      open() of the SAME source gets it back with a fresh instance (`cls()` again) and an emptied
      scratch dir; module globals persist, so "hostile on episode N" is still caught at play time.
-     Validation always uses fresh workers. `max_reuse` bounds the episodes per worker.
+     A parked worker is SIGSTOPped (it runs nothing) and is not reused if it used CPU after its
+     last reply. Validation always uses fresh workers. `max_reuse` bounds the episodes per worker.
   7. Honest conveniences: a bare-str reset() is read as (obs, {}); numpy scalars/arrays are
      converted in the worker; observations over 32,000 characters are truncated, not rejected.
 
@@ -106,6 +107,7 @@ FAILURES = ("load_error", "reset_error", "step_error", "timeout", "episode_timeo
             "cpu_limit", "worker_exited", "worker_crashed", "protocol_violation", "output_too_large",
             "invalid_observation", "invalid_reward", "invalid_result", "resource_leak",
             "nondeterministic", "unsolvable", "closed")
+UIDS = 0x400               # worker uids per zygote (live + parked + pre-forked workers)
 FULL = ("rlimits", "netns", "uid", "pdeathsig", "nondumpable", "no_new_privs", "seccomp")
 PRELOAD = ("math", "random", "re", "json", "itertools", "collections", "functools", "heapq", "string",
            "fractions", "decimal", "statistics", "dataclasses", "typing", "enum", "copy", "textwrap",
@@ -643,8 +645,8 @@ def _zygote_main(sock_fd: int, cfg: dict):
     paths = sysconfig.get_paths()
     cfg["read_dirs"] = sorted({paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
                               | {"/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/share/zoneinfo"})
-    base = 0x10000000 + (os.getpid() % 0x100000) * 0x400
-    free, live = list(range(base + 0x3FF, base, -1)), {}
+    base = 0x10000000 + (os.getpid() % 0x100000) * UIDS
+    free, live = list(range(base + UIDS - 1, base, -1)), {}
     sock.send(json.dumps({"ready": 1, "netns": cfg["netns"], "mountns": cfg["mountns"]}).encode())
 
     def reap(pid, grace):
@@ -742,6 +744,16 @@ def _killall(pid: int):
             pass
 
 
+def _cpu_ticks(pid: int) -> int:
+    """utime + stime of a process, in clock ticks (-1 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
 def _exit_cause(status: int) -> tuple[str, str]:
     if status < 0:
         return "worker_exited", "worker gone"
@@ -821,12 +833,17 @@ class EnvHandle:
         if state is None:
             return False
         (self.pid, self._rfd, self._wfd, self._rpoll, self._uses, self.class_name, self.kind,
-         self._tools, self.layers) = state
+         self._tools, self.layers, cpu) = state
         self._sb._live.add(self)
         try:
-            self._roundtrip({"op": "renew"}, self._sb.load_timeout, episode=False)
+            os.kill(self.pid, signal.SIGCONT)
+            if _cpu_ticks(self.pid) != cpu:                            # it ran code while parked
+                raise self._kill("protocol_violation", "worker was busy while parked")
+            self._roundtrip({"op": "renew"}, self._sb.step_timeout, episode=False)
             return True
         except _Fail:
+            if self.pid is not None:
+                self._kill("closed")
             self._failure = None
             return False                                               # start a fresh worker instead
 
@@ -888,7 +905,8 @@ class EnvHandle:
                 self._leak_check()
                 self._sb._park((self.setting, self.source), (
                     self.pid, self._rfd, self._wfd, self._rpoll, self._uses + 1, self.class_name,
-                    self.kind, self._tools, self.layers))
+                    self.kind, self._tools, self.layers, _cpu_ticks(self.pid)))
+                os.kill(self.pid, signal.SIGSTOP)                      # a parked worker runs nothing
                 self._sb._live.discard(self)
                 self.pid = None
                 self._failure = ("closed", "handle closed")
@@ -1191,6 +1209,12 @@ class Sandbox:
     def _spawn(self) -> tuple[int, int, int]:
         if self._proc is None:
             raise SandboxInfraError("sandbox is closed")
+        with self._zlock:                                              # uids are finite: evict parked
+            while self._n_parked and len(self._live) + self._n_parked + self._pool >= UIDS - 16:
+                old = next(iter(self._parked))
+                self._reap_state(self._parked[old].pop(0))
+                if not self._parked[old]:
+                    del self._parked[old]
         if self._proc.poll() is not None:                              # zygote died: start a new one
             with self._zlock:
                 self._parked.clear()

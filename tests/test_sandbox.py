@@ -747,3 +747,26 @@ def test_parent_revalidates_a_forger_that_knows_the_nonce(sb, r, kind):
     """)
     res = play(sb, env)[0]
     assert err(res) == kind and res[1] == 0.0 and res[2] is True
+
+
+def test_worker_busy_while_parked_is_not_reused(sb):
+    env = game("""
+        import signal
+        def spin(*_):
+            while True: pass
+        signal.signal(signal.SIGALRM, spin)
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        return 'armed', 0.0, False, False, {}
+    """, head="# parked spinner")
+    h = sb.open(env)
+    h.reset(seed=0)
+    assert h.step("x")[0] == "armed"
+    pid = h.pid
+    h.close()                                                          # parked (stopped); SIGALRM pends
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    h2 = sb.open(env)
+    assert h2.pid != pid and time.monotonic() - t0 < STEP_TIMEOUT + 2.0
+    assert eventually(lambda: not group_alive(pid))
+    h2._parkable = False
+    h2.close()
