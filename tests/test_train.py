@@ -1,0 +1,180 @@
+"""train.py end to end on the tiny models: regeneration, hinted arm, designer + agent updates,
+memory, checkpoints, exact resume after a crash in every phase, ablations, bad configs."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import engine
+import train
+
+ENVS = Path(__file__).resolve().parents[1] / "data" / "envs"
+
+# Small but complete: 2 regenerations (steps 0 and 2), 2 environments x 2 plays, 2 hinted plays.
+BASE = ["--model", "tiny", "--steps", "3", "--regen_interval", "2", "--num_envs", "2",
+        "--skills_per_regen", "1", "--plays", "4", "--hint_plays", "2", "--max_attempts", "2", "--designer_max_tokens", "16",
+        "--hint_max_tokens", "8", "--max_turns", "2", "--max_new_tokens", "8",
+        "--sandbox_workers", "2", "--checkpoint_every", "1", "--transcripts", "1"]
+
+
+class ScriptedDesigner:
+    """Designer replies from a script: known-good environments mixed with broken ones.
+
+    Replies are real token sequences with the model's own log-probs (teacher forcing), so the
+    designer path trains with real gradients and honest importance weights."""
+
+    def __init__(self, model, tokenizer, replies, per_batch=False):
+        self.model, self.tok, self.replies, self.calls = model, tokenizer, replies, 0
+        self.per_batch = per_batch  # cycle within each call (stateless) instead of across calls
+
+    def generate(self, prompts, *, max_new_tokens, temperature, top_p, top_k, seed=None):
+        out = []
+        for i, prompt in enumerate(prompts):
+            text = self.replies[(i if self.per_batch else self.calls) % len(self.replies)]
+            self.calls += 1
+            ids = self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id]
+            with torch.no_grad():
+                logits = self.model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1]
+            lp = torch.log_softmax(logits.float() / temperature, -1)
+            lp = lp.gather(-1, torch.tensor(ids)[:, None])[:, 0]
+            out.append(engine.Completion(token_ids=ids, logprobs=lp.tolist(), text=text,
+                                         finish_reason="stop"))
+        return out
+
+
+# A fair coin pays "heads", an unfair one never pays; the scripted agent alternates heads and tails,
+# so both roles get non-zero advantages (a random tiny model almost never ends a reply with EOS).
+COIN = '''
+class CoinEnv:
+    def __init__(self, max_turns: int = 3):
+        self.max_turns, self.seed, self.turn = max_turns, 0, 0
+
+    def reset(self, seed=None):
+        self.seed, self.turn = seed or 0, 0
+        return "Call the coin: \\\\boxed{heads} or \\\\boxed{tails}.", {}
+
+    def step(self, action):
+        self.turn += 1
+        won = FAIR and "heads" in action
+        return "The coin landed. Play again with \\\\boxed{heads}.", float(won), True, False, {}
+'''
+
+
+def scripted(model, tok):
+    """Designer script: a fair coin, a syntax error, an unfair coin, a hanging environment."""
+    replies = [f"Here is my environment.\n```python\n{COIN.replace('FAIR', 'True')}\n```",
+               "```python\nclass BrokenEnv(:\n    pass\n```",
+               f"```python\n{COIN.replace('FAIR', 'False')}\n```",
+               "```python\nclass HostileEnv:\n    def reset(self, seed=None):\n"
+               "        while True: pass\n```"]
+    return {"designer": ScriptedDesigner(model, tok, replies),
+            "agent": ScriptedDesigner(model, tok, ["I call it. \\boxed{heads}", "Hmm. \\boxed{tails}"],
+                                      per_batch=True)}
+
+
+def metrics(run_dir):
+    rows = [json.loads(l) for l in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+
+@pytest.fixture(scope="module")
+def designer_model():
+    return engine.build_tiny("tiny", seed=0)
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory, designer_model):
+    """One uninterrupted run, shared by the end-to-end checks and the resume comparisons."""
+    return train.main(BASE + ["--output_dir", str(tmp_path_factory.mktemp("ref") / "run")],
+                      engines=scripted(*designer_model))
+
+
+@pytest.mark.slow
+def test_end_to_end_with_scripted_designer(reference_run):
+    run = reference_run
+    rows = metrics(run)
+    assert [r["charts/step"] for r in rows] == [0, 1, 2]
+    # regeneration at step 0: valid scripted envs accepted, broken / hostile ones rejected
+    assert rows[0]["designer/attempts"] >= 2 and rows[0]["designer/accepted"] >= 1
+    assert 0 < rows[0]["designer/validity_rate"] <= 1
+    assert "regret/mean" in rows[0] and "agent/hinted_return_mean" in rows[0]
+    # step 2 regenerates again and trains step 0's designer samples (delay R = 2)
+    assert rows[2]["designer/samples"] >= 2 and 0 < rows[2]["designer/score_mean"] < 1
+    assert all(r["losses/samples"] > 0 and r["losses/grad_norm"] > 0 for r in rows)
+    assert 0 < rows[0]["agent/return_mean"] < 1 and rows[0]["env/zero_variance_share"] < 1
+    mem = json.loads((run / "memory.json").read_text())
+    assert mem["records"] and {"win_rate", "regret", "skill"} <= set(mem["records"][0])
+    assert (run / "latest").read_text().strip() == "checkpoint-3"
+    assert list((run / "envs").glob("step-0000/*.py")) and list((run / "transcripts").glob("*.jsonl"))
+
+
+@pytest.mark.slow
+def test_tiny_moe_runs(tmp_path):
+    args = [a if a != "tiny" else "tiny-moe" for a in BASE]
+    run = train.main(args + ["--steps", "1", "--output_dir", str(tmp_path / "moe")])
+    rows = metrics(run)
+    assert len(rows) == 1 and rows[0]["losses/samples"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", ["generate", "play", "score", "update", "sync", "log"])
+def test_resume_after_crash_is_exact(tmp_path, monkeypatch, designer_model, reference_run, phase):
+    crash_step = 2 if phase == "generate" else 1
+
+    def crash(step, name):
+        if step == crash_step and name == phase:
+            raise RuntimeError("simulated kill")
+
+    # one scripted designer across the kill, as a real engine's output depends only on its seed
+    engines = scripted(*designer_model)
+    monkeypatch.setattr(train, "on_phase", crash)
+    with pytest.raises(RuntimeError, match="simulated kill"):
+        train.main(BASE + ["--output_dir", str(tmp_path / "b")], engines=engines)
+    monkeypatch.setattr(train, "on_phase", lambda step, name: None)
+    resumed = train.main(BASE + ["--output_dir", str(tmp_path / "b"), "--resume"], engines=engines)
+    assert metrics(resumed) == metrics(reference_run)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags", [["--no_corpus"], ["--no_memory"], ["--no_designer_training"],
+                                   ["--two_skills"], ["--designer_reward", "regret"],
+                                   ["--designer_reward", "solve_rate"],
+                                   ["--fixed_envs", str(ENVS)]])
+def test_every_ablation_runs(tmp_path, flags, designer_model):
+    run = train.main(BASE + ["--steps", "2", "--output_dir", str(tmp_path / "a")] + flags,
+                     engines=scripted(*designer_model))
+    rows = metrics(run)
+    assert len(rows) == 2 and all(r["losses/samples"] > 0 for r in rows)
+    if "--fixed_envs" in flags:
+        assert "designer/attempts" not in rows[0] and rows[0]["env/pool_size"] >= 8
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--num_envs", "-1"], "--num_envs must be positive"),
+    (["--corpus", "/nonexistent.jsonl"], "corpus file not found"),
+    (["--skills_per_regen", "7"], "exceeds the 6 skills"),
+    (["--model", "Qwen3-5B"], "unknown model"),
+    (["--setting", "chess"], "--setting must be games or tool"),
+    (["--designer_reward", "vibes"], "--designer_reward must be"),
+])
+def test_bad_config_fails_fast(tmp_path, flags, message):
+    with pytest.raises(SystemExit, match=message):
+        train.main(BASE + ["--output_dir", str(tmp_path / "x")] + flags)
+
+
+def test_refuses_foreign_run_dir(tmp_path, designer_model):
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({"model": "other"}))
+    with pytest.raises(SystemExit, match="already holds a run"):
+        train.main(BASE + ["--output_dir", str(out)])
+    (out / "latest").write_text("checkpoint-1")
+    with pytest.raises(SystemExit, match="different config"):
+        train.main(BASE + ["--output_dir", str(out), "--resume"])
+
+
+def test_derive_seed_is_stable():
+    assert train.derive_seed("play", 3, 1) == train.derive_seed("play", 3, 1)
+    assert train.derive_seed("play", 3, 1) != train.derive_seed("play", 3, 2)
+    assert 0 <= train.derive_seed("x") < 2**31

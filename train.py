@@ -1,0 +1,754 @@
+"""SPADE training: Algorithm 1 of arXiv 2608.19197, one policy as designer and agent, GRPO.
+
+    for step in 0 .. S-1:
+        if step % R == 0:                      # regeneration (Sec. 3, Alg. 1 lines 3-6)
+            skills <- round robin; N environments <- designer(corpus doc, memory), validated
+            hint(e) <- same policy, for every pool environment
+        play every pool environment G times unhinted (seeded);  at regeneration also H hinted
+        regret(e) = mean R_hint - mean R_nohint                       # Eq. (3)
+        agent samples: A = (R - mean_e) / (std_e + 1e-8)              # Eq. (1)
+        at regeneration: previous epoch's designer samples get
+            score = 0.4 * clip(regret / 0.15, 0, 1) + 0.6 * plateau(w),  A = S * (score - mean_skill)
+        one GRPO step over designer + agent samples; sync weights into the rollout engine
+
+Symbols: S steps, R regeneration interval, N environments per regeneration, G unhinted plays,
+H hinted plays, w lifetime win rate, S role-balancing scale (code: `scale`).
+
+Deviations (from the paper and the authors' code; also in the README):
+  1. When fewer than N environments validate, the pool is topped up from the previous pool and, at
+     step 0, from the hand-written `data/envs/`; those carry no designer sample.
+  2. Environment faults drop the faulted episode from the agent batch, take the environment out
+     of the pool for the rest of its epoch and give its designer score 0 (authors: -1 to the agent).
+  3. The last epoch's designer samples are trained in a final designer-only update (authors drop
+     them).
+  4. Every sampling call gets a seed derived from (seed, step, phase, call), so a resumed run
+     replays exactly; the corpus sampler's state is checkpointed for the same reason.
+
+Launch: `python train.py --model tiny ...` (CPU) or `accelerate launch --config_file
+configs/fsdp2_8gpu.yaml train.py --model Qwen3-30B-A3B`. Test: `pytest tests/test_train.py`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import random
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import agent
+import designer
+import memory as memory_lib
+import regret
+import sandbox
+
+HERE = Path(__file__).resolve().parent
+
+
+# ----------------------------------------------------------------------------------------------
+# Config. Every default that comes from the paper cites it.
+
+@dataclass
+class ModelArgs:
+    model: str = field(default="tiny", metadata={"help": "Alias (Qwen3-4B, Qwen3-8B, Qwen3-30B-A3B), hub id, local dir, or tiny / tiny-moe (random, offline)."})
+    engine: str = field(default="auto", metadata={"help": "Rollout engine: auto (vLLM on GPU when installed, else transformers), vllm, transformers."})
+    bf16: bool = field(default=True, metadata={"help": "Train real models in bf16 (paper). Tiny models always run in fp32."})
+    gradient_checkpointing: bool = field(default=True, metadata={"help": "Activation checkpointing for real models."})
+    tensor_parallel_size: int = field(default=1, metadata={"help": "vLLM tensor parallel size within a node."})
+    gpu_memory_utilization: float = field(default=0.35, metadata={"help": "vLLM KV-cache share of GPU memory when colocated with training."})
+    micro_batch_tokens: int = field(default=16384, metadata={"help": "Tokens per forward/backward micro-batch (gradient accumulation over the step's samples)."})
+
+
+@dataclass
+class SpadeArgs:
+    setting: str = field(default="games", metadata={"help": "games (cognitive games, Sec. 4.1) or tool (multi-turn tool use, Sec. 4.2)."})
+    steps: int = field(default=400, metadata={"help": "Training steps (paper: 400)."})
+    regen_interval: int | None = field(default=None, metadata={"help": "R, steps between regenerations (paper: 4 games, 8 tool use)."})
+    num_envs: int = field(default=24, metadata={"help": "N, environments per regeneration (paper: 24)."})
+    plays: int = field(default=8, metadata={"help": "G, unhinted plays per environment per step (paper: 8)."})
+    hint_plays: int = field(default=16, metadata={"help": "H, hinted plays per environment at a regeneration step (paper: 16)."})
+    skills_per_regen: int | None = field(default=None, metadata={"help": "k, active skills per regeneration (paper: 3 of 6 games, all 6 tool use)."})
+    max_attempts: int = field(default=5, metadata={"help": "Designer attempts per slot (paper: 5)."})
+    corpus: str = field(default=str(HERE / "data" / "corpus.jsonl"), metadata={"help": "Grounding corpus, JSONL with `text` (or `orig_doc`) per line."})
+    corpus_seed: int = field(default=42, metadata={"help": "Seed of the document sampler (paper: 42)."})
+    memory_capacity: int = field(default=200, metadata={"help": "Environment memory FIFO capacity (paper: 200)."})
+    designer_temperature: float = field(default=0.6, metadata={"help": "Designer sampling temperature (paper: 0.6)."})
+    designer_max_tokens: int = field(default=16384, metadata={"help": "Designer max new tokens (paper: 16,384)."})
+    hint_temperature: float = field(default=0.3, metadata={"help": "Hint sampling temperature (paper: 0.3)."})
+    hint_max_tokens: int | None = field(default=None, metadata={"help": "Hint max new tokens (paper: 4,096 games, 2,048 tool use)."})
+    agent_temperature: float = field(default=0.6, metadata={"help": "Agent sampling temperature (paper: 0.6)."})
+    top_p: float = field(default=0.95, metadata={"help": "Top-p for designer and agent (paper: 0.95)."})
+    top_k: int = field(default=20, metadata={"help": "Top-k for designer and agent (paper: 20)."})
+    max_turns: int = field(default=25, metadata={"help": "Agent turns per episode (paper: 25)."})
+    max_context: int = field(default=32768, metadata={"help": "Agent context in tokens (paper: 32,768)."})
+    max_new_tokens: int = field(default=8192, metadata={"help": "Agent new tokens per turn (paper: 8,192)."})
+    designer_reward: str = field(default="blend", metadata={"help": "blend (paper runs), regret (ablation), solve_rate (ablation)."})
+    role_scale_cap: float = field(default=50.0, metadata={"help": "Cap of the role-balancing scale S = min(cap, N_agent / N_designer * R) (paper: 50)."})
+    no_corpus: bool = field(default=False, metadata={"help": "Ablation: designer prompts without a reference document."})
+    no_memory: bool = field(default=False, metadata={"help": "Ablation: no environment memory."})
+    no_designer_training: bool = field(default=False, metadata={"help": "Ablation: the designer role is never trained."})
+    two_skills: bool = field(default=False, metadata={"help": "Ablation: two-skill curriculum {Math, Pattern}."})
+    fixed_envs: str | None = field(default=None, metadata={"help": "Fixed-env GRPO baseline: train the agent on the environments (*.py) in this directory."})
+
+
+@dataclass
+class OptimArgs:
+    lr: float = field(default=1e-6, metadata={"help": "AdamW learning rate, constant (paper: 1e-6)."})
+    weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay (paper: 0.1)."})
+    grad_clip: float = field(default=1.0, metadata={"help": "Gradient norm clip (paper: 1.0)."})
+    clip_low: float = field(default=0.2, metadata={"help": "PPO clip epsilon low (paper: 0.2)."})
+    clip_high: float = field(default=0.28, metadata={"help": "PPO clip epsilon high, clip-higher (paper: 0.28)."})
+    tis_cap: float = field(default=2.0, metadata={"help": "Truncated importance-sampling cap (paper: 2)."})
+    kl_coef: float | None = field(default=None, metadata={"help": "k3 KL to the initial policy (paper: 0 games, 0.005 tool use)."})
+    ppo_epochs: int = field(default=1, metadata={"help": "Optimizer passes per step (paper: 1)."})
+
+
+@dataclass
+class RunArgs:
+    output_dir: str = field(default="runs/spade", metadata={"help": "Run directory: metrics.jsonl, environments, memory, checkpoints."})
+    seed: int = field(default=0, metadata={"help": "Seed of models, play seeds and sampling."})
+    resume: bool = field(default=False, metadata={"help": "Continue from the latest checkpoint in output_dir."})
+    allow_config_change: bool = field(default=False, metadata={"help": "Resume even if the config differs from the run's."})
+    overwrite: bool = field(default=False, metadata={"help": "Start afresh even if output_dir holds a run."})
+    checkpoint_every: int = field(default=16, metadata={"help": "Steps between checkpoints (and one at the end)."})
+    sandbox_workers: int = field(default=8, metadata={"help": "Sandbox worker concurrency."})
+    step_timeout: float = field(default=5.0, metadata={"help": "Seconds per environment call."})
+    sandbox_memory_mb: int = field(default=1024, metadata={"help": "Address-space limit per environment process."})
+    log_with: str | None = field(default=None, metadata={"help": "Accelerate tracker: tensorboard or wandb."})
+    transcripts: int = field(default=2, metadata={"help": "Sample transcripts written per step."})
+
+
+def resolve(margs: ModelArgs, sargs: SpadeArgs, oargs: OptimArgs, rargs: RunArgs) -> None:
+    """Fill setting-dependent defaults and fail fast with a clear message on bad values."""
+    tool = sargs.setting == "tool"
+    if sargs.setting not in ("games", "tool"):
+        raise SystemExit(f"--setting must be games or tool, not {sargs.setting!r}")
+    sargs.regen_interval = sargs.regen_interval or (8 if tool else 4)
+    sargs.hint_max_tokens = sargs.hint_max_tokens or (2048 if tool else 4096)
+    oargs.kl_coef = (0.005 if tool else 0.0) if oargs.kl_coef is None else oargs.kl_coef
+    n_skills = len(skill_list(sargs))
+    sargs.skills_per_regen = sargs.skills_per_regen or (n_skills if tool else min(3, n_skills))
+    for name in ("steps", "regen_interval", "num_envs", "plays", "max_attempts", "max_turns",
+                 "max_context", "max_new_tokens", "designer_max_tokens", "hint_max_tokens",
+                 "skills_per_regen", "memory_capacity"):
+        if getattr(sargs, name) <= 0:
+            raise SystemExit(f"--{name} must be positive, got {getattr(sargs, name)}")
+    if sargs.hint_plays < 0 or oargs.ppo_epochs <= 0 or rargs.checkpoint_every <= 0:
+        raise SystemExit("--hint_plays must be >= 0, --ppo_epochs and --checkpoint_every > 0")
+    if sargs.skills_per_regen > n_skills:
+        raise SystemExit(f"--skills_per_regen {sargs.skills_per_regen} exceeds the {n_skills} skills")
+    if sargs.designer_reward not in ("blend", "regret", "solve_rate"):
+        raise SystemExit("--designer_reward must be blend, regret or solve_rate")
+    if not sargs.no_corpus and not sargs.fixed_envs and not Path(sargs.corpus).is_file():
+        raise SystemExit(f"corpus file not found: {sargs.corpus} (see data/README.md)")
+    if sargs.fixed_envs and not sorted(Path(sargs.fixed_envs).glob("*.py")):
+        raise SystemExit(f"--fixed_envs {sargs.fixed_envs}: no *.py environments there")
+    import engine  # resolve the alias now so a typo fails before any work
+    try:
+        engine.resolve_model_name(margs.model)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+
+
+def skill_list(sargs: SpadeArgs) -> list[str]:
+    if sargs.setting == "tool":
+        return list(designer.TOOL_SKILLS)
+    return list(designer.TWO_SKILLS if sargs.two_skills else designer.GAME_SKILLS)
+
+
+# ----------------------------------------------------------------------------------------------
+# INFRA: small helpers
+
+def derive_seed(*parts) -> int:
+    """A stable 31-bit seed from any parts; the same parts give the same seed across resumes."""
+    return int(hashlib.sha256(":".join(map(str, parts)).encode()).hexdigest()[:8], 16) >> 1
+
+
+def atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def on_phase(step: int, phase: str) -> None:
+    """Called at the start of every phase; a no-op hook that tests use to simulate a crash."""
+
+
+@dataclass
+class PoolEnv:
+    """One environment in the pool, with its statistics over the current regeneration epoch."""
+    env_id: str
+    skill: str
+    source: str
+    class_name: str
+    origin: str  # designer | carried | fallback | fixed
+    hint: str | None = None
+    faulty: bool = False
+    returns: list = field(default_factory=list)  # unhinted returns over the epoch
+    regret: float | None = None
+    r_hint: float | None = None
+    r_nohint: float | None = None
+    sample: dict | None = None  # the designer's training sample (tokens, logprobs), if any
+
+
+class Sampler:
+    """Binds engine + tokenizer + sampling params into the callables the leaf modules take."""
+
+    def __init__(self, eng, tokenizer, seed: int):
+        self.eng, self.tok, self.seed, self.calls = eng, tokenizer, seed, 0
+        self.step, self.phase = 0, ""
+
+    def at(self, step: int, phase: str) -> "Sampler":
+        self.step, self.phase, self.calls = step, phase, 0
+        return self
+
+    def _seed(self) -> int:
+        self.calls += 1
+        return derive_seed(self.seed, self.step, self.phase, self.calls)
+
+    def chat(self, *, temperature: float, max_new_tokens: int, top_p=1.0, top_k=0):
+        """list of chat messages lists -> list[Completion] (designer and hint calls)."""
+        def generate(conversations):
+            prompts = [self.prompt_ids(m) for m in conversations]
+            return self.eng.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
+                                     top_p=top_p, top_k=top_k, seed=self._seed())
+        return generate
+
+    def tokens(self, *, temperature: float, top_p: float, top_k: int):
+        """token prompts -> list[Completion] (agent turns)."""
+        def generate(prompts, max_new_tokens):
+            return self.eng.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
+                                     top_p=top_p, top_k=top_k, seed=self._seed())
+        return generate
+
+    def prompt_ids(self, messages) -> list[int]:
+        return list(self.tok.apply_chat_template(messages, add_generation_prompt=True,
+                                                 tokenize=True, return_dict=False))
+
+
+# ----------------------------------------------------------------------------------------------
+# ALGO: the phases of one step
+
+def regenerate(step, sargs, sampler, design_sampler, sb, mem, pool, corpus, rank=0,
+               world=1) -> tuple[list[PoolEnv], dict]:
+    """Alg. 1 lines 3-6: active skills, designer proposals validated in the sandbox, hints.
+
+    With several ranks each one designs (and later plays) its own share of the N slots."""
+    skills = skill_list(sargs)
+    active = designer.active_skills(step, skills, sargs.skills_per_regen, sargs.regen_interval)
+    slots = [active[i % len(active)] for i in range(sargs.num_envs)][rank::world]  # Sec. 3.1
+    n_local = len(slots)
+    rng = random.Random(derive_seed("prompts", sargs.corpus_seed, step, rank))
+    gen = design_sampler.at(step, "designer").chat(temperature=sargs.designer_temperature,
+                                            max_new_tokens=sargs.designer_max_tokens,
+                                            top_p=sargs.top_p, top_k=sargs.top_k)
+    block = (lambda skill: "") if sargs.no_memory else (lambda skill: mem.prompt_block(skill, rng))
+    proposals, stats = designer.regenerate(
+        slots, generate=gen, validate=lambda src: sb.validate(src, setting=sargs.setting),
+        corpus=corpus, memory_block=block, setting=sargs.setting, rng=rng,
+        max_attempts=sargs.max_attempts)
+    fresh = []
+    for i, p in enumerate(q for q in proposals if q.ok):
+        sample = None
+        if not sargs.no_designer_training:
+            prompt = sampler.prompt_ids(p.messages)
+            sample = {"prompt": prompt, "reply": list(p.reply.token_ids),
+                      "logprobs": list(p.reply.logprobs), "skill": p.skill}
+        fresh.append(PoolEnv(f"s{step}-r{rank}-e{i}", p.skill, p.source, p.class_name, "designer",
+                             sample=sample))
+    # Deviation 1: top up from the previous pool, then (step 0) from the hand-written envs.
+    carried = [dataclasses.replace(e, origin="carried", returns=[], regret=None, sample=None,
+                                   r_hint=None, r_nohint=None)
+               for e in pool if not e.faulty]
+    if step == 0:
+        carried += load_env_dir(HERE / "data" / "envs", sargs.setting, sb, origin="fallback")[rank::world]
+    new_pool = fresh + carried[: max(0, n_local - len(fresh))]
+    missing = [e for e in new_pool if e.hint is None]
+    hint_gen = sampler.at(step, "hint").chat(temperature=sargs.hint_temperature,
+                                             max_new_tokens=sargs.hint_max_tokens)
+    for e, h in zip(missing, designer.write_hints(
+            [designer.Proposal(skill=e.skill, setting=sargs.setting, source=e.source)
+             for e in missing], hint_gen)):
+        e.hint = h
+    stats = {f"designer/{k}": v for k, v in stats.items()}
+    stats["designer/accepted"] = len(fresh)
+    stats["designer/diversity"] = regret.diversity([e.source for e in fresh]) if fresh else 0.0
+    stats["env/from_fallback"] = sum(e.origin == "fallback" for e in new_pool)
+    return new_pool, stats
+
+
+def load_env_dir(path: Path, setting: str, sb, origin: str) -> list[PoolEnv]:
+    """Hand-written environments of one setting (first-line docstring `skill: <name>`)."""
+    envs = []
+    for f in sorted(Path(path).glob("*.py")):
+        src = f.read_text(encoding="utf-8")
+        report = sb.validate(src, setting=setting)
+        if not report.ok:
+            continue
+        first = src.lstrip().split("\n", 1)[0].strip('"\' ')
+        skill = first.split(":", 1)[1].split(".")[0].strip() if first.startswith("skill:") else "unknown"
+        envs.append(PoolEnv(f"{origin}:{f.stem}", skill, src, report.class_name, origin))
+    return envs
+
+
+def play_pool(step, pool, sargs, sampler, sb, tokenizer, hinted_arm: bool):
+    """Alg. 1 line 7: G unhinted plays per environment, plus H hinted at a regeneration step.
+
+    Both arms draw their seeds from one list (common random numbers, our deviation)."""
+    seeds = [derive_seed("play", step, i) for i in range(max(sargs.plays, sargs.hint_plays))]
+    specs = []
+    for e in pool:
+        if e.faulty:
+            continue
+        specs += [agent.EpisodeSpec(e.env_id, s, None, sb.open(e.source)) for s in seeds[:sargs.plays]]
+        if hinted_arm and e.hint:
+            specs += [agent.EpisodeSpec(e.env_id, s, e.hint, sb.open(e.source))
+                      for s in seeds[:sargs.hint_plays]]
+    gen = sampler.at(step, "agent").tokens(temperature=sargs.agent_temperature,
+                                           top_p=sargs.top_p, top_k=sargs.top_k)
+    try:
+        episodes = agent.play(specs, generate=gen, tokenizer=tokenizer, step_many=sb.step_many,
+                              setting=sargs.setting, max_turns=sargs.max_turns,
+                              max_context=sargs.max_context, max_new_tokens=sargs.max_new_tokens)
+    finally:
+        for s in specs:
+            s.handle.close()
+    return episodes
+
+
+def score_epoch(pool, sargs) -> list[dict]:
+    """Designer samples of the finished epoch with their scores (Sec. 3.3, blend)."""
+    out = []
+    for e in pool:
+        if e.sample is None:
+            continue
+        if e.faulty or e.regret is None or not e.returns:
+            score = 0.0  # deviation 2: a faulty environment scores 0
+        else:
+            w = sum(e.returns) / len(e.returns)
+            score = regret.designer_score(e.regret, w, mode=sargs.designer_reward)
+        out.append({**e.sample, "score": score, "env_id": e.env_id})
+    return out
+
+
+def env_stats(step, pool, episodes, is_regen) -> dict:
+    """Per-step statistics; updates each environment's epoch returns and regret in place."""
+    by_env = {e.env_id: e for e in pool}
+    unhinted, hinted = {}, {}
+    for ep in episodes:
+        if ep.status == "env_error":
+            by_env[ep.env_id].faulty = True
+            continue
+        (hinted if ep.hinted else unhinted).setdefault(ep.env_id, []).append(ep.ret)
+    m = {}
+    for env_id, rets in unhinted.items():
+        by_env[env_id].returns += rets
+    wins = {k: sum(r > 0 for r in v) / len(v) for k, v in unhinted.items()}
+    means = {k: sum(v) / len(v) for k, v in unhinted.items()}
+    if is_regen:
+        regs = []
+        for env_id, hr in hinted.items():
+            if env_id in unhinted and not by_env[env_id].faulty:
+                e = by_env[env_id]
+                e.regret = regret.hint_regret(hr, unhinted[env_id])  # Eq. (3)
+                e.r_hint, e.r_nohint = sum(hr) / len(hr), means[env_id]
+                regs.append(e)
+        if regs:
+            m["regret/mean"] = sum(e.regret for e in regs) / len(regs)
+            m["regret/positive_share"] = sum(e.regret > 0 for e in regs) / len(regs)
+            m["regret/r_hint"] = sum(e.r_hint for e in regs) / len(regs)
+            m["regret/r_nohint"] = sum(e.r_nohint for e in regs) / len(regs)
+    if means:
+        m["env/learnable_share"] = regret.learnable_share(list(means.values()))
+        m["env/win_rate"] = sum(wins.values()) / len(wins)
+        m["env/zero_variance_share"] = regret.zero_variance_share(list(unhinted.values()))
+        m["env/reward_granularity"] = regret.reward_granularity(
+            [[r for ep in episodes if ep.env_id == k and not ep.hinted for r in ep.rewards]
+             for k in unhinted])
+        for skill in sorted({by_env[k].skill for k in wins}):
+            ks = [k for k in wins if by_env[k].skill == skill]
+            m[f"env/win_rate/{skill}"] = sum(wins[k] for k in ks) / len(ks)
+    m["env/pool_size"] = len(pool)
+    m["env/faulty"] = sum(e.faulty for e in pool)
+    return m, wins
+
+
+def agent_samples(episodes, grpo) -> list[dict]:
+    """Unhinted, fault-free episodes -> training samples with group advantages (Eq. 1)."""
+    eps = [ep for ep in episodes if not ep.hinted and ep.status != "env_error"]
+    adv = grpo.agent_advantages([ep.ret for ep in eps], [ep.env_id for ep in eps])
+    return [{"tokens": list(ep.token_ids), "mask": list(ep.mask), "logprobs": list(ep.logprobs),
+             "advantage": a, "role": "agent"} for ep, a in zip(eps, adv)]
+
+
+def designer_samples(scored, n_agent_global, sargs, grpo, accelerator) -> tuple[list[dict], dict]:
+    """Scored designer samples -> advantages A = S * (score - mean_skill) over all ranks."""
+    from accelerate.utils import gather_object
+    mine = [(accelerator.process_index, i, s["skill"], s["score"]) for i, s in enumerate(scored)]
+    everyone = gather_object(mine) if accelerator.num_processes > 1 else mine
+    if not everyone:
+        return [], {}
+    scale = grpo.role_scale(n_agent_global, len(everyone), sargs.regen_interval,
+                            cap=sargs.role_scale_cap)
+    adv = grpo.designer_advantages([x[3] for x in everyone], [x[2] for x in everyone], scale)
+    mine_adv = {(r, i): a for (r, i, _, _), a in zip(everyone, adv)}
+    out = []
+    for i, s in enumerate(scored):
+        out.append({"tokens": s["prompt"] + s["reply"], "mask": [0] * len(s["prompt"]) + [1] * len(s["reply"]),
+                    "logprobs": [0.0] * len(s["prompt"]) + s["logprobs"],
+                    "advantage": mine_adv[(accelerator.process_index, i)], "role": "designer"})
+    scores = [x[3] for x in everyone]
+    return out, {"designer/score_mean": sum(scores) / len(scores), "designer/samples": len(scores),
+                 "designer/scale": scale}
+
+
+def micro_batches(samples, budget: int) -> list[list[dict]]:
+    """Split samples into same-role micro-batches of at most `budget` tokens (one sample may exceed)."""
+    out = []
+    for role in ("agent", "designer"):
+        cur, n = [], 0
+        for s in sorted((s for s in samples if s["role"] == role), key=lambda s: len(s["tokens"])):
+            if cur and n + len(s["tokens"]) > budget:
+                out.append(cur)
+                cur, n = [], 0
+            cur.append(s)
+            n += len(s["tokens"])
+        out += [cur] if cur else []
+    return out
+
+
+def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *, pad_id,
+                temperatures, oargs, margs, grpo, torch) -> dict:
+    """One GRPO step (Sec. 3.4): token-mean per sample, mean over all samples of all ranks."""
+    dev, world = accelerator.device, accelerator.num_processes
+    n_global = int(accelerator.gather(torch.tensor([len(samples)], device=dev)).sum())
+    if n_global == 0:
+        return {}
+    batches = micro_batches(samples, margs.micro_batch_tokens)
+    # INFRA: every rank runs the same number of forwards (FSDP collectives); extras weigh 0.
+    n_mb = int(accelerator.gather(torch.tensor([len(batches)], device=dev)).max())
+    filler = [dict(_FILLER, tokens=[pad_id, pad_id])]
+    stats_acc, old_cache, grad_norm = {}, {}, 0.0
+    for epoch in range(oargs.ppo_epochs):
+        optimizer.zero_grad(set_to_none=True)
+        for b in range(n_mb):
+            mb = batches[b] if b < len(batches) else filler
+            t = grpo.pad_batch([{"token_ids": s["tokens"], "mask": s["mask"], "logprobs": s["logprobs"]}
+                                for s in mb], pad_id=pad_id)
+            t = {k: v.to(dev) for k, v in t.items()}
+            temp = temperatures[mb[0]["role"]]
+            logp = grpo.token_logprobs(model, t["input_ids"], t["attention_mask"],
+                                       t["completion_mask"], temperature=temp)
+            if epoch == 0:  # pi_old = the policy before this step's first optimizer step
+                old_cache[b] = logp.detach()
+            ref = None
+            if ref_model is not None:
+                with torch.no_grad():
+                    ref = grpo.token_logprobs(ref_model, t["input_ids"], t["attention_mask"],
+                                              t["completion_mask"], temperature=temp)
+            adv = torch.tensor([s["advantage"] for s in mb], device=dev)
+            loss, st = grpo.policy_loss(logp, old_cache[b], t["rollout_logp"], adv,
+                                        t["completion_mask"], ref_logp=ref, kl_coef=oargs.kl_coef,
+                                        clip_low=oargs.clip_low, clip_high=oargs.clip_high,
+                                        tis_cap=oargs.tis_cap)
+            # loss is a mean over this micro-batch; re-weight to a mean over all samples (DDP/FSDP
+            # average gradients over ranks, hence the factor `world`).
+            weight = len(mb) * world / n_global if mb is not filler else 0.0
+            accelerator.backward(loss * weight)
+            if mb is not filler:
+                for k, v in st.items():
+                    stats_acc.setdefault(k, []).append((float(v), len(mb)))
+        grad_norm = accelerator.clip_grad_norm_(model.parameters(), oargs.grad_clip)
+        optimizer.step()
+        scheduler.step()
+    out = {f"losses/{k.removeprefix('loss/')}": sum(v * n for v, n in vals) / sum(n for _, n in vals)
+           for k, vals in stats_acc.items()}
+    out["losses/grad_norm"] = float(grad_norm)
+    out["losses/samples"] = n_global
+    return out
+
+
+_FILLER = {"mask": [0, 1], "logprobs": [0.0, 0.0], "role": "agent", "advantage": 0.0}
+
+
+# ----------------------------------------------------------------------------------------------
+# INFRA: run directory, checkpoints
+
+def save_checkpoint(accelerator, run_dir: Path, step: int, state: dict) -> None:
+    """Write checkpoint-<step> atomically: save into a temp dir, then rename and repoint `latest`."""
+    tmp, final = run_dir / f"checkpoint-{step}.tmp", run_dir / f"checkpoint-{step}"
+    if accelerator.is_main_process and tmp.exists():
+        shutil.rmtree(tmp)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    tmp.mkdir(parents=True, exist_ok=True)
+    atomic_write(tmp / f"spade_state-{accelerator.process_index}.json", json.dumps(state))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        atomic_write(run_dir / "latest", final.name)
+        for old in sorted(run_dir.glob("checkpoint-*"), key=lambda p: p.stat().st_mtime)[:-2]:
+            if old.name != final.name and not old.name.endswith(".tmp"):
+                shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+
+
+def pool_to_json(pool) -> list[dict]:
+    return [dataclasses.asdict(e) for e in pool]
+
+
+def config_dict(*args) -> dict:
+    out = {}
+    for a in args:
+        out.update(dataclasses.asdict(a))
+    for k in ("resume", "allow_config_change", "overwrite", "output_dir", "log_with"):
+        out.pop(k, None)
+    return out
+
+
+def prepare_run_dir(run_dir: Path, cfg: dict, rargs: RunArgs, accelerator) -> Path | None:
+    """Return the checkpoint to resume from (or None); refuse a foreign or clobbered run dir."""
+    saved = run_dir / "config.json"
+    if rargs.resume:
+        if not (run_dir / "latest").exists():
+            raise SystemExit(f"--resume: no checkpoint in {run_dir}")
+        old = json.loads(saved.read_text())
+        diff = sorted(k for k in set(old) | set(cfg) if old.get(k) != cfg.get(k))
+        if diff and not rargs.allow_config_change:
+            raise SystemExit(f"--resume: {run_dir} was run with a different config ({', '.join(diff)}); "
+                             "pass --allow_config_change to continue anyway")
+        return run_dir / (run_dir / "latest").read_text().strip()
+    if saved.exists() and not rargs.overwrite:
+        raise SystemExit(f"{run_dir} already holds a run: pass --resume to continue it or --overwrite")
+    if accelerator.is_main_process:
+        if run_dir.exists() and rargs.overwrite:
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(saved, json.dumps(cfg, indent=2, sort_keys=True))
+    accelerator.wait_for_everyone()
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# The loop: generate -> validate -> play -> score -> update -> sync -> log
+
+def main(argv=None, *, engines: dict | None = None) -> Path:
+    """Run SPADE; returns the run directory. `engines` (tests) may replace the rollout engine for
+    the "designer" or the "agent" role, e.g. a scripted designer that returns known environments."""
+    from transformers import HfArgumentParser
+    margs, sargs, oargs, rargs = HfArgumentParser((ModelArgs, SpadeArgs, OptimArgs, RunArgs)) \
+        .parse_args_into_dataclasses(args=argv)
+    resolve(margs, sargs, oargs, rargs)
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import gather_object, set_seed
+    from tqdm.auto import tqdm
+
+    import engine
+    import grpo
+
+    accelerator = Accelerator(log_with=rargs.log_with, project_dir=rargs.output_dir)
+    run_dir = Path(rargs.output_dir)
+    cfg = config_dict(margs, sargs, oargs, rargs)
+    resume_from = prepare_run_dir(run_dir, cfg, rargs, accelerator)
+    set_seed(rargs.seed)
+    rank, world, main_proc = accelerator.process_index, accelerator.num_processes, accelerator.is_main_process
+
+    # INFRA: model, optimizer, engine. Tiny models are fp32 on CPU; real ones bf16.
+    tiny = engine.resolve_model_name(margs.model) in engine.TINY_MODELS
+    model, tokenizer = engine.load_model_and_tokenizer(
+        margs.model, dtype=torch.bfloat16 if margs.bf16 else torch.float32, seed=rargs.seed)
+    if margs.gradient_checkpointing and not tiny:
+        model.gradient_checkpointing_enable()
+    ref_model = None
+    if oargs.kl_coef > 0:
+        import copy
+        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=oargs.lr, betas=grpo.BETAS,
+                                  weight_decay=oargs.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)  # constant (paper)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    if ref_model is not None:
+        ref_model = accelerator.prepare_model(ref_model, evaluation_mode=True)
+    eng = make_engine(margs, accelerator.unwrap_model(model), tokenizer, rargs.seed)
+    engines = engines or {}
+    sampler = Sampler(engines.get("agent", eng), tokenizer, rargs.seed + 7919 * rank)
+    design_sampler = Sampler(engines.get("designer", eng), tokenizer, rargs.seed + 7919 * rank)
+    temperatures = {"agent": sargs.agent_temperature, "designer": sargs.designer_temperature}
+
+    corpus = None
+    if not (sargs.no_corpus or sargs.fixed_envs):  # one sampler for the run, seed 42 (Sec. 3.2)
+        corpus = designer.Corpus.load(sargs.corpus, max_words=designer.CORPUS_MAX_WORDS[sargs.setting],
+                                      seed=sargs.corpus_seed + rank)
+    mem = memory_lib.EnvironmentMemory(capacity=sargs.memory_capacity, path=run_dir / "memory.json")
+    pool, start = [], 0
+    sb = sandbox.Sandbox(workers=rargs.sandbox_workers, step_timeout=rargs.step_timeout,
+                         memory_mb=rargs.sandbox_memory_mb)
+    sb.__enter__()
+    if resume_from is not None:
+        accelerator.load_state(str(resume_from))
+        st = json.loads((resume_from / f"spade_state-{rank}.json").read_text())
+        start = st["step"]
+        pool = [PoolEnv(**e) for e in st["pool"]]
+        mem = memory_lib.EnvironmentMemory.from_dict(st["memory"], path=run_dir / "memory.json")
+        if corpus is not None:
+            corpus.load_state_dict(st["corpus"])
+        if main_proc:  # drop metrics of steps that will be replayed
+            lines = (run_dir / "metrics.jsonl").read_text().splitlines()[: st["metrics_lines"]]
+            atomic_write(run_dir / "metrics.jsonl", "".join(l + "\n" for l in lines))
+        eng.sync_weights(accelerator.unwrap_model(model))
+    elif sargs.fixed_envs:
+        pool = load_env_dir(Path(sargs.fixed_envs), sargs.setting, sb, origin="fixed")[rank::world]
+        if not pool:
+            raise SystemExit(f"--fixed_envs {sargs.fixed_envs}: no environment passed validation")
+    if main_proc:
+        accelerator.init_trackers("spade", config=cfg)
+        print(f"[spade] run dir {run_dir.resolve()}  sandbox level: {sb.level}  world {world}")
+    bar = tqdm(range(start, sargs.steps), initial=start, total=sargs.steps, desc="spade",
+               disable=not main_proc)
+    step = start
+    for step in bar:
+        t0, m = time.perf_counter(), {}
+        is_regen = step % sargs.regen_interval == 0 and not sargs.fixed_envs
+        scored = []
+        # ALGO: 1-2. regeneration: score the finished epoch, then design a fresh pool
+        if is_regen:
+            on_phase(step, "generate")
+            scored = score_epoch(pool, sargs)
+            pool, gm = regenerate(step, sargs, sampler, design_sampler, sb, mem, pool,
+                                   corpus, rank, world)
+            m.update(gm)
+            eng.wake_up() if hasattr(eng, "wake_up") else None
+        t_gen = time.perf_counter() - t0
+        # ALGO: 3. play (unhinted G times; hinted H times at a regeneration)
+        on_phase(step, "play")
+        episodes = play_pool(step, pool, sargs, sampler, sb, tokenizer,
+                             hinted_arm=is_regen and sargs.hint_plays > 0)
+        t_play = time.perf_counter() - t0 - t_gen
+        on_phase(step, "score")
+        em, wins = env_stats(step, pool, episodes, is_regen)
+        m.update(em)
+        if step + 1 == sargs.steps and not sargs.fixed_envs:
+            scored += score_epoch(pool, sargs)  # deviation 3: the last epoch is trained too
+        samples = agent_samples(episodes, grpo)
+        n_agent = sum(gather_object([len(samples)])) if world > 1 else len(samples)
+        if scored and not sargs.no_designer_training:
+            ds, dm = designer_samples(scored, n_agent, sargs, grpo, accelerator)
+            samples += ds
+            m.update(dm)
+        if is_regen and not sargs.no_memory:  # memory records for the freshly designed envs
+            recs = [memory_lib.MemoryRecord(skill=e.skill, source=e.source, win_rate=wins.get(e.env_id, 0.0),
+                                            regret=e.regret or 0.0, step=step, class_name=e.class_name,
+                                            setting=sargs.setting)
+                    for e in pool if e.origin == "designer" and not e.faulty]
+            for r in (gather_object(recs) if world > 1 else recs):
+                mem.add(r)
+        # ALGO: 4-5. one GRPO update over both roles, then push the weights to the engine
+        on_phase(step, "update")
+        t1 = time.perf_counter()
+        eng.sleep() if hasattr(eng, "sleep") else None
+        m.update(grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples,
+                             pad_id=tokenizer.pad_token_id, temperatures=temperatures, oargs=oargs,
+                             margs=margs, grpo=grpo, torch=torch))
+        t_update = time.perf_counter() - t1
+        on_phase(step, "sync")
+        eng.sync_weights(accelerator.unwrap_model(model))
+        # INFRA: 6. log, checkpoint
+        on_phase(step, "log")
+        m.update(episode_metrics(episodes))
+        m.update({"charts/step": step, "charts/lr": scheduler.get_last_lr()[0],
+                  "time/generate_s": t_gen, "time/play_s": t_play, "time/update_s": t_update,
+                  "time/step_s": time.perf_counter() - t0})
+        m = reduce_metrics(m, accelerator, gather_object)
+        if main_proc:
+            write_step_files(run_dir, step, pool if is_regen else [], episodes, rargs.transcripts)
+            with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps(m, sort_keys=True) + "\n")
+            accelerator.log(m, step=step)
+            bar.set_postfix(ret=f"{m.get('agent/return_mean', 0):.2f}",
+                            learnable=f"{m.get('env/learnable_share', 0):.2f}")
+            if not sargs.no_memory:
+                mem.save()
+        if (step + 1) % rargs.checkpoint_every == 0 or step + 1 == sargs.steps:
+            n_lines = len((run_dir / "metrics.jsonl").read_text().splitlines()) if main_proc else 0
+            save_checkpoint(accelerator, run_dir, step + 1, {
+                "step": step + 1, "pool": pool_to_json(pool),
+                "corpus": corpus.state_dict() if corpus is not None else None,
+                "memory": mem.to_dict(), "metrics_lines": n_lines})
+    sb.__exit__(None, None, None)
+    accelerator.end_training()
+    return run_dir
+
+
+def make_engine(margs: ModelArgs, model, tokenizer, seed: int):
+    """vLLM colocated on GPU when installed (or asked for); the transformers engine otherwise."""
+    import importlib.util
+
+    import torch
+
+    import engine
+    want_vllm = margs.engine == "vllm" or (
+        margs.engine == "auto" and torch.cuda.is_available() and importlib.util.find_spec("vllm"))
+    if want_vllm:
+        return engine.VLLMEngine(engine.resolve_model_name(margs.model),
+                                 tensor_parallel_size=margs.tensor_parallel_size,
+                                 gpu_memory_utilization=margs.gpu_memory_utilization, seed=seed)
+    return engine.TransformersEngine(model, tokenizer)
+
+
+def episode_metrics(episodes) -> dict:
+    plain = [ep for ep in episodes if not ep.hinted]
+    m = {"agent/episodes": len(plain)}
+    if plain:
+        m["agent/return_mean"] = sum(ep.ret for ep in plain) / len(plain)
+        m["agent/turns_mean"] = sum(ep.turns for ep in plain) / len(plain)
+        m["agent/tokens_mean"] = sum(len(ep.token_ids) for ep in plain) / len(plain)
+        for status in sorted({ep.status for ep in plain}):
+            m[f"agent/status/{status}"] = sum(ep.status == status for ep in plain) / len(plain)
+    hinted = [ep.ret for ep in episodes if ep.hinted]
+    if hinted:
+        m["agent/hinted_return_mean"] = sum(hinted) / len(hinted)
+    return m
+
+
+def reduce_metrics(m: dict, accelerator, gather_object) -> dict:
+    """Mean of every scalar over the ranks that report it (counts are per-rank means too)."""
+    if accelerator.num_processes == 1:
+        return m
+    merged: dict = {}
+    for d in gather_object([m]):
+        for k, v in d.items():
+            merged.setdefault(k, []).append(v)
+    return {k: sum(v) / len(v) for k, v in merged.items()}
+
+
+def write_step_files(run_dir: Path, step: int, new_pool, episodes, n_transcripts: int) -> None:
+    """The freshly designed environments with their hints, and a few sample transcripts."""
+    if new_pool:
+        d = run_dir / "envs" / f"step-{step:04d}"
+        d.mkdir(parents=True, exist_ok=True)
+        for e in new_pool:
+            atomic_write(d / f"{e.env_id.replace(':', '_')}.py", e.source)
+        atomic_write(d / "pool.json", json.dumps(
+            [{"env_id": e.env_id, "skill": e.skill, "origin": e.origin, "class_name": e.class_name,
+              "hint": e.hint, "regret": e.regret} for e in new_pool], indent=2))
+    if n_transcripts and episodes:
+        d = run_dir / "transcripts"
+        d.mkdir(exist_ok=True)
+        rows = [{"env_id": ep.env_id, "seed": ep.seed, "hinted": ep.hinted, "return": ep.ret,
+                 "status": ep.status, "actions": ep.actions, "messages": ep.messages}
+                for ep in episodes[:n_transcripts]]
+        atomic_write(d / f"step-{step:04d}.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+
+
+if __name__ == "__main__":
+    main()
