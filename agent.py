@@ -320,9 +320,6 @@ def play(specs: list[EpisodeSpec], *, generate: Callable, tokenizer,
     live = [i for i, ep in enumerate(episodes) if not ep.status]
     eos_id = tokenizer.eos_token_id
     while live:
-        for i in [i for i in live if episodes[i].turns >= max_turns]:
-            _finish(episodes[i], "turn_limit")
-        live = [i for i in live if not episodes[i].status]
         caps = {i: min(max_new_tokens, max_context - len(episodes[i].token_ids)) for i in live}
         for i in [i for i in live if caps[i] <= 0]:
             _finish(episodes[i], "context")
@@ -358,6 +355,9 @@ def play(specs: list[EpisodeSpec], *, generate: Callable, tokenizer,
             ep.rewards.append(float(reward))
             if terminated or truncated:
                 _finish(ep, "terminated" if terminated else "truncated", terminated=terminated)
+                continue
+            if ep.turns >= max_turns:  # end on the last reply, no dangling observation
+                _finish(ep, "turn_limit")
                 continue
             outputs = info.get("tool_outputs") if isinstance(info, dict) else None
             if setting == "tool" and outputs:

@@ -296,6 +296,7 @@ def test_limits(tokenizer):
     [ep] = play(specs_for([GuessEnv(max_turns=99)], [0]), generate=never, tokenizer=tokenizer,
                 max_turns=3)
     assert (ep.status, ep.turns, ep.ret, len(ep.actions)) == ("turn_limit", 3, 0.0, 3)
+    assert ep.mask[-1] == 1 and ep.token_ids[-1] == tokenizer.eos_token_id  # ends on a reply
     [ep] = play(specs_for([GuessEnv(max_turns=2)], [0]), generate=never, tokenizer=tokenizer)
     assert (ep.status, ep.turns, ep.ret) == ("truncated", 2, 0.0)  # the environment's budget
     long = ScriptedEngine(tokenizer, lambda text, turn: "word " * 50)
