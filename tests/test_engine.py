@@ -320,3 +320,33 @@ def test_engine_generate_signature_matches_contract(tiny):
     b = inspect.signature(engine.VLLMEngine.generate).parameters
     assert list(a) == list(b) == ["self", "prompts", "max_new_tokens", "temperature", "top_p",
                                   "top_k", "seed"]
+
+
+def test_stream_weights_from_fsdp2_with_activation_checkpointing(tiny_moe, tmp_path):
+    """FSDP2 DTensor parameters (a 1-rank gloo group) under checkpoint wrappers stream the same
+    names and tensors as the plain model."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    model, _ = tiny_moe
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0,
+                            world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        sharded = copy.deepcopy(model)
+        for i, layer in enumerate(sharded.model.layers):
+            sharded.model.layers[i] = checkpoint_wrapper(layer)
+            fully_shard(sharded.model.layers[i], mesh=mesh)
+        fully_shard(sharded, mesh=mesh)
+        names = [n for n, _ in sharded.named_parameters()]
+        assert any("_checkpoint_wrapped_module" in n for n in names)
+        assert type(sharded.model.norm.weight).__name__ == "DTensor"
+        streamed = {n: t for group in engine.stream_weights(sharded) for n, t in group}
+        plain = {n: t for group in engine.stream_weights(model) for n, t in group}
+        assert streamed.keys() == plain.keys()
+        assert all(torch.equal(streamed[k], plain[k]) for k in plain)
+    finally:
+        dist.destroy_process_group()
