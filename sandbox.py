@@ -553,6 +553,9 @@ def _w_dispatch(req, box):
     raise _Bad("protocol_violation", f"unknown op {op!r}")
 
 
+_STEP_REQ = {"op": "step"}
+
+
 def _w_serve(layers):
     box, buf = {"layers": layers}, b""
     while True:
@@ -562,11 +565,10 @@ def _w_serve(layers):
                 os._exit(0)
             buf += chunk
         line, _, buf = buf.partition(b"\n")
-        req, nonce = {"op": "step"}, line[1:9].decode()
+        req, nonce = _STEP_REQ, line[1:9].decode()
         try:
-            if line[:1] == b"S":                                       # step fast path, same checks
-                env = box["env"]
-                out = env.step(_scan_str(line[10:].decode(), 0)[0])
+            if line[0] == 83:                                          # b"S": step fast path
+                out = box["env"].step(_scan_str(line[10:].decode(), 0)[0])
                 if type(out) is not tuple or len(out) != 5:
                     if not isinstance(out, (tuple, list)) or len(out) != 5:
                         raise _Bad("invalid_result", "step() must return a 5-tuple")
@@ -578,9 +580,11 @@ def _w_serve(layers):
                 if type(term) is not bool or type(trunc) is not bool:
                     term, trunc = _w_flag(term, "terminated"), _w_flag(trunc, "truncated")
                 data = _step_reply(nonce, obs, rew, term, trunc, info if type(info) is dict else _w_info(info))
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(4, view):]
+                n = os.write(4, data)
+                if n != len(data):
+                    view = memoryview(data)[n:]
+                    while view:
+                        view = view[os.write(4, view):]
                 continue
             req = _parse(line)
             nonce = req["n"]
@@ -938,7 +942,10 @@ class EnvHandle:
             raise self._kill("protocol_violation", "unsolicited reply bytes")
         # A fresh random nonce per request: a stray or stale line cannot pass for the reply.
         self._nonce = nonce = os.urandom(4).hex()
-        data = memoryview(b"S" + nonce.encode() + req[1:] if type(req) is bytes else _line({**req, "n": nonce}))
+        self._send(memoryview(b"S" + nonce.encode() + req[1:] if type(req) is bytes
+                              else _line({**req, "n": nonce})))
+
+    def _send(self, data: memoryview):
         while data:
             try:
                 data = data[os.write(self._wfd, data):]
@@ -960,6 +967,9 @@ class EnvHandle:
             chunk = os.read(self._rfd, 65536)
         except BlockingIOError:
             return None
+        return self._absorb(chunk)
+
+    def _absorb(self, chunk: bytes) -> bytes | None:
         if not chunk:
             raise self._kill(None, wait=True, detail=self._buf[:300])
         if not self._buf and chunk[-1:] == b"\n" and chunk.find(b"\n") == len(chunk) - 1:
@@ -1072,16 +1082,39 @@ class EnvHandle:
             return f"[environment error: {e.kind}] {e.message}", {"error": e.kind, "message": e.message}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        sb = self._sb
+        timeout = sb.step_timeout
         try:
-            self._begin(_step_line(action if type(action) is str else str(action)), self._sb.step_timeout)
-            line = self._pump() if self._rpoll.poll(max(1, int(self._sb.step_timeout * 1000))) else None
+            if (self.pid is None or self._buf or type(action) is not str
+                    or sb.episode_timeout - self._used <= timeout):
+                self._begin(_step_line(str(action)), timeout)          # the general path
+                return self._finish_step(self._wait())
+            # INFRA: the hot path, _begin/_wait inlined (same checks, fewer calls)
+            self._nonce = nonce = os.urandom(4).hex()
+            data = f"S{nonce}{_enc_str(action)}\n".encode()
+            self._t0 = t0 = time.monotonic()
+            self._deadline, self._episode_bound = t0 + timeout, False
+            try:
+                n = os.write(self._wfd, data)
+            except BlockingIOError:
+                n = 0
+            except BrokenPipeError:
+                raise self._kill(None, wait=True) from None
+            if n != len(data):
+                self._send(memoryview(data)[n:])
+            line = None
+            if self._rpoll.poll(int(timeout * 1000) or 1):
+                try:
+                    line = self._absorb(os.read(self._rfd, 65536))
+                except BlockingIOError:
+                    pass
             return self._finish_step(line if line is not None else self._wait())
         except _Fail as e:
             return self._error_step(e)
 
     def _finish_step(self, line: bytes) -> tuple:
         """_finish + _check_step fused for the training hot path; the same checks, fewer calls."""
-        prefix = b'{"ok":1,"n":"' + self._nonce.encode() + b'","r":'
+        prefix = f'{{"ok":1,"n":"{self._nonce}","r":'.encode()
         if not (line.startswith(prefix) and line.endswith(b"}")):
             return self._check_step(self._finish(line))                # errors and odd replies
         self._used += time.monotonic() - self._t0
@@ -1128,12 +1161,13 @@ class Sandbox:
     """Runs untrusted environments; use as a context manager. See the module docstring."""
 
     def __init__(self, workers: int = 8, step_timeout: float = 5.0, memory_mb: int = 1024,
-                 load_timeout: float = 10.0, episode_timeout: float = 120.0, cpu_seconds: int = 300,
+                 load_timeout: float | None = None, episode_timeout: float = 120.0, cpu_seconds: int = 300,
                  fsize_mb: int = 16, scratch_mb: int = 256, numpy: bool = True,
                  landlock: bool = True, seccomp: bool = True, pool: int = 4, max_reuse: int = 32,
                  max_parked: int = 256):
         self.workers, self.step_timeout, self.memory_mb = workers, step_timeout, memory_mb
-        self.load_timeout, self.episode_timeout = load_timeout, episode_timeout
+        self.load_timeout = step_timeout if load_timeout is None else load_timeout
+        self.episode_timeout = episode_timeout
         self._cfg = dict(memory_mb=memory_mb, cpu_seconds=cpu_seconds, fsize_mb=fsize_mb,
                          scratch_mb=scratch_mb, numpy=numpy, landlock=landlock, seccomp=seccomp)
         self._zlock, self._live, self._required, self._pool = threading.RLock(), set(), [], 0

@@ -93,16 +93,18 @@ def main():
         h, hg = sb.open(ECHO_ENV), sb.open(SRC)
         h.reset(seed=0)
         hg.reset(seed=0)
-        rtts, pipes, guess = [], [], []
-        for _ in range(5):
-            pipes.append(pipe_echo_rtt(1000))
+        # Short adjacent rounds, ratio per round: the load of a shared machine hits both sides alike.
+        rtts, pipes, guess, ratios = [], [], [], []
+        for _ in range(9):
+            pipes.append(pipe_echo_rtt(500))
             for handle, out in ((h, rtts), (hg, guess)):
                 ts = []
-                for i in range(1000):
+                for i in range(500):
                     t = time.perf_counter()
                     handle.step(ACTIONS[i % STEPS])
                     ts.append(time.perf_counter() - t)
                 out.append(statistics.median(ts))
+            ratios.append(rtts[-1] / pipes[-1])
         h.close()
         hg.close()
         rtt, pipe, rtt_guess = statistics.median(rtts), statistics.median(pipes), statistics.median(guess)
@@ -205,7 +207,7 @@ def main():
     figure("sandbox.episodes_per_s_ratio_vs_spawn", ours / spawn, ">= 10", ours=round(ours, 1),
            spawn=round(spawn, 1), ours_one_at_a_time=round(ours_seq, 1),
            fresh_worker_per_episode_ratio=round(ours_fresh / spawn, 2))
-    figure("sandbox.step_rtt_ratio_vs_pipe", rtt / pipe, "<= 3", step_us=round(rtt * 1e6, 1),
+    figure("sandbox.step_rtt_ratio_vs_pipe", statistics.median(ratios), "<= 3", step_us=round(rtt * 1e6, 1),
            pipe_us=round(pipe * 1e6, 1), guessing_game_step_us=round(rtt_guess * 1e6, 1))
     figure("sandbox.episode_start_ms_p50", start * 1e3, "ratio <= 3", ratio_vs_fork=round(start / fork, 2),
            fork_ms=round(fork * 1e3, 3), reused_worker_ms=round(statistics.median(reuse_starts) * 1e3, 3))

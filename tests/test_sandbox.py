@@ -257,6 +257,9 @@ def test_load_errors_named(sb):
     assert sb.validate("class AEnv:\n    def __init__(self):\n        raise KeyError('no')\n").kind == "load_error"
     assert sb.validate(game("return 'x', 0.0, False, False, {}", reset="raise ValueError('r')")).kind == "reset_error"
     assert sb.validate(game("raise RuntimeError('boom')")).kind == "step_error"
+    t0 = time.monotonic()
+    assert sb.validate("while True:\n    pass\n").kind == "timeout"       # hangs at import
+    assert time.monotonic() - t0 < STEP_TIMEOUT + 2.0
 
 
 # ------------------------------------------------- 1. the trainer survives everything, within deadline
