@@ -10,7 +10,8 @@ paper takes for granted:
 2. `TransformersEngine`: batched, left-padded sampling with a KV cache on CPU or one GPU; returns
    the sampled tokens and log p(token) under softmax(logits / T), NOT renormalised after top-k /
    top-p, which is exactly what the trainer recomputes (grpo.token_logprobs), so the truncated
-   importance weight of SPEC §8 sees only numeric engine-vs-trainer drift.
+   importance weight of SPEC §8 sees only numeric engine-vs-trainer drift. Optional prefix KV
+   cache across agent turns (each turn prefills only the new observation tokens).
 3. `VLLMEngine`: vLLM colocated in the training processes (`external_launcher`, tensor parallel
    within the node, sleep mode between generation and training), token-in/token-out.
 4. Weight sync (SPEC §9): `vllm_weight_plan` maps trainer parameter names and shapes to the
@@ -21,13 +22,14 @@ paper takes for granted:
 
 Deviations: vLLM's `processed_logprobs` are log-softmax over the temperature-scaled logits AFTER
 top-k / top-p masking (renormalised over the kept tokens), while the trainer's recomputation is not
-truncated. The gap is log(kept mass) >= 0 per token, so the TIS weight min(exp(old - rollout), 2)
-is slightly conservative; the transformers engine has no such gap.
+truncated: rollout log-probs exceed the un-truncated ones by -log(kept mass) >= 0 per token, so
+the TIS weight min(exp(old - rollout), 2) is slightly conservative (vLLM returns no un-truncated
+normaliser for the sampled token); the transformers engine has no such gap.
 
 Symbols: B batch, T tokens, V vocabulary, E experts, H hidden, I expert intermediate size.
 
 Dependencies: torch, transformers, tokenizers; vLLM is imported lazily and only on GPU.
-Test: `pytest tests/test_models.py`.
+Test: `pytest tests/test_models.py tests/test_engine.py`; benchmark: `python bench/rollout.py`.
 """
 from __future__ import annotations
 
