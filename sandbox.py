@@ -941,7 +941,7 @@ class EnvHandle:
         if self._buf:
             raise self._kill("protocol_violation", "unsolicited reply bytes")
         # A fresh random nonce per request: a stray or stale line cannot pass for the reply.
-        self._nonce = nonce = os.urandom(4).hex()
+        self._nonce = nonce = f"{self._sb._nonce_bits(32):08x}"
         self._send(memoryview(b"S" + nonce.encode() + req[1:] if type(req) is bytes
                               else _line({**req, "n": nonce})))
 
@@ -1090,7 +1090,7 @@ class EnvHandle:
                 self._begin(_step_line(str(action)), timeout)          # the general path
                 return self._finish_step(self._wait())
             # INFRA: the hot path, _begin/_wait inlined (same checks, fewer calls)
-            self._nonce = nonce = os.urandom(4).hex()
+            self._nonce = nonce = f"{sb._nonce_bits(32):08x}"
             data = f"S{nonce}{_enc_str(action)}\n".encode()
             self._t0 = t0 = time.monotonic()
             self._deadline, self._episode_bound = t0 + timeout, False
@@ -1105,7 +1105,11 @@ class EnvHandle:
             line = None
             if self._rpoll.poll(int(timeout * 1000) or 1):
                 try:
-                    line = self._absorb(os.read(self._rfd, 65536))
+                    chunk = os.read(self._rfd, 65536)
+                    if chunk[-1:] == b"\n" and chunk.find(b"\n") == len(chunk) - 1:
+                        line = chunk[:-1]                              # the common case: one line
+                    else:
+                        line = self._absorb(chunk)
                 except BlockingIOError:
                     pass
             return self._finish_step(line if line is not None else self._wait())
@@ -1172,6 +1176,8 @@ class Sandbox:
                          scratch_mb=scratch_mb, numpy=numpy, landlock=landlock, seccomp=seccomp)
         self._zlock, self._live, self._required, self._pool = threading.RLock(), set(), [], 0
         self._parked, self._n_parked = {}, 0                          # (setting, source) -> workers
+        # Request nonces come from a private generator seeded by the OS: workers never see it.
+        self._nonce_bits = random.Random(os.urandom(32)).getrandbits
         self.max_reuse, self.max_parked = max_reuse, max_parked
         self._proc = None
         import resource                                                # each handle holds two pipe fds
