@@ -43,11 +43,12 @@ later worker that cannot apply a layer the start-up probe achieved refuses to ru
            TCP bind/connect; abstract unix sockets and signals scoped to the worker (ABI >= 6).
   seccomp  a stdlib-built BPF filter (x86_64, aarch64): no fork/vfork/clone without CLONE_THREAD
            (clone3 -> ENOSYS), no ptrace/process_vm_*, kill/tgkill/sigqueue only of itself,
-           sockets only AF_UNIX, no unshare/setns/mount/chroot/bpf/perf/keyctl/io_uring/module/
-           kexec/pidfd/setpriority.
-What is not covered: kernel exploits (a process sandbox is not a VM); GPU device nodes stay
-visible (bubblewrap would hide them; not wired in); CPU/memory contention between workers beyond
-rlimits (no cgroups); without root, workers share the trainer's uid and rely on Landlock + seccomp;
+           sockets only AF_UNIX, no execve/execveat, no unshare/setns/mount/chroot/bpf/perf/keyctl/
+           io_uring/module/kexec/pidfd/setpriority.
+What is not covered: kernel exploits (a process sandbox is not a VM); GPU device nodes cannot be
+opened under Landlock but are not hidden (bubblewrap would hide them; not wired in); CPU/memory
+contention between workers beyond rlimits (no cgroups); without root, scratch lives on the host
+/tmp with only a per-file size limit; without root, workers share the trainer's uid and rely on Landlock + seccomp;
 without those (old kernels, other arches) only the "always" layer holds and a worker could read
 world-readable files and reach the network. A worker that knows the request nonce (it can inspect
 its own serve loop) can answer for itself; that only changes its own reply, which it controls anyway.
@@ -289,12 +290,12 @@ _ARCH = {  # audit arch, syscall numbers (x86_64 from asm/unistd_64.h, aarch64 =
                    socket=41, socketpair=53, deny=(101, 310, 311, 57, 58, 200, 272, 308, 165, 166, 155,
                    161, 321, 298, 250, 248, 249, 323, 425, 426, 427, 246, 320, 175, 313, 176, 169, 167,
                    168, 163, 135, 434, 424, 438, 440, 304, 303, 430, 431, 432, 429, 428, 442, 170, 171,
-                   179, 312, 172, 173, 141)),
+                   179, 312, 172, 173, 141, 59, 322)),
     "aarch64": dict(audit=0xC00000B7, clone=220, clone3=435, kill=129, tgkill=131, sigq=138, tsigq=240,
                     socket=198, socketpair=199, deny=(117, 270, 271, 130, 97, 268, 40, 39, 41, 51, 280,
                     241, 219, 217, 218, 282, 425, 426, 427, 104, 294, 105, 273, 106, 142, 224, 225, 89,
                     92, 434, 424, 438, 440, 265, 264, 430, 431, 432, 429, 428, 442, 161, 162, 60, 272,
-                    140)),
+                    140, 221, 281)),
 }
 
 

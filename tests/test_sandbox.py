@@ -490,6 +490,25 @@ def test_bounded_fork_bomb_and_no_lingering_processes(sb):
     assert sb.validate(env).ok is False
 
 
+def test_no_exec_no_subprocess(sb):
+    need(sb, "seccomp")
+    env = game("""
+        import os, subprocess
+        out = []
+        for name, fn in [("exec", lambda: os.execv("/bin/sh", ["sh", "-c", "true"])),
+                         ("run", lambda: subprocess.run(["true"])),
+                         ("system", lambda: os.system("true"))]:
+            try:
+                r = fn(); out.append(f"{name}:{r}")
+            except OSError as e:
+                out.append(f"{name}:{type(e).__name__}")
+        return ' '.join(out), 0.0, False, False, {}
+    """)
+    obs = play(sb, env)[0][0]
+    assert obs.startswith("exec:PermissionError run:PermissionError system:"), obs
+    assert "system:0" not in obs
+
+
 def test_thread_left_running_is_resource_leak(sb):
     need(sb, "uid")                                                    # else RLIMIT_NPROC=0: no threads
     env = game("""
