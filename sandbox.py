@@ -1163,7 +1163,19 @@ class EnvHandle:
 
 
 class Sandbox:
-    """Runs untrusted environments; use as a context manager. See the module docstring."""
+    """Runs untrusted environments; use as a context manager. See the module docstring.
+
+    workers: validations run at once by validate_many (live handles are not limited by it).
+    step_timeout: wall-clock seconds per call (reset/step/call, and load unless load_timeout).
+    memory_mb: address-space allowance per worker above the preloaded interpreter.
+    episode_timeout: wall-clock seconds of worker time per episode (since reset).
+    cpu_seconds / fsize_mb: RLIMIT_CPU per worker lifetime / RLIMIT_FSIZE per file.
+    scratch_mb: size of the private tmpfs holding all scratch dirs (root only).
+    numpy: preload numpy in the zygote so environments can import it cheaply.
+    landlock / seccomp: apply those layers when the kernel has them (turn off only to debug).
+    pool: idle pre-forked workers the zygote keeps ready.
+    max_reuse / max_parked: episodes per worker of one source / parked workers kept in total.
+    """
 
     def __init__(self, workers: int = 8, step_timeout: float = 5.0, memory_mb: int = 1024,
                  load_timeout: float | None = None, episode_timeout: float = 120.0, cpu_seconds: int = 300,
