@@ -468,8 +468,13 @@ def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *,
         grad_norm = accelerator.clip_grad_norm_(model.parameters(), oargs.grad_clip)
         optimizer.step()
         scheduler.step()
-    out = {f"losses/{k.removeprefix('loss/')}": sum(v * n for v, n in vals) / sum(n for _, n in vals)
-           for k, vals in stats_acc.items()}
+    out = {}
+    for k, vals in stats_acc.items():  # sample-weighted means; extremes stay extremes
+        name = f"losses/{k.removeprefix('loss/')}"
+        if k.endswith("_min") or k.endswith("_max"):
+            out[name] = (min if k.endswith("_min") else max)(v for v, _ in vals)
+        else:
+            out[name] = sum(v * n for v, n in vals) / sum(n for _, n in vals)
     out["losses/grad_norm"] = float(grad_norm)
     out["losses/samples"] = n_global
     return out
@@ -702,7 +707,8 @@ def make_engine(margs: ModelArgs, model, tokenizer, seed: int):
         return engine.VLLMEngine(engine.resolve_model_name(margs.model),
                                  tensor_parallel_size=margs.tensor_parallel_size,
                                  gpu_memory_utilization=margs.gpu_memory_utilization, seed=seed)
-    return engine.TransformersEngine(model, tokenizer)
+    # the prefix cache reuses each episode's KV across turns; sync_weights (every step) clears it
+    return engine.TransformersEngine(model, tokenizer, prefix_cache=True)
 
 
 def episode_metrics(episodes) -> dict:

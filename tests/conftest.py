@@ -11,6 +11,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
+
+# The tiny models' matmuls are far too small for threads: one thread is 10-50x faster on a shared
+# 2-core machine, for every test alike.
+torch.set_num_threads(1)
 
 SHARED_FIXTURES = ROOT.parent / "shared" / "fixtures"
 

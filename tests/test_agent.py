@@ -11,7 +11,6 @@ import agent
 from agent import EpisodeSpec, parse_action, parse_tool_calls, play, replay, tool_action
 
 # Tiny matmuls on a shared 2-core machine: one thread is 10-50x faster than two fighting.
-torch.set_num_threads(1)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ import engine
 from engine import Completion, TransformersEngine, checkpoint_name, vllm_weight_plan
 
 # Tiny matmuls on a shared 2-core machine: one thread is 10-50x faster than two fighting.
-torch.set_num_threads(1)
 
 
 @pytest.fixture

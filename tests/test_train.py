@@ -10,12 +10,15 @@ import engine
 import train
 
 ENVS = Path(__file__).resolve().parents[1] / "data" / "envs"
+# Short documents keep the designer's prompts (and so the designer update) small on CPU.
+CORPUS = Path(__file__).resolve().parent / "fixtures" / "short_corpus.jsonl"
 
 # Small but complete: 2 regenerations (steps 0 and 2), 2 environments x 2 plays, 2 hinted plays.
 BASE = ["--model", "tiny", "--steps", "3", "--regen_interval", "2", "--num_envs", "2",
         "--skills_per_regen", "1", "--plays", "4", "--hint_plays", "2", "--max_attempts", "2", "--designer_max_tokens", "16",
         "--hint_max_tokens", "8", "--max_turns", "2", "--max_new_tokens", "8",
-        "--sandbox_workers", "2", "--checkpoint_every", "1", "--transcripts", "1"]
+        "--sandbox_workers", "2", "--checkpoint_every", "1", "--transcripts", "1",
+        "--corpus", str(CORPUS)]
 
 
 class ScriptedDesigner:
@@ -142,7 +145,7 @@ def test_resume_after_crash_is_exact(tmp_path, monkeypatch, designer_model, refe
                                    ["--designer_reward", "solve_rate"],
                                    ["--fixed_envs", str(ENVS)]])
 def test_every_ablation_runs(tmp_path, flags, designer_model):
-    run = train.main(BASE + ["--steps", "2", "--output_dir", str(tmp_path / "a")] + flags,
+    run = train.main(BASE + ["--steps", "2", "--plays", "2", "--output_dir", str(tmp_path / "a")] + flags,
                      engines=scripted(*designer_model))
     rows = metrics(run)
     assert len(rows) == 2 and all(r["losses/samples"] > 0 for r in rows)
