@@ -213,7 +213,7 @@ class Sampler:
         self.calls += 1
         return derive_seed(self.seed, self.step, self.phase, self.calls)
 
-    def chat(self, *, temperature: float, max_new_tokens: int, top_p=1.0, top_k=0):
+    def chat(self, *, temperature: float, max_new_tokens: int, top_p: float, top_k: int):
         """list of chat messages lists -> list[Completion] (designer and hint calls)."""
         def generate(conversations):
             prompts = [self.prompt_ids(m) for m in conversations]
@@ -267,12 +267,13 @@ def regenerate(step, sargs, sampler, design_sampler, sb, mem, pool, corpus, rank
     carried = [dataclasses.replace(e, origin="carried", returns=[], regret=None, sample=None,
                                    r_hint=None, r_nohint=None)
                for e in pool if not e.faulty]
-    if step == 0:
+    if step == 0 and len(fresh) + len(carried) < n_local:
         carried += load_env_dir(HERE / "data" / "envs", sargs.setting, sb, origin="fallback")[rank::world]
     new_pool = fresh + carried[: max(0, n_local - len(fresh))]
     missing = [e for e in new_pool if e.hint is None]
     hint_gen = sampler.at(step, "hint").chat(temperature=sargs.hint_temperature,
-                                             max_new_tokens=sargs.hint_max_tokens)
+                                             max_new_tokens=sargs.hint_max_tokens,
+                                             top_p=sargs.top_p, top_k=sargs.top_k)
     for e, h in zip(missing, designer.write_hints(
             [designer.Proposal(skill=e.skill, setting=sargs.setting, source=e.source)
              for e in missing], hint_gen)):
@@ -285,15 +286,24 @@ def regenerate(step, sargs, sampler, design_sampler, sb, mem, pool, corpus, rank
 
 
 def load_env_dir(path: Path, setting: str, sb, origin: str) -> list[PoolEnv]:
-    """Hand-written environments of one setting (first-line docstring `skill: <name>`)."""
+    """The environments (*.py) of one setting in a directory that pass validation.
+
+    A `manifest.json` there (file -> {skill, setting}) names skills and settings; otherwise the
+    skill comes from a first docstring line `skill: <name>.` and every file is validated."""
+    manifest = Path(path) / "manifest.json"
+    meta = json.loads(manifest.read_text()) if manifest.exists() else {}
     envs = []
     for f in sorted(Path(path).glob("*.py")):
+        info = meta.get(f.name, {})
+        if info.get("setting", setting) != setting:
+            continue
         src = f.read_text(encoding="utf-8")
         report = sb.validate(src, setting=setting)
         if not report.ok:
             continue
-        first = src.lstrip().split("\n", 1)[0].strip('"\' ')
-        skill = first.split(":", 1)[1].split(".")[0].strip() if first.startswith("skill:") else "unknown"
+        first = src.lstrip().strip('"\' ').split("\n", 1)[0]
+        skill = info.get("skill") or (first.split(":", 1)[1].split(".")[0].strip()
+                                      if first.startswith("skill:") else "unknown")
         envs.append(PoolEnv(f"{origin}:{f.stem}", skill, src, report.class_name, origin))
     return envs
 
@@ -307,9 +317,10 @@ def play_pool(step, pool, sargs, sampler, sb, tokenizer, hinted_arm: bool):
     for e in pool:
         if e.faulty:
             continue
-        specs += [agent.EpisodeSpec(e.env_id, s, None, sb.open(e.source)) for s in seeds[:sargs.plays]]
+        specs += [agent.EpisodeSpec(e.env_id, s, None, sb.open(e.source, setting=sargs.setting))
+                  for s in seeds[:sargs.plays]]
         if hinted_arm and e.hint:
-            specs += [agent.EpisodeSpec(e.env_id, s, e.hint, sb.open(e.source))
+            specs += [agent.EpisodeSpec(e.env_id, s, e.hint, sb.open(e.source, setting=sargs.setting))
                       for s in seeds[:sargs.hint_plays]]
     gen = sampler.at(step, "agent").tokens(temperature=sargs.agent_temperature,
                                            top_p=sargs.top_p, top_k=sargs.top_k)
@@ -354,6 +365,11 @@ def env_stats(step, pool, episodes, is_regen) -> dict:
     means = {k: sum(v) / len(v) for k, v in unhinted.items()}
     if is_regen:
         regs = []
+        for e in pool:  # an empty hint means no hinted arm: hinted = unhinted, regret 0
+            if e.hint is None and e.env_id in unhinted and not e.faulty:
+                e.regret, e.r_hint = 0.0, means[e.env_id]
+                e.r_nohint = means[e.env_id]
+                regs.append(e)
         for env_id, hr in hinted.items():
             if env_id in unhinted and not by_env[env_id].faulty:
                 e = by_env[env_id]

@@ -181,3 +181,19 @@ def test_derive_seed_is_stable():
     assert train.derive_seed("play", 3, 1) == train.derive_seed("play", 3, 1)
     assert train.derive_seed("play", 3, 1) != train.derive_seed("play", 3, 2)
     assert 0 <= train.derive_seed("x") < 2**31
+
+
+@pytest.mark.slow
+def test_tool_setting_runs_with_kl(tmp_path):
+    """Tool use: R = 8, six tool skills, KL 0.005 to a frozen reference; hand-written ToolEnvs."""
+    i = BASE.index("--regen_interval")
+    args = BASE[:i] + BASE[i + 2:]  # the setting's own R
+    run = train.main(args + ["--setting", "tool", "--steps", "1", "--skills_per_regen", "6",
+                             "--num_envs", "2", "--output_dir", str(tmp_path / "tool")])
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["regen_interval"] == 8 and cfg["kl_coef"] == 0.005
+    rows = metrics(run)
+    assert rows[0]["env/from_fallback"] == 2 and rows[0]["losses/samples"] > 0
+    assert "losses/kl" in rows[0]
+    pool = json.loads(next((run / "envs").glob("step-0000/pool.json")).read_text())
+    assert {p["env_id"] for p in pool} == {"fallback:tool_retail_orders", "fallback:tool_smart_home"}
