@@ -705,6 +705,13 @@ def main(argv=None, *, engines: dict | None = None) -> Path:
                 "step": step + 1, "pool": pool_to_json(pool),
                 "corpus": corpus.state_dict() if corpus is not None else None,
                 "memory": mem.to_dict(), "metrics_lines": n_lines})
+    # INFRA: the final policy in Hugging Face format, for eval.py and for sharing
+    state_dict = accelerator.get_state_dict(model)
+    if main_proc:
+        final = run_dir / "final_model"
+        accelerator.unwrap_model(model).save_pretrained(final, state_dict=state_dict)
+        tokenizer.save_pretrained(final)
+        print(f"[spade] done: metrics {run_dir / 'metrics.jsonl'}, policy {final}")
     sb.__exit__(None, None, None)
     accelerator.end_training()
     return run_dir

@@ -110,6 +110,11 @@ def test_end_to_end_with_scripted_designer(reference_run):
     assert mem["records"] and {"win_rate", "regret", "skill"} <= set(mem["records"][0])
     assert (run / "latest").read_text().strip() == "checkpoint-3"
     assert list((run / "envs").glob("step-0000/*.py")) and list((run / "transcripts").glob("*.jsonl"))
+    # the final policy loads like any Hugging Face model (eval.py --model <run>/final_model)
+    model, tok = engine.load_model_and_tokenizer(str(run / "final_model"), dtype=torch.float32)
+    assert type(model).__name__ == "Qwen3ForCausalLM" and tok.chat_template
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                   add_generation_prompt=True).endswith("<|im_start|>assistant\n")
 
 
 @pytest.mark.slow
