@@ -614,105 +614,105 @@ def main(argv=None, *, engines: dict | None = None) -> Path:
     pool, start = [], 0
     sb = sandbox.Sandbox(workers=rargs.sandbox_workers, step_timeout=rargs.step_timeout,
                          memory_mb=rargs.sandbox_memory_mb)
-    sb.__enter__()
-    if resume_from is not None:
-        accelerator.load_state(str(resume_from))
-        st = json.loads((resume_from / f"spade_state-{rank}.json").read_text())
-        start = st["step"]
-        pool = [PoolEnv(**e) for e in st["pool"]]
-        mem = memory_lib.EnvironmentMemory.from_dict(st["memory"], path=run_dir / "memory.json")
-        if corpus is not None:
-            corpus.load_state_dict(st["corpus"])
-        if main_proc:  # drop metrics of steps that will be replayed
-            lines = (run_dir / "metrics.jsonl").read_text().splitlines()[: st["metrics_lines"]]
-            atomic_write(run_dir / "metrics.jsonl", "".join(l + "\n" for l in lines))
-        eng.sync_weights(accelerator.unwrap_model(model))
-    elif sargs.fixed_envs:
-        pool = load_env_dir(Path(sargs.fixed_envs), sargs.setting, sb, origin="fixed")[rank::world]
-        if not pool:
-            raise SystemExit(f"--fixed_envs {sargs.fixed_envs}: no environment passed validation")
-    if main_proc:
-        accelerator.init_trackers("spade", config=cfg)
-        print(f"[spade] run dir {run_dir.resolve()}  sandbox level: {sb.level}  world {world}")
-    bar = tqdm(range(start, sargs.steps), initial=start, total=sargs.steps, desc="spade",
-               disable=not main_proc)
-    step = start
-    for step in bar:
-        t0, m = time.perf_counter(), {}
-        is_regen = step % sargs.regen_interval == 0 and not sargs.fixed_envs
-        scored = []
-        # ALGO: 1-2. regeneration: score the finished epoch, then design a fresh pool
-        if is_regen:
-            on_phase(step, "generate")
-            scored = score_epoch(pool, sargs)
-            pool, gm = regenerate(step, sargs, sampler, design_sampler, sb, mem, pool,
-                                   corpus, rank, world)
-            m.update(gm)
-            eng.wake_up() if hasattr(eng, "wake_up") else None
-        t_gen = time.perf_counter() - t0
-        # ALGO: 3. play (unhinted G times; hinted H times at a regeneration)
-        on_phase(step, "play")
-        episodes = play_pool(step, pool, sargs, sampler, sb, tokenizer,
-                             hinted_arm=is_regen and sargs.hint_plays > 0)
-        t_play = time.perf_counter() - t0 - t_gen
-        on_phase(step, "score")
-        em, wins = env_stats(step, pool, episodes, is_regen)
-        m.update(em)
-        if step + 1 == sargs.steps and not sargs.fixed_envs:
-            scored += score_epoch(pool, sargs)  # deviation 3: the last epoch is trained too
-        samples = agent_samples(episodes, grpo)
-        n_agent = sum(gather_object([len(samples)])) if world > 1 else len(samples)
-        if scored and not sargs.no_designer_training:
-            ds, dm = designer_samples(scored, n_agent, sargs, grpo, accelerator)
-            samples += ds
-            m.update(dm)
-        if is_regen and not sargs.no_memory:  # memory records for the freshly designed envs
-            recs = [memory_lib.MemoryRecord(skill=e.skill, source=e.source, win_rate=wins.get(e.env_id, 0.0),
-                                            regret=e.regret or 0.0, step=step, class_name=e.class_name,
-                                            setting=sargs.setting)
-                    for e in pool if e.origin == "designer" and not e.faulty]
-            for r in (gather_object(recs) if world > 1 else recs):
-                mem.add(r)
-        # ALGO: 4-5. one GRPO update over both roles, then push the weights to the engine
-        on_phase(step, "update")
-        t1 = time.perf_counter()
-        eng.sleep() if hasattr(eng, "sleep") else None
-        m.update(grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples,
-                             pad_id=tokenizer.pad_token_id, temperatures=temperatures, oargs=oargs,
-                             margs=margs, grpo=grpo, torch=torch))
-        t_update = time.perf_counter() - t1
-        on_phase(step, "sync")
-        eng.sync_weights(accelerator.unwrap_model(model))
-        # INFRA: 6. log, checkpoint
-        on_phase(step, "log")
-        m.update(episode_metrics(episodes))
-        m.update({"charts/step": step, "charts/lr": scheduler.get_last_lr()[0],
-                  "time/generate_s": t_gen, "time/play_s": t_play, "time/update_s": t_update,
-                  "time/step_s": time.perf_counter() - t0})
-        m = reduce_metrics(m, accelerator, gather_object)
+    try:
+        if resume_from is not None:
+            accelerator.load_state(str(resume_from))
+            st = json.loads((resume_from / f"spade_state-{rank}.json").read_text())
+            start = st["step"]
+            pool = [PoolEnv(**e) for e in st["pool"]]
+            mem = memory_lib.EnvironmentMemory.from_dict(st["memory"], path=run_dir / "memory.json")
+            if corpus is not None:
+                corpus.load_state_dict(st["corpus"])
+            if main_proc:  # drop metrics of steps that will be replayed
+                lines = (run_dir / "metrics.jsonl").read_text().splitlines()[: st["metrics_lines"]]
+                atomic_write(run_dir / "metrics.jsonl", "".join(l + "\n" for l in lines))
+            eng.sync_weights(accelerator.unwrap_model(model))
+        elif sargs.fixed_envs:
+            pool = load_env_dir(Path(sargs.fixed_envs), sargs.setting, sb, origin="fixed")[rank::world]
+            if not pool:
+                raise SystemExit(f"--fixed_envs {sargs.fixed_envs}: no environment passed validation")
         if main_proc:
-            write_step_files(run_dir, step, pool if is_regen else [], episodes, rargs.transcripts)
-            with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-                f.write(json.dumps(m, sort_keys=True) + "\n")
-            accelerator.log(m, step=step)
-            bar.set_postfix(ret=f"{m.get('agent/return_mean', 0):.2f}",
-                            learnable=f"{m.get('env/learnable_share', 0):.2f}")
-            if not sargs.no_memory:
-                mem.save()
-        if (step + 1) % rargs.checkpoint_every == 0 or step + 1 == sargs.steps:
-            n_lines = len((run_dir / "metrics.jsonl").read_text().splitlines()) if main_proc else 0
-            save_checkpoint(accelerator, run_dir, step + 1, {
-                "step": step + 1, "pool": pool_to_json(pool),
-                "corpus": corpus.state_dict() if corpus is not None else None,
-                "memory": mem.to_dict(), "metrics_lines": n_lines})
-    # INFRA: the final policy in Hugging Face format, for eval.py and for sharing
-    state_dict = accelerator.get_state_dict(model)
-    if main_proc:
-        final = run_dir / "final_model"
-        accelerator.unwrap_model(model).save_pretrained(final, state_dict=state_dict)
-        tokenizer.save_pretrained(final)
-        print(f"[spade] done: metrics {run_dir / 'metrics.jsonl'}, policy {final}")
-    sb.__exit__(None, None, None)
+            accelerator.init_trackers("spade", config=cfg)
+            print(f"[spade] run dir {run_dir.resolve()}  sandbox level: {sb.level}  world {world}")
+        bar = tqdm(range(start, sargs.steps), initial=start, total=sargs.steps, desc="spade",
+                   disable=not main_proc)
+        step = start
+        for step in bar:
+            t0, m = time.perf_counter(), {}
+            is_regen = step % sargs.regen_interval == 0 and not sargs.fixed_envs
+            scored = []
+            # ALGO: 1-2. regeneration: score the finished epoch, then design a fresh pool
+            if is_regen:
+                on_phase(step, "generate")
+                scored = score_epoch(pool, sargs)
+                pool, gm = regenerate(step, sargs, sampler, design_sampler, sb, mem, pool,
+                                       corpus, rank, world)
+                m.update(gm)
+            t_gen = time.perf_counter() - t0
+            # ALGO: 3. play (unhinted G times; hinted H times at a regeneration)
+            on_phase(step, "play")
+            episodes = play_pool(step, pool, sargs, sampler, sb, tokenizer,
+                                 hinted_arm=is_regen and sargs.hint_plays > 0)
+            t_play = time.perf_counter() - t0 - t_gen
+            on_phase(step, "score")
+            em, wins = env_stats(step, pool, episodes, is_regen)
+            m.update(em)
+            if step + 1 == sargs.steps and not sargs.fixed_envs:
+                scored += score_epoch(pool, sargs)  # deviation 3: the last epoch is trained too
+            samples = agent_samples(episodes, grpo)
+            n_agent = sum(gather_object([len(samples)])) if world > 1 else len(samples)
+            if scored and not sargs.no_designer_training:
+                ds, dm = designer_samples(scored, n_agent, sargs, grpo, accelerator)
+                samples += ds
+                m.update(dm)
+            if is_regen and not sargs.no_memory:  # memory records for the freshly designed envs
+                recs = [memory_lib.MemoryRecord(skill=e.skill, source=e.source, win_rate=wins.get(e.env_id, 0.0),
+                                                regret=e.regret or 0.0, step=step, class_name=e.class_name,
+                                                setting=sargs.setting)
+                        for e in pool if e.origin == "designer" and not e.faulty]
+                for r in (gather_object(recs) if world > 1 else recs):
+                    mem.add(r)
+            # ALGO: 4-5. one GRPO update over both roles, then push the weights to the engine
+            on_phase(step, "update")
+            t1 = time.perf_counter()
+            eng.sleep()  # INFRA: colocated vLLM frees its memory for training; sync wakes it
+            m.update(grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples,
+                                 pad_id=tokenizer.pad_token_id, temperatures=temperatures, oargs=oargs,
+                                 margs=margs, grpo=grpo, torch=torch))
+            t_update = time.perf_counter() - t1
+            on_phase(step, "sync")
+            eng.sync_weights(accelerator.unwrap_model(model))
+            # INFRA: 6. log, checkpoint
+            on_phase(step, "log")
+            m.update(episode_metrics(episodes))
+            m.update({"charts/step": step, "charts/lr": scheduler.get_last_lr()[0],
+                      "time/generate_s": t_gen, "time/play_s": t_play, "time/update_s": t_update,
+                      "time/step_s": time.perf_counter() - t0})
+            m = reduce_metrics(m, accelerator, gather_object)
+            if main_proc:
+                write_step_files(run_dir, step, pool if is_regen else [], episodes, rargs.transcripts)
+                with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+                    f.write(json.dumps(m, sort_keys=True) + "\n")
+                accelerator.log(m, step=step)
+                bar.set_postfix(ret=f"{m.get('agent/return_mean', 0):.2f}",
+                                learnable=f"{m.get('env/learnable_share', 0):.2f}")
+                if not sargs.no_memory:
+                    mem.save()
+            if (step + 1) % rargs.checkpoint_every == 0 or step + 1 == sargs.steps:
+                n_lines = len((run_dir / "metrics.jsonl").read_text().splitlines()) if main_proc else 0
+                save_checkpoint(accelerator, run_dir, step + 1, {
+                    "step": step + 1, "pool": pool_to_json(pool),
+                    "corpus": corpus.state_dict() if corpus is not None else None,
+                    "memory": mem.to_dict(), "metrics_lines": n_lines})
+        # INFRA: the final policy in Hugging Face format, for eval.py and for sharing
+        state_dict = accelerator.get_state_dict(model)
+        if main_proc:
+            final = run_dir / "final_model"
+            accelerator.unwrap_model(model).save_pretrained(final, state_dict=state_dict)
+            tokenizer.save_pretrained(final)
+            print(f"[spade] done: metrics {run_dir / 'metrics.jsonl'}, policy {final}")
+    finally:  # never leave the zygote and its workers behind, even on a crash
+        sb.close()
     accelerator.end_training()
     return run_dir
 
