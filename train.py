@@ -692,7 +692,7 @@ def main(argv=None, *, engines: dict | None = None) -> Path:
             if main_proc:
                 write_step_files(run_dir, step, pool if is_regen else [], episodes, rargs.transcripts)
                 with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-                    f.write(json.dumps(m, sort_keys=True) + "\n")
+                    f.write(json.dumps({**m, "sandbox/level": sb.level}, sort_keys=True) + "\n")
                 accelerator.log(m, step=step)
                 bar.set_postfix(ret=f"{m.get('agent/return_mean', 0):.2f}",
                                 learnable=f"{m.get('env/learnable_share', 0):.2f}")

@@ -202,3 +202,39 @@ def test_tool_setting_runs_with_kl(tmp_path):
     assert "losses/kl" in rows[0]
     pool = json.loads(next((run / "envs").glob("step-0000/pool.json")).read_text())
     assert {p["env_id"] for p in pool} == {"fallback:tool_retail_orders", "fallback:tool_smart_home"}
+
+
+def _ep(env_id, ret, hinted=False, status="terminated", rewards=None):
+    from types import SimpleNamespace
+    return SimpleNamespace(env_id=env_id, ret=ret, hinted=hinted, status=status,
+                           rewards=rewards if rewards is not None else [ret])
+
+
+def test_env_stats_and_epoch_scores_by_hand():
+    """Two environments, hand-computed: regret (Eq. 3), win rates, learnable share, blend score."""
+    a = train.PoolEnv("a", "Optimization", "src", "AEnv", "designer", hint="h",
+                      sample={"prompt": [1], "reply": [2], "logprobs": [-0.5], "skill": "Optimization"})
+    b = train.PoolEnv("b", "Optimization", "src", "BEnv", "designer", hint="h",
+                      sample={"prompt": [1], "reply": [3], "logprobs": [-0.7], "skill": "Optimization"})
+    eps = [_ep("a", 1.0), _ep("a", 0.0), _ep("a", 1.0), _ep("a", 0.0),       # a: mean 0.5
+           _ep("a", 1.0, hinted=True), _ep("a", 1.0, hinted=True),           # a hinted: 1.0
+           _ep("b", 0.0), _ep("b", 0.0), _ep("b", 0.0, status="env_error"),  # b faults once
+           _ep("b", 0.0, hinted=True), _ep("b", 0.0, hinted=True)]
+    m, wins = train.env_stats(0, [a, b], eps, is_regen=True)
+    assert a.regret == pytest.approx(0.5) and wins == {"a": 0.5, "b": 0.0}
+    assert b.faulty and b.regret is None  # a faulty environment gets no regret
+    assert m["regret/mean"] == pytest.approx(0.5) and m["regret/positive_share"] == 1.0
+    assert m["env/learnable_share"] == pytest.approx(0.5)       # a in [0.2, 0.8], b is not
+    assert m["env/win_rate"] == pytest.approx(0.25) and m["env/faulty"] == 1
+    assert m["env/zero_variance_share"] == pytest.approx(0.5)   # b's plays are all 0
+    scored = train.score_epoch([a, b], train.SpadeArgs())
+    # a: 0.4 * clip(0.5 / 0.15, 0, 1) + 0.6 * plateau(0.5) = 0.4 + 0.6 = 1.0; b: faulty -> 0
+    assert [s["score"] for s in scored] == [pytest.approx(1.0), 0.0]
+
+
+def test_micro_batches_split_by_role_and_budget():
+    s = [{"role": r, "tokens": [0] * n} for r, n in
+         [("agent", 5), ("designer", 9), ("agent", 3), ("agent", 4), ("designer", 2)]]
+    out = train.micro_batches(s, budget=8)
+    assert [[len(x["tokens"]) for x in b] for b in out] == [[3, 4], [5], [2], [9]]
+    assert all(len({x["role"] for x in b}) == 1 for b in out)
