@@ -56,9 +56,9 @@ HERE = Path(__file__).resolve().parent
 class ModelArgs:
     model: str = field(default="tiny", metadata={"help": "Alias (Qwen3-4B, Qwen3-8B, Qwen3-30B-A3B), hub id, local dir, or tiny / tiny-moe (random, offline)."})
     engine: str = field(default="auto", metadata={"help": "Rollout engine: auto (vLLM on GPU when installed, else transformers), vllm, transformers."})
-    bf16: bool = field(default=True, metadata={"help": "Train real models in bf16 (paper). Tiny models always run in fp32."})
     gradient_checkpointing: bool = field(default=True, metadata={"help": "Activation checkpointing for real models."})
-    tensor_parallel_size: int = field(default=1, metadata={"help": "vLLM tensor parallel size within a node."})
+    tensor_parallel_size: int = field(default=1, metadata={"help": "vLLM tensor parallel size within a node (ranks of one group play in lockstep)."})
+    enable_thinking: bool | None = field(default=None, metadata={"help": "Passed to the chat template for agent turns (hybrid Qwen3 models); default: the template's."})
     gpu_memory_utilization: float = field(default=0.35, metadata={"help": "vLLM KV-cache share of GPU memory when colocated with training."})
     micro_batch_tokens: int = field(default=16384, metadata={"help": "Tokens per forward/backward micro-batch (gradient accumulation over the step's samples)."})
 
@@ -127,11 +127,13 @@ def resolve(margs: ModelArgs, sargs: SpadeArgs, oargs: OptimArgs, rargs: RunArgs
     tool = sargs.setting == "tool"
     if sargs.setting not in ("games", "tool"):
         raise SystemExit(f"--setting must be games or tool, not {sargs.setting!r}")
-    sargs.regen_interval = sargs.regen_interval or (8 if tool else 4)
-    sargs.hint_max_tokens = sargs.hint_max_tokens or (2048 if tool else 4096)
-    oargs.kl_coef = (0.005 if tool else 0.0) if oargs.kl_coef is None else oargs.kl_coef
     n_skills = len(skill_list(sargs))
-    sargs.skills_per_regen = sargs.skills_per_regen or (n_skills if tool else min(3, n_skills))
+    defaults = {"regen_interval": 8 if tool else 4, "hint_max_tokens": 2048 if tool else 4096,
+                "skills_per_regen": n_skills if tool else min(3, n_skills)}
+    for name, value in defaults.items():  # the setting's paper value unless given explicitly
+        if getattr(sargs, name) is None:
+            setattr(sargs, name, value)
+    oargs.kl_coef = (0.005 if tool else 0.0) if oargs.kl_coef is None else oargs.kl_coef
     for name in ("steps", "regen_interval", "num_envs", "plays", "max_attempts", "max_turns",
                  "max_context", "max_new_tokens", "designer_max_tokens", "hint_max_tokens",
                  "skills_per_regen", "memory_capacity"):
@@ -139,6 +141,13 @@ def resolve(margs: ModelArgs, sargs: SpadeArgs, oargs: OptimArgs, rargs: RunArgs
             raise SystemExit(f"--{name} must be positive, got {getattr(sargs, name)}")
     if sargs.hint_plays < 0 or oargs.ppo_epochs <= 0 or rargs.checkpoint_every <= 0:
         raise SystemExit("--hint_plays must be >= 0, --ppo_epochs and --checkpoint_every > 0")
+    for name in ("agent_temperature", "designer_temperature", "hint_temperature"):
+        if not getattr(sargs, name) > 0:
+            raise SystemExit(f"--{name} must be > 0 (log-probs divide logits by it)")
+    if sargs.hint_plays == 0 and sargs.designer_reward != "solve_rate" and not sargs.fixed_envs:
+        raise SystemExit("--hint_plays 0 leaves regret undefined: use --designer_reward solve_rate")
+    if sargs.plays < 2:
+        print("[spade] warning: --plays < 2 makes every agent group zero-variance (no agent gradient)")
     if sargs.skills_per_regen > n_skills:
         raise SystemExit(f"--skills_per_regen {sargs.skills_per_regen} exceeds the {n_skills} skills")
     if sargs.designer_reward not in ("blend", "regret", "solve_rate"):
@@ -228,6 +237,12 @@ class Sampler:
                                      top_p=top_p, top_k=top_k, seed=self._seed())
         return generate
 
+    def drain(self) -> None:
+        """INFRA: end of a phase. Ranks of one vLLM tensor-parallel group keep serving the
+        group's requests until every member is done (no-op for other engines)."""
+        if hasattr(self.eng, "drain"):
+            self.eng.drain()
+
     def prompt_ids(self, messages) -> list[int]:
         return list(self.tok.apply_chat_template(messages, add_generation_prompt=True,
                                                  tokenize=True, return_dict=False))
@@ -250,10 +265,13 @@ def regenerate(step, sargs, sampler, design_sampler, sb, mem, pool, corpus, rank
                                             max_new_tokens=sargs.designer_max_tokens,
                                             top_p=sargs.top_p, top_k=sargs.top_k)
     block = (lambda skill: "") if sargs.no_memory else (lambda skill: mem.prompt_block(skill, rng))
-    proposals, stats = designer.regenerate(
-        slots, generate=gen, validate=lambda src: sb.validate(src, setting=sargs.setting),
-        corpus=corpus, memory_block=block, setting=sargs.setting, rng=rng,
-        max_attempts=sargs.max_attempts)
+    try:
+        proposals, stats = designer.regenerate(
+            slots, generate=gen, validate=lambda src: sb.validate(src, setting=sargs.setting),
+            corpus=corpus, memory_block=block, setting=sargs.setting, rng=rng,
+            max_attempts=sargs.max_attempts)
+    finally:
+        design_sampler.drain()
     fresh = []
     for i, p in enumerate(q for q in proposals if q.ok):
         sample = None
@@ -270,19 +288,22 @@ def regenerate(step, sargs, sampler, design_sampler, sb, mem, pool, corpus, rank
     if step == 0 and len(fresh) + len(carried) < n_local:
         carried += load_env_dir(HERE / "data" / "envs", sargs.setting, sb, origin="fallback")[rank::world]
     new_pool = fresh + carried[: max(0, n_local - len(fresh))]
-    missing = [e for e in new_pool if e.hint is None]
+    missing = [e for e in new_pool if e.hint is None] if sargs.hint_plays > 0 else []
     hint_gen = sampler.at(step, "hint").chat(temperature=sargs.hint_temperature,
                                              max_new_tokens=sargs.hint_max_tokens,
                                              top_p=sargs.top_p, top_k=sargs.top_k)
-    for e, h in zip(missing, designer.write_hints(
-            [designer.Proposal(skill=e.skill, setting=sargs.setting, source=e.source)
-             for e in missing], hint_gen)):
+    try:
+        hints = designer.write_hints([designer.Proposal(skill=e.skill, setting=sargs.setting,
+                                                        source=e.source) for e in missing], hint_gen)
+    finally:
+        sampler.drain()
+    for e, h in zip(missing, hints):
         e.hint = h
     stats = {f"designer/{k}": v for k, v in stats.items()}
     stats["designer/accepted"] = len(fresh)
     stats["designer/diversity"] = regret.diversity([e.source for e in fresh]) if fresh else 0.0
     stats["env/from_fallback"] = sum(e.origin == "fallback" for e in new_pool)
-    return new_pool, stats
+    return new_pool, stats, [p.to_log() for p in proposals]
 
 
 def load_env_dir(path: Path, setting: str, sb, origin: str) -> list[PoolEnv]:
@@ -308,30 +329,34 @@ def load_env_dir(path: Path, setting: str, sb, origin: str) -> list[PoolEnv]:
     return envs
 
 
-def play_pool(step, pool, sargs, sampler, sb, tokenizer, hinted_arm: bool):
-    """Alg. 1 line 7: G unhinted plays per environment, plus H hinted at a regeneration step.
+def play_pool(step, pool, sargs, sampler, sb, tokenizer, hinted_arm: bool, seed: int,
+              enable_thinking=None):
+    """Alg. 1 line 7: G unhinted plays per environment, plus H hinted at a regeneration step for
+    the freshly designed environments (the ones whose regret scores a designer sample).
 
     Both arms draw their seeds from one list (common random numbers, our deviation)."""
-    seeds = [derive_seed("play", step, i) for i in range(max(sargs.plays, sargs.hint_plays))]
-    specs = []
+    seeds = [derive_seed("play", seed, step, i) for i in range(max(sargs.plays, sargs.hint_plays))]
+    jobs = []
     for e in pool:
         if e.faulty:
             continue
-        specs += [agent.EpisodeSpec(e.env_id, s, None, sb.open(e.source, setting=sargs.setting))
-                  for s in seeds[:sargs.plays]]
-        if hinted_arm and e.hint:
-            specs += [agent.EpisodeSpec(e.env_id, s, e.hint, sb.open(e.source, setting=sargs.setting))
-                      for s in seeds[:sargs.hint_plays]]
+        jobs += [(e, s, None) for s in seeds[:sargs.plays]]
+        if hinted_arm and e.hint and e.origin == "designer":
+            jobs += [(e, s, e.hint) for s in seeds[:sargs.hint_plays]]
     gen = sampler.at(step, "agent").tokens(temperature=sargs.agent_temperature,
                                            top_p=sargs.top_p, top_k=sargs.top_k)
-    try:
-        episodes = agent.play(specs, generate=gen, tokenizer=tokenizer, step_many=sb.step_many,
-                              setting=sargs.setting, max_turns=sargs.max_turns,
-                              max_context=sargs.max_context, max_new_tokens=sargs.max_new_tokens)
+    specs = []
+    try:  # an infrastructure fault (SandboxInfraError) propagates: it is never the env's fault
+        for e, s, hint in jobs:
+            specs.append(agent.EpisodeSpec(e.env_id, s, hint, sb.open(e.source, setting=sargs.setting)))
+        return agent.play(specs, generate=gen, tokenizer=tokenizer, step_many=sb.step_many,
+                          setting=sargs.setting, max_turns=sargs.max_turns,
+                          max_context=sargs.max_context, max_new_tokens=sargs.max_new_tokens,
+                          enable_thinking=enable_thinking)
     finally:
-        for s in specs:
-            s.handle.close()
-    return episodes
+        sampler.drain()
+        for spec in specs:
+            spec.handle.close()
 
 
 def score_epoch(pool, sargs) -> list[dict]:
@@ -340,7 +365,7 @@ def score_epoch(pool, sargs) -> list[dict]:
     for e in pool:
         if e.sample is None:
             continue
-        if e.faulty or e.regret is None or not e.returns:
+        if e.faulty or not e.returns or (e.regret is None and sargs.designer_reward != "solve_rate"):
             score = 0.0  # deviation 2: a faulty environment scores 0
         else:
             w = sum(e.returns) / len(e.returns)
@@ -366,7 +391,7 @@ def env_stats(step, pool, episodes, is_regen) -> dict:
     if is_regen:
         regs = []
         for e in pool:  # an empty hint means no hinted arm: hinted = unhinted, regret 0
-            if e.hint is None and e.env_id in unhinted and not e.faulty:
+            if e.origin == "designer" and e.hint is None and e.env_id in unhinted and not e.faulty:
                 e.regret, e.r_hint = 0.0, means[e.env_id]
                 e.r_nohint = means[e.env_id]
                 regs.append(e)
@@ -460,13 +485,14 @@ def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *,
                                 for s in mb], pad_id=pad_id)
             t = {k: v.to(dev) for k, v in t.items()}
             temp = temperatures[mb[0]["role"]]
-            logp = grpo.token_logprobs(model, t["input_ids"], t["attention_mask"],
-                                       t["completion_mask"], temperature=temp)
+            with accelerator.autocast():  # bf16 compute under mixed precision, fp32 masters
+                logp = grpo.token_logprobs(model, t["input_ids"], t["attention_mask"],
+                                           t["completion_mask"], temperature=temp)
             if epoch == 0:  # pi_old = the policy before this step's first optimizer step
                 old_cache[b] = logp.detach()
             ref = None
             if ref_model is not None:
-                with torch.no_grad():
+                with torch.no_grad(), accelerator.autocast():
                     ref = grpo.token_logprobs(ref_model, t["input_ids"], t["attention_mask"],
                                               t["completion_mask"], temperature=temp)
             adv = torch.tensor([s["advantage"] for s in mb], device=dev)
@@ -548,7 +574,9 @@ def prepare_run_dir(run_dir: Path, cfg: dict, rargs: RunArgs, accelerator) -> Pa
             raise SystemExit(f"--resume: {run_dir} was run with a different config ({', '.join(diff)}); "
                              "pass --allow_config_change to continue anyway")
         return run_dir / (run_dir / "latest").read_text().strip()
-    if saved.exists() and not rargs.overwrite:
+    exists = saved.exists()
+    accelerator.wait_for_everyone()  # every rank looked before the main one writes
+    if exists and not rargs.overwrite:
         raise SystemExit(f"{run_dir} already holds a run: pass --resume to continue it or --overwrite")
     if accelerator.is_main_process:
         if run_dir.exists() and rargs.overwrite:
@@ -566,9 +594,19 @@ def main(argv=None, *, engines: dict | None = None) -> Path:
     """Run SPADE; returns the run directory. `engines` (tests) may replace the rollout engine for
     the "designer" or the "agent" role, e.g. a scripted designer that returns known environments."""
     from transformers import HfArgumentParser
-    margs, sargs, oargs, rargs = HfArgumentParser((ModelArgs, SpadeArgs, OptimArgs, RunArgs)) \
-        .parse_args_into_dataclasses(args=argv)
-    resolve(margs, sargs, oargs, rargs)
+    args = HfArgumentParser((ModelArgs, SpadeArgs, OptimArgs, RunArgs)).parse_args_into_dataclasses(args=argv)
+    # INFRA: the sandbox's zygote starts before torch is imported (SPEC 7.3): it is a fresh
+    # interpreter that never holds the model, its memory or its secrets.
+    sb = sandbox.Sandbox(workers=args[3].sandbox_workers, step_timeout=args[3].step_timeout,
+                         memory_mb=args[3].sandbox_memory_mb)
+    try:
+        resolve(*args)
+        return train(*args, sb=sb, engines=engines or {})
+    finally:  # never leave the zygote and its workers behind, even on a crash
+        sb.close()
+
+
+def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
     import torch
     from accelerate import Accelerator
     from accelerate.utils import gather_object, set_seed
@@ -583,13 +621,20 @@ def main(argv=None, *, engines: dict | None = None) -> Path:
     resume_from = prepare_run_dir(run_dir, cfg, rargs, accelerator)
     set_seed(rargs.seed)
     rank, world, main_proc = accelerator.process_index, accelerator.num_processes, accelerator.is_main_process
+    # Ranks of one vLLM tensor-parallel group play the same share of the pool in lockstep.
+    tp = margs.tensor_parallel_size
+    if world % tp:
+        raise SystemExit(f"--tensor_parallel_size {tp} does not divide the {world} processes")
+    dp_rank, dp_world = rank // tp, world // tp
 
-    # INFRA: model, optimizer, engine. Tiny models are fp32 on CPU; real ones bf16.
+    # INFRA: model (fp32 master weights; bf16 compute comes from Accelerate's mixed precision),
+    # optimizer, engine.
     tiny = engine.resolve_model_name(margs.model) in engine.TINY_MODELS
-    model, tokenizer = engine.load_model_and_tokenizer(
-        margs.model, dtype=torch.bfloat16 if margs.bf16 else torch.float32, seed=rargs.seed)
-    if margs.gradient_checkpointing and not tiny:
-        model.gradient_checkpointing_enable()
+    model, tokenizer = engine.load_model_and_tokenizer(margs.model, dtype=torch.float32,
+                                                       seed=rargs.seed)
+    fsdp = getattr(accelerator.state, "fsdp_plugin", None)
+    if margs.gradient_checkpointing and not tiny and not getattr(fsdp, "activation_checkpointing", False):
+        model.gradient_checkpointing_enable()  # FSDP configs checkpoint layers themselves
     ref_model = None
     if oargs.kl_coef > 0:
         import copy
@@ -600,124 +645,122 @@ def main(argv=None, *, engines: dict | None = None) -> Path:
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     if ref_model is not None:
         ref_model = accelerator.prepare_model(ref_model, evaluation_mode=True)
-    eng = make_engine(margs, accelerator.unwrap_model(model), tokenizer, rargs.seed)
-    engines = engines or {}
-    sampler = Sampler(engines.get("agent", eng), tokenizer, rargs.seed + 7919 * rank)
-    design_sampler = Sampler(engines.get("designer", eng), tokenizer, rargs.seed + 7919 * rank)
+    eng = make_engine(margs, sargs, accelerator.unwrap_model(model), tokenizer, rargs.seed, world)
+    seed = rargs.seed + 7919 * dp_rank
+    sampler = Sampler(engines.get("agent", eng), tokenizer, seed)
+    design_sampler = Sampler(engines.get("designer", eng), tokenizer, seed)
     temperatures = {"agent": sargs.agent_temperature, "designer": sargs.designer_temperature}
-
     corpus = None
     if not (sargs.no_corpus or sargs.fixed_envs):  # one sampler for the run, seed 42 (Sec. 3.2)
         corpus = designer.Corpus.load(sargs.corpus, max_words=designer.CORPUS_MAX_WORDS[sargs.setting],
-                                      seed=sargs.corpus_seed + rank)
+                                      seed=sargs.corpus_seed + dp_rank)
     mem = memory_lib.EnvironmentMemory(capacity=sargs.memory_capacity, path=run_dir / "memory.json")
     pool, start = [], 0
-    sb = sandbox.Sandbox(workers=rargs.sandbox_workers, step_timeout=rargs.step_timeout,
-                         memory_mb=rargs.sandbox_memory_mb)
-    try:
-        if resume_from is not None:
-            accelerator.load_state(str(resume_from))
-            st = json.loads((resume_from / f"spade_state-{rank}.json").read_text())
-            start = st["step"]
-            pool = [PoolEnv(**e) for e in st["pool"]]
-            mem = memory_lib.EnvironmentMemory.from_dict(st["memory"], path=run_dir / "memory.json")
-            if corpus is not None:
-                corpus.load_state_dict(st["corpus"])
-            if main_proc:  # drop metrics of steps that will be replayed
-                lines = (run_dir / "metrics.jsonl").read_text().splitlines()[: st["metrics_lines"]]
-                atomic_write(run_dir / "metrics.jsonl", "".join(l + "\n" for l in lines))
-            eng.sync_weights(accelerator.unwrap_model(model))
-        elif sargs.fixed_envs:
-            pool = load_env_dir(Path(sargs.fixed_envs), sargs.setting, sb, origin="fixed")[rank::world]
-            if not pool:
-                raise SystemExit(f"--fixed_envs {sargs.fixed_envs}: no environment passed validation")
+    if resume_from is not None:
+        accelerator.load_state(str(resume_from))
+        st = json.loads((resume_from / f"spade_state-{rank}.json").read_text())
+        if st["world"] != world:
+            raise SystemExit(f"--resume: the run used {st['world']} processes, this launch has {world}")
+        start = st["step"]
+        pool = [PoolEnv(**e) for e in st["pool"]]
+        mem = memory_lib.EnvironmentMemory.from_dict(st["memory"], path=run_dir / "memory.json")
+        if corpus is not None:
+            corpus.load_state_dict(st["corpus"])
+        if main_proc:  # drop metrics of steps that will be replayed
+            lines = (run_dir / "metrics.jsonl").read_text().splitlines()[: st["metrics_lines"]]
+            atomic_write(run_dir / "metrics.jsonl", "".join(line + "\n" for line in lines))
+        eng.sync_weights(accelerator.unwrap_model(model))
+    elif sargs.fixed_envs:
+        pool = load_env_dir(Path(sargs.fixed_envs), sargs.setting, sb, origin="fixed")[dp_rank::dp_world]
+        if not pool:
+            raise SystemExit(f"--fixed_envs {sargs.fixed_envs}: no environment passed validation")
+    if main_proc:
+        accelerator.init_trackers("spade", config=cfg)
+        print(f"[spade] run dir {run_dir.resolve()}  sandbox level: {sb.level}  world {world}")
+    bar = tqdm(range(start, sargs.steps), initial=start, total=sargs.steps, desc="spade",
+               disable=not main_proc)
+    train_designer = not (sargs.no_designer_training or sargs.fixed_envs)
+    for step in bar:
+        t0, m, logs = time.perf_counter(), {}, []
+        is_regen = step % sargs.regen_interval == 0 and not sargs.fixed_envs
+        scored = []
+        # ALGO: 1-2. regeneration: score the finished epoch, then design a fresh pool
+        if is_regen:
+            on_phase(step, "generate")
+            scored = score_epoch(pool, sargs)
+            pool, gm, logs = regenerate(step, sargs, sampler, design_sampler, sb, mem, pool,
+                                        corpus, dp_rank, dp_world)
+            m.update(gm)
+        t_gen = time.perf_counter() - t0
+        # ALGO: 3. play (unhinted G times; hinted H times at a regeneration)
+        on_phase(step, "play")
+        episodes = play_pool(step, pool, sargs, sampler, sb, tokenizer, seed=rargs.seed,
+                             hinted_arm=is_regen and sargs.hint_plays > 0,
+                             enable_thinking=margs.enable_thinking)
+        t_play = time.perf_counter() - t0 - t_gen
+        on_phase(step, "score")
+        em, wins = env_stats(step, pool, episodes, is_regen)
+        m.update(em)
+        if step + 1 == sargs.steps and not sargs.fixed_envs:
+            scored += score_epoch(pool, sargs)  # deviation 3: the last epoch is trained too
+        samples = agent_samples(episodes, grpo)
+        n_agent = sum(gather_object([len(samples)])) if world > 1 else len(samples)
+        if train_designer and (is_regen or step + 1 == sargs.steps):  # every rank: a collective
+            ds, dm = designer_samples(scored, n_agent, sargs, grpo, accelerator)
+            samples += ds
+            m.update(dm)
+        if is_regen and not sargs.no_memory:  # memory records for the freshly designed envs
+            recs = [memory_lib.MemoryRecord(skill=e.skill, source=e.source, win_rate=wins.get(e.env_id, 0.0),
+                                            regret=e.regret or 0.0, step=step, class_name=e.class_name,
+                                            setting=sargs.setting)
+                    for e in pool if e.origin == "designer" and not e.faulty and rank % tp == 0]
+            for r in (gather_object(recs) if world > 1 else recs):
+                mem.add(r)
+        # ALGO: 4-5. one GRPO update over both roles, then push the weights to the engine
+        on_phase(step, "update")
+        t1 = time.perf_counter()
+        eng.sleep()  # INFRA: colocated vLLM frees its memory for training; sync wakes it
+        m.update(grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples,
+                             pad_id=tokenizer.pad_token_id, temperatures=temperatures, oargs=oargs,
+                             margs=margs, grpo=grpo, torch=torch))
+        t_update = time.perf_counter() - t1
+        on_phase(step, "sync")
+        eng.sync_weights(accelerator.unwrap_model(model))
+        # INFRA: 6. log, checkpoint
+        on_phase(step, "log")
+        m.update(episode_metrics(episodes))
+        m.update({"charts/step": step, "charts/lr": scheduler.get_last_lr()[0],
+                  "time/generate_s": t_gen, "time/play_s": t_play, "time/update_s": t_update,
+                  "time/step_s": time.perf_counter() - t0})
+        m = reduce_metrics(m, accelerator, gather_object)
+        write_step_files(run_dir, step, pool if is_regen else [], episodes, rargs.transcripts,
+                         logs, rank)
         if main_proc:
-            accelerator.init_trackers("spade", config=cfg)
-            print(f"[spade] run dir {run_dir.resolve()}  sandbox level: {sb.level}  world {world}")
-        bar = tqdm(range(start, sargs.steps), initial=start, total=sargs.steps, desc="spade",
-                   disable=not main_proc)
-        step = start
-        for step in bar:
-            t0, m = time.perf_counter(), {}
-            is_regen = step % sargs.regen_interval == 0 and not sargs.fixed_envs
-            scored = []
-            # ALGO: 1-2. regeneration: score the finished epoch, then design a fresh pool
-            if is_regen:
-                on_phase(step, "generate")
-                scored = score_epoch(pool, sargs)
-                pool, gm = regenerate(step, sargs, sampler, design_sampler, sb, mem, pool,
-                                       corpus, rank, world)
-                m.update(gm)
-            t_gen = time.perf_counter() - t0
-            # ALGO: 3. play (unhinted G times; hinted H times at a regeneration)
-            on_phase(step, "play")
-            episodes = play_pool(step, pool, sargs, sampler, sb, tokenizer,
-                                 hinted_arm=is_regen and sargs.hint_plays > 0)
-            t_play = time.perf_counter() - t0 - t_gen
-            on_phase(step, "score")
-            em, wins = env_stats(step, pool, episodes, is_regen)
-            m.update(em)
-            if step + 1 == sargs.steps and not sargs.fixed_envs:
-                scored += score_epoch(pool, sargs)  # deviation 3: the last epoch is trained too
-            samples = agent_samples(episodes, grpo)
-            n_agent = sum(gather_object([len(samples)])) if world > 1 else len(samples)
-            if scored and not sargs.no_designer_training:
-                ds, dm = designer_samples(scored, n_agent, sargs, grpo, accelerator)
-                samples += ds
-                m.update(dm)
-            if is_regen and not sargs.no_memory:  # memory records for the freshly designed envs
-                recs = [memory_lib.MemoryRecord(skill=e.skill, source=e.source, win_rate=wins.get(e.env_id, 0.0),
-                                                regret=e.regret or 0.0, step=step, class_name=e.class_name,
-                                                setting=sargs.setting)
-                        for e in pool if e.origin == "designer" and not e.faulty]
-                for r in (gather_object(recs) if world > 1 else recs):
-                    mem.add(r)
-            # ALGO: 4-5. one GRPO update over both roles, then push the weights to the engine
-            on_phase(step, "update")
-            t1 = time.perf_counter()
-            eng.sleep()  # INFRA: colocated vLLM frees its memory for training; sync wakes it
-            m.update(grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples,
-                                 pad_id=tokenizer.pad_token_id, temperatures=temperatures, oargs=oargs,
-                                 margs=margs, grpo=grpo, torch=torch))
-            t_update = time.perf_counter() - t1
-            on_phase(step, "sync")
-            eng.sync_weights(accelerator.unwrap_model(model))
-            # INFRA: 6. log, checkpoint
-            on_phase(step, "log")
-            m.update(episode_metrics(episodes))
-            m.update({"charts/step": step, "charts/lr": scheduler.get_last_lr()[0],
-                      "time/generate_s": t_gen, "time/play_s": t_play, "time/update_s": t_update,
-                      "time/step_s": time.perf_counter() - t0})
-            m = reduce_metrics(m, accelerator, gather_object)
-            if main_proc:
-                write_step_files(run_dir, step, pool if is_regen else [], episodes, rargs.transcripts)
-                with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-                    f.write(json.dumps({**m, "sandbox/level": sb.level}, sort_keys=True) + "\n")
-                accelerator.log(m, step=step)
-                bar.set_postfix(ret=f"{m.get('agent/return_mean', 0):.2f}",
-                                learnable=f"{m.get('env/learnable_share', 0):.2f}")
-                if not sargs.no_memory:
-                    mem.save()
-            if (step + 1) % rargs.checkpoint_every == 0 or step + 1 == sargs.steps:
-                n_lines = len((run_dir / "metrics.jsonl").read_text().splitlines()) if main_proc else 0
-                save_checkpoint(accelerator, run_dir, step + 1, {
-                    "step": step + 1, "pool": pool_to_json(pool),
-                    "corpus": corpus.state_dict() if corpus is not None else None,
-                    "memory": mem.to_dict(), "metrics_lines": n_lines})
-        # INFRA: the final policy in Hugging Face format, for eval.py and for sharing
-        state_dict = accelerator.get_state_dict(model)
-        if main_proc:
-            final = run_dir / "final_model"
-            accelerator.unwrap_model(model).save_pretrained(final, state_dict=state_dict)
-            tokenizer.save_pretrained(final)
-            print(f"[spade] done: metrics {run_dir / 'metrics.jsonl'}, policy {final}")
-    finally:  # never leave the zygote and its workers behind, even on a crash
-        sb.close()
+            with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:  # + the sandbox's level
+                f.write(json.dumps({**m, "sandbox/level": sb.level}, sort_keys=True) + "\n")
+            accelerator.log(m, step=step)
+            bar.set_postfix(ret=f"{m.get('agent/return_mean', 0):.2f}",
+                            learnable=f"{m.get('env/learnable_share', 0):.2f}")
+            if not sargs.no_memory:
+                mem.save()
+        if (step + 1) % rargs.checkpoint_every == 0 or step + 1 == sargs.steps:
+            n_lines = len((run_dir / "metrics.jsonl").read_text().splitlines()) if main_proc else 0
+            save_checkpoint(accelerator, run_dir, step + 1, {
+                "step": step + 1, "world": world, "pool": pool_to_json(pool),
+                "corpus": corpus.state_dict() if corpus is not None else None,
+                "memory": mem.to_dict(), "metrics_lines": n_lines})
+    # INFRA: the final policy in Hugging Face format, for eval.py and for sharing
+    state_dict = accelerator.get_state_dict(model)
+    if main_proc:
+        final = run_dir / "final_model"
+        accelerator.unwrap_model(model).save_pretrained(final, state_dict=state_dict)
+        tokenizer.save_pretrained(final)
+        print(f"[spade] done: metrics {run_dir / 'metrics.jsonl'}, policy {final}")
     accelerator.end_training()
     return run_dir
 
 
-def make_engine(margs: ModelArgs, model, tokenizer, seed: int):
+def make_engine(margs: ModelArgs, sargs: SpadeArgs, model, tokenizer, seed: int, world: int):
     """vLLM colocated on GPU when installed (or asked for); the transformers engine otherwise."""
     import importlib.util
 
@@ -727,9 +770,15 @@ def make_engine(margs: ModelArgs, model, tokenizer, seed: int):
     want_vllm = margs.engine == "vllm" or (
         margs.engine == "auto" and torch.cuda.is_available() and importlib.util.find_spec("vllm"))
     if want_vllm:
+        longest = max(sargs.max_context, 16384 + sargs.designer_max_tokens)  # designer prompt + reply
         return engine.VLLMEngine(engine.resolve_model_name(margs.model),
                                  tensor_parallel_size=margs.tensor_parallel_size,
-                                 gpu_memory_utilization=margs.gpu_memory_utilization, seed=seed)
+                                 gpu_memory_utilization=margs.gpu_memory_utilization,
+                                 max_model_len=longest, seed=seed)
+    if world > 1:  # ranks would generate different token counts through one sharded model
+        raise SystemExit("several processes need the vLLM engine (pip install -r requirements-gpu.txt)")
+    if margs.tensor_parallel_size != 1:
+        raise SystemExit("--tensor_parallel_size applies to the vLLM engine only")
     # the prefix cache reuses each episode's KV across turns; sync_weights (every step) clears it
     return engine.TransformersEngine(model, tokenizer, prefix_cache=True)
 
@@ -760,23 +809,26 @@ def reduce_metrics(m: dict, accelerator, gather_object) -> dict:
     return {k: sum(v) / len(v) for k, v in merged.items()}
 
 
-def write_step_files(run_dir: Path, step: int, new_pool, episodes, n_transcripts: int) -> None:
-    """The freshly designed environments with their hints, and a few sample transcripts."""
+def write_step_files(run_dir: Path, step: int, new_pool, episodes, n_transcripts: int,
+                     proposals: list[dict], rank: int) -> None:
+    """Per rank: the freshly designed environments with their hints, every designer attempt with
+    its rejection reason and message, and a few sample transcripts."""
+    tag = f"step-{step:04d}-rank-{rank}"
     if new_pool:
-        d = run_dir / "envs" / f"step-{step:04d}"
+        d = run_dir / "envs" / tag
         d.mkdir(parents=True, exist_ok=True)
         for e in new_pool:
             atomic_write(d / f"{e.env_id.replace(':', '_')}.py", e.source)
         atomic_write(d / "pool.json", json.dumps(
             [{"env_id": e.env_id, "skill": e.skill, "origin": e.origin, "class_name": e.class_name,
               "hint": e.hint, "regret": e.regret} for e in new_pool], indent=2))
-    if n_transcripts and episodes:
-        d = run_dir / "transcripts"
-        d.mkdir(exist_ok=True)
-        rows = [{"env_id": ep.env_id, "seed": ep.seed, "hinted": ep.hinted, "return": ep.ret,
-                 "status": ep.status, "actions": ep.actions, "messages": ep.messages}
-                for ep in episodes[:n_transcripts]]
-        atomic_write(d / f"step-{step:04d}.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    for sub, rows in (("designer", proposals), ("transcripts", [
+            {"env_id": ep.env_id, "seed": ep.seed, "hinted": ep.hinted, "return": ep.ret,
+             "status": ep.status, "error": ep.error, "actions": ep.actions, "messages": ep.messages}
+            for ep in episodes[:n_transcripts]])):
+        if rows:
+            (run_dir / sub).mkdir(exist_ok=True)
+            atomic_write(run_dir / sub / f"{tag}.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
 
 
 if __name__ == "__main__":

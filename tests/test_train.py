@@ -109,7 +109,10 @@ def test_end_to_end_with_scripted_designer(reference_run):
     mem = json.loads((run / "memory.json").read_text())
     assert mem["records"] and {"win_rate", "regret", "skill"} <= set(mem["records"][0])
     assert (run / "latest").read_text().strip() == "checkpoint-3"
-    assert list((run / "envs").glob("step-0000/*.py")) and list((run / "transcripts").glob("*.jsonl"))
+    assert list((run / "envs").glob("step-0000-rank-0/*.py")) and list((run / "transcripts").glob("*.jsonl"))
+    attempts = [json.loads(l) for l in (run / "designer" / "step-0000-rank-0.jsonl").read_text().splitlines()]
+    assert [a["ok"] for a in attempts].count(False) >= 1
+    assert {a["reason"] for a in attempts if not a["ok"]} <= {"syntax", "timeout"}
     # the final policy loads like any Hugging Face model (eval.py --model <run>/final_model)
     model, tok = engine.load_model_and_tokenizer(str(run / "final_model"), dtype=torch.float32)
     assert type(model).__name__ == "Qwen3ForCausalLM" and tok.chat_template
@@ -165,6 +168,9 @@ def test_every_ablation_runs(tmp_path, flags, designer_model):
     (["--model", "Qwen3-5B"], "unknown model"),
     (["--setting", "chess"], "--setting must be games or tool"),
     (["--designer_reward", "vibes"], "--designer_reward must be"),
+    (["--agent_temperature", "0"], "--agent_temperature must be > 0"),
+    (["--hint_plays", "0"], "use --designer_reward solve_rate"),
+    (["--regen_interval", "0"], "--regen_interval must be positive"),
 ])
 def test_bad_config_fails_fast(tmp_path, flags, message):
     with pytest.raises(SystemExit, match=message):
@@ -200,7 +206,7 @@ def test_tool_setting_runs_with_kl(tmp_path):
     rows = metrics(run)
     assert rows[0]["env/from_fallback"] == 2 and rows[0]["losses/samples"] > 0
     assert "losses/kl" in rows[0]
-    pool = json.loads(next((run / "envs").glob("step-0000/pool.json")).read_text())
+    pool = json.loads(next((run / "envs").glob("step-0000-rank-0/pool.json")).read_text())
     assert {p["env_id"] for p in pool} == {"fallback:tool_retail_orders", "fallback:tool_smart_home"}
 
 
