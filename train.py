@@ -379,8 +379,8 @@ def env_stats(step, pool, episodes, is_regen) -> dict:
     by_env = {e.env_id: e for e in pool}
     unhinted, hinted = {}, {}
     for ep in episodes:
-        if ep.status == "env_error":
-            by_env[ep.env_id].faulty = True
+        if ep.status == "env_error":  # the environment's fault, unless the sandbox itself failed
+            by_env[ep.env_id].faulty |= not str(ep.error).startswith("infra")
             continue
         (hinted if ep.hinted else unhinted).setdefault(ep.env_id, []).append(ep.ret)
     m = {}

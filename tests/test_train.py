@@ -212,7 +212,7 @@ def test_tool_setting_runs_with_kl(tmp_path):
 
 def _ep(env_id, ret, hinted=False, status="terminated", rewards=None):
     from types import SimpleNamespace
-    return SimpleNamespace(env_id=env_id, ret=ret, hinted=hinted, status=status,
+    return SimpleNamespace(env_id=env_id, ret=ret, hinted=hinted, status=status, error="step_error",
                            rewards=rewards if rewards is not None else [ret])
 
 
@@ -225,10 +225,13 @@ def test_env_stats_and_epoch_scores_by_hand():
     eps = [_ep("a", 1.0), _ep("a", 0.0), _ep("a", 1.0), _ep("a", 0.0),       # a: mean 0.5
            _ep("a", 1.0, hinted=True), _ep("a", 1.0, hinted=True),           # a hinted: 1.0
            _ep("b", 0.0), _ep("b", 0.0), _ep("b", 0.0, status="env_error"),  # b faults once
-           _ep("b", 0.0, hinted=True), _ep("b", 0.0, hinted=True)]
+           _ep("b", 0.0, hinted=True), _ep("b", 0.0, hinted=True),
+           _ep("a", 0.0, status="env_error")]                                # infra: not a's fault
+    eps[-1].error = "infra: worker could not start"
     m, wins = train.env_stats(0, [a, b], eps, is_regen=True)
     assert a.regret == pytest.approx(0.5) and wins == {"a": 0.5, "b": 0.0}
     assert b.faulty and b.regret is None  # a faulty environment gets no regret
+    assert not a.faulty
     assert m["regret/mean"] == pytest.approx(0.5) and m["regret/positive_share"] == 1.0
     assert m["env/learnable_share"] == pytest.approx(0.5)       # a in [0.2, 0.8], b is not
     assert m["env/win_rate"] == pytest.approx(0.25) and m["env/faulty"] == 1
