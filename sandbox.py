@@ -117,13 +117,13 @@ PRELOAD = ("math", "random", "re", "json", "itertools", "collections", "functool
            "resource", "fcntl", "threading", "calendar", "cmath", "difflib", "uuid", "secrets")
 
 
+# INFRA: the wire protocol. Request: <op><nonce><JSON argument>\n, op one of S(tep) R(eset) C(all)
+# L(oad) N (renew) T (tool probe); nonce 8 hex digits drawn fresh per request. Reply: <nonce>=<JSON
+# result>\n or <nonce>!<JSON [failure, message]>\n. JSON only (never pickle), ASCII, no NaN/inf.
+# The C scanner/encoder are called directly: json.loads/dumps wrappers cost more than the work on a
+# short line, and the step round trip is on the agent's critical path.
 def _bad_constant(name):
     raise ValueError(f"non-finite constant {name}")
-
-
-# INFRA: the C JSON scanner/encoder called directly: json.loads/dumps wrappers cost more than the
-# work on a short line, and the step round trip is on the agent's critical path.
-_scan = json.scanner.make_scanner(json.JSONDecoder(parse_constant=_bad_constant))
 
 
 def _jsonable(x):
@@ -134,35 +134,20 @@ def _jsonable(x):
     return str(x)
 
 
+_scan = json.scanner.make_scanner(json.JSONDecoder(parse_constant=_bad_constant))
 _encode = json.encoder.c_make_encoder(None, _jsonable, json.encoder.encode_basestring_ascii, None,
                                       ":", ",", False, False, False)
-
-
-def _line(obj) -> bytes:
-    """One JSON line (ASCII, no NaN/inf); raises ValueError/TypeError/RecursionError otherwise."""
-    return ("".join(_encode(obj, 0)) + "\n").encode()
-
-
 _enc_str = json.encoder.encode_basestring_ascii                     # str -> '"..."' (ASCII)
-_scan_str = json.decoder.scanstring
+_scan_str = json.decoder.scanstring                                 # ('"...', 1) -> (str, end)
 
 
-def _step_line(action: str) -> bytes:
-    """A step request: opcode byte + one JSON string literal (the hot path skips the object)."""
-    return b"S" + _enc_str(action).encode() + b"\n"
-
-
-def _step_reply(nonce, obs, reward, term, trunc, info) -> bytes:
-    """The step reply built directly (inputs already checked by the worker; the parent re-checks)."""
-    try:
-        info = "".join(_encode(info, 0)) if info else "{}"
-    except (ValueError, TypeError, RecursionError) as e:
-        raise _Bad("invalid_result", f"info is not JSON data: {type(e).__name__}") from None
-    return (f'{{"ok":1,"n":"{nonce}","r":[{_enc_str(obs)},{reward!r},{"true" if term else "false"},'
-            f'{"true" if trunc else "false"},{info}]}}\n').encode()
+def _dumps(obj) -> str:
+    """Compact ASCII JSON; raises ValueError (NaN/inf), TypeError or RecursionError otherwise."""
+    return "".join(_encode(obj, 0))
 
 
 def _parse(data: bytes):
+    """Strict JSON from bytes: UTF-8, no NaN/inf, nothing after the value."""
     text = data.decode("utf-8")
     try:
         obj, end = _scan(text, 0)
@@ -451,12 +436,11 @@ class _Bad(Exception):
         self.kind = kind
 
 
+# Worker-side conversion is friendliness (numpy scalars, str/float subclasses copied exactly, named
+# failures); the parent re-checks everything it receives.
 def _w_number(x):
-    t = type(x)
-    if (t is float or t is int) and -10 <= x <= 10:
-        return x                                                       # the common case, fast
     if type(x).__module__ == "numpy" and hasattr(x, "item"):
-        x = x.item()                                                   # friendliness, not security
+        x = x.item()
     if type(x) is bool:
         raise _Bad("invalid_reward", "reward is a bool")
     if issubclass(type(x), float):                                     # type(), not a faked __class__
@@ -479,8 +463,6 @@ def _w_flag(x, name):
 
 
 def _w_obs(x):
-    if type(x) is str and len(x) <= OBS_CAP:
-        return x
     if type(x) is not str:
         try:
             x = str.__str__(x)                                         # str subclasses only
@@ -490,127 +472,129 @@ def _w_obs(x):
 
 
 def _w_info(x):
-    if type(x) is dict:
-        return x
     if not issubclass(type(x), dict):
         raise _Bad("invalid_result", f"info must be a dict, got {type(x).__name__}")
-    return dict(x)
+    try:
+        return _dumps(x)
+    except (ValueError, TypeError, RecursionError) as e:
+        raise _Bad("invalid_result", f"info is not JSON data: {type(e).__name__}") from None
 
 
-def _w_dispatch(req, box):
-    op = req["op"]
-    if op == "load":
-        code = compile(req["source"], "<environment>", "exec")
-        ns = {"__name__": "__environment__", "ToolEnv": ToolEnv}
-        exec(code, ns)
-        cls = [v for v in ns.values() if isinstance(v, type) and v.__name__.endswith("Env")
-               and v.__module__ == "__environment__"]
-        if not cls:
-            raise _Bad("load_error", "no class whose name ends in 'Env'")
-        cls = cls[-1]
-        if req["setting"] == "tool" and not issubclass(cls, ToolEnv):
-            raise _Bad("load_error", f"{cls.__name__} does not subclass ToolEnv")
-        box["cls"] = cls
-        box["env"] = env = cls()
-        tools = json.loads(json.dumps(env.tools())) if isinstance(env, ToolEnv) else []
-        return {"class_name": cls.__name__, "kind": "tool" if tools or isinstance(env, ToolEnv)
-                else "games", "tools": tools, "layers": box["layers"]}
-    if op == "renew":                                                  # a fresh instance, same module
-        import shutil
-        for name in os.listdir("."):                                   # and an empty scratch dir
-            if os.path.isdir(name) and not os.path.islink(name):
-                shutil.rmtree(name, ignore_errors=True)
-            else:
-                os.remove(name)
-        box["env"] = box["cls"]()
-        return {}
-    env = box["env"]
-    if op == "reset":
-        out = env.reset(seed=req["seed"])
-        if isinstance(out, str):
-            out = (out, {})                                            # the common slip, accepted
-        if not isinstance(out, (tuple, list)) or len(out) != 2:
-            raise _Bad("invalid_result", "reset() must return (observation, info)")
-        return {"r": [_w_obs(out[0]), _w_info(out[1])]}
-    if op == "step":
-        out = env.step(req["action"])
+def _w_step(out) -> str:
+    """step()'s 5-tuple as the reply's JSON text; an honest result passes the type() checks as is."""
+    if type(out) is not tuple or len(out) != 5:
         if not isinstance(out, (tuple, list)) or len(out) != 5:
             raise _Bad("invalid_result", "step() must return a 5-tuple")
-        return {"r": [_w_obs(out[0]), _w_number(out[1]), _w_flag(out[2], "terminated"),
-                      _w_flag(out[3], "truncated"), _w_info(out[4])]}
-    if op == "call":
-        return {"r": _w_obs(env.call(req["name"], req["arguments"]))}
-    if op == "tool_probe":                                             # reset + predicates + solution
-        obs, _ = env.reset(seed=req["seed"])
-        held, raised = [], []
-        for i, (_, pred) in enumerate(env.instructions):
-            try:
-                if pred(env.state):
-                    held.append(i)
-            except Exception:  # noqa: BLE001
-                raised.append(i)
-        sol = json.loads(json.dumps(list(env.solution())))
-        return {"r": [_w_obs(obs), len(env.instructions), held, raised, sol]}
-    raise _Bad("protocol_violation", f"unknown op {op!r}")
+    obs, rew, term, trunc, info = out
+    if type(obs) is not str or len(obs) > OBS_CAP:
+        obs = _w_obs(obs)
+    if (type(rew) is not float and type(rew) is not int) or not -10 <= rew <= 10:   # NaN fails too
+        rew = _w_number(rew)
+    if type(term) is not bool or type(trunc) is not bool:
+        term, trunc = _w_flag(term, "terminated"), _w_flag(trunc, "truncated")
+    return (f"[{_enc_str(obs)},{rew!r},{'true' if term else 'false'},{'true' if trunc else 'false'},"
+            f"{_w_info(info) if info or type(info) is not dict else '{}'}]")
 
 
-_STEP_REQ = {"op": "step"}
+def _w_load(source, setting, box):
+    code = compile(source, "<environment>", "exec")
+    ns = {"__name__": "__environment__", "ToolEnv": ToolEnv}
+    exec(code, ns)
+    cls = [v for v in ns.values() if isinstance(v, type) and v.__name__.endswith("Env")
+           and v.__module__ == "__environment__"]
+    if not cls:
+        raise _Bad("load_error", "no class whose name ends in 'Env'")
+    cls = cls[-1]
+    if setting == "tool" and not issubclass(cls, ToolEnv):
+        raise _Bad("load_error", f"{cls.__name__} does not subclass ToolEnv")
+    box["cls"] = cls
+    box["env"] = env = cls()
+    tools = json.loads(json.dumps(env.tools())) if isinstance(env, ToolEnv) else []
+    return {"class_name": cls.__name__, "kind": "tool" if tools or isinstance(env, ToolEnv)
+            else "games", "tools": tools, "layers": box["layers"]}
+
+
+def _w_renew(box):
+    """A fresh instance of the loaded class and an empty scratch dir (worker reuse, deviation 6)."""
+    import shutil
+    for name in os.listdir("."):
+        if os.path.isdir(name) and not os.path.islink(name):
+            shutil.rmtree(name, ignore_errors=True)
+        else:
+            os.remove(name)
+    box["env"] = box["cls"]()
+
+
+def _w_reset(env, seed):
+    out = env.reset(seed=seed)
+    if isinstance(out, str):
+        out = (out, {})                                                # the common slip, accepted
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise _Bad("invalid_result", "reset() must return (observation, info)")
+    return f"[{_enc_str(_w_obs(out[0]))},{_w_info(out[1])}]"
+
+
+def _w_tool_probe(env, seed):
+    """reset(seed), then which predicates hold or raise already, and the reference solution."""
+    obs, _ = env.reset(seed=seed)
+    held, raised = [], []
+    for i, (_, pred) in enumerate(env.instructions):
+        try:
+            if pred(env.state):
+                held.append(i)
+        except Exception:  # noqa: BLE001
+            raised.append(i)
+    sol = json.loads(json.dumps(list(env.solution())))
+    return _dumps([_w_obs(obs), len(env.instructions), held, raised, sol])
 
 
 def _w_serve(layers):
-    box, buf = {"layers": layers}, b""
+    box, buf, read, write = {"layers": layers}, b"", os.read, os.write
     while True:
-        while b"\n" not in buf:
-            chunk = os.read(3, 65536)                                  # < mmap threshold: no page churn
-            if not chunk:
-                os._exit(0)
-            buf += chunk
-        line, _, buf = buf.partition(b"\n")
-        req, nonce = _STEP_REQ, line[1:9].decode()
+        line = b"" if buf else read(3, 65536)                          # < mmap threshold: no page churn
+        if buf or line[-1:] != b"\n" or line.find(b"\n") != len(line) - 1:
+            buf += line                                                # not exactly one whole line
+            while b"\n" not in buf:
+                chunk = read(3, 65536)
+                if not chunk:
+                    os._exit(0)
+                buf += chunk
+            i = buf.index(b"\n") + 1
+            line, buf = buf[:i], buf[i:]
+        op, nonce = line[:1], line[1:9].decode()
         try:
-            if line[0] == 83:                                          # b"S": step fast path
-                out = box["env"].step(_scan_str(line[10:].decode(), 0)[0])
-                if type(out) is not tuple or len(out) != 5:
-                    if not isinstance(out, (tuple, list)) or len(out) != 5:
-                        raise _Bad("invalid_result", "step() must return a 5-tuple")
-                obs, rew, term, trunc, info = out
-                if type(obs) is not str or len(obs) > OBS_CAP:
-                    obs = _w_obs(obs)
-                if (type(rew) is not float and type(rew) is not int) or not -10 <= rew <= 10:
-                    rew = _w_number(rew)
-                if type(term) is not bool or type(trunc) is not bool:
-                    term, trunc = _w_flag(term, "terminated"), _w_flag(trunc, "truncated")
-                data = _step_reply(nonce, obs, rew, term, trunc, info if type(info) is dict else _w_info(info))
-                n = os.write(4, data)
-                if n != len(data):
-                    view = memoryview(data)[n:]
-                    while view:
-                        view = view[os.write(4, view):]
-                continue
-            req = _parse(line)
-            nonce = req["n"]
-            reply = {"ok": 1, **_w_dispatch(req, box)}
-        except _Bad as e:
-            reply = {"ok": 0, "error": e.kind, "message": str(e)[:300]}
-        except MemoryError:
-            reply = {"ok": 0, "error": "memory_limit", "message": "MemoryError"}
-        except BaseException as e:  # noqa: BLE001 - SystemExit, custom BaseException, ...
-            try:
-                msg = f"{type(e).__name__}: {e}"[:300]
-            except BaseException:  # noqa: BLE001
-                msg = "unprintable exception"
-            kind = {"load": "load_error", "renew": "load_error",
-                    "reset": "reset_error"}.get(req.get("op"), "step_error")
-            reply = {"ok": 0, "error": kind, "message": msg}
-        reply["n"] = nonce
-        try:
-            data = _line(reply)
-        except MemoryError:
-            data = _line({"ok": 0, "n": nonce, "error": "memory_limit", "message": "MemoryError"})
-        except BaseException as e:  # noqa: BLE001
-            data = _line({"ok": 0, "n": nonce, "error": "invalid_result",
-                          "message": f"unserialisable reply: {type(e).__name__}"})
-        view = memoryview(data)
+            if op == b"S":                                             # the hot path: a JSON string
+                data = f"{nonce}={_w_step(box['env'].step(_scan_str(line[9:].decode(), 1)[0]))}\n"
+                n = write(4, data.encode())
+                if n == len(data):
+                    continue
+                data = data[n:]                                        # ASCII: chars are bytes
+            elif op == b"R":
+                data = f"{nonce}={_w_reset(box['env'], _parse(line[9:-1]))}\n"
+            elif op == b"C":
+                data = f"{nonce}={_enc_str(_w_obs(box['env'].call(*_parse(line[9:-1]))))}\n"
+            elif op == b"T":
+                data = f"{nonce}={_w_tool_probe(box['env'], _parse(line[9:-1]))}\n"
+            elif op == b"L":
+                data = f"{nonce}={_dumps(_w_load(*_parse(line[9:-1]), box))}\n"
+            elif op == b"N":
+                _w_renew(box)
+                data = f"{nonce}=0\n"
+            else:
+                raise _Bad("protocol_violation", f"unknown op {op!r}")
+        except BaseException as e:  # noqa: BLE001 - SystemExit, custom BaseException, MemoryError...
+            if isinstance(e, _Bad):
+                kind, msg = e.kind, str(e)
+            elif isinstance(e, MemoryError):
+                kind, msg = "memory_limit", "MemoryError"
+            else:
+                kind = {b"L": "load_error", b"N": "load_error", b"R": "reset_error"}.get(op, "step_error")
+                try:
+                    msg = f"{type(e).__name__}: {e}"
+                except BaseException:  # noqa: BLE001
+                    msg = "unprintable exception"
+            data = f"{nonce}!{_dumps([kind, msg[:300]])}\n"
+        view = memoryview(data.encode())
         while view:
             view = view[os.write(4, view):]
 
@@ -779,10 +763,11 @@ def _exit_cause(status: int) -> tuple[str, str]:
 def _check_text(s, kind) -> str | None:
     if "\x00" in s:
         return f"{kind}: contains NUL"
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:
-        return f"{kind}: lone surrogate"
+    if not s.isascii():                                                # O(1): ASCII has no surrogates
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"{kind}: lone surrogate"
     return None
 
 
@@ -821,11 +806,13 @@ class _Fail(Exception):
 
 class EnvHandle:
     """One live environment instance in its own worker process. Never raises on misbehaviour."""
+    __slots__ = ("_sb", "source", "setting", "pid", "class_name", "kind", "layers", "_tools", "_rfd",
+                 "_wfd", "_rpoll", "_buf", "_failure", "_used", "_closed", "_parkable", "_uses",
+                 "_nonce", "_t0", "_deadline", "_bound", "__weakref__")   # fixed layout: fast attributes
 
     def __init__(self, sb: "Sandbox", source: str, setting: str = "games", fresh: bool = False):
         self._sb, self.source, self.setting = sb, source, setting
-        self.pid = None
-        self.class_name = self.kind = None
+        self.pid = self.class_name = self.kind = self.layers = None
         self._tools, self._rfd, self._wfd, self._buf = [], None, None, b""
         self._failure = None            # (kind, message) once the worker is gone
         self._used, self._closed, self._parkable, self._uses = 0.0, False, not fresh, 0
@@ -844,7 +831,7 @@ class EnvHandle:
             os.kill(self.pid, signal.SIGCONT)
             if _cpu_ticks(self.pid) != cpu:                            # it ran code while parked
                 raise self._kill("protocol_violation", "worker was busy while parked")
-            self._roundtrip({"op": "renew"}, self._sb.step_timeout, episode=False)
+            self._roundtrip("N", "0", episode=False)
             return True
         except _Fail:
             if self.pid is not None:
@@ -852,7 +839,7 @@ class EnvHandle:
             self._failure = None
             return False                                               # start a fresh worker instead
 
-    # -- lifecycle ---------------------------------------------------------------------------
+    # -- INFRA: lifecycle --------------------------------------------------------------------
     def _start(self):
         self.pid, self._rfd, self._wfd = self._sb._spawn()
         self._buf, self._failure, self._used = b"", None, 0.0
@@ -860,18 +847,18 @@ class EnvHandle:
         self._rpoll.register(self._rfd, select.POLLIN)
         self._sb._live.add(self)
         try:
-            r = self._roundtrip({"op": "load", "source": self.source, "setting": self.setting},
-                                self._sb.load_timeout, episode=False)
+            r = self._roundtrip("L", _dumps([self.source, self.setting]), self._sb.load_timeout,
+                                episode=False)
         except _Fail as e:
             if e.kind == "infra":
                 raise SandboxInfraError(e.message) from None
             self._failure = (e.kind, e.message)
             return
-        if type(r.get("class_name")) is not str or type(r.get("tools")) is not list:
+        if type(r) is not dict or type(r.get("class_name")) is not str or type(r.get("tools")) is not list:
             self._kill("protocol_violation", "malformed load reply")
             return
-        self.class_name, self.kind, self._tools = r["class_name"], r.get("kind"), r["tools"]
-        self.layers = r.get("layers")
+        self.class_name, self.kind, self._tools, self.layers = r["class_name"], r.get("kind"), \
+            r["tools"], r.get("layers")
 
     def _kill(self, kind, message="", wait=False, detail=b""):
         """SIGKILL the worker's process group, reap it through the zygote, remember why."""
@@ -926,39 +913,47 @@ class EnvHandle:
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
 
-    # -- one request, one reply --------------------------------------------------------------
-    def _begin(self, req, timeout: float, episode=True):
+    # -- INFRA: one request, one reply (step_many interleaves _begin / _pump / _end) -----------
+    def _begin(self, op: bytes, arg: str, timeout: float, episode=True):
         if self.pid is None:
             raise _Fail(*self._failure) if self._failure else _Fail("closed", "handle closed")
+        self._bound = False                                            # deadline set by the episode?
         if episode:
             left = self._sb.episode_timeout - self._used
             if left <= 0:
                 raise self._kill("episode_timeout", "episode time budget used up")
-            timeout = min(timeout, left)
-        self._t0 = time.monotonic()
-        self._deadline, self._episode_bound = self._t0 + timeout, timeout < self._sb.step_timeout
-        # An unsolicited line still in the pipe cannot carry this request's nonce (drawn from the
-        # trainer's private RNG after it was written), so _finish rejects it: no poll() needed here.
+            if left < timeout:
+                timeout, self._bound = left, True
         if self._buf:
             raise self._kill("protocol_violation", "unsolicited reply bytes")
-        # A fresh random nonce per request: a stray or stale line cannot pass for the reply.
-        self._nonce = nonce = f"{self._sb._nonce_bits(32):08x}"
-        self._send(memoryview(b"S" + nonce.encode() + req[1:] if type(req) is bytes
-                              else _line({**req, "n": nonce})))
+        # A fresh nonce from the trainer's private RNG: a line written before this request (still in
+        # the pipe) cannot carry it, so _end rejects stale and unsolicited lines without a poll().
+        self._nonce = nonce = b"%08x" % self._sb._nonce_bits(32)
+        data = b"%s%s%s\n" % (op, nonce, arg.encode())
+        self._t0 = time.monotonic()
+        self._deadline = self._t0 + timeout
+        try:
+            n = os.write(self._wfd, data)
+        except BlockingIOError:
+            n = 0
+        except BrokenPipeError:
+            raise self._kill(None, wait=True) from None
+        if n != len(data):
+            self._send_rest(memoryview(data)[n:])
 
-    def _send(self, data: memoryview):
-        while data:
+    def _send_rest(self, view: memoryview):
+        """The rest of a long request, as the worker reads it (bounded by the deadline)."""
+        while view:
+            left = self._deadline - time.monotonic()
+            if left <= 0 or not select.select([], [self._wfd], [], left)[1]:
+                raise self._timeout()
             try:
-                data = data[os.write(self._wfd, data):]
-            except BlockingIOError:
-                left = self._deadline - time.monotonic()
-                if left <= 0 or not select.select([], [self._wfd], [], left)[1]:
-                    raise self._timeout() from None
+                view = view[os.write(self._wfd, view):]
             except BrokenPipeError:
                 raise self._kill(None, wait=True) from None
 
     def _timeout(self):
-        if self._episode_bound:
+        if self._bound:
             return self._kill("episode_timeout", "episode time budget used up")
         return self._kill("timeout", f"no reply within {self._sb.step_timeout:g} s")
 
@@ -968,57 +963,53 @@ class EnvHandle:
             chunk = os.read(self._rfd, 65536)
         except BlockingIOError:
             return None
+        if not self._buf and chunk[-1:] == b"\n" and chunk.find(b"\n") == len(chunk) - 1:
+            return chunk                                               # the common case: one line
         return self._absorb(chunk)
 
     def _absorb(self, chunk: bytes) -> bytes | None:
         if not chunk:
             raise self._kill(None, wait=True, detail=self._buf[:300])
-        if not self._buf and chunk[-1:] == b"\n" and chunk.find(b"\n") == len(chunk) - 1:
-            return chunk[:-1]                                          # the common case: one line
         self._buf += chunk
         i = self._buf.find(b"\n")
-        if i < 0:
-            if len(self._buf) > LINE_CAP:
-                raise self._kill("output_too_large", f"reply line over {LINE_CAP} bytes")
-            return None
-        if i > LINE_CAP:
+        if i > LINE_CAP or (i < 0 and len(self._buf) > LINE_CAP):
             raise self._kill("output_too_large", f"reply line over {LINE_CAP} bytes")
-        line, self._buf = self._buf[:i], self._buf[i + 1:]
+        if i < 0:
+            return None
+        line, self._buf = self._buf[:i + 1], self._buf[i + 1:]
         if self._buf:
             raise self._kill("protocol_violation", "extra bytes after the reply line")
         return line
 
-    def _finish(self, line: bytes, episode=True) -> dict:
-        if episode:
-            self._used += time.monotonic() - self._t0
-        try:
-            msg = _parse(line)
-        except (ValueError, RecursionError) as e:
-            raise self._kill("protocol_violation", f"reply is not JSON: {e}") from None
-        if type(msg) is not dict or msg.get("ok") not in (0, 1) or type(msg["ok"]) is not int:
-            raise self._kill("protocol_violation", "reply is not a protocol object")
-        if msg.get("n") != self._nonce:
-            raise self._kill("protocol_violation", "reply does not answer the request")
-        if msg["ok"] == 0:
-            kind = msg.get("error")
-            kind = kind if type(kind) is str and kind in FAILURES else "protocol_violation"
-            raise self._kill(kind, msg.get("message") if type(msg.get("message")) is str else "")
-        return msg
-
     def _wait(self) -> bytes:
         while True:
-            left = self._deadline - time.monotonic()
-            if left <= 0 or not self._rpoll.poll(max(1, math.ceil(left * 1000))):
-                if time.monotonic() >= self._deadline:
-                    raise self._timeout()
-                continue
-            line = self._pump()
-            if line is not None:
-                return line
+            if self._rpoll.poll(max(1, math.ceil((self._deadline - time.monotonic()) * 1000))):
+                line = self._pump()
+                if line is not None:
+                    return line
+            elif time.monotonic() >= self._deadline:
+                raise self._timeout()
 
-    def _roundtrip(self, req, timeout, episode=True) -> dict:
-        self._begin(req, timeout, episode)
-        return self._finish(self._wait(), episode)
+    def _end(self, line: bytes, episode=True):
+        """The reply's result, once it answers this request (nonce) and is strict JSON."""
+        if episode:
+            self._used += time.monotonic() - self._t0
+        if line[:8] != self._nonce:
+            raise self._kill("protocol_violation", "reply does not answer the request")
+        try:
+            r = _parse(line[9:-1])
+        except (ValueError, RecursionError) as e:
+            raise self._kill("protocol_violation", f"reply is not JSON: {e}") from None
+        if line[8] == 61:                                              # b"="
+            return r
+        if line[8] != 33 or type(r) is not list or len(r) != 2 or type(r[0]) is not str:   # b"!"
+            raise self._kill("protocol_violation", "reply is not a protocol line")
+        raise self._kill(r[0] if r[0] in FAILURES else "protocol_violation",
+                         r[1] if type(r[1]) is str else "")
+
+    def _roundtrip(self, op: str, arg: str, timeout: float | None = None, episode=True):
+        self._begin(op.encode(), arg, self._sb.step_timeout if timeout is None else timeout, episode)
+        return self._end(self._wait(), episode)
 
     def _leak_check(self):
         try:
@@ -1031,70 +1022,76 @@ class EnvHandle:
         if n > 1:
             raise self._kill("resource_leak", f"{n - 1} thread(s) left running")
 
-    # -- validated results -------------------------------------------------------------------
-    def _check_reset(self, msg) -> tuple[str, dict]:
-        r = msg.get("r")
-        if type(r) is not list or len(r) != 2:
-            raise self._kill("protocol_violation", "malformed reset reply")
-        obs, info = r
-        self._check_obs(obs)
-        if type(info) is not dict or (m := _check_json(info)):
-            raise self._kill("invalid_result", m or "info is not a dict")
-        self._leak_check()
-        return obs[:OBS_CAP], info
-
-    def _check_obs(self, obs):
+    # -- the parent's re-validation: type(), caps, text checks --------------------------------
+    def _check_obs(self, obs) -> str:
         if type(obs) is not str:
             raise self._kill("invalid_observation", "observation is not a str")
         if (m := _check_text(obs, "observation")):
             raise self._kill("invalid_observation", m)
+        return obs[:OBS_CAP]
 
-    def _check_step(self, msg) -> tuple:
-        r = msg.get("r")
+    def _check_info(self, info) -> dict:
+        if type(info) is not dict or (info and (m := _check_json(info))):
+            raise self._kill("invalid_result", "info is not a dict" if type(info) is not dict else m)
+        return info
+
+    def _check_reset(self, r) -> tuple[str, dict]:
+        if type(r) is not list or len(r) != 2:
+            raise self._kill("protocol_violation", "malformed reset reply")
+        obs, info = self._check_obs(r[0]), self._check_info(r[1])
+        self._leak_check()
+        return obs, info
+
+    def _check_step(self, r) -> tuple:
         if type(r) is not list or len(r) != 5:
             raise self._kill("protocol_violation", "malformed step reply")
         obs, reward, term, trunc, info = r
-        self._check_obs(obs)
-        if type(reward) not in (int, float) or not math.isfinite(reward) or abs(reward) > 10:
+        t = type(reward)
+        if (t is not float and t is not int) or not -10 <= reward <= 10:   # inf fails the compare
             raise self._kill("invalid_reward", f"reward {reward!r:.40} is not a finite number in [-10, 10]")
         if type(term) is not bool or type(trunc) is not bool:
             raise self._kill("invalid_result", "terminated/truncated are not bools")
-        if type(info) is not dict or (m := _check_json(info)):
-            raise self._kill("invalid_result", m or "info is not a dict")
+        obs, info = self._check_obs(obs), self._check_info(info)
         if term or trunc:
             self._leak_check()
-        return obs[:OBS_CAP], float(reward), term, trunc, info
+        return obs, float(reward), term, trunc, info
 
     def _error_step(self, e: _Fail) -> tuple:
         return (f"[environment error: {e.kind}] {e.message}", 0.0, True, False,
                 {"error": e.kind, "message": e.message})
 
+    def _error_reset(self, e: _Fail) -> tuple:
+        return f"[environment error: {e.kind}] {e.message}", {"error": e.kind, "message": e.message}
+
+    def _begin_reset(self, seed):
+        if self.pid is None and not self._closed:
+            self._start()                                              # recycle after a failure
+        if self.pid is None:
+            raise _Fail(*self._failure)
+        self._used = 0.0
+        self._begin(b"R", _dumps(seed), self._sb.step_timeout)
+
     # -- public ------------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> tuple[str, dict]:
         try:
-            if self.pid is None and not self._closed:
-                self._start()                                          # recycle after a failure
-            if self.pid is None:
-                raise _Fail(*self._failure)
-            self._used = 0.0
-            return self._check_reset(self._roundtrip({"op": "reset", "seed": seed},
-                                                     self._sb.step_timeout))
+            self._begin_reset(seed)
+            return self._check_reset(self._end(self._wait()))
         except _Fail as e:
-            return f"[environment error: {e.kind}] {e.message}", {"error": e.kind, "message": e.message}
+            return self._error_reset(e)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         sb = self._sb
-        timeout = sb.step_timeout
         try:
             if (self.pid is None or self._buf or type(action) is not str
-                    or sb.episode_timeout - self._used <= timeout):
-                self._begin(_step_line(str(action)), timeout)          # the general path
-                return self._finish_step(self._wait())
-            # INFRA: the hot path, _begin/_wait inlined (same checks, fewer calls)
-            self._nonce = nonce = f"{sb._nonce_bits(32):08x}"
-            data = f"S{nonce}{_enc_str(action)}\n".encode()
+                    or sb.episode_timeout - self._used < sb.step_timeout):
+                self._begin(b"S", _enc_str(str(action)), sb.step_timeout)   # the general path
+                return self._check_step(self._end(self._wait()))
+            # INFRA: the hot path. _begin / _wait / _end inlined for the common case; anything else
+            # (a partial write, a split or odd reply, a timeout, any check failing) goes back to them.
+            self._nonce = nonce = b"%08x" % sb._nonce_bits(32)
+            data = b"S%s%s\n" % (nonce, _enc_str(action).encode())
             self._t0 = t0 = time.monotonic()
-            self._deadline, self._episode_bound = t0 + timeout, False
+            self._deadline, self._bound = t0 + sb.step_timeout, False
             try:
                 n = os.write(self._wfd, data)
             except BlockingIOError:
@@ -1102,50 +1099,25 @@ class EnvHandle:
             except BrokenPipeError:
                 raise self._kill(None, wait=True) from None
             if n != len(data):
-                self._send(memoryview(data)[n:])
-            line = None
-            if self._rpoll.poll(int(timeout * 1000) or 1):
+                self._send_rest(memoryview(data)[n:])
+            line = self._pump() if self._rpoll.poll(sb._step_ms) else None
+            if line is None:
+                line = self._wait()
+            self._used += time.monotonic() - t0
+            if line.startswith(nonce) and line[8:9] == b"=" and b"\\u" not in line:   # no escapes
                 try:
-                    chunk = os.read(self._rfd, 65536)
-                    if chunk[-1:] == b"\n" and chunk.find(b"\n") == len(chunk) - 1:
-                        line = chunk[:-1]                              # the common case: one line
-                    else:
-                        line = self._absorb(chunk)
-                except BlockingIOError:
-                    pass
-            return self._finish_step(line if line is not None else self._wait())
+                    r, end = _scan(line.decode("utf-8"), 9)
+                except (ValueError, StopIteration, RecursionError):
+                    r, end = None, 0
+                if end == len(line) - 1 and type(r) is list and len(r) == 5:
+                    obs, reward, term, trunc, info = r
+                    if (type(obs) is str and (type(reward) is float or type(reward) is int)
+                            and -10 <= reward <= 10 and term is False and trunc is False
+                            and type(info) is dict):
+                        return obs[:OBS_CAP], float(reward), False, False, info
+            return self._check_step(self._end(line, episode=False))    # names what is wrong
         except _Fail as e:
             return self._error_step(e)
-
-    def _finish_step(self, line: bytes) -> tuple:
-        """_finish + _check_step fused for the training hot path; the same checks, fewer calls."""
-        prefix = f'{{"ok":1,"n":"{self._nonce}","r":'.encode()
-        if not (line.startswith(prefix) and line.endswith(b"}")):
-            return self._check_step(self._finish(line))                # errors and odd replies
-        self._used += time.monotonic() - self._t0
-        try:
-            text = line.decode("utf-8")
-            r, end = _scan(text, len(prefix))
-        except (ValueError, StopIteration, RecursionError) as e:
-            raise self._kill("protocol_violation", f"reply is not JSON: {e}") from None
-        if end != len(text) - 1 or type(r) is not list or len(r) != 5:
-            raise self._kill("protocol_violation", "malformed step reply")
-        obs, reward, term, trunc, info = r
-        # Strict UTF-8 decoding and the JSON scanner already exclude raw NULs and surrogates; both can
-        # only arrive as \u escapes, so without one in the line every string here is clean text.
-        suspect = b"\\u" in line and (b"\\ud" in line or b"\\uD" in line or b"\\u0000" in line)
-        if type(obs) is not str or suspect:
-            self._check_obs(obs)                                       # names the exact problem
-        t = type(reward)
-        if (t is not float and t is not int) or not -10 <= reward <= 10:   # NaN fails the compare
-            raise self._kill("invalid_reward", f"reward {reward!r:.40} is not a finite number in [-10, 10]")
-        if type(term) is not bool or type(trunc) is not bool:
-            raise self._kill("invalid_result", "terminated/truncated are not bools")
-        if type(info) is not dict or (suspect and (m := _check_json(info))):
-            raise self._kill("invalid_result", "info is not a dict" if type(info) is not dict else m)
-        if term or trunc:
-            self._leak_check()
-        return (obs if len(obs) <= OBS_CAP else obs[:OBS_CAP]), float(reward), term, trunc, info
 
     def tools(self) -> list[dict]:
         """OpenAI function schemas of a ToolEnv ([] for games)."""
@@ -1154,10 +1126,7 @@ class EnvHandle:
     def call(self, name: str, arguments: dict) -> str:
         """Run one tool through the environment's call() dispatch; errors come back as text."""
         try:
-            r = self._roundtrip({"op": "call", "name": name, "arguments": arguments},
-                                self._sb.step_timeout)["r"]
-            self._check_obs(r)
-            return r[:OBS_CAP]
+            return self._check_obs(self._roundtrip("C", _dumps([name, arguments])))
         except _Fail as e:
             return f"[environment error: {e.kind}] {e.message}"
 
@@ -1184,6 +1153,7 @@ class Sandbox:
                  max_parked: int = 256):
         self.workers, self.step_timeout, self.memory_mb = workers, step_timeout, memory_mb
         self.load_timeout = step_timeout if load_timeout is None else load_timeout
+        self._step_ms = max(1, math.ceil(step_timeout * 1000))
         self.episode_timeout = episode_timeout
         self._cfg = dict(memory_mb=memory_mb, cpu_seconds=cpu_seconds, fsize_mb=fsize_mb,
                          scratch_mb=scratch_mb, numpy=numpy, landlock=landlock, seccomp=seccomp)
@@ -1347,27 +1317,25 @@ class Sandbox:
 
     def step_many(self, handles: list, actions: list) -> list[tuple]:
         """Step many handles at once (one outstanding request each); a failure ends only its own."""
-        return self._many(handles, [_step_line(str(a)) for a in actions], "step")
+        return self._many(handles, actions, "step")
 
     def reset_many(self, handles: list, seeds: list) -> list[tuple]:
-        return self._many(handles, [{"op": "reset", "seed": s} for s in seeds], "reset")
+        return self._many(handles, seeds, "reset")
 
-    def _many(self, handles, reqs, op):
+    def _many(self, handles, args, op):
+        step = op == "step"
         if len(set(map(id, handles))) != len(handles):                 # duplicates: one at a time
-            return [h.step(_scan_str(r[2:-1].decode(), 0)[0]) if op == "step" else h.reset(r["seed"])
-                    for h, r in zip(handles, reqs)]
+            return [h.step(a) if step else h.reset(a) for h, a in zip(handles, args)]
         out, pending, poller = [None] * len(handles), {}, select.poll()
 
         def fail(i, h, e):
-            out[i] = h._error_step(e) if op == "step" else (
-                f"[environment error: {e.kind}] {e.message}", {"error": e.kind, "message": e.message})
-        for i, (h, req) in enumerate(zip(handles, reqs)):
+            out[i] = h._error_step(e) if step else h._error_reset(e)
+        for i, (h, a) in enumerate(zip(handles, args)):
             try:
-                if op == "reset":
-                    if h.pid is None and not h._closed:
-                        h._start()
-                    h._used = 0.0
-                h._begin(req, self.step_timeout)
+                if step:
+                    h._begin(b"S", _enc_str(str(a)), self.step_timeout)
+                else:
+                    h._begin_reset(a)
                 pending[h._rfd] = (i, h)
                 poller.register(h._rfd, select.POLLIN)
             except _Fail as e:
@@ -1388,7 +1356,8 @@ class Sandbox:
                     line = h._pump()
                     if line is None:
                         continue
-                    out[i] = h._finish_step(line) if op == "step" else h._check_reset(h._finish(line))
+                    r = h._end(line)
+                    out[i] = h._check_step(r) if step else h._check_reset(r)
                 except _Fail as e:
                     fail(i, h, e)
                 poller.unregister(fd)
@@ -1434,13 +1403,13 @@ class Sandbox:
         for op, arg in script:
             if op == "reset":
                 h._used = 0.0
-                obs, info = h._check_reset(h._roundtrip({"op": "reset", "seed": arg}, self.step_timeout))
+                obs, info = h._check_reset(h._roundtrip("R", _dumps(arg)))
                 if not obs.strip():
                     raise _Fail("invalid_observation", "empty observation from reset()")
                 out.append([obs, info])
                 over = False
             elif not over:                                             # stop early on a terminal flag
-                r = h._check_step(h._roundtrip(_step_line(arg), self.step_timeout))
+                r = h._check_step(h._roundtrip("S", _enc_str(arg)))
                 h._leak_check()
                 out.append(list(r))
                 over = r[2] or r[3]
@@ -1452,7 +1421,7 @@ class Sandbox:
     def _solvable(self, h: EnvHandle, seed: int) -> list:
         """Replay solution() one call per step from reset(seed); <answer>done</answer> must pay 1.0."""
         h._used = 0.0
-        r = h._roundtrip({"op": "tool_probe", "seed": seed}, self.step_timeout).get("r")
+        r = h._roundtrip("T", _dumps(seed))
         if type(r) is not list or len(r) != 5 or type(r[1]) is not int or type(r[4]) is not list:
             raise h._kill("protocol_violation", "malformed tool probe reply")
         obs, n, held, raised, sol = r
@@ -1467,12 +1436,11 @@ class Sandbox:
                 raise _Fail("unsolvable", f"seed {seed}: solution() step {call!r:.60} is not a call")
             action = "<tool_call>" + json.dumps({"name": call["name"],
                                                  "arguments": call.get("arguments", {})}) + "</tool_call>"
-            o, rew, term, _, _ = h._check_step(h._roundtrip(_step_line(action), self.step_timeout))
+            o, rew, term, _, _ = h._check_step(h._roundtrip("S", _enc_str(action)))
             trace.append([o, rew])
             if term:
                 raise _Fail("unsolvable", f"seed {seed}: episode ended during the solution replay")
-        o, rew, term, _, _ = h._check_step(h._roundtrip(_step_line("<answer>done</answer>"),
-                                                         self.step_timeout))
+        o, rew, term, _, _ = h._check_step(h._roundtrip("S", _enc_str("<answer>done</answer>")))
         if not term or rew != 1.0:
             raise _Fail("unsolvable", f"seed {seed}: replaying solution() ends with reward {rew}")
         h._leak_check()
