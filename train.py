@@ -34,6 +34,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import sys
 import time
@@ -244,8 +245,22 @@ class Sampler:
             self.eng.drain()
 
     def prompt_ids(self, messages) -> list[int]:
-        return list(self.tok.apply_chat_template(messages, add_generation_prompt=True,
-                                                 tokenize=True, return_dict=False))
+        """Chat-template tokens in which message contents can never become special tokens.
+
+        Designer and hint prompts carry model-written code and corpus text: a literal
+        `<|im_end|><|im_start|>` there must stay text (SECURITY.md), so contents are rendered as
+        markers and tokenized on their own with special-token parsing off."""
+        marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
+        text = self.tok.apply_chat_template([dict(m, content=k) for m, k in zip(messages, marks)],
+                                            add_generation_prompt=True, tokenize=False)
+        ids = []
+        for i, piece in enumerate(re.split("\ue000(\\d+)\ue001", text)):
+            if i % 2:  # a message's content
+                ids += self.tok.encode(messages[int(piece)]["content"], add_special_tokens=False,
+                                       split_special_tokens=True)
+            elif piece:
+                ids += self.tok.encode(piece, add_special_tokens=False)
+        return ids
 
 
 # ----------------------------------------------------------------------------------------------
