@@ -19,10 +19,14 @@ Deviations (from the paper and the authors' code; also in the README):
      step 0, from the hand-written `data/envs/`; those carry no designer sample.
   2. Environment faults drop the faulted episode from the agent batch, take the environment out
      of the pool for the rest of its epoch and give its designer score 0 (authors: -1 to the agent).
-  3. The last epoch's designer samples are trained in a final designer-only update (authors drop
-     them).
+  3. The last epoch's designer samples are trained in the final step's update, scored on the
+     statistics they have by then (authors drop them).
   4. Every sampling call gets a seed derived from (seed, step, phase, call), so a resumed run
      replays exactly; the corpus sampler's state is checkpointed for the same reason.
+  5. Hinted plays (and so regret) are run for the freshly designed environments only: carried and
+     hand-written ones have no designer sample to score. An empty hint means regret 0.
+  6. Ranks of one vLLM tensor-parallel group share one slice of the pool and play it in lockstep;
+     the N slots are split over the data-parallel groups, so each GRPO group stays on one rank.
 
 Launch: `python train.py --model tiny ...` (CPU) or `accelerate launch --config_file
 configs/fsdp2_8gpu.yaml train.py --model Qwen3-30B-A3B`. Test: `pytest tests/test_train.py`.
