@@ -136,18 +136,15 @@ def parse_tool_calls(text: str) -> list[dict]:
 def tool_action(text: str) -> str:
     """Normalise a tool-use reply to the action text ToolEnv.step() expects (CONTRACT.md).
 
-    Tool calls win when present (one canonical JSON block per call); otherwise an `<answer>` tag is
-    passed as `<answer>...</answer>`; otherwise the stripped reply (the environment answers a
-    malformed turn with a format reminder).
+    Tool calls become one canonical JSON block each, followed by the last `<answer>` tag if any
+    (ToolEnv runs the calls, then takes the answer); with neither, the stripped reply goes through
+    (the environment answers a malformed turn with a format reminder).
     """
     calls = parse_tool_calls(text)
-    if calls:
-        return "\n".join("<tool_call>" + json.dumps(c, ensure_ascii=False) + "</tool_call>"
-                         for c in calls)
     answers = _ANSWER.findall(text.rsplit("</think>", 1)[-1])
-    if answers:
-        return "<answer>" + answers[-1].strip() + "</answer>"
-    return text.rsplit("</think>", 1)[-1].strip()
+    blocks = ["<tool_call>" + json.dumps(c, ensure_ascii=False) + "</tool_call>" for c in calls]
+    blocks += ["<answer>" + answers[-1].strip() + "</answer>"] if answers else []
+    return "\n".join(blocks) if blocks else text.rsplit("</think>", 1)[-1].strip()
 
 
 def first_user_message(observation: str, hint: str | None, setting: str) -> str:
