@@ -142,6 +142,16 @@ def _head_logits(h, weight, bias, temperature):
     return logits.div_(temperature)
 
 
+def _logsumexp_(logits):
+    """(C,) logsumexp over the last dim, overwriting logits (C, V) with exp(logits - max).
+
+    The same max-shifted formula as torch.logsumexp, done in place: on CPU it is about twice as
+    fast (no (C, V) temporaries), and the chunk buffer is dead afterwards anyway."""
+    m = logits.amax(dim=-1, keepdim=True)                                        # (C, 1)
+    m.masked_fill_(m.isinf(), 0.0)  # all -inf (or an inf) row: as torch.logsumexp does
+    return logits.sub_(m).exp_().sum(-1).log_().add_(m.squeeze(-1))              # (C,)
+
+
 class _ChunkedLogprob(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size):
@@ -150,9 +160,10 @@ class _ChunkedLogprob(torch.autograd.Function):
         for start in range(0, hidden.shape[0], chunk_size):   # (N = 0 still runs the hooks)
             logits = _head_logits(hidden[start:start + chunk_size], weight, bias, temperature)
             y = targets[start:start + chunk_size]
-            lse.append(torch.logsumexp(logits, dim=-1))                          # (C,)
+            picked = logits.gather(-1, y[:, None]).squeeze(-1)                   # (C,)
+            lse.append(_logsumexp_(logits))                                      # (C,)
             # log p(y) = logit_y / T - logsumexp(logits / T)
-            out.append(logits.gather(-1, y[:, None]).squeeze(-1) - lse[-1])      # (C,)
+            out.append(picked - lse[-1])                                         # (C,)
         ctx.save_for_backward(hidden, weight, bias, targets, torch.cat(lse))
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
         return torch.cat(out)                                                    # (N,)
