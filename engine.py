@@ -481,22 +481,37 @@ class VLLMEngine:
                  seed: int | None = None) -> list[Completion]:
         caps = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) \
             else list(max_new_tokens)
-        requests, mine = list(zip(prompts, caps)), slice(0, len(prompts))
+        # each request carries its own sampling params, so a TP group samples identically
+        requests = [(list(p), cap, temperature, top_p, top_k, None if seed is None else seed + i)
+                    for i, (p, cap) in enumerate(zip(prompts, caps))]
+        return self._run(requests, done=False)
+
+    def drain(self) -> None:
+        """End of a phase under tensor parallelism: keep serving the group's requests (the
+        engine is one program across its ranks) until every member of the group is done."""
+        while self.tp_group is not None and self._run([], done=True) is not None:
+            pass
+
+    def _run(self, requests: list, done: bool) -> list[Completion] | None:
+        """Generate the TP group's requests on every rank; return this rank's share (None once
+        every member is draining)."""
+        mine = slice(0, len(requests))
         if self.tp_group is not None:
             import torch.distributed as dist
             gathered = [None] * self.tp
-            dist.all_gather_object(gathered, requests, group=self.tp_group)
+            dist.all_gather_object(gathered, (done, requests), group=self.tp_group)
+            if all(d for d, _ in gathered):
+                return None
             rank = dist.get_rank(self.tp_group)
-            start = sum(len(g) for g in gathered[:rank])
-            requests, mine = [r for g in gathered for r in g], slice(start, start + len(requests))
+            start = sum(len(r) for _, r in gathered[:rank])
+            requests, mine = [q for _, r in gathered for q in r], slice(start, start + len(requests))
         if not requests:
             return []
         params = [self.vllm.SamplingParams(
-            n=1, temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=cap, logprobs=0,
-            seed=None if seed is None else seed + i, skip_special_tokens=True)
-            for i, (_, cap) in enumerate(requests)]
-        outputs = self.llm.generate([self.vllm.TokensPrompt(prompt_token_ids=list(p))
-                                     for p, _ in requests], sampling_params=params, use_tqdm=False)
+            n=1, temperature=t, top_p=p, top_k=k, max_tokens=cap, logprobs=0, seed=sd,
+            skip_special_tokens=True) for _, cap, t, p, k, sd in requests]
+        outputs = self.llm.generate([self.vllm.TokensPrompt(prompt_token_ids=q[0]) for q in requests],
+                                    sampling_params=params, use_tqdm=False)
         completions = []
         for request in outputs:
             o = request.outputs[0]
