@@ -664,7 +664,8 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     if ref_model is not None:
         ref_model = accelerator.prepare_model(ref_model, evaluation_mode=True)
-    eng = make_engine(margs, sargs, accelerator.unwrap_model(model), tokenizer, rargs.seed, world)
+    sharded = accelerator.distributed_type.value in ("FSDP", "DEEPSPEED")
+    eng = make_engine(margs, sargs, accelerator.unwrap_model(model), tokenizer, rargs.seed, sharded)
     seed = rargs.seed + 7919 * dp_rank
     sampler = Sampler(engines.get("agent", eng), tokenizer, seed)
     design_sampler = Sampler(engines.get("designer", eng), tokenizer, seed)
@@ -751,7 +752,7 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
         m.update({"charts/step": step, "charts/lr": scheduler.get_last_lr()[0],
                   "time/generate_s": t_gen, "time/play_s": t_play, "time/update_s": t_update,
                   "time/step_s": time.perf_counter() - t0})
-        m = reduce_metrics(m, accelerator, gather_object)
+        m = {**reduce_metrics(m, accelerator, gather_object), "charts/step": step}
         write_step_files(run_dir, step, pool if is_regen else [], episodes, rargs.transcripts,
                          logs, rank)
         if main_proc:
@@ -779,7 +780,7 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
     return run_dir
 
 
-def make_engine(margs: ModelArgs, sargs: SpadeArgs, model, tokenizer, seed: int, world: int):
+def make_engine(margs: ModelArgs, sargs: SpadeArgs, model, tokenizer, seed: int, sharded: bool):
     """vLLM colocated on GPU when installed (or asked for); the transformers engine otherwise."""
     import importlib.util
 
@@ -794,8 +795,8 @@ def make_engine(margs: ModelArgs, sargs: SpadeArgs, model, tokenizer, seed: int,
                                  tensor_parallel_size=margs.tensor_parallel_size,
                                  gpu_memory_utilization=margs.gpu_memory_utilization,
                                  max_model_len=longest, seed=seed)
-    if world > 1:  # ranks would generate different token counts through one sharded model
-        raise SystemExit("several processes need the vLLM engine (pip install -r requirements-gpu.txt)")
+    if sharded:  # ranks would generate different token counts through one sharded model
+        raise SystemExit("FSDP / DeepSpeed runs need the vLLM engine (pip install -r requirements-gpu.txt)")
     if margs.tensor_parallel_size != 1:
         raise SystemExit("--tensor_parallel_size applies to the vLLM engine only")
     # the prefix cache reuses each episode's KV across turns; sync_weights (every step) clears it

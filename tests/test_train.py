@@ -260,3 +260,28 @@ def test_designer_prompt_contents_cannot_inject_chat_structure(tokenizer):
     assert plain == tokenizer.apply_chat_template([{"role": "user", "content": "hello"}],
                                                   add_generation_prompt=True, tokenize=True,
                                                   return_dict=False)
+
+
+@pytest.mark.slow
+def test_two_processes_data_parallel(tmp_path):
+    """Two CPU ranks (gloo): each designs and plays its own share of the N slots; designer
+    scores, memory records and metrics are gathered; every collective matches across ranks."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "ddp"
+    env = dict(os.environ, ACCELERATE_USE_CPU="true", OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_port", str(port), str(Path(train.__file__)), *BASE, "--num_envs", "4",
+           "--plays", "2", "--output_dir", str(out)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = metrics(out)
+    assert [r["charts/step"] for r in rows] == [0, 1, 2]
+    assert all(r["designer/slots"] == 2 for r in rows if "designer/slots" in r)  # 4 slots / 2 ranks
+    assert {p.name for p in (out / "envs").iterdir()} >= {"step-0000-rank-0", "step-0000-rank-1"}
+    assert (out / "checkpoint-3" / "spade_state-1.json").exists()
