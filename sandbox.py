@@ -10,7 +10,8 @@ environment in its own locked-down worker process and talks to it in JSON lines.
     zygote  --fork--> worker: setsid; fds 0/1/2 -> /dev/null; pipes re-numbered to 3 (requests) and
                       4 (replies), all else closed; private scratch cwd; rlimits; own uid; pdeathsig;
                       non-dumpable; no_new_privs; Landlock; seccomp -> only then untrusted code
-    trainer <-(one JSON line per request, size-capped, nonce-checked, re-validated with type())-- worker
+    trainer --(<op><nonce><JSON> line)--> worker --(<nonce>=<JSON result> or <nonce>!<JSON failure>)-->
+            trainer: one line per request, size-capped, nonce-checked, re-validated with type()
 
     with Sandbox(workers=8, step_timeout=5.0, memory_mb=1024) as sb:
         report = sb.validate(source, setting="games")   # ValidationReport(.ok, .error, .class_name, .kind)
@@ -205,9 +206,6 @@ class ToolEnv:
                 "parameters": fn.get("parameters", {"type": "object", "properties": {}})}})
         return out
 
-    def _names(self) -> set:
-        return {t["function"]["name"] for t in self.tools()}
-
     def reset(self, seed=None):
         self.state, self.instructions, self._done, self._turn = {}, [], 0, 0
         self.setup(random.Random(seed))
@@ -218,7 +216,8 @@ class ToolEnv:
         try:
             if isinstance(arguments, str):
                 arguments = json.loads(arguments) if arguments.strip() else {}
-            if name not in self._names() or not callable(getattr(self, f"tool_{name}", None)):
+            names = {t["function"]["name"] for t in self.tools()}
+            if name not in names or not callable(getattr(self, f"tool_{name}", None)):
                 return f"Error: unknown tool {name!r}."
             if not isinstance(arguments, dict):
                 return "Error: arguments must be a JSON object."
@@ -227,15 +226,14 @@ class ToolEnv:
         except Exception as e:  # noqa: BLE001 - tool errors are observations
             return f"Error: {type(e).__name__}: {e}"
 
-    def _holds(self, i) -> bool:
-        try:
-            return bool(self.instructions[i][1](self.state))
-        except Exception:  # noqa: BLE001 - a raising predicate counts as unmet
-            return False
-
     def _advance(self) -> list[str]:
         revealed = []
-        while self._done < len(self.instructions) and self._holds(self._done):
+        while self._done < len(self.instructions):
+            try:
+                if not self.instructions[self._done][1](self.state):
+                    break
+            except Exception:  # noqa: BLE001 - a raising predicate counts as unmet
+                break
             self._done += 1
             if self._done < len(self.instructions):
                 revealed.append(self.instructions[self._done][0])
@@ -561,23 +559,24 @@ def _w_serve(layers):
                 buf += chunk
             i = buf.index(b"\n") + 1
             line, buf = buf[:i], buf[i:]
-        op, nonce = line[:1], line[1:9].decode()
+        text = line.decode()                                           # the trainer sends ASCII
+        op, nonce = text[0], text[1:9]
         try:
-            if op == b"S":                                             # the hot path: a JSON string
-                data = f"{nonce}={_w_step(box['env'].step(_scan_str(line[9:].decode(), 1)[0]))}\n"
+            if op == "S":                                              # the hot path: a JSON string
+                data = f"{nonce}={_w_step(box['env'].step(_scan_str(text, 10)[0]))}\n"
                 n = write(4, data.encode())
                 if n == len(data):
                     continue
                 data = data[n:]                                        # ASCII: chars are bytes
-            elif op == b"R":
+            elif op == "R":
                 data = f"{nonce}={_w_reset(box['env'], _parse(line[9:-1]))}\n"
-            elif op == b"C":
+            elif op == "C":
                 data = f"{nonce}={_enc_str(_w_obs(box['env'].call(*_parse(line[9:-1]))))}\n"
-            elif op == b"T":
+            elif op == "T":
                 data = f"{nonce}={_w_tool_probe(box['env'], _parse(line[9:-1]))}\n"
-            elif op == b"L":
+            elif op == "L":
                 data = f"{nonce}={_dumps(_w_load(*_parse(line[9:-1]), box))}\n"
-            elif op == b"N":
+            elif op == "N":
                 _w_renew(box)
                 data = f"{nonce}=0\n"
             else:
@@ -588,7 +587,7 @@ def _w_serve(layers):
             elif isinstance(e, MemoryError):
                 kind, msg = "memory_limit", "MemoryError"
             else:
-                kind = {b"L": "load_error", b"N": "load_error", b"R": "reset_error"}.get(op, "step_error")
+                kind = {"L": "load_error", "N": "load_error", "R": "reset_error"}.get(op, "step_error")
                 try:
                     msg = f"{type(e).__name__}: {e}"
                 except BaseException:  # noqa: BLE001
@@ -914,7 +913,7 @@ class EnvHandle:
             pass
 
     # -- INFRA: one request, one reply (step_many interleaves _begin / _pump / _end) -----------
-    def _begin(self, op: bytes, arg: str, timeout: float, episode=True):
+    def _begin(self, op: str, arg: str, timeout: float, episode=True):
         if self.pid is None:
             raise _Fail(*self._failure) if self._failure else _Fail("closed", "handle closed")
         self._bound = False                                            # deadline set by the episode?
@@ -928,8 +927,8 @@ class EnvHandle:
             raise self._kill("protocol_violation", "unsolicited reply bytes")
         # A fresh nonce from the trainer's private RNG: a line written before this request (still in
         # the pipe) cannot carry it, so _end rejects stale and unsolicited lines without a poll().
-        self._nonce = nonce = b"%08x" % self._sb._nonce_bits(32)
-        data = b"%s%s%s\n" % (op, nonce, arg.encode())
+        self._nonce = nonce = "%08x" % self._sb._nonce_bits(32)
+        data = f"{op}{nonce}{arg}\n".encode()
         self._t0 = time.monotonic()
         self._deadline = self._t0 + timeout
         try:
@@ -994,7 +993,7 @@ class EnvHandle:
         """The reply's result, once it answers this request (nonce) and is strict JSON."""
         if episode:
             self._used += time.monotonic() - self._t0
-        if line[:8] != self._nonce:
+        if line[:8] != self._nonce.encode():
             raise self._kill("protocol_violation", "reply does not answer the request")
         try:
             r = _parse(line[9:-1])
@@ -1008,7 +1007,7 @@ class EnvHandle:
                          r[1] if type(r[1]) is str else "")
 
     def _roundtrip(self, op: str, arg: str, timeout: float | None = None, episode=True):
-        self._begin(op.encode(), arg, self._sb.step_timeout if timeout is None else timeout, episode)
+        self._begin(op, arg, self._sb.step_timeout if timeout is None else timeout, episode)
         return self._end(self._wait(), episode)
 
     def _leak_check(self):
@@ -1056,12 +1055,11 @@ class EnvHandle:
             self._leak_check()
         return obs, float(reward), term, trunc, info
 
-    def _error_step(self, e: _Fail) -> tuple:
-        return (f"[environment error: {e.kind}] {e.message}", 0.0, True, False,
-                {"error": e.kind, "message": e.message})
-
-    def _error_reset(self, e: _Fail) -> tuple:
-        return f"[environment error: {e.kind}] {e.message}", {"error": e.kind, "message": e.message}
+    @staticmethod
+    def _error(e: _Fail, step=True) -> tuple:
+        """What the caller gets for an environment fault: an error observation, never a raise."""
+        obs, info = f"[environment error: {e.kind}] {e.message}", {"error": e.kind, "message": e.message}
+        return (obs, 0.0, True, False, info) if step else (obs, info)
 
     def _begin_reset(self, seed):
         if self.pid is None and not self._closed:
@@ -1069,7 +1067,7 @@ class EnvHandle:
         if self.pid is None:
             raise _Fail(*self._failure)
         self._used = 0.0
-        self._begin(b"R", _dumps(seed), self._sb.step_timeout)
+        self._begin("R", _dumps(seed), self._sb.step_timeout)
 
     # -- public ------------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> tuple[str, dict]:
@@ -1077,19 +1075,19 @@ class EnvHandle:
             self._begin_reset(seed)
             return self._check_reset(self._end(self._wait()))
         except _Fail as e:
-            return self._error_reset(e)
+            return self._error(e, step=False)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         sb = self._sb
         try:
             if (self.pid is None or self._buf or type(action) is not str
                     or sb.episode_timeout - self._used < sb.step_timeout):
-                self._begin(b"S", _enc_str(str(action)), sb.step_timeout)   # the general path
+                self._begin("S", _enc_str(str(action)), sb.step_timeout)    # the general path
                 return self._check_step(self._end(self._wait()))
             # INFRA: the hot path. _begin / _wait / _end inlined for the common case; anything else
             # (a partial write, a split or odd reply, a timeout, any check failing) goes back to them.
-            self._nonce = nonce = b"%08x" % sb._nonce_bits(32)
-            data = b"S%s%s\n" % (nonce, _enc_str(action).encode())
+            self._nonce = nonce = "%08x" % sb._nonce_bits(32)
+            data = f"S{nonce}{_enc_str(action)}\n".encode()
             self._t0 = t0 = time.monotonic()
             self._deadline, self._bound = t0 + sb.step_timeout, False
             try:
@@ -1100,24 +1098,29 @@ class EnvHandle:
                 raise self._kill(None, wait=True) from None
             if n != len(data):
                 self._send_rest(memoryview(data)[n:])
-            line = self._pump() if self._rpoll.poll(sb._step_ms) else None
+            line = None
+            if self._rpoll.poll(sb._step_ms):
+                line = os.read(self._rfd, 65536)                       # readable: data or EOF
+                if line[-1:] != b"\n" or line.find(b"\n") != len(line) - 1:
+                    line = self._absorb(line)                          # not exactly one line
             if line is None:
                 line = self._wait()
             self._used += time.monotonic() - t0
-            if line.startswith(nonce) and line[8:9] == b"=" and b"\\u" not in line:   # no escapes
-                try:
-                    r, end = _scan(line.decode("utf-8"), 9)
-                except (ValueError, StopIteration, RecursionError):
-                    r, end = None, 0
-                if end == len(line) - 1 and type(r) is list and len(r) == 5:
-                    obs, reward, term, trunc, info = r
-                    if (type(obs) is str and (type(reward) is float or type(reward) is int)
-                            and -10 <= reward <= 10 and term is False and trunc is False
-                            and type(info) is dict):
-                        return obs[:OBS_CAP], float(reward), False, False, info
+            try:                                                       # the honest common shape
+                text = line.decode("utf-8")
+                if text.startswith(nonce) and text[8] == "=" and "\\u" not in text:   # no NUL/surrogate
+                    r, end = _scan(text, 9)
+                    if end == len(text) - 1 and type(r) is list and len(r) == 5:
+                        obs, reward, term, trunc, info = r
+                        if (type(obs) is str and (type(reward) is float or type(reward) is int)
+                                and -10 <= reward <= 10 and term is False and trunc is False
+                                and type(info) is dict):
+                            return obs[:OBS_CAP], float(reward), False, False, info
+            except (ValueError, IndexError, StopIteration, RecursionError):
+                pass
             return self._check_step(self._end(line, episode=False))    # names what is wrong
         except _Fail as e:
-            return self._error_step(e)
+            return self._error(e)
 
     def tools(self) -> list[dict]:
         """OpenAI function schemas of a ToolEnv ([] for games)."""
@@ -1158,7 +1161,7 @@ class Sandbox:
         self._cfg = dict(memory_mb=memory_mb, cpu_seconds=cpu_seconds, fsize_mb=fsize_mb,
                          scratch_mb=scratch_mb, numpy=numpy, landlock=landlock, seccomp=seccomp)
         self._zlock, self._live, self._required, self._pool = threading.RLock(), set(), [], 0
-        self._parked, self._n_parked = {}, 0                          # (setting, source) -> workers
+        self._parked = []                                              # [((setting, source), state)]
         # Request nonces come from a private generator seeded by the OS: workers never see it.
         self._nonce_bits = random.Random(os.urandom(32)).getrandbits
         self.max_reuse, self.max_parked = max_reuse, max_parked
@@ -1233,15 +1236,13 @@ class Sandbox:
         if self._proc is None:
             raise SandboxInfraError("sandbox is closed")
         with self._zlock:                                              # uids are finite: evict parked
-            while self._n_parked and len(self._live) + self._n_parked + self._pool >= UIDS - 16:
-                old = next(iter(self._parked))
-                self._reap_state(self._parked[old].pop(0))
-                if not self._parked[old]:
-                    del self._parked[old]
+            while self._parked and len(self._live) + len(self._parked) + self._pool >= UIDS - 16:
+                self._reap_state(self._parked.pop(0)[1])
         if self._proc.poll() is not None:                              # zygote died: start a new one
             with self._zlock:
+                for _, state in self._parked:                          # its workers died with it
+                    self._reap_state(state, tell=False)
                 self._parked.clear()
-                self._n_parked = 0
                 self._zsock.close()
                 self._start_zygote()
         out, fds = self._zygote({"op": "spawn", "required": self._required, "pool": self._pool},
@@ -1258,40 +1259,31 @@ class Sandbox:
 
     def _park(self, key, state):
         with self._zlock:
-            self._parked.setdefault(key, []).append(state)
-            self._n_parked += 1
-            while self._n_parked > self.max_parked:                    # evict the oldest source
-                old = next(iter(self._parked))
-                self._reap_state(self._parked[old].pop(0))
-                if not self._parked[old]:
-                    del self._parked[old]
+            self._parked.append((key, state))
+            while len(self._parked) > self.max_parked:                 # evict the oldest
+                self._reap_state(self._parked.pop(0)[1])
 
     def _unpark(self, key):
         with self._zlock:
-            states = self._parked.get(key)
-            if not states:
-                return None
-            state = states.pop()
-            if not states:
-                del self._parked[key]
-            self._n_parked -= 1
-            return state
+            for i in range(len(self._parked) - 1, -1, -1):             # the most recently parked
+                if self._parked[i][0] == key:
+                    return self._parked.pop(i)[1]
+        return None
 
-    def _reap_state(self, state):
-        self._n_parked -= 1
+    def _reap_state(self, state, tell=True):
         _killall(state[0])
         os.close(state[1])
         os.close(state[2])
-        self._zygote({"op": "reap", "pid": state[0]}, reply=False)
+        if tell:
+            self._zygote({"op": "reap", "pid": state[0]}, reply=False)
 
     def close(self):
         with self._zlock:
-            for states in self._parked.values():
-                for state in states:
-                    try:
-                        self._reap_state(state)
-                    except (OSError, SandboxInfraError):
-                        pass
+            for _, state in self._parked:
+                try:
+                    self._reap_state(state)
+                except (OSError, SandboxInfraError):
+                    pass
             self._parked.clear()
         for h in list(self._live):
             h.close()
@@ -1329,11 +1321,11 @@ class Sandbox:
         out, pending, poller = [None] * len(handles), {}, select.poll()
 
         def fail(i, h, e):
-            out[i] = h._error_step(e) if step else h._error_reset(e)
+            out[i] = h._error(e, step)
         for i, (h, a) in enumerate(zip(handles, args)):
             try:
                 if step:
-                    h._begin(b"S", _enc_str(str(a)), self.step_timeout)
+                    h._begin("S", _enc_str(str(a)), self.step_timeout)
                 else:
                     h._begin_reset(a)
                 pending[h._rfd] = (i, h)
