@@ -568,19 +568,21 @@ def _w_serve(layers):
                 if n == len(data):
                     continue
                 data = data[n:]                                        # ASCII: chars are bytes
-            elif op == "R":
-                data = f"{nonce}={_w_reset(box['env'], _parse(line[9:-1]))}\n"
-            elif op == "C":
-                data = f"{nonce}={_enc_str(_w_obs(box['env'].call(*_parse(line[9:-1]))))}\n"
-            elif op == "T":
-                data = f"{nonce}={_w_tool_probe(box['env'], _parse(line[9:-1]))}\n"
-            elif op == "L":
-                data = f"{nonce}={_dumps(_w_load(*_parse(line[9:-1]), box))}\n"
-            elif op == "N":
-                _w_renew(box)
-                data = f"{nonce}=0\n"
-            else:
-                raise _Bad("protocol_violation", f"unknown op {op!r}")
+            else:                                                      # the others: a JSON value
+                arg = _parse(line[9:-1])
+                if op == "R":
+                    data = f"{nonce}={_w_reset(box['env'], arg)}\n"
+                elif op == "C":
+                    data = f"{nonce}={_enc_str(_w_obs(box['env'].call(*arg)))}\n"
+                elif op == "T":
+                    data = f"{nonce}={_w_tool_probe(box['env'], arg)}\n"
+                elif op == "L":
+                    data = f"{nonce}={_dumps(_w_load(*arg, box))}\n"
+                elif op == "N":
+                    _w_renew(box)
+                    data = f"{nonce}=0\n"
+                else:
+                    raise _Bad("protocol_violation", f"unknown op {op!r}")
         except BaseException as e:  # noqa: BLE001 - SystemExit, custom BaseException, MemoryError...
             if isinstance(e, _Bad):
                 kind, msg = e.kind, str(e)
