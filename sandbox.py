@@ -1,4 +1,4 @@
-"""Sandbox: run designer-written environments safely and fast (SPADE, arXiv 2608.19197, SPEC §2, §7).
+r"""Sandbox: run designer-written environments safely and fast (SPADE, arXiv 2608.19197, SPEC §2, §7).
 
 In the paper the Environment Designer writes a Python class with `reset()` / `step()` (games) or a
 `ToolEnv` subclass (tool use), and the Reasoning Agent plays it. Those programs are untrusted model
