@@ -611,6 +611,15 @@ def _zygote_main(sock_fd: int, cfg: dict):
     sock = socket.socket(fileno=sock_fd)
     root = os.geteuid() == 0
     cfg["netns"] = root and libc.unshare(0x40000000) == 0              # CLONE_NEWNET
+    # Preload BEFORE the private tmpfs hides /tmp: a venv or checkout under /tmp (as in CI)
+    # would otherwise vanish from the workers' view of the file system.
+    import tempfile
+    import sysconfig
+    for mod in PRELOAD + (("numpy", "numpy.random", "numpy.linalg") if cfg["numpy"] else ()):
+        try:
+            __import__(mod)
+        except Exception:  # noqa: BLE001 - optional
+            pass
     cfg["mountns"] = False
     if root and libc.unshare(0x00020000) == 0:                         # CLONE_NEWNS
         libc.mount(None, b"/", None, 0x4000 | 0x40000, None)           # MS_REC | MS_PRIVATE
@@ -620,13 +629,6 @@ def _zygote_main(sock_fd: int, cfg: dict):
                 opts = f"size={size}m,mode=1777".encode()
                 ok &= libc.mount(b"tmpfs", path.encode(), b"tmpfs", 0x2 | 0x4, opts) == 0
         cfg["mountns"] = ok
-    import tempfile
-    import sysconfig
-    for mod in PRELOAD + (("numpy", "numpy.random", "numpy.linalg") if cfg["numpy"] else ()):
-        try:
-            __import__(mod)
-        except Exception:  # noqa: BLE001 - optional
-            pass
     import gc
     gc.collect()
     gc.freeze()                                                        # children's GC skips (no COW)
