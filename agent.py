@@ -216,6 +216,7 @@ class _Renderer:
         if enable_thinking is not None:
             self.kwargs["enable_thinking"] = enable_thinking
         self.eos_text = tokenizer.eos_token
+        self.short_ok: bool | None = None  # may a short history stand in for the full one?
 
     def render(self, messages: list[dict], generation_prompt: bool) -> str:
         return self.tok.apply_chat_template(messages, tokenize=False,
@@ -237,16 +238,31 @@ class _Renderer:
         marked = [dict(m, content=self.content_mark.format(i)) for i, m in enumerate(messages)]
         return self.encode(self.render(marked, True), [m["content"] for m in messages])
 
-    def delta(self, history: list[dict], new: list[dict], reply_had_eos: bool) -> list[int]:
-        """Tokens the template puts after the last assistant reply of `history`, through `new`
-        messages and the next generation prompt."""
+    def _tails(self, history: list[dict], new: list[dict]) -> tuple[str, str]:
+        """The rendered text after the last reply, without and with the new messages."""
         base = history[:-1] + [dict(history[-1], content=self.reply_mark)]
         marked = [dict(m, content=self.content_mark.format(i)) for i, m in enumerate(new)]
         before = self.render(base, False)
         after = self.render(base + marked, True)
         assert before.count(self.reply_mark) == 1 and after.count(self.reply_mark) == 1
-        tail_before = before.split(self.reply_mark)[1]
-        tail_after = after.split(self.reply_mark)[1]
+        return before.split(self.reply_mark)[1], after.split(self.reply_mark)[1]
+
+    def delta(self, history: list[dict], new: list[dict], reply_had_eos: bool) -> list[int]:
+        """Tokens the template puts after the last assistant reply of `history`, through `new`
+        messages and the next generation prompt.
+
+        Rendering the whole history every turn costs O(turns^2) per episode. So the first delta
+        also renders a short history (the messages through the first user turn, then the last
+        reply); if both give the same tail, later turns render only the short one."""
+        first_user = next((i for i, m in enumerate(history) if m["role"] == "user"), 0)
+        short = history[:first_user + 1] + history[-1:]
+        if len(short) == len(history) or self.short_ok is False:
+            tail_before, tail_after = self._tails(history, new)
+        elif self.short_ok:
+            tail_before, tail_after = self._tails(short, new)
+        else:  # first long enough history: check that the short rendering is exact here
+            tail_before, tail_after = self._tails(history, new)
+            self.short_ok = (tail_before, tail_after) == self._tails(short, new)
         # The prefix property, checked where it must hold: past the last reply, adding messages
         # only appends (the history before it may be rewritten; we never re-tokenize it).
         if not tail_after.startswith(tail_before) or not tail_before.startswith(self.eos_text):
