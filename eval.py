@@ -62,6 +62,7 @@ Test: `pytest tests/test_eval.py`.
 from __future__ import annotations
 
 import base64
+import io
 import json
 import math
 import os
@@ -678,6 +679,19 @@ def grade_code(code: str | None, tests: list[dict], *, func_name: str | None = N
     return True, "ok"
 
 
+
+class _PlainData(pickle.Unpickler):
+    """Hub test data is a pickled JSON string: refuse every global, so a crafted file cannot name
+    a callable (the only way a pickle runs code)."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"refusing {module}.{name}: test data must be plain data")
+
+
+def _plain_unpickle(raw: bytes):
+    return _PlainData(io.BytesIO(raw)).load()
+
+
 def lcb_tests(row: dict) -> list[dict]:
     """Public + private tests of a problem: our JSONL's "tests", or the hub's encoded columns."""
     if "tests" in row:
@@ -687,7 +701,7 @@ def lcb_tests(row: dict) -> list[dict]:
     try:
         tests += json.loads(private)
     except ValueError:  # the hub packs large test sets as base64(zlib(pickle(json))), as LCB's own loader reads them
-        tests += json.loads(pickle.loads(zlib.decompress(base64.b64decode(private.encode()))))
+        tests += json.loads(_plain_unpickle(zlib.decompress(base64.b64decode(private.encode()))))
     return tests
 
 

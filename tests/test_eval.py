@@ -369,3 +369,21 @@ def test_lcb_hub_row_decoding():
     packed = base64.b64encode(zlib.compress(pickle.dumps(json.dumps(private)))).decode()
     row = {"public_test_cases": json.dumps(STDIN_TEST), "private_test_cases": packed}
     assert E.lcb_tests(row) == STDIN_TEST + private
+
+
+def test_lcb_packed_tests_never_unpickle_code():
+    """LiveCodeBench packs private tests as base64(zlib(pickle(json))): plain data decodes, a
+    pickle that names a callable is refused instead of run."""
+    import os
+    import pickle
+
+    import eval as ev
+    assert ev._plain_unpickle(pickle.dumps('[{"input": "1", "output": "2"}]')) == \
+        '[{"input": "1", "output": "2"}]'
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    with pytest.raises(pickle.UnpicklingError, match="refusing"):
+        ev._plain_unpickle(pickle.dumps(Evil()))
