@@ -679,7 +679,6 @@ def grade_code(code: str | None, tests: list[dict], *, func_name: str | None = N
     return True, "ok"
 
 
-
 class _PlainData(pickle.Unpickler):
     """Hub test data is a pickled JSON string: refuse every global, so a crafted file cannot name
     a callable (the only way a pickle runs code)."""
