@@ -271,8 +271,9 @@ class Sampler:
 # ALGO: the phases of one step
 
 def regenerate(step, sargs, sampler, design_sampler, sb, mem, pool, corpus, rank=0,
-               world=1) -> tuple[list[PoolEnv], dict]:
+               world=1) -> tuple[list[PoolEnv], dict, list[dict]]:
     """Alg. 1 lines 3-6: active skills, designer proposals validated in the sandbox, hints.
+    Returns the new pool, its statistics, and every attempt's log record.
 
     With several ranks each one designs (and later plays) its own share of the N slots."""
     skills = skill_list(sargs)
@@ -393,7 +394,7 @@ def score_epoch(pool, sargs) -> list[dict]:
     return out
 
 
-def env_stats(step, pool, episodes, is_regen) -> dict:
+def env_stats(step, pool, episodes, is_regen) -> tuple[dict, dict]:
     """Per-step statistics; updates each environment's epoch returns and regret in place."""
     by_env = {e.env_id: e for e in pool}
     unhinted, hinted = {}, {}
