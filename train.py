@@ -397,8 +397,10 @@ def score_epoch(pool, sargs) -> list[dict]:
 def env_stats(step, pool, episodes, is_regen) -> tuple[dict, dict]:
     """Per-step statistics; updates each environment's epoch returns and regret in place."""
     by_env = {e.env_id: e for e in pool}
-    unhinted, hinted = {}, {}
+    unhinted, hinted, rewards = {}, {}, {}
     for ep in episodes:
+        if not ep.hinted:
+            rewards.setdefault(ep.env_id, []).extend(ep.rewards)
         if ep.status == "env_error":  # the environment's fault, unless the sandbox itself failed
             by_env[ep.env_id].faulty |= not str(ep.error).startswith("infra")
             continue
@@ -430,9 +432,7 @@ def env_stats(step, pool, episodes, is_regen) -> tuple[dict, dict]:
         m["env/learnable_share"] = regret.learnable_share(list(means.values()))
         m["env/win_rate"] = sum(wins.values()) / len(wins)
         m["env/zero_variance_share"] = regret.zero_variance_share(list(unhinted.values()))
-        m["env/reward_granularity"] = regret.reward_granularity(
-            [[r for ep in episodes if ep.env_id == k and not ep.hinted for r in ep.rewards]
-             for k in unhinted])
+        m["env/reward_granularity"] = regret.reward_granularity([rewards[k] for k in unhinted])
         for skill in sorted({by_env[k].skill for k in wins}):
             ks = [k for k in wins if by_env[k].skill == skill]
             m[f"env/win_rate/{skill}"] = sum(wins[k] for k in ks) / len(ks)
@@ -567,10 +567,6 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, state: dict) -> None:
             if old.name != final.name and not old.name.endswith(".tmp"):
                 shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
-
-
-def pool_to_json(pool) -> list[dict]:
-    return [dataclasses.asdict(e) for e in pool]
 
 
 def config_dict(*args) -> dict:
@@ -767,7 +763,7 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
         if (step + 1) % rargs.checkpoint_every == 0 or step + 1 == sargs.steps:
             n_lines = len((run_dir / "metrics.jsonl").read_text().splitlines()) if main_proc else 0
             save_checkpoint(accelerator, run_dir, step + 1, {
-                "step": step + 1, "world": world, "pool": pool_to_json(pool),
+                "step": step + 1, "world": world, "pool": [dataclasses.asdict(e) for e in pool],
                 "corpus": corpus.state_dict() if corpus is not None else None,
                 "memory": mem.to_dict(), "metrics_lines": n_lines})
     # INFRA: the final policy in Hugging Face format, for eval.py and for sharing
