@@ -174,20 +174,27 @@ class ValidationReport:
 
 
 # ----------------------------------------------------------------------------------------------
-# ALGO: the ToolEnv base class (SPEC §2). It is defined here and injected into the environment's
+# ALGO: the ToolEnv base class (Sec. 4.2). It is defined here and injected into the environment's
 # namespace inside the worker; the designer never imports it.
+#
+# As in the authors' base class: tool calls are free (they never touch the turn budget); an
+# <answer> turn and a malformed turn (no answer, no call that parses) each use one of `max_turns`
+# (10, theirs). An answer outranks tool calls in the same action. A premature or wrong answer gets
+# feedback naming the pending instruction, reward 0, and play continues. When the last
+# instruction completes, the tool output says so and asks for <answer>done</answer>.
 # ----------------------------------------------------------------------------------------------
 _CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.S)
 FORMAT_REMINDER = ("Invalid turn. Call tools with <tool_call>{\"name\": ..., \"arguments\": {...}}"
                    "</tool_call> (one or more), or finish with <answer>done</answer>.")
+ALL_DONE = "[ALL INSTRUCTIONS COMPLETE] Now submit <answer>done</answer>."
 
 
 class ToolEnv:
     """Tool-use environment: tools over hidden `self.state`, 3-5 instructions with predicates."""
     TOOLS: list = []
 
-    def __init__(self, max_turns: int = 20):
+    def __init__(self, max_turns: int = 10):
         self.max_turns = max_turns
         self.state, self.instructions, self._done, self._turn = {}, [], 0, 0
 
@@ -226,8 +233,10 @@ class ToolEnv:
         except Exception as e:  # noqa: BLE001 - tool errors are observations
             return f"Error: {type(e).__name__}: {e}"
 
-    def _advance(self) -> list[str]:
-        revealed = []
+    def _advance(self) -> str:
+        """Mark every instruction whose predicate now holds as done (in order); the text that tells
+        the agent: the next instruction, or the completion marker after the last one."""
+        note = ""
         while self._done < len(self.instructions):
             try:
                 if not self.instructions[self._done][1](self.state):
@@ -235,34 +244,37 @@ class ToolEnv:
             except Exception:  # noqa: BLE001 - a raising predicate counts as unmet
                 break
             self._done += 1
-            if self._done < len(self.instructions):
-                revealed.append(self.instructions[self._done][0])
-        return revealed
+            note = (f"\n\nNext instruction: {self.instructions[self._done][0]}"
+                    if self._done < len(self.instructions) else f"\n\n{ALL_DONE}")
+        return note
+
+    def _pending(self) -> str:
+        """Feedback on an answer given before every instruction is done."""
+        if self._done >= len(self.instructions):
+            return f"Not accepted: the only final answer is <answer>done</answer>. {ALL_DONE}"
+        return (f"Not finished: instruction {self._done + 1} of {len(self.instructions)} is still "
+                f"pending: \"{self.instructions[self._done][0]}\" Complete it with the tools "
+                "before submitting <answer>done</answer>.")
 
     def step(self, action):
-        self._turn = getattr(self, "_turn", 0) + 1                     # tolerate a missing super().__init__
-        truncated = self._turn >= getattr(self, "max_turns", 20)
-        calls, answer = _CALL_RE.findall(action), _ANSWER_RE.search(action)
-        done = answer is not None and answer.group(1).strip().lower() == "done"
-        if not calls and not done:
-            return FORMAT_REMINDER, -0.1, False, truncated, {"tool_outputs": []}
-        outputs = []
-        for raw in calls:
+        self._turn = getattr(self, "_turn", 0)                         # tolerate a missing super().__init__
+        answers, outputs = _ANSWER_RE.findall(action), []
+        for raw in [] if answers else _CALL_RE.findall(action):        # an answer outranks calls
             try:
                 obj = json.loads(raw)
                 name, args = obj["name"], obj.get("arguments", {})
             except Exception:  # noqa: BLE001
-                outputs.append("Error: a tool call must be JSON {\"name\": ..., \"arguments\": {...}}.")
                 continue
-            out = self.call(name, args)
-            for text in self._advance():
-                out += f"\n\nNext instruction: {text}"
-            outputs.append(out)
-        if done:
-            ok = self._done == len(self.instructions)
-            obs = "All instructions completed." if ok else "Not all instructions were completed."
-            return obs, 1.0 if ok else 0.0, True, False, {"tool_outputs": outputs}
-        return "\n".join(outputs), 0.0, False, truncated, {"tool_outputs": outputs}
+            outputs.append(self.call(name, args) + self._advance())
+        if outputs:                                                    # tool calls are free
+            return "\n".join(outputs), 0.0, False, False, {"tool_outputs": outputs}
+        self._turn += 1
+        truncated = self._turn >= getattr(self, "max_turns", 10)
+        if not answers:
+            return FORMAT_REMINDER, -0.1, False, truncated, {"tool_outputs": []}
+        if answers[-1].strip().lower() == "done" and self._done >= len(self.instructions):
+            return "All instructions completed.", 1.0, True, False, {"tool_outputs": []}
+        return self._pending(), 0.0, False, truncated, {"tool_outputs": []}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+import sandbox
+
 DATA = Path(__file__).resolve().parents[1] / "data"
 ENVS = DATA / "envs"
 MANIFEST = json.loads((ENVS / "manifest.json").read_text(encoding="utf-8"))
@@ -344,66 +346,8 @@ def test_game_is_solvable_by_a_scripted_player(name):
 
 # ---------------------------------------------------------------- tool-use environments
 
-class ToolEnv:
-    """Local test double of sandbox.py's ToolEnv, following CONTRACT.md. The real check of these
-    files is sandbox.Sandbox().validate(source, setting="tool"), which train.py uses; this double
-    lets the data be tested before and independently of the sandbox."""
-
-    TOOLS = []
-    REMINDER = ('Call tools as <tool_call>{"name": ..., "arguments": {...}}</tool_call>, '
-                "or reply <answer>done</answer> when every request is handled.")
-
-    def __init__(self, max_turns=20):
-        self.max_turns = max_turns
-        self.state, self.instructions, self.current, self.turn = {}, [], 0, 0
-
-    def tools(self):
-        return [{"type": "function", "function": dict(t)} for t in self.TOOLS]
-
-    def reset(self, seed=None):
-        self.state, self.instructions, self.current, self.turn = {}, [], 0, 0
-        self.setup(random.Random(seed))
-        return self.instructions[0][0], {"tools": self.tools()}
-
-    def _satisfied(self, index):
-        try:
-            return bool(self.instructions[index][1](self.state))
-        except Exception:
-            return False
-
-    def call(self, name, arguments):
-        if name not in {t["name"] for t in self.TOOLS}:
-            return f"Error: unknown tool '{name}'."
-        if not isinstance(arguments, dict):
-            return "Error: arguments must be a JSON object."
-        try:
-            return str(getattr(self, f"tool_{name}")(**arguments))
-        except Exception as exc:
-            return f"Error: {type(exc).__name__}: {exc}"
-
-    def step(self, action):
-        self.turn += 1
-        truncated = self.turn >= self.max_turns
-        answer = re.search(r"<answer>(.*?)</answer>", action, re.S)
-        if answer and answer.group(1).strip().lower() == "done":
-            done = self.current >= len(self.instructions)
-            return ("All requests handled." if done else "Not every request was handled."), \
-                float(done), True, False, {}
-        blocks = re.findall(r"<tool_call>(.*?)</tool_call>", action, re.S)
-        if not blocks:
-            return self.REMINDER, -0.1, False, truncated, {}
-        outputs = []
-        for block in blocks:
-            try:
-                parsed = json.loads(block)
-                out = self.call(parsed["name"], parsed.get("arguments", {}))
-            except (ValueError, KeyError, TypeError, AttributeError):
-                out = "Error: a tool call must be JSON with 'name' and 'arguments'."
-            while self.current < len(self.instructions) and self._satisfied(self.current):
-                self.current += 1
-                out += ("\n" + self.instructions[self.current][0]) if self.current < len(self.instructions) else ""
-            outputs.append(out)
-        return "\n".join(outputs), 0.0, False, truncated, {"tool_outputs": outputs}
+# The real base class: the environments must work under the contract the sandbox injects.
+ToolEnv = sandbox.ToolEnv
 
 
 def load_tool(name):
@@ -444,6 +388,7 @@ def test_tool_env_solution_replays_to_success(name):
             assert (reward, terminated, truncated) == (0.0, False, False)
             assert len(info["tool_outputs"]) == 1
         assert all(pred(env.state) for _, pred in env.instructions)
+        assert obs.endswith(sandbox.ALL_DONE)  # the last call tells the agent to submit done
         assert env.step("<answer>done</answer>")[1:4] == (1.0, True, False)
 
 
@@ -459,6 +404,7 @@ def test_tool_env_is_deterministic_and_rejects_bad_calls(name):
            {"name": env.TOOLS[0]["name"], "arguments": {"bogus": 1}},
            {"name": env.TOOLS[0]["name"], "arguments": []}]
     obs, reward, terminated, _, info = env.step("".join(as_call(c) for c in bad) + "<tool_call>{oops</tool_call>")
-    assert (reward, terminated) == (0.0, False) and len(info["tool_outputs"]) == 4
+    assert (reward, terminated) == (0.0, False) and len(info["tool_outputs"]) == 3
     assert all(out.startswith("Error") for out in info["tool_outputs"])
-    assert env.step("<answer>done</answer>")[1:3] == (0.0, True)  # nothing done yet: failure
+    obs, reward, terminated, _, _ = env.step("<answer>done</answer>")  # nothing done yet
+    assert (reward, terminated) == (0.0, False) and env.instructions[0][0] in obs

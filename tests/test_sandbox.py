@@ -222,11 +222,11 @@ def test_tool_env_validates_and_plays(sb):
     assert r == 0.0 and not term and len(info["tool_outputs"]) == 2
     assert info["tool_outputs"][0] == f"Order {oid}: shipped\n\nNext instruction: Cancel order {oid}."
     assert "unknown tool" in info["tool_outputs"][1] and o == "\n".join(info["tool_outputs"])
-    assert h.step("<answer>done</answer>")[1:3] == (0.0, True)        # not all instructions done
+    o, r, term, trunc, info = h.step("<answer>done</answer>")           # premature: play continues
+    assert (r, term, trunc) == (0.0, False, False) and f'"Cancel order {oid}."' in o
     h.reset(seed=0)
-    assert "Refund" in h.call("cancel_order", {"order_id": str(oid)}) or True
-    for n in ("lookup_order", "cancel_order", "refund"):
-        h.step(call(n, order_id=str(oid)))
+    outs = [h.step(call(n, order_id=str(oid)))[0] for n in ("lookup_order", "cancel_order", "refund")]
+    assert outs[-1].endswith(sandbox.ALL_DONE)
     assert h.step("<answer>done</answer>")[1:3] == (1.0, True)
     assert h.call("refund", {"order_id": "1"}).startswith("Error")     # call() returns errors as text
     h.close()
@@ -237,7 +237,8 @@ def test_tool_env_turn_budget_truncates(sb):
                                  "    def __init__(self):\n        super().__init__(max_turns=2)"),
                 setting="tool")
     h.reset(seed=1)
-    assert h.step("x")[3] is False and h.step("y")[3] is True
+    assert h.step(call("lookup_order", order_id="1"))[3] is False         # tool calls are free
+    assert h.step("x")[3] is False and h.step("<answer>done</answer>")[3] is True
     h.close()
 
 
