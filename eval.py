@@ -1,12 +1,18 @@
 """Evaluation: the held-out benchmarks of SPADE's Table 1 and its tool-use result.
 
 SPADE (arXiv 2608.19197, Sec. 5 and Table 1) reports, for the games setting, eight cells: AIME 2025
-and AIME 2026 (avg@32, T 0.7, top-p 0.8), GPQA-Diamond (8 samples, T 0.7, boxed letter),
-LiveCodeBench v6 (pass@1, T 0.2, every test within 6 s) and four Reasoning-Gym categories (Math,
-Algorithmic, Cognition, Logic: 100 tasks at the reasoning-gym paper's hard settings, 8 single-turn
-episodes each, a win is `score_answer == 1.0`, the cell is the pooled win rate). For the tool-use
-setting it reports BFCL v4 multi-turn accuracy. This file runs all of them against a checkpoint
+and AIME 2026 (avg@32, T 0.7, top-p 0.8; top-k 20 as the authors' harness), GPQA-Diamond (8 samples,
+T 0.7, boxed letter), LiveCodeBench v6 (pass@1, T 0.2, every test within 6 s) and four
+Reasoning-Gym cells. Reasoning-Gym is run as the authors' harness (spade-rl/spade) runs it: the 100
+tasks at the reasoning-gym paper's "hard" settings (table and cells in data/rg_hard.json; Math =
+algebra + arithmetic + geometry + graphs, Algorithmic = algorithmic + code, Cognition = arc + games +
+cognition, Logic = logic + induction), 8 single-turn episodes per task, reasoning-gym's default
+instruction with `<answer>` tags around "Problem: ..." and a box line, T 0.6 / top-p 0.8 / top-k 20,
+8,192 tokens, the last `<answer>` tag read before the last box, a win is a score of 1.0, an episode
+whose scorer raises is left out, and the cell is the pooled win rate. For the tool-use setting it
+reports BFCL v4 multi-turn accuracy. This file runs all of them against a checkpoint
 (engine.py: vLLM or transformers), an OpenAI-compatible endpoint, or a scripted sampler (tests).
+Every suite's sampling settings are written to results.json ("sampling").
 
 Formulas:
     avg@n   = mean_i ( c_i / n )                       (c_i correct samples of item i, n samples)
@@ -28,23 +34,15 @@ are API clients and pinned numpy, none of which the multi-turn checker imports).
 When a file is missing and `datasets` is installed and the hub is reachable, the hub copy is
 loaded and cached as that JSONL file.
 
-Deviations (from the paper, which does not publish its harness, and from upstream harnesses):
-1. Reasoning-Gym "hard" settings: the 100-task difficulty config the reasoning-gym authors published
-   (repo eval/yaml, the harder of their two zero-shot configs), renamed to reasoning-gym 0.1.25's
-   fields; five tasks are eased because they do not generate at the published settings in 0.1.25:
-   jugs (difficulty 50 -> 10), palindrome_partitioning (50-100 -> 20-30 chars), tsumego (5-15 board,
-   10 stones -> 13-19, 20), rearc (8 -> 7 difficulty bins, same bin), rubiks_cube (min=max steps).
-   The SPADE paper's grouping of reasoning-gym's 11 packages into 4 cells is not published; ours:
-   Math = algebra + arithmetic + geometry (26), Algorithmic = algorithmic + code + graphs (41),
-   Cognition = cognition + arc + induction (12), Logic = logic + games (21).
-2. Reasoning-Gym answers are read from the last \\boxed{} (SPADE's agent format), not from
-   reasoning-gym's <answer> tags (accepted as a fallback); sampling is the agent's (T 0.6, top-p
-   0.95, top-k 20, SPEC Sec. 5) since the paper gives none for this suite.
+Deviations (from the paper and the authors' harness, spade-rl/spade):
+1. Reasoning-Gym items: task t's episodes are items 0..7 of a dataset seeded by (seed, t's name),
+   not the authors' draws from a 500-item dataset; same distribution, other items.
+2. The `<answer>` tag and the box are read after the reasoning (`</think>`), not over the whole reply.
 3. GPQA top-p 0.8 (as AIME); options are reshuffled per sample with a seeded RNG.
-4. LiveCodeBench: 10 samples at T 0.2 / top-p 0.95 (LiveCodeBench's runner defaults), pass@1 by
-   the unbiased estimator; v6 = problems dated 2025-02-01 .. 2025-05-01 (the window Qwen3 reports);
-   tests stop at the first failure; outputs compared line by line, then token by token with
-   numeric tokens compared as decimals.
+4. LiveCodeBench: as the authors' offline run, release_v6 whole (1,055 problems, 2023-05 .. 2025-04;
+   --lcb_start_date / --lcb_end_date narrow it) and 1 sample at T 0.2 / top-p 0.95; their in-loop
+   run used the 2025-01 .. 2025-04 problems. Our own grader: tests stop at the first failure;
+   outputs compared line by line, then token by token with numeric tokens compared as decimals.
 5. BFCL multi-turn runs in function-calling mode through the chat template's `tools=`, parsing
    `<tool_call>` JSON; calls are rebuilt as `name(arg=repr(value))` for BFCL's executor, so only
    literal arguments reach its `eval`. Temperature 0.001 (BFCL's default), 20 steps per turn.
@@ -87,125 +85,16 @@ from tqdm import tqdm
 # ----------------------------------------------------------------------------------------------
 # ALGO: the Reasoning-Gym task table (100 tasks at hard settings, grouped into Table 1's 4 cells)
 
-RG_CELLS = {"math": ("algebra", "arithmetic", "geometry"),
-            "algorithmic": ("algorithmic", "code", "graphs"),
-            "cognition": ("cognition", "arc", "induction"),
-            "logic": ("logic", "games")}
-W4 = [0, 0, 0, 1, 0, 0, 0]  # rearc: all mass on the 4th difficulty bin
-RG_HARD_TASKS = {  # package -> [(task, hard params)], deviation 1
-    "algebra": [
-        ("complex_arithmetic", dict(min_real=-100, max_real=100, min_imag=-100, max_imag=100, operations_weights=[0.25] * 4)),
-        ("intermediate_integration", dict(problem_type_weights=[0, 0, 0, 1, 0, 0, 0, 0])),
-        ("polynomial_equations", dict(min_degree=2, max_degree=3, min_terms=3, max_terms=4)),
-        ("polynomial_multiplication", dict(min_terms=4, max_terms=8, min_value=10, max_value=10000, min_degree=1, max_degree=4, min_polynomials=3, max_polynomials=6)),
-        ("simple_equations", dict(min_terms=3, max_terms=10, min_value=10, max_value=10000, operators_weights=[0.35, 0.35, 0.3])),
-        ("simple_integration", dict(min_terms=3, max_terms=4))],
-    "algorithmic": [
-        ("ab", dict(length=25)),
-        ("base_conversion", dict(min_base=9, max_base=18, min_value=10000, max_value=100000)),
-        ("binary_alternation", dict(min_n=50, max_n=500)),
-        ("binary_matrix", dict(p_zero=0.25, min_n=25, max_n=50)),
-        ("caesar_cipher", dict(min_rotation=15, max_rotation=25, min_words=15, max_words=25)),
-        ("count_primes", dict(min_n=10000, max_n=50000)),
-        ("cryptarithm", dict(min_words=5, max_words=10)),
-        ("game_of_life", dict(grid_size_x=50, grid_size_y=50, filled_cells_weights=0.2, simulation_steps=2)),
-        ("game_of_life_halting", dict(grid_size_x=50, grid_size_y=50, difficulty=2, num_oscillators=7, max_simulation_steps=50)),
-        ("graph_color", dict(min_num_vertices=10, max_num_vertices=20, num_colors=4)),
-        ("group_anagrams", dict(min_anagram_groups=10, max_anagram_groups=50, min_words_per_group=2, max_words_per_group=5)),
-        ("isomorphic_strings", dict(min_string_length=50, max_string_length=100)),
-        ("jugs", dict(num_jugs=4, difficulty=10)),
-        ("letter_counting", dict(min_words=25, max_words=50)),
-        ("letter_jumble", dict(min_word_len=5, max_word_len=30, min_words=25, max_words=50, min_corruption_level=0.5, max_corruption_level=0.5)),
-        ("manipulate_matrix", dict(min_rows=25, max_rows=50, min_cols=25, max_cols=50, min_transforms=3, max_transforms=10)),
-        ("number_filtering", dict(min_numbers=50, max_numbers=100, min_decimals=2, max_decimals=4, min_value=-500, max_value=500)),
-        ("number_sorting", dict(min_numbers=50, max_numbers=100, min_decimals=2, max_decimals=4, min_value=-500, max_value=500)),
-        ("palindrome_generation", dict(min_length=50, max_length=100)),
-        ("palindrome_partitioning", dict(min_string_len=20, max_string_len=30, min_substring_palindrome_len=5, max_substring_palindrome_len=10)),
-        ("pool_matrix", dict(min_rows=25, max_rows=50, min_cols=25, max_cols=50, min_pool_size=5, max_pool_size=7)),
-        ("ransom_note", dict(min_note_length=50, max_note_length=100, min_magazine_length=100, max_magazine_length=500)),
-        ("rotate_matrix", dict(min_n=25, max_n=50, min_rotations=5, max_rotations=15)),
-        ("rotten_oranges", dict(min_n=25, max_n=50)),
-        ("sentence_reordering", dict(min_words_in_sentence=20, max_words_in_sentence=50)),
-        ("spell_backward", dict(min_word_len=5, max_word_len=20)),
-        ("spiral_matrix", dict(min_n=25, max_n=50)),
-        ("string_insertion", dict(min_string_length=50, max_string_length=100)),
-        ("string_manipulation", dict(min_string_length=50, max_string_length=100)),
-        ("string_splitting", dict(min_initial_machines=50, max_initial_machines=100)),
-        ("string_synthesis", dict(min_initial_blocks=50, max_initial_blocks=100)),
-        ("word_ladder", dict(min_word_length=3, max_word_length=5)),
-        ("word_sequence_reversal", dict(min_words=25, max_words=50)),
-        ("word_sorting", dict(min_words=25, max_words=50, min_word_length=5, max_word_length=10))],
-    "arc": [
-        ("arc_1d", dict(min_size=25, max_size=50)),
-        ("arc_agi", dict(rotations_weights=[0.15, 0.3, 0.25, 0.3], mirrors_weights=[0.2] * 5)),
-        ("rearc", dict(pso_difficulty_weights=W4, rng_difficulty_weights=W4))],
-    "arithmetic": [
-        ("basic_arithmetic", dict(min_terms=5, max_terms=10, min_digits=2, max_digits=5)),
-        ("bitwise_arithmetic", dict(difficulty=5)),
-        ("calendar_arithmetic", dict(tasks=["weekday_of_date", "is_leap_year", "weekday_offset", "count_days", "count_business_days"], offset_upper_bound=200)),
-        ("chain_sum", dict(min_terms=5, max_terms=8, min_digits=4, max_digits=6)),
-        ("count_bits", dict(min_n=1000000, max_n=100000000)),
-        ("decimal_arithmetic", dict(min_num_decimal_places=5, max_num_decimal_places=8, precision=10, min_terms=5, max_terms=8)),
-        ("decimal_chain_sum", dict(min_terms=5, max_terms=8, min_digits=4, max_digits=8, min_decimal_places=4, max_decimal_places=6)),
-        ("dice", dict(num_dice=6, max_dice_size=25)),
-        ("fraction_simplification", dict(min_value=100, max_value=1000, min_factor=10, max_factor=100)),
-        ("gcd", dict(min_numbers=3, max_numbers=4, min_value=1000, max_value=10000)),
-        ("gsm_symbolic", dict()),
-        ("lcm", dict(min_numbers=3, max_numbers=4, min_value=1000, max_value=10000)),
-        ("leg_counting", dict(min_animals=20, max_animals=30, min_instances=64, max_instances=256)),
-        ("number_format", dict(min_num_candidates=25, max_num_candidates=100, min_n=100000, max_n=1000000, max_delta=0.001)),
-        ("power_function", dict(min_exponent=4, max_exponent=8)),
-        ("prime_factorization", dict(min_value=1000, max_value=5000)),
-        ("products", dict(min_terms=4, max_terms=8, min_digits=4, max_digits=8)),
-        ("time_intervals", dict(max_time_difference_seconds=21600, max_date_difference_days=30))],
-    "code": [("bf", dict(difficulty=2)), ("codeio", dict(difficulty=7))],
-    "cognition": [
-        ("color_cube_rotation", dict(min_rotations=10, max_rotations=50)),
-        ("figlet_font", dict(min_word_len=5, max_word_len=10)),
-        ("modulo_grid", dict(size_x=40, size_y=40, max_holes=5, max_divisor=7, max_target=3)),
-        ("needle_haystack", dict(min_num_statements=100, max_num_statements=500)),
-        ("number_sequence", dict(min_terms=8, max_terms=12, min_value=-500, max_value=500, max_complexity=3)),
-        ("rectangle_count", dict(max_rectangles=15)),
-        ("rubiks_cube", dict(cube_size=5, min_scramble_steps=50, max_scramble_steps=50))],
-    "games": [
-        ("countdown", dict(min_numbers=6, max_numbers=9, min_target=100, max_target=1000, min_value=1, max_value=250)),
-        ("emoji_mystery", dict(min_words_in_sentence=20, max_words_in_sentence=40)),
-        ("futoshiki", dict(min_board_size=6, max_board_size=7, min_difficulty=1, max_difficulty=2)),
-        ("knight_swap", dict(min_nodes=6, max_nodes=8, min_pieces=3, max_pieces=4, min_steps=1, max_steps=20)),
-        ("mahjong_puzzle", dict(min_num_rounds=50, max_num_rounds=100)),
-        ("maze", dict(min_grid_size=25, max_grid_size=50, min_dist=25, max_dist=50)),
-        ("mini_sudoku", dict(min_empty=6, max_empty=10)),
-        ("n_queens", dict(n=8, min_remove=4, max_remove=6)),
-        ("puzzle24", dict(min_value=1, max_value=6)),
-        ("rush_hour", dict(min_moves=25, max_moves=50)),
-        ("sokoban", dict(min_w=10, max_w=15, min_h=10, max_h=15)),
-        ("sudoku", dict(min_empty=30, max_empty=50)),
-        ("tower_of_hanoi", dict(min_disks=5, max_disks=10, min_pegs=3, max_pegs=4)),
-        ("tsumego", dict(min_board_size=13, max_board_size=19, max_stones=20))],
-    "geometry": [("advanced_geometry", dict(min_coord=-100, max_coord=100)), ("simple_geometry", dict(min_sides=10, max_sides=15))],
-    "graphs": [
-        ("course_schedule", dict(min_num_courses=25, max_num_courses=50, min_num_prerequisites=3, max_num_prerequisites=4, min_cycle_length=3, max_cycle_length=4)),
-        ("family_relationships", dict(min_family_size=5, max_family_size=9)),
-        ("largest_island", dict(min_rows=25, max_rows=50, min_cols=25, max_cols=50, min_num_islands=5, max_num_islands=10, min_island_size=5, max_island_size=20)),
-        ("quantum_lock", dict(difficulty=5)),
-        ("shortest_path", dict(min_rows=25, max_rows=50, min_cols=25, max_cols=50))],
-    "induction": [("acre", dict()), ("list_functions", dict())],
-    "logic": [
-        ("aiw", dict(task_type_weights=[0.5, 0.25, 0.25], max_entities=10)),
-        ("circuit_logic", dict(min_terms=10, max_terms=20, min_inputs=4, max_inputs=8)),
-        ("knights_knaves", dict(n_people=3, depth_constraint=3, width_constraint=3)),
-        ("propositional_logic", dict(min_vars=4, max_vars=8, min_statements=4, max_statements=8, min_complexity=2, max_complexity=4)),
-        ("self_reference", dict(difficulty=5)),
-        ("syllogism", dict(allow_all=True, allow_no=True, allow_some=False, allow_some_not=False)),
-        ("zebra_puzzles", dict(num_people=5, num_characteristics=5))],
-}
+RG_TABLE = json.loads((Path(__file__).resolve().parent / "data" / "rg_hard.json").read_text(encoding="utf-8"))
+RG_CELLS = {cell: tuple(packages) for cell, packages in RG_TABLE["cells"].items()}
+RG_HARD_TASKS = {pkg: list(tasks.items()) for pkg, tasks in RG_TABLE["tasks"].items()}  # package -> [(task, params)]
 
 # Known upstream quirks, copied into results.json so a reader of a low cell knows why.
 SCORER_NOTES = {
     "reasoning_gym": "graph_color, rubiks_cube, rush_hour and propositional_logic verify a submitted "
                      "solution; their stored reference answer does not score 1.0 (an oracle that echoes it "
-                     "loses), a model's valid solution does. A scorer exception counts as a loss and is "
-                     "counted in reasoning_gym/scorer_errors.",
+                     "loses), a model's valid solution does. An episode whose scorer raises is left out of "
+                     "its cell (as the authors do) and counted in reasoning_gym/scorer_errors.",
     "aime": "math-verify runs under a per-sample timeout (parse and verify); a timeout counts as wrong.",
     "livecodebench": "stdout compared line by line, then token-wise with decimal-aware numbers; tests stop "
                      "at the first failure; a test past the time limit fails the sample.",
@@ -257,12 +146,18 @@ def last_boxed(text: str) -> str | None:
 
 
 def rg_answer(text: str) -> str | None:
-    """The agent's answer for a Reasoning-Gym item: last box, else the last <answer> tag."""
-    boxed = last_boxed(text)
-    if boxed is not None:
-        return boxed
-    tags = re.findall(r"<answer>(.*?)</answer>", after_thinking(text), flags=re.S)
-    return tags[-1].strip() if tags else None
+    """The answer to a Reasoning-Gym item, read as the authors read it: the last <answer> tag after
+    the reasoning (case-insensitive), else the last box."""
+    tags = re.findall(r"<answer>\s*(.*?)\s*</answer>", after_thinking(text), flags=re.S | re.I)
+    return tags[-1].strip() if tags else last_boxed(text)
+
+
+def rg_prompt(question: str) -> str:
+    """The authors' Reasoning-Gym prompt: reasoning-gym's default instruction (its first sentence,
+    then the problem, then its answer-format lines), the problem carrying a line asking for a box."""
+    from reasoning_gym.utils import SYSTEM_PROMPTS
+    head, rest = SYSTEM_PROMPTS["default"].split("\n", 1)
+    return f"{head}\nProblem: {question}\n\nPut your final answer within \\boxed{{}}.\n{rest.strip()}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -395,8 +290,9 @@ HUB = {  # suite -> (how to fetch, local file name)
     "aime2025": (("datasets", "MathArena/aime_2025", None, "train"), "aime2025.jsonl"),
     "aime2026": (("datasets", "MathArena/aime_2026", None, "train"), "aime2026.jsonl"),
     "gpqa_diamond": (("datasets", "Idavidrein/gpqa", "gpqa_diamond", "train"), "gpqa_diamond.jsonl"),
-    # release_v6's own file holds its new problems (2025-02 .. 2025-04); earlier windows need test..test5.jsonl
-    "livecodebench_v6": (("files", "livecodebench/code_generation_lite", ["test6.jsonl"]), "livecodebench_v6.jsonl"),
+    # release_v6 is cumulative (1,055 problems, 2023-05 .. 2025-04): release_v1's file plus the five added since
+    "livecodebench_v6": (("files", "livecodebench/code_generation_lite",
+                          ["test.jsonl", *(f"test{i}.jsonl" for i in range(2, 7))]), "livecodebench_v6.jsonl"),
 }
 
 
@@ -478,23 +374,23 @@ def run_reasoning_gym(sampler, *, cells=tuple(RG_CELLS), episodes=8, seed=0, sam
         if not table:  # a smoke run's task subset may leave a cell empty: no number, not 0
             continue
         items = rg_items(table, episodes, seed)
-        replies = _sample_all(sampler, [it["question"] + "\n\n" + ANSWER_FORMAT for *_, it in items],
+        replies = _sample_all(sampler, [rg_prompt(it["question"]) for *_, it in items],
                               n=1, sampling=sampling, batch_size=batch_size, desc=f"reasoning_gym/{cell}")
-        wins = errors = 0
+        wins = played = 0
         for (pkg, name, ds, item), (reply,) in zip(items, replies):
-            answer, error = rg_answer(reply), None
+            answer, error, score = rg_answer(reply), None, None
             try:
                 score = float(ds.score_answer(answer=answer, entry=item))
-            except Exception as err:  # the scorer's fault or the model's: a loss either way, counted
-                score, error = 0.0, repr(err)
-                errors += 1
-            wins += score == 1.0
+            except Exception as err:  # as the authors: a scorer failure drops the episode, counted
+                error = repr(err)
+            played += error is None
+            wins += score is not None and score >= 1.0 - 1e-9
             records.append({"suite": "reasoning_gym", "cell": cell, "task": name, "package": pkg,
                             "question": item["question"], "reference": item["answer"], "reply": reply,
-                            "answer": answer, "score": score, "win": score == 1.0, "scorer_error": error})
-        metrics[f"reasoning_gym/{cell}"] = wins / len(items)
-        metrics[f"reasoning_gym/{cell}_episodes"] = len(items)
-        scorer_errors += errors
+                            "answer": answer, "score": score, "win": bool(score and score >= 1.0 - 1e-9), "scorer_error": error})
+        metrics[f"reasoning_gym/{cell}"] = wins / played if played else 0.0
+        metrics[f"reasoning_gym/{cell}_episodes"] = played
+        scorer_errors += len(items) - played
     metrics["reasoning_gym/scorer_errors"] = scorer_errors
     return metrics, records
 
@@ -714,9 +610,9 @@ def lcb_prompt(row: dict) -> str:
 
 
 def run_livecodebench(sampler, rows, *, n=10, sampling, batch_size=256, timeout=6.0, memory_mb=4096,
-                      workers=None, start_date="2025-02-01", end_date="2025-05-01", limit=None):
-    """pass@1 on LiveCodeBench problems dated in [start_date, end_date) (the first `limit` of them)."""
-    rows = [r for r in rows if start_date <= str(r.get("contest_date", start_date))[:10] < end_date][:limit]
+                      workers=None, start_date="", end_date="", limit=None):
+    """pass@1 on LiveCodeBench problems dated in [start_date, end_date) (empty: unbounded; the first `limit`)."""
+    rows = [r for r in rows if start_date <= str(r.get("contest_date", start_date))[:10] < (end_date or "9")][:limit]
     replies = _sample_all(sampler, [lcb_prompt(r) for r in rows], n=n, sampling=sampling, batch_size=batch_size,
                           desc="livecodebench_v6")
     jobs = [(i, k) for i in range(len(rows)) for k in range(n)]
@@ -923,53 +819,59 @@ class EvalConfig:
     max_new_tokens: int = field(default=32768, metadata={"help": "Token budget per reply (paper: 32,768-token context)."})
     rg_episodes: int = field(default=8, metadata={"help": "Episodes per Reasoning-Gym task (paper: 8)."})
     rg_tasks: str = field(default="", metadata={"help": "Comma-separated subset of the 100-task table (smoke runs); empty = all."})
-    rg_temperature: float = field(default=0.6, metadata={"help": "Reasoning-Gym temperature (agent sampling, SPEC Sec. 5)."})
-    rg_top_p: float = field(default=0.95, metadata={"help": "Reasoning-Gym top-p (agent sampling)."})
-    rg_top_k: int = field(default=20, metadata={"help": "Reasoning-Gym top-k (agent sampling); the other suites use none."})
+    rg_temperature: float = field(default=0.6, metadata={"help": "Reasoning-Gym temperature (the authors' harness: 0.6)."})
+    rg_top_p: float = field(default=0.8, metadata={"help": "Reasoning-Gym top-p (the authors' harness: 0.8)."})
+    rg_top_k: int = field(default=20, metadata={"help": "Reasoning-Gym top-k (the authors' harness: 20)."})
+    rg_max_new_tokens: int = field(default=8192, metadata={"help": "Reasoning-Gym token budget per reply (the authors' harness: 8,192)."})
     aime_samples: int = field(default=32, metadata={"help": "Samples per AIME problem (paper: avg@32)."})
     aime_temperature: float = field(default=0.7, metadata={"help": "AIME temperature (paper: 0.7)."})
     aime_top_p: float = field(default=0.8, metadata={"help": "AIME top-p (paper: 0.8)."})
+    aime_top_k: int = field(default=20, metadata={"help": "AIME top-k (the authors' harness: 20; -1 = off)."})
     math_verify_timeout: int = field(default=5, metadata={"help": "Seconds for math-verify's parse and verify per sample."})
     gpqa_samples: int = field(default=8, metadata={"help": "Samples per GPQA-Diamond question (paper: 8)."})
     gpqa_temperature: float = field(default=0.7, metadata={"help": "GPQA temperature (paper: 0.7)."})
     gpqa_top_p: float = field(default=0.8, metadata={"help": "GPQA top-p (as AIME; the paper gives none)."})
-    lcb_samples: int = field(default=10, metadata={"help": "Samples per LiveCodeBench problem for the pass@1 estimate (LCB runner default)."})
+    lcb_samples: int = field(default=1, metadata={"help": "Samples per LiveCodeBench problem (the authors' offline run: 1)."})
     lcb_temperature: float = field(default=0.2, metadata={"help": "LiveCodeBench temperature (paper: 0.2)."})
     lcb_top_p: float = field(default=0.95, metadata={"help": "LiveCodeBench top-p (LCB runner default)."})
     lcb_test_timeout: float = field(default=6.0, metadata={"help": "Seconds per test case (paper: 6)."})
     lcb_memory_mb: int = field(default=4096, metadata={"help": "Address-space limit per test process, MiB."})
-    lcb_start_date: str = field(default="2025-02-01", metadata={"help": "First contest date of LiveCodeBench v6 (inclusive)."})
-    lcb_end_date: str = field(default="2025-05-01", metadata={"help": "End contest date of LiveCodeBench v6 (exclusive)."})
+    lcb_start_date: str = field(default="", metadata={"help": "First contest date to keep, YYYY-MM-DD (inclusive); empty = no bound (release_v6 whole, as the authors)."})
+    lcb_end_date: str = field(default="", metadata={"help": "Contest date to stop before, YYYY-MM-DD (exclusive); empty = no bound."})
     bfcl_categories: str = field(default=",".join(BFCL_CATEGORIES), metadata={"help": "BFCL v4 multi-turn categories."})
     bfcl_temperature: float = field(default=0.001, metadata={"help": "BFCL temperature (BFCL default)."})
 
 
+def suite_sampling(suite: str, cfg: EvalConfig) -> dict:
+    """Samples per item and sampling settings of one suite (top_k -1: off); written to results.json."""
+    t, p, k, n, budget = {
+        "reasoning_gym": (cfg.rg_temperature, cfg.rg_top_p, cfg.rg_top_k, 1, cfg.rg_max_new_tokens),
+        "gpqa_diamond": (cfg.gpqa_temperature, cfg.gpqa_top_p, -1, cfg.gpqa_samples, cfg.max_new_tokens),
+        "livecodebench_v6": (cfg.lcb_temperature, cfg.lcb_top_p, -1, cfg.lcb_samples, cfg.max_new_tokens),
+        "bfcl_multi_turn": (cfg.bfcl_temperature, 1.0, -1, 1, cfg.max_new_tokens),
+    }.get(suite) or (cfg.aime_temperature, cfg.aime_top_p, cfg.aime_top_k, cfg.aime_samples, cfg.max_new_tokens)
+    return {"n": n, "temperature": t, "top_p": p, "top_k": k, "max_new_tokens": budget, "seed": cfg.seed}
+
+
 def run_suite(suite: str, sampler, cfg: EvalConfig) -> tuple[dict, list[dict]]:
     """One suite under the config's protocol."""
-    common = {"batch_size": cfg.batch_size}
-
-    def sampling(t, p, k=-1):  # top_k -1: off
-        return {"temperature": t, "top_p": p, "top_k": k, "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed}
-
+    sampling = suite_sampling(suite, cfg)
+    n = sampling.pop("n")
+    common = {"batch_size": cfg.batch_size, "sampling": sampling}
     if suite == "reasoning_gym":
         tasks = set(cfg.rg_tasks.split(",")) if cfg.rg_tasks else None
-        return run_reasoning_gym(sampler, episodes=cfg.rg_episodes, seed=cfg.seed, tasks=tasks,
-                                 sampling=sampling(cfg.rg_temperature, cfg.rg_top_p, cfg.rg_top_k), **common)
+        return run_reasoning_gym(sampler, episodes=cfg.rg_episodes, seed=cfg.seed, tasks=tasks, **common)
     if suite == "bfcl_multi_turn":
-        return run_bfcl(sampler, load_bfcl(cfg.bfcl_categories.split(","), cfg.limit),
-                        sampling=sampling(cfg.bfcl_temperature, 1.0), **common)
+        return run_bfcl(sampler, load_bfcl(cfg.bfcl_categories.split(","), cfg.limit), **common)
+    if suite not in SUITES:
+        raise ValueError(f"unknown suite {suite!r}: use {', '.join(SUITES)}")
     rows = load_items(suite, cfg.data_dir)
     if suite.startswith("aime"):
-        return run_aime(sampler, rows[:cfg.limit], name=suite, n=cfg.aime_samples, timeout=cfg.math_verify_timeout,
-                        sampling=sampling(cfg.aime_temperature, cfg.aime_top_p), **common)
+        return run_aime(sampler, rows[:cfg.limit], name=suite, n=n, timeout=cfg.math_verify_timeout, **common)
     if suite == "gpqa_diamond":
-        return run_gpqa(sampler, rows[:cfg.limit], n=cfg.gpqa_samples, seed=cfg.seed,
-                        sampling=sampling(cfg.gpqa_temperature, cfg.gpqa_top_p), **common)
-    if suite == "livecodebench_v6":
-        return run_livecodebench(sampler, rows, n=cfg.lcb_samples, timeout=cfg.lcb_test_timeout,
-                                 memory_mb=cfg.lcb_memory_mb, start_date=cfg.lcb_start_date, end_date=cfg.lcb_end_date, limit=cfg.limit,
-                                 sampling=sampling(cfg.lcb_temperature, cfg.lcb_top_p), **common)
-    raise ValueError(f"unknown suite {suite!r}: use {', '.join(SUITES)}")
+        return run_gpqa(sampler, rows[:cfg.limit], n=n, seed=cfg.seed, **common)
+    return run_livecodebench(sampler, rows, n=n, timeout=cfg.lcb_test_timeout, memory_mb=cfg.lcb_memory_mb,
+                             start_date=cfg.lcb_start_date, end_date=cfg.lcb_end_date, limit=cfg.limit, **common)
 
 
 def table1_row(metrics: dict, label: str) -> str:
@@ -1011,7 +913,8 @@ def evaluate(cfg: EvalConfig, sampler=None) -> dict:
         with open(out / "samples" / f"{suite}.jsonl", "w", encoding="utf-8") as f:
             f.writelines(json.dumps(r, default=str) + "\n" for r in records)
     row = table1_row(metrics, Path(cfg.model).name or cfg.model)
-    results = {"config": asdict(cfg), "metrics": metrics, "timing_s": timing, "notes": notes,
+    results = {"config": asdict(cfg), "sampling": {s: suite_sampling(s, cfg) for s in timing},
+               "metrics": metrics, "timing_s": timing, "notes": notes,
                "versions": _versions(), "table1_markdown": row}
     (out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
     (out / "table1.md").write_text(row, encoding="utf-8")

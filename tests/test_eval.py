@@ -67,7 +67,29 @@ def test_task_table_integrity():
     packages = [p for cell in E.RG_CELLS.values() for p in cell]
     assert sorted(packages) == sorted(E.RG_HARD_TASKS)  # every package in exactly one cell
     counts = {cell: len(E.cell_tasks(cell)) for cell in E.RG_CELLS}
-    assert counts == {"math": 26, "algorithmic": 41, "cognition": 12, "logic": 21}
+    assert counts == {"math": 31, "algorithmic": 36, "cognition": 24, "logic": 9}  # the authors' split
+
+
+def test_task_table_and_cells_are_the_authors():
+    """data/rg_hard.json against a copy of the authors' table (spade-rl/spade, rg_a3_hard.py) and
+    their task -> cell map (gem_tasks.py): every parameter of every task, and every task's cell."""
+    authors = json.loads((FIXTURES / "rg_authors.json").read_text())
+    ours = {name: params for tasks in E.RG_HARD_TASKS.values() for name, params in tasks}
+    assert ours == authors["hard_configs"]
+    assert {name: cell for cell in E.RG_CELLS for _, name, _ in E.cell_tasks(cell)} == authors["cells"]
+    assert dict(E.RG_HARD_TASKS["games"])["countdown"] == {"max_numbers": 9, "max_target": 1000, "max_value": 100,
+                                                            "min_numbers": 3, "min_target": 100, "min_value": 1}
+
+
+def test_rg_prompt_and_answer_as_the_authors():
+    prompt = E.rg_prompt("What is 2 + 3?")
+    assert prompt.startswith("Given a problem, your task is to answer the question by thinking step-by-step")
+    assert "\nProblem: What is 2 + 3?\n\nPut your final answer within \\boxed{}.\n" in prompt
+    assert prompt.index("Problem:") < prompt.index("<answer>answer here</answer>")
+    assert E.rg_answer("\\boxed{4} <ANSWER> 5 </ANSWER>") == "5"  # the tag wins over a later-read box
+    assert E.rg_answer("<answer>1</answer> then <answer>2</answer>") == "2"
+    assert E.rg_answer("<think><answer>9</answer></think> so \\boxed{7}") == "7"  # no tag after thinking
+    assert E.rg_answer("nothing") is None
 
 
 def test_item_selection_is_deterministic_and_per_task():
@@ -82,10 +104,10 @@ def test_item_selection_is_deterministic_and_per_task():
 def rg_oracle(episodes, seed):
     answers = {}
     for cell in E.RG_CELLS:
-        table = [t for t in E.cell_tasks(cell) if t[1] in QUICK_RG]
+        table = [t for t in E.cell_tasks(cell) if t[1] in QUICK_RG | {"chain_sum"}]
         answers.update({it["question"]: it["answer"] for *_, it in E.rg_items(table, episodes, seed)})
-    return lambda messages, k: "<think>\\boxed{wrong}</think> Final: \\boxed{%s}" % answers[
-        user_text(messages).rsplit("\n\n", 1)[0]]
+    return lambda messages, k: "<think><answer>wrong</answer></think> Final: <answer>%s</answer>" % answers[
+        user_text(messages).split("Problem: ", 1)[1].split("\n\nPut your final answer", 1)[0]]
 
 
 def test_reasoning_gym_oracle_wins_garbage_loses():
@@ -99,14 +121,16 @@ def test_reasoning_gym_oracle_wins_garbage_loses():
     assert "reasoning_gym/math" in metrics and "reasoning_gym/logic" not in metrics  # empty cell: no number
 
 
-def test_scorer_exception_is_a_counted_loss(monkeypatch):
+def test_scorer_exception_drops_the_episode_and_is_counted(monkeypatch):
     from reasoning_gym.factory import DATASETS
     cls = DATASETS["basic_arithmetic"][0]
     monkeypatch.setattr(cls, "score_answer", lambda self, answer, entry: 1 / 0)
     metrics, records = E.run_reasoning_gym(E.ScriptedSampler(rg_oracle(2, 0)), cells=("math",), episodes=2,
-                                           seed=0, tasks=QUICK_RG, sampling=SAMPLING)
-    assert metrics["reasoning_gym/math"] == 0.0 and metrics["reasoning_gym/scorer_errors"] == 2
-    assert "ZeroDivisionError" in records[0]["scorer_error"]
+                                           seed=0, tasks={"basic_arithmetic", "chain_sum"}, sampling=SAMPLING)
+    # basic_arithmetic's 2 episodes leave the cell; chain_sum's 2 wins are the cell: 2 / 2, not 2 / 4
+    assert metrics["reasoning_gym/math"] == 1.0 and metrics["reasoning_gym/math_episodes"] == 2
+    assert metrics["reasoning_gym/scorer_errors"] == 2
+    assert "ZeroDivisionError" in records[0]["scorer_error"] and records[0]["score"] is None
 
 
 # -------------------------------------------------------------------------------- AIME / GPQA
@@ -153,7 +177,10 @@ def test_livecodebench_oracle_garbage_and_window():
     rows = jsonl("livecodebench_v6.jsonl")
     metrics, records = E.run_livecodebench(lcb_oracle(rows), rows, n=2, sampling=SAMPLING, timeout=5.0, workers=2)
     assert metrics["livecodebench_v6/pass@1"] == 1.0
-    assert metrics["livecodebench_v6/items"] == 2  # the 2024 problem is outside the v6 window
+    assert metrics["livecodebench_v6/items"] == 3  # release_v6 whole by default, as the authors' offline run
+    metrics, _ = E.run_livecodebench(lcb_oracle(rows), rows, n=1, sampling=SAMPLING, timeout=5.0, workers=2,
+                                     start_date="2025-02-01", end_date="2025-05-01")
+    assert metrics["livecodebench_v6/items"] == 2  # a window drops the 2024 problem
     garbage = E.ScriptedSampler(lambda m, k: "```python\nprint('no')\n```")
     metrics, records = E.run_livecodebench(garbage, rows, n=1, sampling=SAMPLING, timeout=5.0, workers=2)
     assert metrics["livecodebench_v6/pass@1"] == 0.0 and all(r["reason"] != "ok" for r in records)
@@ -281,6 +308,36 @@ def test_evaluate_writes_results_samples_and_table(tmp_path):
     assert len((tmp_path / "samples" / "gpqa_diamond.jsonl").read_text().splitlines()) == 4
     row = (tmp_path / "table1.md").read_text().splitlines()
     assert row[0].startswith("| Model | AIME25") and row[2].endswith(" | 100.0" * 9 + " |")
+
+
+class RecordingSampler(E.ScriptedSampler):
+    """Garbage replies; keeps every call's keyword arguments, per suite (told apart by prompt)."""
+
+    def __init__(self):
+        super().__init__(lambda m, k: "no idea")
+        self.calls = []
+
+    def chat(self, conversations, **kwargs):
+        self.calls.append((user_text(conversations[0]), kwargs))
+        return super().chat(conversations, **kwargs)
+
+
+def test_results_record_the_sampling_each_suite_received(tmp_path):
+    sampler = RecordingSampler()
+    cfg = E.EvalConfig(suites="reasoning_gym,aime2025,gpqa_diamond,livecodebench_v6", data_dir=str(FIXTURES),
+                       output_dir=str(tmp_path), rg_episodes=1, rg_tasks="basic_arithmetic", aime_samples=3,
+                       gpqa_samples=2, lcb_test_timeout=5.0, seed=7)
+    saved = E.evaluate(cfg, sampler=sampler)["sampling"]
+    kinds = {"reasoning_gym": "Given a problem", "gpqa_diamond": "letter of the correct option",
+             "livecodebench_v6": "python", "aime2025": ""}
+    for suite, marker in kinds.items():
+        got = next(kw for text, kw in sampler.calls if marker in text and (marker or "Problem:" not in text))
+        n = 2 if suite == "gpqa_diamond" else got["n"]  # GPQA: n conversations of one sample (fresh option order each)
+        assert saved[suite] == {**{k: v for k, v in got.items() if k != "tools"}, "n": n}, suite
+    assert saved["reasoning_gym"] == {"n": 1, "temperature": 0.6, "top_p": 0.8, "top_k": 20, "max_new_tokens": 8192, "seed": 7}
+    assert saved["aime2025"] == {"n": 3, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "max_new_tokens": 32768, "seed": 7}
+    assert saved["livecodebench_v6"]["n"] == 1 and saved["livecodebench_v6"]["temperature"] == 0.2
+    assert json.loads((tmp_path / "results.json").read_text())["sampling"] == saved
 
 
 def test_missing_dataset_names_the_file_and_the_fix(tmp_path):
