@@ -190,6 +190,8 @@ class Episode:
     error: str | None = None
     messages: list[dict] = field(default_factory=list)
     tools: list[dict] = field(default_factory=list)
+    # strip_thinking_history: one (token_ids, mask, logprobs) per turn, each its own context
+    turn_samples: list[tuple] = field(default_factory=list)
 
 
 def episode_return(rewards: list[float], terminated: bool) -> float:
@@ -317,14 +319,26 @@ def _start(spec: EpisodeSpec, tokenizer, setting: str, enable_thinking: bool | N
     return ep, renderer
 
 
+def _without_thinking(messages: list[dict]) -> list[dict]:
+    """The conversation with the reasoning of earlier replies removed (what a thinking Qwen3
+    sees of its own history)."""
+    def strip(text):
+        text = re.sub(r"<think>.*?</think>", "", text, flags=re.S)
+        return text.rsplit("</think>", 1)[-1].strip()
+    return [dict(m, content=strip(m["content"])) if m["role"] == "assistant" else m for m in messages]
+
+
 def play(specs: list[EpisodeSpec], *, generate: Callable, tokenizer,
          step_many: Callable | None = None, setting: str = "games", max_turns: int = 25,
          max_context: int = 32768, max_new_tokens: int = 8192,
-         enable_thinking: bool | None = None) -> list[Episode]:
+         enable_thinking: bool | None = None, strip_thinking_history: bool = False) -> list[Episode]:
     """Play every spec to its end; one `generate(prompts, max_new_tokens_list)` call per turn.
 
     Paper limits (SPEC §5): 25 turns, 32,768-token context, 8,192 new tokens per turn (fewer when
     the context is nearly full). Returns one Episode per spec, in order.
+    strip_thinking_history (the authors' thinking 8B agent): every turn's context is re-rendered
+    from the messages with earlier `<think>` blocks removed, and each turn is its own training
+    record in `Episode.turn_samples` (they share the episode's advantage).
     """
     assert setting in ("games", "tool"), setting
     episodes, renderers = zip(*[_start(s, tokenizer, setting, enable_thinking) for s in specs]) \
@@ -353,6 +367,8 @@ def play(specs: list[EpisodeSpec], *, generate: Callable, tokenizer,
             stopped = completion.finish_reason == "stop"
             text = tokenizer.decode(ids[:-1] if had_eos else ids, skip_special_tokens=False)
             ep.messages.append({"role": "assistant", "content": text})
+            if strip_thinking_history:
+                ep.turn_samples.append((list(ep.token_ids), list(ep.mask), list(ep.logprobs)))
             if not stopped:  # EOS-less reply: no action is taken from a cut-off thought
                 _finish(ep, "context" if caps[i] < max_new_tokens else "truncated")
                 continue
@@ -377,6 +393,14 @@ def play(specs: list[EpisodeSpec], *, generate: Callable, tokenizer,
                 new = [{"role": "tool", "content": str(out)} for out in outputs]
             else:
                 new = [{"role": "user", "content": str(obs)}]
+            if strip_thinking_history:  # a fresh context: the history without its reasoning
+                context = renderers[i].prompt(_without_thinking(ep.messages + new))
+                if len(context) >= max_context:
+                    _finish(ep, "context")
+                    continue
+                ep.messages += new
+                ep.token_ids, ep.mask, ep.logprobs = context, [0] * len(context), [0.0] * len(context)
+                continue
             delta = renderers[i].delta(ep.messages, new, had_eos)
             if len(ep.token_ids) + len(delta) >= max_context:  # no room left to reply
                 _finish(ep, "context")

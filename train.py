@@ -64,6 +64,7 @@ class ModelArgs:
     gradient_checkpointing: bool = field(default=True, metadata={"help": "Activation checkpointing for real models."})
     tensor_parallel_size: int = field(default=1, metadata={"help": "vLLM tensor parallel size within a node (ranks of one group play in lockstep)."})
     enable_thinking: bool | None = field(default=None, metadata={"help": "Passed to the chat template for agent turns (hybrid Qwen3 models); default: the template's."})
+    strip_thinking_history: bool = field(default=False, metadata={"help": "Agent: drop earlier turns' <think> blocks from the context (re-rendered each turn, one training sample per turn), as the authors' thinking 8B agent."})
     gpu_memory_utilization: float = field(default=0.35, metadata={"help": "vLLM KV-cache share of GPU memory when colocated with training."})
     micro_batch_tokens: int = field(default=16384, metadata={"help": "Tokens per forward/backward micro-batch (gradient accumulation over the step's samples)."})
 
@@ -82,6 +83,8 @@ class SpadeArgs:
     corpus_seed: int = field(default=42, metadata={"help": "Seed of the document sampler (paper: 42)."})
     memory_capacity: int = field(default=200, metadata={"help": "Environment memory FIFO capacity (paper: 200)."})
     designer_temperature: float = field(default=0.6, metadata={"help": "Designer sampling temperature (paper: 0.6)."})
+    designer_thinking: bool | None = field(default=None, metadata={"help": "enable_thinking for designer prompts (authors' 8B: off); default: the template's."})
+    hint_thinking: bool | None = field(default=None, metadata={"help": "enable_thinking for hint prompts (authors' 8B: off); default: the template's."})
     designer_max_tokens: int = field(default=16384, metadata={"help": "Designer max new tokens (paper: 16,384)."})
     hint_temperature: float = field(default=0.3, metadata={"help": "Hint sampling temperature (paper: 0.3)."})
     hint_max_tokens: int | None = field(default=None, metadata={"help": "Hint max new tokens (paper: 4,096 games, 2,048 tool use)."})
@@ -110,6 +113,7 @@ class OptimArgs:
     tis_cap: float = field(default=2.0, metadata={"help": "Truncated importance-sampling cap (paper: 2)."})
     kl_coef: float | None = field(default=None, metadata={"help": "k3 KL to the initial policy (paper: 0 games, 0.005 tool use)."})
     ppo_epochs: int = field(default=1, metadata={"help": "Optimizer passes per step (paper: 1)."})
+    logprob_temperature: float | None = field(default=None, metadata={"help": "Temperature of the trained, old and reference log-probs; default: each role's sampling temperature (the authors' trainer: 1.0, 0.7 for tool-use 4B; the presets use theirs)."})
 
 
 @dataclass
@@ -125,6 +129,61 @@ class RunArgs:
     sandbox_memory_mb: int = field(default=1024, metadata={"help": "Address-space limit per environment process."})
     log_with: str | None = field(default=None, metadata={"help": "Accelerate tracker: tensorboard or wandb."})
     transcripts: int = field(default=2, metadata={"help": "Sample transcripts written per step."})
+    print_config: bool = field(default=False, metadata={"help": "Print the resolved configuration (preset + flags) as one JSON object and exit."})
+
+
+# The authors' launchers (github spade-rl/spade, cmd/), one per (model, setting); G is their
+# global batch over environments per step (192 / 24, 256 / 16). Log-prob temperature: their
+# trainer's --rollout-temperature. Thinking: the 8B designer and hint prompts are rendered
+# non-thinking, its agent thinks and sees earlier turns without their <think> blocks.
+_GAMES = dict(steps=400, regen_interval=4, num_envs=24, plays=8, hint_plays=16, skills_per_regen=3,
+              designer_max_tokens=16384, hint_max_tokens=4096, max_turns=25, max_context=32768,
+              max_new_tokens=8192, designer_reward="blend", kl_coef=0.0, logprob_temperature=1.0)
+_TOOL = dict(_GAMES, regen_interval=8, skills_per_regen=6, hint_max_tokens=2048, kl_coef=0.005)
+_THINKING_8B = dict(designer_thinking=False, hint_thinking=False, enable_thinking=True,
+                    strip_thinking_history=True)
+_NO_THINKING = dict(designer_thinking=False, hint_thinking=False, enable_thinking=False)
+PRESETS = {
+    ("Qwen3-4B", "games"): ("cmd/games/train_spade_4b.sh", dict(_GAMES)),
+    ("Qwen3-8B", "games"): ("cmd/games/train_spade_8b.sh",
+                            dict(_GAMES, designer_max_tokens=20000, kl_coef=0.005, **_THINKING_8B)),
+    ("Qwen3-30B-A3B", "games"): ("cmd/games/train_spade_30b.sh", dict(_GAMES, **_NO_THINKING)),
+    ("Qwen3-4B", "tool"): ("cmd/tool_use/train_spade_4b.sh",
+                           dict(_TOOL, steps=500, regen_interval=32, num_envs=16, plays=16,
+                                hint_plays=4, hint_max_tokens=512, designer_reward="regret",
+                                logprob_temperature=0.7)),
+    ("Qwen3-8B", "tool"): ("cmd/tool_use/_train_spade_blend.sh (8b)",
+                           dict(_TOOL, designer_max_tokens=20000, **_THINKING_8B)),
+    ("Qwen3-30B-A3B", "tool"): ("cmd/tool_use/_train_spade_blend.sh (30b)", dict(_TOOL, **_NO_THINKING)),
+}
+
+
+def explicit_fields(argv: list[str], names) -> set[str]:
+    """Config fields named on the command line (`--x v`, `--x=v`, dashed spellings, `--no_x`)."""
+    out = set()
+    for tok in argv:
+        if tok.startswith("--"):
+            name = tok[2:].split("=", 1)[0].replace("-", "_")
+            out.add(name if name in names or not name.startswith("no_") else name[3:])
+    return out
+
+
+def apply_preset(args, argv: list[str]) -> str | None:
+    """Overlay the authors' launcher values for --model + --setting; explicit flags win.
+    Returns the launcher's file, or None when the model has no preset (tiny, other models)."""
+    import engine
+    margs, sargs = args[0], args[1]
+    hub = {v: k for k, v in engine.MODEL_ALIASES.items()}
+    model = hub.get(margs.model, margs.model)
+    if (model, sargs.setting) not in PRESETS:
+        return None
+    source, values = PRESETS[(model, sargs.setting)]
+    names = {f.name for a in args for f in dataclasses.fields(a)}
+    given = explicit_fields(argv, names)
+    for key, value in values.items():
+        if key not in given:
+            setattr(next(a for a in args if hasattr(a, key)), key, value)
+    return source
 
 
 def resolve(margs: ModelArgs, sargs: SpadeArgs, oargs: OptimArgs, rargs: RunArgs) -> None:
@@ -149,6 +208,8 @@ def resolve(margs: ModelArgs, sargs: SpadeArgs, oargs: OptimArgs, rargs: RunArgs
     for name in ("agent_temperature", "designer_temperature", "hint_temperature"):
         if not getattr(sargs, name) > 0:
             raise SystemExit(f"--{name} must be > 0 (log-probs divide logits by it)")
+    if oargs.logprob_temperature is not None and not oargs.logprob_temperature > 0:
+        raise SystemExit("--logprob_temperature must be > 0 (log-probs divide logits by it)")
     if sargs.hint_plays == 0 and sargs.designer_reward != "solve_rate" and not sargs.fixed_envs:
         raise SystemExit("--hint_plays 0 leaves regret undefined: use --designer_reward solve_rate")
     if sargs.plays < 2:
@@ -159,6 +220,10 @@ def resolve(margs: ModelArgs, sargs: SpadeArgs, oargs: OptimArgs, rargs: RunArgs
         raise SystemExit("--designer_reward must be blend, regret or solve_rate")
     if not sargs.no_corpus and not sargs.fixed_envs and not Path(sargs.corpus).is_file():
         raise SystemExit(f"corpus file not found: {sargs.corpus} (see data/README.md)")
+    if margs.model not in ("tiny", "tiny-moe") and Path(sargs.corpus) == HERE / "data" / "corpus.jsonl" \
+            and not sargs.no_corpus:
+        print("[spade] warning: --corpus is the 47-paragraph demo corpus; the paper grounds the "
+              "designer in a large web corpus (see data/README.md)", file=sys.stderr)
     if sargs.fixed_envs and not sorted(Path(sargs.fixed_envs).glob("*.py")):
         raise SystemExit(f"--fixed_envs {sargs.fixed_envs}: no *.py environments there")
     import engine  # resolve the alias now so a typo fails before any work
@@ -166,6 +231,12 @@ def resolve(margs: ModelArgs, sargs: SpadeArgs, oargs: OptimArgs, rargs: RunArgs
         engine.resolve_model_name(margs.model)
     except ValueError as e:
         raise SystemExit(str(e)) from None
+
+
+def role_temperatures(sargs: SpadeArgs, oargs: OptimArgs) -> dict:
+    """Temperature of each role's trained log-probs: --logprob_temperature, else its sampling T."""
+    t = oargs.logprob_temperature
+    return {"agent": t or sargs.agent_temperature, "designer": t or sargs.designer_temperature}
 
 
 def skill_list(sargs: SpadeArgs) -> list[str]:
@@ -227,10 +298,11 @@ class Sampler:
         self.calls += 1
         return derive_seed(self.seed, self.step, self.phase, self.calls)
 
-    def chat(self, *, temperature: float, max_new_tokens: int, top_p: float, top_k: int):
+    def chat(self, *, temperature: float, max_new_tokens: int, top_p: float, top_k: int,
+             enable_thinking: bool | None = None):
         """list of chat messages lists -> list[Completion] (designer and hint calls)."""
         def generate(conversations):
-            prompts = [self.prompt_ids(m) for m in conversations]
+            prompts = [self.prompt_ids(m, enable_thinking) for m in conversations]
             return self.eng.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
                                      top_p=top_p, top_k=top_k, seed=self._seed())
         return generate
@@ -248,15 +320,16 @@ class Sampler:
         if hasattr(self.eng, "drain"):
             self.eng.drain()
 
-    def prompt_ids(self, messages) -> list[int]:
+    def prompt_ids(self, messages, enable_thinking: bool | None = None) -> list[int]:
         """Chat-template tokens in which message contents can never become special tokens.
 
         Designer and hint prompts carry model-written code and corpus text: a literal
         `<|im_end|><|im_start|>` there must stay text (SECURITY.md), so contents are rendered as
         markers and tokenized on their own with special-token parsing off."""
         marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
+        kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
         text = self.tok.apply_chat_template([dict(m, content=k) for m, k in zip(messages, marks)],
-                                            add_generation_prompt=True, tokenize=False)
+                                            add_generation_prompt=True, tokenize=False, **kwargs)
         ids = []
         for i, piece in enumerate(re.split("\ue000(\\d+)\ue001", text)):
             if i % 2:  # a message's content
@@ -283,6 +356,7 @@ def regenerate(step, sargs, sampler, design_sampler, sb, mem, pool, corpus, rank
     rng = random.Random(derive_seed("prompts", sargs.corpus_seed, step, rank))
     gen = design_sampler.at(step, "designer").chat(temperature=sargs.designer_temperature,
                                             max_new_tokens=sargs.designer_max_tokens,
+                                            enable_thinking=sargs.designer_thinking,
                                             top_p=sargs.top_p, top_k=sargs.top_k)
     block = (lambda skill: "") if sargs.no_memory else (lambda skill: mem.prompt_block(skill, rng))
     try:
@@ -296,7 +370,7 @@ def regenerate(step, sargs, sampler, design_sampler, sb, mem, pool, corpus, rank
     for i, p in enumerate(q for q in proposals if q.ok):
         sample = None
         if not sargs.no_designer_training:
-            prompt = sampler.prompt_ids(p.messages)
+            prompt = sampler.prompt_ids(p.messages, sargs.designer_thinking)
             sample = {"prompt": prompt, "reply": list(p.reply.token_ids),
                       "logprobs": list(p.reply.logprobs), "skill": p.skill}
         fresh.append(PoolEnv(f"s{step}-r{rank}-e{i}", p.skill, p.source, p.class_name, "designer",
@@ -311,7 +385,8 @@ def regenerate(step, sargs, sampler, design_sampler, sb, mem, pool, corpus, rank
     missing = [e for e in new_pool if e.hint is None] if sargs.hint_plays > 0 else []
     hint_gen = sampler.at(step, "hint").chat(temperature=sargs.hint_temperature,
                                              max_new_tokens=sargs.hint_max_tokens,
-                                             top_p=sargs.top_p, top_k=sargs.top_k)
+                                             top_p=sargs.top_p, top_k=sargs.top_k,
+                                             enable_thinking=sargs.hint_thinking)
     try:
         hints = designer.write_hints([designer.Proposal(skill=e.skill, setting=sargs.setting,
                                                         source=e.source) for e in missing], hint_gen)
@@ -350,7 +425,7 @@ def load_env_dir(path: Path, setting: str, sb, origin: str) -> list[PoolEnv]:
 
 
 def play_pool(step, pool, sargs, sampler, sb, tokenizer, hinted_arm: bool, seed: int,
-              enable_thinking=None):
+              enable_thinking=None, strip_thinking_history=False):
     """Alg. 1 line 7: G unhinted plays per environment, plus H hinted at a regeneration step for
     the freshly designed environments (the ones whose regret scores a designer sample).
 
@@ -372,7 +447,7 @@ def play_pool(step, pool, sargs, sampler, sb, tokenizer, hinted_arm: bool, seed:
         return agent.play(specs, generate=gen, tokenizer=tokenizer, step_many=sb.step_many,
                           setting=sargs.setting, max_turns=sargs.max_turns,
                           max_context=sargs.max_context, max_new_tokens=sargs.max_new_tokens,
-                          enable_thinking=enable_thinking)
+                          enable_thinking=enable_thinking, strip_thinking_history=strip_thinking_history)
     finally:
         sampler.drain()
         for spec in specs:
@@ -445,8 +520,10 @@ def agent_samples(episodes, grpo) -> list[dict]:
     """Unhinted, fault-free episodes -> training samples with group advantages (Eq. 1)."""
     eps = [ep for ep in episodes if not ep.hinted and ep.status != "env_error"]
     adv = grpo.agent_advantages([ep.ret for ep in eps], [ep.env_id for ep in eps])
-    return [{"tokens": list(ep.token_ids), "mask": list(ep.mask), "logprobs": list(ep.logprobs),
-             "advantage": a, "role": "agent"} for ep, a in zip(eps, adv)]
+    # A stripped-history episode trains one sample per turn, all with the episode's advantage.
+    return [{"tokens": t, "mask": m, "logprobs": lp, "advantage": a, "role": "agent"}
+            for ep, a in zip(eps, adv)
+            for t, m, lp in (ep.turn_samples or [(list(ep.token_ids), list(ep.mask), list(ep.logprobs))])]
 
 
 def designer_samples(scored, n_agent_global, sargs, grpo, accelerator) -> tuple[list[dict], dict]:
@@ -573,7 +650,7 @@ def config_dict(*args) -> dict:
     out = {}
     for a in args:
         out.update(dataclasses.asdict(a))
-    for k in ("resume", "allow_config_change", "overwrite", "output_dir", "log_with"):
+    for k in ("resume", "allow_config_change", "overwrite", "output_dir", "log_with", "print_config"):
         out.pop(k, None)
     return out
 
@@ -610,7 +687,13 @@ def main(argv=None, *, engines: dict | None = None) -> Path:
     """Run SPADE; returns the run directory. `engines` (tests) may replace the rollout engine for
     the "designer" or the "agent" role, e.g. a scripted designer that returns known environments."""
     from transformers import HfArgumentParser
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = HfArgumentParser((ModelArgs, SpadeArgs, OptimArgs, RunArgs)).parse_args_into_dataclasses(args=argv)
+    apply_preset(args, argv)
+    if args[3].print_config:  # the resolved configuration, without loading a model
+        resolve(*args)
+        print(json.dumps({k: v for a in args for k, v in dataclasses.asdict(a).items()}, sort_keys=True))
+        return None
     # INFRA: the sandbox's zygote starts before torch is imported (SPEC 7.3): it is a fresh
     # interpreter that never holds the model, its memory or its secrets.
     sb = sandbox.Sandbox(workers=args[3].sandbox_workers, step_timeout=args[3].step_timeout,
@@ -666,7 +749,7 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
     seed = rargs.seed + 7919 * dp_rank
     sampler = Sampler(engines.get("agent", eng), tokenizer, seed)
     design_sampler = Sampler(engines.get("designer", eng), tokenizer, seed)
-    temperatures = {"agent": sargs.agent_temperature, "designer": sargs.designer_temperature}
+    temperatures = role_temperatures(sargs, oargs)
     corpus = None
     if not (sargs.no_corpus or sargs.fixed_envs):  # one sampler for the run, seed 42 (Sec. 3.2)
         corpus = designer.Corpus.load(sargs.corpus, max_words=designer.CORPUS_MAX_WORDS[sargs.setting],
@@ -713,7 +796,8 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
         on_phase(step, "play")
         episodes = play_pool(step, pool, sargs, sampler, sb, tokenizer, seed=rargs.seed,
                              hinted_arm=is_regen and sargs.hint_plays > 0,
-                             enable_thinking=margs.enable_thinking)
+                             enable_thinking=margs.enable_thinking,
+                             strip_thinking_history=margs.strip_thinking_history)
         t_play = time.perf_counter() - t0 - t_gen
         on_phase(step, "score")
         em, wins = env_stats(step, pool, episodes, is_regen)

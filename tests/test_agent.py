@@ -430,3 +430,22 @@ def test_tiny_model_play_logprobs_match_trainer(tiny, prefix_cache):
             assert replay(ep, GuessEnv(max_turns=3)) == ep.ret
     finally:
         hook.remove()
+
+
+def test_stripped_thinking_history_one_sample_per_turn(tokenizer):
+    """The authors' thinking 8B agent: each turn's context is the conversation re-rendered with
+    the earlier replies' <think> blocks removed; each turn is its own training record."""
+    eng = ScriptedEngine(tokenizer, binary_search_policy)
+    env = GuessEnv()
+    ep, = play(specs_for([env], [4]), generate=eng, tokenizer=tokenizer, strip_thinking_history=True)
+    assert ep.status == "terminated" and ep.ret == 1.0 and ep.turns >= 2
+    assert len(ep.turn_samples) == ep.turns
+    for t, (tokens, mask, logprobs) in enumerate(ep.turn_samples):
+        assert len(tokens) == len(mask) == len(logprobs)
+        prompt = eng.calls[t][0][0]
+        assert tokens[:len(prompt)] == prompt and not any(mask[:len(prompt)])
+        assert all(mask[len(prompt):]) and tokens[-1] == tokenizer.eos_token_id
+        text = tokenizer.decode(prompt)
+        assert text.count("<think>") == 0 and text.count("I guess \\boxed{") == t  # no old reasoning
+    last = tokenizer.decode(ep.turn_samples[-1][0])
+    assert last.count("<think>") == 1  # only the final reply's own reasoning

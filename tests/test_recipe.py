@@ -1,0 +1,108 @@
+"""The paper's recipe as the authors ran it: per-model presets against their launchers
+(github spade-rl/spade, cmd/), explicit flags winning, --print_config, the log-prob temperature."""
+import json
+
+import pytest
+
+import train
+
+# Written out from the launchers, one literal per value (not derived from train.PRESETS).
+GAMES = {"steps": 400, "regen_interval": 4, "num_envs": 24, "plays": 8, "hint_plays": 16,
+         "skills_per_regen": 3, "designer_max_tokens": 16384, "hint_max_tokens": 4096,
+         "max_turns": 25, "max_context": 32768, "max_new_tokens": 8192, "designer_reward": "blend",
+         "kl_coef": 0.0, "logprob_temperature": 1.0, "agent_temperature": 0.6,
+         "designer_temperature": 0.6, "hint_temperature": 0.3, "corpus_seed": 42,
+         "memory_capacity": 200, "lr": 1e-6, "weight_decay": 0.1, "clip_low": 0.2, "clip_high": 0.28,
+         "checkpoint_every": 16}
+LAUNCHERS = {
+    # cmd/games/train_spade_4b.sh: batch 192 over 24 games, --rollout-temperature 1.0, KL 0.00
+    ("Qwen3-4B", "games"): GAMES,
+    # cmd/games/train_spade_8b.sh: --spade-env-max-tokens 20000, KL 0.005, thinking agent,
+    # designer and hint rendered with the adapter's enable_thinking false
+    ("Qwen3-8B", "games"): dict(GAMES, designer_max_tokens=20000, kl_coef=0.005,
+                                designer_thinking=False, hint_thinking=False, enable_thinking=True,
+                                strip_thinking_history=True),
+    # cmd/games/train_spade_30b.sh: as 4B, chat template kwargs enable_thinking false
+    ("Qwen3-30B-A3B", "games"): dict(GAMES, designer_thinking=False, hint_thinking=False,
+                                     enable_thinking=False),
+    # cmd/tool_use/train_spade_4b.sh: 500 rollouts, 16 games, batch 256, regen/delay 32,
+    # regret_based, hint 512 tokens x 4 plays, KL 0.005, --rollout-temperature 0.7
+    ("Qwen3-4B", "tool"): dict(GAMES, steps=500, regen_interval=32, num_envs=16, plays=16,
+                               hint_plays=4, skills_per_regen=6, hint_max_tokens=512,
+                               designer_reward="regret", kl_coef=0.005, logprob_temperature=0.7),
+    # cmd/tool_use/_train_spade_blend.sh with TOOL_MODEL_SIZE=8b: regen 8, hint 2048, 20000 tokens
+    ("Qwen3-8B", "tool"): dict(GAMES, regen_interval=8, skills_per_regen=6, hint_max_tokens=2048,
+                               kl_coef=0.005, designer_max_tokens=20000, designer_thinking=False,
+                               hint_thinking=False, enable_thinking=True, strip_thinking_history=True),
+    # ... with TOOL_MODEL_SIZE=30b: 16384 tokens, thinking off
+    ("Qwen3-30B-A3B", "tool"): dict(GAMES, regen_interval=8, skills_per_regen=6,
+                                    hint_max_tokens=2048, kl_coef=0.005, designer_thinking=False,
+                                    hint_thinking=False, enable_thinking=False),
+}
+
+
+def printed(capsys, *flags) -> dict:
+    assert train.main([*flags, "--print_config"]) is None
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("model,setting", sorted(LAUNCHERS))
+def test_preset_matches_the_authors_launcher(capsys, model, setting):
+    cfg = printed(capsys, "--model", model, "--setting", setting)
+    expected = LAUNCHERS[(model, setting)]
+    assert {k: cfg[k] for k in expected} == expected
+    fields = {f.name for cls in (train.ModelArgs, train.SpadeArgs, train.OptimArgs, train.RunArgs)
+              for f in train.dataclasses.fields(cls)}
+    assert set(cfg) == fields  # every field, by its dataclass name
+
+
+def test_hub_id_selects_the_same_preset(capsys):
+    assert printed(capsys, "--model", "Qwen/Qwen3-8B")["kl_coef"] == 0.005
+
+
+@pytest.mark.parametrize("flags,key,value", [
+    (["--kl_coef", "0"], "kl_coef", 0.0),
+    (["--kl-coef=0.02"], "kl_coef", 0.02),
+    (["--designer_max_tokens", "100"], "designer_max_tokens", 100),
+    (["--enable_thinking", "false"], "enable_thinking", False),
+    (["--no_memory"], "no_memory", True),
+    (["--logprob_temperature", "0.6"], "logprob_temperature", 0.6),
+])
+def test_explicit_flags_win_over_the_preset(capsys, flags, key, value):
+    cfg = printed(capsys, "--model", "Qwen3-8B", *flags)
+    assert cfg[key] == value and cfg["designer_max_tokens" if key != "designer_max_tokens" else "kl_coef"] \
+        == (20000 if key != "designer_max_tokens" else 0.005)
+
+
+def test_models_without_a_preset_keep_the_paper_defaults(capsys):
+    cfg = printed(capsys, "--model", "tiny")
+    assert cfg["logprob_temperature"] is None and cfg["kl_coef"] == 0.0 and cfg["regen_interval"] == 4
+    cfg = printed(capsys, "--model", "tiny", "--setting", "tool")
+    assert cfg["kl_coef"] == 0.005 and cfg["regen_interval"] == 8 and cfg["hint_max_tokens"] == 2048
+
+
+def test_logprob_temperature_must_be_positive():
+    with pytest.raises(SystemExit, match="--logprob_temperature must be > 0"):
+        train.main(["--model", "tiny", "--logprob_temperature", "0", "--print_config"])
+
+
+def test_logprob_temperature_per_role():
+    """Trained log-probs use --logprob_temperature; default: each role's sampling temperature."""
+    sargs, oargs = train.SpadeArgs(agent_temperature=0.6, designer_temperature=0.8), train.OptimArgs()
+    assert train.role_temperatures(sargs, oargs) == {"agent": 0.6, "designer": 0.8}
+    oargs.logprob_temperature = 1.0
+    assert train.role_temperatures(sargs, oargs) == {"agent": 1.0, "designer": 1.0}
+
+
+def test_stripped_history_episode_trains_one_sample_per_turn():
+    import grpo
+    from types import SimpleNamespace as NS
+    turns = [([1, 2, 3], [0, 0, 1], [0.0, 0.0, -0.5]), ([1, 4, 5, 6], [0, 0, 1, 1], [0.0, 0.0, -0.1, -0.2])]
+    eps = [NS(env_id="e", ret=1.0, hinted=False, status="terminated", turn_samples=turns,
+              token_ids=[1, 4, 5, 6], mask=[0, 0, 1, 1], logprobs=[0.0, 0.0, -0.1, -0.2]),
+           NS(env_id="e", ret=0.0, hinted=False, status="terminated", turn_samples=[],
+              token_ids=[7, 8], mask=[0, 1], logprobs=[0.0, -0.3])]
+    out = train.agent_samples(eps, grpo)
+    # advantages: returns (1, 0), mean 0.5, population std 0.5 -> +1 / -1 (Eq. 1)
+    assert [s["tokens"] for s in out] == [[1, 2, 3], [1, 4, 5, 6], [7, 8]]
+    assert [s["advantage"] for s in out] == [pytest.approx(1.0), pytest.approx(1.0), pytest.approx(-1.0)]
