@@ -166,12 +166,14 @@ def rg_prompt(question: str) -> str:
 
 
 class ScriptedSampler:
-    """Replies from a function `fn(messages, sample_index) -> str` (tests, oracles, baselines)."""
+    """Replies from a function `fn(messages, sample_index) -> str` (tests, oracles, baselines).
+    Every call's keyword arguments are kept in `calls` (the sampling protocol a suite asked for)."""
 
     def __init__(self, fn):
-        self.fn = fn
+        self.fn, self.calls = fn, []
 
-    def chat(self, conversations, *, n=1, tools=None, **_sampling):
+    def chat(self, conversations, *, n=1, tools=None, **sampling):
+        self.calls.append({"n": n, "prompts": len(conversations), **sampling})
         return [[self.fn(messages, k) for k in range(n)] for messages in conversations]
 
 

@@ -299,15 +299,74 @@ def test_evaluate_writes_results_samples_and_table(tmp_path):
     cfg = E.EvalConfig(suites="reasoning_gym,aime2025,aime2026,gpqa_diamond,livecodebench_v6", data_dir=str(FIXTURES),
                        output_dir=str(tmp_path), rg_episodes=1, rg_tasks=",".join(QUICK_RG), aime_samples=2,
                        gpqa_samples=2, lcb_samples=1, lcb_test_timeout=5.0)
-    results = E.evaluate(cfg, sampler=E.ScriptedSampler(oracle))
+    asked = set()  # the AIME fixtures share problems: aime2025 runs first and gets sample 1 wrong
+
+    def half_aime25(messages, k):  # AIME25 right on the first of 2 samples only: 50.0 vs AIME26's 100.0
+        text = user_text(messages).rsplit("\n", 1)[0]
+        if k and text in gold and text not in asked:
+            asked.add(text)
+            return "\\boxed{}"
+        return oracle(messages, k)
+
+    results = E.evaluate(cfg, sampler=E.ScriptedSampler(half_aime25))
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["metrics"] == results["metrics"] and saved["config"]["rg_episodes"] == 1
-    assert saved["metrics"]["aime2025/avg@2"] == 1.0 and saved["metrics"]["livecodebench_v6/pass@1"] == 1.0
+    assert saved["metrics"]["aime2026/avg@2"] == 1.0 and saved["metrics"]["livecodebench_v6/pass@1"] == 1.0
     assert set(saved["timing_s"]) == set(cfg.suites.split(",")) and "reasoning_gym" in saved["notes"]
     assert saved["versions"]["reasoning-gym"] and saved["versions"]["math-verify"]
     assert len((tmp_path / "samples" / "gpqa_diamond.jsonl").read_text().splitlines()) == 4
     row = (tmp_path / "table1.md").read_text().splitlines()
-    assert row[0].startswith("| Model | AIME25") and row[2].endswith(" | 100.0" * 9 + " |")
+    assert row[0].startswith("| Model | AIME25 | AIME26 |") and saved["metrics"]["aime2025/avg@2"] == 0.5
+    avg = (0.5 + 7) / 8
+    assert row[2].endswith(" | 50.0" + " | 100.0" * 7 + f" | {100 * avg:.1f} |")
+
+
+def test_table1_row_maps_every_cell_to_its_metric():
+    """A distinct value per cell, so a swapped column (AIME25 <-> AIME26, RG cells) shows."""
+    metrics = {"aime2025/avg@32": 0.11, "aime2025/items": 30, "aime2026/avg@32": 0.22,
+               "gpqa_diamond/avg@8": 0.33, "livecodebench_v6/pass@1": 0.44, "livecodebench_v6/items": 9,
+               "reasoning_gym/math": 0.55, "reasoning_gym/algorithmic": 0.66,
+               "reasoning_gym/cognition": 0.77, "reasoning_gym/logic": 0.88, "reasoning_gym/episodes": 800}
+    head, _, row = E.table1_row(metrics, "m").splitlines()
+    assert head == "| Model | AIME25 | AIME26 | GPQA-D | LCB-v6 | RG-Math | RG-Algo | RG-Cog | RG-Logic | Avg |"
+    assert row == "| m | 11.0 | 22.0 | 33.0 | 44.0 | 55.0 | 66.0 | 77.0 | 88.0 | 49.5 |"
+    del metrics["reasoning_gym/logic"]
+    assert E.table1_row(metrics, "m").splitlines()[2].endswith("| 77.0 | - | - |")
+
+
+def test_eval_defaults_are_the_papers_protocol():
+    """Table 1's protocol (paper Sec. 4 and the harness notes in eval.py's deviations)."""
+    c = E.EvalConfig()
+    assert (c.aime_samples, c.aime_temperature, c.aime_top_p) == (32, 0.7, 0.8)
+    assert (c.gpqa_samples, c.gpqa_temperature, c.gpqa_top_p) == (8, 0.7, 0.8)
+    assert (c.lcb_samples, c.lcb_temperature, c.lcb_top_p, c.lcb_test_timeout) == (10, 0.2, 0.95, 6.0)
+    assert (c.lcb_start_date, c.lcb_end_date) == ("2025-02-01", "2025-05-01")
+    assert (c.rg_episodes, c.rg_temperature, c.rg_top_p, c.rg_top_k) == (8, 0.6, 0.95, 20)
+    assert (c.bfcl_temperature, c.max_new_tokens) == (0.001, 32768)
+
+
+def test_run_suite_passes_each_suites_own_sampling(tmp_path):
+    """Every suite samples with its own (n, temperature, top-p, top-k): a distinct value per knob,
+    read back from what the sampler was called with."""
+    cfg = E.EvalConfig(data_dir=str(FIXTURES), output_dir=str(tmp_path), seed=3, limit=1, max_new_tokens=77,
+                       rg_episodes=1, rg_tasks="basic_arithmetic", rg_temperature=0.61, rg_top_p=0.91, rg_top_k=21,
+                       aime_samples=2, aime_temperature=0.72, aime_top_p=0.82,
+                       gpqa_samples=3, gpqa_temperature=0.73, gpqa_top_p=0.83,
+                       lcb_samples=4, lcb_temperature=0.24, lcb_top_p=0.94, lcb_test_timeout=5.0,
+                       bfcl_categories="multi_turn_base", bfcl_temperature=0.005)
+    want = {"reasoning_gym": (1, 0.61, 0.91, 21), "aime2025": (2, 0.72, 0.82, -1), "aime2026": (2, 0.72, 0.82, -1),
+            "gpqa_diamond": (1, 0.73, 0.83, -1), "livecodebench_v6": (4, 0.24, 0.94, -1),
+            "bfcl_multi_turn": (1, 0.005, 1.0, -1)}  # GPQA: one conversation per sample (own shuffle)
+    for suite, (n, t, p, k) in want.items():
+        sampler = E.ScriptedSampler(lambda messages, i: "no idea")
+        E.run_suite(suite, sampler, cfg)
+        assert sampler.calls, suite
+        for call in sampler.calls:
+            assert {key: call[key] for key in ("n", "temperature", "top_p", "top_k", "max_new_tokens", "seed")} \
+                == {"n": n, "temperature": t, "top_p": p, "top_k": k, "max_new_tokens": 77, "seed": 3}, suite
+    gpqa = E.ScriptedSampler(lambda messages, i: "no idea")
+    E.run_suite("gpqa_diamond", gpqa, cfg)
+    assert sum(c["prompts"] for c in gpqa.calls) == 3  # 1 question x 3 samples
 
 
 class RecordingSampler(E.ScriptedSampler):
