@@ -20,12 +20,13 @@ past the marker is what makes the bookkeeping survive templates that rewrite his
 the reasoning of earlier assistant turns and shows the last turn with a `<think>` block, so a full
 rendering ending in an assistant turn is NOT a prefix of the next one, and with
 `enable_thinking=False` the generation prompt's empty think block never reappears in a
-re-rendering. Neither matters here: the history is never re-tokenized. The model's own EOS token
-ends its reply; the template's `<|im_end|>` is then skipped (added as a mask-0 token only when the
-reply stopped on a different EOS). Message contents (observations, tool outputs, the first
-instruction) are rendered as markers too and tokenized with special-token parsing OFF, so an
-environment that prints `<|im_end|>` cannot inject chat structure; the template's own scaffolding
-is parsed normally.
+re-rendering. Neither matters here: the history is never re-tokenized. The template's own
+end-of-turn token (`turn_end`: `<|im_end|>`, `<|eot_id|>`, ..., found by rendering) ends a reply,
+and is then not added again; a reply that stopped on the tokenizer's EOS instead (a base model's
+`<|endoftext|>`) gets the template's end of turn as mask-0 tokens. Message contents
+(observations, tool outputs, the first instruction) are rendered as markers too and tokenized with
+special-token parsing OFF, so an environment that prints `<|im_end|>` cannot inject chat
+structure; the template's own scaffolding is parsed normally.
 
 Symbols: B live episodes in a batch, T tokens of one episode; mask[t] = 1 for reply tokens.
 
@@ -42,6 +43,7 @@ Test: `pytest tests/test_agent.py`.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import secrets
 from dataclasses import dataclass, field
@@ -51,6 +53,7 @@ PREAMBLE = "You are playing a language game. Make valid actions to win."
 ANSWER_FORMAT = ("Think it through step by step, then give your action inside \\boxed{}, "
                  "for example \\boxed{your action}.")
 
+log = logging.getLogger(__name__)
 STATUSES = ("terminated", "truncated", "turn_limit", "context", "env_error")
 
 
@@ -205,24 +208,122 @@ def episode_return(rewards: list[float], terminated: bool) -> float:
 # INFRA: chat-template deltas, tokenized without letting contents inject special tokens
 
 
+def turn_end(tokenizer) -> tuple[str, int]:
+    """The chat template's end-of-turn marker as (text, token id): the first special token the
+    template writes after an assistant reply (`<|im_end|>`, `<|eot_id|>`, `<end_of_turn>`, ...).
+
+    A reply ends there, whatever the tokenizer's EOS is: a base model's EOS (Qwen3 Base:
+    `<|endoftext|>`) is the end of a document, not of a turn. Falls back to the EOS token when the
+    template writes no special token there."""
+    mark = f"\x00reply-{secrets.token_hex(8)}\x00"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "Hi."},
+                                          {"role": "assistant", "content": mark}], tokenize=False)
+    special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}))
+    for t in tokenizer.encode(text.split(mark, 1)[-1], add_special_tokens=False):
+        piece = tokenizer.decode([t], skip_special_tokens=False)
+        if t in special:
+            return piece, t
+        if piece.strip():  # plain text first: this template has no end-of-turn token
+            break
+    return tokenizer.eos_token, tokenizer.eos_token_id
+
+
+# A template that ignores `tools=` (the transcript would never show the agent its tools) gets
+# them in the Qwen3 / Hermes form that parse_tool_calls reads, written in our own words.
+TOOL_BLOCK = ("# Tools\n\nYou can call the functions below. Their JSON signatures are inside "
+              "<tools></tools>:\n<tools>\n{tools}\n</tools>\n\nTo call one, write a JSON object "
+              "with its name and arguments inside <tool_call></tool_call> tags:\n<tool_call>\n"
+              '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>')
+_TOOL_PLACES: dict[str, str] = {}  # chat template -> "native" | "system" | "user"
+
+
+def _with_tool_block(messages: list[dict], tools: list[dict], place: str) -> list[dict]:
+    """The Hermes form by hand: the tool block opens the system message (or, for a template
+    without a system role, the first user message); tool results become <tool_response> blocks
+    of one user turn."""
+    block = TOOL_BLOCK.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
+    out: list[dict] = []
+    for i, m in enumerate(messages):
+        if m["role"] != "tool":
+            out.append(dict(m))
+            continue
+        wrapped = f"<tool_response>\n{m['content']}\n</tool_response>"
+        if i and messages[i - 1]["role"] == "tool":
+            out[-1]["content"] += "\n" + wrapped
+        else:
+            out.append({"role": "user", "content": wrapped})
+    if place == "system" and out and out[0]["role"] == "system":
+        out[0]["content"] = block + "\n\n" + out[0]["content"]
+    elif place == "system":
+        out.insert(0, {"role": "system", "content": block})
+    else:
+        first = next(i for i, m in enumerate(out) if m["role"] == "user")
+        out[first]["content"] = block + "\n\n" + out[first]["content"]
+    return out
+
+
+def _tool_place(tokenizer, tools: list[dict], kwargs: dict) -> str:
+    """Where the tools go for this template, decided once per template: "native" when rendering
+    with and without `tools=` differs, else where a hand-written block shows up ("system", then
+    "user"); a ValueError naming the template when it shows up nowhere."""
+    key = str(tokenizer.chat_template)
+    if key in _TOOL_PLACES:
+        return _TOOL_PLACES[key]
+    probe = [{"role": "user", "content": "Hi."}]
+
+    def render(messages, with_tools):
+        return tokenizer.apply_chat_template(messages, tools=with_tools, tokenize=False,
+                                             add_generation_prompt=True, **kwargs)
+    place = "native" if render(probe, tools) != render(probe, None) else None
+    for where in ([] if place else ["system", "user"]):
+        try:
+            if json.dumps(tools[0], ensure_ascii=False) in render(
+                    _with_tool_block(probe, tools, where), None):
+                place = where
+                break
+        except Exception:  # e.g. a template that raises on the system role
+            continue
+    name = f"{tokenizer.name_or_path or type(tokenizer).__name__}'s chat template"
+    if place is None:
+        raise ValueError(f"{name} ignores tools= and shows neither a system message nor a tool "
+                         "block in the first user message: the agent could not see its tools")
+    if place != "native":
+        log.warning("%s ignores tools=: the tools go in a Qwen3/Hermes block in the %s message",
+                    name, place)
+    _TOOL_PLACES[key] = place
+    return place
+
+
+def render_chat(tokenizer, messages: list[dict], *, tools: list[dict] | None = None,
+                generation_prompt: bool = True, **kwargs) -> str:
+    """apply_chat_template as text, with the tools shown even by a template that drops them."""
+    if tools:
+        place = _tool_place(tokenizer, tools, kwargs)
+        if place != "native":
+            messages, tools = _with_tool_block(messages, tools, place), None
+    return tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                         add_generation_prompt=generation_prompt, **kwargs)
+
+
 class _Renderer:
     """Renders one episode's conversation; markers carry a random nonce so that no environment
     output or reply can forge one."""
 
-    def __init__(self, tokenizer, tools: list[dict], enable_thinking: bool | None):
+    def __init__(self, tokenizer, tools: list[dict], enable_thinking: bool | None,
+                 eot: tuple[str, int]):
         nonce = secrets.token_hex(8)
         self.reply_mark = f"\x00reply-{nonce}\x00"       # stands in for the last reply
         self.content_mark = f"\x00content-{nonce}-{{}}\x00"  # for untrusted message contents
         self.tok = tokenizer
-        self.kwargs = {"tools": tools or None}
+        self.tools, self.kwargs = tools, {}
         if enable_thinking is not None:
             self.kwargs["enable_thinking"] = enable_thinking
-        self.eos_text = tokenizer.eos_token
+        self.eot_text, self.eot_id = eot  # turn_end(tokenizer)
         self.short_ok: bool | None = None  # may a short history stand in for the full one?
 
     def render(self, messages: list[dict], generation_prompt: bool) -> str:
-        return self.tok.apply_chat_template(messages, tokenize=False,
-                                            add_generation_prompt=generation_prompt, **self.kwargs)
+        return render_chat(self.tok, messages, tools=self.tools,
+                           generation_prompt=generation_prompt, **self.kwargs)
 
     def encode(self, text: str, contents: list[str]) -> list[int]:
         """Tokenize rendered text whose i-th CONTENT_MARK stands for contents[i]."""
@@ -249,7 +350,7 @@ class _Renderer:
         assert before.count(self.reply_mark) == 1 and after.count(self.reply_mark) == 1
         return before.split(self.reply_mark)[1], after.split(self.reply_mark)[1]
 
-    def delta(self, history: list[dict], new: list[dict], reply_had_eos: bool) -> list[int]:
+    def delta(self, history: list[dict], new: list[dict], reply_stop: int | None) -> list[int]:
         """Tokens the template puts after the last assistant reply of `history`, through `new`
         messages and the next generation prompt.
 
@@ -267,12 +368,12 @@ class _Renderer:
             self.short_ok = (tail_before, tail_after) == self._tails(short, new)
         # The prefix property, checked where it must hold: past the last reply, adding messages
         # only appends (the history before it may be rewritten; we never re-tokenize it).
-        if not tail_after.startswith(tail_before) or not tail_before.startswith(self.eos_text):
+        if not tail_after.startswith(tail_before) or self.eot_text not in tail_before:
             raise ValueError("chat template: the text after an assistant reply changes when a "
                              f"message follows ({tail_before!r} vs {tail_after[:80]!r}); "
                              "cannot compute observation tokens exactly")
-        if reply_had_eos:  # the model's own EOS closed the turn: do not add a second one
-            tail_after = tail_after[len(self.eos_text):]
+        if reply_stop == self.eot_id:  # the model closed its turn itself: do not add a second one
+            tail_after = tail_after[tail_before.index(self.eot_text) + len(self.eot_text):]
         return self.encode(tail_after, [m["content"] for m in new])
 
 
@@ -298,7 +399,7 @@ def _finish(ep: Episode, status: str, error: str | None = None, terminated: bool
     ep.ret = 0.0 if status == "env_error" else episode_return(ep.rewards, terminated)
 
 
-def _start(spec: EpisodeSpec, tokenizer, setting: str, enable_thinking: bool | None):
+def _start(spec: EpisodeSpec, tokenizer, setting: str, enable_thinking: bool | None, eot):
     """Reset one environment and build its first prompt; returns (episode, renderer or None)."""
     ep = Episode(env_id=spec.env_id, seed=spec.seed, hinted=bool(spec.hint))
     try:
@@ -311,7 +412,7 @@ def _start(spec: EpisodeSpec, tokenizer, setting: str, enable_thinking: bool | N
         _finish(ep, "env_error", str(info["error"]))
         return ep, None
     ep.messages = [{"role": "user", "content": first_user_message(obs, spec.hint, setting)}]
-    renderer = _Renderer(tokenizer, ep.tools, enable_thinking)
+    renderer = _Renderer(tokenizer, ep.tools, enable_thinking, eot)
     ep.token_ids = renderer.prompt(ep.messages)
     ep.prompt_len = len(ep.token_ids)
     ep.mask = [0] * ep.prompt_len
@@ -341,11 +442,12 @@ def play(specs: list[EpisodeSpec], *, generate: Callable, tokenizer,
     record in `Episode.turn_samples` (they share the episode's advantage).
     """
     assert setting in ("games", "tool"), setting
-    episodes, renderers = zip(*[_start(s, tokenizer, setting, enable_thinking) for s in specs]) \
-        if specs else ((), ())
+    eot = turn_end(tokenizer)
+    episodes, renderers = zip(*[_start(s, tokenizer, setting, enable_thinking, eot)
+                                for s in specs]) if specs else ((), ())
     episodes, renderers = list(episodes), list(renderers)
     live = [i for i, ep in enumerate(episodes) if not ep.status]
-    eos_id = tokenizer.eos_token_id
+    stops = {tokenizer.eos_token_id, eot[1]}  # the engine stops on either
     while live:
         caps = {i: min(max_new_tokens, max_context - len(episodes[i].token_ids)) for i in live}
         for i in [i for i in live if caps[i] <= 0]:
@@ -363,9 +465,9 @@ def play(specs: list[EpisodeSpec], *, generate: Callable, tokenizer,
             ep.mask += [1] * len(ids)
             ep.logprobs += [float(x) for x in completion.logprobs]
             assert len(ep.logprobs) == len(ep.token_ids), "engine returned one log-prob per token"
-            had_eos = bool(ids) and ids[-1] == eos_id
+            stop = ids[-1] if ids and ids[-1] in stops else None
             stopped = completion.finish_reason == "stop"
-            text = tokenizer.decode(ids[:-1] if had_eos else ids, skip_special_tokens=False)
+            text = tokenizer.decode(ids if stop is None else ids[:-1], skip_special_tokens=False)
             ep.messages.append({"role": "assistant", "content": text})
             if strip_thinking_history:
                 ep.turn_samples.append((list(ep.token_ids), list(ep.mask), list(ep.logprobs)))
@@ -373,10 +475,10 @@ def play(specs: list[EpisodeSpec], *, generate: Callable, tokenizer,
                 _finish(ep, "context" if caps[i] < max_new_tokens else "truncated")
                 continue
             ep.actions.append(tool_action(text) if setting == "tool" else parse_action(text))
-            stepping.append((i, had_eos))
+            stepping.append((i, stop))
         results = _step_all([specs[i].handle for i, _ in stepping],
                             [episodes[i].actions[-1] for i, _ in stepping], step_many)
-        for (i, had_eos), (obs, reward, terminated, truncated, info) in zip(stepping, results):
+        for (i, stop), (obs, reward, terminated, truncated, info) in zip(stepping, results):
             ep = episodes[i]
             if isinstance(info, dict) and info.get("error"):
                 _finish(ep, "env_error", str(info["error"]))
@@ -401,7 +503,7 @@ def play(specs: list[EpisodeSpec], *, generate: Callable, tokenizer,
                 ep.messages += new
                 ep.token_ids, ep.mask, ep.logprobs = context, [0] * len(context), [0.0] * len(context)
                 continue
-            delta = renderers[i].delta(ep.messages, new, had_eos)
+            delta = renderers[i].delta(ep.messages, new, stop)
             if len(ep.token_ids) + len(delta) >= max_context:  # no room left to reply
                 _finish(ep, "context")
                 continue

@@ -204,12 +204,12 @@ class TransformersEngine:
     proportional to live episodes x context, which suits CPU and small models.
     """
 
-    def __init__(self, model, tokenizer, prefix_cache: bool = False):
+    def __init__(self, model, tokenizer, prefix_cache: bool = False, stop_ids=()):
         self.model, self.tokenizer = model, tokenizer
         eos = getattr(model.generation_config, "eos_token_id", None) if hasattr(
             model, "generation_config") else None
         eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-        self.eos_ids = {tokenizer.eos_token_id, *eos}
+        self.eos_ids = {tokenizer.eos_token_id, *eos, *stop_ids}  # + the chat's end of turn
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
             else tokenizer.eos_token_id
         self.prefix_cache = prefix_cache
@@ -449,12 +449,13 @@ class VLLMEngine:
 
     def __init__(self, model_name: str, *, tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float = 0.4, max_model_len: int = 40960,
-                 dtype: str = "bfloat16", seed: int = 0, sleep_level: int = 1,
+                 dtype: str = "bfloat16", seed: int = 0, sleep_level: int = 1, stop_ids=(),
                  llm=None, vllm_module=None, **llm_kwargs):
         if vllm_module is None:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
             import vllm as vllm_module
         self.vllm, self.sleep_level, self.asleep = vllm_module, sleep_level, False
+        self.stop_ids = list(stop_ids)  # the chat's end of turn, when it is not the EOS
         self.tp = tensor_parallel_size
         self.tp_group = self._tp_group(tensor_parallel_size)
         self.llm = llm if llm is not None else vllm_module.LLM(
@@ -509,7 +510,7 @@ class VLLMEngine:
             return []
         params = [self.vllm.SamplingParams(
             n=1, temperature=t, top_p=p, top_k=k, max_tokens=cap, logprobs=0, seed=sd,
-            skip_special_tokens=True) for _, cap, t, p, k, sd in requests]
+            stop_token_ids=self.stop_ids, skip_special_tokens=True) for _, cap, t, p, k, sd in requests]
         outputs = self.llm.generate([self.vllm.TokensPrompt(prompt_token_ids=q[0]) for q in requests],
                                     sampling_params=params, use_tqdm=False)
         completions = []

@@ -187,8 +187,8 @@ class EngineSampler:
 
     def _prompt(self, messages, tools):
         extra = {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
-        text = self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                                  add_generation_prompt=True, **extra)
+        from agent import render_chat  # sibling: shows the tools even to a template that drops them
+        text = render_chat(self.tokenizer, messages, tools=tools, **extra)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def chat(self, conversations, *, n=1, temperature, top_p, top_k=-1, max_new_tokens, seed=None, tools=None):
@@ -267,6 +267,7 @@ def build_sampler(cfg: "EvalConfig"):
     if cfg.endpoint:
         return OpenAISampler(cfg.endpoint, cfg.served_model or cfg.model, os.environ.get(cfg.api_key_env, ""))
     import engine  # sibling; heavy imports stay out of the test path
+    from agent import turn_end  # the chat's end of turn stops a reply, whatever the EOS is
     if cfg.engine == "vllm" and cfg.model not in engine.TINY_MODELS:  # tiny models always run on transformers
         from engine import VLLMEngine
         from transformers import AutoTokenizer
@@ -277,11 +278,12 @@ def build_sampler(cfg: "EvalConfig"):
         path = engine.resolve_model_name(cfg.model)
         tokenizer = AutoTokenizer.from_pretrained(path)
         gen = VLLMEngine(path, tensor_parallel_size=cfg.tensor_parallel_size, max_model_len=cfg.max_model_len,
-                         gpu_memory_utilization=cfg.gpu_memory_utilization, seed=cfg.seed)
+                         gpu_memory_utilization=cfg.gpu_memory_utilization, seed=cfg.seed,
+                         stop_ids=[turn_end(tokenizer)[1]])
     else:
         from engine import TransformersEngine
         model, tokenizer = engine.load_model_and_tokenizer(cfg.model)
-        gen = TransformersEngine(model, tokenizer)
+        gen = TransformersEngine(model, tokenizer, stop_ids=[turn_end(tokenizer)[1]])
     return EngineSampler(gen, tokenizer, enable_thinking=cfg.enable_thinking, max_context=cfg.max_model_len)
 
 

@@ -870,18 +870,19 @@ def make_engine(margs: ModelArgs, sargs: SpadeArgs, model, tokenizer, seed: int,
     import engine
     want_vllm = margs.engine == "vllm" or (
         margs.engine == "auto" and torch.cuda.is_available() and importlib.util.find_spec("vllm"))
+    stops = [agent.turn_end(tokenizer)[1]]  # a base model's EOS is not its end of turn
     if want_vllm:
         longest = max(sargs.max_context, 16384 + sargs.designer_max_tokens)  # designer prompt + reply
         return engine.VLLMEngine(engine.resolve_model_name(margs.model),
                                  tensor_parallel_size=margs.tensor_parallel_size,
                                  gpu_memory_utilization=margs.gpu_memory_utilization,
-                                 max_model_len=longest, seed=seed)
+                                 max_model_len=longest, seed=seed, stop_ids=stops)
     if sharded:  # ranks would generate different token counts through one sharded model
         raise SystemExit("FSDP / DeepSpeed runs need the vLLM engine (pip install -r requirements-gpu.txt)")
     if margs.tensor_parallel_size != 1:
         raise SystemExit("--tensor_parallel_size applies to the vLLM engine only")
     # the prefix cache reuses each episode's KV across turns; sync_weights (every step) clears it
-    return engine.TransformersEngine(model, tokenizer, prefix_cache=True)
+    return engine.TransformersEngine(model, tokenizer, prefix_cache=True, stop_ids=stops)
 
 
 def episode_metrics(episodes) -> dict:
