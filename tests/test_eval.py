@@ -335,35 +335,34 @@ def test_table1_row_maps_every_cell_to_its_metric():
 
 
 def test_eval_defaults_are_the_papers_protocol():
-    """Table 1's protocol (paper Sec. 4 and the harness notes in eval.py's deviations)."""
+    """Table 1's protocol (the paper, the authors' harness; eval.py's deviations)."""
     c = E.EvalConfig()
-    assert (c.aime_samples, c.aime_temperature, c.aime_top_p) == (32, 0.7, 0.8)
+    assert (c.aime_samples, c.aime_temperature, c.aime_top_p, c.aime_top_k) == (32, 0.7, 0.8, 20)
     assert (c.gpqa_samples, c.gpqa_temperature, c.gpqa_top_p) == (8, 0.7, 0.8)
-    assert (c.lcb_samples, c.lcb_temperature, c.lcb_top_p, c.lcb_test_timeout) == (10, 0.2, 0.95, 6.0)
-    assert (c.lcb_start_date, c.lcb_end_date) == ("2025-02-01", "2025-05-01")
-    assert (c.rg_episodes, c.rg_temperature, c.rg_top_p, c.rg_top_k) == (8, 0.6, 0.95, 20)
+    assert (c.lcb_samples, c.lcb_temperature, c.lcb_top_p, c.lcb_test_timeout) == (1, 0.2, 0.95, 6.0)
+    assert (c.rg_episodes, c.rg_temperature, c.rg_top_p, c.rg_top_k, c.rg_max_new_tokens) == (8, 0.6, 0.8, 20, 8192)
     assert (c.bfcl_temperature, c.max_new_tokens) == (0.001, 32768)
 
 
 def test_run_suite_passes_each_suites_own_sampling(tmp_path):
-    """Every suite samples with its own (n, temperature, top-p, top-k): a distinct value per knob,
-    read back from what the sampler was called with."""
+    """Every suite samples with its own (n, temperature, top-p, top-k, budget): a distinct value per
+    knob, read back from what the sampler was called with."""
     cfg = E.EvalConfig(data_dir=str(FIXTURES), output_dir=str(tmp_path), seed=3, limit=1, max_new_tokens=77,
                        rg_episodes=1, rg_tasks="basic_arithmetic", rg_temperature=0.61, rg_top_p=0.91, rg_top_k=21,
-                       aime_samples=2, aime_temperature=0.72, aime_top_p=0.82,
+                       rg_max_new_tokens=55, aime_samples=2, aime_temperature=0.72, aime_top_p=0.82, aime_top_k=22,
                        gpqa_samples=3, gpqa_temperature=0.73, gpqa_top_p=0.83,
                        lcb_samples=4, lcb_temperature=0.24, lcb_top_p=0.94, lcb_test_timeout=5.0,
                        bfcl_categories="multi_turn_base", bfcl_temperature=0.005)
-    want = {"reasoning_gym": (1, 0.61, 0.91, 21), "aime2025": (2, 0.72, 0.82, -1), "aime2026": (2, 0.72, 0.82, -1),
-            "gpqa_diamond": (1, 0.73, 0.83, -1), "livecodebench_v6": (4, 0.24, 0.94, -1),
-            "bfcl_multi_turn": (1, 0.005, 1.0, -1)}  # GPQA: one conversation per sample (own shuffle)
-    for suite, (n, t, p, k) in want.items():
+    want = {"reasoning_gym": (1, 0.61, 0.91, 21, 55), "aime2025": (2, 0.72, 0.82, 22, 77),
+            "aime2026": (2, 0.72, 0.82, 22, 77), "gpqa_diamond": (1, 0.73, 0.83, -1, 77),
+            "livecodebench_v6": (4, 0.24, 0.94, -1, 77), "bfcl_multi_turn": (1, 0.005, 1.0, -1, 77)}
+    for suite, (n, t, p, k, budget) in want.items():  # GPQA: one conversation per sample (own shuffle)
         sampler = E.ScriptedSampler(lambda messages, i: "no idea")
         E.run_suite(suite, sampler, cfg)
         assert sampler.calls, suite
         for call in sampler.calls:
             assert {key: call[key] for key in ("n", "temperature", "top_p", "top_k", "max_new_tokens", "seed")} \
-                == {"n": n, "temperature": t, "top_p": p, "top_k": k, "max_new_tokens": 77, "seed": 3}, suite
+                == {"n": n, "temperature": t, "top_p": p, "top_k": k, "max_new_tokens": budget, "seed": 3}, suite
     gpqa = E.ScriptedSampler(lambda messages, i: "no idea")
     E.run_suite("gpqa_diamond", gpqa, cfg)
     assert sum(c["prompts"] for c in gpqa.calls) == 3  # 1 question x 3 samples
@@ -374,10 +373,10 @@ class RecordingSampler(E.ScriptedSampler):
 
     def __init__(self):
         super().__init__(lambda m, k: "no idea")
-        self.calls = []
+        self.seen = []
 
     def chat(self, conversations, **kwargs):
-        self.calls.append((user_text(conversations[0]), kwargs))
+        self.seen.append((user_text(conversations[0]), kwargs))
         return super().chat(conversations, **kwargs)
 
 
@@ -390,7 +389,7 @@ def test_results_record_the_sampling_each_suite_received(tmp_path):
     kinds = {"reasoning_gym": "Given a problem", "gpqa_diamond": "letter of the correct option",
              "livecodebench_v6": "python", "aime2025": ""}
     for suite, marker in kinds.items():
-        got = next(kw for text, kw in sampler.calls if marker in text and (marker or "Problem:" not in text))
+        got = next(kw for text, kw in sampler.seen if marker in text and (marker or "Problem:" not in text))
         n = 2 if suite == "gpqa_diamond" else got["n"]  # GPQA: n conversations of one sample (fresh option order each)
         assert saved[suite] == {**{k: v for k, v in got.items() if k != "tools"}, "n": n}, suite
     assert saved["reasoning_gym"] == {"n": 1, "temperature": 0.6, "top_p": 0.8, "top_k": 20, "max_new_tokens": 8192, "seed": 7}
