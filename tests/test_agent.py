@@ -449,3 +449,71 @@ def test_stripped_thinking_history_one_sample_per_turn(tokenizer):
         assert text.count("<think>") == 0 and text.count("I guess \\boxed{") == t  # no old reasoning
     last = tokenizer.decode(ep.turn_samples[-1][0])
     assert last.count("<think>") == 1  # only the final reply's own reasoning
+
+
+# ----------------------------------------------------------------------------------------------
+# the return at the call site, and a reply that stops on a second end-of-turn token
+
+
+class PartialEnv:
+    """Pays `reward` on every step and ends after `end_at` steps as `how` (terminated/truncated)."""
+
+    def __init__(self, reward, end_at=1, how="truncated"):
+        self.reward, self.end_at, self.how = reward, end_at, how
+
+    def reset(self, seed=None):
+        self.t = 0
+        return "Say anything as \\boxed{x}.", {}
+
+    def step(self, action):
+        self.t += 1
+        done = self.t >= self.end_at
+        return "go on", self.reward, done and self.how == "terminated", done and self.how == "truncated", {}
+
+    def tools(self):
+        return []
+
+
+@pytest.mark.parametrize("env,max_turns,status,ret", [
+    (PartialEnv(0.5, how="truncated"), 5, "truncated", 0.0),      # partial reward of a cut episode: 0
+    (PartialEnv(0.5, end_at=9), 2, "turn_limit", 0.0),            # out of turns: 0
+    (PartialEnv(0.5, how="terminated"), 5, "terminated", 0.5),
+    (PartialEnv(3.0, how="terminated"), 5, "terminated", 1.0),    # clipped to [-1, 1]
+    (PartialEnv(-2.0, how="terminated"), 5, "terminated", -1.0),
+])
+def test_return_is_the_last_reward_only_when_terminated(tokenizer, env, max_turns, status, ret):
+    engine = ScriptedEngine(tokenizer, lambda text, turn: "\\boxed{x}")
+    (ep,) = play([EpisodeSpec("p", 0, None, env)], generate=engine, tokenizer=tokenizer,
+                 max_turns=max_turns, max_new_tokens=16)
+    assert (ep.status, ep.ret) == (status, ret)
+    assert ep.rewards == [env.reward] * ep.turns and ep.turns == min(env.end_at, max_turns)
+
+
+def test_reply_stopped_on_a_second_eos_gets_the_templates_end_of_turn(tokenizer):
+    """Qwen3 stops on <|im_end|> and <|endoftext|>. A reply that ended on the second one still
+    needs the template's <|im_end|> (mask 0) before the observation; one that ended on
+    <|im_end|> must not get a second one."""
+    im_end, endoftext = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    assert tokenizer.eos_token_id == im_end != endoftext
+    body = tokenizer.encode("I guess \\boxed{5}", add_special_tokens=False)
+
+    def generate(prompts, caps):
+        stop = endoftext if len(generate.seen) == 0 else im_end
+        generate.seen.append(stop)
+        return [Reply(body + [stop], [-0.5] * (len(body) + 1), "stop") for _ in prompts]
+    generate.seen = []
+    env = GuessEnv(max_turns=3)
+    (ep,) = play([EpisodeSpec("g", 7, None, env)], generate=generate, tokenizer=tokenizer,
+                 max_turns=2, max_new_tokens=32)
+    assert ep.turns == 2 and ep.actions == ["\\boxed{5}", "\\boxed{5}"]
+    first = ep.prompt_len + len(body)  # index of the first reply's stop token
+    assert ep.token_ids[first] == endoftext and ep.mask[first] == 1
+    assert ep.token_ids[first + 1] == im_end and ep.mask[first + 1] == 0  # the template's, untrained
+    # the second reply ends on <|im_end|>: it is the last token, trained, and appears once
+    assert ep.token_ids[-1] == im_end and ep.mask[-1] == 1 and ep.token_ids[-2] != im_end
+    second = len(ep.token_ids) - len(body) - 1
+    assert ep.token_ids[second:] == body + [im_end] and ep.mask[second:] == [1] * (len(body) + 1)
+    # the observation between the replies: exactly the template's rendering after the first reply
+    delta = ep.token_ids[first + 1:second]
+    assert all(m == 0 for m in ep.mask[first + 1:second])
+    assert tokenizer.decode(delta).startswith("<|im_end|>\n<|im_start|>user\n")
