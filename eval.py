@@ -50,6 +50,7 @@ Deviations (from the paper and the authors' harness, spade-rl/spade):
 Usage (multi-GPU tensor parallelism: serve the model with `vllm serve` and use --endpoint):
     python eval.py --model runs/spade/checkpoint-400 --engine vllm --output_dir runs/eval/spade
     python eval.py --endpoint http://localhost:8000/v1 --model Qwen/Qwen3-8B --suites aime2025,gpqa_diamond
+    python eval.py --checkpoints runs/spade --engine vllm --output_dir runs/eval/sweep  # every export, best named
     python eval.py --model tiny --engine transformers --data_dir tests/fixtures/eval --limit 1 \
         --rg_tasks chain_sum --rg_episodes 2 --aime_samples 2 --max_new_tokens 16   # CPU smoke run
 
@@ -76,7 +77,7 @@ import urllib.request
 import uuid
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
@@ -817,6 +818,7 @@ class EvalConfig:
     suites: str = field(default=",".join(SUITES), metadata={"help": f"Comma-separated suites to run, from {', '.join(SUITES)}."})
     data_dir: str = field(default="data/eval", metadata={"help": "Directory of the benchmark JSONL files (formats in eval.py's docstring)."})
     output_dir: str = field(default="runs/eval", metadata={"help": "Where results.json, samples/*.jsonl and table1.md are written."})
+    checkpoints: str = field(default="", metadata={"help": "A training run directory: evaluate each policy export in <run>/exports (train.py --export_every), one row per export, and name the best (the paper's protocol)."})
     seed: int = field(default=0, metadata={"help": "Seed of item selection, option shuffles and sampling."})
     limit: int | None = field(default=None, metadata={"help": "Use only the first N items of each dataset suite (smoke runs; not a paper number)."})
     batch_size: int = field(default=256, metadata={"help": "Prompts per sampler call, each sampled n times (the progress bar advances per call)."})
@@ -878,14 +880,26 @@ def run_suite(suite: str, sampler, cfg: EvalConfig) -> tuple[dict, list[dict]]:
                              start_date=cfg.lcb_start_date, end_date=cfg.lcb_end_date, limit=cfg.limit, **common)
 
 
-def table1_row(metrics: dict, label: str) -> str:
-    """Markdown header + one row of the eight Table-1 cells (percent) and their average."""
+def table1_cells(metrics: dict) -> list[float | None]:
+    """The eight Table-1 cells (None where a suite was not run) and, last, the mean of those present."""
     cells = [next((v for k, v in metrics.items() if k.startswith(key) and not k.endswith(("items", "episodes"))), None)
              for _, key in TABLE1]
-    avg = sum(cells) / len(cells) if all(c is not None for c in cells) else None
-    fmt = [f"{100 * c:.1f}" if c is not None else "-" for c in cells + [avg]]
+    present = [c for c in cells if c is not None]
+    return cells + [sum(present) / len(present) if present else None]
+
+
+def table1_markdown(rows: list[tuple[str, list]]) -> str:
+    """Markdown header + one row per (label, eight cells + average), in percent."""
     head = ["Model", *(name for name, _ in TABLE1), "Avg"]
-    return ("| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n| " + " | ".join([label, *fmt]) + " |\n")
+    lines = [head, ["---"] * len(head)] + [[label, *(f"{100 * c:.1f}" if c is not None else "-" for c in cells)]
+                                           for label, cells in rows]
+    return "".join("| " + " | ".join(line) + " |\n" for line in lines)
+
+
+def table1_row(metrics: dict, label: str) -> str:
+    """The Table-1 row of one evaluation; the average only when all eight cells were run (the paper's)."""
+    cells = table1_cells(metrics)
+    return table1_markdown([(label, cells if None not in cells[:-1] else cells[:-1] + [None])])
 
 
 def _versions() -> dict:
@@ -925,9 +939,51 @@ def evaluate(cfg: EvalConfig, sampler=None) -> dict:
     return results
 
 
+def sweep_checkpoints(cfg: EvalConfig, sampler=None) -> dict:
+    """The paper's best-checkpoint protocol: every policy export of a training run (train.py
+    --export_every, <run>/exports/step-<k>) through the configured suites, each into
+    <output_dir>/step-<k>; writes checkpoints.md (one Table-1 row per export), checkpoints.csv (the
+    cells per step: the trajectories) and checkpoints.json, and names the export with the best mean
+    of the cells run (the eight-benchmark average when all suites run). One engine serves every
+    export: the next export's weights are loaded into it."""
+    import csv
+    exports = sorted(Path(cfg.checkpoints, "exports").glob("step-*[0-9]"), key=lambda p: int(p.name[5:]))
+    if not exports:
+        raise MissingDataset(f"--checkpoints: no policy exports in {Path(cfg.checkpoints, 'exports')}; "
+                             "train with --export_every K (and --keep_checkpoints all) to keep them")
+    if cfg.endpoint and sampler is None:
+        raise ValueError("--checkpoints loads each export itself: drop --endpoint")
+    out, rows = Path(cfg.output_dir), []
+    for path in exports:
+        sub = replace(cfg, model=str(path), checkpoints="", output_dir=str(out / path.name))
+        if sampler is None:
+            sampler = build_sampler(sub)
+        elif hasattr(sampler, "engine"):  # the export's weights into the running engine
+            import engine
+            sampler.engine.sync_weights(engine.load_model_and_tokenizer(str(path))[0])
+        *cells, avg = table1_cells(evaluate(sub, sampler)["metrics"])
+        rows.append({"checkpoint": path.name, "step": int(path.name[5:]), **dict(zip([n for n, _ in TABLE1], cells)),
+                     "Avg": avg, "cells": sum(c is not None for c in cells)})
+    best = max(rows, key=lambda r: -1.0 if r["Avg"] is None else r["Avg"])
+    with open(out / "checkpoints.csv", "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    table = table1_markdown([(r["checkpoint"], [r[n] for n, _ in TABLE1] + [r["Avg"]]) for r in rows])
+    note = f"\nBest: {best['checkpoint']} (mean of {best['cells']} Table-1 cells: {100 * (best['Avg'] or 0):.1f})\n"
+    (out / "checkpoints.md").write_text(table + note, encoding="utf-8")
+    summary = {"run": cfg.checkpoints, "rows": rows, "best": best["checkpoint"]}
+    (out / "checkpoints.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    return summary
+
+
 def main(argv=None):
     from transformers import HfArgumentParser
     (cfg,) = HfArgumentParser(EvalConfig).parse_args_into_dataclasses(args=argv)
+    if cfg.checkpoints:
+        summary = sweep_checkpoints(cfg)
+        print((Path(cfg.output_dir) / "checkpoints.md").read_text(encoding="utf-8"))
+        return summary
     results = evaluate(cfg)
     print(json.dumps(results["metrics"], indent=2))
     print(results["table1_markdown"])

@@ -124,6 +124,8 @@ class RunArgs:
     allow_config_change: bool = field(default=False, metadata={"help": "Resume even if the config differs from the run's."})
     overwrite: bool = field(default=False, metadata={"help": "Start afresh even if output_dir holds a run."})
     checkpoint_every: int = field(default=16, metadata={"help": "Steps between checkpoints (and one at the end)."})
+    keep_checkpoints: str = field(default="2", metadata={"help": "Newest resumable checkpoints, and newest policy exports, to keep: N or all."})
+    export_every: int = field(default=0, metadata={"help": "Steps between Hugging Face exports of the policy to exports/step-<k> (and one at the end); 0 = none. For the paper's best-checkpoint protocol: eval.py --checkpoints <run>."})
     sandbox_workers: int = field(default=8, metadata={"help": "Sandbox worker concurrency."})
     step_timeout: float = field(default=5.0, metadata={"help": "Seconds per environment call."})
     sandbox_memory_mb: int = field(default=1024, metadata={"help": "Address-space limit per environment process."})
@@ -203,8 +205,10 @@ def resolve(margs: ModelArgs, sargs: SpadeArgs, oargs: OptimArgs, rargs: RunArgs
                  "skills_per_regen", "memory_capacity"):
         if getattr(sargs, name) <= 0:
             raise SystemExit(f"--{name} must be positive, got {getattr(sargs, name)}")
-    if sargs.hint_plays < 0 or oargs.ppo_epochs <= 0 or rargs.checkpoint_every <= 0:
-        raise SystemExit("--hint_plays must be >= 0, --ppo_epochs and --checkpoint_every > 0")
+    if sargs.hint_plays < 0 or oargs.ppo_epochs <= 0 or rargs.checkpoint_every <= 0 or rargs.export_every < 0:
+        raise SystemExit("--hint_plays and --export_every must be >= 0, --ppo_epochs and --checkpoint_every > 0")
+    if not (rargs.keep_checkpoints == "all" or rargs.keep_checkpoints.isdigit() and int(rargs.keep_checkpoints) > 0):
+        raise SystemExit(f"--keep_checkpoints must be a positive number or all, not {rargs.keep_checkpoints!r}")
     for name in ("agent_temperature", "designer_temperature", "hint_temperature"):
         if not getattr(sargs, name) > 0:
             raise SystemExit(f"--{name} must be > 0 (log-probs divide logits by it)")
@@ -625,7 +629,27 @@ _FILLER = {"mask": [0, 1], "logprobs": [0.0, 0.0], "role": "agent", "advantage":
 # ----------------------------------------------------------------------------------------------
 # INFRA: run directory, checkpoints
 
-def save_checkpoint(accelerator, run_dir: Path, step: int, state: dict) -> None:
+def prune(paths, keep: str) -> None:
+    """Delete all but the newest `keep` (a number, or all) of these directories, oldest first."""
+    if keep != "all":
+        for old in sorted(paths, key=lambda p: p.stat().st_mtime)[:max(len(paths) - int(keep), 0)]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def export_policy(accelerator, model, tokenizer, dest: Path) -> None:
+    """The policy in Hugging Face format at `dest` (written beside it, then renamed into place)."""
+    state_dict = accelerator.get_state_dict(model)  # every rank takes part (sharded models)
+    if accelerator.is_main_process:
+        tmp = dest.with_name(dest.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state_dict)
+        tokenizer.save_pretrained(tmp)
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(tmp, dest)
+    accelerator.wait_for_everyone()
+
+
+def save_checkpoint(accelerator, run_dir: Path, step: int, state: dict, keep: str = "2") -> None:
     """Write checkpoint-<step> atomically: save into a temp dir, then rename and repoint `latest`."""
     tmp, final = run_dir / f"checkpoint-{step}.tmp", run_dir / f"checkpoint-{step}"
     if accelerator.is_main_process and tmp.exists():
@@ -640,9 +664,8 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, state: dict) -> None:
             shutil.rmtree(final)
         os.replace(tmp, final)
         atomic_write(run_dir / "latest", final.name)
-        for old in sorted(run_dir.glob("checkpoint-*"), key=lambda p: p.stat().st_mtime)[:-2]:
-            if old.name != final.name and not old.name.endswith(".tmp"):
-                shutil.rmtree(old, ignore_errors=True)
+        prune([p for p in run_dir.glob("checkpoint-*") if p.name != final.name and not p.name.endswith(".tmp")],
+              "all" if keep == "all" else str(int(keep) - 1))
     accelerator.wait_for_everyone()
 
 
@@ -849,14 +872,17 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
             save_checkpoint(accelerator, run_dir, step + 1, {
                 "step": step + 1, "world": world, "pool": [dataclasses.asdict(e) for e in pool],
                 "corpus": corpus.state_dict() if corpus is not None else None,
-                "memory": mem.to_dict(), "metrics_lines": n_lines})
+                "memory": mem.to_dict(), "metrics_lines": n_lines}, rargs.keep_checkpoints)
+        if rargs.export_every and ((step + 1) % rargs.export_every == 0 or step + 1 == sargs.steps):
+            (run_dir / "exports").mkdir(exist_ok=True)
+            export_policy(accelerator, model, tokenizer, run_dir / "exports" / f"step-{step + 1}")
+            if main_proc:
+                prune([p for p in (run_dir / "exports").glob("step-*") if not p.name.endswith(".tmp")],
+                      rargs.keep_checkpoints)
     # INFRA: the final policy in Hugging Face format, for eval.py and for sharing
-    state_dict = accelerator.get_state_dict(model)
+    export_policy(accelerator, model, tokenizer, run_dir / "final_model")
     if main_proc:
-        final = run_dir / "final_model"
-        accelerator.unwrap_model(model).save_pretrained(final, state_dict=state_dict)
-        tokenizer.save_pretrained(final)
-        print(f"[spade] done: metrics {run_dir / 'metrics.jsonl'}, policy {final}")
+        print(f"[spade] done: metrics {run_dir / 'metrics.jsonl'}, policy {run_dir / 'final_model'}")
     accelerator.end_training()
     return run_dir
 

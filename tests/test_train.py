@@ -89,8 +89,8 @@ def designer_model():
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory, designer_model):
     """One uninterrupted run, shared by the end-to-end checks and the resume comparisons."""
-    return train.main(BASE + ["--output_dir", str(tmp_path_factory.mktemp("ref") / "run")],
-                      engines=scripted(*designer_model))
+    return train.main(BASE + ["--output_dir", str(tmp_path_factory.mktemp("ref") / "run"), "--export_every", "2",
+                              "--keep_checkpoints", "all"], engines=scripted(*designer_model))
 
 
 @pytest.mark.slow
@@ -109,6 +109,8 @@ def test_end_to_end_with_scripted_designer(reference_run):
     mem = json.loads((run / "memory.json").read_text())
     assert mem["records"] and {"win_rate", "regret", "skill"} <= set(mem["records"][0])
     assert (run / "latest").read_text().strip() == "checkpoint-3"
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
+    assert sorted(p.name for p in (run / "exports").iterdir()) == ["step-2", "step-3"]  # every 2 steps and the end
     assert list((run / "envs").glob("step-0000-rank-0/*.py")) and list((run / "transcripts").glob("*.jsonl"))
     attempts = [json.loads(l) for l in (run / "designer" / "step-0000-rank-0.jsonl").read_text().splitlines()]
     assert [a["ok"] for a in attempts].count(False) >= 1
@@ -285,3 +287,57 @@ def test_two_processes_data_parallel(tmp_path):
     assert all(r["designer/slots"] == 2 for r in rows if "designer/slots" in r)  # 4 slots / 2 ranks
     assert {p.name for p in (out / "envs").iterdir()} >= {"step-0000-rank-0", "step-0000-rank-1"}
     assert (out / "checkpoint-3" / "spade_state-1.json").exists()
+
+
+def test_prune_keeps_the_newest(tmp_path):
+    import os
+    dirs = []
+    for i in range(4):
+        (tmp_path / f"d{i}").mkdir()
+        os.utime(tmp_path / f"d{i}", (i, i))
+        dirs.append(tmp_path / f"d{i}")
+    train.prune(dirs, "all")
+    assert len(list(tmp_path.iterdir())) == 4
+    train.prune(dirs, "1")
+    assert [p.name for p in tmp_path.iterdir()] == ["d3"]
+
+
+@pytest.mark.parametrize("keep", ["0", "two", "-1"])
+def test_keep_checkpoints_must_be_a_count_or_all(tmp_path, keep):
+    with pytest.raises(SystemExit, match="--keep_checkpoints"):
+        train.main(BASE + ["--keep_checkpoints", keep, "--output_dir", str(tmp_path / "k")])
+
+
+@pytest.mark.slow
+def test_checkpoint_sweep_evaluates_every_export(reference_run, tmp_path):
+    """eval.py --checkpoints on a tiny run: each export loaded and evaluated, one row each, a CSV of
+    the trajectories, and the best export named; first through the real engine, then with scripted
+    replies that are right only once the second export's weights are loaded."""
+    import csv
+
+    import eval as E
+    flags = ["--checkpoints", str(reference_run), "--engine", "transformers", "--suites", "reasoning_gym",
+             "--rg_tasks", "basic_arithmetic", "--rg_episodes", "1", "--rg_max_new_tokens", "4"]
+    summary = E.main(flags + ["--output_dir", str(tmp_path / "real")])
+    assert [r["checkpoint"] for r in summary["rows"]] == ["step-2", "step-3"]
+    for name in ("step-2", "step-3"):
+        saved = json.loads((tmp_path / "real" / name / "results.json").read_text())
+        assert saved["config"]["model"] == str(reference_run / "exports" / name)
+
+    item = E.rg_items([t for t in E.cell_tasks("math") if t[1] == "basic_arithmetic"], 1, 0)[0][3]
+    loaded = []
+
+    class Engine:
+        def sync_weights(self, model):
+            loaded.append(type(model).__name__)
+
+    sampler = E.ScriptedSampler(lambda m, k: f"<answer>{item['answer']}</answer>" if len(loaded) == 2 else "no")
+    sampler.engine = Engine()
+    cfg = E.EvalConfig(checkpoints=str(reference_run), suites="reasoning_gym", rg_tasks="basic_arithmetic",
+                       rg_episodes=1, output_dir=str(tmp_path / "scripted"))
+    summary = E.sweep_checkpoints(cfg, sampler=sampler)
+    assert loaded == ["Qwen3ForCausalLM"] * 2 and summary["best"] == "step-3"  # each export's weights loaded
+    rows = list(csv.DictReader(open(tmp_path / "scripted" / "checkpoints.csv")))
+    assert [(r["step"], r["RG-Math"], r["Avg"], r["cells"]) for r in rows] == [("2", "0.0", "0.0", "1"), ("3", "1.0", "1.0", "1")]
+    md = (tmp_path / "scripted" / "checkpoints.md").read_text()
+    assert "| step-3 | - | - | - | - | 100.0 | - | - | - | 100.0 |" in md and "Best: step-3" in md
