@@ -31,7 +31,8 @@ structure; the template's own scaffolding is parsed normally.
 Symbols: B live episodes in a batch, T tokens of one episode; mask[t] = 1 for reply tokens.
 
 Deviations from the paper / the authors' code:
-1. The action is the LAST balanced `\\boxed{...}` after the last `</think>` (authors: the first).
+1. The action is the LAST balanced `\\boxed{...}` after the last `</think>` (authors: the first);
+   like the authors we strip whitespace and up to two extra brace levels around the move.
 2. Episodes ended by an environment fault get status "env_error" and no agent reward (the authors
    give -1 for a crash); train.py drops them from the agent batch (SPEC §6).
 3. A reply cut by the per-turn cap without EOS ends the episode ("truncated"; "context" when the cap
@@ -61,29 +62,65 @@ STATUSES = ("terminated", "truncated", "turn_limit", "context", "env_error")
 # ALGO: action parsing (SPEC §5)
 
 
-def _last_balanced_box(text: str) -> str | None:
-    r"""Content of the last `\boxed{...}` whose braces balance; None when there is none."""
-    start = text.rfind("\\boxed{")
-    while start != -1:
-        depth, i = 0, start + len("\\boxed")
-        for i in range(start + len("\\boxed"), len(text)):
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
+_BRACES = re.compile(r"\\boxed\{|[{}]")
+
+
+def last_balanced_box(text: str) -> str | None:
+    r"""Content of the last `\boxed{...}` whose braces balance; None when there is none.
+
+    One pass over the reply's braces with a stack of open ones: linear in the reply (re-scanning
+    from every `\boxed{` was quadratic in a reply full of them). The pass keeps ordinals (the
+    j-th box, the k-th closing brace); `str.split` turns them into positions, also in one pass."""
+    stack, best, n_box, n_close = [], None, 0, 0
+    for tok in _BRACES.findall(text):
+        if tok == "}":
+            if stack:
+                j = stack.pop()
+                if j >= 0 and (best is None or j > best[0]):
+                    best = (j, n_close)
+            n_close += 1
+        elif tok == "{":
+            stack.append(-1)
+        else:  # \boxed{
+            stack.append(n_box)
+            n_box += 1
+    if best is None:
+        return None
+    start = len(text) - len(text.split("\\boxed{", best[0] + 1)[-1])  # just after the j-th box
+    end = len(text) - len(text.split("}", best[1] + 1)[-1]) - 1       # at the k-th '}'
+    return text[start:end]
+
+
+def _strip_extra_braces(move: str, levels: int = 2) -> str:
+    r"""`{42}` -> `42`, `{{x + 1}}` -> `x + 1`: up to two extra brace levels around the whole move,
+    as the authors strip them (we also require the outer pair to match: `{a}, {b}` stays)."""
+    move = move.strip()
+    for _ in range(levels):
+        if not (move.startswith("{") and move.endswith("}")):
+            break
+        depth, close = 0, -1
+        for m in re.finditer(r"[{}]", move):
+            depth += 1 if m.group() == "{" else -1
             if depth == 0:
-                return text[start + len("\\boxed{"):i]
-        start = text.rfind("\\boxed{", 0, start)  # unbalanced: fall back to the one before it
-    return None
+                close = m.start()
+                break
+        if close != len(move) - 1:
+            break
+        move = move[1:-1].strip()
+    return move
 
 
 def parse_action(text: str) -> str:
     r"""The agent's move as the environment expects it: `\boxed{<move>}` (SPEC §5).
 
     Everything up to the last `</think>` is reasoning and ignored; the LAST balanced box is the move
-    the agent commits to. No box: the stripped reply goes through so the environment can remind the
-    agent of the format.
+    the agent commits to, with surrounding whitespace and up to two extra brace levels removed
+    (`\boxed{{42}}` -> `\boxed{42}`). No box: the stripped reply goes through so the environment
+    can remind the agent of the format. Linear in the reply.
     """
     answer = text.rsplit("</think>", 1)[-1]
-    move = _last_balanced_box(answer)
-    return answer.strip() if move is None else "\\boxed{" + move + "}"
+    move = last_balanced_box(answer)
+    return answer.strip() if move is None else "\\boxed{" + _strip_extra_braces(move) + "}"
 
 
 _JSON_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)

@@ -83,6 +83,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+import agent
+
 # ----------------------------------------------------------------------------------------------
 # ALGO: the Reasoning-Gym task table (100 tasks at hard settings, grouped into Table 1's 4 cells)
 
@@ -133,17 +135,10 @@ def after_thinking(text: str) -> str:
 
 
 def last_boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...} with balanced braces after the reasoning, else None."""
-    text = after_thinking(text)
-    start = text.rfind("\\boxed{")
-    while start != -1:
-        depth, i = 0, start + len("\\boxed")
-        for j in range(i, len(text)):
-            depth += {"{": 1, "}": -1}.get(text[j], 0)
-            if depth == 0:
-                return text[i + 1:j].strip()
-        start = text.rfind("\\boxed{", 0, start)  # unbalanced: try an earlier box
-    return None
+    """Content of the last \\boxed{...} with balanced braces after the reasoning, else None
+    (agent.py's one-pass scan: linear in the reply)."""
+    box = agent.last_balanced_box(after_thinking(text))
+    return None if box is None else box.strip()
 
 
 def rg_answer(text: str) -> str | None:

@@ -154,7 +154,14 @@ def specs_for(envs, seeds, hint=None, env_id="guess"):
 @pytest.mark.parametrize("text,expected", [
     ("I pick \\boxed{3}.", "\\boxed{3}"),
     ("\\boxed{\\frac{1}{2}} is it", "\\boxed{\\frac{1}{2}}"),
-    ("first \\boxed{1} then \\boxed{ {a: {b}} }", "\\boxed{ {a: {b}} }"),
+    ("first \\boxed{1} then \\boxed{ {a: {b}} }", "\\boxed{a: {b}}"),
+    # the authors' cases: up to two extra brace levels go, whitespace too
+    ("answer: \\boxed{{42}}", "\\boxed{42}"),
+    ("answer: \\boxed{{{x + 1}}}", "\\boxed{x + 1}"),
+    ("answer: \\boxed{ 42 }", "\\boxed{42}"),
+    ("\\boxed{{{{deep}}}}", "\\boxed{{deep}}"),          # only two levels
+    ("\\boxed{{a}, {b}}", "\\boxed{{a}, {b}}"),          # outer braces of different pairs stay
+    ("\\boxed{\\boxed{1}}", "\\boxed{1}"),
     ("<think>maybe \\boxed{1}</think>\n\\boxed{2}", "\\boxed{2}"),
     ("<think>a</think>x<think>\\boxed{9}</think>  final answer  ", "final answer"),
     ("\\boxed{3} and then \\boxed{4", "\\boxed{3}"),
@@ -165,6 +172,51 @@ def specs_for(envs, seeds, hint=None, env_id="guess"):
 ])
 def test_parse_action(text, expected):
     assert parse_action(text) == expected
+
+
+class CountingPattern:
+    """Wraps a compiled pattern: counts findall calls and the matches they return."""
+
+    def __init__(self, pattern):
+        self.pattern, self.calls, self.matches = pattern, 0, 0
+
+    def findall(self, text):
+        self.calls += 1
+        out = self.pattern.findall(text)
+        self.matches += len(out)
+        return out
+
+
+@pytest.mark.parametrize("reply", [
+    "\\boxed{" * 14_000,                                    # 98k characters of unclosed boxes
+    "\\boxed{1} " * 9_000 + "\\boxed{" * 2_000,
+    "x" * 50_000 + "{" * 25_000 + "}" * 25_000,
+])
+def test_box_extraction_is_linear(monkeypatch, reply):
+    """The agent's parser and eval's extraction scan a reply once: one pass over the pattern,
+    at most one match per character (re-scanning from every box made this quadratic)."""
+    import eval as E
+    for parse in (parse_action, E.last_boxed):
+        counter = CountingPattern(agent._BRACES)
+        monkeypatch.setattr(agent, "_BRACES", counter)
+        parse(reply)
+        assert counter.calls == 1 and counter.matches <= len(reply)
+
+
+def test_linear_box_scan_equals_the_naive_one():
+    """Against the obvious quadratic definition: try every box from the last one backwards."""
+    def naive(text):
+        for start in sorted((m.start() for m in re.finditer(r"\\boxed\{", text)), reverse=True):
+            depth = 0
+            for j in range(start + len("\\boxed"), len(text)):
+                depth += {"{": 1, "}": -1}.get(text[j], 0)
+                if depth == 0:
+                    return text[start + len("\\boxed{"):j]
+        return None
+    rng = random.Random(0)
+    for _ in range(3000):
+        text = "".join(rng.choice(["\\boxed{", "{", "}", "a", " ", "\\boxed"]) for _ in range(rng.randint(0, 14)))
+        assert agent.last_balanced_box(text) == naive(text), text
 
 
 def test_parse_tool_calls_json_xml_and_several():
