@@ -8,7 +8,12 @@ negative example (an environment that was far too easy or far too hard), so the 
 towards the frontier without copying.
 
     positive(skill) = sample_2( top_10_by_regret({r : r.skill = skill, 0.15 <= r.win_rate <= 0.85}) )
-    negative(skill) = newest({r : r.skill = skill, r.win_rate > 0.9 or r.win_rate < 0.1})
+    negative(skill) = sample_1({r : r.skill = skill, r.win_rate > 0.9 or r.win_rate < 0.1})
+
+As in the authors' code: the ranking by regret is stable (among equal regrets the OLDER record comes
+first), both draws are uniform without replacement (`rng.sample`), the positives are shown in the
+order drawn, and the negative is shown by class name only, without code. The draws use the
+memory's own seeded rng, whose state is part of `to_dict()` (checkpoints, memory.json).
 
 Symbols (paper -> code):
     M (memory, capacity 200)        EnvironmentMemory(capacity=200)
@@ -17,12 +22,12 @@ Symbols (paper -> code):
     code of e                       MemoryRecord.source    (first 2,000 characters shown)
 
 Deviations from the paper and from the authors' code:
-    1. The negative example is the newest qualifying record of the skill (the agent's current
-       ability is what makes an environment too easy or too hard); the authors' choice is not
-       stated. Positive exemplars are sampled with the caller's rng, so a seeded run is repeatable.
-    2. Persistence is one JSON document written atomically (temp file + fsync + os.replace) and a
+    1. Persistence is one JSON document written atomically (temp file + fsync + os.replace) and a
        corrupt or mismatched file raises `MemoryFileError` on load: a resumed run never silently
        starts with an empty memory.
+    2. The whole source is stored and its first 2,000 characters shown with a truncation note
+       (authors: the snippet is cut when stored); the negative is named by its class (authors: by
+       the file stem of the saved game).
 
 Dependencies: standard library only.
 Test: `pytest tests/test_memory.py`.
@@ -46,7 +51,7 @@ TOO_HARD = 0.1               # win rate below this: negative example ("too hard"
 TOP_K = 10                   # positives are sampled from the top-10 by regret
 N_POSITIVE = 2               # at most 2 positive exemplars per prompt
 CODE_CHARS = 2000            # characters of an exemplar's code shown in the prompt
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 class MemoryFileError(ValueError):
@@ -79,12 +84,13 @@ class MemoryRecord:
 class EnvironmentMemory:
     """FIFO memory of past environments that renders the designer prompt's memory block."""
 
-    def __init__(self, capacity: int = CAPACITY, path: str | os.PathLike | None = None):
+    def __init__(self, capacity: int = CAPACITY, path: str | os.PathLike | None = None, seed: int = 0):
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self.path = Path(path) if path is not None else None
         self._records: deque[MemoryRecord] = deque(maxlen=capacity)  # oldest falls out first
+        self.rng = random.Random(seed)  # exemplar draws; its state is saved with the records
 
     def __len__(self) -> int:
         return len(self._records)
@@ -99,26 +105,21 @@ class EnvironmentMemory:
 
     # ALGO: exemplar selection (SPEC §4)
 
-    def positives(self, skill: str, rng: random.Random) -> list[MemoryRecord]:
-        """Up to 2 frontier records of `skill`, sampled from its top 10 by regret; best first."""
+    def positives(self, skill: str, rng: random.Random | None = None) -> list[MemoryRecord]:
+        """Up to 2 frontier records of `skill`, drawn from its top 10 by regret, in draw order."""
         lo, hi = FRONTIER
         frontier = [r for r in self._records if r.skill == skill and lo <= r.win_rate <= hi]
-        # Highest regret first; among equal regrets the newer record wins (enumerate keeps FIFO order).
-        ranked = [r for _, r in sorted(enumerate(frontier), key=lambda ir: (-ir[1].regret, -ir[0]))]
-        top = ranked[:TOP_K]
-        picked = rng.sample(range(len(top)), min(N_POSITIVE, len(top)))
-        return [top[i] for i in sorted(picked)]
+        top = sorted(frontier, key=lambda r: -r.regret)[:TOP_K]  # stable: ties keep the older first
+        return (rng or self.rng).sample(top, min(N_POSITIVE, len(top)))
 
-    def negative(self, skill: str) -> MemoryRecord | None:
-        """The newest record of `skill` that was too easy (> 0.9) or too hard (< 0.1)."""
-        for r in reversed(self._records):
-            if r.skill == skill and (r.win_rate > TOO_EASY or r.win_rate < TOO_HARD):
-                return r
-        return None
+    def negative(self, skill: str, rng: random.Random | None = None) -> MemoryRecord | None:
+        """A record of `skill` that was too easy (> 0.9) or too hard (< 0.1), drawn uniformly."""
+        bad = [r for r in self._records if r.skill == skill and (r.win_rate > TOO_EASY or r.win_rate < TOO_HARD)]
+        return (rng or self.rng).sample(bad, 1)[0] if bad else None
 
-    def prompt_block(self, skill: str, rng: random.Random) -> str:
+    def prompt_block(self, skill: str, rng: random.Random | None = None) -> str:
         """The memory section of a designer prompt for `skill`; "" when nothing qualifies."""
-        positives, negative = self.positives(skill, rng), self.negative(skill)
+        positives, negative = self.positives(skill, rng), self.negative(skill, rng)
         parts = []
         if positives:
             lines = ["<REFERENCE_ENVIRONMENTS>",
@@ -143,8 +144,9 @@ class EnvironmentMemory:
     # INFRA: persistence and checkpoints
 
     def to_dict(self) -> dict:
+        version, internal, gauss = self.rng.getstate()
         return {"version": FORMAT_VERSION, "capacity": self.capacity,
-                "records": [asdict(r) for r in self._records]}
+                "rng": [version, list(internal), gauss], "records": [asdict(r) for r in self._records]}
 
     @classmethod
     def from_dict(cls, data: dict, path: str | os.PathLike | None = None) -> "EnvironmentMemory":
@@ -158,6 +160,11 @@ class EnvironmentMemory:
             raise MemoryFileError(f"environment memory capacity must be >= 1, got {capacity}")
         names = {f.name for f in fields(MemoryRecord)}
         memory = cls(capacity=capacity, path=path)
+        try:
+            version, internal, gauss = data["rng"]
+            memory.rng.setstate((version, tuple(internal), gauss))
+        except (KeyError, TypeError, ValueError) as e:
+            raise MemoryFileError(f"environment memory needs the state of its rng: {e}") from e
         for i, raw in enumerate(records):
             if not isinstance(raw, dict) or set(raw) != names:
                 raise MemoryFileError(f"record {i} must have exactly the fields {sorted(names)}")

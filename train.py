@@ -362,7 +362,7 @@ def regenerate(step, sargs, sampler, design_sampler, sb, mem, pool, corpus, rank
                                             max_new_tokens=sargs.designer_max_tokens,
                                             enable_thinking=sargs.designer_thinking,
                                             top_p=sargs.top_p, top_k=sargs.top_k)
-    block = (lambda skill: "") if sargs.no_memory else (lambda skill: mem.prompt_block(skill, rng))
+    block = (lambda skill: "") if sargs.no_memory else mem.prompt_block  # its own seeded, checkpointed rng
     try:
         proposals, stats = designer.regenerate(
             slots, generate=gen, validate=lambda src: sb.validate(src, setting=sargs.setting),
@@ -777,7 +777,8 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
     if not (sargs.no_corpus or sargs.fixed_envs):  # one sampler for the run, seed 42 (Sec. 3.2)
         corpus = designer.Corpus.load(sargs.corpus, max_words=designer.CORPUS_MAX_WORDS[sargs.setting],
                                       seed=sargs.corpus_seed + dp_rank)
-    mem = memory_lib.EnvironmentMemory(capacity=sargs.memory_capacity, path=run_dir / "memory.json")
+    mem = memory_lib.EnvironmentMemory(capacity=sargs.memory_capacity, path=run_dir / "memory.json",
+                                       seed=rargs.seed)
     pool, start = [], 0
     if resume_from is not None:
         accelerator.load_state(str(resume_from))
