@@ -28,6 +28,11 @@ and is then not added again; a reply that stopped on the tokenizer's EOS instead
 special-token parsing OFF, so an environment that prints `<|im_end|>` cannot inject chat
 structure; the template's own scaffolding is parsed normally.
 
+Tool use: the reply's tool calls (JSON or Qwen3-Coder XML form) are normalised for ToolEnv.step(),
+an `<answer>` outranking them; tool outputs come back as tool messages. With `mask_malformed` (the
+authors' filter, on in every tool run) a reply whose `<tool_call>` does not parse keeps its tokens
+in the context but gets mask 0, and the next observation ends with the expected call format.
+
 Symbols: B live episodes in a batch, T tokens of one episode; mask[t] = 1 for reply tokens.
 
 Deviations from the paper / the authors' code:
@@ -56,6 +61,8 @@ ANSWER_FORMAT = ("Think it through step by step, then give your action inside \\
 
 log = logging.getLogger(__name__)
 STATUSES = ("terminated", "truncated", "turn_limit", "context", "env_error")
+FORMAT_HINT = ("[FORMAT] Your last <tool_call> could not be parsed. Write each call exactly as "
+               '<tool_call>{"name": "<tool name>", "arguments": {<arguments as JSON>}}</tool_call>.')
 
 
 # ----------------------------------------------------------------------------------------------
@@ -174,17 +181,25 @@ def parse_tool_calls(text: str) -> list[dict]:
 
 
 def tool_action(text: str) -> str:
-    """Normalise a tool-use reply to the action text ToolEnv.step() expects (CONTRACT.md).
+    """Normalise a tool-use reply to the action text ToolEnv.step() expects.
 
-    Tool calls become one canonical JSON block each, followed by the last `<answer>` tag if any
-    (ToolEnv runs the calls, then takes the answer); with neither, the stripped reply goes through
-    (the environment answers a malformed turn with a format reminder).
+    An `<answer>` outranks tool calls (as in the authors' loop): the last answer tag alone goes
+    through. Otherwise the tool calls become one canonical JSON block each; with neither, the
+    stripped reply goes through (the environment answers a malformed turn with a format reminder).
     """
+    body = text.rsplit("</think>", 1)[-1]
+    answers = _ANSWER.findall(body)
+    if answers:
+        return "<answer>" + answers[-1].strip() + "</answer>"
     calls = parse_tool_calls(text)
-    answers = _ANSWER.findall(text.rsplit("</think>", 1)[-1])
     blocks = ["<tool_call>" + json.dumps(c, ensure_ascii=False) + "</tool_call>" for c in calls]
-    blocks += ["<answer>" + answers[-1].strip() + "</answer>"] if answers else []
-    return "\n".join(blocks) if blocks else text.rsplit("</think>", 1)[-1].strip()
+    return "\n".join(blocks) if blocks else body.strip()
+
+
+def malformed_tool_call(text: str) -> bool:
+    """A reply that tries a `<tool_call>` but yields no call that parses and gives no answer."""
+    body = text.rsplit("</think>", 1)[-1]
+    return "<tool_call>" in body and not parse_tool_calls(text) and not _ANSWER.search(body)
 
 
 def first_user_message(observation: str, hint: str | None, setting: str) -> str:
@@ -232,6 +247,7 @@ class Episode:
     tools: list[dict] = field(default_factory=list)
     # strip_thinking_history: one (token_ids, mask, logprobs) per turn, each its own context
     turn_samples: list[tuple] = field(default_factory=list)
+    masked_replies: int = 0  # replies masked out of the loss as malformed tool calls
 
 
 def episode_return(rewards: list[float], terminated: bool) -> float:
@@ -469,7 +485,8 @@ def _without_thinking(messages: list[dict]) -> list[dict]:
 def play(specs: list[EpisodeSpec], *, generate: Callable, tokenizer,
          step_many: Callable | None = None, setting: str = "games", max_turns: int = 25,
          max_context: int = 32768, max_new_tokens: int = 8192,
-         enable_thinking: bool | None = None, strip_thinking_history: bool = False) -> list[Episode]:
+         enable_thinking: bool | None = None, strip_thinking_history: bool = False,
+         mask_malformed: bool = False) -> list[Episode]:
     """Play every spec to its end; one `generate(prompts, max_new_tokens_list)` call per turn.
 
     Paper limits (SPEC §5): 25 turns, 32,768-token context, 8,192 new tokens per turn (fewer when
@@ -477,6 +494,8 @@ def play(specs: list[EpisodeSpec], *, generate: Callable, tokenizer,
     strip_thinking_history (the authors' thinking 8B agent): every turn's context is re-rendered
     from the messages with earlier `<think>` blocks removed, and each turn is its own training
     record in `Episode.turn_samples` (they share the episode's advantage).
+    mask_malformed (tool use, the authors' filter): a reply whose `<tool_call>` does not parse gets
+    mask 0, and the next observation ends with FORMAT_HINT, the expected call format.
     """
     assert setting in ("games", "tool"), setting
     eot = turn_end(tokenizer)
@@ -506,16 +525,21 @@ def play(specs: list[EpisodeSpec], *, generate: Callable, tokenizer,
             stopped = completion.finish_reason == "stop"
             text = tokenizer.decode(ids if stop is None else ids[:-1], skip_special_tokens=False)
             ep.messages.append({"role": "assistant", "content": text})
+            malformed = mask_malformed and setting == "tool" and malformed_tool_call(text)
+            if malformed:  # no loss on a reply the environment cannot run (its tokens stay)
+                start = len(ep.mask) - len(ids)
+                ep.mask[start:], ep.logprobs[start:] = [0] * len(ids), [0.0] * len(ids)
+                ep.masked_replies += 1
             if strip_thinking_history:
                 ep.turn_samples.append((list(ep.token_ids), list(ep.mask), list(ep.logprobs)))
             if not stopped:  # EOS-less reply: no action is taken from a cut-off thought
                 _finish(ep, "context" if caps[i] < max_new_tokens else "truncated")
                 continue
             ep.actions.append(tool_action(text) if setting == "tool" else parse_action(text))
-            stepping.append((i, stop))
-        results = _step_all([specs[i].handle for i, _ in stepping],
-                            [episodes[i].actions[-1] for i, _ in stepping], step_many)
-        for (i, stop), (obs, reward, terminated, truncated, info) in zip(stepping, results):
+            stepping.append((i, stop, malformed))
+        results = _step_all([specs[i].handle for i, _, _ in stepping],
+                            [episodes[i].actions[-1] for i, _, _ in stepping], step_many)
+        for (i, stop, malformed), (obs, reward, terminated, truncated, info) in zip(stepping, results):
             ep = episodes[i]
             if isinstance(info, dict) and info.get("error"):
                 _finish(ep, "env_error", str(info["error"]))
@@ -532,6 +556,8 @@ def play(specs: list[EpisodeSpec], *, generate: Callable, tokenizer,
                 new = [{"role": "tool", "content": str(out)} for out in outputs]
             else:
                 new = [{"role": "user", "content": str(obs)}]
+            if malformed:
+                new[-1]["content"] += f"\n\n{FORMAT_HINT}"
             if strip_thinking_history:  # a fresh context: the history without its reasoning
                 context = renderers[i].prompt(_without_thinking(ep.messages + new))
                 if len(context) >= max_context:

@@ -28,8 +28,11 @@ Deviations from the paper and from the authors' code:
        f"answer \\boxed{<move>}") by doubling their braces, at most 3 rounds, and keeps the result
        only if `ast` parses it. Fields that parse but fail at run time are the sandbox's business.
     4. A reply that hit the token cap and does not parse is rejected as "truncated", not "syntax".
-    5. The "decline one irrelevant request" tool-use variant asks for an explicit decline tool,
-       because the ToolEnv contract advances instructions only through tool calls.
+    5. Tool-use prompts carry the authors' content in our words (domain rotation, task variants
+       weighted 3:2:1:1, distractor tools, an enum parameter, no system message; the hint rules:
+       submit done last, ask / decline, no concrete values), but the environment declares
+       (instruction, predicate) pairs and the ToolEnv base class advances them (authors: each tool
+       calls its own `_advance_if_done`), and the reference document comes last as optional flavour.
     6. The solvability check of tool-use environments is executable (sandbox replays solution())
        where the authors used an LLM self-audit; the prompt tells the designer about it.
     7. A hint is capped at 100 words (the prompt asks for fewer); an empty hint becomes None and
@@ -243,25 +246,40 @@ class Corpus:
 # ----------------------------------------------------------------------------------------------
 # ALGO: the designer prompts (SPEC §3.3)
 
-TOOL_DOMAINS = ("retail", "travel booking", "telecom", "banking", "calendar", "file system",
-                "shopping cart", "support tickets", "smart home", "project tracker")
+TOOL_DOMAINS = ("retail orders (orders, items, refunds, shipping)",
+                "travel booking (flights and hotels: search, reserve, pay, cancel)",
+                "telecom accounts (plans, lines, billing, data add-ons)",
+                "personal banking (accounts, transfers, cards, invoices)",
+                "a calendar assistant (events, invitations, reminders)",
+                "a file system (files, folders, moving, copying, searching)",
+                "an online shop (catalog, cart, checkout, coupons)",
+                "customer-support tickets (tickets, status, assignment, notes)",
+                "smart-home control (lights, thermostat, locks, scenes)",
+                "a project tracker (tasks, assignees, status, due dates)")
 TOOL_VARIANTS = {
-    "execute": "The instructions ask for actions the tools can carry out directly; the assistant "
-               "must execute them correctly and in order.",
-    "read_then_write": "Each change depends on a value the assistant must first read with another "
-                       "tool (for example a balance, a status or an id).",
-    "missing_parameter": "One instruction leaves out a required parameter (such as an id) that "
-                         "the assistant must look up with another tool before acting.",
-    "decline": "One instruction is an irrelevant or forbidden request (outside the tools' scope "
-               "or against a stated policy). Provide a tool such as decline_request(reason); that "
-               "instruction is complete when the request is declined and the state is unchanged.",
+    "execute": "The plain case: each instruction asks for something the tools can do directly. "
+               "The assistant must call the right tools in the right order; each predicate checks "
+               "the state those calls produce.",
+    "read_then_write": "At least one instruction makes the assistant read the state first, decide "
+                       "by a condition over what it read (for example every order above $100, or "
+                       "every line past its data cap), and only then write. Its predicate checks "
+                       "that exactly the qualifying records changed, not merely that a tool ran.",
+    "missing_parameter": "At least one instruction refers to a value the user does not give (for "
+                         "example 'cancel my latest order' without an order id). The assistant "
+                         "must find it with a read tool before acting. The write tool returns an "
+                         "error for any wrong or guessed value, so a made-up argument can never "
+                         "satisfy the predicate.",
+    "decline": "Exactly one instruction asks for something no tool of this domain can do (say, "
+               "tomorrow's weather in a retail backend). Provide a tool decline_request with one "
+               "required string parameter, reason; it records the refusal in the state, and that "
+               "instruction's predicate holds only once decline_request has been called. No other "
+               "tool may plausibly serve that request.",
 }
+# The authors' rotation: the common variants more often, the rarer benchmark cases once each.
+TOOL_VARIANT_WEIGHTS = {"execute": 3, "read_then_write": 2, "missing_parameter": 1, "decline": 1}
 
 GAMES_SYSTEM = ("You are an expert game designer. You write interactive, multi-turn text "
                 "environments in Python that train and test the reasoning of an AI player.")
-TOOL_SYSTEM = ("You are an expert designer of tool-use environments. You write realistic, "
-               "multi-turn simulated backends in Python that an AI assistant operates through "
-               "tools to complete a user's requests.")
 
 GAMES_REQUIREMENTS = r"""## Interaction requirements
 - Genuinely multi-turn: reaching the goal takes several actions; one lucky guess must not win.
@@ -312,6 +330,12 @@ class OrderDeskEnv(ToolEnv):               # the class name must end in "Env"
               "parameters": {"type": "object",
                              "properties": {"order_id": {"type": "string"}},
                              "required": ["order_id"]}},
+             {"name": "set_status", "description": "Change the status of an order.",
+              "parameters": {"type": "object",
+                             "properties": {"order_id": {"type": "string"},
+                                            "status": {"type": "string",
+                                                       "enum": ["pending", "shipped", "cancelled"]}},
+                             "required": ["order_id", "status"]}},
              ...]
     def setup(self, rng):                  # rng: random.Random seeded by reset(seed)
         self.state = {...}                 # the hidden backend state, built from rng only
@@ -322,25 +346,40 @@ class OrderDeskEnv(ToolEnv):               # the class name must end in "Env"
         return [{"name": "lookup_order", "arguments": {"order_id": "17"}}, ...]
 ```
 What ToolEnv provides (do not override these):
-- `__init__(self, max_turns=20)`; `reset(seed)` calls `setup(rng)` and returns (the first
+- `__init__(self, max_turns=10)`; `reset(seed)` calls `setup(rng)` and returns (the first
   instruction, {"tools": [...]}); `tools()` exports TOOLS as function schemas.
-- `step(action)`: the action holds zero or more
-  `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks, or `<answer>done</answer>`.
-  Each call is dispatched with `call(name, arguments) -> str` (errors come back as text). The
-  observation is the outputs joined by newlines; a call that completes the current instruction
-  gets the next instruction appended to its output. Reward 0.0, not terminated.
-  `<answer>done</answer>` terminates with reward 1.0 if every instruction is done, else 0.0.
-  Anything else is malformed: reward -0.1, not terminated, a format reminder. After `max_turns`
-  steps the episode is truncated.
+- `step(action)`: the action holds `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
+  blocks (one or more) or an `<answer>...</answer>`. Each call is dispatched with
+  `call(name, arguments) -> str` (errors come back as text); the observation is the outputs joined
+  by newlines, reward 0.0. Tool calls are free: only answers and malformed turns count toward
+  `max_turns`. A call that completes the current instruction gets the next instruction appended to
+  its output; after the last instruction, a line telling the assistant to submit
+  `<answer>done</answer>`. That answer, once every instruction is done, ends the episode with
+  reward 1.0; an earlier or different answer gets reward 0.0 and feedback naming the pending
+  instruction, and play continues. A turn with neither a call nor an answer is malformed:
+  reward -0.1 and a format reminder. After `max_turns` answers or malformed turns the episode is
+  truncated.
 Solvability is checked by running your code: for seeds 0, 1 and 2, `solution()` is replayed one
 call per step from `reset(seed)`; every instruction must complete in order and
 `<answer>done</answer>` must then earn 1.0. Predicates take the state, never raise, and are all
 False right after reset."""
 
 TOOL_REQUIREMENTS = r"""## Interaction requirements
-- The user's goal arrives as 3-5 atomic instructions, revealed one at a time.
-- Several tool calls are needed; ids and values live in the hidden state and must be looked up,
-  never guessed. Tool outputs are short, informative text (JSON text is fine).
+- A realistic user goal in this domain (search, book, order, update, cancel, transfer, schedule),
+  as in tau2-bench, BFCL or ACEBench; not an exam or a puzzle about the reference document.
+- The goal arrives as 3-5 short, atomic instructions (1-2 sentences each), revealed one at a time.
+  Never describe the whole workflow up front, and never name tools, state keys or other
+  implementation details in an instruction.
+- 3-8 tools, including 1-2 DISTRACTOR tools: plausible in this domain but wrong for these
+  instructions, so the assistant has to choose the right tool among similar ones.
+- At least one tool parameter takes enumerated values: an "enum" list in its schema, and the
+  parameter listed in "required".
+- Each instruction needs a few tool calls (no more than 4-8). Ids and values live in the hidden
+  state and must be looked up, never guessed; every value a predicate needs is stated in the
+  instruction or returned by some tool. Tool outputs are short, informative text (JSON is fine).
+- A predicate checks the change its instruction asks for, reading the state in the shape the tools
+  write it (search a list of dicts by field, not with `in` on a string). For a read-only
+  instruction, the read tool records that it ran and the predicate checks that record.
 - Tools validate their arguments and return an error message as text instead of raising.
 - Instructions never reveal the solution and never mention the reference document."""
 
@@ -353,8 +392,10 @@ TOOL_ROBUSTNESS = r"""## Robustness rules
 
 
 def tool_task(rng: random.Random) -> tuple[str, str]:
-    """Sample one of the ten domains and one of the four task variants for a tool-use prompt."""
-    return rng.choice(TOOL_DOMAINS), rng.choice(sorted(TOOL_VARIANTS))
+    """One of the ten domains (uniform) and one task variant (weights 3:2:1:1, the authors') for a
+    tool-use prompt."""
+    rotation = [v for v, w in TOOL_VARIANT_WEIGHTS.items() for _ in range(w)]
+    return rng.choice(TOOL_DOMAINS), rng.choice(rotation)
 
 
 def _skill_section(skill: Skill) -> str:
@@ -376,22 +417,23 @@ def designer_messages(skill: str | Skill, *, setting: str = "games", document: D
                     if doc else ""))
         parts = [intro, doc, GAMES_REQUIREMENTS, GAMES_INTERFACE, GAMES_ROBUSTNESS, _skill_section(skill)]
         system = GAMES_SYSTEM
-    elif setting == "tool":
+    elif setting == "tool":  # the authors send no system message for tool use
         if task is None:
             raise ValueError("tool-use prompts need task=(domain, variant); see tool_task(rng)")
         domain, variant = task
-        intro = (f"Design a new multi-turn tool-use environment in Python: a simulated {domain} "
-                 f"backend that an assistant operates through tools.\nTask variant: "
-                 f"{TOOL_VARIANTS[variant]}"
-                 + ("\nThe reference document below is optional flavour (names, products, a "
-                    "scenario); ignore it if it does not fit the domain." if doc else ""))
-        parts = [intro, doc, TOOL_REQUIREMENTS, TOOL_INTERFACE, TOOL_ROBUSTNESS, _skill_section(skill)]
-        system = TOOL_SYSTEM
+        intro = (f"Design a new multi-turn tool-use environment in Python: a simulated backend for "
+                 f"{domain} that an assistant operates through tools.\nTask variant: "
+                 f"{TOOL_VARIANTS[variant]}")
+        flavour = ("Optional flavour: you may borrow names, products or figures from the reference "
+                   "document below, but the domain above is fixed; never make the task about the "
+                   f"document, and never mention it in an instruction.\n{doc}" if doc else None)
+        parts = [intro, TOOL_REQUIREMENTS, TOOL_INTERFACE, TOOL_ROBUSTNESS, _skill_section(skill), flavour]
+        system = None
     else:
         raise ValueError(f"setting must be one of {SETTINGS}, got {setting!r}")
     parts += [ask, memory_block or None]  # the memory block comes last (SPEC §3.3)
-    return [{"role": "system", "content": system},
-            {"role": "user", "content": "\n\n".join(p for p in parts if p)}]
+    user = [{"role": "user", "content": "\n\n".join(p for p in parts if p)}]
+    return ([{"role": "system", "content": system}] if system else []) + user
 
 
 # ----------------------------------------------------------------------------------------------
@@ -681,16 +723,34 @@ def regeneration_stats(proposals: Sequence[Proposal], n_slots: int) -> dict:
 HINT_SYSTEM = {
     "games": "You write hints for players of text games. The player sees only the text "
              "observations the game prints, never its code.",
-    "tool": "You write hints for an assistant that operates a backend through tools. The "
-            "assistant sees only the instructions and the tool outputs, never the code.",
+    "tool": "You read the source of a multi-turn tool-use environment and write a procedural "
+            "strategy hint for the assistant that will operate it. The assistant cannot see the "
+            "code. It receives one user instruction at a time, calls tools as <tool_call>{\"name\": "
+            "..., \"arguments\": {...}}</tool_call>, reads each result, and may submit "
+            "<answer>done</answer> only after every instruction is satisfied. The hint is added "
+            "to its first observation. Its job is to get the assistant unstuck without doing the "
+            "task for it: finding the concrete values by calling tools is the skill being "
+            "trained, and a hint that can be copied to win teaches nothing.",
 }
 HINT_ASK = {
     "games": "Write a privileged hint for a player of this game: name the key insight or strategy "
              "and the exact answer format, in 1-3 sentences and under 100 words. Do not give the "
              "exact answer or any hidden value.",
-    "tool": "Write a privileged hint for the assistant: a procedural strategy in terms of the "
-            "tools' roles (which tool to use first, what to look up before acting), in 1-3 "
-            "sentences and under 100 words. Never mention concrete ids or values.",
+    "tool": """Write a privileged hint for the assistant, in 2-3 sentences and under 100 words:
+- the approach as phases in terms of tool roles and their order (which kind of lookup feeds which
+  change), and which tools are distractors or out of scope;
+- work one instruction at a time, and submit <answer>done</answer> only after the last one is done,
+  never as a first move;
+- find the arguments with the lookup or list tools and from each instruction, never assume them;
+  if an instruction leaves out a required argument, ask for it instead of guessing; if a request
+  is outside what the tools can do, decline it.
+Never write a concrete value from the code or the hidden state: no ids, names, file names, paths,
+amounts, dates or status strings; use placeholders such as <order_id> or words such as "the order
+the user names". No filled-in call-by-call walkthrough, no state-variable names or predicate code.
+Good: "Take the requests in order: look up the record the user refers to with the search tool,
+then change it with the update tool; the export tool is a distractor. Read the exact ids from the
+tool results. Submit <answer>done</answer> after the final request."
+Bad (leaks the answer): "Call update_order(order_id='A17', status='shipped'), then submit done.\"""",
 }
 
 

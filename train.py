@@ -10,6 +10,8 @@
         at regeneration: previous epoch's designer samples get
             score = 0.4 * clip(regret / 0.15, 0, 1) + 0.6 * plateau(w),  A = S * (score - mean_skill)
         one GRPO step over designer + agent samples; sync weights into the rollout engine
+        (tool use, the authors' filters: episodes that did not terminate and malformed tool-call
+        replies keep their place in the group statistics but get loss mask 0)
 
 Symbols: S steps, R regeneration interval, N environments per regeneration, G unhinted plays,
 H hinted plays, w lifetime win rate, S role-balancing scale (code: `scale`).
@@ -101,6 +103,7 @@ class SpadeArgs:
     no_designer_training: bool = field(default=False, metadata={"help": "Ablation: the designer role is never trained."})
     two_skills: bool = field(default=False, metadata={"help": "Ablation: two-skill curriculum {Math, Pattern}."})
     fixed_envs: str | None = field(default=None, metadata={"help": "Fixed-env GRPO baseline: train the agent on the environments (*.py) in this directory."})
+    no_tool_filters: bool = field(default=False, metadata={"help": "Tool use: keep episodes that did not terminate (reply cut by the token cap, turn limit, budget) and malformed tool-call replies in the loss (the authors mask them in every tool run)."})
 
 
 @dataclass
@@ -451,7 +454,8 @@ def play_pool(step, pool, sargs, sampler, sb, tokenizer, hinted_arm: bool, seed:
         return agent.play(specs, generate=gen, tokenizer=tokenizer, step_many=sb.step_many,
                           setting=sargs.setting, max_turns=sargs.max_turns,
                           max_context=sargs.max_context, max_new_tokens=sargs.max_new_tokens,
-                          enable_thinking=enable_thinking, strip_thinking_history=strip_thinking_history)
+                          enable_thinking=enable_thinking, strip_thinking_history=strip_thinking_history,
+                          mask_malformed=tool_filters(sargs))
     finally:
         sampler.drain()
         for spec in specs:
@@ -520,12 +524,23 @@ def env_stats(step, pool, episodes, is_regen) -> tuple[dict, dict]:
     return m, wins
 
 
-def agent_samples(episodes, grpo) -> list[dict]:
-    """Unhinted, fault-free episodes -> training samples with group advantages (Eq. 1)."""
+def tool_filters(sargs) -> bool:
+    """The authors' tool-use training filters (every tool run): on in --setting tool."""
+    return sargs.setting == "tool" and not sargs.no_tool_filters
+
+
+def agent_samples(episodes, grpo, compact: bool = False) -> list[dict]:
+    """Unhinted, fault-free episodes -> training samples with group advantages (Eq. 1).
+
+    compact (the authors' compact filter, tool use): an episode that did not terminate (a reply
+    cut by the token cap or the context, the environment's budget, the turn limit) still counts in
+    its group's mean and std, but its loss mask is all zero: running out of turns is not a policy
+    failure to push down."""
     eps = [ep for ep in episodes if not ep.hinted and ep.status != "env_error"]
     adv = grpo.agent_advantages([ep.ret for ep in eps], [ep.env_id for ep in eps])
     # A stripped-history episode trains one sample per turn, all with the episode's advantage.
-    return [{"tokens": t, "mask": m, "logprobs": lp, "advantage": a, "role": "agent"}
+    return [{"tokens": t, "mask": [0] * len(m) if compact and ep.status != "terminated" else m,
+             "logprobs": lp, "advantage": a, "role": "agent"}
             for ep, a in zip(eps, adv)
             for t, m, lp in (ep.turn_samples or [(list(ep.token_ids), list(ep.mask), list(ep.logprobs))])]
 
@@ -828,7 +843,7 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
         m.update(em)
         if step + 1 == sargs.steps and not sargs.fixed_envs:
             scored += score_epoch(pool, sargs)  # deviation 3: the last epoch is trained too
-        samples = agent_samples(episodes, grpo)
+        samples = agent_samples(episodes, grpo, compact=tool_filters(sargs))
         n_agent = sum(gather_object([len(samples)])) if world > 1 else len(samples)
         if train_designer and (is_regen or step + 1 == sargs.steps):  # every rank: a collective
             ds, dm = designer_samples(scored, n_agent, sargs, grpo, accelerator)
@@ -919,6 +934,7 @@ def episode_metrics(episodes) -> dict:
         m["agent/return_mean"] = sum(ep.ret for ep in plain) / len(plain)
         m["agent/turns_mean"] = sum(ep.turns for ep in plain) / len(plain)
         m["agent/tokens_mean"] = sum(len(ep.token_ids) for ep in plain) / len(plain)
+        m["agent/masked_reply_share"] = sum(ep.masked_replies for ep in plain) / max(1, sum(ep.turns for ep in plain))
         for status in sorted({ep.status for ep in plain}):
             m[f"agent/status/{status}"] = sum(ep.status == status for ep in plain) / len(plain)
     hinted = [ep.ret for ep in episodes if ep.hinted]

@@ -240,9 +240,9 @@ def test_tool_action_normalisation():
     assert tool_action("<think>hmm</think>All set. <answer> done </answer>") == \
         "<answer>done</answer>"
     assert tool_action("<think>x</think>  I am not sure ") == "I am not sure"
-    # calls and an answer in one reply: ToolEnv runs the calls, then takes the answer
+    # calls and an answer in one reply: the answer outranks the calls (the authors' loop)
     assert tool_action('<tool_call>{"name": "a", "arguments": {}}</tool_call> <answer>done</answer>') \
-        == '<tool_call>{"name": "a", "arguments": {}}</tool_call>\n<answer>done</answer>'
+        == "<answer>done</answer>"
 
 
 def test_first_user_message():

@@ -132,8 +132,8 @@ DOC = d.Document("doc-1", "The lighthouse keeper logged ship sightings every hou
 
 
 def user_text(messages):
-    assert [m["role"] for m in messages] == ["system", "user"]
-    return messages[1]["content"]
+    assert [m["role"] for m in messages][-1:] == ["user"] and len(messages) <= 2
+    return messages[-1]["content"]
 
 
 @pytest.mark.parametrize("skill", d.GAME_SKILLS, ids=lambda s: s.name)
@@ -163,17 +163,20 @@ def test_games_prompt_per_skill(skill):
 def test_tool_prompt_per_skill(skill):
     task = ("banking", "missing_parameter")
     messages = d.designer_messages(skill, setting="tool", document=DOC, task=task)
-    assert "tool-use" in messages[0]["content"]
+    assert [m["role"] for m in messages] == ["user"]  # the authors send no system message here
     text = user_text(messages)
     assert skill.name in text and skill.description in text and all(e in text for e in skill.examples)
-    assert "simulated banking backend" in text and d.TOOL_VARIANTS["missing_parameter"] in text
-    assert "optional flavour" in text and DOC.text in text
+    assert "simulated backend for banking" in text and d.TOOL_VARIANTS["missing_parameter"] in text
+    assert "Optional flavour" in text and DOC.text in text
+    assert text.index("## Target skill") < text.index(DOC.text)  # the document comes late
     for needle in ("class OrderDeskEnv(ToolEnv)", "do not import it", "TOOLS = [", "def setup(self, rng)",
                    "self.state", "self.instructions", "3-5", "def tool_lookup_order", "def solution(self)",
-                   "__init__(self, max_turns=20)", '<tool_call>{"name": ..., "arguments": {...}}</tool_call>',
+                   "__init__(self, max_turns=10)", '<tool_call>{"name": ..., "arguments": {...}}</tool_call>',
                    "<answer>done</answer>", "call(name, arguments) -> str", "next instruction appended",
-                   "reward 1.0 if every instruction is done", "reward -0.1", "truncated",
-                   "seeds 0, 1 and 2", "never raise", "False right after reset", "```python code block"):
+                   "Tool calls are free", "feedback naming the pending", "reward -0.1", "truncated",
+                   "3-8 tools", "DISTRACTOR", '"enum"', '"required"', "tau2-bench",
+                   "never name tools", "seeds 0, 1 and 2", "never raise", "False right after reset",
+                   "```python code block"):
         assert needle in text, needle
     assert r"\boxed" not in text
     assert not text.endswith("\n")  # no memory block: the code request is last
@@ -187,7 +190,7 @@ def test_tool_prompt_needs_a_task_and_tasks_cover_the_tables():
     rng = random.Random(0)
     tasks = [d.tool_task(rng) for _ in range(400)]
     assert {t[0] for t in tasks} == set(d.TOOL_DOMAINS) and len(d.TOOL_DOMAINS) == 10
-    assert {t[1] for t in tasks} == set(d.TOOL_VARIANTS) and len(d.TOOL_VARIANTS) == 4
+    assert {t[1] for t in tasks} == set(d.TOOL_VARIANTS) == set(d.TOOL_VARIANT_WEIGHTS)
     assert tasks[:20] == [d.tool_task(r) for r in [random.Random(0)] for _ in range(20)]
 
 
@@ -357,7 +360,11 @@ def test_hint_prompts_and_hinted_observation():
     assert "class XEnv: pass" in games[1]["content"] and "under 100 words" in games[1]["content"]
     assert "exact answer" in games[1]["content"] and '{"hint": "..."}' in games[1]["content"]
     tool = d.hint_messages("class YEnv(ToolEnv): pass", "tool")
-    assert "tools" in tool[0]["content"] and "Never mention concrete ids or values" in tool[1]["content"]
+    assert "tools" in tool[0]["content"] and "cannot see the code" in tool[0]["content"]
+    for rule in ("submit <answer>done</answer> only after the last one", "ask for it instead of guessing",
+                 "decline it", "Never write a concrete value", "placeholders such as <order_id>",
+                 "distractors", "2-3 sentences"):  # the authors' tool-use hint rules
+        assert rule in tool[1]["content"], rule
     assert d.hinted_observation("You see a door.", "Try the key.") == "You see a door.\n\nHINT: Try the key."
     assert d.hinted_observation("You see a door.", None) == "You see a door."
     assert d.HINT_MAX_NEW_TOKENS == {"games": 4096, "tool": 2048} and d.HINT_TEMPERATURE == 0.3
@@ -575,7 +582,7 @@ def test_tool_regeneration_samples_tasks(corpus):
                                 corpus=corpus, memory_block=None, setting="tool", rng=random.Random(5))
     rng = random.Random(5)
     assert [p.task for p in props] == [d.tool_task(rng) for _ in range(6)]
-    assert all(f"simulated {p.task[0]} backend" in p.messages[1]["content"] for p in props)
+    assert all(f"simulated backend for {p.task[0]}" in p.messages[-1]["content"] for p in props)
     assert len(seen) == 6 and stats["validity_rate"] == 1.0 and stats["empty_slots"] == 0
 
 
