@@ -244,3 +244,12 @@ def test_compact_filter_on_played_episodes_cut_by_the_token_cap(tokenizer):
     on = train.agent_samples([cut, won], grpo, compact=True)
     assert not any(on[0]["mask"]) and on[1]["mask"] == won.mask
     assert [float(s["advantage"]) for s in on] == pytest.approx([-1.0, 1.0])
+
+
+def test_compact_filter_covers_every_turn_record_of_a_stripped_history_episode():
+    ep = episode("a", 0.0, "turn_limit")
+    ep.turn_samples = [([1, 2, 3], [0, 1, 1], [0.0, -0.1, -0.1]), ([1, 2, 3, 4], [0, 0, 0, 1], [0.0] * 3 + [-0.1])]
+    won = episode("a", 1.0, "terminated")
+    on = train.agent_samples([ep, won], grpo, compact=True)
+    assert [s["mask"] for s in on] == [[0, 0, 0], [0, 0, 0, 0], won.mask]
+    assert [float(s["advantage"]) for s in on] == pytest.approx([-1.0, -1.0, 1.0])
