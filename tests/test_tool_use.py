@@ -253,3 +253,28 @@ def test_compact_filter_covers_every_turn_record_of_a_stripped_history_episode()
     on = train.agent_samples([ep, won], grpo, compact=True)
     assert [s["mask"] for s in on] == [[0, 0, 0], [0, 0, 0, 0], won.mask]
     assert [float(s["advantage"]) for s in on] == pytest.approx([-1.0, -1.0, 1.0])
+
+
+@pytest.mark.parametrize("off", [False, True])
+def test_play_pool_wires_the_malformed_mask_from_the_setting(tokenizer, off):
+    class Box:  # a sandbox stand-in that opens in-process DeskEnvs
+        step_many = None
+
+        def open(self, source, setting):
+            env = DeskEnv()
+            env.close = lambda: None
+            return env
+
+    class Sampler:
+        def at(self, step, phase):
+            return self
+
+        def tokens(self, **_):
+            return Scripted(tokenizer, [BROKEN] + [call(c["name"]) for c in DeskEnv().solution()] + [DONE])
+
+        def drain(self):
+            pass
+    sargs = train.SpadeArgs(setting="tool", plays=1, hint_plays=0, no_tool_filters=off)
+    pool = [train.PoolEnv("e0", "Tool Selection", "source", "DeskEnv", "fallback")]
+    [ep] = train.play_pool(0, pool, sargs, Sampler(), Box(), tokenizer, hinted_arm=False, seed=0)
+    assert (ep.status, ep.ret, ep.masked_replies) == ("terminated", 1.0, 0 if off else 1)
