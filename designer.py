@@ -28,7 +28,8 @@ Deviations from the paper and from the authors' code:
        f"answer \\boxed{<move>}") by doubling their braces, at most 3 rounds, and keeps the result
        only if `ast` parses it. Fields that parse but fail at run time are the sandbox's business.
     4. A reply that hit the token cap and does not parse is rejected as "truncated", not "syntax".
-    5. Tool-use prompts carry the authors' content in our words (domain rotation, task variants
+    5. Tool-use prompts carry the authors' content in our words (their six tool skills with
+       category and four example tasks each, domain rotation, task variants
        weighted 3:2:1:1, distractor tools, an enum parameter, no system message; the hint rules:
        submit done last, ask / decline, no concrete values), but the environment declares
        (instruction, predicate) pairs and the ToolEnv base class advances them (authors: each tool
@@ -117,31 +118,37 @@ GAME_SKILLS = (
            "finding which of several medicines causes a side effect from controlled trials")),
 )
 
-TOOL_SKILLS = (
-    Skill("API Orchestration", "chaining several tools so each call feeds the next",
-          ("look up a customer, then their latest order, then issue a refund on it",
-           "find a free meeting room, book it and invite the right people",
-           "convert a price with a rates tool before placing a foreign order")),
-    Skill("Data Retrieval", "finding and filtering the right records through search tools",
-          ("find the cheapest direct flight under a budget among many results",
-           "list the unread tickets of one customer and report their priorities",
-           "locate the file last modified by a given user in a nested folder tree")),
-    Skill("State Modification", "changing the backend state correctly and completely",
-          ("move two items from a wishlist into the cart with the right quantities",
-           "update a contact's phone number and mark the old one inactive",
-           "reschedule a recurring event without touching its other occurrences")),
-    Skill("Error Recovery", "noticing failed or rejected calls and recovering from them",
-          ("a payment that fails for an expired card and must be retried with another",
-           "a booking request rejected for a bad date format that must be corrected",
-           "a transfer over the daily limit that must be split into two transfers")),
-    Skill("Tool Selection", "choosing the right tool among many similar ones",
-          ("pick between search_by_name and search_by_id when only an email is known",
-           "use a dry-run tool before the irreversible one",
-           "choose the device-specific control among thermostat, light and lock tools")),
-    Skill("Multi-Step Workflows", "carrying out long procedures in the right order",
-          ("open a support case, attach logs, escalate and notify the customer",
-           "onboard an employee: create the account, assign a team, grant access",
-           "close a project milestone only after all its tasks are marked done")),
+TOOL_SKILLS = (  # the authors' six tool skills: their categories and example tasks, in our words
+    Skill("API Orchestration", "stateful operations: a chain of tool calls that change the state one after another",
+          ("go to a folder, make a subfolder and move files into it",
+           "check a balance, transfer money, then confirm the new balance",
+           "search the stock, reserve items, confirm the reservation and issue an invoice",
+           "list flights, book one, add the passenger's details and confirm")),
+    Skill("Data Retrieval", "query then act: find the facts with lookup tools first, then act on them exactly",
+          ("list a folder, find the right file, read it and pull out one value",
+           "find a user by name, fetch their orders and pick the most recent one",
+           "read the current settings, work out which must change and update those",
+           "query records that match a condition, aggregate them and report the figure")),
+    Skill("State Modification", "mutation chains: state changes in sequence, each depending on the state before it",
+          ("create an account, set its permissions, add it to a group and check the membership",
+           "walk a file tree, build a folder structure, then move and rename files",
+           "bring up a vehicle's systems (engine, doors, fuel) before giving driving commands",
+           "set up a portfolio: check prices, place orders, confirm the positions")),
+    Skill("Error Recovery", "robustness: handle failing tools, check the state before acting, retry with a fix",
+          ("a move fails with 'not found'; search for the right path and retry",
+           "an operation is refused for lack of permission; raise access and retry",
+           "check whether a folder exists before creating it and cope with 'already exists'",
+           "validate the inputs against the current state before a destructive call")),
+    Skill("Tool Selection", "decision making: pick the right tool among alternatives from the current state",
+          ("check where you are, then either navigate or act in place",
+           "look up an item's type, then use the processing tool made for that type",
+           "read a file's format, then choose the matching parser or converter",
+           "check whether a resource exists, then choose between create and update")),
+    Skill("Multi-Step Workflows", "sequential planning: ordered steps where later ones use earlier results",
+          ("files: list, navigate, make a folder, move files, verify, report",
+           "orders: search the catalog, check stock, reserve, pay, confirm, notify",
+           "setup: check status, configure, enable, test, verify, log the result",
+           "data: connect, query, filter, transform, write, validate the output")),
 )
 
 TWO_SKILLS = tuple(s for s in GAME_SKILLS if s.name in ("Mathematical Reasoning", "Pattern Recognition"))
