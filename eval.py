@@ -10,7 +10,8 @@ cognition, Logic = logic + induction), 8 single-turn episodes per task, reasonin
 instruction with `<answer>` tags around "Problem: ..." and a box line, T 0.6 / top-p 0.8 / top-k 20,
 8,192 tokens, the last `<answer>` tag read before the last box, a win is a score of 1.0, an episode
 whose scorer raises is left out, and the cell is the pooled win rate. For the tool-use setting it
-reports BFCL v4 multi-turn accuracy. This file runs all of them against a checkpoint
+reports BFCL v4 (suite `bfcl`: overall of non-live, live, irrelevance, multi-turn; `bfcl_multi_turn`
+alone), whose loops live in toolbench.py. This file runs all of them against a checkpoint
 (engine.py: vLLM or transformers), an OpenAI-compatible endpoint, or a scripted sampler (tests).
 Every suite's sampling settings are written to results.json ("sampling").
 
@@ -43,9 +44,7 @@ Deviations (from the paper and the authors' harness, spade-rl/spade):
    --lcb_start_date / --lcb_end_date narrow it) and 1 sample at T 0.2 / top-p 0.95; their in-loop
    run used the 2025-01 .. 2025-04 problems. Our own grader: tests stop at the first failure;
    outputs compared line by line, then token by token with numeric tokens compared as decimals.
-5. BFCL multi-turn runs in function-calling mode through the chat template's `tools=`, parsing
-   `<tool_call>` JSON; calls are rebuilt as `name(arg=repr(value))` for BFCL's executor, so only
-   literal arguments reach its `eval`. Temperature 0.001 (BFCL's default), 20 steps per turn.
+5. Tool-use suites: toolbench.py's docstring.
 
 Usage (multi-GPU tensor parallelism: serve the model with `vllm serve` and use --endpoint):
     python eval.py --model runs/spade/checkpoint-400 --engine vllm --output_dir runs/eval/spade
@@ -74,7 +73,6 @@ import sys
 import tempfile
 import time
 import urllib.request
-import uuid
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
@@ -84,6 +82,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 import agent
+from toolbench import (BFCL_CATEGORIES, MissingDataset, _read_jsonl, bfcl_tool, call_string,  # noqa: F401
+                       load_bfcl, parse_tool_calls, run_bfcl, run_bfcl_overall)
 
 # ----------------------------------------------------------------------------------------------
 # ALGO: the Reasoning-Gym task table (100 tasks at hard settings, grouped into Table 1's 4 cells)
@@ -294,14 +294,6 @@ HUB = {  # suite -> (how to fetch, local file name)
     "livecodebench_v6": (("files", "livecodebench/code_generation_lite",
                           ["test.jsonl", *(f"test{i}.jsonl" for i in range(2, 7))]), "livecodebench_v6.jsonl"),
 }
-
-
-class MissingDataset(FileNotFoundError):
-    """A benchmark's data is neither on disk nor reachable; the message says how to provide it."""
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def _from_hub(suite: str) -> list[dict]:
@@ -636,164 +628,9 @@ def run_livecodebench(sampler, rows, *, n=10, sampling, batch_size=256, timeout=
 
 
 # ----------------------------------------------------------------------------------------------
-# ALGO: BFCL v4 multi-turn (function-calling mode). Every entry is a sequence of user turns; in a
-# turn the model calls tools step by step until it answers without a call; bfcl-eval's checker then
-# replays the decoded calls and compares state and outputs with the ground truth after each turn.
-
-BFCL_CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
-BFCL_STEP_LIMIT = 20  # bfcl-eval's MAXIMUM_STEP_LIMIT
-OPENAI_TYPES = {"dict": "object", "float": "number", "tuple": "array", "list": "array", "bool": "boolean",
-                "any": "string", "int": "integer"}
-
-
-def parse_tool_calls(text: str) -> list[dict]:
-    """Every well-formed `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` after the reasoning."""
-    calls = []
-    for body in re.findall(r"<tool_call>(.*?)</tool_call>", after_thinking(text), flags=re.S):
-        try:
-            call = json.loads(body)
-        except ValueError:
-            continue
-        args = call.get("arguments", {}) if isinstance(call, dict) else None
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except ValueError:
-                args = None
-        if isinstance(call, dict) and isinstance(call.get("name"), str) and isinstance(args, dict):
-            calls.append({"name": call["name"], "arguments": args})
-    return calls
-
-
-def call_string(call: dict) -> str | None:
-    """`name(k=repr(v), ...)` for bfcl-eval's executor; None unless every name is an identifier,
-    so the executor's `eval` only ever sees a call with literal arguments."""
-    if not all(re.fullmatch(r"[A-Za-z_]\w*", k) for k in [call["name"], *call["arguments"]]):
-        return None
-    return f"{call['name']}({', '.join(f'{k}={v!r}' for k, v in call['arguments'].items())})"
-
-
-def _openai_schema(schema):
-    if isinstance(schema, dict):
-        out = {k: _openai_schema(v) for k, v in schema.items()}
-        if isinstance(out.get("type"), str):
-            out["type"] = OPENAI_TYPES.get(out["type"], out["type"])
-        return out
-    return [_openai_schema(v) for v in schema] if isinstance(schema, list) else schema
-
-
-def bfcl_tool(doc: dict) -> dict:
-    """A BFCL function doc as an OpenAI tool schema (BFCL's own type names mapped to JSON Schema)."""
-    return {"type": "function", "function": {"name": doc["name"], "description": doc.get("description", ""),
-                                             "parameters": _openai_schema(doc["parameters"])}}
-
-
-def load_bfcl(categories=BFCL_CATEGORIES, limit: int | None = None) -> list[dict]:
-    """Entries with their function docs and ground truth, from the installed bfcl-eval package."""
-    try:
-        import bfcl_eval
-        from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING
-    except ImportError as err:
-        raise MissingDataset("bfcl_multi_turn: the bfcl-eval package is not installed; install it without its "
-                             "API-client dependencies: `pip install --no-deps bfcl-eval`") from err
-    root = Path(bfcl_eval.__file__).parent / "data"
-    entries = []
-    for cat in categories:
-        answers = {a["id"]: a["ground_truth"] for a in _read_jsonl(root / "possible_answer" / f"BFCL_v4_{cat}.json")}
-        rows = _read_jsonl(root / f"BFCL_v4_{cat}.json")[:limit]
-        for e in rows:
-            docs = [d for c in e["involved_classes"] for d in _read_jsonl(root / "multi_turn_func_doc" / MULTI_TURN_FUNC_DOC_FILE_MAPPING[c])]
-            missed = {int(t): names for t, names in e.get("missed_function", {}).items()}
-            entries.append({**e, "category": cat, "docs": docs, "missed": missed, "ground_truth": answers[e["id"]]})
-    return entries
-
-
-class _BfclEpisode:
-    def __init__(self, entry, tag):
-        hidden = {n for names in entry["missed"].values() for n in names}
-        self.entry, self.tag, self.turn, self.steps, self.done = entry, tag, -1, 0, False
-        self.tools = [bfcl_tool(d) for d in entry["docs"] if d["name"] not in hidden]
-        self.messages, self.decoded, self.force_quit = [], [], False
-
-    def next_turn(self):
-        """Open the next user turn (a held-out turn reveals its functions first), or finish."""
-        from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
-        self.turn += 1
-        self.steps = 0
-        if self.turn == len(self.entry["question"]):
-            self.done = True
-            return
-        user = list(self.entry["question"][self.turn])
-        if self.turn in self.entry["missed"]:
-            names = self.entry["missed"][self.turn]
-            self.tools += [bfcl_tool(d) for d in self.entry["docs"] if d["name"] in names]
-            user = [{"role": "user", "content": DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC}]
-        self.messages += user
-        self.decoded.append([])
-
-
-def _bfcl_step(ep: _BfclEpisode, reply: str):
-    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import execute_multi_turn_func_call
-    ep.messages.append({"role": "assistant", "content": reply})
-    calls = [c for c in map(call_string, parse_tool_calls(reply)) if c]
-    if not calls:
-        return ep.next_turn()
-    results, _ = execute_multi_turn_func_call(
-        calls, ep.entry.get("initial_config", {}), ep.entry["involved_classes"], ep.tag, ep.entry["id"],
-        long_context="long_context" in ep.entry["category"])
-    ep.decoded[-1].append(calls)
-    ep.messages += [{"role": "tool", "content": r} for r in results]
-    ep.steps += 1
-    if ep.steps >= BFCL_STEP_LIMIT:
-        ep.force_quit, ep.done = True, True
-
-
-def _forget_bfcl_instances(tag: str):
-    """bfcl-eval keeps environment instances in a module global keyed by model name: drop ours."""
-    from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
-    for key in [k for k in vars(multi_turn_utils) if k.startswith(tag)]:
-        del vars(multi_turn_utils)[key]
-
-
-def run_bfcl(sampler, entries, *, sampling, batch_size=256):
-    """BFCL v4 multi-turn accuracy: share of entries the checker accepts (overall and per category)."""
-    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
-    tag = f"spade_{uuid.uuid4().hex[:8]}"
-    episodes = [_BfclEpisode(e, tag) for e in entries]
-    for ep in episodes:
-        ep.next_turn()
-    with tqdm(total=len(episodes), desc="bfcl_multi_turn", unit="entry") as bar:
-        while live := [ep for ep in episodes if not ep.done]:
-            for i in range(0, len(live), batch_size):  # every live entry's next step, in one call per chunk
-                chunk = live[i:i + batch_size]
-                replies = sampler.chat([ep.messages for ep in chunk], n=1, tools=[ep.tools for ep in chunk], **sampling)
-                for ep, (reply,) in zip(chunk, replies):
-                    _bfcl_step(ep, reply)
-            bar.update(sum(ep.done for ep in episodes) - bar.n)
-    records, by_cat = [], {}
-    for ep in episodes:
-        e = ep.entry
-        if ep.force_quit:
-            result = {"valid": False, "error_type": "multi_turn:force_terminated"}
-        else:
-            try:
-                result = multi_turn_checker(ep.decoded, e["ground_truth"], e, e["category"], tag)
-            except Exception as err:  # the checker asserts on malformed state: a failed entry
-                result = {"valid": False, "error_type": f"checker_error: {err!r}"}
-        by_cat.setdefault(e["category"], []).append(float(result["valid"]))
-        records.append({"suite": "bfcl_multi_turn", "id": e["id"], "score": float(result["valid"]),
-                        "error_type": result.get("error_type"), "decoded": ep.decoded, "messages": ep.messages})
-    _forget_bfcl_instances(tag)
-    scores = [s for v in by_cat.values() for s in v]
-    metrics = {"bfcl_multi_turn/accuracy": sum(scores) / max(len(scores), 1), "bfcl_multi_turn/items": len(scores)}
-    metrics.update({f"bfcl_multi_turn/{c.removeprefix('multi_turn_')}": sum(v) / len(v) for c, v in by_cat.items()})
-    return metrics, records
-
-
-# ----------------------------------------------------------------------------------------------
 # INFRA: config, the driver, outputs, CLI
 
-SUITES = ("reasoning_gym", "aime2025", "aime2026", "gpqa_diamond", "livecodebench_v6", "bfcl_multi_turn")
+SUITES = ("reasoning_gym", "aime2025", "aime2026", "gpqa_diamond", "livecodebench_v6", "bfcl_multi_turn", "bfcl")
 TABLE1 = (("AIME25", "aime2025/avg@"), ("AIME26", "aime2026/avg@"), ("GPQA-D", "gpqa_diamond/avg@"),
           ("LCB-v6", "livecodebench_v6/pass@1"), ("RG-Math", "reasoning_gym/math"),
           ("RG-Algo", "reasoning_gym/algorithmic"), ("RG-Cog", "reasoning_gym/cognition"), ("RG-Logic", "reasoning_gym/logic"))
@@ -850,6 +687,7 @@ def suite_sampling(suite: str, cfg: EvalConfig) -> dict:
         "gpqa_diamond": (cfg.gpqa_temperature, cfg.gpqa_top_p, -1, cfg.gpqa_samples, cfg.max_new_tokens),
         "livecodebench_v6": (cfg.lcb_temperature, cfg.lcb_top_p, -1, cfg.lcb_samples, cfg.max_new_tokens),
         "bfcl_multi_turn": (cfg.bfcl_temperature, 1.0, -1, 1, cfg.max_new_tokens),
+        "bfcl": (cfg.bfcl_temperature, 1.0, -1, 1, cfg.max_new_tokens),
     }.get(suite) or (cfg.aime_temperature, cfg.aime_top_p, cfg.aime_top_k, cfg.aime_samples, cfg.max_new_tokens)
     return {"n": n, "temperature": t, "top_p": p, "top_k": k, "max_new_tokens": budget, "seed": cfg.seed}
 
@@ -864,6 +702,8 @@ def run_suite(suite: str, sampler, cfg: EvalConfig) -> tuple[dict, list[dict]]:
         return run_reasoning_gym(sampler, episodes=cfg.rg_episodes, seed=cfg.seed, tasks=tasks, **common)
     if suite == "bfcl_multi_turn":
         return run_bfcl(sampler, load_bfcl(cfg.bfcl_categories.split(","), cfg.limit), **common)
+    if suite == "bfcl":
+        return run_bfcl_overall(sampler, limit=cfg.limit, multi_turn=cfg.bfcl_categories.split(","), **common)
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}: use {', '.join(SUITES)}")
     rows = load_items(suite, cfg.data_dir)

@@ -269,6 +269,62 @@ def test_bfcl_ground_truth_replay_scores_100_percent(category):
     assert metrics["bfcl_multi_turn/accuracy"] == 0.0
 
 
+def bfcl_single_oracle(entries):
+    """The first accepted value of every ground-truth argument (Java / JavaScript values as the
+    strings the hinted docs ask for); no call on an irrelevance entry."""
+    def first(values, as_text):
+        v = values[0]
+        if isinstance(v, dict):
+            return {k: first(x, as_text) for k, x in v.items()}
+        return json.dumps(v) if as_text and not isinstance(v, str) else v
+
+    def reply(e):
+        as_text = e["category"].endswith(("java", "javascript"))
+        calls = [{"name": name, "arguments": {k: first(v, as_text) for k, v in params.items() if v and v[0] != ""}}
+                 for call in e["ground_truth"] or [] for name, params in call.items()]
+        if e["category"] == "live_relevance":
+            calls = [{"name": e["function"][0]["name"], "arguments": {}}]
+        return "".join(f"<tool_call>\n{json.dumps(c)}\n</tool_call>\n" for c in calls) or "No tool fits."
+    return {e["question"][0][-1]["content"]: reply(e) for e in entries}
+
+
+@pytest.mark.timeout(120)
+def test_bfcl_overall_end_to_end_on_scripted_models(tmp_path):
+    """suite bfcl: every single-turn category through bfcl-eval's AST checker plus multi-turn; an
+    oracle is right everywhere (overall 0.6: the agentic 40 % is not run and counts 0, as bfcl-eval
+    counts it), a model that never calls a tool is right only on irrelevance (overall 0.1)."""
+    import toolbench as T
+    single = T.load_bfcl_single([c for g in T.BFCL_GROUPS.values() for c in g] + ["live_relevance"], 1)
+    answers, multi = bfcl_single_oracle(single), bfcl_oracle(E.load_bfcl(("multi_turn_base",), 1)).fn
+    oracle = E.ScriptedSampler(lambda m, k: answers.get(m[-1]["content"]) or multi(m, k))
+    cfg = E.EvalConfig(suites="bfcl", limit=1, bfcl_categories="multi_turn_base", output_dir=str(tmp_path))
+    metrics = E.evaluate(cfg, sampler=oracle)["metrics"]
+    assert {k: v for k, v in metrics.items() if k != "bfcl/items"} == {
+        "bfcl/overall": pytest.approx(0.6), "bfcl/overall_ex_agentic": pytest.approx(1.0),
+        **{f"bfcl/{k}": 1.0 for k in [*T.BFCL_GROUPS, "multi_turn", *(c for g in T.BFCL_GROUPS.values() for c in g),
+                                      "live_relevance", "multi_turn_base"]}}
+    assert metrics["bfcl/items"] == 14
+    metrics = E.evaluate(cfg, sampler=GARBAGE)["metrics"]
+    assert (metrics["bfcl/irrelevance"], metrics["bfcl/non_live"], metrics["bfcl/live"], metrics["bfcl/multi_turn"]) == (1, 0, 0, 0)
+    assert metrics["bfcl/overall"] == pytest.approx(0.1) and metrics["bfcl/overall_ex_agentic"] == pytest.approx(10 / 60)
+    records = [json.loads(line) for line in (tmp_path / "samples" / "bfcl.jsonl").read_text().splitlines()]
+    assert {r["error_type"] for r in records if not r["score"]} >= {"no tool call", "relevance: no call"}
+
+
+def test_bfcl_single_turn_scoring():
+    import toolbench as T
+    (simple,) = T.load_bfcl_single(["simple_python"], 1)
+    (irrelevant,) = T.load_bfcl_single(["irrelevance"], 1)
+    call = lambda name, **args: f'<tool_call>{json.dumps({"name": name, "arguments": args})}</tool_call>'
+    name = simple["function"][0]["name"]
+    assert T.bfcl_single_score(simple, call(name, base=10, height=5, unit="units")) == (True, None)
+    assert T.bfcl_single_score(simple, call(name, base=10, height=6))[0] is False  # a wrong value
+    assert T.bfcl_single_score(simple, call("other", base=10, height=5))[0] is False
+    assert T.bfcl_single_score(simple, "The area is 25.") == (False, "no tool call")
+    assert T.bfcl_single_score(irrelevant, "None of these tools helps.") == (True, None)
+    assert T.bfcl_single_score(irrelevant, call(irrelevant["function"][0]["name"])) == (False, "relevance: call made")
+
+
 def test_tool_call_parsing_and_call_strings():
     text = ('<think><tool_call>{"name": "x", "arguments": {}}</tool_call></think>'
             '<tool_call>{"name": "cd", "arguments": {"folder": "doc"}}</tool_call><tool_call>{bad json}</tool_call>')
