@@ -202,10 +202,25 @@ class TransformersEngine:
     cached pasts are left-padded into one batch cache (holes are masked, positions are explicit).
     Entries are dropped when used and on sync_weights (stale after an update); it costs memory
     proportional to live episodes x context, which suits CPU and small models.
+
+    Batching by length: prompts are sorted by length and fill a batch while rows x (longest
+    prompt + largest cap) stays within max_batch_tokens, which bounds the batch's KV cache and
+    padding, so one long prompt no longer pads every other (a tqdm bar per batch when progress).
+
+    FSDP2 (parameters are DTensors): every forward all-gathers, so it is a collective. With
+    several ranks, each rank votes before each forward and keeps stepping (a 1-token dummy
+    forward when it has nothing left) until every rank is done, as transformers' synced_gpus;
+    drain() ends a phase the same way. Sampling runs under no_grad, not inference_mode: FSDP2
+    keeps the tensors it all-gathers, and inference tensors would break the next training forward.
     """
 
-    def __init__(self, model, tokenizer, prefix_cache: bool = False, stop_ids=()):
+    def __init__(self, model, tokenizer, prefix_cache: bool = False, stop_ids=(),
+                 max_batch_tokens: int = 65536, progress: bool = False):
         self.model, self.tokenizer = model, tokenizer
+        self.max_batch_tokens, self.progress = max_batch_tokens, progress
+        import torch.distributed as dist
+        self.synced = hasattr(next(model.parameters()), "full_tensor") and \
+            dist.is_initialized() and dist.get_world_size() > 1
         eos = getattr(model.generation_config, "eos_token_id", None) if hasattr(
             model, "generation_config") else None
         eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
@@ -254,9 +269,9 @@ class TransformersEngine:
             from transformers import DynamicCache
             cache = DynamicCache(layers, config=self.model.config)
         ids, attn, pos = ids.to(device), attn.to(device), pos.to(device)
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos,
-                         past_key_values=cache, use_cache=True,
-                         logits_to_keep=1)  # only the last position's logits: (B, 1, V)
+        out = self._forward(input_ids=ids, attention_mask=attn, position_ids=pos,
+                            past_key_values=cache, use_cache=True,
+                            logits_to_keep=1)  # only the last position's logits: (B, 1, V)
         return out, attn, pos
 
     def _keep_past(self, cache, k: int, attn_row: torch.Tensor, tokens: list[int]) -> None:
@@ -267,20 +282,66 @@ class TransformersEngine:
             (layer.keys[k:k + 1, :, valid].clone(), layer.values[k:k + 1, :, valid].clone())
             for layer in cache.layers]
 
-    @torch.inference_mode()
+    def _tick(self, active: bool) -> bool:
+        """INFRA (FSDP2, several ranks): the vote before a forward; True while any rank has one."""
+        if not self.synced:
+            return active
+        import torch.distributed as dist
+        flag = torch.tensor([int(active)], device=next(self.model.parameters()).device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def _forward(self, **inputs):
+        self._tick(True)
+        return self.model(**inputs)
+
+    @torch.no_grad()
+    def drain(self) -> None:
+        """End of a phase: join the other ranks' forwards until every rank has finished."""
+        while self._tick(False):
+            self.model(input_ids=torch.full((1, 1), self.pad_id, dtype=torch.long,
+                                            device=next(self.model.parameters()).device),
+                       use_cache=False, logits_to_keep=1)
+
+    def _batches(self, prompts: list[list[int]], caps: list[int]) -> list[list[int]]:
+        """Prompt indices by length, cut into batches of rows x (longest + largest cap) tokens
+        <= max_batch_tokens (a longer prompt alone is its own batch)."""
+        batches, top_cap = [[]], 0
+        for i in sorted(range(len(prompts)), key=lambda i: len(prompts[i])):
+            top_cap = max(top_cap, caps[i])
+            if batches[-1] and (len(batches[-1]) + 1) * (len(prompts[i]) + top_cap) > \
+                    self.max_batch_tokens:
+                batches.append([])
+                top_cap = caps[i]
+            batches[-1].append(i)
+        return [sorted(b) for b in batches if b]
+
+    @torch.no_grad()
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int | list[int],
                  temperature: float = 0.6, top_p: float = 0.95, top_k: int = 20,
                  seed: int | None = None) -> list[Completion]:
-        B = len(prompts)
-        if B == 0:
-            return []
-        caps = [max_new_tokens] * B if isinstance(max_new_tokens, int) else list(max_new_tokens)
-        device = next(self.model.parameters()).device
-        gen = torch.Generator(device=device)
+        caps = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) \
+            else list(max_new_tokens)
+        gen = torch.Generator(device=next(self.model.parameters()).device)
         if seed is None:
             gen.seed()  # fresh entropy: unseeded calls differ
         else:
             gen.manual_seed(seed)
+        from tqdm.auto import tqdm
+        done: list[Completion | None] = [None] * len(prompts)
+        batches = self._batches(prompts, caps)
+        for batch in tqdm(batches, desc="generate", unit="batch", leave=False,
+                          disable=not self.progress):
+            outs = self._sample([prompts[i] for i in batch], [caps[i] for i in batch],
+                                temperature, top_p, top_k, gen)
+            for i, completion in zip(batch, outs):
+                done[i] = completion
+        return done
+
+    def _sample(self, prompts: list[list[int]], caps: list[int], temperature: float,
+                top_p: float, top_k: int, gen: torch.Generator) -> list[Completion]:
+        """One batch: a left-padded prefill, then one decode step per token for the live rows."""
+        B, device = len(prompts), gen.device
         out, attn, pos = self._prefill(prompts, device)
         pos = pos[:, -1:]                                                        # (B, 1)
         cache, logits = out.past_key_values, out.logits[:, -1, :].float()       # (B, V)
@@ -318,8 +379,8 @@ class TransformersEngine:
                 rows = [rows[k] for k in keep]
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)         # (b, L + step)
             pos = pos + 1
-            out = self.model(input_ids=nxt[:, None], attention_mask=attn, position_ids=pos,
-                             past_key_values=cache, use_cache=True, logits_to_keep=1)
+            out = self._forward(input_ids=nxt[:, None], attention_mask=attn, position_ids=pos,
+                                past_key_values=cache, use_cache=True, logits_to_keep=1)
             cache, logits = out.past_key_values, out.logits[:, -1, :].float()
         return [Completion(t, l, self.tokenizer.decode(t, skip_special_tokens=True), r)
                 for t, l, r in zip(tokens, logps, reasons)]

@@ -279,7 +279,8 @@ def build_sampler(cfg: "EvalConfig"):
     else:
         from engine import TransformersEngine
         model, tokenizer = engine.load_model_and_tokenizer(cfg.model)
-        gen = TransformersEngine(model, tokenizer, stop_ids=[turn_end(tokenizer)[1]])
+        gen = TransformersEngine(model, tokenizer, stop_ids=[turn_end(tokenizer)[1]],
+                                 max_batch_tokens=cfg.batch_tokens, progress=True)
     return EngineSampler(gen, tokenizer, enable_thinking=cfg.enable_thinking, max_context=cfg.max_model_len)
 
 
@@ -645,6 +646,7 @@ class EvalConfig:
     engine: str = field(default="vllm", metadata={"help": "Engine for --model: vllm (GPU) or transformers (CPU / small GPU)."})
     tensor_parallel_size: int = field(default=1, metadata={"help": "vLLM tensor-parallel size."})
     max_model_len: int = field(default=40960, metadata={"help": "Context length (prompt + reply); replies are cut to fit it."})
+    batch_tokens: int = field(default=65536, metadata={"help": "Transformers engine: prompts batched by length up to rows x (longest prompt + reply cap) tokens, a bound on its KV cache."})
     gpu_memory_utilization: float = field(default=0.85, metadata={"help": "vLLM's share of GPU memory (no trainer shares the GPU here)."})
     enable_thinking: bool | None = field(default=None, metadata={"help": "Pass enable_thinking to the chat template (hybrid Qwen3); unset = template default."})
     suites: str = field(default=",".join(SUITES), metadata={"help": f"Comma-separated suites to run, from {', '.join(SUITES)}."})

@@ -68,6 +68,7 @@ class ModelArgs:
     enable_thinking: bool | None = field(default=None, metadata={"help": "Passed to the chat template for agent turns (hybrid Qwen3 models); default: the template's."})
     strip_thinking_history: bool = field(default=False, metadata={"help": "Agent: drop earlier turns' <think> blocks from the context (re-rendered each turn, one training sample per turn), as the authors' thinking 8B agent."})
     gpu_memory_utilization: float = field(default=0.35, metadata={"help": "vLLM KV-cache share of GPU memory when colocated with training."})
+    batch_tokens: int = field(default=65536, metadata={"help": "Transformers engine: prompts batched by length up to rows x (longest prompt + reply cap) tokens, a bound on its KV cache."})
     micro_batch_tokens: int = field(default=16384, metadata={"help": "Tokens per forward/backward micro-batch (gradient accumulation over the step's samples)."})
 
 
@@ -782,7 +783,9 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     if ref_model is not None:
         ref_model = accelerator.prepare_model(ref_model, evaluation_mode=True)
-    sharded = accelerator.distributed_type.value in ("FSDP", "DEEPSPEED")
+    # FSDP2 runs the transformers engine too (ranks decode in lockstep); ZeRO-3 / FSDP1 need vLLM
+    sharded = accelerator.distributed_type.value == "DEEPSPEED" or (
+        fsdp is not None and getattr(fsdp, "fsdp_version", 1) != 2)
     eng = make_engine(margs, sargs, accelerator.unwrap_model(model), tokenizer, rargs.seed, sharded)
     seed = rargs.seed + 7919 * dp_rank
     sampler = Sampler(engines.get("agent", eng), tokenizer, seed)
@@ -920,11 +923,13 @@ def make_engine(margs: ModelArgs, sargs: SpadeArgs, model, tokenizer, seed: int,
                                  gpu_memory_utilization=margs.gpu_memory_utilization,
                                  max_model_len=longest, seed=seed, stop_ids=stops)
     if sharded:  # ranks would generate different token counts through one sharded model
-        raise SystemExit("FSDP / DeepSpeed runs need the vLLM engine (pip install -r requirements-gpu.txt)")
+        raise SystemExit("DeepSpeed / FSDP1 runs need the vLLM engine (pip install -r "
+                         "requirements-gpu.txt); FSDP2 runs can use either engine")
     if margs.tensor_parallel_size != 1:
         raise SystemExit("--tensor_parallel_size applies to the vLLM engine only")
     # the prefix cache reuses each episode's KV across turns; sync_weights (every step) clears it
-    return engine.TransformersEngine(model, tokenizer, prefix_cache=True, stop_ids=stops)
+    return engine.TransformersEngine(model, tokenizer, prefix_cache=True, stop_ids=stops,
+                                     max_batch_tokens=margs.batch_tokens)
 
 
 def episode_metrics(episodes) -> dict:
