@@ -42,9 +42,12 @@ Deviations from the paper / the authors' code:
    give -1 for a crash); train.py drops them from the agent batch (SPEC §6).
 3. A reply cut by the per-turn cap without EOS ends the episode ("truncated"; "context" when the cap
    was the remaining context), rather than being fed back to the environment.
+4. A chat template that ignores `tools=` gets the tools as a Qwen3/Hermes block in its system
+   message and tool outputs as `<tool_response>` blocks of a user turn (`render_chat`, logged);
+   the authors use the model's own template as is.
 
 Dependencies: the standard library and the tokenizer object passed in.
-Test: `pytest tests/test_agent.py`.
+Test: `pytest tests/test_agent.py tests/test_chat_models.py`.
 """
 from __future__ import annotations
 

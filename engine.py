@@ -7,7 +7,8 @@ paper takes for granted:
 1. Model loading: short aliases for the paper's models (Qwen3-4B, Qwen3-8B, Qwen3-30B-A3B), local
    paths, and `tiny` / `tiny-moe`: small random-initialised Qwen3 / Qwen3-MoE models with a
    byte-level BPE tokenizer trained offline, so tests, benchmarks and the CPU demo need no network.
-2. `TransformersEngine`: batched, left-padded sampling with a KV cache on CPU or one GPU; returns
+2. `TransformersEngine`: sampling in length-sorted, token-budgeted, left-padded batches with a KV
+   cache on CPU or GPUs (under FSDP2, ranks decode in lockstep); returns
    the sampled tokens and log p(token) under softmax(logits / T), NOT renormalised after top-k /
    top-p, which is exactly what the trainer recomputes (grpo.token_logprobs), so the truncated
    importance weight of SPEC §8 sees only numeric engine-vs-trainer drift. Optional prefix KV
@@ -29,7 +30,7 @@ normaliser for the sampled token); the transformers engine has no such gap.
 Symbols: B batch, T tokens, V vocabulary, E experts, H hidden, I expert intermediate size.
 
 Dependencies: torch, transformers, tokenizers; vLLM is imported lazily and only on GPU.
-Test: `pytest tests/test_models.py tests/test_engine.py`; benchmark: `python bench/rollout.py`.
+Test: `pytest tests/test_models.py tests/test_engine.py tests/test_engine_batching.py`; benchmark: `python bench/rollout.py`.
 """
 from __future__ import annotations
 
