@@ -1,89 +1,81 @@
-r"""Sandbox: run designer-written environments safely and fast (SPADE, arXiv 2608.19197, SPEC §2, §7).
+r"""Sandbox: run designer-written environments, and model-written programs, in locked-down processes.
 
-In the paper the Environment Designer writes a Python class with `reset()` / `step()` (games) or a
-`ToolEnv` subclass (tool use), and the Reasoning Agent plays it. Those programs are untrusted model
-output, executed by the thousand on machines that hold weights and credentials. This file runs each
-environment in its own locked-down worker process and talks to it in JSON lines.
-
-    trainer --(AF_UNIX seqpacket)--> zygote: a fresh interpreter, started once, never a fork of the
-                                     trainer; keeps a few pre-forked idle workers ready
-    zygote  --fork--> worker: setsid; fds 0/1/2 -> /dev/null; pipes re-numbered to 3 (requests) and
-                      4 (replies), all else closed; private scratch cwd; rlimits; own uid; pdeathsig;
-                      non-dumpable; no_new_privs; Landlock; seccomp -> only then untrusted code
-    trainer --(<op><nonce><JSON> line)--> worker --(<nonce>=<JSON result> or <nonce>!<JSON failure>)-->
-            trainer: one line per request, size-capped, nonce-checked, re-validated with type()
+SPADE (arXiv 2608.19197, Sec. 3) has an Environment Designer write a Python class with `reset()` /
+`step()` (games) or a `ToolEnv` subclass (tool use) that the Reasoning Agent then plays. That code is
+untrusted model output, run by the thousand on machines that hold weights and credentials.
 
     with Sandbox(workers=8, step_timeout=5.0, memory_mb=1024) as sb:
         report = sb.validate(source, setting="games")   # ValidationReport(.ok, .error, .class_name, .kind)
-        env = sb.open(source)                           # EnvHandle: .reset .step .tools .call .close
+        env = sb.open(source)                           # EnvHandle: .reset .step .tools .close
         obs, info = env.reset(seed=0)
         obs, reward, terminated, truncated, info = env.step(r"\boxed{north}")
-        sb.step_many(handles, actions); sb.reset_many(handles, seeds); sb.level
+        sb.step_many(handles, actions); sb.reset_many(handles, seeds)
+        status, stdout = sb.run_program(code, stdin, timeout=6.0)   # e.g. a LiveCodeBench solution
 
-Threat model (SPEC §7.1, SECURITY.md). The environment may hang, sleep, ignore signals, bomb memory,
-processes or threads, flood prints, read env vars / home secrets / project files, write anywhere,
-open sockets, signal or ptrace its parent, forge or add reply lines, return lying objects (float
-subclasses, NaN, fake str, lone surrogates), call os._exit or segfault, and behave well during
-validation but badly later. None of that may crash or stall the caller, leak a secret into the
-worker, leave a side effect, or make another episode fail.
+THREAT MODEL. The code may hang, sleep, ignore signals, bomb memory, processes or threads, flood
+prints, read environment variables, home secrets or project files, write anywhere, open sockets,
+signal or ptrace the trainer, forge or add reply lines, return lying objects (float/str subclasses,
+NaN, objects faking `__class__`, lone surrogates), exit or segfault, keep state between episodes, and
+behave well during validation but badly later. None of that may crash or stall the caller, leak a
+secret, leave a side effect, change another episode, or make another episode fail.
 
-What is covered (`Sandbox.level` names what applied here, `Sandbox.layers` lists the layers; a
-later worker that cannot apply a layer the start-up probe achieved refuses to run):
-  always   clean allow-listed env, fresh interpreter, close_fds, new session; rlimits AS (memory_mb
-           above the preloaded interpreter), CPU, FSIZE, NOFILE, NPROC, CORE=0; wall-clock deadline
-           per call and per episode enforced by the parent; SIGKILL of the worker's process group;
-           JSON only (never pickle), 1 MiB line cap, a random nonce per request, strict type()
-           re-validation in the parent; a failed worker is killed and recycled at the next reset.
-  netns    (root) the zygote unshares an empty network namespace (loopback down) for all workers.
-  mountns  (root) private size-capped tmpfs on /tmp, /var/tmp, /dev/shm; scratch lives there, so it
-           cannot fill the host disk and vanishes with the zygote.
-  uid      (root) each live worker runs as its own unprivileged uid/gid: no signals, ptrace, renice
-           or /proc snooping across workers or towards the trainer.
+HOW. A zygote (`python -s -B -P sandbox.py --zygote`, started once with an allow-listed environment,
+never a fork of the trainer, never running untrusted code) forks one worker per EPISODE; the worker
+locks itself down before it reads any untrusted byte, then execs the source afresh. The trainer talks
+to it over two private pipes in JSON lines: request `<op><nonce><JSON>`, reply `<nonce>=<JSON>` or
+`<nonce>!<JSON [failure, message]>`, ops L(oad) R(eset) S(tep) T(ool probe) P(rogram). One request is
+outstanding at a time; the nonce is fresh per request; the PARENT re-checks every field with `type()`.
+
+LAYERS (`Sandbox.layers` lists those achieved, `Sandbox.level` sums them up; a later worker that
+cannot apply a layer the start-up probe achieved exits before running anything):
+  always    clean env (PYTHONHASHSEED=0), setsid, fds 0-2 on /dev/null, pipes re-numbered to 3/4 and
+            every other fd closed, private scratch cwd; rlimits AS (memory_mb above the preloaded
+            interpreter), CPU, FSIZE, NOFILE, NPROC, CORE=0; parent deadlines per call and per
+            episode, SIGKILL of the worker's process group; JSON only (never pickle), 1 MiB reply
+            line cap, strict re-validation; a fresh worker for every episode (no state carries over).
+  netns     (root) one empty network namespace for all workers of the zygote (loopback down).
+  mountns   (root) private size-capped tmpfs on /tmp, /var/tmp, /dev/shm holding the scratch dirs.
+  uid       (root) each worker has its own unprivileged uid/gid: no signals, ptrace, renice or /proc
+            reads across workers or towards the trainer; secret files of the trainer's user closed.
   pdeathsig, nondumpable, no_new_privs   set after the uid drop.
-  landlock reads only below the Python install and system library dirs, writes only in scratch, no
-           TCP bind/connect; abstract unix sockets and signals scoped to the worker (ABI >= 6).
-  seccomp  a stdlib-built BPF filter (x86_64, aarch64): no fork/vfork/clone without CLONE_THREAD
-           (clone3 -> ENOSYS), no ptrace/process_vm_*, kill/tgkill/sigqueue only of itself,
-           sockets only AF_UNIX, no execve/execveat, no unshare/setns/mount/chroot/bpf/perf/keyctl/
-           io_uring/module/kexec/pidfd/setpriority.
-What is not covered: kernel exploits (a process sandbox is not a VM); GPU device nodes cannot be
-opened under Landlock but are not hidden (bubblewrap would hide them; not wired in); CPU/memory
-contention between workers beyond rlimits (no cgroups); without root, scratch lives on the host
-/tmp with only a per-file size limit; without root, workers share the trainer's uid and rely on Landlock + seccomp;
-without those (old kernels, other arches) only the "always" layer holds and a worker could read
-world-readable files and reach the network. A worker that knows the request nonce (it can inspect
-its own serve loop) can answer for itself; that only changes its own reply, which it controls anyway.
-Modules outside PRELOAD may be unimportable when the Python install sits under a directory the
-worker uid cannot traverse (e.g. /root/.pyenv).
+  landlock  read only below the Python install and system library dirs, write only in scratch, no
+            TCP bind/connect; abstract unix sockets and signals scoped to the worker (ABI >= 6).
+  seccomp   stdlib-built BPF (x86_64, aarch64; `_SYSCALLS` names every number): no fork/vfork,
+            clone only with CLONE_THREAD, clone3 -> ENOSYS, no exec, ptrace, process_vm_*, mount,
+            namespaces, bpf, perf, keyctl, io_uring, modules, kexec, pidfd, setpriority; kill and
+            sigqueue only of itself; sockets only AF_UNIX.
 
-Named failures (`info["error"]`, `ValidationReport.kind`): load_error, reset_error, step_error,
-timeout, episode_timeout, memory_limit, cpu_limit, worker_exited, worker_crashed,
-protocol_violation, output_too_large, invalid_observation, invalid_reward, invalid_result,
-resource_leak, nondeterministic, unsolvable (tool setting), closed. Infrastructure faults (no worker
-could be started, zygote cannot be restarted) raise `SandboxInfraError` from open/validate.
+NOT COVERED. Kernel exploits (a process sandbox is not a VM). GPU device nodes are not hidden (Landlock
+forbids opening them). No cgroups: workers contend for CPU and memory within their rlimits. Without
+root: scratch is on the host /tmp with only the per-file size limit, workers share the trainer's uid
+and rely on Landlock and seccomp; without those (old kernels, other architectures) only the "always"
+layer holds and a worker could read world-readable files and reach the network. A worker that reads
+the nonce from its own serve loop can answer for itself, which changes only its own reply. Modules
+outside PRELOAD may be unimportable when the Python install sits under a directory the worker uid
+cannot traverse (e.g. /root/.pyenv).
 
-Deviations (from the paper's code, which exec()s in-process with thread timeouts):
-  1. One process per environment instance, forked from a zygote; JSON protocol; parent re-validation.
-  2. The zygote runs `python -s -B -P` with a clean allow-listed env instead of `python -I`: -I
-     implies -E, which would ignore PYTHONHASHSEED, and we pin it to 0 so honest code is
-     deterministic across workers.
-  3. Validation (SPEC §7.2) adds an unpredictable extra probe (random seed, random actions other
-     than the fixed ones) and runs every call under the play-time limits; the tool setting adds an
-     executable solvability replay of `solution()` (seeds 0, 1, 2) instead of an LLM self-audit.
-  4. One empty network namespace is shared by the workers of a sandbox (one per worker costs ~2 ms
-     per start); Landlock scoping keeps workers from reaching each other through it.
-  5. Threads are allowed (CLONE_THREAD) but a worker with extra threads at an episode end, at
-     reset, at close or during validation is killed as `resource_leak`.
-  6. One worker per environment source (SECURITY.md): close() parks a healthy worker and the next
-     open() of the SAME source gets it back with a fresh instance (`cls()` again) and an emptied
-     scratch dir; module globals persist, so "hostile on episode N" is still caught at play time.
-     A parked worker is SIGSTOPped (it runs nothing) and is not reused if it used CPU after its
-     last reply. Validation always uses fresh workers. `max_reuse` bounds the episodes per worker.
-  7. Honest conveniences: a bare-str reset() is read as (obs, {}); numpy scalars/arrays are
-     converted in the worker; observations over 32,000 characters are truncated, not rejected.
+NAMED FAILURES (`info["error"]`, `ValidationReport.kind`): see FAILURES. `too_slow` (validation only):
+the median reset or step call of the probe took more than SLOW_SHARE of step_timeout. Faults of the
+sandbox itself (no worker could be started, the zygote cannot be restarted) raise SandboxInfraError.
 
-Environment class rule: the LAST class defined at module level in the source whose name ends in
-"Env" is the environment. Dependencies: stdlib only (numpy preloaded in workers when installed).
+DEVIATIONS (the authors exec() environments inside the trainer with thread timeouts):
+  1. One process per episode, forked from a zygote; JSON protocol; parent re-validation.
+  2. The zygote runs `python -s -B -P` with a clean env, not `python -I` (-I implies -E, which would
+     ignore the pinned PYTHONHASHSEED that makes honest code deterministic across workers).
+  3. Validation adds an unpredictable probe (random seed and actions) to the fixed ones, runs under
+     the play-time limits, rejects slow environments (`too_slow`), and for tool use replays
+     `solution()` from seeds 0, 1, 2 instead of an LLM self-audit.
+  4. One network namespace is shared by a zygote's workers (one each costs ~2 ms per start).
+  5. Threads are allowed, but a worker with extra threads at reset, at an episode's end or during
+     validation is killed as `resource_leak`.
+  6. Every episode gets a fresh worker that executes the source afresh: a reset() after the first on
+     a handle replaces its worker. Re-executing the source in the same worker would be ~30x cheaper
+     but keeps the interpreter's global state (stdlib modules, the `random` generator); see README.
+  7. Honest conveniences: a bare-str reset() means (obs, {}); numpy scalars and arrays are converted
+     in the worker; observations over OBS_CAP characters are truncated, not rejected.
+
+The environment is the LAST class defined at module level whose name ends in "Env".
+Dependencies: stdlib only (numpy preloaded in workers when installed).
 Test: python -m pytest -q tests/test_sandbox.py
 """
 from __future__ import annotations
@@ -96,6 +88,7 @@ import re
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -103,60 +96,44 @@ import time
 from dataclasses import dataclass, field
 
 OBS_CAP = 32_000          # characters; honest observations up to this pass unchanged
-LINE_CAP = 1 << 20        # bytes per reply line
-PROBE_ACTIONS = (r"\boxed{1}", r"\boxed{test}", r"\boxed{42}")      # SPEC §7.2
+LINE_CAP = 1 << 20        # bytes per reply line (environments)
+SLOW_SHARE = 0.25         # validation rejects a median reset/step above this share of step_timeout
+PROBE_ACTIONS = (r"\boxed{1}", r"\boxed{test}", r"\boxed{42}")      # the paper's fixed probe actions
 FAILURES = ("load_error", "reset_error", "step_error", "timeout", "episode_timeout", "memory_limit",
             "cpu_limit", "worker_exited", "worker_crashed", "protocol_violation", "output_too_large",
             "invalid_observation", "invalid_reward", "invalid_result", "resource_leak",
-            "nondeterministic", "unsolvable", "closed")
-UIDS = 0x400               # worker uids per zygote (live + parked + pre-forked workers)
+            "nondeterministic", "unsolvable", "too_slow", "closed")
+UIDS = 0x400               # worker uids per zygote (live + pre-forked workers)
 FULL = ("rlimits", "netns", "uid", "pdeathsig", "nondumpable", "no_new_privs", "seccomp")
 PRELOAD = ("math", "random", "re", "json", "itertools", "collections", "functools", "heapq", "string",
            "fractions", "decimal", "statistics", "dataclasses", "typing", "enum", "copy", "textwrap",
            "bisect", "operator", "datetime", "hashlib", "array", "struct", "time", "unicodedata",
            "abc", "numbers", "pprint", "traceback", "types", "ast", "tempfile", "shutil", "ctypes",
-           "resource", "fcntl", "threading", "calendar", "cmath", "difflib", "uuid", "secrets")
+           "resource", "fcntl", "threading", "calendar", "cmath", "difflib", "uuid", "secrets", "io",
+           "queue")
 
 
-# INFRA: the wire protocol. Request: <op><nonce><JSON argument>\n, op one of S(tep) R(eset) C(all)
-# L(oad) N (renew) T (tool probe); nonce 8 hex digits drawn fresh per request. Reply: <nonce>=<JSON
-# result>\n or <nonce>!<JSON [failure, message]>\n. JSON only (never pickle), ASCII, no NaN/inf.
-# The C scanner/encoder are called directly: json.loads/dumps wrappers cost more than the work on a
-# short line, and the step round trip is on the agent's critical path.
+# INFRA: the wire format. JSON only, ASCII, no NaN/inf, nothing after the value.
 def _bad_constant(name):
     raise ValueError(f"non-finite constant {name}")
 
 
 def _jsonable(x):
-    if hasattr(x, "tolist") and type(x).__module__.split(".")[0] == "numpy":
+    """Honest non-JSON values in results: numpy scalars/arrays, sets; anything else as str()."""
+    if type(x).__module__.split(".")[0] == "numpy" and hasattr(x, "tolist"):
         return x.tolist()
     if isinstance(x, (set, frozenset)):
         return sorted(x, key=repr)
     return str(x)
 
 
-_scan = json.scanner.make_scanner(json.JSONDecoder(parse_constant=_bad_constant))
-_encode = json.encoder.c_make_encoder(None, _jsonable, json.encoder.encode_basestring_ascii, None,
-                                      ":", ",", False, False, False)
-_enc_str = json.encoder.encode_basestring_ascii                     # str -> '"..."' (ASCII)
-_scan_str = json.decoder.scanstring                                 # ('"...', 1) -> (str, end)
-
-
-def _dumps(obj) -> str:
-    """Compact ASCII JSON; raises ValueError (NaN/inf), TypeError or RecursionError otherwise."""
-    return "".join(_encode(obj, 0))
+_dumps = json.JSONEncoder(ensure_ascii=True, allow_nan=False, separators=(",", ":"), default=_jsonable).encode
+_DECODER = json.JSONDecoder(parse_constant=_bad_constant)
 
 
 def _parse(data: bytes):
     """Strict JSON from bytes: UTF-8, no NaN/inf, nothing after the value."""
-    text = data.decode("utf-8")
-    try:
-        obj, end = _scan(text, 0)
-    except StopIteration:
-        raise ValueError("not JSON") from None
-    if end != len(text):
-        raise ValueError("trailing data")
-    return obj
+    return _DECODER.decode(data.decode("utf-8"))
 
 
 class SandboxInfraError(RuntimeError):
@@ -277,72 +254,94 @@ class ToolEnv:
         return self._pending(), 0.0, False, truncated, {"tool_outputs": []}
 
 
+
 # ----------------------------------------------------------------------------------------------
 # INFRA: kernel layers applied in the worker (ctypes + stdlib only)
 # ----------------------------------------------------------------------------------------------
-_ARCH = {  # audit arch, syscall numbers (x86_64 from asm/unistd_64.h, aarch64 = asm-generic)
-    "x86_64": dict(audit=0xC000003E, clone=56, clone3=435, kill=62, tgkill=234, sigq=129, tsigq=297,
-                   socket=41, socketpair=53, deny=(101, 310, 311, 57, 58, 200, 272, 308, 165, 166, 155,
-                   161, 321, 298, 250, 248, 249, 323, 425, 426, 427, 246, 320, 175, 313, 176, 169, 167,
-                   168, 163, 135, 434, 424, 438, 440, 304, 303, 430, 431, 432, 429, 428, 442, 170, 171,
-                   179, 312, 172, 173, 141, 59, 322)),
-    "aarch64": dict(audit=0xC00000B7, clone=220, clone3=435, kill=129, tgkill=131, sigq=138, tsigq=240,
-                    socket=198, socketpair=199, deny=(117, 270, 271, 130, 97, 268, 40, 39, 41, 51, 280,
-                    241, 219, 217, 218, 282, 425, 426, 427, 104, 294, 105, 273, 106, 142, 224, 225, 89,
-                    92, 434, 424, 438, 440, 265, 264, 430, 431, 432, 429, 428, 442, 161, 162, 60, 272,
-                    140, 221, 281)),
+_DENY = ("ptrace process_vm_readv process_vm_writev fork vfork tkill execve execveat unshare setns "
+         "mount umount2 pivot_root chroot open_tree move_mount fsopen fsconfig fsmount mount_setattr "
+         "bpf perf_event_open userfaultfd keyctl add_key request_key io_uring_setup io_uring_enter "
+         "io_uring_register kexec_load kexec_file_load init_module finit_module delete_module reboot "
+         "swapon swapoff acct personality pidfd_open pidfd_send_signal pidfd_getfd process_madvise "
+         "open_by_handle_at name_to_handle_at sethostname setdomainname quotactl kcmp iopl ioperm "
+         "setpriority").split()
+_SYSCALLS = {  # audit arch and syscall numbers: asm/unistd_64.h (x86_64), asm-generic/unistd.h (aarch64)
+    "x86_64": dict(
+        audit=0xC000003E, clone=56, clone3=435, kill=62, tgkill=234, rt_sigqueueinfo=129,
+        rt_tgsigqueueinfo=297, socket=41, socketpair=53, ptrace=101, process_vm_readv=310,
+        process_vm_writev=311, fork=57, vfork=58, tkill=200, execve=59, execveat=322, unshare=272,
+        setns=308, mount=165, umount2=166, pivot_root=155, chroot=161, open_tree=428, move_mount=429,
+        fsopen=430, fsconfig=431, fsmount=432, mount_setattr=442, bpf=321, perf_event_open=298,
+        userfaultfd=323, keyctl=250, add_key=248, request_key=249, io_uring_setup=425,
+        io_uring_enter=426, io_uring_register=427, kexec_load=246, kexec_file_load=320,
+        init_module=175, finit_module=313, delete_module=176, reboot=169, swapon=167, swapoff=168,
+        acct=163, personality=135, pidfd_open=434, pidfd_send_signal=424, pidfd_getfd=438,
+        process_madvise=440, open_by_handle_at=304, name_to_handle_at=303, sethostname=170,
+        setdomainname=171, quotactl=179, kcmp=312, iopl=172, ioperm=173, setpriority=141),
+    "aarch64": dict(  # no fork, vfork, iopl, ioperm on this architecture
+        audit=0xC00000B7, clone=220, clone3=435, kill=129, tgkill=131, rt_sigqueueinfo=138,
+        rt_tgsigqueueinfo=240, socket=198, socketpair=199, ptrace=117, process_vm_readv=270,
+        process_vm_writev=271, tkill=130, execve=221, execveat=281, unshare=97, setns=268, mount=40,
+        umount2=39, pivot_root=41, chroot=51, open_tree=428, move_mount=429, fsopen=430,
+        fsconfig=431, fsmount=432, mount_setattr=442, bpf=280, perf_event_open=241, userfaultfd=282,
+        keyctl=219, add_key=217, request_key=218, io_uring_setup=425, io_uring_enter=426,
+        io_uring_register=427, kexec_load=104, kexec_file_load=294, init_module=105,
+        finit_module=273, delete_module=106, reboot=142, swapon=224, swapoff=225, acct=89,
+        personality=92, pidfd_open=434, pidfd_send_signal=424, pidfd_getfd=438, process_madvise=440,
+        open_by_handle_at=265, name_to_handle_at=264, sethostname=161, setdomainname=162,
+        quotactl=60, kcmp=272, setpriority=140),
 }
 
 
 def _seccomp_program(arch: str, pid: int) -> bytes:
     """Classic BPF over seccomp_data {nr@0, arch@4, ip@8, args@16+8i}; denied calls get EPERM."""
-    import struct
-    a = _ARCH[arch]
+    nr = _SYSCALLS[arch]
     LD, JEQ, JSET, JGE, RET = 0x20, 0x15, 0x45, 0x35, 0x06
     ALLOW, KILL, EPERM, ENOSYS = 0x7FFF0000, 0x80000000, 0x50001, 0x50026
-    prog = [(LD, 0, 0, 4), (JEQ, 1, 0, a["audit"]), (RET, 0, 0, KILL), (LD, 0, 0, 0)]
+    prog = [(LD, 0, 0, 4), (JEQ, 1, 0, nr["audit"]), (RET, 0, 0, KILL), (LD, 0, 0, 0)]
     if arch == "x86_64":
-        prog += [(JGE, 0, 1, 0x40000000), (RET, 0, 0, EPERM)]          # x32 ABI
-    for nr in a["deny"]:
-        prog += [(JEQ, 0, 1, nr), (RET, 0, 0, EPERM)]
-    prog += [(JEQ, 0, 1, a["clone3"]), (RET, 0, 0, ENOSYS)]             # glibc falls back to clone
+        prog += [(JGE, 0, 1, 0x40000000), (RET, 0, 0, EPERM)]          # the x32 ABI
+    for name in _DENY:
+        if name in nr:
+            prog += [(JEQ, 0, 1, nr[name]), (RET, 0, 0, EPERM)]
+    prog += [(JEQ, 0, 1, nr["clone3"]), (RET, 0, 0, ENOSYS)]            # glibc falls back to clone
 
-    def only(nr, values, arg=0):  # allow nr iff low32(args[arg]) is one of values
-        body = [(LD, 0, 0, 16 + 8 * arg)]
-        body += [(JEQ, len(values) - j, 0, v & 0xFFFFFFFF) for j, v in enumerate(values)]
+    def only(name, values):  # allow the call iff the low 32 bits of its first argument are in values
+        body = [(LD, 0, 0, 16)] + [(JEQ, len(values) - j, 0, v & 0xFFFFFFFF) for j, v in enumerate(values)]
         body += [(RET, 0, 0, EPERM), (RET, 0, 0, ALLOW)]
-        return [(JEQ, 0, len(body), nr)] + body
-    prog += only(a["kill"], [pid, 0, -pid]) + only(a["tgkill"], [pid])
-    prog += only(a["sigq"], [pid]) + only(a["tsigq"], [pid])
-    prog += only(a["socket"], [1]) + only(a["socketpair"], [1])          # AF_UNIX only
-    prog += [(JEQ, 0, 4, a["clone"]), (LD, 0, 0, 16), (JSET, 1, 0, 0x10000),  # CLONE_THREAD
-             (RET, 0, 0, EPERM), (RET, 0, 0, ALLOW)]
-    prog += [(RET, 0, 0, ALLOW)]
+        return [(JEQ, 0, len(body), nr[name])] + body
+    prog += only("kill", [pid, 0, -pid]) + only("tgkill", [pid])
+    prog += only("rt_sigqueueinfo", [pid]) + only("rt_tgsigqueueinfo", [pid])
+    prog += only("socket", [1]) + only("socketpair", [1])              # AF_UNIX only
+    prog += [(JEQ, 0, 4, nr["clone"]), (LD, 0, 0, 16), (JSET, 1, 0, 0x10000),  # CLONE_THREAD
+             (RET, 0, 0, EPERM), (RET, 0, 0, ALLOW), (RET, 0, 0, ALLOW)]
     return b"".join(struct.pack("HBBI", *ins) for ins in prog)
 
 
+_LIBC = []
+
+
 def _libc():
-    import ctypes
-    return ctypes, ctypes.CDLL(None, use_errno=True)
+    """ctypes and libc, loaded once (in the zygote, so workers inherit them)."""
+    if not _LIBC:
+        import ctypes
+        _LIBC.extend((ctypes, ctypes.CDLL(None, use_errno=True)))
+    return _LIBC
 
 
 def _apply_seccomp(pid: int) -> bool:
     machine = os.uname().machine
     arch = {"arm64": "aarch64"}.get(machine, machine)
-    if arch not in _ARCH:
+    if arch not in _SYSCALLS:
         return False
     ctypes, libc = _libc()
     code = _seccomp_program(arch, pid)
     buf = ctypes.create_string_buffer(code, len(code))
-
-    class Prog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-    prog = Prog(len(code) // 8, ctypes.cast(buf, ctypes.c_void_p))
-    return libc.prctl(22, 2, ctypes.byref(prog), 0, 0) == 0           # PR_SET_SECCOMP, FILTER
+    prog = struct.pack("HxxxxxxP", len(code) // 8, ctypes.addressof(buf))  # struct sock_fprog
+    return libc.prctl(22, 2, prog, 0, 0) == 0                          # PR_SET_SECCOMP, FILTER
 
 
 def _apply_landlock(scratch: str, read_dirs: list[str]) -> bool:
-    import struct
     ctypes, libc = _libc()
     sysc = libc.syscall
     sysc.restype = ctypes.c_long
@@ -350,9 +349,9 @@ def _apply_landlock(scratch: str, read_dirs: list[str]) -> bool:
     if abi < 1:
         return False
     fs = {1: 0x1FFF, 2: 0x3FFF, 3: 0x7FFF, 4: 0x7FFF}.get(abi, 0xFFFF)
-    attr = struct.pack("QQQ", fs, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)
+    attr = struct.pack("QQQ", fs, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)  # fs, net, scope
     attr = attr[: 24 if abi >= 6 else 16 if abi >= 4 else 8]
-    rfd = sysc(444, attr, len(attr), 0)
+    rfd = sysc(444, attr, len(attr), 0)                                # landlock_create_ruleset
     if rfd < 0:
         return False
     READ, FILE_READ = 0x1 | 0x4 | 0x8, 0x4                             # EXECUTE|READ_FILE|READ_DIR
@@ -370,19 +369,18 @@ def _apply_landlock(scratch: str, read_dirs: list[str]) -> bool:
         allow(d, READ)
     allow("/dev/urandom", FILE_READ)
     allow(scratch, fs)
-    ok = sysc(446, rfd, 0) == 0
+    ok = sysc(446, rfd, 0) == 0                                        # landlock_restrict_self
     os.close(rfd)
     return ok
 
 
 # ----------------------------------------------------------------------------------------------
-# INFRA: the worker (runs in a child forked by the zygote; everything below main() is untrusted)
+# INFRA: the worker (a child of the zygote; it locks itself down, then serves one episode)
 # ----------------------------------------------------------------------------------------------
 def _worker_setup(req_fd, rep_fd, uid, cfg, required):
     import fcntl
     import resource
-    layers = []
-    zygote = os.getppid()
+    layers, zygote = [], os.getppid()
     os.setsid()
     r, w = fcntl.fcntl(req_fd, fcntl.F_DUPFD, 10), fcntl.fcntl(rep_fd, fcntl.F_DUPFD, 10)
     null = os.open("/dev/null", os.O_RDWR)
@@ -402,20 +400,12 @@ def _worker_setup(req_fd, rep_fd, uid, cfg, required):
                       PYTHONHASHSEED="0", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     import tempfile
     tempfile.tempdir = scratch
-    with open("/proc/self/statm") as f:
-        vsz = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    mem = vsz + cfg["memory_mb"] * 2**20
-    limits = [(resource.RLIMIT_AS, mem), (resource.RLIMIT_CPU, cfg["cpu_seconds"]),
-              (resource.RLIMIT_FSIZE, cfg["fsize_mb"] * 2**20), (resource.RLIMIT_NOFILE, 64),
-              (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NPROC, 32 if root else 0)]
+    limits = [(resource.RLIMIT_AS, cfg["vsz"] + cfg["memory_mb"] * 2**20),
+              (resource.RLIMIT_CPU, cfg["cpu_seconds"]), (resource.RLIMIT_FSIZE, cfg["fsize_mb"] * 2**20),
+              (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NPROC, 32 if root else 0)]
     for lim, v in limits:
-        hard = v + 1 if lim == resource.RLIMIT_CPU else v             # SIGXCPU, then SIGKILL
-        resource.setrlimit(lim, (v, hard))
-    layers.append("rlimits")
-    if cfg.get("netns"):
-        layers.append("netns")
-    if cfg.get("mountns"):
-        layers.append("mountns")
+        resource.setrlimit(lim, (v, v + 1 if lim == resource.RLIMIT_CPU else v))  # SIGXCPU, then SIGKILL
+    layers += ["rlimits"] + [x for x in ("netns", "mountns") if cfg.get(x)]
     ctypes, libc = _libc()
     if root:
         os.setgroups([])
@@ -428,13 +418,13 @@ def _worker_setup(req_fd, rep_fd, uid, cfg, required):
         layers.append("nondumpable")
     if libc.prctl(38, 1, 0, 0, 0) == 0:                                # PR_SET_NO_NEW_PRIVS
         layers.append("no_new_privs")
-    if cfg.get("landlock", True) and _apply_landlock(scratch, cfg["read_dirs"]):
+    if cfg["landlock"] and _apply_landlock(scratch, cfg["read_dirs"]):
         layers.append("landlock")
-    if cfg.get("seccomp", True) and _apply_seccomp(os.getpid()):
+    if cfg["seccomp"] and _apply_seccomp(os.getpid()):
         layers.append("seccomp")
     if not set(required) <= set(layers):
         os._exit(71)                                                   # fail closed
-    random.seed()
+    random.seed()                                                      # not the zygote's state
     if "numpy.random" in sys.modules:
         sys.modules["numpy.random"].seed()
     return layers
@@ -446,105 +436,55 @@ class _Bad(Exception):
         self.kind = kind
 
 
-# Worker-side conversion is friendliness (numpy scalars, str/float subclasses copied exactly, named
-# failures); the parent re-checks everything it receives.
-def _w_number(x):
-    if type(x).__module__ == "numpy" and hasattr(x, "item"):
-        x = x.item()
-    if type(x) is bool:
-        raise _Bad("invalid_reward", "reward is a bool")
-    if issubclass(type(x), float):                                     # type(), not a faked __class__
-        x = float.__float__(x)                                         # a subclass cannot lie
-    elif issubclass(type(x), int):
-        x = int.__index__(x)
-    else:
-        raise _Bad("invalid_reward", f"reward of type {type(x).__name__}")
-    if not math.isfinite(x) or not -10 <= x <= 10:
-        raise _Bad("invalid_reward", f"reward {x!r} not finite in [-10, 10]")
-    return x
-
-
-def _w_flag(x, name):
-    if type(x).__module__ == "numpy" and hasattr(x, "item"):
-        x = x.item()                                                   # numpy.bool_ -> bool
-    if type(x) is not bool:
-        raise _Bad("invalid_result", f"{name} must be a bool, got {type(x).__name__}")
-    return x
-
-
-def _w_obs(x):
-    if type(x) is not str:
-        try:
-            x = str.__str__(x)                                         # str subclasses only
-        except TypeError:
-            raise _Bad("invalid_observation", f"observation of type {type(x).__name__}") from None
-    return x[:OBS_CAP]
-
-
-def _w_info(x):
-    if not issubclass(type(x), dict):
-        raise _Bad("invalid_result", f"info must be a dict, got {type(x).__name__}")
-    try:
-        return _dumps(x)
-    except (ValueError, TypeError, RecursionError) as e:
-        raise _Bad("invalid_result", f"info is not JSON data: {type(e).__name__}") from None
+# Worker-side conversion is friendliness only; the parent re-checks everything it receives. The
+# json encoder itself writes float and str subclasses by their real value (float.__repr__, the str
+# data), whatever their overrides say.
+def _w_obs(x) -> str:
+    if not issubclass(type(x), str):                                   # type(): __class__ can be faked
+        raise _Bad("invalid_observation", f"observation of type {type(x).__name__}")
+    return str.__str__(x)[:OBS_CAP]
 
 
 def _w_step(out) -> str:
-    """step()'s 5-tuple as the reply's JSON text; an honest result passes the type() checks as is."""
-    if type(out) is not tuple or len(out) != 5:
-        if not isinstance(out, (tuple, list)) or len(out) != 5:
-            raise _Bad("invalid_result", "step() must return a 5-tuple")
-    obs, rew, term, trunc, info = out
-    if type(obs) is not str or len(obs) > OBS_CAP:
-        obs = _w_obs(obs)
-    if (type(rew) is not float and type(rew) is not int) or not -10 <= rew <= 10:   # NaN fails too
-        rew = _w_number(rew)
-    if type(term) is not bool or type(trunc) is not bool:
-        term, trunc = _w_flag(term, "terminated"), _w_flag(trunc, "truncated")
-    return (f"[{_enc_str(obs)},{rew!r},{'true' if term else 'false'},{'true' if trunc else 'false'},"
-            f"{_w_info(info) if info or type(info) is not dict else '{}'}]")
+    if not isinstance(out, (tuple, list)) or len(out) != 5:
+        raise _Bad("invalid_result", "step() must return (observation, reward, terminated, truncated, info)")
+    obs, reward, term, trunc, info = out
+    if issubclass(type(reward), float) and not math.isfinite(reward):
+        raise _Bad("invalid_reward", f"reward {float.__repr__(reward)} is not finite")
+    return _w_encode([_w_obs(obs), reward, term, trunc, info])
 
 
-def _w_load(source, setting, box):
-    code = compile(source, "<environment>", "exec")
+def _w_encode(x) -> str:
+    try:
+        return _dumps(x)
+    except (ValueError, TypeError, RecursionError) as e:
+        raise _Bad("invalid_result", f"result is not JSON data: {type(e).__name__}: {e}") from None
+
+
+def _w_load(box, source, setting):
     ns = {"__name__": "__environment__", "ToolEnv": ToolEnv}
-    exec(code, ns)
+    exec(compile(source, "<environment>", "exec"), ns)
     cls = [v for v in ns.values() if isinstance(v, type) and v.__name__.endswith("Env")
            and v.__module__ == "__environment__"]
     if not cls:
         raise _Bad("load_error", "no class whose name ends in 'Env'")
-    cls = cls[-1]
-    if setting == "tool" and not issubclass(cls, ToolEnv):
-        raise _Bad("load_error", f"{cls.__name__} does not subclass ToolEnv")
-    box["cls"] = cls
-    box["env"] = env = cls()
-    tools = json.loads(json.dumps(env.tools())) if isinstance(env, ToolEnv) else []
-    return {"class_name": cls.__name__, "kind": "tool" if tools or isinstance(env, ToolEnv)
-            else "games", "tools": tools, "layers": box["layers"]}
+    if setting == "tool" and not issubclass(cls[-1], ToolEnv):
+        raise _Bad("load_error", f"{cls[-1].__name__} does not subclass ToolEnv")
+    box["env"] = env = cls[-1]()
+    tools = env.tools() if isinstance(env, ToolEnv) else []
+    return _w_encode({"class_name": cls[-1].__name__, "tools": tools, "layers": box["layers"],
+                      "kind": "tool" if isinstance(env, ToolEnv) else "games"})
 
 
-def _w_renew(box):
-    """A fresh instance of the loaded class and an empty scratch dir (worker reuse, deviation 6)."""
-    import shutil
-    for name in os.listdir("."):
-        if os.path.isdir(name) and not os.path.islink(name):
-            shutil.rmtree(name, ignore_errors=True)
-        else:
-            os.remove(name)
-    box["env"] = box["cls"]()
-
-
-def _w_reset(env, seed):
-    out = env.reset(seed=seed)
-    if isinstance(out, str):
+def _w_reset(out) -> str:
+    if issubclass(type(out), str):
         out = (out, {})                                                # the common slip, accepted
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         raise _Bad("invalid_result", "reset() must return (observation, info)")
-    return f"[{_enc_str(_w_obs(out[0]))},{_w_info(out[1])}]"
+    return _w_encode([_w_obs(out[0]), out[1]])
 
 
-def _w_tool_probe(env, seed):
+def _w_tool_probe(env, seed) -> str:
     """reset(seed), then which predicates hold or raise already, and the reference solution."""
     obs, _ = env.reset(seed=seed)
     held, raised = [], []
@@ -554,54 +494,70 @@ def _w_tool_probe(env, seed):
                 held.append(i)
         except Exception:  # noqa: BLE001
             raised.append(i)
-    sol = json.loads(json.dumps(list(env.solution())))
-    return _dumps([_w_obs(obs), len(env.instructions), held, raised, sol])
+    return _w_encode([_w_obs(obs), len(env.instructions), held, raised, list(env.solution())])
+
+
+def _w_program(code, stdin, out_cap) -> str:
+    """Run a whole program as __main__: stdin from a scratch file on fd 0, stdout (fd 1) to another."""
+    with open("stdin.txt", "w", encoding="utf-8") as f:
+        f.write(stdin)
+    for fd, name, flags in ((0, "stdin.txt", os.O_RDONLY), (1, "stdout.txt", os.O_WRONLY | os.O_CREAT)):
+        os.dup2(os.open(name, flags, 0o600), fd)
+    sys.stdin = open(0, encoding="utf-8", closefd=False)
+    sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
+    sys.argv, status = ["solution.py"], "ok"
+    try:
+        exec(compile(code, "solution.py", "exec"), {"__name__": "__main__"})
+        for t in threading.enumerate():                                # as the interpreter would at exit
+            if t is not threading.current_thread() and not t.daemon:
+                t.join()
+    except SystemExit as e:
+        status = "ok" if e.code in (None, 0) else "error"
+    except BaseException:  # noqa: BLE001 - the program's own failure
+        status = "error"
+    try:
+        sys.stdout.flush()
+    except BaseException:  # noqa: BLE001
+        pass
+    with open("stdout.txt", "rb") as f:
+        return _dumps([status, f.read(out_cap).decode("utf-8", "replace")])
 
 
 def _w_serve(layers):
-    box, buf, read, write = {"layers": layers}, b"", os.read, os.write
+    box, buf = {"layers": layers}, bytearray()
     while True:
-        line = b"" if buf else read(3, 65536)                          # < mmap threshold: no page churn
-        if buf or line[-1:] != b"\n" or line.find(b"\n") != len(line) - 1:
-            buf += line                                                # not exactly one whole line
-            while b"\n" not in buf:
-                chunk = read(3, 65536)
-                if not chunk:
-                    os._exit(0)
-                buf += chunk
-            i = buf.index(b"\n") + 1
-            line, buf = buf[:i], buf[i:]
-        text = line.decode()                                           # the trainer sends ASCII
-        op, nonce = text[0], text[1:9]
+        i = buf.find(b"\n")
+        while i < 0:
+            n, chunk = len(buf), os.read(3, 1 << 16)
+            if not chunk:
+                os._exit(0)
+            buf += chunk
+            i = buf.find(b"\n", n)
+        line = bytes(buf[:i])
+        del buf[:i + 1]
+        op, nonce = line[:1], line[1:9].decode()
         try:
-            if op == "S":                                              # the hot path: a JSON string
-                data = f"{nonce}={_w_step(box['env'].step(_scan_str(text, 10)[0]))}\n"
-                n = write(4, data.encode())
-                if n == len(data):
-                    continue
-                data = data[n:]                                        # ASCII: chars are bytes
-            else:                                                      # the others: a JSON value
-                arg = _parse(line[9:-1])
-                if op == "R":
-                    data = f"{nonce}={_w_reset(box['env'], arg)}\n"
-                elif op == "C":
-                    data = f"{nonce}={_enc_str(_w_obs(box['env'].call(*arg)))}\n"
-                elif op == "T":
-                    data = f"{nonce}={_w_tool_probe(box['env'], arg)}\n"
-                elif op == "L":
-                    data = f"{nonce}={_dumps(_w_load(*arg, box))}\n"
-                elif op == "N":
-                    _w_renew(box)
-                    data = f"{nonce}=0\n"
-                else:
-                    raise _Bad("protocol_violation", f"unknown op {op!r}")
+            arg = _parse(line[9:])
+            if op == b"S":
+                data = _w_step(box["env"].step(arg))
+            elif op == b"R":
+                data = _w_reset(box["env"].reset(seed=arg))
+            elif op == b"L":
+                data = _w_load(box, *arg)
+            elif op == b"T":
+                data = _w_tool_probe(box["env"], arg)
+            elif op == b"P":
+                data = _w_program(*arg)
+            else:
+                raise _Bad("protocol_violation", f"unknown op {op!r}")
+            data = f"{nonce}={data}\n"
         except BaseException as e:  # noqa: BLE001 - SystemExit, custom BaseException, MemoryError...
             if isinstance(e, _Bad):
                 kind, msg = e.kind, str(e)
             elif isinstance(e, MemoryError):
                 kind, msg = "memory_limit", "MemoryError"
             else:
-                kind = {"L": "load_error", "N": "load_error", "R": "reset_error"}.get(op, "step_error")
+                kind = {b"L": "load_error", b"R": "reset_error"}.get(op, "step_error")
                 try:
                     msg = f"{type(e).__name__}: {e}"
                 except BaseException:  # noqa: BLE001
@@ -644,6 +600,8 @@ def _zygote_main(sock_fd: int, cfg: dict):
     import gc
     gc.collect()
     gc.freeze()                                                        # children's GC skips (no COW)
+    with open("/proc/self/statm") as f:                                # the preloaded interpreter's size
+        cfg["vsz"] = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE") + (16 << 20)
     cfg["scratch"] = tempfile.mkdtemp(prefix="spade-sbx-")
     os.chmod(cfg["scratch"], 0o711)
     paths = sysconfig.get_paths()
@@ -669,7 +627,7 @@ def _zygote_main(sock_fd: int, cfg: dict):
         return status
 
     def fork_worker(required):
-        """Fork one sandboxed worker; it blocks on its request pipe until the trainer sends 'load'."""
+        """Fork one sandboxed worker; it blocks on its request pipe until the trainer's first request."""
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         uid = free.pop()
@@ -748,16 +706,6 @@ def _killall(pid: int):
             pass
 
 
-def _cpu_ticks(pid: int) -> int:
-    """utime + stime of a process, in clock ticks (-1 when it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])
-    except (OSError, IndexError, ValueError):
-        return -1
-
-
 def _exit_cause(status: int) -> tuple[str, str]:
     if status < 0:
         return "worker_exited", "worker gone"
@@ -820,60 +768,59 @@ class _Fail(Exception):
 
 
 class EnvHandle:
-    """One live environment instance in its own worker process. Never raises on misbehaviour."""
+    """One environment instance; every episode (reset) runs in a fresh worker. Never raises on
+    misbehaviour: an environment fault becomes an error observation with info["error"]."""
     __slots__ = ("_sb", "source", "setting", "pid", "class_name", "kind", "layers", "_tools", "_rfd",
-                 "_wfd", "_rpoll", "_buf", "_failure", "_used", "_closed", "_parkable", "_uses",
-                 "_nonce", "_t0", "_deadline", "_bound", "__weakref__")   # fixed layout: fast attributes
+                 "_wfd", "_rpoll", "_buf", "_cap", "_failure", "_used", "_closed", "_loading", "_dirty",
+                 "_nonce", "_t0", "_last", "_deadline", "_bound", "__weakref__")
 
-    def __init__(self, sb: "Sandbox", source: str, setting: str = "games", fresh: bool = False):
+    def __init__(self, sb: "Sandbox", source: str | None, setting: str = "games"):
         self._sb, self.source, self.setting = sb, source, setting
-        self.pid = self.class_name = self.kind = self.layers = None
-        self._tools, self._rfd, self._wfd, self._buf = [], None, None, b""
-        self._failure = None            # (kind, message) once the worker is gone
-        self._used, self._closed, self._parkable, self._uses = 0.0, False, not fresh, 0
-        if fresh or not self._adopt():
-            self._start()
-
-    def _adopt(self) -> bool:
-        """Take a parked worker that already loaded this exact source; give it a fresh instance."""
-        state = self._sb._unpark((self.setting, self.source))
-        if state is None:
-            return False
-        (self.pid, self._rfd, self._wfd, self._rpoll, self._uses, self.class_name, self.kind,
-         self._tools, self.layers, cpu) = state
-        self._sb._live.add(self)
-        try:
-            os.kill(self.pid, signal.SIGCONT)
-            if _cpu_ticks(self.pid) != cpu:                            # it ran code while parked
-                raise self._kill("protocol_violation", "worker was busy while parked")
-            self._roundtrip("N", "0", episode=False)
-            return True
-        except _Fail:
-            if self.pid is not None:
-                self._kill("closed")
-            self._failure = None
-            return False                                               # start a fresh worker instead
+        self.pid = self.class_name = self.kind = self.layers = None   # names: set once loaded
+        self._tools, self._failure, self._closed, self._cap = [], None, False, LINE_CAP
+        self._start()
 
     # -- INFRA: lifecycle --------------------------------------------------------------------
     def _start(self):
+        """A fresh worker from the zygote. The load request goes out now and its reply is read at
+        first use (_ready), so handles opened one after another load in parallel."""
         self.pid, self._rfd, self._wfd = self._sb._spawn()
-        self._buf, self._failure, self._used = b"", None, 0.0
+        self._buf, self._failure, self._used, self._loading, self._dirty = b"", None, 0.0, False, False
         self._rpoll = select.poll()
         self._rpoll.register(self._rfd, select.POLLIN)
         self._sb._live.add(self)
+        if self.source is not None:
+            try:
+                self._begin("L", _dumps([self.source, self.setting]), self._sb.load_timeout, episode=False)
+                self._loading = True
+            except _Fail:
+                pass                                                   # recorded in self._failure
+
+    def _ready(self):
+        """Read the load reply once; raises _Fail (environment fault) or SandboxInfraError."""
         try:
-            r = self._roundtrip("L", _dumps([self.source, self.setting]), self._sb.load_timeout,
-                                episode=False)
+            if self._loading:
+                self._loading = False
+                r = self._end(self._wait(), episode=False)
+                if type(r) is not dict or type(r.get("class_name")) is not str or type(r.get("tools")) is not list:
+                    raise self._kill("protocol_violation", "malformed load reply")
+                self.class_name, self.kind, self._tools, self.layers = (r["class_name"], r.get("kind"),
+                                                                        r["tools"], r.get("layers"))
+            if self.pid is None:
+                raise _Fail(*self._failure) if self._failure else _Fail("closed", "handle closed")
         except _Fail as e:
             if e.kind == "infra":
                 raise SandboxInfraError(e.message) from None
-            self._failure = (e.kind, e.message)
-            return
-        if type(r) is not dict or type(r.get("class_name")) is not str or type(r.get("tools")) is not list:
-            self._kill("protocol_violation", "malformed load reply")
-            return
-        self.class_name, self.kind, self._tools, self.layers = r["class_name"], r.get("kind"), \
-            r["tools"], r.get("layers")
+            raise
+
+    def _prepare(self):
+        """Before an episode: a fresh worker unless this one has only loaded the source."""
+        if self._closed:
+            raise _Fail("closed", "handle closed")
+        if self.pid is None or self._dirty:
+            if self.pid is not None:
+                self._kill("closed")
+            self._start()
 
     def _kill(self, kind, message="", wait=False, detail=b""):
         """SIGKILL the worker's process group, reap it through the zygote, remember why."""
@@ -901,26 +848,10 @@ class EnvHandle:
         return _Fail(kind, message)
 
     def close(self):
-        """End the instance. A healthy worker is parked for the next open() of the same source
-        (one worker per environment source, SECURITY.md); anything unusual kills it."""
-        if self._closed:
-            return
-        self._closed = True
-        if (self._parkable and self.pid is not None and self._failure is None
-                and self._uses < self._sb.max_reuse and not self._buf and not self._rpoll.poll(0)):
-            try:
-                self._leak_check()
-                self._sb._park((self.setting, self.source), (
-                    self.pid, self._rfd, self._wfd, self._rpoll, self._uses + 1, self.class_name,
-                    self.kind, self._tools, self.layers, _cpu_ticks(self.pid)))
-                os.kill(self.pid, signal.SIGSTOP)                      # a parked worker runs nothing
-                self._sb._live.discard(self)
-                self.pid = None
-                self._failure = ("closed", "handle closed")
-                return
-            except _Fail:
-                return
-        self._kill("closed", "handle closed")
+        """End the instance: its worker is killed and its scratch dir removed."""
+        if not self._closed:
+            self._closed = True
+            self._kill("closed", "handle closed")
 
     def __del__(self):
         try:
@@ -930,8 +861,11 @@ class EnvHandle:
 
     # -- INFRA: one request, one reply (step_many interleaves _begin / _pump / _end) -----------
     def _begin(self, op: str, arg: str, timeout: float, episode=True):
+        if self._loading:
+            self._ready()
         if self.pid is None:
             raise _Fail(*self._failure) if self._failure else _Fail("closed", "handle closed")
+        self._dirty |= op != "L"
         self._bound = False                                            # deadline set by the episode?
         if episode:
             left = self._sb.episode_timeout - self._used
@@ -944,51 +878,38 @@ class EnvHandle:
         # A fresh nonce from the trainer's private RNG: a line written before this request (still in
         # the pipe) cannot carry it, so _end rejects stale and unsolicited lines without a poll().
         self._nonce = nonce = "%08x" % self._sb._nonce_bits(32)
-        data = f"{op}{nonce}{arg}\n".encode()
+        view = memoryview(f"{op}{nonce}{arg}\n".encode())
         self._t0 = time.monotonic()
         self._deadline = self._t0 + timeout
-        try:
-            n = os.write(self._wfd, data)
-        except BlockingIOError:
-            n = 0
-        except BrokenPipeError:
-            raise self._kill(None, wait=True) from None
-        if n != len(data):
-            self._send_rest(memoryview(data)[n:])
-
-    def _send_rest(self, view: memoryview):
-        """The rest of a long request, as the worker reads it (bounded by the deadline)."""
-        while view:
-            left = self._deadline - time.monotonic()
-            if left <= 0 or not select.select([], [self._wfd], [], left)[1]:
-                raise self._timeout()
+        while view:                                                    # bounded by the deadline
             try:
                 view = view[os.write(self._wfd, view):]
+            except BlockingIOError:
+                left = self._deadline - time.monotonic()
+                if left <= 0 or not select.select([], [self._wfd], [], left)[1]:
+                    raise self._timeout() from None
             except BrokenPipeError:
                 raise self._kill(None, wait=True) from None
 
     def _timeout(self):
         if self._bound:
             return self._kill("episode_timeout", "episode time budget used up")
-        return self._kill("timeout", f"no reply within {self._sb.step_timeout:g} s")
+        return self._kill("timeout", f"no reply within {self._deadline - self._t0:g} s")
 
     def _pump(self) -> bytes | None:
         """Read what is there; return the reply line once complete (raises _Fail on violations)."""
         try:
-            chunk = os.read(self._rfd, 65536)
+            chunk = os.read(self._rfd, 1 << 16)
         except BlockingIOError:
             return None
         if not self._buf and chunk[-1:] == b"\n" and chunk.find(b"\n") == len(chunk) - 1:
             return chunk                                               # the common case: one line
-        return self._absorb(chunk)
-
-    def _absorb(self, chunk: bytes) -> bytes | None:
         if not chunk:
             raise self._kill(None, wait=True, detail=self._buf[:300])
         self._buf += chunk
         i = self._buf.find(b"\n")
-        if i > LINE_CAP or (i < 0 and len(self._buf) > LINE_CAP):
-            raise self._kill("output_too_large", f"reply line over {LINE_CAP} bytes")
+        if i > self._cap or (i < 0 and len(self._buf) > self._cap):
+            raise self._kill("output_too_large", f"reply line over {self._cap} bytes")
         if i < 0:
             return None
         line, self._buf = self._buf[:i + 1], self._buf[i + 1:]
@@ -1007,8 +928,9 @@ class EnvHandle:
 
     def _end(self, line: bytes, episode=True):
         """The reply's result, once it answers this request (nonce) and is strict JSON."""
+        self._last = time.monotonic() - self._t0
         if episode:
-            self._used += time.monotonic() - self._t0
+            self._used += self._last
         if line[:8] != self._nonce.encode():
             raise self._kill("protocol_violation", "reply does not answer the request")
         try:
@@ -1077,110 +999,61 @@ class EnvHandle:
         obs, info = f"[environment error: {e.kind}] {e.message}", {"error": e.kind, "message": e.message}
         return (obs, 0.0, True, False, info) if step else (obs, info)
 
-    def _begin_reset(self, seed):
-        if self.pid is None and not self._closed:
-            self._start()                                              # recycle after a failure
-        if self.pid is None:
-            raise _Fail(*self._failure)
+    def _begin_reset(self, seed, op="R"):
         self._used = 0.0
-        self._begin("R", _dumps(seed), self._sb.step_timeout)
+        self._begin(op, _dumps(seed), self._sb.step_timeout)
 
     # -- public ------------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> tuple[str, dict]:
         try:
+            self._prepare()
             self._begin_reset(seed)
             return self._check_reset(self._end(self._wait()))
         except _Fail as e:
             return self._error(e, step=False)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
-        sb = self._sb
         try:
-            if (self.pid is None or self._buf or type(action) is not str
-                    or sb.episode_timeout - self._used < sb.step_timeout):
-                self._begin("S", _enc_str(str(action)), sb.step_timeout)    # the general path
-                return self._check_step(self._end(self._wait()))
-            # INFRA: the hot path. _begin / _wait / _end inlined for the common case; anything else
-            # (a partial write, a split or odd reply, a timeout, any check failing) goes back to them.
-            self._nonce = nonce = "%08x" % sb._nonce_bits(32)
-            data = f"S{nonce}{_enc_str(action)}\n".encode()
-            self._t0 = t0 = time.monotonic()
-            self._deadline, self._bound = t0 + sb.step_timeout, False
-            try:
-                n = os.write(self._wfd, data)
-            except BlockingIOError:
-                n = 0
-            except BrokenPipeError:
-                raise self._kill(None, wait=True) from None
-            if n != len(data):
-                self._send_rest(memoryview(data)[n:])
-            line = None
-            if self._rpoll.poll(sb._step_ms):
-                line = os.read(self._rfd, 65536)                       # readable: data or EOF
-                if line[-1:] != b"\n" or line.find(b"\n") != len(line) - 1:
-                    line = self._absorb(line)                          # not exactly one line
-            if line is None:
-                line = self._wait()
-            self._used += time.monotonic() - t0
-            try:                                                       # the honest common shape
-                text = line.decode("utf-8")
-                if text.startswith(nonce) and text[8] == "=" and "\\u" not in text:   # no NUL/surrogate
-                    r, end = _scan(text, 9)
-                    if end == len(text) - 1 and type(r) is list and len(r) == 5:
-                        obs, reward, term, trunc, info = r
-                        if (type(obs) is str and (type(reward) is float or type(reward) is int)
-                                and -10 <= reward <= 10 and term is False and trunc is False
-                                and type(info) is dict):
-                            return obs[:OBS_CAP], float(reward), False, False, info
-            except (ValueError, IndexError, StopIteration, RecursionError):
-                pass
-            return self._check_step(self._end(line, episode=False))    # names what is wrong
+            self._begin("S", _dumps(str(action)), self._sb.step_timeout)
+            return self._check_step(self._end(self._wait()))
         except _Fail as e:
             return self._error(e)
 
     def tools(self) -> list[dict]:
         """OpenAI function schemas of a ToolEnv ([] for games)."""
-        return json.loads(json.dumps(self._tools))
-
-    def call(self, name: str, arguments: dict) -> str:
-        """Run one tool through the environment's call() dispatch; errors come back as text."""
         try:
-            return self._check_obs(self._roundtrip("C", _dumps([name, arguments])))
-        except _Fail as e:
-            return f"[environment error: {e.kind}] {e.message}"
+            self._ready()
+        except _Fail:
+            return []
+        return json.loads(_dumps(self._tools))
 
 
 class Sandbox:
-    """Runs untrusted environments; use as a context manager. See the module docstring.
+    """Runs untrusted environments and programs; use as a context manager. See the module docstring.
 
     workers: validations run at once by validate_many (live handles are not limited by it).
-    step_timeout: wall-clock seconds per call (reset/step/call, and load unless load_timeout).
+    step_timeout: wall-clock seconds per call (reset/step, and load unless load_timeout).
     memory_mb: address-space allowance per worker above the preloaded interpreter.
     episode_timeout: wall-clock seconds of worker time per episode (since reset).
-    cpu_seconds / fsize_mb: RLIMIT_CPU per worker lifetime / RLIMIT_FSIZE per file.
+    cpu_seconds / fsize_mb: RLIMIT_CPU per worker / RLIMIT_FSIZE per file.
     scratch_mb: size of the private tmpfs holding all scratch dirs (root only).
     numpy: preload numpy in the zygote so environments can import it cheaply.
     landlock / seccomp: apply those layers when the kernel has them (turn off only to debug).
-    pool: idle pre-forked workers the zygote keeps ready.
-    max_reuse / max_parked: episodes per worker of one source / parked workers kept in total.
+    pool: idle pre-forked workers the zygote keeps ready (every episode takes a fresh one).
     """
 
     def __init__(self, workers: int = 8, step_timeout: float = 5.0, memory_mb: int = 1024,
                  load_timeout: float | None = None, episode_timeout: float = 120.0, cpu_seconds: int = 300,
                  fsize_mb: int = 16, scratch_mb: int = 256, numpy: bool = True,
-                 landlock: bool = True, seccomp: bool = True, pool: int = 4, max_reuse: int = 32,
-                 max_parked: int = 256):
+                 landlock: bool = True, seccomp: bool = True, pool: int = 8):
         self.workers, self.step_timeout, self.memory_mb = workers, step_timeout, memory_mb
         self.load_timeout = step_timeout if load_timeout is None else load_timeout
-        self._step_ms = max(1, math.ceil(step_timeout * 1000))
         self.episode_timeout = episode_timeout
         self._cfg = dict(memory_mb=memory_mb, cpu_seconds=cpu_seconds, fsize_mb=fsize_mb,
                          scratch_mb=scratch_mb, numpy=numpy, landlock=landlock, seccomp=seccomp)
         self._zlock, self._live, self._required, self._pool = threading.RLock(), set(), [], 0
-        self._parked = []                                              # [((setting, source), state)]
         # Request nonces come from a private generator seeded by the OS: workers never see it.
         self._nonce_bits = random.Random(os.urandom(32)).getrandbits
-        self.max_reuse, self.max_parked = max_reuse, max_parked
         self._proc = None
         import resource                                                # each handle holds two pipe fds
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -1188,10 +1061,11 @@ class Sandbox:
             target = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
             resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, target), hard))
         self._start_zygote()
-        probe = EnvHandle(self, "class ProbeEnv:\n    pass\n", fresh=True)
-        probe._parkable = False
-        if probe._failure:
-            raise SandboxInfraError(f"probe worker failed: {probe._failure}")
+        probe = EnvHandle(self, "class ProbeEnv:\n    pass\n")
+        try:
+            probe._ready()
+        except _Fail:
+            raise SandboxInfraError(f"probe worker failed: {probe._failure}") from None
         self.layers = tuple(probe.layers)
         probe.close()
         self._required = list(self.layers)                             # later workers fail closed
@@ -1251,14 +1125,8 @@ class Sandbox:
     def _spawn(self) -> tuple[int, int, int]:
         if self._proc is None:
             raise SandboxInfraError("sandbox is closed")
-        with self._zlock:                                              # uids are finite: evict parked
-            while self._parked and len(self._live) + len(self._parked) + self._pool >= UIDS - 16:
-                self._reap_state(self._parked.pop(0)[1])
-        if self._proc.poll() is not None:                              # zygote died: start a new one
-            with self._zlock:
-                for _, state in self._parked:                          # its workers died with it
-                    self._reap_state(state, tell=False)
-                self._parked.clear()
+        with self._zlock:
+            if self._proc.poll() is not None:                          # zygote died: start a new one
                 self._zsock.close()
                 self._start_zygote()
         out, fds = self._zygote({"op": "spawn", "required": self._required, "pool": self._pool},
@@ -1273,34 +1141,7 @@ class Sandbox:
             os.set_blocking(fd, False)
         return out["pid"], rep_r, req_w
 
-    def _park(self, key, state):
-        with self._zlock:
-            self._parked.append((key, state))
-            while len(self._parked) > self.max_parked:                 # evict the oldest
-                self._reap_state(self._parked.pop(0)[1])
-
-    def _unpark(self, key):
-        with self._zlock:
-            for i in range(len(self._parked) - 1, -1, -1):             # the most recently parked
-                if self._parked[i][0] == key:
-                    return self._parked.pop(i)[1]
-        return None
-
-    def _reap_state(self, state, tell=True):
-        _killall(state[0])
-        os.close(state[1])
-        os.close(state[2])
-        if tell:
-            self._zygote({"op": "reap", "pid": state[0]}, reply=False)
-
     def close(self):
-        with self._zlock:
-            for _, state in self._parked:
-                try:
-                    self._reap_state(state)
-                except (OSError, SandboxInfraError):
-                    pass
-            self._parked.clear()
         for h in list(self._live):
             h.close()
         if self._proc is not None:
@@ -1320,7 +1161,7 @@ class Sandbox:
 
     # -- public ------------------------------------------------------------------------------
     def open(self, source: str, setting: str = "games") -> EnvHandle:
-        """A handle to one fresh instance; an environment fault shows up at reset/step, not here."""
+        """A handle to one instance; an environment fault shows up at reset/step, not here."""
         return EnvHandle(self, source, setting)
 
     def step_many(self, handles: list, actions: list) -> list[tuple]:
@@ -1338,10 +1179,17 @@ class Sandbox:
 
         def fail(i, h, e):
             out[i] = h._error(e, step)
+        for i, h in enumerate(handles if not step else ()):           # fresh workers load in parallel
+            try:
+                h._prepare()
+            except _Fail as e:
+                fail(i, h, e)
         for i, (h, a) in enumerate(zip(handles, args)):
             try:
+                if out[i] is not None:
+                    continue
                 if step:
-                    h._begin("S", _enc_str(str(a)), self.step_timeout)
+                    h._begin("S", _dumps(str(a)), self.step_timeout)
                 else:
                     h._begin_reset(a)
                 pending[h._rfd] = (i, h)
@@ -1372,9 +1220,27 @@ class Sandbox:
                 del pending[fd]
         return out
 
-    # -- ALGO: the validation probe (SPEC §7.2) ------------------------------------------------
+    def run_program(self, code: str, stdin: str = "", timeout: float | None = None,
+                    out_cap: int = 8 << 20) -> tuple[str, str]:
+        """Run `code` as __main__ in a fresh worker with every layer above: `stdin` on fd 0, at most
+        `out_cap` bytes of stdout back. Returns (status, stdout); status is "ok" (finished or exit 0),
+        "error" (an exception or a non-zero exit) or the failure that ended the worker ("timeout",
+        "memory_limit", "cpu_limit", "worker_crashed", "worker_exited", "output_too_large", ...)."""
+        h = EnvHandle(self, None)
+        h._cap = 8 * out_cap + 4096                                    # JSON escapes: <= 6 bytes per byte
+        try:
+            r = h._roundtrip("P", _dumps([code, stdin, out_cap]), timeout or self.step_timeout, episode=False)
+            if type(r) is not list or len(r) != 2 or r[0] not in ("ok", "error") or type(r[1]) is not str:
+                raise h._kill("protocol_violation", "malformed program reply")
+            return r[0], r[1]
+        except _Fail as e:
+            return e.kind, ""
+        finally:
+            h.close()
+
+    # -- ALGO: the validation probe (the paper's fixed actions plus an unpredictable probe) --------
     def validate(self, source: str, setting: str = "games") -> ValidationReport:
-        """Probe in two fresh workers with one script; ok only if both pass and agree exactly."""
+        """Probe in two fresh instances with one script; ok only if both pass and agree exactly."""
         rng = random.SystemRandom()                                    # not predictable constants
         words = ("a", "up", "left", "yes", "no", "7", "x", "reset", "0", "-1", "hint", "e4")
         extra = [r"\boxed{%s}" % rng.choice((str(rng.randrange(1000)), rng.choice(words)))
@@ -1383,12 +1249,10 @@ class Sandbox:
                   + [("reset", rng.randrange(1, 2**31 - 1))] + [("step", a) for a in extra])
         transcripts, name = [], None
         for _ in range(2):
-            h = EnvHandle(self, source, setting, fresh=True)
-            h._parkable = False
-            name = h.class_name or name
+            h = EnvHandle(self, source, setting)
             try:
-                if h.pid is None:
-                    raise _Fail(*h._failure)
+                h._ready()
+                name = h.class_name or name
                 transcripts.append(self._probe(h, script, setting))
             except _Fail as e:
                 return ValidationReport(False, f"{e.kind}: {e.message}", name, e.kind, setting)
@@ -1407,20 +1271,29 @@ class Sandbox:
             return list(pool.map(lambda s: self.validate(s, setting), sources))
 
     def _probe(self, h: EnvHandle, script, setting) -> list:
-        out, over = [], False
+        out, over, times = [], False, {"reset": [], "step": []}
         for op, arg in script:
             if op == "reset":
-                h._used = 0.0
-                obs, info = h._check_reset(h._roundtrip("R", _dumps(arg)))
+                h._prepare()
+                h._begin_reset(arg)
+                obs, info = h._check_reset(h._end(h._wait()))
                 if not obs.strip():
                     raise _Fail("invalid_observation", "empty observation from reset()")
                 out.append([obs, info])
                 over = False
             elif not over:                                             # stop early on a terminal flag
-                r = h._check_step(h._roundtrip("S", _enc_str(arg)))
+                r = h._check_step(h._roundtrip("S", _dumps(arg)))
                 h._leak_check()
                 out.append(list(r))
                 over = r[2] or r[3]
+            else:
+                continue
+            times[op].append(h._last)
+        limit = SLOW_SHARE * self.step_timeout                         # slow calls hold the whole batch
+        for op, ts in times.items():
+            if ts and sorted(ts)[len(ts) // 2] > limit:
+                raise _Fail("too_slow", f"median {op} call took {sorted(ts)[len(ts) // 2]:.3f} s, over "
+                                        f"{SLOW_SHARE:g} x step_timeout = {limit:.3f} s")
         if setting == "tool":
             for seed in (0, 1, 2):
                 out.append(self._solvable(h, seed))
@@ -1428,8 +1301,9 @@ class Sandbox:
 
     def _solvable(self, h: EnvHandle, seed: int) -> list:
         """Replay solution() one call per step from reset(seed); <answer>done</answer> must pay 1.0."""
-        h._used = 0.0
-        r = h._roundtrip("T", _dumps(seed))
+        h._prepare()
+        h._begin_reset(seed, op="T")
+        r = h._end(h._wait())
         if type(r) is not list or len(r) != 5 or type(r[1]) is not int or type(r[4]) is not list:
             raise h._kill("protocol_violation", "malformed tool probe reply")
         obs, n, held, raised, sol = r
@@ -1444,11 +1318,11 @@ class Sandbox:
                 raise _Fail("unsolvable", f"seed {seed}: solution() step {call!r:.60} is not a call")
             action = "<tool_call>" + json.dumps({"name": call["name"],
                                                  "arguments": call.get("arguments", {})}) + "</tool_call>"
-            o, rew, term, _, _ = h._check_step(h._roundtrip("S", _enc_str(action)))
+            o, rew, term, _, _ = h._check_step(h._roundtrip("S", _dumps(action)))
             trace.append([o, rew])
             if term:
                 raise _Fail("unsolvable", f"seed {seed}: episode ended during the solution replay")
-        o, rew, term, _, _ = h._check_step(h._roundtrip("S", _enc_str("<answer>done</answer>")))
+        o, rew, term, _, _ = h._check_step(h._roundtrip("S", _dumps("<answer>done</answer>")))
         if not term or rew != 1.0:
             raise _Fail("unsolvable", f"seed {seed}: replaying solution() ends with reward {rew}")
         h._leak_check()

@@ -8,6 +8,7 @@ import os
 import select
 import signal
 import socket
+import tempfile
 import textwrap
 import time
 
@@ -16,7 +17,11 @@ import pytest
 import sandbox
 from sandbox import Sandbox, SandboxInfraError
 
-STEP_TIMEOUT = 0.75
+# Per-call deadline of the shared sandbox: every honest call (validation included) must answer
+# within it on a loaded 2-core CI box, so it is generous; hostile calls hang forever, so a test still
+# tells "timed out" from "never returned". SLACK bounds how late control may come back under load.
+STEP_TIMEOUT = 2.0
+SLACK = 5.0
 SECRET = "spade-secret-7f3a9c"
 
 
@@ -228,7 +233,6 @@ def test_tool_env_validates_and_plays(sb):
     outs = [h.step(call(n, order_id=str(oid)))[0] for n in ("lookup_order", "cancel_order", "refund")]
     assert outs[-1].endswith(sandbox.ALL_DONE)
     assert h.step("<answer>done</answer>")[1:3] == (1.0, True)
-    assert h.call("refund", {"order_id": "1"}).startswith("Error")     # call() returns errors as text
     h.close()
 
 
@@ -260,7 +264,7 @@ def test_load_errors_named(sb):
     assert sb.validate(game("raise RuntimeError('boom')")).kind == "step_error"
     t0 = time.monotonic()
     assert sb.validate("while True:\n    pass\n").kind == "timeout"       # hangs at import
-    assert time.monotonic() - t0 < STEP_TIMEOUT + 2.0
+    assert time.monotonic() - t0 < STEP_TIMEOUT + SLACK
 
 
 # ------------------------------------------------- 1. the trainer survives everything, within deadline
@@ -277,7 +281,7 @@ def test_hang_times_out_within_deadline(sb, body):
     t0 = time.monotonic()
     r = h.step("\\boxed{1}")
     assert err(r) == "timeout" and r[2] is True and r[0].startswith("[environment error: timeout]")
-    assert time.monotonic() - t0 < STEP_TIMEOUT + 2.0                  # generous: shared CI machine
+    assert time.monotonic() - t0 < STEP_TIMEOUT + SLACK
     assert eventually(lambda: not group_alive(pid))
     assert h.step("x")[4]["error"] == "timeout"                        # the episode stays over
     assert h.reset(seed=1)[0].startswith("Say")                        # recycled into a fresh worker
@@ -305,6 +309,7 @@ def test_episode_time_budget():
 def test_signals_ptrace_renice_cannot_reach_caller(sb):
     need(sb, "seccomp")
     me = os.getpid()
+    niceness = os.getpriority(os.PRIO_PROCESS, me)                     # the runner may itself be niced
     env = game(f"""
         import ctypes, os, signal
         res = []
@@ -323,7 +328,7 @@ def test_signals_ptrace_renice_cannot_reach_caller(sb):
     """)
     obs = play(sb, env)[0][0]
     assert "done" not in obs and "ptrace:-1" in obs, obs
-    assert os.getpriority(os.PRIO_PROCESS, me) <= 0
+    assert os.getpriority(os.PRIO_PROCESS, me) == niceness
     assert sb.validate(HONEST).ok                                      # zygote and caller still fine
 
 
@@ -360,8 +365,8 @@ def test_secret_files_and_project_files_unreadable(sb, tmp_path):
     planted = tmp_path / "token"
     planted.write_text(SECRET)
     planted.chmod(0o644)
-    home = os.path.expanduser("~/.spade_test_token")
-    with open(home, "w") as f:
+    fd, home = tempfile.mkstemp(prefix=".spade_test_token_", dir=os.path.expanduser("~"))
+    with os.fdopen(fd, "w") as f:                                      # unique: parallel runs never collide
         f.write(SECRET)
     targets = [str(planted), home, os.path.abspath(sandbox.__file__)]
     try:
@@ -379,7 +384,7 @@ def test_secret_files_and_project_files_unreadable(sb, tmp_path):
         os.remove(home)
     assert SECRET not in parts[0] and SECRET not in parts[1]
     if "landlock" in sb.layers:
-        assert parts[2] in ("PermissionError", "FileNotFoundError")  # hidden if under /tmp                           # world-readable project file
+        assert parts[2] in ("PermissionError", "FileNotFoundError")  # world-readable project file
 
 
 def test_other_environment_memory_unreadable(sb):
@@ -434,14 +439,11 @@ def test_writes_outside_scratch_blocked_and_scratch_removed(sb, tmp_path):
     assert "wrote" not in obs and "deleted" not in obs and obs.endswith("scratch is fine"), obs
     assert not (open_dir / "evil").exists() and not os.path.exists(project)
     assert not os.path.exists("/root/evil") and victim.read_text() == "keep"
-    h.close()                                                          # parked for this source
-    h2 = sb.open(env)                                                  # reused: a fresh, empty scratch
-    h2.reset(seed=0)
-    assert h2.step("look")[0] == "empty"
-    h2._parkable = False
     view = f"/proc/{sb._proc.pid}/root{cwd}"                           # the zygote's mount namespace
-    h2.close()                                                         # killed: its scratch is removed
-    assert eventually(lambda: not os.path.exists(view))
+    h.reset(seed=0)                                                    # the next episode: a fresh worker
+    assert h.step("look")[0] == "empty"                                # with a fresh, empty scratch
+    assert eventually(lambda: not os.path.exists(view))                # the old one is removed
+    h.close()
 
 
 def test_no_network(sb):
@@ -687,7 +689,7 @@ def test_batch_failures_end_only_their_own_episode(sb):
     assert all(o.startswith(("Guess", "Say")) for o, _ in obs)
     t0 = time.monotonic()
     out = sb.step_many(handles, ["\\boxed{25}"] * len(handles))
-    assert time.monotonic() - t0 < STEP_TIMEOUT + 2.0
+    assert time.monotonic() - t0 < STEP_TIMEOUT + SLACK
     assert [err(r) for r in out] == [None] * 5 + ["timeout", "worker_exited", "invalid_reward"]
     again = sb.step_many(handles[:5], ["\\boxed{30}"] * 5)
     assert all(err(r) is None for r in again)
@@ -714,39 +716,115 @@ def test_dead_zygote_is_restarted_and_infra_faults_raise(monkeypatch):
     s.close()
 
 
-# ------------------------------------------- worker reuse: one worker per source, fresh instances
-def test_reused_worker_gets_fresh_instance_and_never_crosses_sources(sb):
-    env = game("return f'step {self.t}', 0.0, False, False, {}", reset="return 'hi', {}",
-               head="# reuse test")
+# ------------------------------------ every episode starts from a freshly executed module (exact replay)
+LEAKY = {
+    "mutable_class_attribute": ("", "history = []", "self.history.append(action)\nn = len(self.history)"),
+    "class_counter": ("", "count = 0", "type(self).count += 1\nn = type(self).count"),
+    "module_list": ("SEEN = []", "", "SEEN.append(action)\nn = len(SEEN)"),
+    "module_random_seed": ("import random\nrandom.seed(5)", "", "n = random.randint(0, 10**9)"),
+    "stdlib_module_state": ("import json", "", "json.calls = getattr(json, 'calls', 0) + 1\nn = json.calls"),
+}
+
+
+@pytest.mark.parametrize("name", list(LEAKY))
+def test_first_and_tenth_episode_are_byte_identical(sb, name):
+    head, attr, body = LEAKY[name]
+    env = (f"{head}\n\nclass LeakyEnv:\n    {attr or 'pass'}\n    def reset(self, seed=None):\n"
+           f"        self.rng, action = __import__('random').Random(seed), 'reset'\n"
+           + textwrap.indent(body, " " * 8) + "\n        return f'first {n} {self.rng.random()}', {}\n"
+           "    def step(self, action):\n" + textwrap.indent(body, " " * 8)
+           + "\n        return f'n={n}', 0.0, False, False, {'n': n}\n")
     h = sb.open(env)
-    h.reset(seed=0)
-    assert [h.step("a")[0] for _ in range(2)] == ["step 1", "step 2"]
-    pid = h.pid
+    episodes = []
+    for i in range(10):                                                # one handle: a worker per episode
+        if i == 5:
+            h.close()
+            h = sb.open(env)                                           # ... and across handles
+        episodes.append(json.dumps([h.reset(seed=7)] + [h.step(a) for a in ("a", "b", "c")]).encode())
     h.close()
-    h2 = sb.open(env)
-    assert h2.pid == pid                                               # parked worker reused
-    h2.reset(seed=0)
-    assert h2.step("a")[0] == "step 1"                                 # but a fresh instance
-    h2.close()
-    other = sb.open(env + "\n# another source\n")
-    assert other.pid != pid
-    other.close()
+    assert err(json.loads(episodes[0])[1]) is None, episodes[0]
+    assert episodes[9] == episodes[0] and len(set(episodes)) == 1, (episodes[0], episodes[9])
 
 
-def test_hostile_on_a_later_episode_caught_at_play_time(sb):
-    env = game("return 'o', 0.0, True, False, {}", head="EPISODES = [0]", reset="""
-        EPISODES[0] += 1
-        if EPISODES[0] > 3:
-            while True: pass
-        return 'hi', {}
+def test_slow_environment_rejected_as_too_slow():
+    with Sandbox(workers=1, step_timeout=1.0, numpy=False, pool=2) as s:
+        slow_reset = game("return 'o', 0.0, False, False, {}",
+                          reset="import time\ntime.sleep(0.5)\nreturn 'hi', {}")   # half of step_timeout
+        rep = s.validate(slow_reset)
+        assert rep.kind == "too_slow" and "median reset call took 0." in rep.error, rep
+        slow_step = game("import time\ntime.sleep(0.5)\nreturn 'o', 0.0, False, False, {}")
+        rep = s.validate(slow_step)
+        assert rep.kind == "too_slow" and "median step call" in rep.error, rep
+        took = float(rep.error.split("took ")[1].split(" s")[0])
+        assert 0.5 <= took < 1.0                                       # the measured time, not the limit
+        assert s.validate(HONEST).ok                                   # honest calls take milliseconds
+
+
+def test_per_file_size_limit_holds():
+    with Sandbox(workers=1, fsize_mb=1, numpy=False, pool=0) as s:
+        env = game("""
+            try:
+                with open('big.bin', 'wb') as f:
+                    f.write(b'x' * (3 << 20))
+                out = 'wrote'
+            except OSError as e:
+                out = f'errno {e.errno}'
+            import os
+            return f'{out} {os.path.getsize("big.bin")}', 0.0, False, False, {}
+        """)
+        obs = play(s, env)[0][0]
+    assert obs == f"errno 27 {1 << 20}", obs                           # EFBIG at exactly 1 MiB
+
+
+# ------------------------------------------------ whole programs (LiveCodeBench) under the same layers
+def test_run_program_honest_and_named_failures(sb):
+    assert sb.run_program("print(int(input()) * 2)", "21\n") == ("ok", "42\n")
+    assert sb.run_program("import sys\nprint(sum(map(int, open(0).read().split())))\nsys.exit(0)",
+                          "1 2 3") == ("ok", "6\n")
+    assert sb.run_program("import sys\nsys.stdout.buffer.write(sys.stdin.buffer.read()[::-1])", "abc") == ("ok", "cba")
+    assert sb.run_program("raise SystemExit(3)") == ("error", "")
+    assert sb.run_program("print('partial')\n1/0") == ("error", "partial\n")
+    assert sb.run_program("x = bytearray(4 << 30)")[0] == "error"     # MemoryError inside the program
+    assert sb.run_program("print('x' * 100)", out_cap=10) == ("ok", "x" * 10)
+
+
+def test_run_program_hostile_gets_no_secret_no_network_and_cannot_stall(sb, tmp_path):
+    need(sb, "uid")
+    planted = tmp_path / "token"
+    planted.write_text(SECRET)
+    planted.chmod(0o644)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))                                    # the OS picks the port; kept bound
+    listener.listen(4)
+    port = listener.getsockname()[1]
+    code = src(f"""
+        import os, socket
+        out = [os.environ.get('SPADE_TEST_SECRET_TOKEN', 'no-env')]
+        for p in ({str(planted)!r}, os.path.expanduser('~/.cache/huggingface/token')):
+            try:
+                out.append(open(p).read())
+            except OSError as e:
+                out.append(type(e).__name__)
+        try:
+            socket.create_connection(('127.0.0.1', {port}), timeout=0.5); out.append('connected')
+        except Exception as e:                                         # OSError, or a codec it cannot load
+            out.append(type(e).__name__)
+        try:
+            out.append('forked' if os.fork() == 0 else 'parent')
+        except OSError as e:
+            out.append(type(e).__name__)
+        print(' '.join(out))
     """)
-    assert sb.validate(env).ok                                         # 3 resets per probe worker
-    errors = []
-    for i in range(5):
-        h = sb.open(env)
-        errors.append(h.reset(seed=i)[1].get("error"))
-        h.close()
-    assert errors[:3] == [None] * 3 and errors[3] == "timeout", errors
+    try:
+        status, out = sb.run_program(code)
+        assert status == "ok" and SECRET not in out and "connected" not in out and "fork" not in out, out
+        assert not select.select([listener], [], [], 0.2)[0]
+    finally:
+        listener.close()
+    t0 = time.monotonic()
+    assert sb.run_program("while True: pass", timeout=0.5) == ("timeout", "")
+    assert sb.run_program("import time\ntime.sleep(60)", timeout=0.5) == ("timeout", "")
+    assert time.monotonic() - t0 < 1.0 + SLACK
 
 
 @pytest.mark.parametrize("r,kind", [
@@ -770,26 +848,3 @@ def test_parent_revalidates_a_forger_that_knows_the_nonce(sb, r, kind):
     """)
     res = play(sb, env)[0]
     assert err(res) == kind and res[1] == 0.0 and res[2] is True
-
-
-def test_worker_busy_while_parked_is_not_reused(sb):
-    env = game("""
-        import signal
-        def spin(*_):
-            while True: pass
-        signal.signal(signal.SIGALRM, spin)
-        signal.setitimer(signal.ITIMER_REAL, 0.05)
-        return 'armed', 0.0, False, False, {}
-    """, head="# parked spinner")
-    h = sb.open(env)
-    h.reset(seed=0)
-    assert h.step("x")[0] == "armed"
-    pid = h.pid
-    h.close()                                                          # parked (stopped); SIGALRM pends
-    time.sleep(0.3)
-    t0 = time.monotonic()
-    h2 = sb.open(env)
-    assert h2.pid != pid and time.monotonic() - t0 < STEP_TIMEOUT + 2.0
-    assert eventually(lambda: not group_alive(pid))
-    h2._parkable = False
-    h2.close()
