@@ -133,7 +133,11 @@ _DECODER = json.JSONDecoder(parse_constant=_bad_constant)
 
 def _parse(data: bytes):
     """Strict JSON from bytes: UTF-8, no NaN/inf, nothing after the value."""
-    return _DECODER.decode(data.decode("utf-8"))
+    text = data.decode("utf-8")
+    obj, end = _DECODER.raw_decode(text)
+    if end != len(text):
+        raise ValueError("trailing data")
+    return obj
 
 
 class SandboxInfraError(RuntimeError):
