@@ -43,7 +43,8 @@ Deviations (from the paper and the authors' harness, spade-rl/spade):
 4. LiveCodeBench: as the authors' offline run, release_v6 whole (1,055 problems, 2023-05 .. 2025-04;
    --lcb_start_date / --lcb_end_date narrow it) and 1 sample at T 0.2 / top-p 0.95; their in-loop
    run used the 2025-01 .. 2025-04 problems. Our own grader: tests stop at the first failure;
-   outputs compared line by line, then token by token with numeric tokens compared as decimals.
+   outputs compared line by line, then token by token with numeric tokens compared as decimals;
+   each test runs in a fresh sandbox.py worker (no network, files or processes of the host).
 5. Tool-use suites: toolbench.py's docstring.
 
 Usage (multi-GPU tensor parallelism: serve the model with `vllm serve` and use --endpoint):
@@ -53,7 +54,7 @@ Usage (multi-GPU tensor parallelism: serve the model with `vllm serve` and use -
     python eval.py --model tiny --engine transformers --data_dir tests/fixtures/eval --limit 1 \
         --rg_tasks chain_sum --rg_episodes 2 --aime_samples 2 --max_new_tokens 16   # CPU smoke run
 
-Dependencies: stdlib, tqdm, transformers (CLI), reasoning-gym, math-verify; lazily: engine.py,
+Dependencies: stdlib, tqdm, sandbox.py, transformers (CLI), reasoning-gym, math-verify; lazily: engine.py,
 `datasets`/`huggingface_hub` (hub loading), `bfcl_eval` (BFCL).
 Test: `pytest tests/test_eval.py`.
 """
@@ -67,10 +68,6 @@ import os
 import pickle
 import random
 import re
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 import urllib.request
 import zlib
@@ -82,6 +79,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 import agent
+import sandbox
 from toolbench import (BFCL_CATEGORIES, MissingDataset, _read_jsonl, bfcl_tool, call_string,  # noqa: F401
                        load_bfcl, parse_tool_calls, run_bfcl, run_bfcl_overall)
 
@@ -462,15 +460,16 @@ def run_gpqa(sampler, rows, *, n=8, seed=0, sampling, batch_size=256):
 
 
 # ----------------------------------------------------------------------------------------------
-# ALGO: LiveCodeBench. Every test runs in a fresh subprocess: own session (the whole group is
-# killed on timeout), rlimits on memory / CPU / file size, an empty temp cwd, stdout to a capped
-# file. This contains honest mistakes (loops, memory blow-ups, floods), not a hostile model: there
-# is no network or filesystem isolation beyond the temp cwd.
+# ALGO: LiveCodeBench. Every test runs the solution as a whole program in a fresh sandbox worker
+# (sandbox.Sandbox.run_program): the isolation designer-written environments get, so model-written
+# code reads no file outside its scratch dir, reaches no network, starts no process, and is killed
+# at the time limit; memory is an address-space limit. Functional tests read their job on stdin.
 
 FUNCTIONAL_RUNNER = r"""
 import json, sys
 sys.setrecursionlimit(100000)
-src, func, args = open(sys.argv[1]).read(), sys.argv[2], open(sys.argv[3]).read()
+job = json.load(sys.stdin)
+src, func, args = job["src"], job["func"], job["args"]
 ns = {"__name__": "__solution__"}
 exec("from typing import *\nimport collections, heapq, itertools, math, bisect, functools\n" + src, ns)
 target = getattr(ns["Solution"](), func) if "Solution" in ns else ns[func]
@@ -484,39 +483,6 @@ def extract_code(reply: str) -> str | None:
     text = after_thinking(reply)
     blocks = re.findall(r"```python\s*\n(.*?)```", text, flags=re.S) or re.findall(r"```\w*\s*\n(.*?)```", text, flags=re.S)
     return blocks[-1] if blocks else None
-
-
-# Limits are set inside the child by this launcher (a preexec_fn is unsafe with grader threads).
-LAUNCHER = r"""
-import resource, runpy, sys
-mem, cpu = int(sys.argv[1]) << 20, int(sys.argv[2])
-for kind, value in ((resource.RLIMIT_AS, mem), (resource.RLIMIT_CPU, cpu), (resource.RLIMIT_FSIZE, 64 << 20),
-                    (resource.RLIMIT_CORE, 0)):
-    resource.setrlimit(kind, (value, value))
-sys.argv = sys.argv[3:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
-
-def run_program(args: list[str], stdin: str, *, timeout: float, memory_mb: int, cwd: str) -> tuple[str, str]:
-    """Run `python script args...` with stdin under limits; returns (status, stdout), status ok|timeout|error."""
-    argv = [sys.executable, "-I", "-c", LAUNCHER, str(memory_mb), str(math.ceil(timeout) + 1), *args]
-    with tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.DEVNULL, cwd=cwd,
-                                env={"PATH": "/usr/bin:/bin", "PYTHONIOENCODING": "utf-8"}, start_new_session=True)
-        try:
-            proc.communicate(stdin.encode(), timeout=timeout)
-            status = "ok" if proc.returncode == 0 else "error"
-        except subprocess.TimeoutExpired:
-            status = "timeout"
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # the program and anything it spawned
-            except ProcessLookupError:
-                pass
-            proc.wait()
-        out.seek(0)
-        return status, out.read(8 << 20).decode("utf-8", "replace")
 
 
 def _same_token(a: str, b: str) -> bool:
@@ -541,30 +507,29 @@ def stdout_matches(got: str, expected: str) -> bool:
 
 
 def grade_code(code: str | None, tests: list[dict], *, func_name: str | None = None, timeout: float = 6.0,
-               memory_mb: int = 4096) -> tuple[bool, str]:
-    """All tests pass? Returns (passed, reason of the first failure or "ok")."""
+               memory_mb: int = 4096, sb=None) -> tuple[bool, str]:
+    """All tests pass? Returns (passed, reason of the first failure or "ok"). `sb`: the sandbox.Sandbox
+    to run in (None: one is started for this call)."""
     if not code:
         return False, "no_code"
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp, "solution.py")
-        src.write_text(code, encoding="utf-8")
-        runner = Path(tmp, "runner.py")
-        runner.write_text(FUNCTIONAL_RUNNER, encoding="utf-8")
-        for t, test in enumerate(tests):
-            if test.get("testtype", "stdin") == "functional":
-                Path(tmp, "args.txt").write_text(test["input"], encoding="utf-8")
-                status, out = run_program([str(runner), str(src), func_name or "", "args.txt"],
-                                          "", timeout=timeout, memory_mb=memory_mb, cwd=tmp)
-                try:
-                    ok = status == "ok" and json.loads(out.strip().splitlines()[-1]) == json.loads(test["output"])
-                except (ValueError, IndexError):
-                    ok = False
-            else:
-                status, out = run_program([str(src)], test["input"], timeout=timeout,
-                                          memory_mb=memory_mb, cwd=tmp)
-                ok = status == "ok" and stdout_matches(out, test["output"])
-            if not ok:
-                return False, f"test {t}: {status if status != 'ok' else 'wrong_answer'}"
+    if sb is None:
+        with sandbox.Sandbox(workers=1, step_timeout=timeout, memory_mb=memory_mb, fsize_mb=64, pool=1) as own:
+            return grade_code(code, tests, func_name=func_name, timeout=timeout, sb=own)
+    for t, test in enumerate(tests):
+        functional = test.get("testtype", "stdin") == "functional"
+        if functional:
+            job = json.dumps({"src": code, "func": func_name or "", "args": test["input"]})
+            status, out = sb.run_program(FUNCTIONAL_RUNNER, job, timeout=timeout)
+        else:
+            status, out = sb.run_program(code, test["input"], timeout=timeout)
+        status = status if status in ("ok", "timeout") else "error"  # exception, exit != 0, memory, crash
+        try:
+            ok = status == "ok" and (json.loads(out.strip().splitlines()[-1]) == json.loads(test["output"])
+                                     if functional else stdout_matches(out, test["output"]))
+        except (ValueError, IndexError):
+            ok = False
+        if not ok:
+            return False, f"test {t}: {status if status != 'ok' else 'wrong_answer'}"
     return True, "ok"
 
 
@@ -614,10 +579,11 @@ def run_livecodebench(sampler, rows, *, n=10, sampling, batch_size=256, timeout=
 
     def grade(job):
         i, k = job
-        return grade_code(extract_code(replies[i][k]), tests[i], func_name=funcs[i], timeout=timeout,
-                          memory_mb=memory_mb)
+        return grade_code(extract_code(replies[i][k]), tests[i], func_name=funcs[i], timeout=timeout, sb=sb)
 
-    with ThreadPoolExecutor(workers or os.cpu_count() or 1) as pool:
+    workers = workers or os.cpu_count() or 1
+    with sandbox.Sandbox(workers=workers, step_timeout=timeout, memory_mb=memory_mb, fsize_mb=64,
+                         scratch_mb=2048, pool=workers) as sb, ThreadPoolExecutor(workers) as pool:
         results = list(tqdm(pool.map(grade, jobs), total=len(jobs), desc="livecodebench_v6 grading"))
     correct, records = [[0.0] * n for _ in rows], []
     for (i, k), (passed, reason) in zip(jobs, results):

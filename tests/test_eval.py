@@ -4,6 +4,8 @@ import ast
 import inspect
 import json
 import re
+import select
+import socket
 import time
 from pathlib import Path
 
@@ -189,27 +191,34 @@ def test_livecodebench_oracle_garbage_and_window():
 STDIN_TEST = [{"input": "2 3\n", "output": "5\n", "testtype": "stdin"}]
 
 
-def _alive(pid):
+@pytest.mark.timeout(60)
+def test_hostile_solution_graded_in_the_sandbox(tmp_path):
+    """Each test's expected output is what the attack would print if it worked, so a working attack
+    passes the test and a contained one is a wrong answer; the hang must not stall the grader."""
+    secret = tmp_path / "token"
+    secret.write_text("spade-lcb-secret")
+    secret.chmod(0o644)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))                                    # the OS picks the port; kept bound
+    listener.listen(4)
+    port = listener.getsockname()[1]
+    attacks = {
+        f"print(open({str(secret)!r}).read())": "spade-lcb-secret",
+        f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\nprint('connected')": "connected",
+        "import os\nprint('forked' if os.fork() else 'child')": "forked",
+        "import subprocess\nprint(subprocess.run(['echo', 'spawned'], capture_output=True).stdout.decode())": "spawned",
+    }
     try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-@pytest.mark.timeout(30)
-def test_grader_kills_an_infinite_loop_and_its_children(tmp_path):
-    pid_file = tmp_path / "child.pid"
-    code = ("import subprocess, sys\n"
-            "child = subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n"
-            f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
-            "while True:\n    pass\n")
-    assert E.grade_code(code, STDIN_TEST, timeout=5.0) == (False, "test 0: timeout")
-    pid = int(pid_file.read_text())
-    for _ in range(100):  # SIGKILL is delivered asynchronously
-        if not _alive(pid):
-            break
-        time.sleep(0.05)
-    assert not _alive(pid)
+        for code, would_print in attacks.items():
+            tests = [{"input": "", "output": would_print + "\n", "testtype": "stdin"}]
+            assert E.grade_code(code, tests, timeout=5.0)[0] is False, code
+        assert not select.select([listener], [], [], 0.2)[0]              # no connection attempt arrived
+    finally:
+        listener.close()
+    t0 = time.monotonic()
+    hang = "import os, time\ntry:\n    os.fork()\nexcept OSError:\n    pass\nwhile True:\n    time.sleep(1)\n"
+    assert E.grade_code(hang, STDIN_TEST, timeout=1.0) == (False, "test 0: timeout")
+    assert time.monotonic() - t0 < 1.0 + 10.0                          # deadline + a shared CI box's slack
 
 
 def test_grader_catches_wrong_answers_crashes_and_memory():
