@@ -1,85 +1,77 @@
 r"""Sandbox: run designer-written environments, and model-written programs, in locked-down processes.
 
-SPADE (arXiv 2608.19197, Sec. 3) has an Environment Designer write a Python class with `reset()` /
-`step()` (games) or a `ToolEnv` subclass (tool use) that the Reasoning Agent then plays. That code is
-untrusted model output, run by the thousand on machines that hold weights and credentials.
+SPADE (arXiv 2608.19197, Sec. 3): the Environment Designer writes a Python class with reset()/step()
+(games) or a ToolEnv subclass (tool use) for the Reasoning Agent to play; eval runs model-written
+LiveCodeBench solutions. Both are untrusted code, run by the thousand next to weights and credentials.
 
     with Sandbox(workers=8, step_timeout=5.0, memory_mb=1024) as sb:
-        report = sb.validate(source, setting="games")   # ValidationReport(.ok, .error, .class_name, .kind)
-        env = sb.open(source)                           # EnvHandle: .reset .step .tools .close
+        report = sb.validate(source, setting="games")  # ValidationReport(.ok, .error, .class_name, .kind)
+        env = sb.open(source)                          # EnvHandle: .reset .step .tools .close
         obs, info = env.reset(seed=0)
         obs, reward, terminated, truncated, info = env.step(r"\boxed{north}")
         sb.step_many(handles, actions); sb.reset_many(handles, seeds)
-        status, stdout = sb.run_program(code, stdin, timeout=6.0)   # e.g. a LiveCodeBench solution
+        status, stdout = sb.run_program(code, stdin, timeout=6.0)
 
-THREAT MODEL. The code may hang, sleep, ignore signals, bomb memory, processes or threads, flood
-prints, read environment variables, home secrets or project files, write anywhere, open sockets,
-signal or ptrace the trainer, forge or add reply lines, return lying objects (float/str subclasses,
-NaN, objects faking `__class__`, lone surrogates), exit or segfault, keep state between episodes, and
-behave well during validation but badly later. None of that may crash or stall the caller, leak a
-secret, leave a side effect, change another episode, or make another episode fail.
+THREAT MODEL. The code may hang, ignore signals, bomb memory, processes or threads, flood output, read
+env vars, home secrets or project files, write anywhere, open sockets, signal or ptrace the trainer,
+forge or add reply lines, return lying objects (float/str subclasses, NaN, a faked __class__, lone
+surrogates), exit or segfault, keep state for its next episode, and behave well only while validated.
+None of that may crash or stall the caller, leak a secret, leave a side effect, change or fail
+another episode.
 
-HOW. A zygote (`python -s -B -P sandbox.py --zygote`, started once with an allow-listed environment,
-never a fork of the trainer, never running untrusted code) forks one worker per EPISODE; the worker
-locks itself down before it reads any untrusted byte, then execs the source afresh. The trainer talks
-to it over two private pipes in JSON lines: request `<op><nonce><JSON>`, reply `<nonce>=<JSON>` or
-`<nonce>!<JSON [failure, message]>`, ops L(oad) R(eset) S(tep) T(ool probe) P(rogram). One request is
-outstanding at a time; the nonce is fresh per request; the PARENT re-checks every field with `type()`.
-
-LAYERS (`Sandbox.layers` lists those achieved, `Sandbox.level` sums them up; a later worker that
-cannot apply a layer the start-up probe achieved exits before running anything):
-  always    clean env (PYTHONHASHSEED=0), setsid, fds 0-2 on /dev/null, pipes re-numbered to 3/4 and
-            every other fd closed, private scratch cwd; rlimits AS (memory_mb above the preloaded
-            interpreter), CPU, FSIZE, NOFILE, NPROC, CORE=0; parent deadlines per call and per
-            episode, SIGKILL of the worker's process group; JSON only (never pickle), 1 MiB reply
-            line cap, strict re-validation; a fresh worker for every episode (no state carries over).
-  netns     (root) one empty network namespace for all workers of the zygote (loopback down).
-  mountns   (root) private size-capped tmpfs on /tmp, /var/tmp, /dev/shm holding the scratch dirs.
-  uid       (root) each worker has its own unprivileged uid/gid: no signals, ptrace, renice or /proc
-            reads across workers or towards the trainer; secret files of the trainer's user closed.
+DESIGN. A zygote (`python -s -B -P sandbox.py --zygote`, clean env, never a fork of the trainer, never
+runs untrusted code) forks one worker per EPISODE; the worker locks itself down, then executes the
+source afresh. Requests `<op><nonce><JSON>` (ops L(oad) R(eset) S(tep) T(ool probe) P(rogram)) and
+replies `<nonce>=<JSON>` or `<nonce>!<JSON [failure, message]>` are lines on two private pipes, one
+request outstanding, a fresh nonce each; the PARENT re-checks every field with type(), caps and text
+checks. LAYERS (`Sandbox.layers` lists those achieved; a worker missing one of them exits unused):
+  always    allow-listed env (PYTHONHASHSEED=0), setsid, fds 0-2 on /dev/null, pipes on 3/4, no other
+            fd, scratch cwd; rlimits AS (memory_mb above the preloaded zygote), CPU, FSIZE, NOFILE,
+            NPROC, CORE=0; parent deadlines per call and per episode, SIGKILL of the process group;
+            JSON only (never pickle), 1 MiB reply lines; a fresh worker per episode.
+  netns     (root) one empty network namespace for the zygote's workers.
+  mountns   (root) private size-capped tmpfs on /tmp, /var/tmp, /dev/shm (scratch lives there).
+  uid       (root) one unprivileged uid per worker: no signal, ptrace, renice or /proc read across
+            workers or towards the trainer; the trainer user's files stay closed.
   pdeathsig, nondumpable, no_new_privs   set after the uid drop.
-  landlock  read only below the Python install and system library dirs, write only in scratch, no
-            TCP bind/connect; abstract unix sockets and signals scoped to the worker (ABI >= 6).
-  seccomp   stdlib-built BPF (x86_64, aarch64; `_SYSCALLS` names every number): no fork/vfork,
-            clone only with CLONE_THREAD, clone3 -> ENOSYS, no exec, ptrace, process_vm_*, mount,
-            namespaces, bpf, perf, keyctl, io_uring, modules, kexec, pidfd, setpriority; kill and
-            sigqueue only of itself; sockets only AF_UNIX.
+  landlock  reads only below the Python install and system libraries, writes only in scratch, no TCP
+            bind/connect; abstract unix sockets and signals scoped to the worker (ABI >= 6).
+  seccomp   BPF (x86_64, aarch64; numbers named in _SYSCALLS): EPERM for every call in _DENY (fork,
+            exec, ptrace, mount, namespaces, bpf, io_uring, modules, pidfd, setpriority, ...); clone
+            only with CLONE_THREAD; kill/sigqueue only of itself; sockets only AF_UNIX.
+NOT COVERED. Kernel exploits (a process sandbox is not a VM); GPU device nodes are visible (Landlock
+forbids opening them); no cgroups (workers share CPU and memory within their rlimits). Without root,
+scratch is the host's /tmp under the per-file limit and workers share the trainer's uid, relying on
+Landlock and seccomp; without those too, only "always" holds and world-readable files and the network
+are reachable. A worker may read the nonce from its own serve loop and answer for itself: that only
+changes its own reply. Modules outside PRELOAD may be unimportable when the Python install lies below
+a directory the worker uid cannot traverse (e.g. /root/.pyenv).
 
-NOT COVERED. Kernel exploits (a process sandbox is not a VM). GPU device nodes are not hidden (Landlock
-forbids opening them). No cgroups: workers contend for CPU and memory within their rlimits. Without
-root: scratch is on the host /tmp with only the per-file size limit, workers share the trainer's uid
-and rely on Landlock and seccomp; without those (old kernels, other architectures) only the "always"
-layer holds and a worker could read world-readable files and reach the network. A worker that reads
-the nonce from its own serve loop can answer for itself, which changes only its own reply. Modules
-outside PRELOAD may be unimportable when the Python install sits under a directory the worker uid
-cannot traverse (e.g. /root/.pyenv).
-
-NAMED FAILURES (`info["error"]`, `ValidationReport.kind`): see FAILURES. `too_slow` (validation only):
-the median reset or step call of the probe took more than SLOW_SHARE of step_timeout. Faults of the
-sandbox itself (no worker could be started, the zygote cannot be restarted) raise SandboxInfraError.
+NAMED FAILURES: FAILURES below, in info["error"] and ValidationReport.kind; `too_slow` (validation):
+the median reset or step call took over SLOW_SHARE x step_timeout, as that stalls every batched turn.
+Faults of the sandbox itself raise SandboxInfraError.
 
 DEVIATIONS (the authors exec() environments inside the trainer with thread timeouts):
-  1. One process per episode, forked from a zygote; JSON protocol; parent re-validation.
-  2. The zygote runs `python -s -B -P` with a clean env, not `python -I` (-I implies -E, which would
-     ignore the pinned PYTHONHASHSEED that makes honest code deterministic across workers).
-  3. Validation adds an unpredictable probe (random seed and actions) to the fixed ones, runs under
-     the play-time limits, rejects slow environments (`too_slow`), and for tool use replays
-     `solution()` from seeds 0, 1, 2 instead of an LLM self-audit.
-  4. One network namespace is shared by a zygote's workers (one each costs ~2 ms per start).
-  5. Threads are allowed, but a worker with extra threads at reset, at an episode's end or during
-     validation is killed as `resource_leak`.
-  6. Every episode gets a fresh worker that executes the source afresh: a reset() after the first on
-     a handle replaces its worker. Re-executing the source in the same worker would be ~30x cheaper
-     but keeps the interpreter's global state (stdlib modules, the `random` generator); see README.
-  7. Honest conveniences: a bare-str reset() means (obs, {}); numpy scalars and arrays are converted
-     in the worker; observations over OBS_CAP characters are truncated, not rejected.
+  1. One process per episode, forked from a zygote; a JSON protocol the parent re-validates.
+  2. `python -s -B -P` with a clean env, not `-I` (it implies -E, which drops PYTHONHASHSEED=0).
+  3. Validation adds an unpredictable probe (random seed and actions), runs under the play-time
+     limits, rejects `too_slow`, and replays a tool environment's solution() from seeds 0, 1, 2
+     instead of an LLM self-audit.
+  4. One network namespace per zygote (one per worker would cost ~2 ms per start).
+  5. Threads are allowed; extra threads at reset, at an episode's end or in validation are a
+     `resource_leak`.
+  6. Every reset gets a fresh worker that executes the source afresh: module globals, class
+     attributes, the `random` generator and stdlib module state never carry over (re-executing the
+     source in a live worker is cheaper but keeps interpreter state; README, benchmarks).
+  7. Conveniences: a bare-str reset() means (obs, {}); numpy values are converted in the worker;
+     observations over OBS_CAP characters are truncated.
 
-The environment is the LAST class defined at module level whose name ends in "Env".
-Dependencies: stdlib only (numpy preloaded in workers when installed).
-Test: python -m pytest -q tests/test_sandbox.py
+The environment is the LAST module-level class whose name ends in "Env". Stdlib only (numpy is
+preloaded in workers when installed). Test: python -m pytest -q tests/test_sandbox.py
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -97,7 +89,7 @@ from dataclasses import dataclass, field
 
 OBS_CAP = 32_000          # characters; honest observations up to this pass unchanged
 LINE_CAP = 1 << 20        # bytes per reply line (environments)
-SLOW_SHARE = 0.25         # validation rejects a median reset/step above this share of step_timeout
+SLOW_SHARE = 0.25         # validation: the largest median reset/step time, as a share of step_timeout
 PROBE_ACTIONS = (r"\boxed{1}", r"\boxed{test}", r"\boxed{42}")      # the paper's fixed probe actions
 FAILURES = ("load_error", "reset_error", "step_error", "timeout", "episode_timeout", "memory_limit",
             "cpu_limit", "worker_exited", "worker_crashed", "protocol_violation", "output_too_large",
@@ -105,34 +97,29 @@ FAILURES = ("load_error", "reset_error", "step_error", "timeout", "episode_timeo
             "nondeterministic", "unsolvable", "too_slow", "closed")
 UIDS = 0x400               # worker uids per zygote (live + pre-forked workers)
 FULL = ("rlimits", "netns", "uid", "pdeathsig", "nondumpable", "no_new_privs", "seccomp")
-PRELOAD = ("math", "random", "re", "json", "itertools", "collections", "functools", "heapq", "string",
-           "fractions", "decimal", "statistics", "dataclasses", "typing", "enum", "copy", "textwrap",
-           "bisect", "operator", "datetime", "hashlib", "array", "struct", "time", "unicodedata",
-           "abc", "numbers", "pprint", "traceback", "types", "ast", "tempfile", "shutil", "ctypes",
-           "resource", "fcntl", "threading", "calendar", "cmath", "difflib", "uuid", "secrets", "io",
-           "queue")
+PRELOAD = tuple("math random re json itertools collections functools heapq string fractions decimal statistics "
+                "dataclasses typing enum copy textwrap bisect operator datetime hashlib array struct time unicodedata "
+                "abc numbers pprint traceback types ast tempfile shutil ctypes resource fcntl threading calendar "
+                "cmath difflib uuid secrets io queue".split())
 
 
-# INFRA: the wire format. JSON only, ASCII, no NaN/inf, nothing after the value.
-def _bad_constant(name):
+# INFRA: the wire format: JSON, ASCII, no NaN/inf, nothing after the value; never pickle.
+def _no_constant(name):
     raise ValueError(f"non-finite constant {name}")
 
 
 def _jsonable(x):
-    """Honest non-JSON values in results: numpy scalars/arrays, sets; anything else as str()."""
+    """Honest non-JSON values in results: numpy values as lists/numbers, sets sorted, else str()."""
     if type(x).__module__.split(".")[0] == "numpy" and hasattr(x, "tolist"):
         return x.tolist()
-    if isinstance(x, (set, frozenset)):
-        return sorted(x, key=repr)
-    return str(x)
+    return sorted(x, key=repr) if isinstance(x, (set, frozenset)) else str(x)
 
 
-_dumps = json.JSONEncoder(ensure_ascii=True, allow_nan=False, separators=(",", ":"), default=_jsonable).encode
-_DECODER = json.JSONDecoder(parse_constant=_bad_constant)
+_dumps = json.JSONEncoder(allow_nan=False, separators=(",", ":"), default=_jsonable).encode
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
 
 
 def _parse(data: bytes):
-    """Strict JSON from bytes: UTF-8, no NaN/inf, nothing after the value."""
     text = data.decode("utf-8")
     obj, end = _DECODER.raw_decode(text)
     if end != len(text):
@@ -258,42 +245,38 @@ class ToolEnv:
         return self._pending(), 0.0, False, truncated, {"tool_outputs": []}
 
 
-
-# ----------------------------------------------------------------------------------------------
 # INFRA: kernel layers applied in the worker (ctypes + stdlib only)
-# ----------------------------------------------------------------------------------------------
-_DENY = ("ptrace process_vm_readv process_vm_writev fork vfork tkill execve execveat unshare setns "
-         "mount umount2 pivot_root chroot open_tree move_mount fsopen fsconfig fsmount mount_setattr "
-         "bpf perf_event_open userfaultfd keyctl add_key request_key io_uring_setup io_uring_enter "
-         "io_uring_register kexec_load kexec_file_load init_module finit_module delete_module reboot "
-         "swapon swapoff acct personality pidfd_open pidfd_send_signal pidfd_getfd process_madvise "
+_DENY = ("ptrace process_vm_readv process_vm_writev fork vfork tkill execve execveat unshare setns mount "
+         "umount2 pivot_root chroot open_tree move_mount fsopen fsconfig fsmount mount_setattr bpf "
+         "perf_event_open userfaultfd keyctl add_key request_key io_uring_setup io_uring_enter "
+         "io_uring_register kexec_load kexec_file_load init_module finit_module delete_module reboot swapon "
+         "swapoff acct personality pidfd_open pidfd_send_signal pidfd_getfd process_madvise "
          "open_by_handle_at name_to_handle_at sethostname setdomainname quotactl kcmp iopl ioperm "
          "setpriority").split()
-_SYSCALLS = {  # audit arch and syscall numbers: asm/unistd_64.h (x86_64), asm-generic/unistd.h (aarch64)
+_SYSCALLS = {  # syscall numbers from asm/unistd_64.h (x86_64) and asm-generic/unistd.h (aarch64)
     "x86_64": dict(
         audit=0xC000003E, clone=56, clone3=435, kill=62, tgkill=234, rt_sigqueueinfo=129,
         rt_tgsigqueueinfo=297, socket=41, socketpair=53, ptrace=101, process_vm_readv=310,
-        process_vm_writev=311, fork=57, vfork=58, tkill=200, execve=59, execveat=322, unshare=272,
-        setns=308, mount=165, umount2=166, pivot_root=155, chroot=161, open_tree=428, move_mount=429,
-        fsopen=430, fsconfig=431, fsmount=432, mount_setattr=442, bpf=321, perf_event_open=298,
-        userfaultfd=323, keyctl=250, add_key=248, request_key=249, io_uring_setup=425,
-        io_uring_enter=426, io_uring_register=427, kexec_load=246, kexec_file_load=320,
-        init_module=175, finit_module=313, delete_module=176, reboot=169, swapon=167, swapoff=168,
-        acct=163, personality=135, pidfd_open=434, pidfd_send_signal=424, pidfd_getfd=438,
-        process_madvise=440, open_by_handle_at=304, name_to_handle_at=303, sethostname=170,
-        setdomainname=171, quotactl=179, kcmp=312, iopl=172, ioperm=173, setpriority=141),
-    "aarch64": dict(  # no fork, vfork, iopl, ioperm on this architecture
+        process_vm_writev=311, fork=57, vfork=58, tkill=200, execve=59, execveat=322, unshare=272, setns=308,
+        mount=165, umount2=166, pivot_root=155, chroot=161, open_tree=428, move_mount=429, fsopen=430,
+        fsconfig=431, fsmount=432, mount_setattr=442, bpf=321, perf_event_open=298, userfaultfd=323,
+        keyctl=250, add_key=248, request_key=249, io_uring_setup=425, io_uring_enter=426,
+        io_uring_register=427, kexec_load=246, kexec_file_load=320, init_module=175, finit_module=313,
+        delete_module=176, reboot=169, swapon=167, swapoff=168, acct=163, personality=135, pidfd_open=434,
+        pidfd_send_signal=424, pidfd_getfd=438, process_madvise=440, open_by_handle_at=304,
+        name_to_handle_at=303, sethostname=170, setdomainname=171, quotactl=179, kcmp=312, iopl=172,
+        ioperm=173, setpriority=141),
+    "aarch64": dict(  # this architecture has no fork, vfork, iopl, ioperm
         audit=0xC00000B7, clone=220, clone3=435, kill=129, tgkill=131, rt_sigqueueinfo=138,
         rt_tgsigqueueinfo=240, socket=198, socketpair=199, ptrace=117, process_vm_readv=270,
         process_vm_writev=271, tkill=130, execve=221, execveat=281, unshare=97, setns=268, mount=40,
-        umount2=39, pivot_root=41, chroot=51, open_tree=428, move_mount=429, fsopen=430,
-        fsconfig=431, fsmount=432, mount_setattr=442, bpf=280, perf_event_open=241, userfaultfd=282,
-        keyctl=219, add_key=217, request_key=218, io_uring_setup=425, io_uring_enter=426,
-        io_uring_register=427, kexec_load=104, kexec_file_load=294, init_module=105,
-        finit_module=273, delete_module=106, reboot=142, swapon=224, swapoff=225, acct=89,
-        personality=92, pidfd_open=434, pidfd_send_signal=424, pidfd_getfd=438, process_madvise=440,
-        open_by_handle_at=265, name_to_handle_at=264, sethostname=161, setdomainname=162,
-        quotactl=60, kcmp=272, setpriority=140),
+        umount2=39, pivot_root=41, chroot=51, open_tree=428, move_mount=429, fsopen=430, fsconfig=431,
+        fsmount=432, mount_setattr=442, bpf=280, perf_event_open=241, userfaultfd=282, keyctl=219,
+        add_key=217, request_key=218, io_uring_setup=425, io_uring_enter=426, io_uring_register=427,
+        kexec_load=104, kexec_file_load=294, init_module=105, finit_module=273, delete_module=106,
+        reboot=142, swapon=224, swapoff=225, acct=89, personality=92, pidfd_open=434, pidfd_send_signal=424,
+        pidfd_getfd=438, process_madvise=440, open_by_handle_at=265, name_to_handle_at=264,
+        sethostname=161, setdomainname=162, quotactl=60, kcmp=272, setpriority=140),
 }
 
 
@@ -305,37 +288,29 @@ def _seccomp_program(arch: str, pid: int) -> bytes:
     prog = [(LD, 0, 0, 4), (JEQ, 1, 0, nr["audit"]), (RET, 0, 0, KILL), (LD, 0, 0, 0)]
     if arch == "x86_64":
         prog += [(JGE, 0, 1, 0x40000000), (RET, 0, 0, EPERM)]          # the x32 ABI
-    for name in _DENY:
-        if name in nr:
-            prog += [(JEQ, 0, 1, nr[name]), (RET, 0, 0, EPERM)]
+    for name in (n for n in _DENY if n in nr):
+        prog += [(JEQ, 0, 1, nr[name]), (RET, 0, 0, EPERM)]
     prog += [(JEQ, 0, 1, nr["clone3"]), (RET, 0, 0, ENOSYS)]            # glibc falls back to clone
 
     def only(name, values):  # allow the call iff the low 32 bits of its first argument are in values
         body = [(LD, 0, 0, 16)] + [(JEQ, len(values) - j, 0, v & 0xFFFFFFFF) for j, v in enumerate(values)]
-        body += [(RET, 0, 0, EPERM), (RET, 0, 0, ALLOW)]
-        return [(JEQ, 0, len(body), nr[name])] + body
-    prog += only("kill", [pid, 0, -pid]) + only("tgkill", [pid])
-    prog += only("rt_sigqueueinfo", [pid]) + only("rt_tgsigqueueinfo", [pid])
-    prog += only("socket", [1]) + only("socketpair", [1])              # AF_UNIX only
+        return [(JEQ, 0, len(body) + 2, nr[name])] + body + [(RET, 0, 0, EPERM), (RET, 0, 0, ALLOW)]
+    prog += only("kill", [pid, 0, -pid]) + only("tgkill", [pid]) + only("rt_sigqueueinfo", [pid])
+    prog += only("rt_tgsigqueueinfo", [pid]) + only("socket", [1]) + only("socketpair", [1])  # AF_UNIX
     prog += [(JEQ, 0, 4, nr["clone"]), (LD, 0, 0, 16), (JSET, 1, 0, 0x10000),  # CLONE_THREAD
              (RET, 0, 0, EPERM), (RET, 0, 0, ALLOW), (RET, 0, 0, ALLOW)]
     return b"".join(struct.pack("HBBI", *ins) for ins in prog)
 
 
-_LIBC = []
-
-
+@functools.cache
 def _libc():
-    """ctypes and libc, loaded once (in the zygote, so workers inherit them)."""
-    if not _LIBC:
-        import ctypes
-        _LIBC.extend((ctypes, ctypes.CDLL(None, use_errno=True)))
-    return _LIBC
+    """ctypes and libc, loaded once in the zygote (workers inherit them)."""
+    import ctypes
+    return ctypes, ctypes.CDLL(None, use_errno=True)
 
 
 def _apply_seccomp(pid: int) -> bool:
-    machine = os.uname().machine
-    arch = {"arm64": "aarch64"}.get(machine, machine)
+    arch = {"arm64": "aarch64"}.get(os.uname().machine, os.uname().machine)
     if arch not in _SYSCALLS:
         return False
     ctypes, libc = _libc()
@@ -353,63 +328,50 @@ def _apply_landlock(scratch: str, read_dirs: list[str]) -> bool:
     if abi < 1:
         return False
     fs = {1: 0x1FFF, 2: 0x3FFF, 3: 0x7FFF, 4: 0x7FFF}.get(abi, 0xFFFF)
-    attr = struct.pack("QQQ", fs, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)  # fs, net, scope
+    attr = struct.pack("QQQ", fs, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)  # fs, net, scope rights
     attr = attr[: 24 if abi >= 6 else 16 if abi >= 4 else 8]
     rfd = sysc(444, attr, len(attr), 0)                                # landlock_create_ruleset
     if rfd < 0:
         return False
-    READ, FILE_READ = 0x1 | 0x4 | 0x8, 0x4                             # EXECUTE|READ_FILE|READ_DIR
-
-    def allow(path, rights):
-        try:
+    for path, rights in [(d, 0x1 | 0x4 | 0x8) for d in read_dirs] + [("/dev/urandom", 0x4), (scratch, fs)]:
+        try:                                                           # EXECUTE|READ_FILE|READ_DIR
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
         except OSError:
-            return
+            continue
         if not os.path.isdir(path):
             rights &= 0x1 | 0x2 | 0x4 | 0x4000 | 0x8000                 # file-only rights
         sysc(445, rfd, 1, struct.pack("=Qi", rights & fs, fd), 0)      # RULE_PATH_BENEATH
         os.close(fd)
-    for d in read_dirs:
-        allow(d, READ)
-    allow("/dev/urandom", FILE_READ)
-    allow(scratch, fs)
     ok = sysc(446, rfd, 0) == 0                                        # landlock_restrict_self
     os.close(rfd)
     return ok
 
 
-# ----------------------------------------------------------------------------------------------
-# INFRA: the worker (a child of the zygote; it locks itself down, then serves one episode)
-# ----------------------------------------------------------------------------------------------
+# INFRA: the worker (a child of the zygote: it locks itself down, then serves one episode)
 def _worker_setup(req_fd, rep_fd, uid, cfg, required):
     import fcntl
     import resource
-    layers, zygote = [], os.getppid()
+    import tempfile
+    layers, zygote, root = [], os.getppid(), os.geteuid() == 0
     os.setsid()
     r, w = fcntl.fcntl(req_fd, fcntl.F_DUPFD, 10), fcntl.fcntl(rep_fd, fcntl.F_DUPFD, 10)
     null = os.open("/dev/null", os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    os.dup2(r, 3)
-    os.dup2(w, 4)
+    for fd, to in ((null, 0), (null, 1), (null, 2), (r, 3), (w, 4)):
+        os.dup2(fd, to)
     os.closerange(5, max(1 << 16, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))  # all else
-    scratch = os.path.join(cfg["scratch"], f"w{os.getpid()}")
+    tempfile.tempdir = scratch = os.path.join(cfg["scratch"], f"w{os.getpid()}")
     os.mkdir(scratch, 0o700)
-    root = os.geteuid() == 0
     if root:
         os.chown(scratch, uid, uid)
     os.chdir(scratch)
     os.environ.clear()
     os.environ.update(PATH="/usr/bin:/bin", HOME=scratch, TMPDIR=scratch, LANG="C.UTF-8",
                       PYTHONHASHSEED="0", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-    import tempfile
-    tempfile.tempdir = scratch
-    limits = [(resource.RLIMIT_AS, cfg["vsz"] + cfg["memory_mb"] * 2**20),
-              (resource.RLIMIT_CPU, cfg["cpu_seconds"]), (resource.RLIMIT_FSIZE, cfg["fsize_mb"] * 2**20),
-              (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NPROC, 32 if root else 0)]
-    for lim, v in limits:
+    for lim, v in ((resource.RLIMIT_AS, cfg["vsz"] + cfg["memory_mb"] * 2**20), (resource.RLIMIT_CORE, 0),
+                   (resource.RLIMIT_CPU, cfg["cpu_seconds"]), (resource.RLIMIT_FSIZE, cfg["fsize_mb"] * 2**20),
+                   (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_NPROC, 32 if root else 0)):
         resource.setrlimit(lim, (v, v + 1 if lim == resource.RLIMIT_CPU else v))  # SIGXCPU, then SIGKILL
-    layers += ["rlimits"] + [x for x in ("netns", "mountns") if cfg.get(x)]
+    layers += ["rlimits"] + [x for x in ("netns", "mountns") if cfg[x]]
     ctypes, libc = _libc()
     if root:
         os.setgroups([])
@@ -418,14 +380,10 @@ def _worker_setup(req_fd, rep_fd, uid, cfg, required):
         layers.append("uid")
     if libc.prctl(1, signal.SIGKILL, 0, 0, 0) == 0 and os.getppid() == zygote:  # PR_SET_PDEATHSIG
         layers.append("pdeathsig")
-    if libc.prctl(4, 0, 0, 0, 0) == 0:                                 # PR_SET_DUMPABLE
-        layers.append("nondumpable")
-    if libc.prctl(38, 1, 0, 0, 0) == 0:                                # PR_SET_NO_NEW_PRIVS
-        layers.append("no_new_privs")
-    if cfg["landlock"] and _apply_landlock(scratch, cfg["read_dirs"]):
-        layers.append("landlock")
-    if cfg["seccomp"] and _apply_seccomp(os.getpid()):
-        layers.append("seccomp")
+    layers += ["nondumpable"] if libc.prctl(4, 0, 0, 0, 0) == 0 else []          # PR_SET_DUMPABLE 0
+    layers += ["no_new_privs"] if libc.prctl(38, 1, 0, 0, 0) == 0 else []        # PR_SET_NO_NEW_PRIVS
+    layers += ["landlock"] if cfg["landlock"] and _apply_landlock(scratch, cfg["read_dirs"]) else []
+    layers += ["seccomp"] if cfg["seccomp"] and _apply_seccomp(os.getpid()) else []
     if not set(required) <= set(layers):
         os._exit(71)                                                   # fail closed
     random.seed()                                                      # not the zygote's state
@@ -434,58 +392,47 @@ def _worker_setup(req_fd, rep_fd, uid, cfg, required):
     return layers
 
 
-class _Bad(Exception):
-    def __init__(self, kind, message):
-        super().__init__(message)
-        self.kind = kind
-
-
-# Worker-side conversion is friendliness only; the parent re-checks everything it receives. The
-# json encoder itself writes float and str subclasses by their real value (float.__repr__, the str
-# data), whatever their overrides say.
+# Worker-side conversion is friendliness only: the parent re-checks everything. The json encoder
+# writes float and str subclasses by their real value whatever their overrides say.
 def _w_obs(x) -> str:
     if not issubclass(type(x), str):                                   # type(): __class__ can be faked
-        raise _Bad("invalid_observation", f"observation of type {type(x).__name__}")
+        raise _Fail("invalid_observation", f"observation of type {type(x).__name__}")
     return str.__str__(x)[:OBS_CAP]
-
-
-def _w_step(out) -> str:
-    if not isinstance(out, (tuple, list)) or len(out) != 5:
-        raise _Bad("invalid_result", "step() must return (observation, reward, terminated, truncated, info)")
-    obs, reward, term, trunc, info = out
-    if issubclass(type(reward), float) and not math.isfinite(reward):
-        raise _Bad("invalid_reward", f"reward {float.__repr__(reward)} is not finite")
-    return _w_encode([_w_obs(obs), reward, term, trunc, info])
 
 
 def _w_encode(x) -> str:
     try:
         return _dumps(x)
     except (ValueError, TypeError, RecursionError) as e:
-        raise _Bad("invalid_result", f"result is not JSON data: {type(e).__name__}: {e}") from None
+        raise _Fail("invalid_result", f"result is not JSON data: {type(e).__name__}: {e}") from None
 
 
-def _w_load(box, source, setting):
+def _w_step(out) -> str:
+    if not isinstance(out, (tuple, list)) or len(out) != 5:
+        raise _Fail("invalid_result", "step() must return (observation, reward, terminated, truncated, info)")
+    if issubclass(type(out[1]), float) and not math.isfinite(out[1]):
+        raise _Fail("invalid_reward", f"reward {float.__repr__(out[1])} is not finite")
+    return _w_encode([_w_obs(out[0]), *out[1:]])
+
+
+def _w_reset(out) -> str:
+    out = (out, {}) if issubclass(type(out), str) else out             # a bare str: the common slip
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise _Fail("invalid_result", "reset() must return (observation, info)")
+    return _w_encode([_w_obs(out[0]), out[1]])
+
+
+def _w_load(box, source, setting) -> str:
     ns = {"__name__": "__environment__", "ToolEnv": ToolEnv}
     exec(compile(source, "<environment>", "exec"), ns)
     cls = [v for v in ns.values() if isinstance(v, type) and v.__name__.endswith("Env")
            and v.__module__ == "__environment__"]
-    if not cls:
-        raise _Bad("load_error", "no class whose name ends in 'Env'")
-    if setting == "tool" and not issubclass(cls[-1], ToolEnv):
-        raise _Bad("load_error", f"{cls[-1].__name__} does not subclass ToolEnv")
+    if not cls or (setting == "tool" and not issubclass(cls[-1], ToolEnv)):
+        raise _Fail("load_error", f"{cls[-1].__name__} does not subclass ToolEnv" if cls
+                   else "no class whose name ends in 'Env'")
     box["env"] = env = cls[-1]()
-    tools = env.tools() if isinstance(env, ToolEnv) else []
-    return _w_encode({"class_name": cls[-1].__name__, "tools": tools, "layers": box["layers"],
-                      "kind": "tool" if isinstance(env, ToolEnv) else "games"})
-
-
-def _w_reset(out) -> str:
-    if issubclass(type(out), str):
-        out = (out, {})                                                # the common slip, accepted
-    if not isinstance(out, (tuple, list)) or len(out) != 2:
-        raise _Bad("invalid_result", "reset() must return (observation, info)")
-    return _w_encode([_w_obs(out[0]), out[1]])
+    tool = isinstance(env, ToolEnv)
+    return _w_encode({"class_name": cls[-1].__name__, "tools": env.tools() if tool else [], "layers": box["layers"]})
 
 
 def _w_tool_probe(env, seed) -> str:
@@ -494,25 +441,23 @@ def _w_tool_probe(env, seed) -> str:
     held, raised = [], []
     for i, (_, pred) in enumerate(env.instructions):
         try:
-            if pred(env.state):
-                held.append(i)
+            held += [i] if pred(env.state) else []
         except Exception:  # noqa: BLE001
             raised.append(i)
     return _w_encode([_w_obs(obs), len(env.instructions), held, raised, list(env.solution())])
 
 
 def _w_program(code, stdin, out_cap) -> str:
-    """Run a whole program as __main__: stdin from a scratch file on fd 0, stdout (fd 1) to another."""
+    """Run a whole program as __main__: stdin from a scratch file on fd 0, fd 1 into another."""
     with open("stdin.txt", "w", encoding="utf-8") as f:
         f.write(stdin)
-    for fd, name, flags in ((0, "stdin.txt", os.O_RDONLY), (1, "stdout.txt", os.O_WRONLY | os.O_CREAT)):
-        os.dup2(os.open(name, flags, 0o600), fd)
+    os.dup2(os.open("stdin.txt", os.O_RDONLY), 0)
+    os.dup2(os.open("stdout.txt", os.O_WRONLY | os.O_CREAT, 0o600), 1)
     sys.stdin = open(0, encoding="utf-8", closefd=False)
-    sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
-    sys.argv, status = ["solution.py"], "ok"
+    sys.stdout, sys.argv, status = open(1, "w", encoding="utf-8", closefd=False), ["solution.py"], "ok"
     try:
         exec(compile(code, "solution.py", "exec"), {"__name__": "__main__"})
-        for t in threading.enumerate():                                # as the interpreter would at exit
+        for t in threading.enumerate():                                # as the interpreter does at exit
             if t is not threading.current_thread() and not t.daemon:
                 t.join()
     except SystemExit as e:
@@ -530,16 +475,13 @@ def _w_program(code, stdin, out_cap) -> str:
 def _w_serve(layers):
     box, buf = {"layers": layers}, bytearray()
     while True:
-        i = buf.find(b"\n")
-        while i < 0:
-            n, chunk = len(buf), os.read(3, 1 << 16)
+        while (i := buf.find(b"\n")) < 0:
+            chunk = os.read(3, 1 << 16)
             if not chunk:
                 os._exit(0)
             buf += chunk
-            i = buf.find(b"\n", n)
-        line = bytes(buf[:i])
+        line, op, nonce = bytes(buf[:i]), buf[:1], buf[1:9].decode()
         del buf[:i + 1]
-        op, nonce = line[:1], line[1:9].decode()
         try:
             arg = _parse(line[9:])
             if op == b"S":
@@ -550,58 +492,46 @@ def _w_serve(layers):
                 data = _w_load(box, *arg)
             elif op == b"T":
                 data = _w_tool_probe(box["env"], arg)
-            elif op == b"P":
+            else:                                                      # P: the trainer sends no other op
                 data = _w_program(*arg)
-            else:
-                raise _Bad("protocol_violation", f"unknown op {op!r}")
             data = f"{nonce}={data}\n"
         except BaseException as e:  # noqa: BLE001 - SystemExit, custom BaseException, MemoryError...
-            if isinstance(e, _Bad):
-                kind, msg = e.kind, str(e)
-            elif isinstance(e, MemoryError):
-                kind, msg = "memory_limit", "MemoryError"
-            else:
-                kind = {b"L": "load_error", b"R": "reset_error"}.get(op, "step_error")
-                try:
-                    msg = f"{type(e).__name__}: {e}"
-                except BaseException:  # noqa: BLE001
-                    msg = "unprintable exception"
+            kind = e.kind if isinstance(e, _Fail) else "memory_limit" if isinstance(e, MemoryError) \
+                else {b"L": "load_error", b"R": "reset_error"}.get(bytes(op), "step_error")
+            try:
+                msg = e.message if isinstance(e, _Fail) else f"{type(e).__name__}: {e}"
+            except BaseException:  # noqa: BLE001
+                msg = "unprintable exception"
             data = f"{nonce}!{_dumps([kind, msg[:300]])}\n"
         view = memoryview(data.encode())
         while view:
             view = view[os.write(4, view):]
 
 
-# ----------------------------------------------------------------------------------------------
-# INFRA: the zygote (a fresh interpreter; `python sandbox.py --zygote <fd> <json cfg>`)
-# ----------------------------------------------------------------------------------------------
+# INFRA: the zygote (`python sandbox.py --zygote <fd> <json cfg>`; it never runs untrusted code)
 def _zygote_main(sock_fd: int, cfg: dict):
+    import gc
+    import shutil
+    import sysconfig
+    import tempfile
     ctypes, libc = _libc()
     libc.prctl(1, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != cfg["parent"]:
         os._exit(0)
-    sock = socket.socket(fileno=sock_fd)
-    root = os.geteuid() == 0
+    sock, root = socket.socket(fileno=sock_fd), os.geteuid() == 0
     cfg["netns"] = root and libc.unshare(0x40000000) == 0              # CLONE_NEWNET
-    # Preload BEFORE the private tmpfs hides /tmp: a venv or checkout under /tmp (as in CI)
-    # would otherwise vanish from the workers' view of the file system.
-    import tempfile
-    import sysconfig
     for mod in PRELOAD + (("numpy", "numpy.random", "numpy.linalg") if cfg["numpy"] else ()):
-        try:
+        try:                                                           # before a tmpfs hides a venv in /tmp
             __import__(mod)
         except Exception:  # noqa: BLE001 - optional
             pass
-    cfg["mountns"] = False
-    if root and libc.unshare(0x00020000) == 0:                         # CLONE_NEWNS
+    cfg["mountns"] = root and libc.unshare(0x00020000) == 0            # CLONE_NEWNS
+    if cfg["mountns"]:
         libc.mount(None, b"/", None, 0x4000 | 0x40000, None)           # MS_REC | MS_PRIVATE
-        ok = True
         for path, size in (("/tmp", cfg["scratch_mb"]), ("/var/tmp", 16), ("/dev/shm", 16)):
-            if os.path.isdir(path):
+            if os.path.isdir(path):                                    # MS_NOSUID | MS_NODEV
                 opts = f"size={size}m,mode=1777".encode()
-                ok &= libc.mount(b"tmpfs", path.encode(), b"tmpfs", 0x2 | 0x4, opts) == 0
-        cfg["mountns"] = ok
-    import gc
+                cfg["mountns"] &= libc.mount(b"tmpfs", path.encode(), b"tmpfs", 0x2 | 0x4, opts) == 0
     gc.collect()
     gc.freeze()                                                        # children's GC skips (no COW)
     with open("/proc/self/statm") as f:                                # the preloaded interpreter's size
@@ -612,95 +542,77 @@ def _zygote_main(sock_fd: int, cfg: dict):
     cfg["read_dirs"] = sorted({paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
                               | {"/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/share/zoneinfo"})
     base = 0x10000000 + (os.getpid() % 0x100000) * UIDS
-    free, live = list(range(base + UIDS - 1, base, -1)), {}
-    sock.send(json.dumps({"ready": 1, "netns": cfg["netns"], "mountns": cfg["mountns"]}).encode())
+    free, live, pool, want, required = list(range(base + UIDS - 1, base, -1)), {}, [], 0, []
+    sock.send(b'{"ready": 1}')
 
-    def reap(pid, grace):
-        status, end = 0, time.monotonic() + grace
-        while True:
-            got, status = os.waitpid(pid, os.WNOHANG)
-            if got or time.monotonic() >= end:
-                break
+    def reap(pid, grace=0.0):                                          # -> the wait status
+        end = time.monotonic() + grace
+        while not (got := os.waitpid(pid, os.WNOHANG))[0] and time.monotonic() < end:
             time.sleep(0.002)
-        if not got:
+        if not got[0]:
             _killall(pid)
-            _, status = os.waitpid(pid, 0)
-        import shutil
+            got = os.waitpid(pid, 0)
         shutil.rmtree(os.path.join(cfg["scratch"], f"w{pid}"), ignore_errors=True)
         free.append(live.pop(pid))
-        return status
+        return got[1]
 
-    def fork_worker(required):
-        """Fork one sandboxed worker; it blocks on its request pipe until the trainer's first request."""
-        req_r, req_w = os.pipe()
-        rep_r, rep_w = os.pipe()
-        uid = free.pop()
+    def fork_worker():
+        """One locked-down worker; it blocks on its request pipe until the trainer's first request."""
+        (req_r, req_w), (rep_r, rep_w), uid = os.pipe(), os.pipe(), free.pop()
         try:
             pid = os.fork()
         except OSError:
             free.append(uid)
-            for fd in (req_r, req_w, rep_r, rep_w):
-                os.close(fd)
+            list(map(os.close, (req_r, req_w, rep_r, rep_w)))
             raise
         if pid == 0:
             try:
-                layers = _worker_setup(req_r, rep_w, uid, cfg, required)
-            except BaseException as e:  # noqa: BLE001 - report on the reply pipe if it is there
                 try:
-                    os.write(4, json.dumps({"setup_error": f"{type(e).__name__}: {e}"}).encode())
-                finally:
-                    os._exit(70)
-            try:
+                    layers = _worker_setup(req_r, rep_w, uid, cfg, required)
+                    os.write(4, b"+")                                  # set up: only now may code run
+                except BaseException as e:  # noqa: BLE001 - say why on the reply pipe if it is there
+                    os.write(4, f"{type(e).__name__}: {e}".encode())
+                    raise
                 _w_serve(layers)
             finally:
-                os._exit(0)                                            # never fall back into the zygote
+                os._exit(70)                                           # never fall back into the zygote
         os.close(req_r)
         os.close(rep_w)
         live[pid] = uid
         return pid, req_w, rep_r
 
-    pool, want, required = [], 0, []                                   # pre-forked idle workers
     while True:
         if len(pool) < want and len(free) > 1 and not select.select([sock], [], [], 0)[0]:
             try:
-                pool.append(fork_worker(required))                     # refill while the trainer is busy
+                pool.append(fork_worker())                             # refill while the trainer is busy
             except OSError:
                 want = 0
             continue
-        msg, _, _, _ = socket.recv_fds(sock, 1 << 16, 1)
-        if not msg:                                                    # the trainer closed the socket
-            for pid in list(live):
-                reap(pid, 0)
-            import shutil
+        if not (msg := sock.recv(1 << 16)):                            # the trainer closed the socket
+            list(map(reap, list(live)))
             shutil.rmtree(cfg["scratch"], ignore_errors=True)
             os._exit(0)
         req = json.loads(msg)
-        if req["op"] == "spawn":
-            if req["required"] != required:                            # pool built under other rules
-                for pid, *fds in pool:
-                    for fd in fds:
-                        os.close(fd)
-                    reap(pid, 0)
-                pool, required = [], req["required"]
-            want = req.get("pool", 0)
+        if req["op"] == "spawn":                                       # `required` is set once, before any
+            required, want = req["required"], req["pool"]              # pool exists (the probe asks pool=0)
             try:
-                if not free:
-                    raise OSError("no free worker uid")
-                pid, req_w, rep_r = pool.pop(0) if pool else fork_worker(required)
-            except OSError as e:
-                sock.send(json.dumps({"error": f"fork: {e}"}).encode())
+                pid, req_w, rep_r = pool.pop(0) if pool else fork_worker()
+                if (ack := os.read(rep_r, 300)) != b"+":               # set-up failed, before any untrusted
+                    list(map(os.close, (req_w, rep_r)))                # code: the sandbox's fault, which a
+                    reap(pid)                                          # worker's exit status cannot fake
+                    raise OSError(f"worker set-up failed: {ack.decode(errors='replace') or 'no layers'}")
+            except (OSError, IndexError) as e:                         # no process, or no free uid
+                sock.send(json.dumps({"error": f"spawn: {e}"}).encode())
                 continue
             socket.send_fds(sock, [json.dumps({"pid": pid}).encode()], [req_w, rep_r])
-            os.close(req_w)
-            os.close(rep_r)
-        elif req["op"] == "reap":                                      # no reply
-            if req["pid"] in live:
-                reap(req["pid"], 0)
+            list(map(os.close, (req_w, rep_r)))
+        elif req["op"] == "reap" and req["pid"] in live:               # no reply
+            reap(req["pid"])
         elif req["op"] == "wait":
-            status = reap(req["pid"], 0.2) if req["pid"] in live else -1
-            sock.send(json.dumps({"status": status}).encode())
+            sock.send(json.dumps({"status": reap(req["pid"], 0.2) if req["pid"] in live else -1}).encode())
 
 
+# INFRA: the parent side. Everything read from a worker is re-validated here with type() checks.
 def _killall(pid: int):
     """SIGKILL the worker and its process group (the group may not exist yet right after fork)."""
     for kill in (os.killpg, os.kill):
@@ -711,53 +623,28 @@ def _killall(pid: int):
 
 
 def _exit_cause(status: int) -> tuple[str, str]:
-    if status < 0:
-        return "worker_exited", "worker gone"
-    if os.WIFSIGNALED(status):
+    if status >= 0 and os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        if sig == signal.SIGXCPU:
-            return "cpu_limit", "CPU time limit exceeded"
-        return "worker_crashed", f"killed by {signal.Signals(sig).name}"
-    code = os.WEXITSTATUS(status)
-    if code == 70:
-        return "worker_crashed", "worker set-up failed"
-    return "worker_exited", f"worker exited with status {code}"
+        return ("cpu_limit", "CPU time limit exceeded") if sig == signal.SIGXCPU else \
+            ("worker_crashed", f"killed by {signal.Signals(sig).name}")
+    return "worker_exited", f"worker exited with status {os.WEXITSTATUS(status)}" if status >= 0 else "worker gone"
 
 
-# ----------------------------------------------------------------------------------------------
-# INFRA: the parent side. Everything read from a worker is re-validated here with type() checks.
-# ----------------------------------------------------------------------------------------------
-def _check_text(s, kind) -> str | None:
-    if "\x00" in s:
-        return f"{kind}: contains NUL"
-    if not s.isascii():                                                # O(1): ASCII has no surrogates
-        try:
-            s.encode("utf-8")
-        except UnicodeEncodeError:
-            return f"{kind}: lone surrogate"
-    return None
-
-
-def _check_json(x, depth=0) -> str | None:
-    """Info must be plain JSON data with valid text; returns a message when it is not."""
-    t = type(x)
-    if t is str:
-        return _check_text(x, "info string")
-    if x is None or t in (bool, int, float):
-        return None
+def _bad_text(x, depth=0) -> str | None:
+    """Why parsed JSON data is not clean text (a NUL or a lone surrogate anywhere), else None."""
     if depth > 32:
-        return "info nested too deeply"
-    if t is list:
-        for v in x:
-            if (m := _check_json(v, depth + 1)):
-                return m
+        return "nested too deeply"
+    if type(x) is str:
+        if "\x00" in x:
+            return "contains NUL"
+        try:
+            x.isascii() or x.encode("utf-8")                           # ASCII has no surrogates: O(1)
+        except UnicodeEncodeError:
+            return "lone surrogate"
         return None
-    if t is dict:
-        for k, v in x.items():
-            if (m := _check_text(k, "info key")) or (m := _check_json(v, depth + 1)):
-                return m
-        return None
-    return f"info holds {t.__name__}"
+    if type(x) is dict:
+        x = [*x.keys(), *x.values()]
+    return next((m for v in x if (m := _bad_text(v, depth + 1))), None) if type(x) is list else None
 
 
 def _clean(msg: str) -> str:
@@ -774,13 +661,13 @@ class _Fail(Exception):
 class EnvHandle:
     """One environment instance; every episode (reset) runs in a fresh worker. Never raises on
     misbehaviour: an environment fault becomes an error observation with info["error"]."""
-    __slots__ = ("_sb", "source", "setting", "pid", "class_name", "kind", "layers", "_tools", "_rfd",
+    __slots__ = ("_sb", "source", "setting", "pid", "class_name", "layers", "_tools", "_rfd",
                  "_wfd", "_rpoll", "_buf", "_cap", "_failure", "_used", "_closed", "_loading", "_dirty",
                  "_nonce", "_t0", "_last", "_deadline", "_bound", "__weakref__")
 
     def __init__(self, sb: "Sandbox", source: str | None, setting: str = "games"):
         self._sb, self.source, self.setting = sb, source, setting
-        self.pid = self.class_name = self.kind = self.layers = None   # names: set once loaded
+        self.pid = self.class_name = self.layers = None               # names: set once loaded
         self._tools, self._failure, self._closed, self._cap = [], None, False, LINE_CAP
         self._start()
 
@@ -801,54 +688,40 @@ class EnvHandle:
                 pass                                                   # recorded in self._failure
 
     def _ready(self):
-        """Read the load reply once; raises _Fail (environment fault) or SandboxInfraError."""
-        try:
-            if self._loading:
-                self._loading = False
-                r = self._end(self._wait(), episode=False)
-                if type(r) is not dict or type(r.get("class_name")) is not str or type(r.get("tools")) is not list:
-                    raise self._kill("protocol_violation", "malformed load reply")
-                self.class_name, self.kind, self._tools, self.layers = (r["class_name"], r.get("kind"),
-                                                                        r["tools"], r.get("layers"))
-            if self.pid is None:
-                raise _Fail(*self._failure) if self._failure else _Fail("closed", "handle closed")
-        except _Fail as e:
-            if e.kind == "infra":
-                raise SandboxInfraError(e.message) from None
-            raise
+        """Read the load reply, once; raises _Fail for an environment fault."""
+        if self._loading:
+            self._loading = False
+            r = self._end(self._wait(), episode=False)
+            if type(r) is not dict or type(r.get("class_name")) is not str or type(r.get("tools")) is not list:
+                raise self._kill("protocol_violation", "malformed load reply")
+            self.class_name, self._tools, self.layers = r["class_name"], r["tools"], r.get("layers")
+        if self.pid is None:
+            raise _Fail(*self._failure)
 
     def _prepare(self):
-        """Before an episode: a fresh worker unless this one has only loaded the source."""
+        """Before an episode: a fresh worker, unless this one has only loaded the source."""
         if self._closed:
             raise _Fail("closed", "handle closed")
         if self.pid is None or self._dirty:
-            if self.pid is not None:
-                self._kill("closed")
+            self._kill("closed")
             self._start()
 
-    def _kill(self, kind, message="", wait=False, detail=b""):
+    def _kill(self, kind, message="", wait=False):
         """SIGKILL the worker's process group, reap it through the zygote, remember why."""
         if self.pid is not None:
             _killall(self.pid)
             try:
-                if wait:
-                    status = self._sb._zygote({"op": "wait", "pid": self.pid})["status"]
-                    kind, message = _exit_cause(status)
-                    if status >= 0 and os.WIFEXITED(status) and os.WEXITSTATUS(status) in (70, 71):
-                        kind, message = "infra", f"{message}: {detail.decode(errors='replace')}"
+                if wait:                                               # the exit status names the cause
+                    kind, message = _exit_cause(self._sb._zygote({"op": "wait", "pid": self.pid})["status"])
                 else:
                     self._sb._zygote({"op": "reap", "pid": self.pid}, reply=False)
             except SandboxInfraError as e:                             # the zygote itself is gone
                 kind, message = kind or "worker_exited", f"sandbox fault: {e}"
             self._sb._live.discard(self)
             for fd in (self._rfd, self._wfd):
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+                os.close(fd)
             self.pid = None
-        if self._failure is None:
-            self._failure = (kind, _clean(message))
+        self._failure = self._failure or (kind, _clean(message))
         return _Fail(kind, message)
 
     def close(self):
@@ -868,24 +741,23 @@ class EnvHandle:
         if self._loading:
             self._ready()
         if self.pid is None:
-            raise _Fail(*self._failure) if self._failure else _Fail("closed", "handle closed")
+            raise _Fail(*self._failure)
         self._dirty |= op != "L"
         self._bound = False                                            # deadline set by the episode?
         if episode:
             left = self._sb.episode_timeout - self._used
             if left <= 0:
                 raise self._kill("episode_timeout", "episode time budget used up")
-            if left < timeout:
-                timeout, self._bound = left, True
+            timeout, self._bound = (left, True) if left < timeout else (timeout, False)
         if self._buf:
             raise self._kill("protocol_violation", "unsolicited reply bytes")
         # A fresh nonce from the trainer's private RNG: a line written before this request (still in
         # the pipe) cannot carry it, so _end rejects stale and unsolicited lines without a poll().
-        self._nonce = nonce = "%08x" % self._sb._nonce_bits(32)
-        view = memoryview(f"{op}{nonce}{arg}\n".encode())
+        self._nonce = "%08x" % self._sb._nonce_bits(32)
+        view = memoryview(f"{op}{self._nonce}{arg}\n".encode())
         self._t0 = time.monotonic()
         self._deadline = self._t0 + timeout
-        while view:                                                    # bounded by the deadline
+        while view:                                                    # a long request: as the worker reads
             try:
                 view = view[os.write(self._wfd, view):]
             except BlockingIOError:
@@ -909,7 +781,7 @@ class EnvHandle:
         if not self._buf and chunk[-1:] == b"\n" and chunk.find(b"\n") == len(chunk) - 1:
             return chunk                                               # the common case: one line
         if not chunk:
-            raise self._kill(None, wait=True, detail=self._buf[:300])
+            raise self._kill(None, wait=True)
         self._buf += chunk
         i = self._buf.find(b"\n")
         if i > self._cap or (i < 0 and len(self._buf) > self._cap):
@@ -924,8 +796,7 @@ class EnvHandle:
     def _wait(self) -> bytes:
         while True:
             if self._rpoll.poll(max(1, math.ceil((self._deadline - time.monotonic()) * 1000))):
-                line = self._pump()
-                if line is not None:
+                if (line := self._pump()) is not None:
                     return line
             elif time.monotonic() >= self._deadline:
                 raise self._timeout()
@@ -933,8 +804,7 @@ class EnvHandle:
     def _end(self, line: bytes, episode=True):
         """The reply's result, once it answers this request (nonce) and is strict JSON."""
         self._last = time.monotonic() - self._t0
-        if episode:
-            self._used += self._last
+        self._used += self._last if episode else 0.0
         if line[:8] != self._nonce.encode():
             raise self._kill("protocol_violation", "reply does not answer the request")
         try:
@@ -945,54 +815,44 @@ class EnvHandle:
             return r
         if line[8] != 33 or type(r) is not list or len(r) != 2 or type(r[0]) is not str:   # b"!"
             raise self._kill("protocol_violation", "reply is not a protocol line")
-        raise self._kill(r[0] if r[0] in FAILURES else "protocol_violation",
-                         r[1] if type(r[1]) is str else "")
+        raise self._kill(r[0] if r[0] in FAILURES else "protocol_violation", r[1] if type(r[1]) is str else "")
 
     def _roundtrip(self, op: str, arg: str, timeout: float | None = None, episode=True):
         self._begin(op, arg, self._sb.step_timeout if timeout is None else timeout, episode)
         return self._end(self._wait(), episode)
 
     def _leak_check(self):
-        try:
-            n = len(os.listdir(f"/proc/{self.pid}/task"))
-            if n > 1:
-                time.sleep(0.005)                                      # a just-joined thread
+        for pause in (0.0, 0.005):                                     # a just-joined thread may linger
+            time.sleep(pause)
+            try:
                 n = len(os.listdir(f"/proc/{self.pid}/task"))
-        except OSError:
-            return
-        if n > 1:
-            raise self._kill("resource_leak", f"{n - 1} thread(s) left running")
+            except OSError:
+                return
+            if n == 1:
+                return
+        raise self._kill("resource_leak", f"{n - 1} thread(s) left running")
 
     # -- the parent's re-validation: type(), caps, text checks --------------------------------
-    def _check_obs(self, obs) -> str:
-        if type(obs) is not str:
-            raise self._kill("invalid_observation", "observation is not a str")
-        if (m := _check_text(obs, "observation")):
-            raise self._kill("invalid_observation", m)
-        return obs[:OBS_CAP]
-
-    def _check_info(self, info) -> dict:
-        if type(info) is not dict or (info and (m := _check_json(info))):
-            raise self._kill("invalid_result", "info is not a dict" if type(info) is not dict else m)
-        return info
+    def _check(self, r, n) -> list:
+        if type(r) is not list or len(r) != n:
+            raise self._kill("protocol_violation", "malformed reply")
+        if (m := "is not a str" if type(r[0]) is not str else _bad_text(r[0])):
+            raise self._kill("invalid_observation", f"observation: {m}")
+        if (m := "is not a dict" if type(r[-1]) is not dict else _bad_text(r[-1])):
+            raise self._kill("invalid_result", f"info: {m}")
+        return [r[0][:OBS_CAP], *r[1:]]
 
     def _check_reset(self, r) -> tuple[str, dict]:
-        if type(r) is not list or len(r) != 2:
-            raise self._kill("protocol_violation", "malformed reset reply")
-        obs, info = self._check_obs(r[0]), self._check_info(r[1])
+        obs, info = self._check(r, 2)
         self._leak_check()
         return obs, info
 
     def _check_step(self, r) -> tuple:
-        if type(r) is not list or len(r) != 5:
-            raise self._kill("protocol_violation", "malformed step reply")
-        obs, reward, term, trunc, info = r
-        t = type(reward)
-        if (t is not float and t is not int) or not -10 <= reward <= 10:   # inf fails the compare
+        obs, reward, term, trunc, info = self._check(r, 5)
+        if type(reward) not in (float, int) or not -10 <= reward <= 10:  # inf fails the compare
             raise self._kill("invalid_reward", f"reward {reward!r:.40} is not a finite number in [-10, 10]")
         if type(term) is not bool or type(trunc) is not bool:
             raise self._kill("invalid_result", "terminated/truncated are not bools")
-        obs, info = self._check_obs(obs), self._check_info(info)
         if term or trunc:
             self._leak_check()
         return obs, float(reward), term, trunc, info
@@ -1055,57 +915,51 @@ class Sandbox:
         self.episode_timeout = episode_timeout
         self._cfg = dict(memory_mb=memory_mb, cpu_seconds=cpu_seconds, fsize_mb=fsize_mb,
                          scratch_mb=scratch_mb, numpy=numpy, landlock=landlock, seccomp=seccomp)
-        self._zlock, self._live, self._required, self._pool = threading.RLock(), set(), [], 0
+        self._zlock, self._live, self._required, self._pool, self._proc = threading.RLock(), set(), [], 0, None
         # Request nonces come from a private generator seeded by the OS: workers never see it.
         self._nonce_bits = random.Random(os.urandom(32)).getrandbits
-        self._proc = None
         import resource                                                # each handle holds two pipe fds
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft != resource.RLIM_INFINITY and soft < 65536:
             target = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
             resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, target), hard))
         self._start_zygote()
-        probe = EnvHandle(self, "class ProbeEnv:\n    pass\n")
+        probe = EnvHandle(self, "class ProbeEnv:\n    pass\n")           # which layers hold here
         try:
             probe._ready()
         except _Fail:
             raise SandboxInfraError(f"probe worker failed: {probe._failure}") from None
-        self.layers = tuple(probe.layers)
         probe.close()
-        self._required = list(self.layers)                             # later workers fail closed
-        self._pool = pool
-        missing = [x for x in FULL if x not in self.layers]
-        extra = [x for x in ("landlock", "mountns") if x in self.layers]
+        self.layers, self._required, self._pool = tuple(probe.layers), list(probe.layers), pool
+        missing = [x for x in FULL if x not in self.layers]            # later workers fail closed
         self.level = ("full" if not missing else "reduced (missing " + ", ".join(missing) + ")") + \
-            "".join("+" + x for x in extra)
+            "".join("+" + x for x in ("landlock", "mountns") if x in self.layers)
 
     # -- INFRA: zygote ------------------------------------------------------------------------
     def _start_zygote(self):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        cfg = dict(self._cfg, parent=os.getpid())
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONHASHSEED": "0",
                "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        flags = ["-s", "-B"] + (["-P"] if sys.version_info >= (3, 11) else [])
+        argv = [sys.executable, "-s", "-B"] + (["-P"] if sys.version_info >= (3, 11) else []) + [
+            os.path.abspath(__file__), "--zygote", str(theirs.fileno()), json.dumps(dict(self._cfg, parent=os.getpid()))]
         try:
-            self._proc = subprocess.Popen(
-                [sys.executable, *flags, os.path.abspath(__file__), "--zygote", str(theirs.fileno()),
-                 json.dumps(cfg)], env=env, close_fds=True, pass_fds=(theirs.fileno(),),
-                start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, cwd="/")
+            self._proc = subprocess.Popen(argv, env=env, close_fds=True, pass_fds=(theirs.fileno(),), cwd="/",
+                                          start_new_session=True, stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         except OSError as e:
             raise SandboxInfraError(f"cannot start the zygote: {e}") from None
         theirs.close()
         self._zsock = ours
         self._zsock.settimeout(60.0)
         try:
-            ready = json.loads(self._zsock.recv(1 << 16) or b"{}")
+            if not json.loads(self._zsock.recv(1 << 16) or b"{}").get("ready"):
+                raise ValueError("no ready message")
         except (OSError, ValueError) as e:
             raise SandboxInfraError(f"zygote did not start: {e}") from None
-        if not ready.get("ready"):
-            raise SandboxInfraError("zygote did not start")
         self._zsock.settimeout(10.0)
 
-    def _zygote(self, msg: dict, reply=True, want_fds=False):
+    def _zygote(self, msg: dict, reply=True):
+        """One message to the zygote; its reply, and the pipe fds it passed (spawn)."""
         fds = []
         with self._zlock:
             try:
@@ -1116,15 +970,12 @@ class Sandbox:
                     return {}
                 data, fds, _, _ = socket.recv_fds(self._zsock, 1 << 16, 2)
                 out = json.loads(data or b"{}")
+                if "error" in out:
+                    raise OSError(out["error"])
             except (OSError, ValueError) as e:
-                for fd in fds:
-                    os.close(fd)
+                list(map(os.close, fds))
                 raise SandboxInfraError(f"zygote: {e}") from None
-        if "error" in out:
-            for fd in fds:
-                os.close(fd)
-            raise SandboxInfraError(f"zygote: {out['error']}")
-        return (out, fds) if want_fds else out
+        return dict(out, fds=fds)
 
     def _spawn(self) -> tuple[int, int, int]:
         if self._proc is None:
@@ -1133,16 +984,14 @@ class Sandbox:
             if self._proc.poll() is not None:                          # zygote died: start a new one
                 self._zsock.close()
                 self._start_zygote()
-        out, fds = self._zygote({"op": "spawn", "required": self._required, "pool": self._pool},
-                                want_fds=True)
-        if len(fds) != 2:
-            for fd in fds:
-                os.close(fd)
+        out = self._zygote({"op": "spawn", "required": self._required, "pool": self._pool})
+        if len(out["fds"]) != 2:
+            list(map(os.close, out["fds"]))
             raise SandboxInfraError("zygote sent no pipes")
-        req_w, rep_r = fds
-        for fd in fds:
+        for fd in out["fds"]:
             os.set_inheritable(fd, False)
             os.set_blocking(fd, False)
+        req_w, rep_r = out["fds"]
         return out["pid"], rep_r, req_w
 
     def close(self):
@@ -1170,56 +1019,42 @@ class Sandbox:
 
     def step_many(self, handles: list, actions: list) -> list[tuple]:
         """Step many handles at once (one outstanding request each); a failure ends only its own."""
-        return self._many(handles, actions, "step")
+        return self._many(handles, actions, step=True)
 
     def reset_many(self, handles: list, seeds: list) -> list[tuple]:
-        return self._many(handles, seeds, "reset")
+        return self._many(handles, seeds, step=False)
 
-    def _many(self, handles, args, op):
-        step = op == "step"
+    def _many(self, handles, args, step):
         if len(set(map(id, handles))) != len(handles):                 # duplicates: one at a time
             return [h.step(a) if step else h.reset(a) for h, a in zip(handles, args)]
         out, pending, poller = [None] * len(handles), {}, select.poll()
-
-        def fail(i, h, e):
-            out[i] = h._error(e, step)
-        for i, h in enumerate(handles if not step else ()):           # fresh workers load in parallel
-            try:
-                h._prepare()
-            except _Fail as e:
-                fail(i, h, e)
-        for i, (h, a) in enumerate(zip(handles, args)):
-            try:
-                if out[i] is not None:
-                    continue
-                if step:
-                    h._begin("S", _dumps(str(a)), self.step_timeout)
-                else:
-                    h._begin_reset(a)
-                pending[h._rfd] = (i, h)
-                poller.register(h._rfd, select.POLLIN)
-            except _Fail as e:
-                fail(i, h, e)
+        for stage in ("prepare", "begin"):                             # fresh workers load in parallel
+            for i, (h, a) in enumerate(zip(handles, args)):
+                try:
+                    if out[i] is None and stage == "prepare" and not step:
+                        h._prepare()
+                    elif out[i] is None and stage == "begin":
+                        h._begin("S", _dumps(str(a)), self.step_timeout) if step else h._begin_reset(a)
+                        pending[h._rfd] = (i, h)
+                        poller.register(h._rfd, select.POLLIN)
+                except _Fail as e:
+                    out[i] = h._error(e, step)
         while pending:
             now = time.monotonic()
             for fd, (i, h) in list(pending.items()):
                 if h._deadline <= now:
                     poller.unregister(fd)
                     del pending[fd]
-                    fail(i, h, h._timeout())
-            if not pending:
-                break
-            wait = min(h._deadline for _, h in pending.values()) - now
-            for fd, _ in poller.poll(max(1, math.ceil(wait * 1000))):
+                    out[i] = h._error(h._timeout(), step)
+            wait = min([h._deadline for _, h in pending.values()], default=now) - now
+            for fd, _ in poller.poll(max(1, math.ceil(wait * 1000))) if pending else ():
                 i, h = pending[fd]
                 try:
-                    line = h._pump()
-                    if line is None:
+                    if (line := h._pump()) is None:
                         continue
-                    r = h._end(line)
-                    out[i] = h._check_step(r) if step else h._check_reset(r)
+                    out[i] = h._check_step(h._end(line)) if step else h._check_reset(h._end(line))
                 except _Fail as e:
-                    fail(i, h, e)
+                    out[i] = h._error(e, step)
                 poller.unregister(fd)
                 del pending[fd]
         return out
@@ -1247,8 +1082,7 @@ class Sandbox:
         """Probe in two fresh instances with one script; ok only if both pass and agree exactly."""
         rng = random.SystemRandom()                                    # not predictable constants
         words = ("a", "up", "left", "yes", "no", "7", "x", "reset", "0", "-1", "hint", "e4")
-        extra = [r"\boxed{%s}" % rng.choice((str(rng.randrange(1000)), rng.choice(words)))
-                 for _ in range(2)]
+        extra = [r"\boxed{%s}" % rng.choice((str(rng.randrange(1000)), rng.choice(words))) for _ in range(2)]
         script = ([("reset", 42)] + [("step", a) for a in PROBE_ACTIONS] + [("reset", 123)]
                   + [("reset", rng.randrange(1, 2**31 - 1))] + [("step", a) for a in extra])
         transcripts, name = [], None
@@ -1284,24 +1118,18 @@ class Sandbox:
                 if not obs.strip():
                     raise _Fail("invalid_observation", "empty observation from reset()")
                 out.append([obs, info])
-                over = False
             elif not over:                                             # stop early on a terminal flag
-                r = h._check_step(h._roundtrip("S", _dumps(arg)))
+                out.append(list(h._check_step(h._roundtrip("S", _dumps(arg)))))
                 h._leak_check()
-                out.append(list(r))
-                over = r[2] or r[3]
             else:
                 continue
+            over = op == "step" and (out[-1][2] or out[-1][3])
             times[op].append(h._last)
-        limit = SLOW_SHARE * self.step_timeout                         # slow calls hold the whole batch
-        for op, ts in times.items():
-            if ts and sorted(ts)[len(ts) // 2] > limit:
-                raise _Fail("too_slow", f"median {op} call took {sorted(ts)[len(ts) // 2]:.3f} s, over "
-                                        f"{SLOW_SHARE:g} x step_timeout = {limit:.3f} s")
-        if setting == "tool":
-            for seed in (0, 1, 2):
-                out.append(self._solvable(h, seed))
-        return out
+        for op, ts in times.items():                                   # slow calls hold the whole batch
+            if ts and (median := sorted(ts)[len(ts) // 2]) > SLOW_SHARE * self.step_timeout:
+                raise _Fail("too_slow", f"median {op} call took {median:.3f} s, over {SLOW_SHARE:g} x "
+                                        f"step_timeout = {SLOW_SHARE * self.step_timeout:.3f} s")
+        return out + [self._solvable(h, seed) for seed in (0, 1, 2)] if setting == "tool" else out
 
     def _solvable(self, h: EnvHandle, seed: int) -> list:
         """Replay solution() one call per step from reset(seed); <answer>done</answer> must pay 1.0."""
@@ -1311,12 +1139,11 @@ class Sandbox:
         if type(r) is not list or len(r) != 5 or type(r[1]) is not int or type(r[4]) is not list:
             raise h._kill("protocol_violation", "malformed tool probe reply")
         obs, n, held, raised, sol = r
-        h._check_obs(obs)
+        trace = [h._check([obs, {}], 2)[0]]
         if not 3 <= n <= 5:
             raise _Fail("unsolvable", f"seed {seed}: {n} instructions (need 3-5)")
         if held or raised:
             raise _Fail("unsolvable", f"seed {seed}: predicates true {held} / raising {raised} at reset")
-        trace = [obs]
         for call in sol:
             if type(call) is not dict or type(call.get("name")) is not str:
                 raise _Fail("unsolvable", f"seed {seed}: solution() step {call!r:.60} is not a call")

@@ -340,6 +340,17 @@ def test_os_exit_and_segfault_and_base_exception(sb):
     assert err(play(sb, game("import os\nos.close(4)\nimport time\ntime.sleep(5)"))[0]) == "worker_crashed"
 
 
+def test_environment_cannot_fake_a_sandbox_fault(sb):
+    """The set-up's exit codes (70, 71) mean nothing once untrusted code has run: an environment that
+    exits with them is the environment's fault, never a SandboxInfraError that stops the trainer."""
+    for code in (70, 71):
+        env = f"import os\nos._exit({code})\n" + HONEST
+        assert sb.validate(env).kind == "worker_exited"
+        h = sb.open(env)
+        assert h.reset(seed=0)[1]["error"] == "worker_exited"
+        h.close()
+
+
 # ------------------------------------------------------------------------- 2. no secret leaves
 def test_env_vars_and_proc_environ_hidden(sb):
     need_any(sb, "uid", "landlock")
