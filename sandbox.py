@@ -36,7 +36,7 @@ checks. LAYERS (`Sandbox.layers` lists those achieved; a worker missing one of t
   pdeathsig, nondumpable, no_new_privs   set after the uid drop.
   landlock  reads only below the Python install and system libraries, writes only in scratch, no TCP
             bind/connect; abstract unix sockets and signals scoped to the worker (ABI >= 6).
-  seccomp   BPF (x86_64, aarch64; numbers named in _SYSCALLS): EPERM for every call in _DENY (fork,
+  seccomp   BPF (x86_64, aarch64; syscalls by name in _SYSCALLS): EPERM for each "deny" call (fork,
             exec, ptrace, mount, namespaces, bpf, io_uring, modules, pidfd, setpriority, ...); clone
             only with CLONE_THREAD; kill/sigqueue only of itself; sockets only AF_UNIX.
 NOT COVERED. Kernel exploits (a process sandbox is not a VM); GPU device nodes are visible (Landlock
@@ -246,37 +246,28 @@ class ToolEnv:
 
 
 # INFRA: kernel layers applied in the worker (ctypes + stdlib only)
-_DENY = ("ptrace process_vm_readv process_vm_writev fork vfork tkill execve execveat unshare setns mount "
-         "umount2 pivot_root chroot open_tree move_mount fsopen fsconfig fsmount mount_setattr bpf "
-         "perf_event_open userfaultfd keyctl add_key request_key io_uring_setup io_uring_enter "
-         "io_uring_register kexec_load kexec_file_load init_module finit_module delete_module reboot swapon "
-         "swapoff acct personality pidfd_open pidfd_send_signal pidfd_getfd process_madvise "
-         "open_by_handle_at name_to_handle_at sethostname setdomainname quotactl kcmp iopl ioperm "
-         "setpriority").split()
-_SYSCALLS = {  # syscall numbers from asm/unistd_64.h (x86_64) and asm-generic/unistd.h (aarch64)
-    "x86_64": dict(
-        audit=0xC000003E, clone=56, clone3=435, kill=62, tgkill=234, rt_sigqueueinfo=129,
-        rt_tgsigqueueinfo=297, socket=41, socketpair=53, ptrace=101, process_vm_readv=310,
-        process_vm_writev=311, fork=57, vfork=58, tkill=200, execve=59, execveat=322, unshare=272, setns=308,
-        mount=165, umount2=166, pivot_root=155, chroot=161, open_tree=428, move_mount=429, fsopen=430,
-        fsconfig=431, fsmount=432, mount_setattr=442, bpf=321, perf_event_open=298, userfaultfd=323,
-        keyctl=250, add_key=248, request_key=249, io_uring_setup=425, io_uring_enter=426,
+_SYSCALLS = {  # numbers from asm/unistd_64.h (x86_64) and asm-generic/unistd.h (aarch64: no fork, vfork, iopl, ioperm)
+    "x86_64": dict(audit=0xC000003E, clone=56, clone3=435, kill=62, tgkill=234, rt_sigqueueinfo=129,
+                   rt_tgsigqueueinfo=297, socket=41, socketpair=53, deny=dict(  # EPERM, whatever the arguments
+        ptrace=101, process_vm_readv=310, process_vm_writev=311, fork=57, vfork=58, tkill=200, execve=59,
+        execveat=322, unshare=272, setns=308, mount=165, umount2=166, pivot_root=155, chroot=161, open_tree=428,
+        move_mount=429, fsopen=430, fsconfig=431, fsmount=432, mount_setattr=442, bpf=321, perf_event_open=298,
+        userfaultfd=323, keyctl=250, add_key=248, request_key=249, io_uring_setup=425, io_uring_enter=426,
         io_uring_register=427, kexec_load=246, kexec_file_load=320, init_module=175, finit_module=313,
         delete_module=176, reboot=169, swapon=167, swapoff=168, acct=163, personality=135, pidfd_open=434,
         pidfd_send_signal=424, pidfd_getfd=438, process_madvise=440, open_by_handle_at=304,
         name_to_handle_at=303, sethostname=170, setdomainname=171, quotactl=179, kcmp=312, iopl=172,
-        ioperm=173, setpriority=141),
-    "aarch64": dict(  # this architecture has no fork, vfork, iopl, ioperm
-        audit=0xC00000B7, clone=220, clone3=435, kill=129, tgkill=131, rt_sigqueueinfo=138,
-        rt_tgsigqueueinfo=240, socket=198, socketpair=199, ptrace=117, process_vm_readv=270,
-        process_vm_writev=271, tkill=130, execve=221, execveat=281, unshare=97, setns=268, mount=40,
-        umount2=39, pivot_root=41, chroot=51, open_tree=428, move_mount=429, fsopen=430, fsconfig=431,
-        fsmount=432, mount_setattr=442, bpf=280, perf_event_open=241, userfaultfd=282, keyctl=219,
-        add_key=217, request_key=218, io_uring_setup=425, io_uring_enter=426, io_uring_register=427,
-        kexec_load=104, kexec_file_load=294, init_module=105, finit_module=273, delete_module=106,
-        reboot=142, swapon=224, swapoff=225, acct=89, personality=92, pidfd_open=434, pidfd_send_signal=424,
-        pidfd_getfd=438, process_madvise=440, open_by_handle_at=265, name_to_handle_at=264,
-        sethostname=161, setdomainname=162, quotactl=60, kcmp=272, setpriority=140),
+        ioperm=173, setpriority=141)),
+    "aarch64": dict(audit=0xC00000B7, clone=220, clone3=435, kill=129, tgkill=131, rt_sigqueueinfo=138,
+                    rt_tgsigqueueinfo=240, socket=198, socketpair=199, deny=dict(
+        ptrace=117, process_vm_readv=270, process_vm_writev=271, tkill=130, execve=221, execveat=281,
+        unshare=97, setns=268, mount=40, umount2=39, pivot_root=41, chroot=51, open_tree=428, move_mount=429,
+        fsopen=430, fsconfig=431, fsmount=432, mount_setattr=442, bpf=280, perf_event_open=241,
+        userfaultfd=282, keyctl=219, add_key=217, request_key=218, io_uring_setup=425, io_uring_enter=426,
+        io_uring_register=427, kexec_load=104, kexec_file_load=294, init_module=105, finit_module=273,
+        delete_module=106, reboot=142, swapon=224, swapoff=225, acct=89, personality=92, pidfd_open=434,
+        pidfd_send_signal=424, pidfd_getfd=438, process_madvise=440, open_by_handle_at=265,
+        name_to_handle_at=264, sethostname=161, setdomainname=162, quotactl=60, kcmp=272, setpriority=140)),
 }
 
 
@@ -288,8 +279,8 @@ def _seccomp_program(arch: str, pid: int) -> bytes:
     prog = [(LD, 0, 0, 4), (JEQ, 1, 0, nr["audit"]), (RET, 0, 0, KILL), (LD, 0, 0, 0)]
     if arch == "x86_64":
         prog += [(JGE, 0, 1, 0x40000000), (RET, 0, 0, EPERM)]          # the x32 ABI
-    for name in (n for n in _DENY if n in nr):
-        prog += [(JEQ, 0, 1, nr[name]), (RET, 0, 0, EPERM)]
+    for number in nr["deny"].values():
+        prog += [(JEQ, 0, 1, number), (RET, 0, 0, EPERM)]
     prog += [(JEQ, 0, 1, nr["clone3"]), (RET, 0, 0, ENOSYS)]            # glibc falls back to clone
 
     def only(name, values):  # allow the call iff the low 32 bits of its first argument are in values
@@ -743,12 +734,10 @@ class EnvHandle:
         if self.pid is None:
             raise _Fail(*self._failure)
         self._dirty |= op != "L"
-        self._bound = False                                            # deadline set by the episode?
-        if episode:
-            left = self._sb.episode_timeout - self._used
-            if left <= 0:
-                raise self._kill("episode_timeout", "episode time budget used up")
-            timeout, self._bound = (left, True) if left < timeout else (timeout, False)
+        left = self._sb.episode_timeout - self._used if episode else math.inf
+        if left <= 0:
+            raise self._kill("episode_timeout", "episode time budget used up")
+        self._bound, timeout = left < timeout, min(left, timeout)     # the episode's budget binds?
         if self._buf:
             raise self._kill("protocol_violation", "unsolicited reply bytes")
         # A fresh nonce from the trainer's private RNG: a line written before this request (still in
@@ -822,15 +811,13 @@ class EnvHandle:
         return self._end(self._wait(), episode)
 
     def _leak_check(self):
-        for pause in (0.0, 0.005):                                     # a just-joined thread may linger
-            time.sleep(pause)
-            try:
-                n = len(os.listdir(f"/proc/{self.pid}/task"))
-            except OSError:
-                return
-            if n == 1:
-                return
-        raise self._kill("resource_leak", f"{n - 1} thread(s) left running")
+        try:
+            if len(os.listdir(f"/proc/{self.pid}/task")) > 1:
+                time.sleep(0.005)                                      # a just-joined thread may linger
+                if (n := len(os.listdir(f"/proc/{self.pid}/task"))) > 1:
+                    raise self._kill("resource_leak", f"{n - 1} thread(s) left running")
+        except OSError:
+            pass
 
     # -- the parent's re-validation: type(), caps, text checks --------------------------------
     def _check(self, r, n) -> list:
@@ -893,18 +880,12 @@ class EnvHandle:
 
 
 class Sandbox:
-    """Runs untrusted environments and programs; use as a context manager. See the module docstring.
-
-    workers: validations run at once by validate_many (live handles are not limited by it).
-    step_timeout: wall-clock seconds per call (reset/step, and load unless load_timeout).
-    memory_mb: address-space allowance per worker above the preloaded interpreter.
-    episode_timeout: wall-clock seconds of worker time per episode (since reset).
-    cpu_seconds / fsize_mb: RLIMIT_CPU per worker / RLIMIT_FSIZE per file.
-    scratch_mb: size of the private tmpfs holding all scratch dirs (root only).
-    numpy: preload numpy in the zygote so environments can import it cheaply.
-    landlock / seccomp: apply those layers when the kernel has them (turn off only to debug).
-    pool: idle pre-forked workers the zygote keeps ready (every episode takes a fresh one).
-    """
+    """Runs untrusted environments and programs; a context manager. workers: validations at once in
+    validate_many; step_timeout: seconds per call (and per load unless load_timeout); memory_mb: address
+    space per worker above the preloaded zygote; episode_timeout: worker seconds per episode;
+    cpu_seconds / fsize_mb: RLIMIT_CPU / RLIMIT_FSIZE per worker; scratch_mb: the tmpfs for all scratch
+    dirs (root); numpy: preload it; landlock / seccomp: False only to debug; pool: idle pre-forked
+    workers the zygote keeps ready (every episode takes a fresh one)."""
 
     def __init__(self, workers: int = 8, step_timeout: float = 5.0, memory_mb: int = 1024,
                  load_timeout: float | None = None, episode_timeout: float = 120.0, cpu_seconds: int = 300,
@@ -952,10 +933,11 @@ class Sandbox:
         self._zsock = ours
         self._zsock.settimeout(60.0)
         try:
-            if not json.loads(self._zsock.recv(1 << 16) or b"{}").get("ready"):
-                raise ValueError("no ready message")
-        except (OSError, ValueError) as e:
-            raise SandboxInfraError(f"zygote did not start: {e}") from None
+            ready = self._zsock.recv(1 << 16)
+        except OSError as e:
+            ready = str(e).encode()
+        if ready != b'{"ready": 1}':
+            raise SandboxInfraError(f"zygote did not start: {ready[:200]!r}")
         self._zsock.settimeout(10.0)
 
     def _zygote(self, msg: dict, reply=True):
