@@ -825,9 +825,10 @@ class EnvHandle:
             raise self._kill("protocol_violation", "malformed reply")
         if (m := "is not a str" if type(r[0]) is not str else _bad_text(r[0])):
             raise self._kill("invalid_observation", f"observation: {m}")
-        if (m := "is not a dict" if type(r[-1]) is not dict else _bad_text(r[-1])):
+        if (m := "is not a dict" if type(r[-1]) is not dict else r[-1] and _bad_text(r[-1])):
             raise self._kill("invalid_result", f"info: {m}")
-        return [r[0][:OBS_CAP], *r[1:]]
+        r[0] = r[0][:OBS_CAP]
+        return r
 
     def _check_reset(self, r) -> tuple[str, dict]:
         obs, info = self._check(r, 2)
