@@ -45,6 +45,7 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from pathlib import Path
 
 import agent
@@ -134,7 +135,7 @@ class RunArgs:
     step_timeout: float = field(default=5.0, metadata={"help": "Seconds per environment call."})
     sandbox_memory_mb: int = field(default=1024, metadata={"help": "Address-space limit per environment process."})
     log_with: str | None = field(default=None, metadata={"help": "Accelerate tracker: tensorboard or wandb."})
-    transcripts: int = field(default=2, metadata={"help": "Sample transcripts written per step."})
+    transcripts: int = field(default=2, metadata={"help": "Sample transcripts written per step; at a regeneration, per new environment (report.py's cards)."})
     print_config: bool = field(default=False, metadata={"help": "Print the resolved configuration (preset + flags) as one JSON object and exit."})
 
 
@@ -877,7 +878,7 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
                   "time/step_s": time.perf_counter() - t0})
         m = {**reduce_metrics(m, accelerator, gather_object), "charts/step": step}
         write_step_files(run_dir, step, pool if is_regen else [], episodes, rargs.transcripts,
-                         logs, rank)
+                         logs, rank, scored)
         if main_proc:
             with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:  # + the sandbox's level
                 f.write(json.dumps({**m, "sandbox/level": sb.level}, sort_keys=True) + "\n")
@@ -892,6 +893,8 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
                 "step": step + 1, "world": world, "pool": [dataclasses.asdict(e) for e in pool],
                 "corpus": corpus.state_dict() if corpus is not None else None,
                 "memory": mem.to_dict(), "metrics_lines": n_lines}, rargs.keep_checkpoints)
+            if main_proc:  # a live run always has a recent report.html
+                write_report(run_dir, final=step + 1 == sargs.steps)
         if rargs.export_every and ((step + 1) % rargs.export_every == 0 or step + 1 == sargs.steps):
             (run_dir / "exports").mkdir(exist_ok=True)
             export_policy(accelerator, model, tokenizer, run_dir / "exports" / f"step-{step + 1}")
@@ -960,10 +963,13 @@ def reduce_metrics(m: dict, accelerator, gather_object) -> dict:
 
 
 def write_step_files(run_dir: Path, step: int, new_pool, episodes, n_transcripts: int,
-                     proposals: list[dict], rank: int) -> None:
-    """Per rank: the freshly designed environments with their hints, every designer attempt with
-    its rejection reason and message, and a few sample transcripts."""
+                     proposals: list[dict], rank: int, scored=()) -> None:
+    """Per rank: the freshly designed environments with their hints and first returns, every
+    designer attempt with its rejection reason and message, the designer scores of the finished
+    epoch, and sample transcripts: at a regeneration up to `n_transcripts` per new environment
+    (unhinted and hinted alternately, for report.py's cards), else the step's first few."""
     tag = f"step-{step:04d}-rank-{rank}"
+    chosen = episodes[:n_transcripts]
     if new_pool:
         d = run_dir / "envs" / tag
         d.mkdir(parents=True, exist_ok=True)
@@ -971,14 +977,36 @@ def write_step_files(run_dir: Path, step: int, new_pool, episodes, n_transcripts
             atomic_write(d / f"{e.env_id.replace(':', '_')}.py", e.source)
         atomic_write(d / "pool.json", json.dumps(
             [{"env_id": e.env_id, "skill": e.skill, "origin": e.origin, "class_name": e.class_name,
-              "hint": e.hint, "regret": e.regret} for e in new_pool], indent=2))
+              "hint": e.hint, "regret": e.regret, "r_hint": e.r_hint, "r_nohint": e.r_nohint,
+              "returns": e.returns} for e in new_pool], indent=2))
+        arms = [[[ep for ep in episodes if ep.env_id == e.env_id and ep.hinted == h] for h in (False, True)]
+                for e in new_pool]
+        chosen = [ep for plain, hinted in arms for ep in
+                  [x for pair in zip_longest(plain, hinted) for x in pair if x][:n_transcripts]]
     for sub, rows in (("designer", proposals), ("transcripts", [
             {"env_id": ep.env_id, "seed": ep.seed, "hinted": ep.hinted, "return": ep.ret,
              "status": ep.status, "error": ep.error, "actions": ep.actions, "messages": ep.messages}
-            for ep in episodes[:n_transcripts]])):
+            for ep in chosen])):
         if rows:
             (run_dir / sub).mkdir(exist_ok=True)
             atomic_write(run_dir / sub / f"{tag}.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    if scored:
+        (run_dir / "designer").mkdir(exist_ok=True)
+        atomic_write(run_dir / "designer" / f"scores-{tag}.json",
+                     json.dumps([{"env_id": s["env_id"], "score": s["score"]} for s in scored]))
+
+
+def write_report(run_dir: Path, final: bool = True) -> None:
+    """INFRA: refresh RUN_DIR/report.html (report.py), at most once a minute until the final
+    one; a failed report is logged, never fatal."""
+    page = run_dir / "report.html"
+    if not final and page.exists() and time.time() - page.stat().st_mtime < 60:
+        return
+    try:
+        import report
+        report.write_report(run_dir)
+    except Exception as e:  # the run matters more than its report
+        print(f"[spade] report.html not written ({type(e).__name__}: {e})", file=sys.stderr)
 
 
 if __name__ == "__main__":

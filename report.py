@@ -1,0 +1,646 @@
+"""A SPADE run you can look at: its curriculum curves and the environments it wrote, one HTML page.
+
+SPADE (arXiv 2608.19197) shows a run two ways: curves of the curriculum over training steps
+(Sec. 4: agent return, hint-based regret (Eq. 3), learnable share, designer validity, diversity)
+and environment cards (Figure 2: the agent's first observation, the designer-written code, the
+privileged hint). This file draws both from the run directory `train.py` writes, into one
+self-contained HTML file: no network, no external assets and no script; curves are inline SVG
+(matplotlib, Agg), code is highlighted by pygments, and every piece of run text (observations,
+replies, sources, hints, error messages) is HTML-escaped, so a model that writes `<script>` or
+`</div>` cannot change the page.
+
+Reads only the run directory:
+    config.json                          model, setting, the resolved configuration
+    metrics.jsonl                        one row per step (keys as named in the README's metric table)
+    envs/step-S-rank-R/pool.json, *.py   each regeneration's pool: origin, hint, regret, returns, code
+    designer/step-S-rank-R.jsonl         every designer attempt with its rejection reason
+    designer/scores-step-S-rank-R.json   designer scores of the epoch that ended at step S
+    transcripts/step-S-rank-R.jsonl      sample plays (at a regeneration: per new environment)
+    memory.json                          the environment memory now
+A run still writing, a truncated last line or a missing file gives a report of what is there and
+a note of what is not; a directory that holds none of these is an error (exit status 2). Metric
+keys are looked up by their README name, then by their last component, so a renamed namespace
+still draws; a curve without data says so.
+
+Size: at most `--cards` cards per regeneration (designer-written environments first, highest regret
+first), sources cut at `--source_lines` lines and transcripts at `--transcript_chars` characters,
+each cut said on the page.
+
+Usage: `python report.py RUN_DIR [--out FILE] [--cards N]` (default RUN_DIR/report.html); train.py
+calls `write_report` after every checkpoint, the last one included.
+Dependencies: the standard library, matplotlib and pygments. Test: `pytest tests/test_report.py`.
+"""
+from __future__ import annotations
+
+import argparse
+import html
+import io
+import json
+import math
+import os
+import re
+import sys
+from itertools import zip_longest
+from pathlib import Path
+
+CARDS = 2               # cards per regeneration
+SOURCE_LINES = 150      # lines of an environment's source shown on its card
+TRANSCRIPT_CHARS = 3000  # characters of one transcript shown
+TEXT_CHARS = 1500       # characters of an observation, hint or error shown
+TAG = re.compile(r"(?:scores-)?step-(\d+)-rank-(\d+)\.(?:jsonl|json)$|^step-(\d+)-rank-(\d+)$")
+
+
+class NotARun(ValueError):
+    """The directory is not a SPADE run directory (nothing train.py writes is there)."""
+
+
+def esc(x) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def num(x) -> float | None:
+    """A finite float, or None (missing, null, a string, NaN)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+        return None
+    return float(x)
+
+
+def fmt(x, digits: int = 3) -> str:
+    v = num(x)
+    if v is None:
+        return "n/a"
+    return str(x) if isinstance(x, int) else f"{v:.{digits}f}"
+
+
+def cut(text, limit: int) -> tuple[str, int]:
+    """Keep the head and the tail of `text` (an action or an answer usually ends it); returns the
+    kept text with a marker, and the number of characters left out."""
+    text = "" if text is None else str(text)
+    if len(text) <= limit:
+        return text, 0
+    half = limit // 2
+    gone = len(text) - 2 * half
+    return f"{text[:half]}\n[... {gone:,} characters not shown ...]\n{text[-half:]}", gone
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading the run directory: every reader tolerates missing and partial files and notes them.
+
+def read_json(path: Path, notes: list, default=None):
+    try:
+        return json.loads(path.read_text(encoding="utf-8", errors="replace"))
+    except FileNotFoundError:
+        notes.append(f"{path.name} is missing")
+    except (OSError, ValueError) as e:
+        notes.append(f"{path.name} could not be read ({type(e).__name__})")
+    return default
+
+
+def read_jsonl(path: Path, notes: list) -> list[dict]:
+    """The JSON-object lines of a file; unreadable lines (a run still writing leaves a partial last
+    line) are skipped and counted in the notes."""
+    name = f"{path.parent.name}/{path.name}" if path.parent.name in ("designer", "transcripts") else path.name
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError as e:
+        notes.append(f"{name} could not be read ({type(e).__name__})")
+        return []
+    return read_jsonl_lines(lines, notes, name)
+
+
+def read_jsonl_lines(lines: list[str], notes: list, name: str) -> list[dict]:
+    rows, bad = [], 0
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            bad += 1
+    if bad:
+        notes.append(f"{name}: {bad} unreadable line(s) skipped "
+                     "(a run still writing leaves a partial last line)")
+    return rows
+
+
+def tagged(folder: Path, pattern: str) -> list[tuple[int, int, Path]]:
+    """(step, rank, path) of the step-S-rank-R files or folders in `folder`, sorted."""
+    out = []
+    for p in folder.glob(pattern) if folder.is_dir() else []:
+        m = TAG.search(p.name)
+        if m:
+            g = [x for x in m.groups() if x is not None]
+            out.append((int(g[0]), int(g[1]), p))
+    return sorted(out)
+
+
+def load_pools(run_dir: Path, notes: list) -> dict[int, list[dict]]:
+    """{regeneration step: its pool over all ranks}, each environment with its source (or None)."""
+    pools: dict[int, list[dict]] = {}
+    for step, rank, d in tagged(run_dir / "envs", "step-*-rank-*"):
+        entries = read_json(d / "pool.json", notes, [])
+        if not isinstance(entries, list):
+            notes.append(f"envs/{d.name}/pool.json is not a list")
+            continue
+        for e in entries:
+            if isinstance(e, dict) and "env_id" in e:
+                f = d / f"{str(e['env_id']).replace(':', '_')}.py"
+                pools.setdefault(step, []).append({**e, "step": step, "rank": rank, "file": f})
+    return pools
+
+
+def read_source(env: dict, notes: list) -> str | None:
+    """An environment's code, read only for the cards shown (a long run holds thousands)."""
+    if "source" not in env:
+        try:
+            env["source"] = env["file"].read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            env["source"] = None
+            notes.append(f"envs/{env['file'].parent.name}/{env['file'].name} is missing")
+    return env["source"]
+
+
+def read_transcripts(run: dict, step: int, env_id: str) -> list[dict]:
+    """The logged plays of one environment at one step. Only lines that start with its env_id are
+    parsed: a long run's transcripts are far larger than what the page shows."""
+    key = json.dumps(str(env_id))
+    out = []
+    for p in run["transcript_files"].get(step, []):
+        if p not in run["transcript_cache"]:
+            try:
+                run["transcript_cache"][p] = p.read_text(encoding="utf-8", errors="replace").splitlines()
+            except OSError:
+                run["transcript_cache"][p] = []
+        for line in run["transcript_cache"][p]:
+            m = re.match(r'\{"env_id": ("(?:[^"\\]|\\.)*")', line)
+            if m and m.group(1) == key:
+                out += read_jsonl_lines([line], run["notes"], f"transcripts/{p.name}")
+    return [dict(t, step=step) for t in out]
+
+
+def load_run(run_dir: Path) -> dict:
+    """Everything the report shows, read once. Raises NotARun for a directory that is not a run."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise NotARun(f"{run_dir} is not a directory")
+    marks = ("config.json", "metrics.jsonl", "envs", "designer", "transcripts")
+    if not any((run_dir / m).exists() for m in marks):
+        raise NotARun(f"{run_dir} is not a SPADE run directory: it holds none of "
+                      f"{', '.join(marks)} (train.py --output_dir writes them)")
+    notes: list[str] = []
+    run = {"dir": run_dir, "notes": notes, "config": read_json(run_dir / "config.json", notes, {})}
+    if not isinstance(run["config"], dict):
+        run["config"] = {}
+    run["rows"] = read_jsonl(run_dir / "metrics.jsonl", notes) if (run_dir / "metrics.jsonl").exists() else []
+    if not (run_dir / "metrics.jsonl").exists():
+        notes.append("metrics.jsonl is missing: no curves")
+    run["pools"] = load_pools(run_dir, notes)
+    run["attempts"] = {}
+    for step, rank, p in tagged(run_dir / "designer", "step-*-rank-*.jsonl"):
+        run["attempts"].setdefault(step, []).extend(dict(a, rank=rank) for a in read_jsonl(p, notes))
+    run["scores"] = {}
+    for _, _, p in tagged(run_dir / "designer", "scores-step-*-rank-*.json"):
+        for s in read_json(p, notes, []) or []:
+            if isinstance(s, dict) and "env_id" in s:
+                run["scores"][s["env_id"]] = s.get("score")
+    run["transcript_files"], run["transcript_cache"] = {}, {}
+    for step, _, p in tagged(run_dir / "transcripts", "step-*-rank-*.jsonl"):
+        run["transcript_files"].setdefault(step, []).append(p)
+    mem = {}
+    if (run_dir / "memory.json").exists() or not run["config"].get("no_memory"):
+        mem = read_json(run_dir / "memory.json", notes, {})
+    run["memory"] = [r for r in (mem.get("records") if isinstance(mem, dict) else None) or []
+                     if isinstance(r, dict)]
+    return run
+
+
+# ----------------------------------------------------------------------------------------------
+# Curves: metric series over steps, drawn with matplotlib as inline SVG.
+
+# (title, [(label, README key)], y limits). Keys as in the README's metric table.
+CURVES = [
+    ("Agent return", [("unhinted", "agent/return_mean"), ("hinted", "agent/hinted_return_mean")], (-1.05, 1.05)),
+    ("Regret (Eq. 3)", [("mean", "regret/mean"), ("positive share", "regret/positive_share")], None),
+    ("Learnable share", [("share", "env/learnable_share")], (-0.02, 1.02)),
+    ("Designer validity", [("per attempt", "designer/validity_rate"),
+                           ("first attempt", "designer/first_attempt_validity_rate")], (-0.02, 1.02)),
+    ("Diversity (Vendi score of accepted sources)", [("diversity", "designer/diversity")], None),
+]
+
+
+def find_key(rows: list[dict], key: str) -> str | None:
+    """`key` if any row has it, else the one key that shares its last component (a namespace
+    renamed since this report was written), else None."""
+    keys = {k for r in rows for k in r}
+    if key in keys:
+        return key
+    tail = key.rsplit("/", 1)[-1]
+    same = sorted(k for k in keys if k.rsplit("/", 1)[-1] == tail)
+    return same[0] if len(same) == 1 else None
+
+
+def series(rows: list[dict], key: str | None) -> tuple[list[int], list[float]]:
+    xs, ys = [], []
+    for i, r in enumerate(rows):
+        v = num(r.get(key)) if key else None
+        if v is not None:
+            xs.append(int(num(r.get("charts/step")) if num(r.get("charts/step")) is not None else i))
+            ys.append(v)
+    return xs, ys
+
+
+def svg(fig, name: str) -> str:
+    """The figure as an <svg> element: text stays text, ids are unique per chart."""
+    import matplotlib
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": name}):
+        fig.savefig(buf, format="svg", metadata={"Date": None})
+    text = buf.getvalue()
+    return text[text.index("<svg"):]
+
+
+def new_axes(title: str):
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+    fig = Figure(figsize=(5.0, 2.5), dpi=72)
+    fig.subplots_adjust(left=0.1, right=0.98, bottom=0.17, top=0.86)  # fixed: no layout pass
+    ax = fig.add_subplot()
+    ax.set_title(title, fontsize=10, loc="left")
+    ax.set_xlabel("step", fontsize=8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.tick_params(labelsize=8)
+    ax.grid(alpha=0.3)
+    return fig, ax
+
+
+def legend(ax) -> None:
+    """Above the plot, right of the title: never over the data."""
+    ax.legend(fontsize=7, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=4, frameon=False,
+              borderaxespad=0.2, handlelength=1.5, columnspacing=1.0)
+
+
+def line_chart(rows: list[dict], title: str, lines, ylim) -> str:
+    fig, ax = new_axes(title)
+    drawn = []
+    for label, key in lines:
+        found = find_key(rows, key)
+        xs, ys = series(rows, found)
+        if xs:
+            ax.plot(xs, ys, marker="o" if len(xs) < 40 else None, markersize=3, linewidth=1.2,
+                    label=label)
+            drawn.append(found)
+    if ylim:
+        ax.set_ylim(*ylim)
+    if len(lines) > 1 and drawn:
+        legend(ax)
+    elif not drawn:
+        ax.text(0.5, 0.5, "no data in metrics.jsonl", ha="center", va="center", transform=ax.transAxes)
+    keys = ", ".join(find_key(rows, k) or k for _, k in lines)
+    return chart_box(title, svg(fig, title), f"metrics.jsonl: {keys}")
+
+
+def bar_chart(title: str, steps: list[int], stacks: dict[str, list[float]], source: str) -> str:
+    fig, ax = new_axes(title)
+    bottom = [0.0] * len(steps)
+    width = max(0.8, 0.8 * min((b - a for a, b in zip(steps, steps[1:])), default=1))
+    for label, vals in stacks.items():
+        ax.bar(steps, vals, bottom=bottom, width=width, label=label)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    if stacks:
+        legend(ax)
+    else:
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+    return chart_box(title, svg(fig, title), source)
+
+
+def chart_box(title: str, svg_text: str, source: str) -> str:
+    return (f'<figure class="chart" data-chart="{esc(title)}">{svg_text}'
+            f"<figcaption>{esc(source)}</figcaption></figure>")
+
+
+def rejection_chart(run: dict) -> str:
+    """Rejected designer attempts per regeneration, stacked by reason (designer/*.jsonl)."""
+    steps = sorted(run["attempts"])
+    reasons = sorted({str(a.get("reason")) for s in steps for a in run["attempts"][s] if not a.get("ok")})
+    stacks = {r: [float(sum(not a.get("ok") and str(a.get("reason")) == r for a in run["attempts"][s]))
+                  for s in steps] for r in reasons}
+    if not steps:  # no designer logs: the metrics' designer/rejected/<kind> counts
+        rows = [r for r in run["rows"] if any("/rejected/" in k for k in r)]
+        steps = [int(num(r.get("charts/step")) or 0) for r in rows]
+        kinds = sorted({k for r in rows for k in r if "/rejected/" in k})
+        stacks = {k.rsplit("/", 1)[-1]: [num(r.get(k)) or 0.0 for r in rows] for k in kinds}
+    return bar_chart("Rejected designer attempts by reason", steps, stacks,
+                     "designer/step-*.jsonl: reason of each attempt that failed")
+
+
+def composition_chart(run: dict) -> str:
+    """The pool at each regeneration by origin (envs/*/pool.json over all ranks)."""
+    steps = sorted(run["pools"])
+    origins = ["designer", "carried", "fallback", "fixed"]
+    stacks = {o: [float(sum(e.get("origin") == o for e in run["pools"][s])) for s in steps]
+              for o in origins}
+    stacks = {o: v for o, v in stacks.items() if any(v)}
+    return bar_chart("Pool composition at each regeneration", steps, stacks,
+                     "envs/step-*/pool.json: origin of each environment")
+
+
+def curves_section(run: dict) -> str:
+    rows = run["rows"]
+    charts = [line_chart(rows, t, lines, ylim) for t, lines, ylim in CURVES]
+    charts += [rejection_chart(run), composition_chart(run)]
+    return f'<section id="curves"><h2>Curves</h2><div class="charts">{"".join(charts)}</div></section>'
+
+
+# ----------------------------------------------------------------------------------------------
+# Environment cards and transcripts.
+
+def highlight(source: str, max_lines: int) -> str:
+    """Python source as highlighted HTML. Only keywords, strings, comments and the names a class
+    or function defines get a colour, one per kind: a span per token would make the code the
+    page's bulk (2.6x the source's size instead of 1.6x)."""
+    from pygments import format as pyg_format
+    from pygments import lex
+    from pygments.formatters import HtmlFormatter
+    from pygments.lexers import PythonLexer
+    from pygments.token import Comment, Keyword, Name, String, Token
+    lines = source.splitlines()
+    shown = "\n".join(lines[:max_lines])
+    kinds = (Keyword, String, Comment, Name.Function, Name.Class, Name.Decorator)
+    toks = ((next((k for k in kinds if t in k), Token.Text), v) for t, v in lex(shown, PythonLexer()))
+    body = pyg_format(toks, HtmlFormatter(nowrap=True))
+    note = (f'<p class="note">{len(lines) - max_lines} more lines not shown (--source_lines '
+            f"{max_lines}).</p>" if len(lines) > max_lines else "")
+    return f'<pre class="code">{body}</pre>{note}'
+
+
+def mark_action(text: str, action) -> str:
+    """Escaped reply text with the last occurrence of the parsed action highlighted."""
+    i = text.rfind(action) if isinstance(action, str) and action else -1
+    if i < 0:
+        return esc(text)
+    return f'{esc(text[:i])}<mark class="action">{esc(action)}</mark>{esc(text[i + len(action):])}'
+
+
+def transcript_html(t: dict, tid: str, limit: int) -> str:
+    """One play as chat turns: observations and replies in their own colours, the parsed action
+    highlighted, an environment error in its own colour; cut at `limit` characters."""
+    msgs = [m for m in t.get("messages") or [] if isinstance(m, dict)]
+    actions = [a for a in t.get("actions") or []]
+    head = (f"step {esc(t.get('step'))} · seed {esc(t.get('seed'))} · "
+            f"{'hinted' if t.get('hinted') else 'unhinted'} · return "
+            f"<span data-field=\"return\">{fmt(t.get('return'))}</span> · status {esc(t.get('status'))}")
+    out, budget, n_reply = [], limit, 0
+    for i, m in enumerate(msgs):
+        if budget <= 0:
+            out.append(f'<p class="note">{len(msgs) - i} more message(s) not shown (--transcript_chars '
+                       f"{limit}; the whole play is in transcripts/step-{int(t.get('step') or 0):04d}-rank-*.jsonl).</p>")
+            break
+        text, _ = cut(m.get("content"), max(200, budget))
+        budget -= len(text)
+        if m.get("role") == "assistant":
+            action = actions[n_reply] if n_reply < len(actions) else None
+            n_reply += 1
+            act = f'<div class="act">action: <code>{esc(action)}</code></div>' if action else ""
+            out.append(f'<div class="turn reply"><span class="role">agent</span>'
+                       f"<pre>{mark_action(text, action)}</pre>{act}</div>")
+        else:
+            role = "environment" if m.get("role") in ("user", "tool") else esc(m.get("role"))
+            out.append(f'<div class="turn obs"><span class="role">{role}</span><pre>{esc(text)}</pre></div>')
+    if t.get("error") or t.get("status") == "env_error":
+        out.append(f'<div class="turn err"><span class="role">environment error</span>'
+                   f"<pre>{esc(cut(t.get('error'), TEXT_CHARS)[0])}</pre></div>")
+    return f'<div class="transcript" id="{tid}"><h4>{head}</h4>{"".join(out)}</div>'
+
+
+def pick_transcripts(run: dict, env: dict) -> list[dict]:
+    """Up to two plays of the environment at its regeneration step: unhinted and hinted
+    alternately."""
+    at = read_transcripts(run, env["step"], env.get("env_id"))
+    plain = [t for t in at if not t.get("hinted")]
+    hinted = [t for t in at if t.get("hinted")]
+    return [t for pair in zip_longest(plain, hinted) for t in pair if t][:2]
+
+
+def attempt_of(run: dict, env: dict) -> dict:
+    """The designer attempt that became this environment (same step, rank and source)."""
+    for a in run["attempts"].get(env["step"], []):
+        if a.get("ok") and a.get("rank") == env.get("rank") and a.get("source") == env.get("source"):
+            return a
+    return {}
+
+
+def memory_line(run: dict, env: dict, win_rate) -> str:
+    if env.get("origin") != "designer":
+        return "none (only designer-written environments enter memory)"
+    if run["config"].get("no_memory"):
+        return "none (--no_memory)"
+    for r in run["memory"]:
+        if r.get("step") == env["step"] and r.get("source") == env.get("source"):
+            return (f"win rate <span data-field=\"memory_win_rate\">{fmt(r.get('win_rate'))}</span>, "
+                    f"regret {fmt(r.get('regret'))} (in memory.json now)")
+    return (f"win rate {fmt(win_rate)}, regret {fmt(env.get('regret'))} when entered; no longer in "
+            "memory.json (evicted, or faulted before it could enter)")
+
+
+def card_html(run: dict, env: dict, cid: str, opts: dict) -> str:
+    """One environment card (Figure 2): skill, document, first observation, code, hint, returns."""
+    rets = [v for v in (num(x) for x in env.get("returns") or []) if v is not None]
+    r_nohint = env.get("r_nohint") if num(env.get("r_nohint")) is not None else (
+        sum(rets) / len(rets) if rets else None)
+    win = sum(r > 0 for r in rets) / len(rets) if rets else None
+    read_source(env, run["notes"])
+    att = attempt_of(run, env)
+    plays = pick_transcripts(run, env)
+    first = next((p for p in plays if not p.get("hinted")), plays[0] if plays else None)
+    obs = (first.get("messages") or [{}])[0].get("content") if first else None
+    doc = att.get("doc_id") or ("none (--no_corpus)" if run["config"].get("no_corpus") else "n/a")
+    fields = [("skill", esc(env.get("skill"))), ("origin", esc(env.get("origin"))),
+              ("document", esc(doc)), ("attempt", esc(att.get("attempt", "n/a"))
+                                       + (" (brace-repaired)" if att.get("repaired") else "")),
+              ("unhinted return", f'<span data-field="r_nohint">{fmt(r_nohint)}</span>'
+                                  f" (win rate {fmt(win)}, {len(rets)} plays)"),
+              ("hinted return", f'<span data-field="r_hint">{fmt(env.get("r_hint"))}</span>'),
+              ("regret", f'<span data-field="regret">{fmt(env.get("regret"))}</span>'),
+              ("designer score", f'<span data-field="score">{fmt(run["scores"].get(env.get("env_id")))}</span>'),
+              ("memory", memory_line(run, env, win))]
+    dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in fields)
+    links = " ".join(f'<a href="#{cid}-t{j}">{"hinted" if p.get("hinted") else "unhinted"} play</a>'
+                     for j, p in enumerate(plays)) or "no transcript logged"
+    obs_html = (f"<pre>{esc(cut(obs, TEXT_CHARS)[0])}</pre>" if obs is not None
+                else '<p class="note">no unhinted transcript of this environment was logged</p>')
+    code = (highlight(env["source"], opts["source_lines"]) if env.get("source") is not None
+            else '<p class="note">source file missing</p>')
+    hint = env.get("hint")
+    hint_html = f"<pre>{esc(cut(hint, TEXT_CHARS)[0])}</pre>" if hint else '<p class="note">no hint</p>'
+    plays_html = "".join(transcript_html(p, f"{cid}-t{j}", opts["transcript_chars"])
+                         for j, p in enumerate(plays))
+    return (f'<article class="card" id="{cid}" data-env="{esc(env.get("env_id"))}" data-step="{env["step"]}">'
+            f'<h3>{esc(env.get("class_name") or "?")} <small>{esc(env.get("env_id"))}</small></h3>'
+            f'<div class="cols"><div><dl>{dl}</dl><p>Transcripts: {links}</p>'
+            f"<h4>First observation</h4>{obs_html}<h4>Hint</h4>{hint_html}</div>"
+            f"<div><h4>Source</h4>{code}</div></div>"
+            f'<details class="plays"{" open" if plays else ""}><summary>Transcripts</summary>{plays_html}</details>'
+            f"</article>")
+
+
+def order_key(env: dict):
+    """Designer-written first, then by regret (highest first), then as logged."""
+    rank = {"designer": 0, "fixed": 1, "fallback": 2, "carried": 3}.get(env.get("origin"), 4)
+    reg = num(env.get("regret"))
+    return (rank, -(reg if reg is not None else -math.inf))
+
+
+def cards_section(run: dict, opts: dict) -> str:
+    steps = sorted(run["pools"], reverse=True)
+    if not steps:
+        return '<section id="cards"><h2>Environments</h2><p class="note">no envs/ pools logged yet</p></section>'
+    toc = " · ".join(f'<a href="#regen-{s}">step {s}</a>' for s in steps)
+    parts = [f'<section id="cards"><h2>Environments, newest regeneration first</h2><p>{toc}</p>']
+    for s in steps:
+        pool = sorted(run["pools"][s], key=order_key)
+        shown = pool[: opts["cards"]]
+        counts = ", ".join(f"{sum(e.get('origin') == o for e in pool)} {o}"
+                           for o in sorted({str(e.get("origin")) for e in pool}))
+        more = (f' <span class="note">{len(pool) - len(shown)} more not shown (--cards {opts["cards"]}):'
+                f' {esc(", ".join(str(e.get("env_id")) for e in pool[len(shown):]))}</span>'
+                if len(pool) > len(shown) else "")
+        cards = "".join(card_html(run, e, f"card-{s}-{i}", opts) for i, e in enumerate(shown))
+        parts.append(f'<section class="regen" id="regen-{s}"><h2>Regeneration at step {s}</h2>'
+                     f"<p>Pool of {len(pool)}: {esc(counts)}.{more}</p>{cards}</section>")
+    return "".join(parts) + "</section>"
+
+
+# ----------------------------------------------------------------------------------------------
+# Header, designer section, page.
+
+def header_section(run: dict) -> str:
+    cfg, rows = run["config"], run["rows"]
+    steps_done = len({r.get("charts/step", i) for i, r in enumerate(rows)})
+    total = cfg.get("steps")
+    level = next((r["sandbox/level"] for r in reversed(rows) if isinstance(r.get("sandbox/level"), str)), "n/a")
+    t = {k: sum(v for v in (num(r.get(f"time/{k}_s")) for r in rows) if v is not None)
+         for k in ("step", "generate", "play", "update")}
+    other = t["step"] - t["generate"] - t["play"] - t["update"]
+    split = " · ".join(f'{k} <span data-field="time_{k}">{fmt(t[k], 1)}</span> s'
+                       for k in ("generate", "play", "update")) + f" · other {fmt(other, 1)} s"
+    status = ("finished" if isinstance(total, int) and steps_done >= total
+              else "in progress, or stopped before its end")
+    facts = [("model", esc(cfg.get("model", "n/a"))), ("setting", esc(cfg.get("setting", "n/a"))),
+             ("sandbox level", esc(level)),
+             ("steps done", f'<span data-field="steps_done">{steps_done}</span> of {esc(total or "?")} ({status})'),
+             ("wall time", f'<span data-field="time_step">{fmt(t["step"], 1)}</span> s: {split}')]
+    dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts)
+    conf = "".join(f"<tr><td>{esc(k)}</td><td>{esc(json.dumps(v))}</td></tr>" for k, v in sorted(cfg.items()))
+    notes = "".join(f"<li>{esc(n)}</li>" for n in run["notes"])
+    missing = f'<div class="notes"><h3>Not in this report</h3><ul>{notes}</ul></div>' if notes else ""
+    return (f'<header id="header"><h1>SPADE run: {esc(run["dir"].name)}</h1><dl class="facts">{dl}</dl>'
+            f"<details><summary>Resolved configuration ({len(cfg)} fields, config.json)</summary>"
+            f'<table class="config">{conf}</table></details>{missing}</header>')
+
+
+def designer_section(run: dict) -> str:
+    """Attempts per regeneration, each rejection reason with one example, the repaired designs."""
+    att = run["attempts"]
+    rows = "".join(
+        f"<tr><td>{s}</td><td>{len(a)}</td><td>{sum(bool(x.get('ok')) for x in a)}</td>"
+        f"<td>{sum(bool(x.get('ok')) and x.get('attempt') == 1 for x in a)}</td>"
+        f"<td>{sum(bool(x.get('ok') and x.get('repaired')) for x in a)}</td></tr>"
+        for s, a in sorted(att.items()))
+    table = ("<table><tr><th>step</th><th>attempts</th><th>valid</th><th>valid at first attempt</th>"
+             f"<th>repaired</th></tr>{rows}</table>" if att else '<p class="note">no designer/ logs</p>')
+    examples = {}
+    for s, a in sorted(att.items(), reverse=True):
+        for x in a:
+            if not x.get("ok"):
+                examples.setdefault(str(x.get("reason")), []).append(dict(x, step=s))
+    reasons = "".join(
+        f'<div class="reason" data-reason="{esc(r)}"><h4>{esc(r)}: {len(xs)} attempt(s)</h4>'
+        f"<p>example: step {xs[0]['step']}, {esc(xs[0].get('skill'))}, attempt {esc(xs[0].get('attempt'))}"
+        f"{', reply cut at the token limit' if xs[0].get('finish_reason') == 'length' else ''}</p>"
+        f"<pre>{esc(cut(xs[0].get('error'), TEXT_CHARS)[0])}</pre>"
+        + (f"<details><summary>its code</summary><pre>{esc(cut(xs[0]['source'], TEXT_CHARS)[0])}</pre></details>"
+           if xs[0].get("source") else "") + "</div>"
+        for r, xs in sorted(examples.items(), key=lambda kv: -len(kv[1])))
+    repaired = [dict(x, step=s) for s, a in att.items() for x in a if x.get("ok") and x.get("repaired")]
+    rep = "".join(f"<li>step {x['step']}: {esc(x.get('class_name'))} ({esc(x.get('skill'))})</li>"
+                  for x in repaired) or "<li>none</li>"
+    return (f'<section id="designer"><h2>Designer</h2>{table}<h3>Rejection reasons, one example each</h3>'
+            f'{reasons or "<p>no rejected attempts</p>"}<h3>Repaired designs (f-string braces)</h3>'
+            f"<ul>{rep}</ul></section>")
+
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;color:#1d1d1f;margin:0 auto;max-width:1200px;padding:16px}
+h1{font-size:22px}h2{font-size:18px;border-bottom:1px solid #ddd;padding-bottom:4px}h3{font-size:15px}h4{font-size:13px;margin:10px 0 4px}
+dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 12px;margin:0}dt{color:#666}dd{margin:0}
+pre{white-space:pre-wrap;word-break:break-word;background:#f6f6f8;padding:6px 8px;border-radius:4px;margin:2px 0;font-size:12px}
+.charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(380px,1fr));gap:12px}
+.chart{margin:0;border:1px solid #e3e3e3;border-radius:6px;padding:6px}.chart svg{width:100%;height:auto}
+figcaption,.note{color:#777;font-size:12px}
+.card{border:1px solid #ccc;border-radius:8px;padding:10px 14px;margin:14px 0;background:#fff}
+.card h3 small{color:#777;font-weight:normal}
+.cols{display:grid;grid-template-columns:minmax(0,2fr) minmax(0,3fr);gap:16px}
+.code{background:#fbfbfd;border:1px solid #eee;max-height:520px;overflow:auto}
+.turn{border-left:4px solid #bbb;padding-left:8px;margin:6px 0}.role{font-size:11px;text-transform:uppercase;color:#666}
+.obs{border-color:#7a9cc6}.obs pre{background:#eef3fa}.reply{border-color:#6aa56a}.reply pre{background:#eff7ef}
+.err{border-color:#c0392b}.err pre{background:#fbeaea;color:#8e1b10}
+mark.action{background:#ffe066;font-weight:bold}.act{font-size:12px}
+table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ddd;padding:2px 6px;text-align:left}
+.notes{border:1px solid #e0b400;background:#fffaf0;padding:4px 12px;border-radius:6px;margin-top:8px}
+details summary{cursor:pointer;color:#2255aa}
+@media print{.regen{break-before:page}.card{break-inside:avoid}.code{max-height:none;overflow:visible}}
+"""
+
+
+def render(run_dir, *, cards: int = CARDS, source_lines: int = SOURCE_LINES,
+           transcript_chars: int = TRANSCRIPT_CHARS) -> str:
+    """The whole page as a string."""
+    from pygments.formatters import HtmlFormatter
+    run = load_run(Path(run_dir))
+    opts = {"cards": cards, "source_lines": source_lines, "transcript_chars": transcript_chars}
+    body = curves_section(run) + cards_section(run, opts) + designer_section(run)
+    body = header_section(run) + body  # last: the sections above add to its notes
+    css = CSS + HtmlFormatter(style="default").get_style_defs(".code")
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width,initial-scale=1">'
+            f"<title>SPADE run {esc(run['dir'].name)}</title><style>{css}</style></head>"
+            f"<body>{body}</body></html>")
+
+
+def write_report(run_dir, out=None, **opts) -> Path:
+    """Render and write atomically (a reader never sees half a page); returns the file."""
+    out = Path(out) if out else Path(run_dir) / "report.html"
+    text = render(run_dir, **opts)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, out)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="One self-contained HTML page of a SPADE run directory.")
+    ap.add_argument("run_dir", help="the run directory (train.py --output_dir)")
+    ap.add_argument("--out", help="output file (default RUN_DIR/report.html)")
+    ap.add_argument("--cards", type=int, default=CARDS, help="environment cards per regeneration")
+    ap.add_argument("--source_lines", type=int, default=SOURCE_LINES, help="source lines per card")
+    ap.add_argument("--transcript_chars", type=int, default=TRANSCRIPT_CHARS,
+                    help="characters shown of each transcript")
+    a = ap.parse_args(argv)
+    try:
+        out = write_report(a.run_dir, a.out, cards=a.cards, source_lines=a.source_lines,
+                           transcript_chars=a.transcript_chars)
+    except NotARun as e:
+        print(f"report.py: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,332 @@
+"""report.py: the HTML page of a tiny end-to-end run (written by train.py's checkpoint hook) has
+every section and card, shows the run files' values, escapes model-written text, survives partial
+run directories, stays bounded on a large run, and renders in headless Chromium."""
+import json
+import os
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+import report
+import train
+from test_train import BASE, COIN, ScriptedDesigner
+
+# Model-written text that would break the page if it were not escaped.
+HOSTILE = "<script>alert(1)</script></div></pre></details>"
+VOID = {"meta", "br", "img", "hr", "input", "link", "path", "use", "rect", "circle", "line",
+        "polyline", "polygon", "stop", "image", "col"}
+SECTIONS = ["header", "curves", "cards", "designer"]
+
+
+class Page(HTMLParser):
+    """Start tags with attributes, text, and tag balance (every end tag closes the open element)."""
+
+    def __init__(self, text):
+        super().__init__(convert_charrefs=True)
+        self.tags, self.text, self.stack, self.errors = [], [], [], []
+        self.feed(text)
+        self.close()
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+        if tag not in VOID:
+            self.stack.append(tag)
+
+    def handle_startendtag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_endtag(self, tag):
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> closes {self.stack[-1:] or 'nothing'}")
+        else:
+            self.stack.pop()
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+    def having(self, **attrs):
+        return [a for _, a in self.tags if all(a.get(k) == v for k, v in attrs.items())]
+
+    def fields(self, cls_id):
+        """{data-field: text} inside the element with this id (cards and the header)."""
+        return FieldReader(self.raw, cls_id).fields
+
+
+class FieldReader(HTMLParser):
+    def __init__(self, text, element_id):
+        super().__init__(convert_charrefs=True)
+        self.target, self.depth, self.current, self.fields = element_id, 0, None, {}
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if self.depth or a.get("id") == self.target:
+            self.depth += tag not in VOID
+            if "data-field" in a:
+                self.current = a["data-field"]
+
+    def handle_endtag(self, tag):
+        if self.depth:
+            self.depth -= 1
+            self.current = None
+
+    def handle_data(self, data):
+        if self.current:
+            self.fields[self.current] = data
+
+
+def parse(text):
+    page = Page(text)
+    page.raw = text
+    return page
+
+
+def scripted_hostile(model, tok):
+    """A scripted designer (a fair coin whose observation and code carry HOSTILE, a syntax error)
+    and an agent whose replies (also used as hints) carry HOSTILE."""
+    coin = COIN.replace("FAIR", "True").replace("Call the coin:", f"Call the coin {HOSTILE}:")
+    coin = f"# designer note: {HOSTILE}\n{coin}"
+    designs = [f"```python\n{coin}\n```", "```python\nclass BrokenEnv(:\n    pass\n```"]
+    replies = [f"I call it. {HOSTILE} \\boxed{{heads}}", "Hmm. \\boxed{tails}"]
+    return {"designer": ScriptedDesigner(model, tok, designs),
+            "agent": ScriptedDesigner(model, tok, replies, per_batch=True)}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, tiny):
+    """Two regenerations (steps 0 and 2), a checkpoint (and so a report) after every step."""
+    out = tmp_path_factory.mktemp("report") / "run"
+    return train.main(BASE + ["--transcripts", "2", "--output_dir", str(out)],
+                      engines=scripted_hostile(*tiny))
+
+
+def pools(run):
+    out = {}
+    for d in sorted((run / "envs").iterdir()):
+        out[int(d.name.split("-")[1])] = json.loads((d / "pool.json").read_text())
+    return out
+
+
+@pytest.mark.slow
+def test_report_has_every_section_and_card(tiny_run):
+    text = (tiny_run / "report.html").read_text()  # written by train.py's checkpoint hook
+    page = parse(text)
+    assert not page.errors and not page.stack
+    for sid in SECTIONS:
+        assert page.having(id=sid), sid
+    charts = {a["data-chart"] for a in page.having() if "data-chart" in a}
+    assert len(charts) == 7 and text.count("<svg") == 7
+    for step, pool in pools(tiny_run).items():
+        assert page.having(id=f"regen-{step}")
+        cards = [a for a in page.having(**{"class": "card"}) if a["data-step"] == str(step)]
+        assert len(cards) == min(report.CARDS, len(pool))
+        # designer-written environments first: every one of them has a card
+        designed = [e["env_id"] for e in pool if e["origin"] == "designer"]
+        assert designed and [c["data-env"] for c in cards[:len(designed)]] == designed[:report.CARDS]
+    # every transcript link points into the page
+    ids = {a.get("id") for a in page.having()}
+    links = [a["href"][1:] for a in page.having() if a.get("href", "").startswith("#")]
+    assert links and set(links) <= ids
+    assert any(i.endswith("-t1") for i in ids)  # a designer card shows its hinted play too
+    assert page.having(**{"class": "turn err"}) == [] or "env_error" in text
+    assert "syntax" in {a.get("data-reason") for a in page.having()}
+
+
+@pytest.mark.slow
+def test_report_values_equal_the_run_files(tiny_run):
+    text = report.render(tiny_run)
+    page = parse(text)
+    rows = [json.loads(line) for line in (tiny_run / "metrics.jsonl").read_text().splitlines()]
+    head = page.fields("header")
+    assert int(head["steps_done"]) == len(rows) == 3
+    assert float(head["time_step"]) == pytest.approx(sum(r["time/step_s"] for r in rows), abs=0.05)
+    assert float(head["time_play"]) == pytest.approx(sum(r["time/play_s"] for r in rows), abs=0.05)
+    scores = json.loads((tiny_run / "designer" / "scores-step-0002-rank-0.json").read_text())
+    memory = json.loads((tiny_run / "memory.json").read_text())["records"]
+    env = next(e for e in pools(tiny_run)[0] if e["origin"] == "designer")
+    card = next(a["id"] for a in page.having(**{"class": "card"}, **{"data-step": "0"})
+                if a["data-env"] == env["env_id"])
+    f = page.fields(card)
+    assert float(f["regret"]) == pytest.approx(env["regret"], abs=5e-4)
+    assert float(f["r_hint"]) == pytest.approx(env["r_hint"], abs=5e-4)
+    assert float(f["r_nohint"]) == pytest.approx(sum(env["returns"]) / len(env["returns"]), abs=5e-4)
+    assert float(f["score"]) == pytest.approx(
+        next(s["score"] for s in scores if s["env_id"] == env["env_id"]), abs=5e-4)
+    rec = next(r for r in memory if r["step"] == 0)
+    assert float(f["memory_win_rate"]) == pytest.approx(rec["win_rate"], abs=5e-4)
+    assert str(len(rows)) in head["steps_done"]
+    # the curves are drawn from the metric keys the README documents
+    assert "agent/return_mean" in text and "designer/first_attempt_validity_rate" in text
+
+
+@pytest.mark.slow
+def test_model_written_text_cannot_change_the_page(tiny_run):
+    text = report.render(tiny_run)
+    page = parse(text)
+    assert not page.errors and not page.stack  # no stray </div> or </pre> closed anything
+    assert "script" not in {t for t, _ in page.tags}  # the page itself has no script at all
+    shown = "".join(page.text)
+    # the hostile text is on the page as text: in the code, the observation, a reply, the hint
+    assert shown.count(HOSTILE) >= 4
+    assert page.having(**{"class": "action"})  # the parsed action is highlighted in a reply
+
+
+@pytest.mark.slow
+def test_partial_run_directory_gives_a_report_and_notes(tiny_run, tmp_path):
+    run = tmp_path / "partial"
+    shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns("checkpoint-*", "final_model"))
+    metrics = run / "metrics.jsonl"
+    metrics.write_text(metrics.read_text()[:-40])  # a run killed while writing its last line
+    victim = next((run / "envs").glob("step-0000-rank-0/s0*.py"))
+    victim.unlink()
+    (run / "memory.json").unlink()
+    (run / "config.json").write_text("{not json")
+    text = report.render(run)
+    page = parse(text)
+    assert not page.errors
+    notes = " ".join(page.text)
+    assert "1 unreadable line(s) skipped" in notes and f"{victim.name} is missing" in notes
+    assert "config.json could not be read" in notes and "source file missing" in notes
+    assert int(page.fields("header")["steps_done"]) == 2
+    shutil.rmtree(run / "envs")
+    (run / "metrics.jsonl").unlink()
+    assert "no envs/ pools logged yet" in report.render(run)
+
+
+def test_a_directory_that_is_not_a_run_is_a_clear_error(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("hello")
+    assert report.main([str(tmp_path)]) == 2
+    assert "is not a SPADE run directory" in capsys.readouterr().err
+    assert report.main([str(tmp_path / "nowhere")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_a_failing_report_never_stops_training(tmp_path, monkeypatch, capsys):
+    train.write_report(tmp_path)  # not a run: logged, not raised
+    assert "report.html not written (NotARun" in capsys.readouterr().err
+
+    def boom(run_dir):
+        raise MemoryError("out of memory while drawing")
+    monkeypatch.setattr(report, "write_report", boom)
+    train.write_report(tmp_path)
+    assert "MemoryError" in capsys.readouterr().err
+
+
+def test_report_is_refreshed_at_most_once_a_minute_until_the_last(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"charts/step": 0, "agent/return_mean": 0.5}) + "\n")
+    train.write_report(run, final=False)
+    page = run / "report.html"
+    first = page.read_text()
+    assert 'data-field="steps_done">1<' in first
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"charts/step": 1, "agent/return_mean": 0.7}) + "\n")
+    train.write_report(run, final=False)  # a minute has not passed: the page stays
+    assert page.read_text() == first
+    train.write_report(run, final=True)  # the end of the run: always
+    assert 'data-field="steps_done">2<' in page.read_text()
+
+
+def fake_run(root: Path, *, regens: int, n_envs: int, interval: int, source: str,
+             turns: int, reply_chars: int) -> Path:
+    """A run directory in train.py's formats, at paper-like sizes, without training."""
+    run = root / "big"
+    (run / "transcripts").mkdir(parents=True)
+    (run / "designer").mkdir()
+    (run / "config.json").write_text(json.dumps({"model": "Qwen3-8B", "setting": "games",
+                                                 "steps": regens * interval}))
+    rows = [{"charts/step": s, "agent/return_mean": s / (regens * interval), "env/learnable_share": 0.4,
+             "time/step_s": 60.0, "time/generate_s": 20.0, "time/play_s": 30.0, "time/update_s": 9.0,
+             **({"designer/validity_rate": 0.7, "designer/first_attempt_validity_rate": 0.5,
+                 "designer/diversity": 12.0, "regret/mean": 0.1, "regret/positive_share": 0.6,
+                 "agent/hinted_return_mean": 0.5} if s % interval == 0 else {})}
+            for s in range(regens * interval)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for g in range(regens):
+        step, tag = g * interval, f"step-{g * interval:04d}-rank-0"
+        d = run / "envs" / tag
+        d.mkdir(parents=True)
+        pool = [{"env_id": f"s{step}-r0-e{i}", "skill": "Optimization", "origin": "designer",
+                 "class_name": f"Env{i}", "hint": "Think. " * 60, "regret": 0.1 * (i % 5),
+                 "r_hint": 0.5, "r_nohint": 0.4, "returns": [0.0, 1.0] * 4} for i in range(n_envs)]
+        (d / "pool.json").write_text(json.dumps(pool))
+        for e in pool:
+            (d / f"{e['env_id']}.py").write_text(source)
+        reply = ("reasoning " * reply_chars)[:reply_chars] + " \\boxed{3}"
+        msgs = [{"role": "user", "content": "Observation: " + "x" * 2000}]
+        msgs += [m for _ in range(turns) for m in ({"role": "assistant", "content": reply},
+                                                   {"role": "user", "content": "Feedback. " * 50})]
+        plays = [{"env_id": e["env_id"], "seed": 1, "hinted": h, "return": 1.0, "status": "terminated",
+                  "error": None, "actions": ["\\boxed{3}"] * turns, "messages": msgs}
+                 for e in pool for h in (False, True)]
+        (run / "transcripts" / f"{tag}.jsonl").write_text("".join(json.dumps(p) + "\n" for p in plays))
+        attempts = [{"skill": "Optimization", "slot": i, "attempt": 1, "ok": True, "reason": None,
+                     "doc_id": f"doc-{i}", "repaired": False, "source": source, "class_name": f"Env{i}"}
+                    for i in range(n_envs)] + [{"skill": "Optimization", "slot": 0, "attempt": 2, "ok": False,
+                                                "reason": "timeout", "error": "step() took 5 s", "source": source}]
+        (run / "designer" / f"{tag}.jsonl").write_text("".join(json.dumps(a) + "\n" for a in attempts))
+    return run
+
+
+def test_report_of_a_paper_sized_run_stays_bounded(tmp_path):
+    """20 regenerations of 24 environments with 200-line sources and 25-turn plays: the default
+    --cards and cuts keep the page at about 40 kB per regeneration (a 400-step run, 100
+    regenerations, about 4 MB)."""
+    src = (Path(train.__file__).parent / "data" / "envs" / "cargo_loading.py").read_text()
+    src = "\n".join((src.splitlines() * 3)[:200])
+    run = fake_run(tmp_path, regens=20, n_envs=24, interval=4, source=src, turns=25, reply_chars=4000)
+    out = report.write_report(run)
+    size = out.stat().st_size
+    page = parse(out.read_text())
+    assert not page.errors
+    assert len(page.having(**{"class": "card"})) == 20 * report.CARDS
+    assert size < 20 * 50_000, size
+    text = "".join(page.text)
+    assert "22 more not shown (--cards 2)" in text and "more lines not shown (--source_lines 150)" in text
+    assert "more message(s) not shown (--transcript_chars 3000" in text
+
+
+def chromium():
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+@pytest.mark.slow
+def test_report_renders_in_headless_chromium(tiny_run, tmp_path):
+    """Screenshot the page and read back the DOM the browser built. REPORT_SCREENSHOT=path keeps
+    the screenshot (the README's picture)."""
+    exe = chromium()
+    if exe is None:
+        pytest.skip("no chromium on PATH (Debian: apt-get install chromium; .ci/run installs it)")
+    html_file = tiny_run / "report.html"
+    shot = tmp_path / "report.png"
+    flags = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+             "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,1700"]
+    env = dict(os.environ, HOME=str(tmp_path))
+    try:
+        subprocess.run(flags + [f"--screenshot={shot}", html_file.as_uri()], env=env,
+                       capture_output=True, timeout=120, check=True)
+        dom = subprocess.run(flags + ["--dump-dom", html_file.as_uri()], env=env,
+                             capture_output=True, text=True, timeout=120, check=True).stdout
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as e:
+        pytest.skip(f"chromium could not start here: {e}")
+    from PIL import Image
+    img = Image.open(shot).convert("RGB")
+    assert img.size == (1280, 1700)
+    colors = img.getcolors(maxcolors=1 << 20)
+    white = max(colors)[0] / (img.size[0] * img.size[1])
+    assert len(colors) > 100 and white < 0.95  # text, curves and code, not a blank page
+    page = parse(dom)
+    cards = page.having(**{"class": "card"})
+    assert len(cards) == len(parse(html_file.read_text()).having(**{"class": "card"})) >= 2
+    assert "script" not in {t for t, _ in page.tags}
+    if os.environ.get("REPORT_SCREENSHOT"):  # small enough to check in: 960 px, 64 colours
+        small = img.resize((960, 1275), Image.LANCZOS).quantize(64)
+        small.save(os.environ["REPORT_SCREENSHOT"], optimize=True)
