@@ -65,6 +65,11 @@ def num(x) -> float | None:
     return float(x)
 
 
+def listof(x) -> list:
+    """x if it is a list, else [] (a hand-edited or foreign file may hold anything)."""
+    return x if isinstance(x, list) else []
+
+
 def fmt(x, digits: int = 3) -> str:
     v = num(x)
     if v is None:
@@ -206,7 +211,7 @@ def load_run(run_dir: Path) -> dict:
     for _, _, p in tagged(run_dir / "designer", "scores-step-*-rank-*.json"):
         for s in read_json(p, notes, []) or []:
             if isinstance(s, dict) and "env_id" in s:
-                run["scores"][s["env_id"]] = s.get("score")
+                run["scores"][str(s["env_id"])] = s.get("score")
     run["transcript_files"], run["transcript_cache"] = {}, {}
     for step, _, p in tagged(run_dir / "transcripts", "step-*-rank-*.jsonl"):
         run["transcript_files"].setdefault(step, []).append(p)
@@ -390,8 +395,8 @@ def mark_action(text: str, action) -> str:
 def transcript_html(t: dict, tid: str, limit: int) -> str:
     """One play as chat turns: observations and replies in their own colours, the parsed action
     highlighted, an environment error in its own colour; cut at `limit` characters."""
-    msgs = [m for m in t.get("messages") or [] if isinstance(m, dict)]
-    actions = [a for a in t.get("actions") or []]
+    msgs = [m for m in listof(t.get("messages")) if isinstance(m, dict)]
+    actions = [a if isinstance(a, str) else json.dumps(a) for a in listof(t.get("actions"))]
     head = (f"step {esc(t.get('step'))} · seed {esc(t.get('seed'))} · "
             f"{'hinted' if t.get('hinted') else 'unhinted'} · return "
             f"<span data-field=\"return\">{fmt(t.get('return'))}</span> · status {esc(t.get('status'))}")
@@ -450,7 +455,7 @@ def memory_line(run: dict, env: dict, win_rate) -> str:
 
 def card_html(run: dict, env: dict, cid: str, opts: dict) -> str:
     """One environment card (Figure 2): skill, document, first observation, code, hint, returns."""
-    rets = [v for v in (num(x) for x in env.get("returns") or []) if v is not None]
+    rets = [v for v in (num(x) for x in listof(env.get("returns"))) if v is not None]
     r_nohint = env.get("r_nohint") if num(env.get("r_nohint")) is not None else (
         sum(rets) / len(rets) if rets else None)
     win = sum(r > 0 for r in rets) / len(rets) if rets else None
@@ -458,7 +463,8 @@ def card_html(run: dict, env: dict, cid: str, opts: dict) -> str:
     att = attempt_of(run, env)
     plays = pick_transcripts(run, env)
     first = next((p for p in plays if not p.get("hinted")), plays[0] if plays else None)
-    obs = (first.get("messages") or [{}])[0].get("content") if first else None
+    msgs = [m for m in listof(first.get("messages")) if isinstance(m, dict)] if first else []
+    obs = msgs[0].get("content") if msgs else None
     doc = att.get("doc_id") or ("none (--no_corpus)" if run["config"].get("no_corpus") else "n/a")
     fields = [("skill", esc(env.get("skill"))), ("origin", esc(env.get("origin"))),
               ("document", esc(doc)), ("attempt", esc(att.get("attempt", "n/a"))
@@ -467,7 +473,7 @@ def card_html(run: dict, env: dict, cid: str, opts: dict) -> str:
                                   f" (win rate {fmt(win)}, {len(rets)} plays)"),
               ("hinted return", f'<span data-field="r_hint">{fmt(env.get("r_hint"))}</span>'),
               ("regret", f'<span data-field="regret">{fmt(env.get("regret"))}</span>'),
-              ("designer score", f'<span data-field="score">{fmt(run["scores"].get(env.get("env_id")))}</span>'),
+              ("designer score", f'<span data-field="score">{fmt(run["scores"].get(str(env.get("env_id"))))}</span>'),
               ("memory", memory_line(run, env, win))]
     dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in fields)
     links = " ".join(f'<a href="#{cid}-t{j}">{"hinted" if p.get("hinted") else "unhinted"} play</a>'
@@ -491,7 +497,7 @@ def card_html(run: dict, env: dict, cid: str, opts: dict) -> str:
 
 def order_key(env: dict):
     """Designer-written first, then by regret (highest first), then as logged."""
-    rank = {"designer": 0, "fixed": 1, "fallback": 2, "carried": 3}.get(env.get("origin"), 4)
+    rank = {"designer": 0, "fixed": 1, "fallback": 2, "carried": 3}.get(str(env.get("origin")), 4)
     reg = num(env.get("regret"))
     return (rank, -(reg if reg is not None else -math.inf))
 
@@ -510,7 +516,8 @@ def cards_section(run: dict, opts: dict) -> str:
         more = (f' <span class="note">{len(pool) - len(shown)} more not shown (--cards {opts["cards"]}):'
                 f' {esc(", ".join(str(e.get("env_id")) for e in pool[len(shown):]))}</span>'
                 if len(pool) > len(shown) else "")
-        cards = "".join(card_html(run, e, f"card-{s}-{i}", opts) for i, e in enumerate(shown))
+        cards = "".join(guarded(f"card {e.get('env_id')}", card_html, run, e, f"card-{s}-{i}", opts)
+                        for i, e in enumerate(shown))
         parts.append(f'<section class="regen" id="regen-{s}"><h2>Regeneration at step {s}</h2>'
                      f"<p>Pool of {len(pool)}: {esc(counts)}.{more}</p>{cards}</section>")
     return "".join(parts) + "</section>"
@@ -521,7 +528,8 @@ def cards_section(run: dict, opts: dict) -> str:
 
 def header_section(run: dict) -> str:
     cfg, rows = run["config"], run["rows"]
-    steps_done = len({r.get("charts/step", i) for i, r in enumerate(rows)})
+    steps_done = len({num(r.get("charts/step")) if num(r.get("charts/step")) is not None else -1 - i
+                      for i, r in enumerate(rows)})
     total = cfg.get("steps")
     level = next((r["sandbox/level"] for r in reversed(rows) if isinstance(r.get("sandbox/level"), str)), "n/a")
     t = {k: sum(v for v in (num(r.get(f"time/{k}_s")) for r in rows) if v is not None)
@@ -598,14 +606,25 @@ details summary{cursor:pointer;color:#2255aa}
 """
 
 
+def guarded(title: str, draw, *args) -> str:
+    """A part of the page, or a note of why it could not be drawn: one file this report did not
+    expect (hand-edited, from another version) costs that part, never the page."""
+    try:
+        return draw(*args)
+    except Exception as e:  # any failure becomes a note on the page
+        return (f'<div class="notes"><h3>{esc(title)}</h3><p>could not be drawn from this run\'s files '
+                f"({esc(type(e).__name__)}: {esc(cut(e, 300)[0])})</p></div>")
+
+
 def render(run_dir, *, cards: int = CARDS, source_lines: int = SOURCE_LINES,
            transcript_chars: int = TRANSCRIPT_CHARS) -> str:
     """The whole page as a string."""
     from pygments.formatters import HtmlFormatter
     run = load_run(Path(run_dir))
     opts = {"cards": cards, "source_lines": source_lines, "transcript_chars": transcript_chars}
-    body = curves_section(run) + cards_section(run, opts) + designer_section(run)
-    body = header_section(run) + body  # last: the sections above add to its notes
+    body = (guarded("Curves", curves_section, run) + guarded("Environments", cards_section, run, opts)
+            + guarded("Designer", designer_section, run))
+    body = guarded("Header", header_section, run) + body  # last: the sections above add notes
     css = CSS + HtmlFormatter(style="default").get_style_defs(".code")
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width,initial-scale=1">'
@@ -618,7 +637,7 @@ def write_report(run_dir, out=None, **opts) -> Path:
     out = Path(out) if out else Path(run_dir) / "report.html"
     text = render(run_dir, **opts)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
+    tmp.write_text(text, encoding="utf-8", errors="replace")  # a lone surrogate from a model
     os.replace(tmp, out)
     return out
 

@@ -216,6 +216,27 @@ def test_a_failing_report_never_stops_training(tmp_path, monkeypatch, capsys):
     assert "MemoryError" in capsys.readouterr().err
 
 
+def test_fields_of_unexpected_types_still_give_a_page(tmp_path):
+    """Valid JSON of the wrong shape (a hand-edited file, another version's): every card drawn."""
+    run = fake_run(tmp_path, regens=1, n_envs=3, interval=4, source="x = 1\n", turns=1, reply_chars=10)
+    pool_file = run / "envs" / "step-0000-rank-0" / "pool.json"
+    pool = json.loads(pool_file.read_text())
+    pool[0].update(returns=5, origin=["designer"], regret="high", hint={"a": 1}, r_hint=None)
+    pool[1].update(skill=None, class_name=7)
+    pool_file.write_text(json.dumps(pool))
+    plays = run / "transcripts" / "step-0000-rank-0.jsonl"
+    rows = [json.loads(line) for line in plays.read_text().splitlines()]
+    rows[0].update(messages=3, actions="abc")
+    rows[2].update(messages=["text", {"role": None, "content": 4}], actions=[{"tool": "x"}], error=["e"])
+    plays.write_text("".join(json.dumps(r) + "\n" for r in rows) + "[1, 2]\n")
+    (run / "designer" / "scores-step-0004-rank-0.json").write_text(json.dumps({"s0-r0-e0": 1}))
+    (run / "memory.json").write_text(json.dumps({"records": {"a": 1}}))
+    text = report.render(run, cards=3)
+    page = parse(text)
+    assert not page.errors and "could not be drawn" not in text
+    assert len(page.having(**{"class": "card"})) == 3
+
+
 def test_report_is_refreshed_at_most_once_a_minute_until_the_last(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
