@@ -47,6 +47,7 @@ CARDS = 2               # cards per regeneration
 SOURCE_LINES = 150      # lines of an environment's source shown on its card
 TRANSCRIPT_CHARS = 3000  # characters of one transcript shown
 TEXT_CHARS = 1500       # characters of an observation, hint or error shown
+ENV_ID = re.compile(r'\{"env_id": ("(?:[^"\\]|\\.)*")')  # how train.py starts a transcript line
 TAG = re.compile(r"(?:scores-)?step-(\d+)-rank-(\d+)\.(?:jsonl|json)$|^step-(\d+)-rank-(\d+)$")
 
 
@@ -169,22 +170,22 @@ def read_source(env: dict, notes: list) -> str | None:
     return env["source"]
 
 
-def read_transcripts(run: dict, step: int, env_id: str) -> list[dict]:
-    """The logged plays of one environment at one step. Only lines that start with its env_id are
-    parsed: a long run's transcripts are far larger than what the page shows."""
-    key = json.dumps(str(env_id))
-    out = []
+def read_transcripts(run: dict, step: int, wanted: set) -> dict[str, list[dict]]:
+    """The logged plays at one step of the environments in `wanted`, by env_id. Lines are read one
+    at a time and parsed only when their env_id is wanted: a long run's transcripts are hundreds
+    of times larger than what the page shows."""
+    keys = {json.dumps(str(w)) for w in wanted}
+    out: dict[str, list[dict]] = {}
     for p in run["transcript_files"].get(step, []):
-        if p not in run["transcript_cache"]:
-            try:
-                run["transcript_cache"][p] = p.read_text(encoding="utf-8", errors="replace").splitlines()
-            except OSError:
-                run["transcript_cache"][p] = []
-        for line in run["transcript_cache"][p]:
-            m = re.match(r'\{"env_id": ("(?:[^"\\]|\\.)*")', line)
-            if m and m.group(1) == key:
-                out += read_jsonl_lines([line], run["notes"], f"transcripts/{p.name}")
-    return [dict(t, step=step) for t in out]
+        try:
+            with open(p, encoding="utf-8", errors="replace") as f:
+                lines = [line for line in f if (m := ENV_ID.match(line)) and m.group(1) in keys]
+        except OSError as e:
+            run["notes"].append(f"transcripts/{p.name} could not be read ({type(e).__name__})")
+            continue
+        for t in read_jsonl_lines(lines, run["notes"], f"transcripts/{p.name}"):
+            out.setdefault(str(t.get("env_id")), []).append(dict(t, step=step))
+    return out
 
 
 def load_run(run_dir: Path) -> dict:
@@ -212,7 +213,7 @@ def load_run(run_dir: Path) -> dict:
         for s in read_json(p, notes, []) or []:
             if isinstance(s, dict) and "env_id" in s:
                 run["scores"][str(s["env_id"])] = s.get("score")
-    run["transcript_files"], run["transcript_cache"] = {}, {}
+    run["transcript_files"] = {}
     for step, _, p in tagged(run_dir / "transcripts", "step-*-rank-*.jsonl"):
         run["transcript_files"].setdefault(step, []).append(p)
     mem = {}
@@ -377,7 +378,9 @@ def highlight(source: str, max_lines: int) -> str:
     lines = source.splitlines()
     shown = "\n".join(lines[:max_lines])
     kinds = (Keyword, String, Comment, Name.Function, Name.Class, Name.Decorator)
-    toks = ((next((k for k in kinds if t in k), Token.Text), v) for t, v in lex(shown, PythonLexer()))
+    toks = list(lex(shown, PythonLexer()))
+    kind_of = {t: next((k for k in kinds if t in k), Token.Text) for t in {t for t, _ in toks}}
+    toks = [(kind_of[t], v) for t, v in toks]
     body = pyg_format(toks, HtmlFormatter(nowrap=True))
     note = (f'<p class="note">{len(lines) - max_lines} more lines not shown (--source_lines '
             f"{max_lines}).</p>" if len(lines) > max_lines else "")
@@ -423,10 +426,8 @@ def transcript_html(t: dict, tid: str, limit: int) -> str:
     return f'<div class="transcript" id="{tid}"><h4>{head}</h4>{"".join(out)}</div>'
 
 
-def pick_transcripts(run: dict, env: dict) -> list[dict]:
-    """Up to two plays of the environment at its regeneration step: unhinted and hinted
-    alternately."""
-    at = read_transcripts(run, env["step"], env.get("env_id"))
+def pick_transcripts(at: list[dict]) -> list[dict]:
+    """Up to two plays of an environment: unhinted and hinted alternately."""
     plain = [t for t in at if not t.get("hinted")]
     hinted = [t for t in at if t.get("hinted")]
     return [t for pair in zip_longest(plain, hinted) for t in pair if t][:2]
@@ -453,7 +454,7 @@ def memory_line(run: dict, env: dict, win_rate) -> str:
             "memory.json (evicted, or faulted before it could enter)")
 
 
-def card_html(run: dict, env: dict, cid: str, opts: dict) -> str:
+def card_html(run: dict, env: dict, cid: str, opts: dict, logged: list[dict]) -> str:
     """One environment card (Figure 2): skill, document, first observation, code, hint, returns."""
     rets = [v for v in (num(x) for x in listof(env.get("returns"))) if v is not None]
     r_nohint = env.get("r_nohint") if num(env.get("r_nohint")) is not None else (
@@ -461,7 +462,7 @@ def card_html(run: dict, env: dict, cid: str, opts: dict) -> str:
     win = sum(r > 0 for r in rets) / len(rets) if rets else None
     read_source(env, run["notes"])
     att = attempt_of(run, env)
-    plays = pick_transcripts(run, env)
+    plays = pick_transcripts(logged)
     first = next((p for p in plays if not p.get("hinted")), plays[0] if plays else None)
     msgs = [m for m in listof(first.get("messages")) if isinstance(m, dict)] if first else []
     obs = msgs[0].get("content") if msgs else None
@@ -516,7 +517,9 @@ def cards_section(run: dict, opts: dict) -> str:
         more = (f' <span class="note">{len(pool) - len(shown)} more not shown (--cards {opts["cards"]}):'
                 f' {esc(", ".join(str(e.get("env_id")) for e in pool[len(shown):]))}</span>'
                 if len(pool) > len(shown) else "")
-        cards = "".join(guarded(f"card {e.get('env_id')}", card_html, run, e, f"card-{s}-{i}", opts)
+        logged = read_transcripts(run, s, {str(e.get("env_id")) for e in shown})
+        cards = "".join(guarded(f"card {e.get('env_id')}", card_html, run, e, f"card-{s}-{i}", opts,
+                                logged.get(str(e.get("env_id")), []))
                         for i, e in enumerate(shown))
         parts.append(f'<section class="regen" id="regen-{s}"><h2>Regeneration at step {s}</h2>'
                      f"<p>Pool of {len(pool)}: {esc(counts)}.{more}</p>{cards}</section>")
