@@ -239,14 +239,15 @@ CURVES = [
 
 
 def find_key(rows: list[dict], key: str) -> str | None:
-    """`key` if any row has it, else the one key that shares its last component (a namespace
-    renamed since this report was written), else None."""
+    """`key` if any row has it, else the one key that shares its last component when that is
+    distinctive (a namespace renamed since this report was written: `learnable_share`, not
+    `mean`), else None. The chart's caption names the key it drew."""
     keys = {k for r in rows for k in r}
     if key in keys:
         return key
     tail = key.rsplit("/", 1)[-1]
     same = sorted(k for k in keys if k.rsplit("/", 1)[-1] == tail)
-    return same[0] if len(same) == 1 else None
+    return same[0] if len(same) == 1 and len(tail) >= 8 else None
 
 
 def series(rows: list[dict], key: str | None) -> tuple[list[int], list[float]]:

@@ -237,6 +237,13 @@ def test_fields_of_unexpected_types_still_give_a_page(tmp_path):
     assert len(page.having(**{"class": "card"})) == 3
 
 
+def test_metric_keys_are_found_after_a_namespace_rename():
+    rows = [{"curriculum/learnable_share": 0.5, "designer/mean": 1.0, "charts/step": 0}]
+    assert report.find_key(rows, "env/learnable_share") == "curriculum/learnable_share"
+    assert report.find_key(rows, "regret/mean") is None  # "mean" says nothing about regret
+    assert report.series(rows, "curriculum/learnable_share") == ([0], [0.5])
+
+
 def test_report_is_refreshed_at_most_once_a_minute_until_the_last(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
