@@ -59,8 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 PREAMBLE = "You are playing a language game. Make valid actions to win."
-ANSWER_FORMAT = ("Think it through step by step, then give your action inside \\boxed{}, "
-                 "for example \\boxed{your action}.")
+ANSWER_FORMAT = "Please reason step by step, and put your final answer within \\boxed{}."  # Fig. 5
 
 log = logging.getLogger(__name__)
 STATUSES = ("terminated", "truncated", "turn_limit", "context", "env_error")
@@ -206,7 +205,8 @@ def malformed_tool_call(text: str) -> bool:
 
 
 def first_user_message(observation: str, hint: str | None, setting: str) -> str:
-    """SPEC §5: preamble + observation + answer-format sentence (games); raw instruction (tools).
+    """SPEC §5: preamble, observation and the paper's standardized answer-format sentence, one per
+    line as the authors render them (games); the raw instruction (tools).
 
     A hinted play sees the hint appended to its first observation.
     """
@@ -214,7 +214,7 @@ def first_user_message(observation: str, hint: str | None, setting: str) -> str:
         observation = f"{observation}\n\nHINT: {hint}"
     if setting == "tool":
         return observation
-    return f"{PREAMBLE}\n\nObservation: {observation}\n\n{ANSWER_FORMAT}"
+    return f"{PREAMBLE}\nObservation: {observation}\n{ANSWER_FORMAT}"  # the authors' layout
 
 
 # ----------------------------------------------------------------------------------------------

@@ -40,7 +40,10 @@ Deviations from the paper and from the authors' code:
        the hinted arm then equals the unhinted one.
     8. `validate` is retried up to twice when it raises (the sandbox raises only for
        infrastructure faults, SECURITY.md); a third failure propagates to the trainer.
-    9. Without a corpus (the no-corpus ablation) the prompt simply omits the document section.
+    9. The games prompts (the authors' content in our words; the no-corpus ablation has its own,
+       as theirs) add one demand: all randomness from `random.Random(seed)`, because validation
+       checks that a seed replays the same game (sandbox.py). The no-corpus reference example is
+       a short description, not the authors' full trading-game listing.
 
 Dependencies: standard library only.
 Test: `pytest tests/test_designer.py`.
@@ -90,32 +93,39 @@ class Skill:
     examples: tuple[str, ...]
 
 
+# The authors' skill descriptions; `examples` are the game ideas the NO-CORPUS prompt samples
+# three of (the corpus-grounded prompt shows only the name and the description).
 GAME_SKILLS = (
-    Skill("Mathematical Reasoning", "solving mathematical problems and equations",
-          ("a vault whose dial code satisfies arithmetic clues revealed one at a time",
-           "a shopkeeper game where the player balances a ledger by querying entries",
-           "narrowing down a hidden polynomial by asking for its value at chosen points")),
-    Skill("Logical Deduction", "drawing conclusions from premises and rules",
-          ("a detective interview where each answer rules suspects in or out",
-           "a knights-and-knaves island where the player questions inhabitants",
-           "a seating puzzle whose constraints are uncovered by inspecting chairs")),
-    Skill("Spatial Reasoning", "spatial relationships, navigation and mental rotation",
-          ("steering a robot through a fogged grid that reports only nearby walls",
-           "rotating and placing tiles to complete a picture on a small board",
-           "locating a hidden ship from distance readings at probed cells",
-           "folding a paper net and predicting which faces touch")),
-    Skill("Pattern Recognition", "finding patterns in sequences, numbers and text",
-          ("predicting the next terms of a sequence revealed one term per probe",
-           "cracking a substitution cipher by testing letter mappings",
-           "inferring a hidden rewriting rule from before/after examples the player requests")),
-    Skill("Optimization", "finding optimal solutions under constraints",
-          ("packing a delivery van with weight and volume limits, item by item",
-           "scheduling jobs on two machines to minimise the finishing time",
-           "buying supplies across shops with changing prices to stay under budget")),
-    Skill("Causal Inference", "identifying cause-effect relationships",
-          ("a greenhouse where the player toggles factors to find what makes plants wilt",
-           "debugging a circuit of switches and lamps by flipping one switch at a time",
-           "finding which of several medicines causes a side effect from controlled trials")),
+    Skill("Mathematical Reasoning", "Solving mathematical problems and equations",
+          ("balancing a set of equations by changing their coefficients turn by turn",
+           "a number maze whose cells apply arithmetic operations: pick a route that ends on the target",
+           "an auction of items with hidden values, bidding from a limited budget",
+           "stacking blocks under weight limits, where the placement order matters")),
+    Skill("Logical Deduction", "Drawing conclusions from given premises and rules",
+          ("a detective case: question suspects, search the scenes, weigh the evidence, then accuse",
+           "a Cluedo-like hunt: walk between rooms, collect evidence cards, infer who, what and where",
+           "a logic-grid puzzle filled in by asking yes/no questions over several turns",
+           "an escape room whose objects, examined in turn, each give the clue to the next lock")),
+    Skill("Spatial Reasoning", "Understanding spatial relationships and mental rotation",
+          ("a 2D maze with dead ends and traps: find the exit",
+           "Sokoban: push crates onto their targets in a grid warehouse",
+           "placing furniture in rooms so that every spatial constraint holds",
+           "steering a robot around obstacles one direction per turn on limited fuel")),
+    Skill("Pattern Recognition", "Identifying patterns in sequences, numbers, or text",
+          ("rooms on a grid hold fragments of a pattern: gather enough of them to decode a message",
+           "Mastermind: guess a hidden colour code from right-place / wrong-place / absent feedback",
+           "a small minesweeper: uncover and flag cells, reasoning from the number clues",
+           "break a cipher while exploring a map where each place reveals one letter mapping")),
+    Skill("Optimization", "Finding optimal solutions under constraints",
+          ("a knapsack filled online: items arrive one at a time, take or skip each under a weight cap",
+           "assigning jobs to machines over several turns to minimise the total completion time",
+           "re-balancing an investment portfolio each round as market conditions shift",
+           "configuring factory lines turn by turn to maximise output before a deadline")),
+    Skill("Causal Inference", "Understanding cause-effect relationships",
+          ("an experiment: pick which variables to vary each turn and infer the hidden causal rule",
+           "troubleshooting a broken machine by testing its parts one after another",
+           "an epidemic: apply an intervention per turn, watch its effect, locate the source",
+           "debugging a circuit by toggling switches and measuring outputs to find the bad gate")),
 )
 
 TOOL_SKILLS = (  # the authors' six tool skills: their categories and example tasks, in our words
@@ -285,49 +295,189 @@ TOOL_VARIANTS = {
 # The authors' rotation: the common variants more often, the rarer benchmark cases once each.
 TOOL_VARIANT_WEIGHTS = {"execute": 3, "read_then_write": 2, "missing_parameter": 1, "decline": 1}
 
-GAMES_SYSTEM = ("You are an expert game designer. You write interactive, multi-turn text "
-                "environments in Python that train and test the reasoning of an AI player.")
+GAMES_SYSTEM = ("You are an expert Python programmer and game designer. You build interactive, "
+                "multi-turn text games in which the player takes a sequence of decisions and every "
+                "action changes the state of the game.")
 
-GAMES_REQUIREMENTS = r"""## Interaction requirements
-- Genuinely multi-turn: reaching the goal takes several actions; one lucky guess must not win.
-- Hidden state: the environment knows something the player does not; acting reveals it.
-- Every observation states the current situation and the actions available now, with their format.
-- The player makes exactly one action per turn, written as \boxed{...}.
-- Give partial reward in [0, 1] for real progress on intermediate steps; at the end the reward is
-  1.0 on success and 0.0 on failure.
-- Terminate only when the goal is reached or definitively failed; truncate when turns run out.
-- Never reveal the solution, the hidden values or the formula behind them.
-- Never mention the reference document: the player never sees it."""
+# ALGO: the corpus-grounded games prompt: the authors' content (interactive contract, "do not"
+# rules, grounding, skeleton with max_turns=12 and solution(), robustness, self-verification).
+GAMES_SPEC = r"""The environment MUST be interactive and multi-turn, not a question-and-answer quiz.
 
-GAMES_INTERFACE = r"""## Interface
+How the agent acts:
+- Each turn the agent sends ONE action written as \boxed{<action>}, e.g. \boxed{open valve B} or
+  \boxed{measure node 4}. In step(), take the text out with re.search(r'\\boxed\{(.+?)\}', action)
+  and treat it as a COMMAND that changes the environment, never as a final answer graded once.
+- step() updates the state from the command and returns a NEW observation of the changed state.
+
+What makes it multi-turn (all required):
+- One action cannot reach the goal: it takes a sequence of actions (probe to uncover hidden
+  information, then act on it; or move the state step by step towards a target).
+- Hidden state: reset() does not show everything; the agent learns it by acting over turns.
+- Partial reward for progress; terminated=True only once the goal is reached.
+- Every observation shows the updated state and reminds the agent to answer with \boxed{<action>}.
+
+Do NOT (each of these turns it back into single-shot question answering):
+- Do not read one \boxed{answer}, grade it and terminate: \boxed carries a per-turn command.
+- Do not state the whole problem at reset() and then just check one submitted value.
+- Do not repeat the same static task every turn with nothing but "wrong, try again" as feedback.
+
+Grounding: playing must require carrying out a concept or technique from the document, step by
+step. If the document describes an algorithm, the agent EXECUTES it one step per turn; if it
+describes a system, the agent OPERATES that system over the turns. The game never mentions the
+document (no "according to the text"): it stands on its own.
+
+Interface (\boxed wraps each turn's command):
 ```python
 import random
+import re
 
-class LanternMazeEnv:                      # the class name must end in "Env"
-    def __init__(self, max_turns: int = 20):
+
+class DescriptiveInteractiveEnv:
+    def __init__(self, max_turns=12, **kwargs):
         self.max_turns = max_turns
-        ...                                # initialise EVERY attribute here
-    def reset(self, seed: int | None = None) -> tuple[str, dict]:
-        self.rng = random.Random(seed)     # all randomness comes from this rng
-        ...
-        return observation, {}
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
-        ...                                # action is the text "\boxed{<move>}"
-        return observation, reward, terminated, truncated, info
-```
-- `__init__` works with no arguments; define one class ending in "Env".
-- The same seed gives the same first observation and the same dynamics.
-- `step` returns (observation: str, reward: float, terminated: bool, truncated: bool, info: dict);
-  truncated is True once the turn budget is used up; rewards stay within [0, 1]."""
+        self.turn_count = 0
+        ...                                  # every attribute is initialised here
+        self.reset()
 
-GAMES_ROBUSTNESS = r"""## Robustness rules
-- Standard library only (math, random, re, json, itertools, collections, functools, heapq,
-  string); no files, network, subprocesses, input() or printing.
-- Initialise every attribute in `__init__`, so any call order works.
-- Never crash on a garbage action: an unparsable or illegal move returns an observation that
-  restates the valid format, with reward 0.0 and terminated False.
-- Inside f-strings, double literal braces: f"Answer as \\boxed{{move}}. Turn {self.turn}."
-- Every code path of `step` returns the full 5-tuple."""
+    def reset(self, seed=None):
+        self.rng = random.Random(seed)       # all randomness from this rng: a seed replays a game
+        self.turn_count = 0
+        ...                                  # hidden state and a goal that needs several actions
+        return observation, {}               # situation, available actions, the \boxed format
+
+    def step(self, action):
+        self.turn_count += 1
+        truncated = self.turn_count >= self.max_turns
+        m = re.search(r'\\boxed\{(.+?)\}', action)
+        cmd = (m.group(1) if m else action).strip()
+        ...                                  # parse cmd, update the state, describe the new state
+        return observation, reward, terminated, truncated, {}
+
+    def solution(self):
+        ...                                  # a reference action sequence that solves the game
+
+    def close(self):
+        pass
+```
+
+Reward: stays within [0, 1]; progress earns less than 1.0, full success earns 1.0.
+
+Robustness (the usual reasons an environment fails to load or crashes):
+- Braces: inside f-strings and .format() a literal brace is doubled, so an f-string prints the
+  format as \boxed{{<action>}}.
+- Initialise every attribute in __init__ before reset() is called.
+- Standard library only (random, math, re, ...); import every name you use.
+- Every path of step() returns the 5-tuple (str, float, bool, bool, dict); info is always a dict.
+- An unknown or garbage command never crashes: answer with a helpful observation and reward 0.0.
+- Never divide by something that can be zero; never store data in self.solution (that hides the
+  solution() method): use self._solution.
+
+Self-verification before you answer:
+- Trace two different action sequences from reset(seed=0): does the observation change with the
+  actions? If it never does, the game is not interactive: fix it.
+- Does \boxed carry a per-turn command that evolves the state, not a final answer that ends it?
+- Is the partial reward for progress, and within [0, 1]?"""
+
+# ALGO: the no-corpus ablation's prompt: the authors' separate multi-turn prompt (per-skill
+# ideas, six archetypes, six failure modes, optimal play in max_turns/2 .. 3*max_turns/4 turns).
+NO_CORPUS_SPEC = r"""What makes a good multi-turn game: think of text adventures, board games and strategy
+games, where the world changes with every action. For example:
+- exploration: walk through rooms on a grid, find keys, open doors, reach the exit;
+- trading: buy cheap and sell dear over rounds of moving prices;
+- survival: keep health, food and tools up while exploring; bad choices are fatal;
+- investigation: question suspects, search places, put the clues together;
+- tower defense: place defenses, then waves arrive and the strategy must adapt;
+- crafting: gather materials and combine them in the right order to build something.
+
+Failure modes to avoid:
+- A puzzle the player answers and simply retries on failure: that is one turn with retries.
+- Raising or lowering a number until it hits a target: a linear search, no decisions.
+- Only one sensible action each turn: if the best path is obvious there is no strategy.
+- A game won in 1-3 turns: too short to train multi-turn play.
+- One-turn puzzles dressed up as a journey ("walk to the forest, solve 2+3, take the wood").
+- input(): never. The action passed to step() is the player's whole reply; parse it from there.
+
+Design requirements:
+- The world has state that every action changes (positions, inventory, health, money, ...).
+- Each turn offers two or more genuinely different actions, and some are better than others:
+  a wrong choice wastes turns or does harm. Random play should lose most of the time.
+- The game lasts at most {max_turns} turns; set budgets and pacing so that optimal play wins in
+  about {lo}-{hi} turns.
+- A clear WIN condition, and preferably a LOSE condition too.
+
+Actions: the player wraps every action in \boxed{{action}}; step() reads what is inside. Every
+observation lists the available actions (e.g. Actions: \boxed{{go north}}, \boxed{{take key}}). A
+reply without \boxed{{}} gets a format reminder and does not end the game.
+
+Observations show (1) the current state, (2) what the last action did, (3) the available
+actions, (4) progress such as "Turn 3/{max_turns} | HP 7/10 | Items: key". The first observation
+(from reset) gives the rules, the goal and the starting state.
+
+Reward: a win gives 1.0 with terminated=True; a loss 0.0 with terminated=True; other turns 0.0;
+running out of turns without winning 0.0 with truncated=True.
+
+Interface:
+```python
+import random
+import re
+
+
+class DescriptiveNameEnv:
+    def __init__(self, max_turns={max_turns}, **kwargs):
+        self.max_turns = max_turns
+        self.turn_count = 0
+        ...                                  # every state variable is initialised here
+        self.reset()
+
+    def reset(self, seed=None):
+        self.rng = random.Random(seed)       # all randomness from this rng: a seed replays a game
+        self.turn_count = 0
+        ...                                  # build a random world
+        return observation, {{}}
+
+    def step(self, action):
+        self.turn_count += 1
+        m = re.search(r'\\boxed\{{([^}}]*)\}}', action)
+        if not m:
+            return "Reply with \\boxed{{action}}.", 0.0, False, False, {{}}
+        cmd = m.group(1).strip().lower()
+        ...                                  # update the state, check win and loss
+        truncated = self.turn_count >= self.max_turns
+        return observation, reward, terminated, truncated, {{}}
+
+    def close(self):
+        pass
+```
+
+A reference for the pattern (yours must be a DIFFERENT game): a market game in which the price
+drifts with a hidden trend; the player has 100 gold and must reach 200 within the turn budget;
+each turn it may \boxed{{buy N}}, \boxed{{sell N}} or \boxed{{wait}}; the observation shows price,
+gold, stock, the price history and "Turn t/{max_turns}"; reaching the target wins (1.0), going
+broke loses (0.0).
+
+Robustness: initialise every attribute in __init__; never divide by a possible zero; return {{}}
+as info; every path of step() returns (str, float, bool, bool, dict); never store data in
+self.solution (use self._solution); double literal braces inside f-strings and .format(), e.g.
+f"Answer as \\boxed{{{{move}}}}"."""
+
+
+def games_prompt(skill: Skill, document: Document | None, rng: random.Random | None = None,
+                 max_turns: int = 25) -> str:
+    """The games designer's user message: corpus-grounded (the paper's runs) or the no-corpus
+    ablation's own prompt, which alone carries game ideas (3 sampled from the skill's 4)."""
+    if document is not None:
+        return ("Below is a reference document. Build an INTERACTIVE, MULTI-TURN Python game "
+                "environment grounded in a concept or technique from it.\n\n<REFERENCE_DOCUMENT>\n"
+                f"{document.text}\n</REFERENCE_DOCUMENT>\n\n{GAMES_SPEC}\n\nTarget skill: "
+                f"{skill.name} ({skill.description}). DIFFICULTY: medium: the goal should need 3 "
+                "or more interaction steps.\n\nWrite the complete Python code in a ```python block.")
+    ideas = (rng or random.Random(0)).sample(skill.examples, min(3, len(skill.examples)))
+    return (f"Write an interactive multi-turn text game, as a Python class, that exercises "
+            f"{skill.name} ({skill.description}).\n\nGame ideas for {skill.name} (take one or "
+            "invent a similar one):\n" + "\n".join(f"- {e}" for e in ideas) + "\n\n"
+            + NO_CORPUS_SPEC.format(max_turns=max_turns, lo=max_turns // 2, hi=max_turns * 3 // 4)
+            + "\n\nWrite the complete Python code in a ```python block.")
+
 
 TOOL_INTERFACE = r"""## Interface
 `ToolEnv` is provided by the runtime: do not import it and do not define it. Subclass it:
@@ -412,19 +562,17 @@ def _skill_section(skill: Skill) -> str:
 
 
 def designer_messages(skill: str | Skill, *, setting: str = "games", document: Document | None = None,
-                      memory_block: str = "", task: tuple[str, str] | None = None) -> list[dict]:
-    """The designer chat for one attempt; `task` = (domain, variant) is required for tool use."""
+                      memory_block: str = "", task: tuple[str, str] | None = None,
+                      rng: random.Random | None = None) -> list[dict]:
+    """The designer chat for one attempt; `task` = (domain, variant) is required for tool use;
+    `rng` samples the no-corpus prompt's game ideas. The memory block comes last (SPEC §3.3)."""
     skill = SKILLS[skill] if isinstance(skill, str) else skill
+    if setting == "games":
+        user = "\n\n".join(p for p in (games_prompt(skill, document, rng), memory_block) if p)
+        return [{"role": "system", "content": GAMES_SYSTEM}, {"role": "user", "content": user}]
     doc = (f"<REFERENCE_DOCUMENT>\n{document.text}\n</REFERENCE_DOCUMENT>" if document else None)
     ask = "Write the complete environment in a single ```python code block."
-    if setting == "games":
-        intro = ("Design a new interactive, multi-turn text environment in Python."
-                 + (" Ground it in a concept, fact, process or situation from the reference "
-                    "document below; use the document as a source of ideas, not as text to quote."
-                    if doc else ""))
-        parts = [intro, doc, GAMES_REQUIREMENTS, GAMES_INTERFACE, GAMES_ROBUSTNESS, _skill_section(skill)]
-        system = GAMES_SYSTEM
-    elif setting == "tool":  # the authors send no system message for tool use
+    if setting == "tool":  # the authors send no system message for tool use
         if task is None:
             raise ValueError("tool-use prompts need task=(domain, variant); see tool_task(rng)")
         domain, variant = task
@@ -696,7 +844,8 @@ def regenerate(skills_for_slots: Sequence[str], *, generate: Callable, validate:
             doc = corpus.sample() if corpus is not None else None
             task = tool_task(rng) if setting == "tool" else None
             block = memory_block(skill) if memory_block is not None else ""
-            messages = designer_messages(skill, setting=setting, document=doc, memory_block=block, task=task)
+            messages = designer_messages(skill, setting=setting, document=doc, memory_block=block,
+                                         task=task, rng=rng)
             batch.append(Proposal(skill, setting, slot, attempt, doc.doc_id if doc else None, messages, task))
         replies = generate([p.messages for p in batch])
         if len(replies) != len(batch):
@@ -728,8 +877,31 @@ def regeneration_stats(proposals: Sequence[Proposal], n_slots: int) -> dict:
 # ALGO: the privileged hint (SPEC §3.5)
 
 HINT_SYSTEM = {
-    "games": "You write hints for players of text games. The player sees only the text "
-             "observations the game prints, never its code.",
+    # ALGO: the authors' games hint prompt, in our words: plain text, 1-3 sentences, under 100 words.
+    "games": """You read the source code of a text game and write a hint for the LLM that will play it.
+
+The player sees only the text observations and replies with \\boxed{answer}; it cannot see the
+code, only you can. Your hint is appended to the player's first observation.
+
+Read the code and work out:
+1. what puzzle the player faces, seen from the player's side rather than the code's;
+2. how the right answer or winning line is determined (follow reset() and the checks in step());
+3. the answer format step() accepts (a number, a word, a list, a move, ...).
+
+Write a hint that gives the key insight or strategy for THIS game and the expected answer format
+(for example "answer with one integer" or "give a comma-separated list").
+
+Rules:
+- 1-3 sentences, under 100 words.
+- Mention only what the player can see in the observations, never code internals.
+- Be specific to this game: no generic advice such as "think carefully".
+- Do not give away the exact answer; explain how to get there.
+
+Good: "The hidden rule adds the two previous terms; extend the sequence one step. Answer with one
+integer."
+Bad: "reset() stores the answer in self.solution; try to work out what it is."
+
+Reply with the hint text only: no JSON, no markdown, no labels.""",
     "tool": "You read the source of a multi-turn tool-use environment and write a procedural "
             "strategy hint for the assistant that will operate it. The assistant cannot see the "
             "code. It receives one user instruction at a time, calls tools as <tool_call>{\"name\": "
@@ -740,9 +912,6 @@ HINT_SYSTEM = {
             "trained, and a hint that can be copied to win teaches nothing.",
 }
 HINT_ASK = {
-    "games": "Write a privileged hint for a player of this game: name the key insight or strategy "
-             "and the exact answer format, in 1-3 sentences and under 100 words. Do not give the "
-             "exact answer or any hidden value.",
     "tool": """Write a privileged hint for the assistant, in 2-3 sentences and under 100 words:
 - the approach as phases in terms of tool roles and their order (which kind of lookup feeds which
   change), and which tools are distractors or out of scope;
@@ -762,8 +931,12 @@ Bad (leaks the answer): "Call update_order(order_id='A17', status='shipped'), th
 
 
 def hint_messages(source: str, setting: str) -> list[dict]:
-    user = (f"Environment source:\n```python\n{source}\n```\n\n{HINT_ASK[setting]}\n"
-            'Reply with a JSON object: {"hint": "..."}')
+    """The hint call: the setting's system prompt, then the environment's code (games: nothing
+    else, as the authors send it)."""
+    user = f"Environment code:\n```python\n{source}\n```"
+    if setting != "games":
+        user = (f"Environment source:\n```python\n{source}\n```\n\n{HINT_ASK[setting]}\n"
+                'Reply with a JSON object: {"hint": "..."}')
     return [{"role": "system", "content": HINT_SYSTEM[setting]}, {"role": "user", "content": user}]
 
 

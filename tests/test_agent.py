@@ -247,8 +247,9 @@ def test_tool_action_normalisation():
 
 def test_first_user_message():
     msg = agent.first_user_message("A grid.", "Go left.", "games")
-    assert msg == (f"{agent.PREAMBLE}\n\nObservation: A grid.\n\nHINT: Go left.\n\n"
-                   f"{agent.ANSWER_FORMAT}")
+    assert msg == ("You are playing a language game. Make valid actions to win.\nObservation: A grid."
+                   "\n\nHINT: Go left.\nPlease reason step by step, and put your final answer within "
+                   "\\boxed{}.")
     assert agent.first_user_message("Find order 17.", None, "tool") == "Find order 17."
 
 
@@ -305,7 +306,7 @@ def test_hinted_first_observation(tokenizer):
     eng = ScriptedEngine(tokenizer, binary_search_policy)
     [ep] = play(specs_for([GuessEnv()], [3], hint="The digit is odd."), generate=eng,
                 tokenizer=tokenizer)
-    assert "guess a digit from 1 to 9.\n\nHINT: The digit is odd.\n\n" in ep.messages[0]["content"]
+    assert "guess a digit from 1 to 9.\n\nHINT: The digit is odd.\nPlease reason" in ep.messages[0]["content"]
 
 
 def test_env_error_ends_only_its_episode(tokenizer):

@@ -136,27 +136,69 @@ def user_text(messages):
     return messages[-1]["content"]
 
 
+# The authors' skill descriptions (their game generator's table), word for word.
+AUTHORS_DESCRIPTIONS = {
+    "Mathematical Reasoning": "Solving mathematical problems and equations",
+    "Logical Deduction": "Drawing conclusions from given premises and rules",
+    "Spatial Reasoning": "Understanding spatial relationships and mental rotation",
+    "Pattern Recognition": "Identifying patterns in sequences, numbers, or text",
+    "Optimization": "Finding optimal solutions under constraints",
+    "Causal Inference": "Understanding cause-effect relationships",
+}
+
+
 @pytest.mark.parametrize("skill", d.GAME_SKILLS, ids=lambda s: s.name)
 def test_games_prompt_per_skill(skill):
+    """The corpus-grounded prompt carries each element of the authors' and no idea list."""
     messages = d.designer_messages(skill.name, setting="games", document=DOC, memory_block="MEMORY BLOCK")
-    assert "game designer" in messages[0]["content"]
+    assert "game designer" in messages[0]["content"] and "multi-turn" in messages[0]["content"]
     text = user_text(messages)
+    assert skill.description == AUTHORS_DESCRIPTIONS[skill.name]
     assert f"<REFERENCE_DOCUMENT>\n{DOC.text}\n</REFERENCE_DOCUMENT>" in text
-    assert skill.name in text and skill.description in text
-    assert all(e in text for e in skill.examples)
-    for needle in (r"\boxed{...}", "Hidden state", "partial reward", "Never reveal the solution",
-                   "Never mention the reference document", "def reset(self, seed: int | None = None)",
-                   "def step(self, action: str)", "Standard library only", "double literal braces",
-                   "full 5-tuple", "medium", "3 or more", "```python code block"):
+    assert f"Target skill: {skill.name} ({skill.description}). DIFFICULTY: medium" in text
+    assert not any(e in text for s in d.GAME_SKILLS for e in s.examples)  # no idea lists here
+    for needle in ("not a question-and-answer quiz", r"\boxed{<action>}",
+                   r"re.search(r'\\boxed\{(.+?)\}', action)", "COMMAND",       # boxed extraction
+                   "Hidden state", "Partial reward", "terminated=True only once the goal",
+                   "Do NOT", "grade it and terminate", "whole problem at reset()",  # the "do not" rules
+                   "same static task every turn",
+                   "carrying out a concept or technique from the document, step by",  # grounding
+                   "EXECUTES it one step per turn", "OPERATES that system",
+                   "def __init__(self, max_turns=12, **kwargs)", "def solution(self)",  # skeleton
+                   "def reset(self, seed=None)", "def step(self, action)",
+                   "never store data in self.solution", "Standard library only",
+                   "literal brace is doubled", "5-tuple",
+                   "Self-verification", "Trace two different action sequences from reset(seed=0)",
+                   "3 or more interaction steps", "```python block"):
         assert needle in text, needle
-    order = [text.index(s) for s in ("<REFERENCE_DOCUMENT>", "## Interaction", "## Interface",
-                                     "## Robustness", "## Target skill", "```python code block")]
-    assert order == sorted(order)
-    assert text.endswith("MEMORY BLOCK")  # the memory block comes last
-    assert "ToolEnv" not in text
-    # the interface skeleton in the prompt is itself valid Python
+    order = [text.index(s) for s in ("<REFERENCE_DOCUMENT>", "How the agent acts", "Do NOT",
+                                     "Grounding", "Interface", "Robustness", "Self-verification",
+                                     "Target skill", "```python block", "MEMORY BLOCK")]
+    assert order == sorted(order) and text.endswith("MEMORY BLOCK")  # the memory block comes last
+    assert "ToolEnv" not in text and "max_turns=20" not in text
+    skeleton = text.split("```python\n", 1)[1].split("```", 1)[0].replace("...", "pass")
+    ast.parse(skeleton)  # the interface skeleton is itself valid Python
+
+
+@pytest.mark.parametrize("skill", d.GAME_SKILLS, ids=lambda s: s.name)
+def test_no_corpus_prompt_is_the_authors_separate_one(skill):
+    text = user_text(d.designer_messages(skill, setting="games", document=None, rng=random.Random(3)))
+    assert "REFERENCE_DOCUMENT" not in text and "document" not in text
+    assert len(skill.examples) == 4
+    shown = [e for e in skill.examples if e in text]
+    assert shown == random.Random(3).sample(skill.examples, 3) or sorted(shown) == sorted(
+        random.Random(3).sample(skill.examples, 3))  # 3 of the skill's 4 ideas
+    for needle in ("exploration", "trading", "survival", "investigation", "tower defense", "crafting",
+                   "retries on failure", "linear search", "Only one sensible action", "won in 1-3 turns",
+                   "One-turn puzzles dressed up", "input(): never",
+                   "at most 25 turns", "optimal play wins in\n  about 12-18 turns",
+                   "def __init__(self, max_turns=25, **kwargs)", "A reference for the pattern",
+                   "DIFFERENT game", "1.0 with terminated=True", "0.0 with truncated=True"):
+        assert needle in text, needle
     skeleton = text.split("```python\n", 1)[1].split("```", 1)[0].replace("...", "pass")
     ast.parse(skeleton)
+    again = user_text(d.designer_messages(skill, setting="games", document=None, rng=random.Random(3)))
+    assert again == text  # seeded
 
 
 @pytest.mark.parametrize("skill", d.TOOL_SKILLS, ids=lambda s: s.name)
@@ -192,11 +234,6 @@ def test_tool_prompt_needs_a_task_and_tasks_cover_the_tables():
     assert {t[0] for t in tasks} == set(d.TOOL_DOMAINS) and len(d.TOOL_DOMAINS) == 10
     assert {t[1] for t in tasks} == set(d.TOOL_VARIANTS) == set(d.TOOL_VARIANT_WEIGHTS)
     assert tasks[:20] == [d.tool_task(r) for r in [random.Random(0)] for _ in range(20)]
-
-
-def test_prompt_without_corpus_has_no_document():
-    text = user_text(d.designer_messages(MATH, setting="games", document=None))
-    assert "REFERENCE_DOCUMENT" not in text and "reference document below" not in text
 
 
 # ----------------------------------------------------------------------------------------------
@@ -350,15 +387,20 @@ def test_write_hints_for_bare_proposals_is_batched_and_aligned():
     gen = ScriptedDesigner(['{"hint": "A."}', "Plain C."])
     assert d.write_hints(props, gen) == ["A.", None, "Plain C."]
     assert len(gen.batches) == 1 and len(gen.batches[0]) == 2
-    assert "never its code" in gen.batches[0][0][0]["content"] and "tools" in gen.batches[0][1][0]["content"]
+    assert "cannot see the" in gen.batches[0][0][0]["content"] and "tools" in gen.batches[0][1][0]["content"]
     assert d.write_hints([], gen) == [] and len(gen.batches) == 1
 
 
 def test_hint_prompts_and_hinted_observation():
     games = d.hint_messages("class XEnv: pass", "games")
-    assert "never its code" in games[0]["content"]
-    assert "class XEnv: pass" in games[1]["content"] and "under 100 words" in games[1]["content"]
-    assert "exact answer" in games[1]["content"] and '{"hint": "..."}' in games[1]["content"]
+    assert games[1]["content"] == "Environment code:\n```python\nclass XEnv: pass\n```"  # code only
+    system = games[0]["content"]
+    for needle in ("cannot see the", "appended to the player's first observation", "reset()",
+                   "step()", "answer format", "key insight or strategy", "1-3 sentences, under 100 words",
+                   "never code internals", "no generic advice", "Do not give away the exact answer",
+                   "Good:", "Bad:", "no JSON, no markdown, no labels"):
+        assert needle in system, needle
+    assert '{"hint"' not in system
     tool = d.hint_messages("class YEnv(ToolEnv): pass", "tool")
     assert "tools" in tool[0]["content"] and "cannot see the code" in tool[0]["content"]
     for rule in ("submit <answer>done</answer> only after the last one", "ask for it instead of guessing",
@@ -560,7 +602,7 @@ def test_end_to_end_regeneration(tmp_path, corpus):
                           validate=lambda src: Report(True, None, None, None), corpus=corpus,
                           memory_block=lambda skill: memory.prompt_block(skill, rng), setting="games", rng=rng)
     math_prompt, logic_prompt = (p.messages[1]["content"] for p in nxt)
-    tail = math_prompt.split("```python code block.", 1)[1]
+    tail = math_prompt.split("```python block.", 1)[1]
     assert tail.lstrip().startswith("<REFERENCE_ENVIRONMENTS>")
     assert "DialEnv (skill: Mathematical Reasoning, agent win rate 0.50, regret 0.25)" in tail
     assert "class DialEnv" in tail and "CompassEnv" not in tail  # other skills' records stay out
