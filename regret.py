@@ -49,7 +49,9 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-DESIGNER_MODES = ("blend", "regret", "solve_rate")
+DESIGNER_MODES = ("blend", "regret", "solve_rate", "learning_potential")
+STEP_TIMEOUT_PENALTY = -0.5          # the authors' regret_based score of a game whose step timed out
+LP_GAMMAS = (0.98, 0.85)             # the authors' fast / slow EMA weights of a new value
 
 
 def _finite(x, name: str) -> float:
@@ -107,28 +109,48 @@ def plateau(w: float, lo: float = 0.4, hi: float = 0.6, ramp: float = 0.25) -> f
 
 
 def designer_score(regret: float | None, win_rate: float | None, mode: str = "blend",
-                   regret_scale: float = 0.15, regret_weight: float = 0.4,
-                   faulty: bool = False) -> float:
+                   regret_scale: float = 0.15, regret_weight: float = 0.4, faulty: bool = False,
+                   r_hint: float | None = None, timed_out: bool = False,
+                   baseline: float | None = None) -> float:
     """The designer's score of one environment (SPEC Sec. 6).
 
     regret:   Eq. (3) at the environment's regeneration step.
     win_rate: w, the environment's mean unhinted return over its regeneration epoch.
-    mode:     "blend" (the paper's runs), "regret" (ablation: max(0, regret)),
-              "solve_rate" (ablation: plateau(w) only). An input the mode does not use may be None.
-    faulty:   the environment hit an environment fault; it scores 0, below its skill's mean.
+    mode:     "blend" (the paper's runs): 0.4 clip(regret / 0.15, 0, 1) + 0.6 plateau(w);
+              "regret" (ablation, the authors' regret_based): max(0, r_hint - w), the hinted mean
+                  against the whole epoch's unhinted mean, and -0.5 if a step timed out;
+              "solve_rate" (ablation): plateau(w);
+              "learning_potential" (ablation): |w - baseline|, baseline the skill's slow EMA
+                  (`learning_potential_update`). An input the mode does not use may be None.
+    faulty:   the environment hit an environment fault; it scores 0, below its skill's mean
+              (except a timeout under "regret", which scores the authors' -0.5).
     """
     if mode not in DESIGNER_MODES:
         raise ValueError(f"mode must be one of {DESIGNER_MODES}, got {mode!r}")
+    if mode == "regret" and timed_out:
+        return STEP_TIMEOUT_PENALTY
     if faulty:
         return 0.0
-    if mode == "regret":
-        return max(0.0, _finite(regret, "regret"))
+    if mode == "regret":  # r_hint - mean of all epoch plays, floored at 0
+        return max(0.0, _finite(r_hint, "r_hint") - _finite(win_rate, "win_rate"))
     if mode == "solve_rate":
         return plateau(_finite(win_rate, "win_rate"))
+    if mode == "learning_potential":  # |w - mu_slow(skill)|
+        return abs(_finite(win_rate, "win_rate") - _finite(baseline, "baseline"))
     regret, w = _finite(regret, "regret"), _finite(win_rate, "win_rate")
     # score = 0.4 * clip(regret / 0.15, 0, 1) + 0.6 * plateau(w)
     regret_term = min(1.0, max(0.0, regret / regret_scale))
     return regret_weight * regret_term + (1.0 - regret_weight) * plateau(w)
+
+
+def learning_potential_update(mu: Sequence[float] | None, r: float,
+                              gammas: tuple[float, float] = LP_GAMMAS) -> list[float]:
+    """One update of a skill's [mu_fast, mu_slow] with its epoch mean return r (the authors'
+    learning-potential trackers): the first value sets both, then mu <- (1 - g) mu + g r."""
+    r = _finite(r, "r")
+    if mu is None:
+        return [r, r]
+    return [(1 - g) * m + g * r for m, g in zip(mu, gammas)]
 
 
 # ALGO: environment statistics (logged, not trained on) -------------------------------------------

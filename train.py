@@ -98,7 +98,7 @@ class SpadeArgs:
     max_turns: int = field(default=25, metadata={"help": "Agent turns per episode (paper: 25)."})
     max_context: int = field(default=32768, metadata={"help": "Agent context in tokens (paper: 32,768)."})
     max_new_tokens: int = field(default=8192, metadata={"help": "Agent new tokens per turn (paper: 8,192)."})
-    designer_reward: str = field(default="blend", metadata={"help": "blend (paper runs), regret (ablation), solve_rate (ablation)."})
+    designer_reward: str = field(default="blend", metadata={"help": "blend (paper runs); ablations: regret (the authors' regret_based), solve_rate, learning_potential (regret.designer_score)."})
     role_scale_cap: float = field(default=50.0, metadata={"help": "Cap of the role-balancing scale S = min(cap, N_agent / N_designer * R) (paper: 50)."})
     no_corpus: bool = field(default=False, metadata={"help": "Ablation: designer prompts without a reference document."})
     no_memory: bool = field(default=False, metadata={"help": "Ablation: no environment memory."})
@@ -219,14 +219,14 @@ def resolve(margs: ModelArgs, sargs: SpadeArgs, oargs: OptimArgs, rargs: RunArgs
             raise SystemExit(f"--{name} must be > 0 (log-probs divide logits by it)")
     if oargs.logprob_temperature is not None and not oargs.logprob_temperature > 0:
         raise SystemExit("--logprob_temperature must be > 0 (log-probs divide logits by it)")
-    if sargs.hint_plays == 0 and sargs.designer_reward != "solve_rate" and not sargs.fixed_envs:
+    if sargs.hint_plays == 0 and sargs.designer_reward in ("blend", "regret") and not sargs.fixed_envs:
         raise SystemExit("--hint_plays 0 leaves regret undefined: use --designer_reward solve_rate")
     if sargs.plays < 2:
         print("[spade] warning: --plays < 2 makes every agent group zero-variance (no agent gradient)")
     if sargs.skills_per_regen > n_skills:
         raise SystemExit(f"--skills_per_regen {sargs.skills_per_regen} exceeds the {n_skills} skills")
-    if sargs.designer_reward not in ("blend", "regret", "solve_rate"):
-        raise SystemExit("--designer_reward must be blend, regret or solve_rate")
+    if sargs.designer_reward not in regret.DESIGNER_MODES:
+        raise SystemExit(f"--designer_reward must be one of {', '.join(regret.DESIGNER_MODES)}")
     if not sargs.no_corpus and not sargs.fixed_envs and not Path(sargs.corpus).is_file():
         raise SystemExit(f"corpus file not found: {sargs.corpus} (see data/README.md)")
     if margs.model not in ("tiny", "tiny-moe") and Path(sargs.corpus) == HERE / "data" / "corpus.jsonl" \
@@ -285,6 +285,7 @@ class PoolEnv:
     origin: str  # designer | carried | fallback | fixed
     hint: str | None = None
     faulty: bool = False
+    timed_out: bool = False  # a fault that was a step or episode timeout
     returns: list = field(default_factory=list)  # unhinted returns over the epoch
     regret: float | None = None
     r_hint: float | None = None
@@ -464,17 +465,27 @@ def play_pool(step, pool, sargs, sampler, sb, tokenizer, hinted_arm: bool, seed:
             spec.handle.close()
 
 
-def score_epoch(pool, sargs) -> list[dict]:
-    """Designer samples of the finished epoch with their scores (Sec. 3.3, blend)."""
-    out = []
-    for e in pool:
-        if e.sample is None:
-            continue
-        if e.faulty or not e.returns or (e.regret is None and sargs.designer_reward != "solve_rate"):
+def score_epoch(pool, sargs, lp: dict | None = None) -> list[dict]:
+    """Designer samples of the finished epoch with their scores (Sec. 3.3; regret.designer_score).
+    `lp` (skill -> [mu_fast, mu_slow]) carries the learning_potential ablation's trackers: each
+    skill's is updated with the epoch mean of its scored environments' plays before scoring."""
+    mode, out = sargs.designer_reward, []
+    scored = [e for e in pool if e.sample is not None]
+    if mode == "learning_potential" and lp is not None:
+        for skill in sorted({e.skill for e in scored}):
+            rets = [r for e in scored if e.skill == skill and not e.faulty for r in e.returns]
+            if rets:
+                lp[skill] = regret.learning_potential_update(lp.get(skill), sum(rets) / len(rets))
+    for e in scored:
+        w = sum(e.returns) / len(e.returns) if e.returns else None
+        baseline = (lp or {}).get(e.skill, [None, None])[1]
+        missing = {"blend": e.regret, "regret": e.r_hint, "learning_potential": baseline}.get(mode, w) is None
+        if mode == "regret" and e.timed_out:
+            score = regret.STEP_TIMEOUT_PENALTY  # the authors' regret_based penalty
+        elif e.faulty or w is None or missing:
             score = 0.0  # deviation 2: a faulty environment scores 0
         else:
-            w = sum(e.returns) / len(e.returns)
-            score = regret.designer_score(e.regret, w, mode=sargs.designer_reward)
+            score = regret.designer_score(e.regret, w, mode=mode, r_hint=e.r_hint, baseline=baseline)
         out.append({**e.sample, "score": score, "env_id": e.env_id})
     return out
 
@@ -488,6 +499,7 @@ def env_stats(step, pool, episodes, is_regen) -> tuple[dict, dict]:
             rewards.setdefault(ep.env_id, []).extend(ep.rewards)
         if ep.status == "env_error":  # the environment's fault, unless the sandbox itself failed
             by_env[ep.env_id].faulty |= not str(ep.error).startswith("infra")
+            by_env[ep.env_id].timed_out |= ep.error in ("timeout", "episode_timeout")
             continue
         (hinted if ep.hinted else unhinted).setdefault(ep.env_id, []).append(ep.ret)
     m = {}
@@ -798,7 +810,7 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
                                       seed=sargs.corpus_seed + dp_rank)
     mem = memory_lib.EnvironmentMemory(capacity=sargs.memory_capacity, path=run_dir / "memory.json",
                                        seed=rargs.seed)
-    pool, start = [], 0
+    pool, start, lp = [], 0, {}  # lp: the learning_potential ablation's per-skill trackers
     if resume_from is not None:
         accelerator.load_state(str(resume_from))
         st = json.loads((resume_from / f"spade_state-{rank}.json").read_text())
@@ -806,6 +818,7 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
             raise SystemExit(f"--resume: the run used {st['world']} processes, this launch has {world}")
         start = st["step"]
         pool = [PoolEnv(**e) for e in st["pool"]]
+        lp = st.get("learning_potential", {})
         mem = memory_lib.EnvironmentMemory.from_dict(st["memory"], path=run_dir / "memory.json")
         if corpus is not None:
             corpus.load_state_dict(st["corpus"])
@@ -830,7 +843,7 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
         # ALGO: 1-2. regeneration: score the finished epoch, then design a fresh pool
         if is_regen:
             on_phase(step, "generate")
-            scored = score_epoch(pool, sargs)
+            scored = score_epoch(pool, sargs, lp)
             pool, gm, logs = regenerate(step, sargs, sampler, design_sampler, sb, mem, pool,
                                         corpus, dp_rank, dp_world)
             m.update(gm)
@@ -846,7 +859,7 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
         em, wins = env_stats(step, pool, episodes, is_regen)
         m.update(em)
         if step + 1 == sargs.steps and not sargs.fixed_envs:
-            scored += score_epoch(pool, sargs)  # deviation 3: the last epoch is trained too
+            scored += score_epoch(pool, sargs, lp)  # deviation 3: the last epoch is trained too
         samples = agent_samples(episodes, grpo, compact=tool_filters(sargs))
         n_agent = sum(gather_object([len(samples)])) if world > 1 else len(samples)
         if train_designer and (is_regen or step + 1 == sargs.steps):  # every rank: a collective
@@ -892,7 +905,7 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
             save_checkpoint(accelerator, run_dir, step + 1, {
                 "step": step + 1, "world": world, "pool": [dataclasses.asdict(e) for e in pool],
                 "corpus": corpus.state_dict() if corpus is not None else None,
-                "memory": mem.to_dict(), "metrics_lines": n_lines}, rargs.keep_checkpoints)
+                "memory": mem.to_dict(), "learning_potential": lp, "metrics_lines": n_lines}, rargs.keep_checkpoints)
             if main_proc:  # a live run always has a recent report.html
                 write_report(run_dir, final=step + 1 == sargs.steps)
         if rargs.export_every and ((step + 1) % rargs.export_every == 0 or step + 1 == sargs.steps):

@@ -106,3 +106,57 @@ def test_stripped_history_episode_trains_one_sample_per_turn():
     # advantages: returns (1, 0), mean 0.5, population std 0.5 -> +1 / -1 (Eq. 1)
     assert [s["tokens"] for s in out] == [[1, 2, 3], [1, 4, 5, 6], [7, 8]]
     assert [s["advantage"] for s in out] == [pytest.approx(1.0), pytest.approx(1.0), pytest.approx(-1.0)]
+
+
+# ----------------------------------------------------------------------------------------------
+# designer-reward ablations, hand-computed
+
+
+def test_regret_ablation_is_the_authors_regret_based():
+    import regret
+    # r_hint - mean of the whole epoch's unhinted plays, floored at 0, no /0.15 scaling
+    assert regret.designer_score(None, 0.25, mode="regret", r_hint=0.75) == pytest.approx(0.5)
+    assert regret.designer_score(None, 0.5, mode="regret", r_hint=0.2) == 0.0
+    assert regret.designer_score(None, None, mode="regret", timed_out=True) == -0.5
+
+
+def test_learning_potential_trackers_and_score():
+    import regret
+    mu = regret.learning_potential_update(None, 0.5)
+    assert mu == [0.5, 0.5]
+    mu = regret.learning_potential_update(mu, 1.0)  # 0.02 * 0.5 + 0.98 * 1, 0.15 * 0.5 + 0.85 * 1
+    assert mu == [pytest.approx(0.99), pytest.approx(0.925)]
+    assert regret.designer_score(None, 0.3, mode="learning_potential", baseline=0.925) == pytest.approx(0.625)
+
+
+def _env(env_id, returns, skill="Optimization", **kw):
+    return train.PoolEnv(env_id, skill, "src", "XEnv", "designer", returns=list(returns),
+                         sample={"prompt": [1], "reply": [2], "logprobs": [-0.5], "skill": skill}, **kw)
+
+
+def test_score_epoch_learning_potential_over_two_epochs():
+    sargs, lp = train.SpadeArgs(designer_reward="learning_potential"), {}
+    # epoch 1: the skill's plays average (1 + 0 + 1 + 1) / 4 = 0.75 -> mu = [0.75, 0.75]
+    scores = [s["score"] for s in train.score_epoch([_env("a", [1, 0]), _env("b", [1, 1])], sargs, lp)]
+    assert lp == {"Optimization": [0.75, 0.75]} and scores == [pytest.approx(0.25), pytest.approx(0.25)]
+    # epoch 2: mean 0.25 -> slow = 0.15 * 0.75 + 0.85 * 0.25 = 0.325; |0 - 0.325|, |0.5 - 0.325|
+    scores = [s["score"] for s in train.score_epoch([_env("c", [0, 0]), _env("d", [0, 1])], sargs, lp)]
+    assert lp["Optimization"] == [pytest.approx(0.26), pytest.approx(0.325)]
+    assert scores == [pytest.approx(0.325), pytest.approx(0.175)]
+
+
+def test_score_epoch_regret_uses_the_window_mean_and_the_timeout_penalty():
+    sargs = train.SpadeArgs(designer_reward="regret")
+    envs = [_env("a", [1, 0, 0, 0], r_hint=1.0, regret=0.5),          # 1.0 - 0.25
+            _env("b", [1, 1], r_hint=0.5, regret=0.0),                # floored: 0
+            _env("c", [0], faulty=True, timed_out=True),              # a step timed out: -0.5
+            _env("d", [0], faulty=True, r_hint=1.0)]                  # other faults: 0 (deviation 2)
+    assert [s["score"] for s in train.score_epoch(envs, sargs)] == [pytest.approx(0.75), 0.0, -0.5, 0.0]
+
+
+def test_env_stats_marks_timeouts():
+    from types import SimpleNamespace as NS
+    e = _env("a", [])
+    eps = [NS(env_id="a", ret=0.0, hinted=False, status="env_error", error="timeout", rewards=[])]
+    train.env_stats(0, [e], eps, is_regen=False)
+    assert e.faulty and e.timed_out

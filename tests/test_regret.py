@@ -74,13 +74,14 @@ def test_designer_score_blend():
 
 
 def test_designer_score_ablations():
-    assert designer_score(0.3, None, mode="regret") == pytest.approx(0.3)
-    assert designer_score(-0.2, None, mode="regret") == 0.0
+    # the authors' regret_based: r_hint - the epoch's unhinted mean, floored at 0
+    assert designer_score(None, 0.4, mode="regret", r_hint=0.7) == pytest.approx(0.3)
+    assert designer_score(None, 0.5, mode="regret", r_hint=0.3) == 0.0
     assert designer_score(None, 0.7, mode="solve_rate") == pytest.approx(0.6)
 
 
 def test_designer_score_faulty_is_zero_and_needs_no_inputs():
-    for mode in ("blend", "regret", "solve_rate"):
+    for mode in ("blend", "regret", "solve_rate", "learning_potential"):
         assert designer_score(None, None, mode=mode, faulty=True) == 0.0
     assert designer_score(0.1, 0.5, faulty=True) == 0.0
 

@@ -153,6 +153,7 @@ def test_resume_after_crash_is_exact(tmp_path, monkeypatch, designer_model, refe
 @pytest.mark.parametrize("flags", [["--no_corpus"], ["--no_memory"], ["--no_designer_training"],
                                    ["--two_skills"], ["--designer_reward", "regret"],
                                    ["--designer_reward", "solve_rate"],
+                                   ["--designer_reward", "learning_potential"],
                                    ["--fixed_envs", str(ENVS)]])
 def test_every_ablation_runs(tmp_path, flags, designer_model):
     run = train.main(BASE + ["--steps", "2", "--plays", "2", "--output_dir", str(tmp_path / "a")] + flags,
