@@ -104,7 +104,8 @@ class SpadeArgs:
     no_memory: bool = field(default=False, metadata={"help": "Ablation: no environment memory."})
     no_designer_training: bool = field(default=False, metadata={"help": "Ablation: the designer role is never trained."})
     two_skills: bool = field(default=False, metadata={"help": "Ablation: two-skill curriculum {Math, Pattern}."})
-    fixed_envs: str | None = field(default=None, metadata={"help": "Fixed-env GRPO baseline: train the agent on the environments (*.py) in this directory."})
+    fixed_envs: str | None = field(default=None, metadata={"help": "Fixed-env GRPO baseline: the agent trains on --num_envs environments per step drawn without replacement (seed 42) from the validated *.py in this directory."})
+    generate_pool: int | None = field(default=None, metadata={"help": "Write this many validated environments into --output_dir with the designer (memory off, no training; resumable) and exit: the Fixed-env GRPO pool."})
     no_tool_filters: bool = field(default=False, metadata={"help": "Tool use: keep episodes that did not terminate (reply cut by the token cap, turn limit, budget) and malformed tool-call replies in the loss (the authors mask them in every tool run)."})
 
 
@@ -465,6 +466,25 @@ def play_pool(step, pool, sargs, sampler, sb, tokenizer, hinted_arm: bool, seed:
             spec.handle.close()
 
 
+def fixed_env_schedule(n: int, k: int, steps: int, seed: int = 42) -> list[list[int]]:
+    """The Fixed-env GRPO draw (the authors' static pool without replacement, seed 42): the
+    pool's indices shuffled once, k taken per step; when fewer than k remain, the rest are taken
+    and the step is filled from a fresh shuffle without repeating them, which then continues."""
+    rng, k = random.Random(seed), min(k, n)
+    remaining = list(range(n))
+    rng.shuffle(remaining)
+    out = []
+    for _ in range(steps):
+        chosen, remaining = remaining[:k], remaining[k:]
+        if len(chosen) < k:
+            refill = list(range(n))
+            rng.shuffle(refill)
+            refill = [i for i in refill if i not in set(chosen)]
+            chosen, remaining = chosen + refill[:k - len(chosen)], refill[k - len(chosen):]
+        out.append(chosen)
+    return out
+
+
 def score_epoch(pool, sargs, lp: dict | None = None) -> list[dict]:
     """Designer samples of the finished epoch with their scores (Sec. 3.3; regret.designer_score).
     `lp` (skill -> [mu_fast, mu_slow]) carries the learning_potential ablation's trackers: each
@@ -752,6 +772,8 @@ def main(argv=None, *, engines: dict | None = None) -> Path:
                          memory_mb=args[3].sandbox_memory_mb)
     try:
         resolve(*args)
+        if args[1].generate_pool:
+            return generate_pool(*args, sb=sb, engines=engines or {})
         return train(*args, sb=sb, engines=engines or {})
     finally:  # never leave the zygote and its workers behind, even on a crash
         sb.close()
@@ -826,10 +848,12 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
             lines = (run_dir / "metrics.jsonl").read_text().splitlines()[: st["metrics_lines"]]
             atomic_write(run_dir / "metrics.jsonl", "".join(line + "\n" for line in lines))
         eng.sync_weights(accelerator.unwrap_model(model))
-    elif sargs.fixed_envs:
-        pool = load_env_dir(Path(sargs.fixed_envs), sargs.setting, sb, origin="fixed")[dp_rank::dp_world]
-        if not pool:
+    fixed, schedule = [], []
+    if sargs.fixed_envs:  # the Fixed-env GRPO baseline: N environments per step from a static pool
+        fixed = load_env_dir(Path(sargs.fixed_envs), sargs.setting, sb, origin="fixed")
+        if not fixed:
             raise SystemExit(f"--fixed_envs {sargs.fixed_envs}: no environment passed validation")
+        schedule = fixed_env_schedule(len(fixed), sargs.num_envs, sargs.steps)
     if main_proc:
         accelerator.init_trackers("spade", config=cfg)
         print(f"[spade] run dir {run_dir.resolve()}  sandbox level: {sb.level}  world {world}")
@@ -840,6 +864,8 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
         t0, m, logs = time.perf_counter(), {}, []
         is_regen = step % sargs.regen_interval == 0 and not sargs.fixed_envs
         scored = []
+        if fixed:  # this step's draw, split over the data-parallel groups
+            pool = [dataclasses.replace(fixed[i]) for i in schedule[step][dp_rank::dp_world]]
         # ALGO: 1-2. regeneration: score the finished epoch, then design a fresh pool
         if is_regen:
             on_phase(step, "generate")
@@ -920,6 +946,54 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
         print(f"[spade] done: metrics {run_dir / 'metrics.jsonl'}, policy {run_dir / 'final_model'}")
     accelerator.end_training()
     return run_dir
+
+
+def generate_pool(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
+    """The Fixed-env GRPO baseline's pool (Sec. 4): the untrained policy designs environments
+    with the same prompts (memory off, skills in turn) until --generate_pool of them validate.
+    Each one is written as it validates, with manifest.json (file -> skill, setting) and the
+    generator's state, so a killed run continues where it stopped; then `--fixed_envs DIR`."""
+    import torch
+    from tqdm.auto import tqdm
+
+    import engine
+    out, n = Path(rargs.output_dir), sargs.generate_pool
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = json.loads((out / "manifest.json").read_text()) if (out / "manifest.json").exists() else {}
+    state = json.loads((out / "pool_state.json").read_text()) if (out / "pool_state.json").exists() else {}
+    model, tok = engine.load_model_and_tokenizer(margs.model, dtype=torch.bfloat16 if torch.cuda.is_available()
+                                                 else torch.float32, seed=rargs.seed)
+    sampler = Sampler(engines.get("designer") or make_engine(margs, sargs, model, tok, rargs.seed, False),
+                      tok, rargs.seed)
+    corpus = None if sargs.no_corpus else designer.Corpus.load(
+        sargs.corpus, max_words=designer.CORPUS_MAX_WORDS[sargs.setting], seed=sargs.corpus_seed)
+    if corpus is not None and state.get("corpus"):
+        corpus.load_state_dict(state["corpus"])
+    skills, rnd = [s.name for s in skill_list(sargs)], state.get("round", 0)
+    bar, dry = tqdm(total=n, initial=min(len(manifest), n), desc="pool"), 0
+    while len(manifest) < n:
+        if dry == 10:
+            raise SystemExit(f"--generate_pool: 10 rounds without a valid environment ({len(manifest)} of {n} in {out})")
+        batch = min(sargs.num_envs, n - len(manifest))
+        slots = [skills[(rnd * sargs.num_envs + i) % len(skills)] for i in range(batch)]
+        gen = sampler.at(rnd, "pool").chat(temperature=sargs.designer_temperature, top_p=sargs.top_p,
+                                           max_new_tokens=sargs.designer_max_tokens, top_k=sargs.top_k,
+                                           enable_thinking=sargs.designer_thinking)
+        proposals, _ = designer.regenerate(
+            slots, generate=gen, validate=lambda src: sb.validate(src, setting=sargs.setting),
+            corpus=corpus, memory_block=None, setting=sargs.setting,
+            rng=random.Random(derive_seed("pool", rargs.seed, rnd)), max_attempts=sargs.max_attempts)
+        for p in (p for p in proposals if p.ok):
+            name = f"env_{len(manifest):05d}.py"
+            atomic_write(out / name, p.source)
+            manifest[name] = {"skill": p.skill, "setting": sargs.setting, "class_name": p.class_name}
+            bar.update(1)
+        rnd, dry = rnd + 1, 0 if any(p.ok for p in proposals) else dry + 1
+        atomic_write(out / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
+        atomic_write(out / "pool_state.json", json.dumps(
+            {"round": rnd, "corpus": corpus.state_dict() if corpus is not None else None}))
+    bar.close()
+    return out
 
 
 def make_engine(margs: ModelArgs, sargs: SpadeArgs, model, tokenizer, seed: int, sharded: bool):

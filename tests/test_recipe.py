@@ -160,3 +160,41 @@ def test_env_stats_marks_timeouts():
     eps = [NS(env_id="a", ret=0.0, hinted=False, status="env_error", error="timeout", rewards=[])]
     train.env_stats(0, [e], eps, is_regen=False)
     assert e.faulty and e.timed_out
+
+
+# ----------------------------------------------------------------------------------------------
+# the Fixed-env GRPO baseline
+
+
+def test_fixed_env_schedule_by_hand():
+    # Random(42) shuffles [0..4] to [3, 1, 2, 4, 0]; the pool is used up before any repeat, then a
+    # fresh shuffle [3, 2, 0, 4, 1] fills the third step without repeating 0 and continues.
+    assert train.fixed_env_schedule(5, 2, 4) == [[3, 1], [2, 4], [0, 3], [2, 4]]
+    many = train.fixed_env_schedule(100, 24, 5)
+    assert all(len(set(d)) == 24 for d in many)
+    assert len(set(sum(many[:4], []))) == 96  # no repeat before the pool of 100 is used up
+    assert set(range(100)) - set(sum(many[:4], [])) <= set(many[4])  # the 4 left over come first
+    assert all(sorted(d) == [0, 1, 2] for d in train.fixed_env_schedule(3, 24, 2))  # k capped at n
+
+
+@pytest.mark.slow
+def test_generate_pool_resumes_and_feeds_fixed_env_grpo(tmp_path):
+    import engine
+    from test_train import BASE, scripted
+    tiny = engine.build_tiny("tiny", seed=0)
+    pool = tmp_path / "pool"
+    flags = BASE + ["--num_envs", "2", "--output_dir", str(pool)]
+    assert train.main(flags + ["--generate_pool", "2"], engines=scripted(*tiny)) == pool
+    manifest = json.loads((pool / "manifest.json").read_text())
+    assert sorted(manifest) == ["env_00000.py", "env_00001.py"]
+    assert all(v["setting"] == "games" and v["class_name"] == "CoinEnv" for v in manifest.values())
+    first = (pool / "env_00000.py").read_text()
+    train.main(flags + ["--generate_pool", "3"], engines=scripted(*tiny))  # continues, keeps the two
+    assert len(json.loads((pool / "manifest.json").read_text())) == 3
+    assert (pool / "env_00000.py").read_text() == first
+    assert json.loads((pool / "pool_state.json").read_text())["round"] >= 2
+    # the baseline draws --num_envs of them per step
+    run = train.main(BASE + ["--fixed_envs", str(pool), "--num_envs", "2", "--steps", "2", "--plays", "2",
+                             "--output_dir", str(tmp_path / "run")], engines=scripted(*tiny))
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["env/pool_size"] for r in rows] == [2, 2] and "designer/attempts" not in rows[0]
