@@ -163,6 +163,29 @@ def learnable_share(win_rates: Sequence[float], lo: float = 0.2, hi: float = 0.8
     return sum(lo <= w <= hi for w in rates) / len(rates)
 
 
+def learnable_slot_share(epochs: Sequence[tuple[Sequence[float], int]], lo: float = 0.2,
+                         hi: float = 0.8) -> float:
+    """The paper's learnable share (Fig. 7) over a window of regeneration epochs: each epoch gives
+    the win rates of its valid designer environments and its slot capacity N; unfilled slots
+    count as not learnable, so the share is weighted by valid environments:
+        share = sum_e #{i : lo <= w_i <= hi} / sum_e N_e          (0.0 for no capacity)"""
+    slots = sum(n for _, n in epochs)
+    hits = sum(lo <= w <= hi for rates, _ in epochs for w in _finite_list(rates, "win_rates", True))
+    return hits / slots if slots else 0.0
+
+
+# An explicit formula in an observation: a name set equal to an arithmetic expression
+# ("y = 3*x + 2", "score = a * b"), or words that announce one.
+_FORMULA = re.compile(r"[A-Za-z_]\w*(?:\([^)\n]*\))?\s*=\s*[^=\n]*?[\w)]\s*[-+*/^%]\s*[\w(]"
+                      r"|\b(?:formula|the rule is|is computed as|is calculated as)\b", re.I)
+
+
+def reveals_formula(observation: str) -> bool:
+    """Whether a first observation states the formula behind the game (Fig. 9's formula-reveal
+    rate is the share of a regeneration's new environments for which this holds)."""
+    return bool(_FORMULA.search(observation))
+
+
 def reward_granularity(env_rewards: Sequence[Iterable]) -> float:
     """Mean number of distinct reward values per environment.
 
@@ -223,6 +246,14 @@ def similarity_matrix(sources: Sequence[str]) -> np.ndarray:
             counts[i, vocab[gram]] = c
     unit = counts / np.linalg.norm(counts, axis=1, keepdims=True)
     return np.clip(unit @ unit.T, 0.0, 1.0)                    # (n, n)
+
+
+def windowed_diversity(sources: Sequence[str], rng, size: int = 24, draws: int = 12) -> float:
+    """Fig. 19's diversity: the mean Vendi score of `draws` random subsamples of `size` sources
+    (without replacement) from one window's environments (all of them when there are fewer)."""
+    if len(sources) <= size:
+        return diversity(list(sources))
+    return sum(diversity(rng.sample(list(sources), size)) for _ in range(draws)) / draws
 
 
 def diversity(sources: Sequence[str]) -> float:

@@ -510,6 +510,35 @@ def score_epoch(pool, sargs, lp: dict | None = None) -> list[dict]:
     return out
 
 
+def epoch_learnable(hist: dict, pool, epoch_start: int, n_slots: int, window: int = 16) -> dict:
+    """Fig. 7's learnable share: a finished epoch adds the win rates of its designer environments
+    (share of its unhinted plays with return > 0) and its slot count; the share is over the
+    epochs of its 16-step window so far (complete at the window's last epoch)."""
+    rates = [sum(r > 0 for r in e.returns) / len(e.returns) if e.returns else 0.0
+             for e in pool if e.origin == "designer"]
+    hist["epochs"] = [x for x in hist["epochs"] if x[0] // window == epoch_start // window]
+    hist["epochs"].append([epoch_start, rates, n_slots])
+    return {"env/learnable_slot_share": regret.learnable_slot_share([(r, n) for _, r, n in hist["epochs"]])}
+
+
+def regen_figures(step, new_pool, episodes, hist: dict, steps: int, seed: int, window: int = 40) -> dict:
+    """Fig. 9's formula-reveal rate of a regeneration's new environments (their first
+    observation), and Fig. 19's diversity over each 40-step window's new environments."""
+    m, fresh = {}, {e.env_id: e for e in new_pool if e.origin == "designer"}
+    first = {}
+    for ep in episodes:
+        if ep.env_id in fresh and not ep.hinted and ep.messages:
+            first.setdefault(ep.env_id, ep.messages[0]["content"])
+    if first:
+        m["designer/formula_reveal_rate"] = sum(map(regret.reveals_formula, first.values())) / len(first)
+    hist["sources"] += [e.source for e in fresh.values()]
+    if (step + 1) % window == 0 or step + 1 == steps:
+        if hist["sources"]:
+            m["designer/diversity_window"] = regret.windowed_diversity(hist["sources"], random.Random(seed))
+        hist["sources"] = []
+    return m
+
+
 def env_stats(step, pool, episodes, is_regen) -> tuple[dict, dict]:
     """Per-step statistics; updates each environment's epoch returns and regret in place."""
     by_env = {e.env_id: e for e in pool}
@@ -833,6 +862,7 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
     mem = memory_lib.EnvironmentMemory(capacity=sargs.memory_capacity, path=run_dir / "memory.json",
                                        seed=rargs.seed)
     pool, start, lp = [], 0, {}  # lp: the learning_potential ablation's per-skill trackers
+    hist = {"epochs": [], "sources": []}  # window data of the paper's figure metrics
     if resume_from is not None:
         accelerator.load_state(str(resume_from))
         st = json.loads((resume_from / f"spade_state-{rank}.json").read_text())
@@ -841,6 +871,7 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
         start = st["step"]
         pool = [PoolEnv(**e) for e in st["pool"]]
         lp = st.get("learning_potential", {})
+        hist = st.get("figures", hist)
         mem = memory_lib.EnvironmentMemory.from_dict(st["memory"], path=run_dir / "memory.json")
         if corpus is not None:
             corpus.load_state_dict(st["corpus"])
@@ -860,6 +891,7 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
     bar = tqdm(range(start, sargs.steps), initial=start, total=sargs.steps, desc="spade",
                disable=not main_proc)
     train_designer = not (sargs.no_designer_training or sargs.fixed_envs)
+    n_slots = len(range(dp_rank, sargs.num_envs, dp_world))  # this rank's designer slots
     for step in bar:
         t0, m, logs = time.perf_counter(), {}, []
         is_regen = step % sargs.regen_interval == 0 and not sargs.fixed_envs
@@ -870,6 +902,8 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
         if is_regen:
             on_phase(step, "generate")
             scored = score_epoch(pool, sargs, lp)
+            if step > 0:
+                m.update(epoch_learnable(hist, pool, step - sargs.regen_interval, n_slots))
             pool, gm, logs = regenerate(step, sargs, sampler, design_sampler, sb, mem, pool,
                                         corpus, dp_rank, dp_world)
             m.update(gm)
@@ -884,8 +918,11 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
         on_phase(step, "score")
         em, wins = env_stats(step, pool, episodes, is_regen)
         m.update(em)
+        m.update(regen_figures(step, pool if is_regen else [], episodes, hist, sargs.steps,
+                               derive_seed("vendi", rargs.seed, step)))
         if step + 1 == sargs.steps and not sargs.fixed_envs:
             scored += score_epoch(pool, sargs, lp)  # deviation 3: the last epoch is trained too
+            m.update(epoch_learnable(hist, pool, step - step % sargs.regen_interval, n_slots))
         samples = agent_samples(episodes, grpo, compact=tool_filters(sargs))
         n_agent = sum(gather_object([len(samples)])) if world > 1 else len(samples)
         if train_designer and (is_regen or step + 1 == sargs.steps):  # every rank: a collective
@@ -931,7 +968,8 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
             save_checkpoint(accelerator, run_dir, step + 1, {
                 "step": step + 1, "world": world, "pool": [dataclasses.asdict(e) for e in pool],
                 "corpus": corpus.state_dict() if corpus is not None else None,
-                "memory": mem.to_dict(), "learning_potential": lp, "metrics_lines": n_lines}, rargs.keep_checkpoints)
+                "memory": mem.to_dict(), "learning_potential": lp, "figures": hist,
+                "metrics_lines": n_lines}, rargs.keep_checkpoints)
             if main_proc:  # a live run always has a recent report.html
                 write_report(run_dir, final=step + 1 == sargs.steps)
         if rargs.export_every and ((step + 1) % rargs.export_every == 0 or step + 1 == sargs.steps):

@@ -198,3 +198,63 @@ def test_generate_pool_resumes_and_feeds_fixed_env_grpo(tmp_path):
                              "--output_dir", str(tmp_path / "run")], engines=scripted(*tiny))
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["env/pool_size"] for r in rows] == [2, 2] and "designer/attempts" not in rows[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# the paper's figure metrics, hand-computed
+
+
+def test_learnable_slot_share_counts_unfilled_slots_as_zero():
+    import regret
+    # epoch 1: 24 slots, 20 valid, 6 of them in [0.2, 0.8]; epoch 2: 24 slots, 24 valid, 12 in band
+    e1 = ([0.5] * 6 + [0.0] * 10 + [1.0] * 4, 24)
+    e2 = ([0.2] * 6 + [0.8] * 6 + [0.9] * 12, 24)
+    assert regret.learnable_slot_share([e1, e2]) == pytest.approx(18 / 48)
+    assert regret.learnable_slot_share([]) == 0.0
+
+
+def test_epoch_learnable_keeps_one_16_step_window():
+    hist = {"epochs": [], "sources": []}
+    envs = [_env("a", [1, 0, 0, 0]), _env("b", [1, 1]), _env("c", [0, 0])]  # win 0.25, 1.0, 0.0
+    envs.append(train.PoolEnv("f", "Optimization", "src", "FEnv", "fallback", returns=[1, 0]))
+    assert train.epoch_learnable(hist, envs, 0, 4) == {"env/learnable_slot_share": 0.25}  # 1 / 4
+    assert train.epoch_learnable(hist, envs[:1], 12, 4)["env/learnable_slot_share"] == 2 / 8
+    assert train.epoch_learnable(hist, envs[:1], 16, 4)["env/learnable_slot_share"] == 1 / 4  # new window
+
+
+def test_formula_reveal_detector():
+    import regret
+    for text in ("Hidden rule: y = 3*x + 2. Guess y for x = 4.", "f(n) = n^2 - 1", "Use the formula to win",
+                 "The price is computed as cost times 2"):
+        assert regret.reveals_formula(text), text
+    for text in ("Turn 3/12 | HP 7/10 | Items: key", "Gold = 100", "Guess the hidden number."):
+        assert not regret.reveals_formula(text), text
+
+
+def test_regen_figures_formula_rate_and_window_diversity():
+    from types import SimpleNamespace as NS
+    import regret
+    hist = {"epochs": [], "sources": []}
+    pool = [train.PoolEnv("a", "S", "x = 1\ny = 2\n", "AEnv", "designer"),
+            train.PoolEnv("b", "S", "class B: pass\n", "BEnv", "designer"),
+            train.PoolEnv("c", "S", "class C: pass\n", "CEnv", "carried")]
+    eps = [NS(env_id="a", hinted=False, messages=[{"content": "Observation: the rule is x + 1"}]),
+           NS(env_id="a", hinted=False, messages=[{"content": "later plays are not looked at"}]),
+           NS(env_id="b", hinted=True, messages=[{"content": "the formula (hinted)"}]),
+           NS(env_id="b", hinted=False, messages=[{"content": "Observation: pick a door"}]),
+           NS(env_id="c", hinted=False, messages=[{"content": "the formula"}])]
+    m = train.regen_figures(0, pool, eps, hist, steps=400, seed=1)
+    assert m == {"designer/formula_reveal_rate": 0.5} and len(hist["sources"]) == 2
+    m = train.regen_figures(39, [], [], hist, steps=400, seed=1)  # the 40-step window closes
+    assert m["designer/diversity_window"] == pytest.approx(regret.diversity(["x = 1\ny = 2\n", "class B: pass\n"]))
+    assert hist["sources"] == []
+
+
+def test_windowed_diversity_subsamples_24_twelve_times():
+    import random
+    import regret
+    sources = [f"class E{i}:\n    value = {i} * {i % 5}\n" for i in range(30)]
+    rng = random.Random(0)
+    expected = sum(regret.diversity(rng.sample(sources, 24)) for _ in range(12)) / 12
+    assert regret.windowed_diversity(sources, random.Random(0)) == pytest.approx(expected)
+    assert regret.windowed_diversity(sources[:5], random.Random(0)) == pytest.approx(regret.diversity(sources[:5]))
