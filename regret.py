@@ -21,8 +21,13 @@ Symbols (paper -> code):
     w(e)           mean unhinted return      win_rate (the contract's name for it)
     score(e)       designer score            designer_score(...)
 
-Also here, the logged environment statistics of SPEC Sec. 6: learnable share, reward granularity,
-zero-variance group share, and a per-regeneration diversity score (Vendi score, see `diversity`).
+The ablations (--designer_reward) follow the authors' code: "regret" is their regret_based score
+max(0, r_hint - w) with -0.5 for a step timeout, "learning_potential" is |w - mu_slow(skill)| with
+per-skill fast/slow EMAs of the epoch mean return, "solve_rate" is plateau(w).
+
+Also here, the logged environment statistics of SPEC Sec. 6: learnable share (per step, and the
+paper's slot-weighted 16-step-window figure), reward granularity, zero-variance group share, the
+formula-reveal detector (Fig. 9), and diversity (Vendi score per regeneration and over windows).
 
 Deviations from the paper (and from the authors' code):
     1. An environment ended by an environment fault scores 0 (`designer_score(..., faulty=True)`);

@@ -14,7 +14,8 @@
         replies keep their place in the group statistics but get loss mask 0)
 
 Symbols: S steps, R regeneration interval, N environments per regeneration, G unhinted plays,
-H hinted plays, w lifetime win rate, S role-balancing scale (code: `scale`).
+H hinted plays, w the environment's mean unhinted return over its epoch, S role-balancing scale
+(code: `scale`). `--model` + `--setting` select the authors' launcher values (PRESETS; flags win).
 
 Deviations (from the paper and the authors' code; also in the README):
   1. When fewer than N environments validate, the pool is topped up from the previous pool and, at
@@ -29,6 +30,10 @@ Deviations (from the paper and the authors' code; also in the README):
      hand-written ones have no designer sample to score. An empty hint means regret 0.
   6. Ranks of one vLLM tensor-parallel group share one slice of the pool and play it in lockstep;
      the N slots are split over the data-parallel groups, so each GRPO group stays on one rank.
+  7. Without a preset, trained log-probs use each role's sampling temperature (the authors'
+     trainer: 1.0; --logprob_temperature). One batch holds all agent and designer samples of a
+     designer step (the authors trim it to 192); weight decay covers every parameter. README
+     deviations 18 and 21-25 give the reasons.
 
 Launch: `python train.py --model tiny ...` (CPU) or `accelerate launch --config_file
 configs/fsdp2_8gpu.yaml train.py --model Qwen3-30B-A3B`. Test: `pytest tests/test_train.py`.
