@@ -41,7 +41,8 @@ Deviations from the paper / the authors' code:
 2. Episodes ended by an environment fault get status "env_error" and no agent reward (the authors
    give -1 for a crash); train.py drops them from the agent batch (SPEC §6).
 3. A reply cut by the per-turn cap without EOS ends the episode ("truncated"; "context" when the cap
-   was the remaining context), rather than being fed back to the environment.
+   was the remaining context) in both arms; the authors' unhinted loop does the same, their
+   hinted arm feeds the cut reply to the environment.
 4. A chat template that ignores `tools=` gets the tools as a Qwen3/Hermes block in its system
    message and tool outputs as `<tool_response>` blocks of a user turn (`render_chat`, logged);
    the authors use the model's own template as is.

@@ -44,6 +44,8 @@ Deviations from the paper and from the authors' code:
        as theirs) add one demand: all randomness from `random.Random(seed)`, because validation
        checks that a seed replays the same game (sandbox.py). The no-corpus reference example is
        a short description, not the authors' full trading-game listing.
+   10. Hint calls use the designer's top-p 0.95 / top-k 20 (the authors pass none: their
+       adapter's top-p 0.9, top-k off).
 
 Dependencies: standard library only.
 Test: `pytest tests/test_designer.py`.
@@ -69,7 +71,7 @@ DESIGNER_TOP_P = 0.95
 DESIGNER_TOP_K = 20
 DESIGNER_MAX_NEW_TOKENS = 16384
 HINT_TEMPERATURE = 0.3
-HINT_TOP_P = 0.95   # not stated for the hint call; we keep the designer's nucleus settings
+HINT_TOP_P = 0.95   # the authors pass none (adapter default 0.9, top-k off); deviation 5
 HINT_TOP_K = 20
 HINT_MAX_NEW_TOKENS = {"games": 4096, "tool": 2048}
 HINT_MAX_WORDS = 100
