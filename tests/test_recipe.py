@@ -258,3 +258,34 @@ def test_windowed_diversity_subsamples_24_twelve_times():
     expected = sum(regret.diversity(rng.sample(sources, 24)) for _ in range(12)) / 12
     assert regret.windowed_diversity(sources, random.Random(0)) == pytest.approx(expected)
     assert regret.windowed_diversity(sources[:5], random.Random(0)) == pytest.approx(regret.diversity(sources[:5]))
+
+
+def test_regret_ablation_reproduces_the_authors_case():
+    """The authors' regret_based case: hint 0.8 vs plays (0.2, 0.2); 0.1 vs (0.5, 0.5); a step
+    timeout; a game without data; centered per skill and scaled by 10 -> 3, -3, -2.5, 2.5."""
+    import grpo
+    sargs = train.SpadeArgs(designer_reward="regret")
+    envs = [_env("g1", [0.2, 0.2], skill="logic", r_hint=0.8), _env("g2", [0.5, 0.5], skill="logic", r_hint=0.1),
+            _env("g3", [], skill="math", faulty=True, timed_out=True), _env("g4", [], skill="math")]
+    scored = train.score_epoch(envs, sargs)
+    adv = grpo.designer_advantages([s["score"] for s in scored], [s["skill"] for s in scored], 10.0)
+    assert adv.tolist() == [pytest.approx(3.0), pytest.approx(-3.0), pytest.approx(-2.5), pytest.approx(2.5)]
+
+
+def test_learning_potential_reproduces_the_authors_case(monkeypatch):
+    """The authors' delayed learning-potential case (their test trackers: gammas 0.8 / 0.2, seeded
+    with 0.0): plays (1, 1), (0, 0), (0.5, 0.5) -> skill mean 0.5 -> mu = (0.4, 0.1); raws 0.9,
+    0.1, 0.4 centered and scaled by 10."""
+    import grpo
+    import regret
+    update = regret.learning_potential_update
+    monkeypatch.setattr(regret, "learning_potential_update",
+                        lambda mu, r: update(mu, r, gammas=(0.8, 0.2)))
+    lp = {"logic": [0.0, 0.0]}
+    envs = [_env("g1", [1.0, 1.0], skill="logic"), _env("g2", [0.0, 0.0], skill="logic"),
+            _env("g3", [0.5, 0.5], skill="logic")]
+    scored = train.score_epoch(envs, train.SpadeArgs(designer_reward="learning_potential"), lp)
+    assert lp["logic"] == [pytest.approx(0.4), pytest.approx(0.1)]
+    adv = grpo.designer_advantages([s["score"] for s in scored], ["logic"] * 3, 10.0).tolist()
+    assert adv == [pytest.approx(4.333333333333333), pytest.approx(-3.6666666666666665),
+                   pytest.approx(-0.6666666666666666)]
