@@ -482,9 +482,8 @@ def _start(spec: EpisodeSpec, tokenizer, setting: str, enable_thinking: bool | N
 def _without_thinking(messages: list[dict]) -> list[dict]:
     """The conversation with the reasoning of earlier replies removed (what a thinking Qwen3
     sees of its own history)."""
-    def strip(text):
-        text = re.sub(r"<think>.*?</think>", "", text, flags=re.S)
-        return text.rsplit("</think>", 1)[-1].strip()
+    def strip(text):  # as Qwen3's template drops it: the text after the last </think>
+        return text.rsplit("</think>", 1)[-1].lstrip("\n")
     return [dict(m, content=strip(m["content"])) if m["role"] == "assistant" else m for m in messages]
 
 

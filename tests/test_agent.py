@@ -501,6 +501,10 @@ def test_stripped_thinking_history_one_sample_per_turn(tokenizer):
         assert all(mask[len(prompt):]) and tokens[-1] == tokenizer.eos_token_id
         text = tokenizer.decode(prompt)
         assert text.count("<think>") == 0 and text.count("I guess \\boxed{") == t  # no old reasoning
+        history = [dict(m, content=m["content"].rsplit("</think>", 1)[-1].lstrip("\n"))
+                   if m["role"] == "assistant" else m for m in ep.messages[:2 * t + 1]]
+        assert prompt == tokenizer.encode(tokenizer.apply_chat_template(history, add_generation_prompt=True,
+                                                                        tokenize=False), add_special_tokens=False)
     last = tokenizer.decode(ep.turn_samples[-1][0])
     assert last.count("<think>") == 1  # only the final reply's own reasoning
 
