@@ -55,11 +55,9 @@ DEVIATIONS (the authors exec() environments inside the trainer with thread timeo
   1. One process per episode, forked from a zygote; a JSON protocol the parent re-validates.
   2. `python -s -B -P` with a clean env, not `-I` (it implies -E, which drops PYTHONHASHSEED=0).
   3. Validation adds an unpredictable probe (random seed and actions), runs under the play-time
-     limits, rejects `too_slow`, and replays a tool environment's solution() from seeds 0, 1, 2
-     instead of an LLM self-audit.
+     limits, rejects `too_slow`, and replays a tool environment's solution() from seeds 0, 1, 2.
   4. One network namespace per zygote (one per worker would cost ~2 ms per start).
-  5. Threads are allowed; extra threads at reset, at an episode's end or in validation are a
-     `resource_leak`.
+  5. Threads are allowed; extra threads at reset, episode end or in validation: `resource_leak`.
   6. Every reset gets a fresh worker that executes the source afresh: module globals, class
      attributes, the `random` generator and stdlib module state never carry over (re-executing the
      source in a live worker is cheaper but keeps interpreter state; README, benchmarks).
@@ -560,7 +558,8 @@ def _zygote_main(sock_fd: int, cfg: dict):
             try:
                 try:
                     layers = _worker_setup(req_r, rep_w, uid, cfg, required)
-                    os.write(4, b"+")                                  # set up: only now may code run
+                    os.write(4, b"+")                                  # set up (the parent's proof that a
+                                                                       # later death is the code's fault)
                 except BaseException as e:  # noqa: BLE001 - say why on the reply pipe if it is there
                     os.write(4, f"{type(e).__name__}: {e}".encode())
                     raise
@@ -588,10 +587,6 @@ def _zygote_main(sock_fd: int, cfg: dict):
             required, want = req["required"], req["pool"]              # pool exists (the probe asks pool=0)
             try:
                 pid, req_w, rep_r = pool.pop(0) if pool else fork_worker()
-                if (ack := os.read(rep_r, 300)) != b"+":               # set-up failed, before any untrusted
-                    list(map(os.close, (req_w, rep_r)))                # code: the sandbox's fault, which a
-                    reap(pid)                                          # worker's exit status cannot fake
-                    raise OSError(f"worker set-up failed: {ack.decode(errors='replace') or 'no layers'}")
             except (OSError, IndexError) as e:                         # no process, or no free uid
                 sock.send(json.dumps({"error": f"spawn: {e}"}).encode())
                 continue
@@ -653,7 +648,7 @@ class EnvHandle:
     """One environment instance; every episode (reset) runs in a fresh worker. Never raises on
     misbehaviour: an environment fault becomes an error observation with info["error"]."""
     __slots__ = ("_sb", "source", "setting", "pid", "class_name", "layers", "_tools", "_rfd",
-                 "_wfd", "_rpoll", "_buf", "_cap", "_failure", "_used", "_closed", "_loading", "_dirty",
+                 "_wfd", "_rpoll", "_buf", "_cap", "_failure", "_used", "_closed", "_loading", "_dirty", "_acked",
                  "_nonce", "_t0", "_last", "_deadline", "_bound", "__weakref__")
 
     def __init__(self, sb: "Sandbox", source: str | None, setting: str = "games"):
@@ -667,27 +662,32 @@ class EnvHandle:
         """A fresh worker from the zygote. The load request goes out now and its reply is read at
         first use (_ready), so handles opened one after another load in parallel."""
         self.pid, self._rfd, self._wfd = self._sb._spawn()
-        self._buf, self._failure, self._used, self._loading, self._dirty = b"", None, 0.0, False, False
+        self._buf, self._failure, self._used, self._loading, self._dirty, self._acked = b"", None, 0.0, False, False, False
         self._rpoll = select.poll()
         self._rpoll.register(self._rfd, select.POLLIN)
         self._sb._live.add(self)
         if self.source is not None:
             try:
-                self._begin("L", _dumps([self.source, self.setting]), self._sb.load_timeout, episode=False)
+                self._begin("L", _dumps([self.source, self.setting]), self._sb.step_timeout, episode=False)
                 self._loading = True
             except _Fail:
                 pass                                                   # recorded in self._failure
 
     def _ready(self):
-        """Read the load reply, once; raises _Fail for an environment fault."""
-        if self._loading:
-            self._loading = False
-            r = self._end(self._wait(), episode=False)
-            if type(r) is not dict or type(r.get("class_name")) is not str or type(r.get("tools")) is not list:
-                raise self._kill("protocol_violation", "malformed load reply")
-            self.class_name, self._tools, self.layers = r["class_name"], r["tools"], r.get("layers")
-        if self.pid is None:
-            raise _Fail(*self._failure)
+        """Read the load reply, once; raises _Fail (the environment's fault) or SandboxInfraError."""
+        try:
+            if self._loading:
+                self._loading = False
+                r = self._end(self._wait(), episode=False)
+                if type(r) is not dict or type(r.get("class_name")) is not str or type(r.get("tools")) is not list:
+                    raise self._kill("protocol_violation", "malformed load reply")
+                self.class_name, self._tools, self.layers = r["class_name"], r["tools"], r.get("layers")
+            if self.pid is None:
+                raise _Fail(*self._failure)
+        except _Fail as e:
+            if e.kind == "infra":
+                raise SandboxInfraError(e.message) from None
+            raise
 
     def _prepare(self):
         """Before an episode: a fresh worker, unless this one has only loaded the source."""
@@ -704,6 +704,8 @@ class EnvHandle:
             try:
                 if wait:                                               # the exit status names the cause
                     kind, message = _exit_cause(self._sb._zygote({"op": "wait", "pid": self.pid})["status"])
+                    if not (self._acked or self._buf.startswith(b"+")):  # died before its set-up said "+"
+                        kind, message = "infra", f"worker set-up failed: {self._buf[:200]!r}"
                 else:
                     self._sb._zygote({"op": "reap", "pid": self.pid}, reply=False)
             except SandboxInfraError as e:                             # the zygote itself is gone
@@ -792,6 +794,10 @@ class EnvHandle:
 
     def _end(self, line: bytes, episode=True):
         """The reply's result, once it answers this request (nonce) and is strict JSON."""
+        if not self._acked:                                            # a fresh worker's "+" comes first
+            if line[:1] != b"+":
+                raise self._kill("infra", f"worker set-up failed: {line[:200]!r}")
+            self._acked, line = True, line[1:]
         self._last = time.monotonic() - self._t0
         self._used += self._last if episode else 0.0
         if line[:8] != self._nonce.encode():
@@ -882,18 +888,17 @@ class EnvHandle:
 
 class Sandbox:
     """Runs untrusted environments and programs; a context manager. workers: validations at once in
-    validate_many; step_timeout: seconds per call (and per load unless load_timeout); memory_mb: address
+    validate_many; step_timeout: seconds per call (load, reset, step); memory_mb: address
     space per worker above the preloaded zygote; episode_timeout: worker seconds per episode;
     cpu_seconds / fsize_mb: RLIMIT_CPU / RLIMIT_FSIZE per worker; scratch_mb: the tmpfs for all scratch
     dirs (root); numpy: preload it; landlock / seccomp: False only to debug; pool: idle pre-forked
     workers the zygote keeps ready (every episode takes a fresh one)."""
 
     def __init__(self, workers: int = 8, step_timeout: float = 5.0, memory_mb: int = 1024,
-                 load_timeout: float | None = None, episode_timeout: float = 120.0, cpu_seconds: int = 300,
+                 episode_timeout: float = 120.0, cpu_seconds: int = 300,
                  fsize_mb: int = 16, scratch_mb: int = 256, numpy: bool = True,
                  landlock: bool = True, seccomp: bool = True, pool: int = 8):
         self.workers, self.step_timeout, self.memory_mb = workers, step_timeout, memory_mb
-        self.load_timeout = step_timeout if load_timeout is None else load_timeout
         self.episode_timeout = episode_timeout
         self._cfg = dict(memory_mb=memory_mb, cpu_seconds=cpu_seconds, fsize_mb=fsize_mb,
                          scratch_mb=scratch_mb, numpy=numpy, landlock=landlock, seccomp=seccomp)
@@ -1011,17 +1016,20 @@ class Sandbox:
         if len(set(map(id, handles))) != len(handles):                 # duplicates: one at a time
             return [h.step(a) if step else h.reset(a) for h, a in zip(handles, args)]
         out, pending, poller = [None] * len(handles), {}, select.poll()
-        for stage in ("prepare", "begin"):                             # fresh workers load in parallel
-            for i, (h, a) in enumerate(zip(handles, args)):
+        if not step:                                                   # fresh workers first: they load in parallel
+            for i, h in enumerate(handles):
                 try:
-                    if out[i] is None and stage == "prepare" and not step:
-                        h._prepare()
-                    elif out[i] is None and stage == "begin":
-                        h._begin("S", _dumps(str(a)), self.step_timeout) if step else h._begin_reset(a)
-                        pending[h._rfd] = (i, h)
-                        poller.register(h._rfd, select.POLLIN)
+                    h._prepare()
                 except _Fail as e:
                     out[i] = h._error(e, step)
+        for i, (h, a) in enumerate(zip(handles, args)):
+            try:
+                if out[i] is None:
+                    h._begin("S", _dumps(str(a)), self.step_timeout) if step else h._begin_reset(a)
+                    pending[h._rfd] = (i, h)
+                    poller.register(h._rfd, select.POLLIN)
+            except _Fail as e:
+                out[i] = h._error(e, step)
         while pending:
             now = time.monotonic()
             for fd, (i, h) in list(pending.items()):
@@ -1044,10 +1052,9 @@ class Sandbox:
 
     def run_program(self, code: str, stdin: str = "", timeout: float | None = None,
                     out_cap: int = 8 << 20) -> tuple[str, str]:
-        """Run `code` as __main__ in a fresh worker with every layer above: `stdin` on fd 0, at most
-        `out_cap` bytes of stdout back. Returns (status, stdout); status is "ok" (finished or exit 0),
-        "error" (an exception or a non-zero exit) or the failure that ended the worker ("timeout",
-        "memory_limit", "cpu_limit", "worker_crashed", "worker_exited", "output_too_large", ...)."""
+        """Run `code` as __main__ in a fresh worker under every layer: `stdin` on fd 0, at most `out_cap`
+        bytes of stdout back as (status, stdout); status "ok" (exit 0), "error" (an exception, exit != 0)
+        or the failure that ended the worker ("timeout", "cpu_limit", "worker_crashed", ...)."""
         h = EnvHandle(self, None)
         h._cap = 8 * out_cap + 4096                                    # JSON escapes: <= 6 bytes per byte
         try:
@@ -1056,6 +1063,8 @@ class Sandbox:
                 raise h._kill("protocol_violation", "malformed program reply")
             return r[0], r[1]
         except _Fail as e:
+            if e.kind == "infra":
+                raise SandboxInfraError(e.message) from None
             return e.kind, ""
         finally:
             h.close()
