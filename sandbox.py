@@ -113,7 +113,18 @@ def _jsonable(x):
     return sorted(x, key=repr) if isinstance(x, (set, frozenset)) else str(x)
 
 
-_dumps = json.JSONEncoder(allow_nan=False, separators=(",", ":"), default=_jsonable).encode
+# json.dumps builds json's C encoder anew on every call, which costs more than encoding a short step
+# reply; the same encoder, built once (no NaN/inf; a cycle ends in RecursionError, caught as a fault).
+_C_ENCODER = json.encoder.c_make_encoder(None, _jsonable, json.encoder.encode_basestring_ascii, None, ":", ",",
+                                         False, False, False) if json.encoder.c_make_encoder else None
+
+
+def _dumps(x) -> str:
+    if _C_ENCODER is None:                                             # a Python without json's C speedups
+        return json.dumps(x, allow_nan=False, separators=(",", ":"), default=_jsonable)
+    return "".join(_C_ENCODER(x, 0))
+
+
 _DECODER = json.JSONDecoder(parse_constant=_no_constant)
 
 
@@ -462,15 +473,15 @@ def _w_program(code, stdin, out_cap) -> str:
 
 
 def _w_serve(layers):
-    box, buf = {"layers": layers}, bytearray()
+    box, pending = {"layers": layers}, b""
     while True:
-        while (i := buf.find(b"\n")) < 0:
-            chunk = os.read(3, 1 << 16)
-            if not chunk:
-                os._exit(0)
-            buf += chunk
-        line, op, nonce = bytes(buf[:i]), buf[:1], buf[1:9].decode()
-        del buf[:i + 1]
+        chunks = [pending]
+        while b"\n" not in chunks[-1]:
+            chunks.append(os.read(3, 1 << 16))
+            if not chunks[-1]:
+                os._exit(0)                                            # the trainer closed the pipe
+        line, _, pending = b"".join(chunks).partition(b"\n")
+        op, nonce = line[:1], line[1:9].decode()
         try:
             arg = _parse(line[9:])
             if op == b"S":
@@ -486,15 +497,15 @@ def _w_serve(layers):
             data = f"{nonce}={data}\n"
         except BaseException as e:  # noqa: BLE001 - SystemExit, custom BaseException, MemoryError...
             kind = e.kind if isinstance(e, _Fail) else "memory_limit" if isinstance(e, MemoryError) \
-                else {b"L": "load_error", b"R": "reset_error"}.get(bytes(op), "step_error")
+                else {b"L": "load_error", b"R": "reset_error"}.get(op, "step_error")
             try:
                 msg = e.message if isinstance(e, _Fail) else f"{type(e).__name__}: {e}"
             except BaseException:  # noqa: BLE001
                 msg = "unprintable exception"
             data = f"{nonce}!{_dumps([kind, msg[:300]])}\n"
-        view = memoryview(data.encode())
-        while view:
-            view = view[os.write(4, view):]
+        out = data.encode()
+        while out:
+            out = out[os.write(4, out):]
 
 
 # INFRA: the zygote (`python sandbox.py --zygote <fd> <json cfg>`; it never runs untrusted code)

@@ -111,6 +111,8 @@ def main():
                     ts.append(time.perf_counter() - t)
                 out.append(statistics.median(ts))
             ratios.append(rtts[-1] / pipes[-1])
+            time.sleep(0.3)                                            # the zygote refills its pool after
+                                                                       # the resets: not transport time
         h.close()
         hg.close()
         rtt, pipe, rtt_guess = statistics.median(rtts), statistics.median(pipes), statistics.median(guess)
