@@ -11,7 +11,8 @@ instruction with `<answer>` tags around "Problem: ..." and a box line, T 0.6 / t
 8,192 tokens, the last `<answer>` tag read before the last box, a win is a score of 1.0, an episode
 whose scorer raises is left out, and the cell is the pooled win rate. For the tool-use setting it
 reports BFCL v4 (suite `bfcl`: overall of non-live, live, irrelevance, multi-turn; `bfcl_multi_turn`
-alone), whose loops live in toolbench.py. This file runs all of them against a checkpoint
+alone) and tau2-bench (`tau2`, its user simulator on --tau2_user_endpoint), whose loops live in
+toolbench.py. This file runs all of them against a checkpoint
 (engine.py: vLLM or transformers), an OpenAI-compatible endpoint, or a scripted sampler (tests).
 Every suite's sampling settings are written to results.json ("sampling").
 
@@ -81,7 +82,7 @@ from tqdm import tqdm
 import agent
 import sandbox
 from toolbench import (BFCL_CATEGORIES, MissingDataset, _read_jsonl, bfcl_tool, call_string,  # noqa: F401
-                       load_bfcl, parse_tool_calls, run_bfcl, run_bfcl_overall)
+                       TAU2_DOMAINS, load_bfcl, parse_tool_calls, run_bfcl, run_bfcl_overall, run_tau2)
 
 # ----------------------------------------------------------------------------------------------
 # ALGO: the Reasoning-Gym task table (100 tasks at hard settings, grouped into Table 1's 4 cells)
@@ -597,7 +598,7 @@ def run_livecodebench(sampler, rows, *, n=10, sampling, batch_size=256, timeout=
 # ----------------------------------------------------------------------------------------------
 # INFRA: config, the driver, outputs, CLI
 
-SUITES = ("reasoning_gym", "aime2025", "aime2026", "gpqa_diamond", "livecodebench_v6", "bfcl_multi_turn", "bfcl")
+SUITES = ("reasoning_gym", "aime2025", "aime2026", "gpqa_diamond", "livecodebench_v6", "bfcl_multi_turn", "bfcl", "tau2")
 TABLE1 = (("AIME25", "aime2025/avg@"), ("AIME26", "aime2026/avg@"), ("GPQA-D", "gpqa_diamond/avg@"),
           ("LCB-v6", "livecodebench_v6/pass@1"), ("RG-Math", "reasoning_gym/math"),
           ("RG-Algo", "reasoning_gym/algorithmic"), ("RG-Cog", "reasoning_gym/cognition"), ("RG-Logic", "reasoning_gym/logic"))
@@ -615,7 +616,7 @@ class EvalConfig:
     batch_tokens: int = field(default=65536, metadata={"help": "Transformers engine: prompts batched by length up to rows x (longest prompt + reply cap) tokens, a bound on its KV cache."})
     gpu_memory_utilization: float = field(default=0.85, metadata={"help": "vLLM's share of GPU memory (no trainer shares the GPU here)."})
     enable_thinking: bool | None = field(default=None, metadata={"help": "Pass enable_thinking to the chat template (hybrid Qwen3); unset = template default."})
-    suites: str = field(default=",".join(SUITES), metadata={"help": f"Comma-separated suites to run, from {', '.join(SUITES)}."})
+    suites: str = field(default=",".join(SUITES[:5]), metadata={"help": f"Comma-separated suites to run, from {', '.join(SUITES)} (default: Table 1's; the tool-use setting: bfcl,tau2,acebench)."})
     data_dir: str = field(default="data/eval", metadata={"help": "Directory of the benchmark JSONL files (formats in eval.py's docstring)."})
     output_dir: str = field(default="runs/eval", metadata={"help": "Where results.json, samples/*.jsonl and table1.md are written."})
     checkpoints: str = field(default="", metadata={"help": "A training run directory: evaluate each policy export in <run>/exports (train.py --export_every), one row per export, and name the best (the paper's protocol)."})
@@ -646,6 +647,13 @@ class EvalConfig:
     lcb_end_date: str = field(default="", metadata={"help": "Contest date to stop before, YYYY-MM-DD (exclusive); empty = no bound."})
     bfcl_categories: str = field(default=",".join(BFCL_CATEGORIES), metadata={"help": "BFCL v4 multi-turn categories."})
     bfcl_temperature: float = field(default=0.001, metadata={"help": "BFCL temperature (BFCL default)."})
+    tau2_domains: str = field(default=",".join(TAU2_DOMAINS), metadata={"help": "tau2-bench domains (base split of each)."})
+    tau2_trials: int = field(default=4, metadata={"help": "tau2-bench trials per task (the authors: 4); pass^1 and pass^trials."})
+    tau2_max_steps: int = field(default=200, metadata={"help": "tau2-bench message limit per conversation (the authors: 200)."})
+    tau2_temperature: float = field(default=0.0, metadata={"help": "tau2-bench agent temperature (the authors: 0; top-p 0.8, top-k 20)."})
+    tau2_user_endpoint: str = field(default="", metadata={"help": "OpenAI-compatible base URL serving tau2-bench's user simulator (required for suite tau2)."})
+    tau2_user_model: str = field(default="gpt-4.1", metadata={"help": "Model name of the user simulator at --tau2_user_endpoint (the authors: gpt-4.1, T 0)."})
+    tau2_user_api_key_env: str = field(default="OPENAI_API_KEY", metadata={"help": "Environment variable holding the user endpoint's API key."})
 
 
 def suite_sampling(suite: str, cfg: EvalConfig) -> dict:
@@ -656,6 +664,7 @@ def suite_sampling(suite: str, cfg: EvalConfig) -> dict:
         "livecodebench_v6": (cfg.lcb_temperature, cfg.lcb_top_p, -1, cfg.lcb_samples, cfg.max_new_tokens),
         "bfcl_multi_turn": (cfg.bfcl_temperature, 1.0, -1, 1, cfg.max_new_tokens),
         "bfcl": (cfg.bfcl_temperature, 1.0, -1, 1, cfg.max_new_tokens),
+        "tau2": (cfg.tau2_temperature, 0.8, 20, cfg.tau2_trials, cfg.max_new_tokens),
     }.get(suite) or (cfg.aime_temperature, cfg.aime_top_p, cfg.aime_top_k, cfg.aime_samples, cfg.max_new_tokens)
     return {"n": n, "temperature": t, "top_p": p, "top_k": k, "max_new_tokens": budget, "seed": cfg.seed}
 
@@ -672,6 +681,14 @@ def run_suite(suite: str, sampler, cfg: EvalConfig) -> tuple[dict, list[dict]]:
         return run_bfcl(sampler, load_bfcl(cfg.bfcl_categories.split(","), cfg.limit), **common)
     if suite == "bfcl":
         return run_bfcl_overall(sampler, limit=cfg.limit, multi_turn=cfg.bfcl_categories.split(","), **common)
+    if suite == "tau2":
+        if not cfg.tau2_user_endpoint:
+            raise MissingDataset("tau2: its user simulator is an LLM: pass --tau2_user_endpoint URL (an "
+                                 "OpenAI-compatible server) and --tau2_user_model NAME (the authors: gpt-4.1)")
+        user = {"endpoint": cfg.tau2_user_endpoint, "model": cfg.tau2_user_model,
+                "api_key": os.environ.get(cfg.tau2_user_api_key_env, "")}
+        return run_tau2(sampler, user=user, domains=cfg.tau2_domains.split(","), trials=n, max_steps=cfg.tau2_max_steps,
+                        limit=cfg.limit, seed=cfg.seed, **common)
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}: use {', '.join(SUITES)}")
     rows = load_items(suite, cfg.data_dir)

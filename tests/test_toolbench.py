@@ -1,0 +1,107 @@
+"""toolbench.py: tau2-bench end to end on scripted models (the package's own domains, orchestrator
+and evaluator; a scripted user, and tau2's user simulator on a loopback OpenAI-compatible endpoint),
+the pass^k arithmetic, and the clear failures when a tool-use suite cannot run."""
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+import eval as E
+import toolbench as T
+
+SAMPLING = {"temperature": 0.0, "top_p": 1.0, "max_new_tokens": 16, "seed": 0}
+TASKS = {"8", "9"}  # airline tasks whose expected actions write the database (4 and 2 actions)
+
+
+def test_pass_hat_k_hand_computed():
+    # task 1: 2 of 4 trials succeed -> pass^1 = 0.5, pass^2 = C(2,2)/C(4,2) = 1/6; task 2: 4 of 4 -> 1, 1
+    assert T.pass_hat_k([2, 4], 4, 1) == pytest.approx(0.75)
+    assert T.pass_hat_k([2, 4], 4, 2) == pytest.approx((1 / 6 + 1) / 2)
+    assert T.pass_hat_k([0, 3], 4, 4) == 0.0
+
+
+@pytest.fixture(scope="module")
+def airline():
+    return {t.id: t for t in T.tau2_tasks("airline") if t.id in TASKS | {"2"}}
+
+
+def scripted_user(tasks):
+    """Names its task on the first turn (so the scripted agent can look it up), then ends the chat."""
+    def user(instructions, messages):
+        if any(m.role == "user" for m in messages):
+            return "Thanks. ###STOP###"
+        return "Hello, I am customer %s." % next(i for i, t in tasks.items() if str(t.user_scenario) == instructions)
+    return user
+
+
+def oracle_agent(tasks):
+    """Replays the task's expected actions one call per turn, then tells the required information."""
+    def reply(messages, k):
+        task = tasks[next(m["content"] for m in messages if m["role"] == "user").split("customer ")[1].rstrip(".")]
+        done = sum(m["role"] == "tool" for m in messages)
+        actions = task.evaluation_criteria.actions
+        if done < len(actions):
+            return "<tool_call>%s</tool_call>" % json.dumps({"name": actions[done].name, "arguments": actions[done].arguments})
+        return "Done. " + " ".join(task.evaluation_criteria.communicate_info or [])
+    return E.ScriptedSampler(reply)
+
+
+@pytest.mark.timeout(300)
+def test_tau2_end_to_end_scripted_user(airline):
+    metrics, records = T.run_tau2(oracle_agent(airline), user=scripted_user(airline), sampling=SAMPLING,
+                                  domains=("airline",), trials=2, tasks=TASKS)
+    assert metrics == {"tau2/airline/pass^1": 1.0, "tau2/airline/pass^2": 1.0, "tau2/airline/tasks": 2,
+                       "tau2/pass^1": 1.0}
+    assert len(records) == 4 and all(r["reward"] == 1.0 for r in records)
+    assert [m["role"] for m in records[0]["messages"]][:3] == ["assistant", "user", "assistant"]
+    silent = E.ScriptedSampler(lambda m, k: "I am sorry, I cannot help with that.")
+    metrics, _ = T.run_tau2(silent, user=scripted_user(airline), sampling=SAMPLING, domains=("airline",), trials=1,
+                            tasks={"8"})
+    assert metrics["tau2/airline/pass^1"] == 0.0  # the database never changed
+
+
+@pytest.mark.timeout(300)
+def test_tau2_user_simulator_on_an_openai_endpoint(airline, tmp_path):
+    """eval.py --suites tau2 --tau2_user_endpoint URL: tau2's own user simulator talks to the
+    endpoint (a loopback server scripted like the user above); the oracle agent still wins."""
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(body)
+            first = not any(m["role"] == "assistant" for m in body["messages"])
+            text = "Hello, I am customer 2." if first else "Thanks. ###STOP###"
+            data = json.dumps({"id": "u", "object": "chat.completion", "created": 0, "model": body["model"],
+                               "choices": [{"index": 0, "finish_reason": "stop",
+                                            "message": {"role": "assistant", "content": text}}],
+                               "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        cfg = E.EvalConfig(suites="tau2", tau2_domains="airline", tau2_trials=1, limit=3, output_dir=str(tmp_path),
+                           tau2_user_endpoint=f"http://127.0.0.1:{server.server_port}/v1", tau2_user_model="usersim")
+        results = E.evaluate(cfg, sampler=oracle_agent(airline))  # task 2's actions, whichever task runs
+    finally:
+        server.shutdown()
+    assert results["metrics"]["tau2/airline/tasks"] == 3  # --limit: tasks 0, 1, 2; only task 2's database matches
+    assert results["metrics"]["tau2/airline/pass^1"] == pytest.approx(1 / 3)
+    assert seen and {b["model"] for b in seen} == {"usersim"} and seen[0]["messages"][0]["role"] == "system"
+    assert results["sampling"]["tau2"] == {"n": 1, "temperature": 0.0, "top_p": 0.8, "top_k": 20,
+                                           "max_new_tokens": 32768, "seed": 0}
+
+
+def test_tau2_without_a_user_endpoint_says_what_is_missing(tmp_path):
+    cfg = E.EvalConfig(suites="tau2", output_dir=str(tmp_path))
+    with pytest.raises(E.MissingDataset, match="--tau2_user_endpoint"):
+        E.evaluate(cfg, sampler=E.ScriptedSampler(lambda m, k: ""))
