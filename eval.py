@@ -616,7 +616,7 @@ class EvalConfig:
     batch_tokens: int = field(default=65536, metadata={"help": "Transformers engine: prompts batched by length up to rows x (longest prompt + reply cap) tokens, a bound on its KV cache."})
     gpu_memory_utilization: float = field(default=0.85, metadata={"help": "vLLM's share of GPU memory (no trainer shares the GPU here)."})
     enable_thinking: bool | None = field(default=None, metadata={"help": "Pass enable_thinking to the chat template (hybrid Qwen3); unset = template default."})
-    suites: str = field(default=",".join(SUITES[:5]), metadata={"help": f"Comma-separated suites to run, from {', '.join(SUITES)} (default: Table 1's; the tool-use setting: bfcl,tau2,acebench)."})
+    suites: str = field(default=",".join(SUITES[:5]), metadata={"help": f"Comma-separated suites to run, from {', '.join(SUITES)} (default: Table 1's; the tool-use setting: bfcl,tau2)."})
     data_dir: str = field(default="data/eval", metadata={"help": "Directory of the benchmark JSONL files (formats in eval.py's docstring)."})
     output_dir: str = field(default="runs/eval", metadata={"help": "Where results.json, samples/*.jsonl and table1.md are written."})
     checkpoints: str = field(default="", metadata={"help": "A training run directory: evaluate each policy export in <run>/exports (train.py --export_every), one row per export, and name the best (the paper's protocol)."})
