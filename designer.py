@@ -28,12 +28,12 @@ Deviations from the paper and from the authors' code:
        f"answer \\boxed{<move>}") by doubling their braces, at most 3 rounds, and keeps the result
        only if `ast` parses it. Fields that parse but fail at run time are the sandbox's business.
     4. A reply that hit the token cap and does not parse is rejected as "truncated", not "syntax".
-    5. Tool-use prompts carry the authors' content in our words (their six tool skills with
-       category and four example tasks each, domain rotation, task variants
-       weighted 3:2:1:1, distractor tools, an enum parameter, no system message; the hint rules:
-       submit done last, ask / decline, no concrete values), but the environment declares
-       (instruction, predicate) pairs and the ToolEnv base class advances them (authors: each tool
-       calls its own `_advance_if_done`), and the reference document comes last as optional flavour.
+    5. Tool-use prompts carry the authors' content in our words (their six tool skills with a
+       category and four example tasks each, the domain rotation, task variants weighted 3:2:1:1,
+       distractor tools, an enum parameter, no system message; a plain-text hint prompt with their
+       rules: done only at the end, ask / decline, no concrete values). Differences: the
+       environment declares (instruction, predicate) pairs and the ToolEnv base class advances
+       them (authors: each tool calls its own `_advance_if_done`), and the document comes last.
     6. The solvability check of tool-use environments is executable (sandbox replays solution())
        where the authors used an LLM self-audit; the prompt tells the designer about it.
     7. A hint is capped at 100 words (the prompt asks for fewer); an empty hint becomes None and
@@ -904,42 +904,46 @@ integer."
 Bad: "reset() stores the answer in self.solution; try to work out what it is."
 
 Reply with the hint text only: no JSON, no markdown, no labels.""",
-    "tool": "You read the source of a multi-turn tool-use environment and write a procedural "
-            "strategy hint for the assistant that will operate it. The assistant cannot see the "
-            "code. It receives one user instruction at a time, calls tools as <tool_call>{\"name\": "
-            "..., \"arguments\": {...}}</tool_call>, reads each result, and may submit "
-            "<answer>done</answer> only after every instruction is satisfied. The hint is added "
-            "to its first observation. Its job is to get the assistant unstuck without doing the "
-            "task for it: finding the concrete values by calling tools is the skill being "
-            "trained, and a hint that can be copied to win teaches nothing.",
-}
-HINT_ASK = {
-    "tool": """Write a privileged hint for the assistant, in 2-3 sentences and under 100 words:
-- the approach as phases in terms of tool roles and their order (which kind of lookup feeds which
-  change), and which tools are distractors or out of scope;
-- work one instruction at a time, and submit <answer>done</answer> only after the last one is done,
-  never as a first move;
+    # ALGO: the authors' tool-use hint prompt, in our words: a value-free procedural strategy.
+    "tool": """You read the source code of a multi-turn tool-use environment and write a strategy hint
+for the LLM agent that will operate it.
+
+The agent cannot see the code, only you can. It receives one user instruction at a time, calls
+tools as <tool_call>{"name": "...", "arguments": {...}}</tool_call>, reads each result, and may
+submit <answer>done</answer> only after every instruction is satisfied. Your hint is appended to
+its first observation. It must get the agent unstuck without doing the task for it: finding the
+concrete values by calling tools is the skill being trained, and a hint that can be copied to win
+teaches nothing (and rewards environments that cannot be solved without the leak).
+
+Read the code and describe only the strategy:
+- the phases in terms of tool roles and their order (which kind of lookup feeds which change),
+  and which tools are distractors or out of scope;
+- work one instruction at a time, and submit <answer>done</answer> only after the last one is
+  done, never as a first move or an immediate final answer;
 - find the arguments with the lookup or list tools and from each instruction, never assume them;
   if an instruction leaves out a required argument, ask for it instead of guessing; if a request
   is outside what the tools can do, decline it.
-Never write a concrete value from the code or the hidden state: no ids, names, file names, paths,
-amounts, dates or status strings; use placeholders such as <order_id> or words such as "the order
-the user names". No filled-in call-by-call walkthrough, no state-variable names or predicate code.
+
+Rules:
+- Never write a concrete value from the code or the hidden state: no ids, names, file names,
+  paths, amounts, dates or status strings. Use placeholders such as <order_id> or words such as
+  "the order the user names".
+- No filled-in call-by-call walkthrough; no state-variable names or predicate code.
+- 2-3 sentences, under 100 words, specific to this environment's tools and goal.
+
 Good: "Take the requests in order: look up the record the user refers to with the search tool,
 then change it with the update tool; the export tool is a distractor. Read the exact ids from the
 tool results. Submit <answer>done</answer> after the final request."
-Bad (leaks the answer): "Call update_order(order_id='A17', status='shipped'), then submit done.\"""",
+Bad (leaks the answer): "Call update_order(order_id='A17', status='shipped'), then submit done."
+
+Reply with the hint text only: no JSON, no markdown, no labels.""",
 }
 
 
 def hint_messages(source: str, setting: str) -> list[dict]:
-    """The hint call: the setting's system prompt, then the environment's code (games: nothing
-    else, as the authors send it)."""
-    user = f"Environment code:\n```python\n{source}\n```"
-    if setting != "games":
-        user = (f"Environment source:\n```python\n{source}\n```\n\n{HINT_ASK[setting]}\n"
-                'Reply with a JSON object: {"hint": "..."}')
-    return [{"role": "system", "content": HINT_SYSTEM[setting]}, {"role": "user", "content": user}]
+    """The hint call as the authors send it: the setting's system prompt, then only the code."""
+    return [{"role": "system", "content": HINT_SYSTEM[setting]},
+            {"role": "user", "content": f"Environment code:\n```python\n{source}\n```"}]
 
 
 def parse_hint(reply: Any) -> str | None:

@@ -402,11 +402,12 @@ def test_hint_prompts_and_hinted_observation():
         assert needle in system, needle
     assert '{"hint"' not in system
     tool = d.hint_messages("class YEnv(ToolEnv): pass", "tool")
-    assert "tools" in tool[0]["content"] and "cannot see the code" in tool[0]["content"]
-    for rule in ("submit <answer>done</answer> only after the last one", "ask for it instead of guessing",
-                 "decline it", "Never write a concrete value", "placeholders such as <order_id>",
-                 "distractors", "2-3 sentences"):  # the authors' tool-use hint rules
-        assert rule in tool[1]["content"], rule
+    assert tool[1]["content"] == "Environment code:\n```python\nclass YEnv(ToolEnv): pass\n```"
+    for rule in ("cannot see the code", "submit <answer>done</answer> only after the last one",
+                 "ask for it instead of guessing", "decline it", "Never write a concrete value",
+                 "placeholders such as <order_id>", "distractors", "2-3 sentences", "Good:", "Bad",
+                 "no JSON, no markdown, no labels"):  # the authors' tool-use hint rules
+        assert rule in tool[0]["content"], rule
     assert d.hinted_observation("You see a door.", "Try the key.") == "You see a door.\n\nHINT: Try the key."
     assert d.hinted_observation("You see a door.", None) == "You see a door."
     assert d.HINT_MAX_NEW_TOKENS == {"games": 4096, "tool": 2048} and d.HINT_TEMPERATURE == 0.3
