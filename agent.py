@@ -72,27 +72,40 @@ FORMAT_HINT = ("[FORMAT] Your last <tool_call> could not be parsed. Write each c
 # ALGO: action parsing (SPEC §5)
 
 
-_BRACES = re.compile(r"\\boxed\{|[{}]")
+_BRACES = re.compile(r"\\boxed\{|\{+|\}+")  # a box opener, or a run of one brace kind
 
 
 def last_balanced_box(text: str) -> str | None:
     r"""Content of the last `\boxed{...}` whose braces balance; None when there is none.
 
-    One pass over the reply's braces with a stack of open ones: linear in the reply (re-scanning
-    from every `\boxed{` was quadratic in a reply full of them). The pass keeps ordinals (the
-    j-th box, the k-th closing brace); `str.split` turns them into positions, also in one pass."""
+    One pass over the reply's brace runs with a stack of open braces (-1, or the ordinal of the
+    box that opened it): linear in the reply (re-scanning from every `\boxed{` was quadratic in
+    a reply full of them). A run of k closing braces pops k entries at once; of the boxes it
+    closes only the newest can be the answer. The pass keeps ordinals (the j-th box, the k-th
+    closing brace); `str.split` turns them into positions, also in one pass."""
     if "\\boxed{" not in text or "}" not in text:  # the common cheap answers, in C
         return None
     stack, best, n_box, n_close = [], None, 0, 0
-    for tok in _BRACES.findall(text):
-        if tok == "}":
+    for run in _BRACES.findall(text):
+        if run == "}":  # the common case, kept cheap
             if stack:
                 j = stack.pop()
                 if j >= 0 and (best is None or j > best[0]):
                     best = (j, n_close)
             n_close += 1
-        elif tok == "{":
+        elif run == "{":
             stack.append(-1)
+        elif run[0] == "}":
+            k = min(len(run), len(stack))
+            if k:
+                popped = stack[-k:]
+                del stack[-k:]
+                j = max(popped)  # the newest box closed by this run, if any
+                if j >= 0 and (best is None or j > best[0]):
+                    best = (j, n_close + k - 1 - popped.index(j))
+            n_close += len(run)
+        elif run[0] == "{":
+            stack.extend([-1] * len(run))
         else:  # \boxed{
             stack.append(n_box)
             n_box += 1
