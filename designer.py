@@ -192,6 +192,7 @@ class Document:
     doc_id: str       # the line's "id" field if it has one, else "line <n>" (1-based)
     text: str         # possibly truncated, with a note saying so
     truncated: bool
+    title: str = ""   # the line's "title" or "url" field, else its first words (report.py's cards)
 
 
 def truncate_words(text: str, max_words: int) -> tuple[str, bool]:
@@ -233,7 +234,10 @@ class Corpus:
                     self.skipped += 1
                     continue
                 doc_id = str(row["id"]) if row.get("id") is not None else f"line {n}"
-                self.documents.append(Document(doc_id, *truncate_words(text.strip(), self.max_words)))
+                words = text.split()
+                title = str(row.get("title") or row.get("url")
+                            or " ".join(words[:12]) + (" ..." if len(words) > 12 else ""))[:200]
+                self.documents.append(Document(doc_id, *truncate_words(text.strip(), self.max_words), title))
         if self.skipped:
             log.warning("corpus %s: skipped %d unreadable or empty lines", path, self.skipped)
         if not self.documents:
@@ -772,11 +776,13 @@ class Proposal:
     reason: str | None = None       # rejection kind: no_code, truncated, syntax, no_class, or the sandbox's
     error: str | None = None        # rejection message
     hint: str | None = None
+    doc_title: str | None = None    # the document's title (run logs only; never in a prompt)
 
     def to_log(self) -> dict:
         """JSON-friendly summary for the run's logs (the reply object itself is not serialised)."""
         return {"skill": self.skill, "setting": self.setting, "slot": self.slot, "attempt": self.attempt,
-                "doc_id": self.doc_id, "task": list(self.task) if self.task else None, "ok": self.ok,
+                "doc_id": self.doc_id, "doc_title": self.doc_title,
+                "task": list(self.task) if self.task else None, "ok": self.ok,
                 "reason": self.reason, "error": self.error, "class_name": self.class_name,
                 "repaired": self.repaired, "hint": self.hint, "source": self.source,
                 "finish_reason": getattr(self.reply, "finish_reason", None)}
@@ -848,7 +854,8 @@ def regenerate(skills_for_slots: Sequence[str], *, generate: Callable, validate:
             block = memory_block(skill) if memory_block is not None else ""
             messages = designer_messages(skill, setting=setting, document=doc, memory_block=block,
                                          task=task, rng=rng)
-            batch.append(Proposal(skill, setting, slot, attempt, doc.doc_id if doc else None, messages, task))
+            batch.append(Proposal(skill, setting, slot, attempt, doc.doc_id if doc else None, messages, task,
+                                  doc_title=doc.title if doc else None))
         replies = generate([p.messages for p in batch])
         if len(replies) != len(batch):
             raise ValueError(f"generate returned {len(replies)} replies for {len(batch)} prompts")

@@ -467,9 +467,11 @@ def card_html(run: dict, env: dict, cid: str, opts: dict, logged: list[dict]) ->
     first = next((p for p in plays if not p.get("hinted")), plays[0] if plays else None)
     msgs = [m for m in listof(first.get("messages")) if isinstance(m, dict)] if first else []
     obs = msgs[0].get("content") if msgs else None
-    doc = att.get("doc_id") or ("none (--no_corpus)" if run["config"].get("no_corpus") else "n/a")
+    doc = (f'<span data-field="doc_title">{esc(att.get("doc_title") or att.get("doc_id"))}</span> '
+           f'<small class="note">(id {esc(att.get("doc_id"))})</small>'
+           if att.get("doc_id") else "none (--no_corpus)" if run["config"].get("no_corpus") else "n/a")
     fields = [("skill", esc(env.get("skill"))), ("origin", esc(env.get("origin"))),
-              ("document", esc(doc)), ("attempt", esc(att.get("attempt", "n/a"))
+              ("document", doc), ("attempt", esc(att.get("attempt", "n/a"))
                                        + (" (brace-repaired)" if att.get("repaired") else "")),
               ("unhinted return", f'<span data-field="r_nohint">{fmt(r_nohint)}</span>'
                                   f" (win rate {fmt(win)}, {len(rets)} plays)"),

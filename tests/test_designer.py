@@ -650,3 +650,14 @@ def test_no_corpus_and_infra_retries():
     with pytest.raises(ValueError, match="replies"):
         d.regenerate([MATH, MATH], generate=lambda chats: ["x"], validate=broken,
                      corpus=None, memory_block=None, setting="games", rng=random.Random(0))
+
+
+def test_corpus_document_titles_for_the_run_logs(tmp_path):
+    """A title for report.py's cards: the row's title, else its url, else its first 12 words."""
+    words = " ".join(f"w{i}" for i in range(20))
+    path = write_corpus(tmp_path / "c.jsonl", [
+        json.dumps({"text": "Bees dance.", "title": "Bee dances"}),
+        json.dumps({"text": "Tides follow the moon.", "url": "https://example.org/tides"}),
+        json.dumps({"text": words})])
+    assert [doc.title for doc in d.Corpus(path).documents] == [
+        "Bee dances", "https://example.org/tides", " ".join(f"w{i}" for i in range(12)) + " ..."]

@@ -155,6 +155,9 @@ def test_report_values_equal_the_run_files(tiny_run):
     assert float(f["r_nohint"]) == pytest.approx(sum(env["returns"]) / len(env["returns"]), abs=5e-4)
     assert float(f["score"]) == pytest.approx(
         next(s["score"] for s in scores if s["env_id"] == env["env_id"]), abs=5e-4)
+    attempts = [json.loads(line) for line in (tiny_run / "designer" / "step-0000-rank-0.jsonl").open()]
+    doc = next(a for a in attempts if a["ok"])
+    assert doc["doc_title"] and f["doc_title"] == doc["doc_title"]
     rec = next(r for r in memory if r["step"] == 0)
     assert float(f["memory_win_rate"]) == pytest.approx(rec["win_rate"], abs=5e-4)
     assert str(len(rows)) in head["steps_done"]
