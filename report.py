@@ -231,10 +231,13 @@ def load_run(run_dir: Path) -> dict:
 CURVES = [
     ("Agent return", [("unhinted", "agent/return_mean"), ("hinted", "agent/hinted_return_mean")], (-1.05, 1.05)),
     ("Regret (Eq. 3)", [("mean", "regret/mean"), ("positive share", "regret/positive_share")], None),
-    ("Learnable share", [("share", "env/learnable_share")], (-0.02, 1.02)),
+    ("Learnable share", [("pool, per step", "env/learnable_share"),
+                         ("slots, 16-step window (Fig. 7)", "env/learnable_slot_share")], (-0.02, 1.02)),
     ("Designer validity", [("per attempt", "designer/validity_rate"),
                            ("first attempt", "designer/first_attempt_validity_rate")], (-0.02, 1.02)),
-    ("Diversity (Vendi score of accepted sources)", [("diversity", "designer/diversity")], None),
+    ("Diversity (Vendi score)", [("new sources", "designer/diversity"),
+                                 ("40-step window (Fig. 19)", "designer/diversity_window")], None),
+    ("Formula-reveal rate (Fig. 9)", [("new environments", "designer/formula_reveal_rate")], (-0.02, 1.02)),
 ]
 
 

@@ -118,7 +118,7 @@ def test_report_has_every_section_and_card(tiny_run):
     for sid in SECTIONS:
         assert page.having(id=sid), sid
     charts = {a["data-chart"] for a in page.having() if "data-chart" in a}
-    assert len(charts) == 7 and text.count("<svg") == 7
+    assert len(charts) == 8 and text.count("<svg") == 8
     for step, pool in pools(tiny_run).items():
         assert page.having(id=f"regen-{step}")
         cards = [a for a in page.having(**{"class": "card"}) if a["data-step"] == str(step)]
