@@ -12,14 +12,19 @@ paper takes for granted:
    the sampled tokens and log p(token) under softmax(logits / T), NOT renormalised after top-k /
    top-p, which is exactly what the trainer recomputes (grpo.token_logprobs), so the truncated
    importance weight of SPEC §8 sees only numeric engine-vs-trainer drift. Optional prefix KV
-   cache across agent turns (each turn prefills only the new observation tokens).
+   cache across agent turns (each turn prefills only the new observation tokens), bounded in
+   bytes: train.py keeps one for the tiny models only (a 4B model's 32k-token episode holds
+   ~9.6 GB of fp32 KV).
 3. `VLLMEngine`: vLLM colocated in the training processes (`external_launcher`, tensor parallel
    within the node, sleep mode between generation and training), token-in/token-out.
 4. Weight sync (SPEC §9): `vllm_weight_plan` maps trainer parameter names and shapes to the
    checkpoint names vLLM's `load_weights` expects (a pure function of names and shapes, so it
    runs on a meta-device model), un-fusing transformers-v5 Qwen3-MoE experts; `stream_weights`
    gathers full tensors (FSDP2 DTensor, ZeRO-3) one decoder layer at a time and yields
-   (name, tensor) pairs equal to what `save_pretrained` writes.
+   (name, tensor) pairs equal to what `save_pretrained` writes; vLLM gets them cast to its
+   dtype (bf16) before the gather, which halves the bytes moved from fp32 master weights.
+5. Attention: SDPA, or flash-attention 2 on GPU when `flash_attn` is installed; the trainer's
+   right-padded batches need no mask (grpo.token_logprobs), so no (B, 1, T, T) mask is built.
 
 Deviations: vLLM's `processed_logprobs` are log-softmax over the temperature-scaled logits AFTER
 top-k / top-p masking (renormalised over the kept tokens), while the trainer's recomputation is not
@@ -138,11 +143,30 @@ def build_tiny(kind: str = "tiny", seed: int = 0, dtype: torch.dtype = torch.flo
     config = tiny_config(kind, len(tokenizer), eos_id, pad_id)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id,
                                                do_sample=True, temperature=0.6, top_p=0.95,
                                                top_k=20)
     return model, tokenizer
+
+
+def attn_implementation() -> str:
+    """flash-attention 2 on a GPU where it is installed, else PyTorch SDPA (no eager attention)."""
+    import importlib.util
+    if torch.cuda.is_available() and importlib.util.find_spec("flash_attn"):
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def shipped_dtype(name: str) -> torch.dtype:
+    """The dtype a model's checkpoint ships in (bf16 for the paper's models; fp32 for tiny):
+    train.py keeps the KL reference model in it and exports the final policy in it."""
+    resolved = resolve_model_name(name)
+    if resolved in TINY_MODELS:
+        return torch.float32
+    from transformers import AutoConfig
+    dtype = getattr(AutoConfig.from_pretrained(resolved), "dtype", None) or torch.bfloat16
+    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
 
 
 def load_model_and_tokenizer(name: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0):
@@ -159,7 +183,8 @@ def load_model_and_tokenizer(name: str, dtype: torch.dtype = torch.bfloat16, see
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(resolved, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(resolved, dtype=dtype,
+                                                 attn_implementation=attn_implementation())
     return model, tokenizer
 
 
@@ -198,11 +223,11 @@ class TransformersEngine:
     cache; rows stop at EOS or at their own max_new_tokens and leave the batch (their cache rows
     are dropped), so a step costs only the rows still generating.
 
-    prefix_cache=True keeps, for every reply that ended at EOS, the KV of its prompt + reply; a
-    later prompt that extends it (the agent's next turn) prefills only its new tokens. The rows'
+    prefix_cache_bytes > 0 keeps, for every reply that ended at EOS, the KV of its prompt + reply;
+    a later prompt that extends it (the agent's next turn) prefills only its new tokens. The rows'
     cached pasts are left-padded into one batch cache (holes are masked, positions are explicit).
-    Entries are dropped when used and on sync_weights (stale after an update); it costs memory
-    proportional to live episodes x context, which suits CPU and small models.
+    Entries are dropped when used, oldest first once they hold more than prefix_cache_bytes, and
+    on sync_weights (stale after an update). 0 (the default) turns the cache off.
 
     Batching by length: prompts are sorted by length and fill a batch while rows x (longest
     prompt + largest cap) stays within max_batch_tokens, which bounds the batch's KV cache and
@@ -215,7 +240,7 @@ class TransformersEngine:
     keeps the tensors it all-gathers, and inference tensors would break the next training forward.
     """
 
-    def __init__(self, model, tokenizer, prefix_cache: bool = False, stop_ids=(),
+    def __init__(self, model, tokenizer, prefix_cache_bytes: int = 0, stop_ids=(),
                  max_batch_tokens: int = 65536, progress: bool = False):
         self.model, self.tokenizer = model, tokenizer
         self.max_batch_tokens, self.progress = max_batch_tokens, progress
@@ -228,7 +253,7 @@ class TransformersEngine:
         self.eos_ids = {tokenizer.eos_token_id, *eos, *stop_ids}  # + the chat's end of turn
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
             else tokenizer.eos_token_id
-        self.prefix_cache = prefix_cache
+        self.prefix_cache, self.cache_bytes = prefix_cache_bytes > 0, prefix_cache_bytes
         self._pasts: dict[tuple, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
     def _take_past(self, prompt: list[int]):
@@ -282,6 +307,11 @@ class TransformersEngine:
         self._pasts[tuple(tokens)] = [
             (layer.keys[k:k + 1, :, valid].clone(), layer.values[k:k + 1, :, valid].clone())
             for layer in cache.layers]
+        while self.cached_bytes() > self.cache_bytes:  # dicts keep insertion order: oldest first
+            del self._pasts[next(iter(self._pasts))]
+
+    def cached_bytes(self) -> int:
+        return sum(t.nbytes for kv in self._pasts.values() for pair in kv for t in pair)
 
     def _tick(self, active: bool) -> bool:
         """INFRA (FSDP2, several ranks): the vote before a forward; True while any rank has one."""
@@ -450,16 +480,17 @@ def checkpoint_shapes(model) -> dict[str, tuple[int, ...]]:
             for target, shape, _ in vllm_weight_plan(name, tuple(p.shape))}
 
 
-def _full_tensor(param: torch.Tensor) -> torch.Tensor:
-    """The whole tensor behind a possibly sharded parameter (a collective on sharded ones: every
-    rank must call this in the same order)."""
-    if hasattr(param, "full_tensor"):  # FSDP2: parameters are DTensors
-        return param.full_tensor().detach()
+def _full_tensor(param: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The whole tensor behind a possibly sharded parameter, cast to `dtype` BEFORE the gather
+    (a collective on sharded ones: every rank must call this in the same order)."""
     if hasattr(param, "ds_id"):  # DeepSpeed ZeRO-3: gather into place, copy out, re-partition
         import deepspeed
         with deepspeed.zero.GatheredParameters([param]):
-            return param.data.detach().clone()
-    return param.detach()
+            return param.data.detach().to(dtype or param.dtype, copy=True)
+    param = param.detach() if dtype is None else param.detach().to(dtype)
+    if hasattr(param, "full_tensor"):  # FSDP2: parameters are DTensors
+        return param.full_tensor()
+    return param
 
 
 def _layer_of(name: str) -> str:
@@ -467,8 +498,9 @@ def _layer_of(name: str) -> str:
     return ".".join(parts[:3]) if len(parts) > 2 and parts[1] == "layers" else ""
 
 
-def stream_weights(model):
-    """Yield the full weights one decoder layer at a time, as [(checkpoint name, tensor)] lists.
+def stream_weights(model, dtype: torch.dtype | None = None):
+    """Yield the full weights one decoder layer at a time, as [(checkpoint name, tensor)] lists,
+    in `dtype` (None: the parameters' own).
 
     Peak extra memory is one layer's full tensors (a 30B-A3B layer is ~1.2 GB in bf16), never the
     whole model.
@@ -479,7 +511,7 @@ def stream_weights(model):
             yield group
             group = []
         layer = _layer_of(name)
-        full = _full_tensor(param)
+        full = _full_tensor(param, dtype)
         group += [(target, full[index]) for target, _, index in
                   vllm_weight_plan(name, tuple(full.shape))]
     if group:
@@ -518,6 +550,7 @@ class VLLMEngine:
             import vllm as vllm_module
         self.vllm, self.sleep_level, self.asleep = vllm_module, sleep_level, False
         self.stop_ids = list(stop_ids)  # the chat's end of turn, when it is not the EOS
+        self.dtype = getattr(torch, dtype)  # weights are gathered in it (bf16: half of fp32)
         self.tp = tensor_parallel_size
         self.tp_group = self._tp_group(tensor_parallel_size)
         self.llm = llm if llm is not None else vllm_module.LLM(
@@ -607,7 +640,7 @@ class VLLMEngine:
         if self.asleep:
             self.llm.wake_up(tags=["weights"])
         target = self._model()
-        for group in stream_weights(model):
+        for group in stream_weights(model, self.dtype):
             target.load_weights(group)
         if self.asleep:
             self.llm.wake_up(tags=["kv_cache"])

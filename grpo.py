@@ -31,7 +31,9 @@ Deviations from the paper (and from the authors' code):
     3. role_scale returns 0.0 when a step has no designer samples (nothing to scale).
     Not a deviation, but how it is done: token log-probs come from the body's hidden states and
     the output head in chunks of completion tokens (a custom autograd Function, see below); they
-    match the naive full log-softmax to fp32 round-off (tested against an fp64 reference).
+    match the naive full log-softmax to fp32 round-off (tested against an fp64 reference). The
+    head runs in the caller's autocast dtype in both passes (explicit casts), the log-sum-exp in
+    fp32, and the head gradient sums its chunks in fp32: within 1e-2 of fp64 in bf16.
 
 Distributed use: token_logprobs(model, ...) takes the model as the trainer holds it (plain, FSDP2
 fully_shard-ed in place, or a DDP / DeepSpeed engine exposing `.module`). It swaps the innermost
@@ -136,10 +138,23 @@ def designer_advantages(scores: Sequence[float], skills: Sequence[Hashable],
 
 
 def _head_logits(h, weight, bias, temperature):
-    logits = h @ weight.T if bias is None else torch.addmm(bias, h, weight.T)     # (C, V)
-    if logits.dtype in (torch.float16, torch.bfloat16):     # log-sum-exp in fp32 at least
-        logits = logits.float()
-    return logits.div_(temperature)
+    """(C, V) logits / T in fp32 at least. Half-precision operands are multiplied with an fp32
+    output: rounding a logit of 50 to bf16 would move it by up to 0.125, i.e. its probability by
+    13% (the product itself is accumulated in fp32 either way)."""
+    if h.dtype not in (torch.float16, torch.bfloat16):
+        logits = h @ weight.T                                                     # (C, V)
+    elif h.is_cuda and _MM_FP32_OUT[0]:
+        try:
+            logits = torch.mm(h, weight.T, out_dtype=torch.float32)              # (C, V)
+        except (RuntimeError, TypeError):  # a torch without the kernel: upcast (slower)
+            _MM_FP32_OUT[0] = False
+            return _head_logits(h, weight, bias, temperature)
+    else:  # CPU has no half x half -> fp32 kernel: the same products in fp32
+        logits = h.float() @ weight.float().T                                    # (C, V)
+    return (logits if bias is None else logits + bias).div_(temperature)
+
+
+_MM_FP32_OUT = [True]  # torch.mm(..., out_dtype=float32) works on this CUDA build
 
 
 def _logsumexp_(logits):
@@ -152,45 +167,68 @@ def _logsumexp_(logits):
     return logits.sub_(m).exp_().sum(-1).log_().add_(m.squeeze(-1))              # (C,)
 
 
+def _compute_dtype(hidden, weight):
+    """The head matmul's dtype: the caller's autocast dtype if autocast is on, else the inputs'.
+    Both passes cast to it explicitly (autocast is on in the forward, off in the backward)."""
+    device = hidden.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return torch.promote_types(hidden.dtype, weight.dtype)
+
+
+def _cast(x, dtype):
+    return None if x is None else x.to(dtype)
+
+
 class _ChunkedLogprob(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size):
-        dtype = torch.promote_types(hidden.dtype, torch.float32)
+        cd = _compute_dtype(hidden, weight)
+        w, b = _cast(weight, cd), _cast(bias, cd)  # one cast per call, not per chunk
+        dtype = torch.promote_types(cd, torch.float32)
         out, lse = [hidden.new_zeros(0, dtype=dtype)], [hidden.new_zeros(0, dtype=dtype)]
-        for start in range(0, hidden.shape[0], chunk_size):   # (N = 0 still runs the hooks)
-            logits = _head_logits(hidden[start:start + chunk_size], weight, bias, temperature)
-            y = targets[start:start + chunk_size]
-            picked = logits.gather(-1, y[:, None]).squeeze(-1)                   # (C,)
-            lse.append(_logsumexp_(logits))                                      # (C,)
-            # log p(y) = logit_y / T - logsumexp(logits / T)
-            out.append(picked - lse[-1])                                         # (C,)
+        with torch.autocast(hidden.device.type, enabled=False):
+            for start in range(0, hidden.shape[0], chunk_size):   # (N = 0 still runs the hooks)
+                logits = _head_logits(hidden[start:start + chunk_size].to(cd), w, b, temperature)
+                y = targets[start:start + chunk_size]
+                picked = logits.gather(-1, y[:, None]).squeeze(-1)               # (C,)
+                lse.append(_logsumexp_(logits))                                  # (C,)
+                # log p(y) = logit_y / T - logsumexp(logits / T)
+                out.append(picked - lse[-1])                                     # (C,)
         ctx.save_for_backward(hidden, weight, bias, targets, torch.cat(lse))
-        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        ctx.temperature, ctx.chunk_size, ctx.cd = temperature, chunk_size, cd
         return torch.cat(out)                                                    # (N,)
 
     @staticmethod
     def backward(ctx, grad_out):
         hidden, weight, bias, targets, lse = ctx.saved_tensors
-        T, C = ctx.temperature, ctx.chunk_size
+        T, C, cd = ctx.temperature, ctx.chunk_size, ctx.cd
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        w, b = _cast(weight, cd), _cast(bias, cd)   # the forward's operands, recast
         grad_h = torch.empty_like(hidden) if need_h else None                   # (N, H)
-        grad_w = torch.zeros_like(weight) if need_w else None                   # (V, H)
-        grad_b = torch.zeros_like(bias) if need_b else None                     # (V,)
-        for start in range(0, hidden.shape[0], C):
-            h, y = hidden[start:start + C], targets[start:start + C]
-            g = grad_out[start:start + C].to(lse.dtype)                         # (C,)
-            logits = _head_logits(h, weight, bias, T)                            # (C, V)
-            # d logp / d logits = (onehot(y) - softmax) / T, scaled by the incoming gradient
-            grad_logits = logits.sub_(lse[start:start + C, None]).exp_().mul_(-g[:, None] / T)
-            grad_logits[torch.arange(len(y), device=y.device), y] += g / T
-            grad_logits = grad_logits.to(weight.dtype)   # (autocast may have mixed dtypes)
-            if need_h:
-                grad_h[start:start + C] = grad_logits @ weight                   # (C, H)
-            if need_w:
-                grad_w.addmm_(grad_logits.T, h.to(weight.dtype))                 # (V, H)
-            if need_b:
-                grad_b += grad_logits.sum(0)
-        return grad_h, grad_w, grad_b, None, None, None
+        # the head gradient sums N / C chunk products: accumulate them in fp32 (at least)
+        acc = torch.promote_types(cd, torch.float32)
+        grad_w = torch.zeros_like(weight, dtype=acc) if need_w else None        # (V, H)
+        grad_b = torch.zeros_like(bias, dtype=acc) if need_b else None          # (V,)
+        with torch.autocast(hidden.device.type, enabled=False):  # as the forward's loop
+            for start in range(0, hidden.shape[0], C):
+                h, y = hidden[start:start + C].to(cd), targets[start:start + C]
+                g = grad_out[start:start + C].to(lse.dtype)                         # (C,)
+                logits = _head_logits(h, w, b, T)                                    # (C, V)
+                # d logp / d logits = (onehot(y) - softmax) / T, scaled by the incoming gradient
+                grad_logits = logits.sub_(lse[start:start + C, None]).exp_().mul_(-g[:, None] / T)
+                grad_logits[torch.arange(len(y), device=y.device), y] += g / T
+                grad_logits = grad_logits.to(cd)                                     # (C, V)
+                if need_h:
+                    grad_h[start:start + C] = grad_logits @ w                        # (C, H)
+                if need_w and cd == acc:
+                    grad_w.addmm_(grad_logits.T, h)                                  # (V, H)
+                elif need_w:  # the chunk's product in bf16, the running sum in fp32
+                    grad_w += grad_logits.T @ h                                      # (V, H)
+                if need_b:
+                    grad_b += grad_logits.sum(0)
+        grad_b = grad_b if grad_b is None else grad_b.to(bias.dtype)
+        return grad_h, _cast(grad_w, weight.dtype), grad_b, None, None, None
 
 
 def _call_with_forward(module, forward, *args, outer=None):
@@ -229,6 +267,10 @@ def chunked_logprobs(hidden: torch.Tensor, head: torch.nn.Module, targets: torch
 def _logprob_forward(inner, input_ids, attention_mask, completion_mask, temperature, chunk_size):
     """The forward that replaces the model's own for one call (see token_logprobs)."""
     body, head = inner.get_decoder(), inner.get_output_embeddings()
+    if bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all()):
+        # right padding only: causal attention never reads the later (pad) positions, and with
+        # no mask SDPA / flash-attention run their causal kernels: no (B, 1, T, T) mask is built
+        attention_mask = None
     hidden = body(input_ids=input_ids, attention_mask=attention_mask,
                   use_cache=False).last_hidden_state                         # (B, T, H)
     B, T = input_ids.shape

@@ -78,7 +78,7 @@ def bench_rollout():
     model, tok = engine.build_tiny("tiny", seed=0)
     length = FixedReplyLength(model.config.vocab_size, tok.eos_token_id, REPLY_TOKENS)
     model.lm_head.register_forward_hook(length)
-    eng = engine.TransformersEngine(model, tok, prefix_cache=True)
+    eng = engine.TransformersEngine(model, tok, prefix_cache_bytes=1 << 30)
     calls = [0]
 
     def generate(prompts, caps):

@@ -452,7 +452,7 @@ def test_tiny_model_play_logprobs_match_trainer(tiny, prefix_cache):
 
     hook = model.lm_head.register_forward_hook(lambda mod, inp, out: out + bias)
     try:
-        eng = engine.TransformersEngine(model, tok, prefix_cache=prefix_cache)
+        eng = engine.TransformersEngine(model, tok, prefix_cache_bytes=(1 << 30) * prefix_cache)
         seen = []
 
         def generate(prompts, caps):

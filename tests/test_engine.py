@@ -82,7 +82,7 @@ def test_seeded_and_batch_invariant(tiny):
 def test_prefix_cache_reuses_earlier_turns_exactly(eos_biased):
     model, tok = eos_biased
     plain = TransformersEngine(model, tok)
-    cached = TransformersEngine(model, tok, prefix_cache=True)
+    cached = TransformersEngine(model, tok, prefix_cache_bytes=1 << 30)
     prompts = [tok.encode("first game"), tok.encode("a much longer first observation here"),
                tok.encode("x")]
     greedy = dict(temperature=0.0, top_p=1.0, top_k=0)
@@ -101,6 +101,23 @@ def test_prefix_cache_reuses_earlier_turns_exactly(eos_biased):
         assert a.logprobs == pytest.approx(trainer_logprobs(model, p, a.token_ids, 0.8), abs=1e-4)
     cached.sync_weights(model)
     assert cached._pasts == {}
+
+
+def test_prefix_cache_is_bounded_in_bytes_and_off_by_default(eos_biased):
+    """The cache evicts its oldest entries beyond prefix_cache_bytes; 0 (default) keeps none."""
+    model, tok = eos_biased
+    prompts = [tok.encode("first game"), tok.encode("a much longer first observation here")]
+    greedy = dict(max_new_tokens=30, temperature=0.0, top_p=1.0, top_k=0)
+    big = TransformersEngine(model, tok, prefix_cache_bytes=1 << 30)
+    big.generate(prompts, **greedy)
+    sizes = [sum(t.nbytes for pair in kv for t in pair) for kv in big._pasts.values()]
+    assert len(sizes) == 2 and big.cached_bytes() == sum(sizes)
+    small = TransformersEngine(model, tok, prefix_cache_bytes=max(sizes))
+    small.generate(prompts, **greedy)
+    assert len(small._pasts) == 1 and small.cached_bytes() <= max(sizes)
+    off = TransformersEngine(model, tok)
+    off.generate(prompts, **greedy)
+    assert off._pasts == {} and not off.prefix_cache
 
 
 def test_top_k_top_p_candidates_hand_computed():
@@ -304,7 +321,9 @@ def test_vllm_engine_sleep_wake_and_sync_order(tiny_moe, tmp_path):
     saved = load_file(str(tmp_path / "model.safetensors"))
     loaded = dict(fake.loaded)
     assert len(loaded) == len(fake.loaded) and loaded.keys() == saved.keys()
-    assert all(torch.equal(loaded[k], saved[k]) for k in saved)
+    # gathered in vLLM's dtype (bf16), half the bytes of the fp32 master weights
+    assert {t.dtype for t in loaded.values()} == {torch.bfloat16}
+    assert all(torch.equal(loaded[k], saved[k].to(torch.bfloat16)) for k in saved)
     fake.log.clear()
     eng.sync_weights(model)  # awake: push, then reset the prefix cache; no wake-ups
     assert [c[0] for c in fake.log] == ["load_weights"] * n_groups + ["reset_prefix_cache"]

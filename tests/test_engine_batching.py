@@ -94,7 +94,7 @@ def test_fsdp2_world_size_1_samples_then_trains(tiny, tmp_path):
                             world_size=1)
     try:
         sharded = shard(copy.deepcopy(model), init_device_mesh("cpu", (1,)))
-        eng = TransformersEngine(sharded, tok, prefix_cache=True)
+        eng = TransformersEngine(sharded, tok, prefix_cache_bytes=1 << 30)
         assert not eng.synced  # one rank: nothing to keep in step
         outs = eng.generate(prompts, max_new_tokens=6, **GREEDY)
         assert [o.token_ids for o in outs] == [o.token_ids for o in expected]
