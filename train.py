@@ -28,8 +28,9 @@ Deviations (from the paper and the authors' code; also in the README):
      replays exactly; the corpus sampler's state is checkpointed for the same reason.
   5. Hinted plays (and so regret) are run for the freshly designed environments only: carried and
      hand-written ones have no designer sample to score. An empty hint means regret 0.
-  6. Ranks of one vLLM tensor-parallel group share one slice of the pool and play it in lockstep;
-     the N slots are split over the data-parallel groups, so each GRPO group stays on one rank.
+  6. The N slots are split over all ranks (each samples with its own seeds), so each GRPO group
+     stays on one rank. The ranks of one vLLM tensor-parallel group run one engine: each generate
+     call serves the group's different prompts together, once; each rank trains its own samples.
   7. Without a preset, trained log-probs use each role's sampling temperature (the authors'
      trainer: 1.0; --logprob_temperature). One batch holds all agent and designer samples of a
      designer step (the authors trim it to 192); weight decay covers every parameter. README
@@ -70,7 +71,7 @@ class ModelArgs:
     model: str = field(default="tiny", metadata={"help": "Alias (Qwen3-4B, Qwen3-8B, Qwen3-30B-A3B), hub id, local dir, or tiny / tiny-moe (random, offline)."})
     engine: str = field(default="auto", metadata={"help": "Rollout engine: auto (vLLM on GPU when installed, else transformers), vllm, transformers."})
     gradient_checkpointing: bool = field(default=True, metadata={"help": "Activation checkpointing for real models."})
-    tensor_parallel_size: int = field(default=1, metadata={"help": "vLLM tensor parallel size within a node (ranks of one group play in lockstep)."})
+    tensor_parallel_size: int = field(default=1, metadata={"help": "vLLM tensor parallel size within a node (the ranks of a group share one engine; each plays its own environments)."})
     enable_thinking: bool | None = field(default=None, metadata={"help": "Passed to the chat template for agent turns (hybrid Qwen3 models); default: the template's."})
     strip_thinking_history: bool = field(default=False, metadata={"help": "Agent: drop earlier turns' <think> blocks from the context (re-rendered each turn, one training sample per turn), as the authors' thinking 8B agent."})
     gpu_memory_utilization: float = field(default=0.35, metadata={"help": "vLLM KV-cache share of GPU memory when colocated with training."})
@@ -398,7 +399,8 @@ def regenerate(step, sargs, sampler, design_sampler, sb, mem, pool, corpus, rank
     if step == 0 and len(fresh) + len(carried) < n_local:
         carried += load_env_dir(HERE / "data" / "envs", sargs.setting, sb, origin="fallback")[rank::world]
     new_pool = fresh + carried[: max(0, n_local - len(fresh))]
-    missing = [e for e in new_pool if e.hint is None] if sargs.hint_plays > 0 else []
+    # only fresh environments get a hinted arm (deviation 5): carried and fallback ones no hint
+    missing = [e for e in fresh if e.hint is None] if sargs.hint_plays > 0 else []
     hint_gen = sampler.at(step, "hint").chat(temperature=sargs.hint_temperature,
                                              max_new_tokens=sargs.hint_max_tokens,
                                              top_p=sargs.top_p, top_k=sargs.top_k,
@@ -412,7 +414,6 @@ def regenerate(step, sargs, sampler, design_sampler, sb, mem, pool, corpus, rank
         e.hint = h
     stats = {f"designer/{k}": v for k, v in stats.items()}
     stats["designer/accepted"] = len(fresh)
-    stats["designer/diversity"] = regret.diversity([e.source for e in fresh]) if fresh else 0.0
     stats["env/from_fallback"] = sum(e.origin == "fallback" for e in new_pool)
     return new_pool, stats, [p.to_log() for p in proposals]
 
@@ -651,22 +652,53 @@ def micro_batches(samples, budget: int) -> list[list[dict]]:
 
 def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *, pad_id,
                 temperatures, oargs, margs, grpo, torch) -> dict:
-    """One GRPO step (Sec. 3.4): token-mean per sample, mean over all samples of all ranks."""
+    """One GRPO step (Sec. 3.4): token-mean per sample, mean over all samples of all ranks.
+
+    The model is in train mode only here (transformers checkpoints activations only in train
+    mode; rollouts need eval mode, whose layers keep their KV cache), and gradients are freed
+    right after the optimizer step, so they never sit in memory through the next rollouts.
+    Without a KL term a sample whose advantage is exactly 0 has exactly zero gradient: it is
+    counted in the mean over samples but never forwarded (zero-variance groups cost nothing)."""
     dev, world = accelerator.device, accelerator.num_processes
     n_global = int(accelerator.gather(torch.tensor([len(samples)], device=dev)).sum())
     if n_global == 0:
         return {}
-    batches = micro_batches(samples, margs.micro_batch_tokens)
-    # INFRA: every rank runs the same number of forwards (FSDP collectives); extras weigh 0.
-    n_mb = int(accelerator.gather(torch.tensor([len(batches)], device=dev)).max())
+    trained = [s for s in samples if s["advantage"] != 0.0 or oargs.kl_coef > 0]
+    batches = micro_batches(trained, margs.micro_batch_tokens)
+    # INFRA: every rank runs the same number of forwards (FSDP collectives), at least one so
+    # every parameter gets a (zero) gradient and AdamW steps as it would on zero advantages;
+    # extras weigh 0.
+    n_mb = max(1, int(accelerator.gather(torch.tensor([len(batches)], device=dev)).max()))
     filler = [dict(_FILLER, tokens=[pad_id, pad_id])]
+    model.train()
+    try:
+        stats_acc, grad_norm = _update_epochs(
+            model, ref_model, optimizer, scheduler, accelerator, batches, n_mb, filler, n_global,
+            temperatures=temperatures, oargs=oargs, grpo=grpo, torch=torch)
+    finally:
+        model.eval()
+    out = {}
+    for k, vals in stats_acc.items():  # sample-weighted means; extremes stay extremes
+        name = f"losses/{k.removeprefix('loss/')}"
+        if k.endswith("_min") or k.endswith("_max"):
+            out[name] = (min if k.endswith("_min") else max)(v for v, _ in vals)
+        else:
+            out[name] = sum(v * n for v, n in vals) / sum(n for _, n in vals)
+    out["losses/grad_norm"] = float(grad_norm)
+    out["losses/samples"] = n_global
+    return out
+
+
+def _update_epochs(model, ref_model, optimizer, scheduler, accelerator, batches, n_mb, filler,
+                   n_global, *, temperatures, oargs, grpo, torch):
+    """The optimizer passes of grpo_update; returns (per-micro-batch stats, last grad norm)."""
+    dev, world = accelerator.device, accelerator.num_processes
     stats_acc, old_cache, grad_norm = {}, {}, 0.0
     for epoch in range(oargs.ppo_epochs):
-        optimizer.zero_grad(set_to_none=True)
         for b in range(n_mb):
             mb = batches[b] if b < len(batches) else filler
             t = grpo.pad_batch([{"token_ids": s["tokens"], "mask": s["mask"], "logprobs": s["logprobs"]}
-                                for s in mb], pad_id=pad_id)
+                                for s in mb], pad_id=filler[0]["tokens"][0])
             t = {k: v.to(dev) for k, v in t.items()}
             temp = temperatures[mb[0]["role"]]
             with accelerator.autocast():  # bf16 compute under mixed precision, fp32 masters
@@ -694,16 +726,8 @@ def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *,
         grad_norm = accelerator.clip_grad_norm_(model.parameters(), oargs.grad_clip)
         optimizer.step()
         scheduler.step()
-    out = {}
-    for k, vals in stats_acc.items():  # sample-weighted means; extremes stay extremes
-        name = f"losses/{k.removeprefix('loss/')}"
-        if k.endswith("_min") or k.endswith("_max"):
-            out[name] = (min if k.endswith("_min") else max)(v for v, _ in vals)
-        else:
-            out[name] = sum(v * n for v, n in vals) / sum(n for _, n in vals)
-    out["losses/grad_norm"] = float(grad_norm)
-    out["losses/samples"] = n_global
-    return out
+        optimizer.zero_grad(set_to_none=True)  # free the gradients before the next rollouts
+    return stats_acc, grad_norm
 
 
 _FILLER = {"mask": [0, 1], "logprobs": [0.0, 0.0], "role": "agent", "advantage": 0.0}
@@ -719,13 +743,17 @@ def prune(paths, keep: str) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def export_policy(accelerator, model, tokenizer, dest: Path) -> None:
-    """The policy in Hugging Face format at `dest` (written beside it, then renamed into place)."""
+def export_policy(accelerator, model, tokenizer, dest: Path, dtype) -> None:
+    """The policy in Hugging Face format at `dest` (written beside it, then renamed into place),
+    in `dtype`: the one the model shipped in (bf16 for the paper's), not the fp32 masters."""
     state_dict = accelerator.get_state_dict(model)  # every rank takes part (sharded models)
     if accelerator.is_main_process:
         tmp = dest.with_name(dest.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state_dict)
+        accelerator.unwrap_model(model).save_pretrained(
+            tmp, state_dict={k: v.to(dtype) for k, v in state_dict.items()})
+        config = json.loads((tmp / "config.json").read_text())  # it names the live fp32 dtype
+        atomic_write(tmp / "config.json", json.dumps({**config, "dtype": str(dtype)[6:]}, indent=2))
         tokenizer.save_pretrained(tmp)
         shutil.rmtree(dest, ignore_errors=True)
         os.replace(tmp, dest)
@@ -828,24 +856,27 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
     resume_from = prepare_run_dir(run_dir, cfg, rargs, accelerator)
     set_seed(rargs.seed)
     rank, world, main_proc = accelerator.process_index, accelerator.num_processes, accelerator.is_main_process
-    # Ranks of one vLLM tensor-parallel group play the same share of the pool in lockstep.
-    tp = margs.tensor_parallel_size
-    if world % tp:
-        raise SystemExit(f"--tensor_parallel_size {tp} does not divide the {world} processes")
-    dp_rank, dp_world = rank // tp, world // tp
+    # Every rank designs and plays its own share of the pool (deviation 6); a vLLM tensor-parallel
+    # group merges its ranks' different prompts into one generate call (engine.VLLMEngine).
+    if world % margs.tensor_parallel_size:
+        raise SystemExit(f"--tensor_parallel_size {margs.tensor_parallel_size} does not divide "
+                         f"the {world} processes")
+    fp32_gradient_reduce(accelerator, torch)
 
     # INFRA: model (fp32 master weights; bf16 compute comes from Accelerate's mixed precision),
     # optimizer, engine.
     tiny = engine.resolve_model_name(margs.model) in engine.TINY_MODELS
+    shipped = engine.shipped_dtype(margs.model)  # bf16 for the paper's models: reference, export
     model, tokenizer = engine.load_model_and_tokenizer(margs.model, dtype=torch.float32,
                                                        seed=rargs.seed)
+    model.eval()  # rollouts run in eval mode; grpo_update switches to train mode and back
     fsdp = getattr(accelerator.state, "fsdp_plugin", None)
     if margs.gradient_checkpointing and not tiny and not getattr(fsdp, "activation_checkpointing", False):
         model.gradient_checkpointing_enable()  # FSDP configs checkpoint layers themselves
     ref_model = None
     if oargs.kl_coef > 0:
         import copy
-        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        ref_model = copy.deepcopy(model).to(shipped).eval().requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=oargs.lr, betas=grpo.BETAS,
                                   weight_decay=oargs.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)  # constant (paper)
@@ -856,14 +887,14 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
     sharded = accelerator.distributed_type.value == "DEEPSPEED" or (
         fsdp is not None and getattr(fsdp, "fsdp_version", 1) != 2)
     eng = make_engine(margs, sargs, accelerator.unwrap_model(model), tokenizer, rargs.seed, sharded)
-    seed = rargs.seed + 7919 * dp_rank
+    seed = rargs.seed + 7919 * rank
     sampler = Sampler(engines.get("agent", eng), tokenizer, seed)
     design_sampler = Sampler(engines.get("designer", eng), tokenizer, seed)
     temperatures = role_temperatures(sargs, oargs)
     corpus = None
     if not (sargs.no_corpus or sargs.fixed_envs):  # one sampler for the run, seed 42 (Sec. 3.2)
         corpus = designer.Corpus.load(sargs.corpus, max_words=designer.CORPUS_MAX_WORDS[sargs.setting],
-                                      seed=sargs.corpus_seed + dp_rank)
+                                      seed=sargs.corpus_seed + rank)
     mem = memory_lib.EnvironmentMemory(capacity=sargs.memory_capacity, path=run_dir / "memory.json",
                                        seed=rargs.seed)
     pool, start, lp = [], 0, {}  # lp: the learning_potential ablation's per-skill trackers
@@ -896,13 +927,13 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
     bar = tqdm(range(start, sargs.steps), initial=start, total=sargs.steps, desc="spade",
                disable=not main_proc)
     train_designer = not (sargs.no_designer_training or sargs.fixed_envs)
-    n_slots = len(range(dp_rank, sargs.num_envs, dp_world))  # this rank's designer slots
+    n_slots = len(range(rank, sargs.num_envs, world))  # this rank's designer slots
     for step in bar:
         t0, m, logs = time.perf_counter(), {}, []
         is_regen = step % sargs.regen_interval == 0 and not sargs.fixed_envs
         scored = []
-        if fixed:  # this step's draw, split over the data-parallel groups
-            pool = [dataclasses.replace(fixed[i]) for i in schedule[step][dp_rank::dp_world]]
+        if fixed:  # this step's draw, split over the ranks
+            pool = [dataclasses.replace(fixed[i]) for i in schedule[step][rank::world]]
         # ALGO: 1-2. regeneration: score the finished epoch, then design a fresh pool
         if is_regen:
             on_phase(step, "generate")
@@ -910,8 +941,10 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
             if step > 0:
                 m.update(epoch_learnable(hist, pool, step - sargs.regen_interval, n_slots))
             pool, gm, logs = regenerate(step, sargs, sampler, design_sampler, sb, mem, pool,
-                                        corpus, dp_rank, dp_world)
-            m.update(gm)
+                                        corpus, rank, world)
+            fresh = [e.source for e in pool if e.origin == "designer"]  # Vendi of the whole pool
+            fresh = [x for part in gather_object([fresh]) for x in part] if world > 1 else fresh
+            m.update(gm, **{"designer/diversity": regret.diversity(fresh)})
         t_gen = time.perf_counter() - t0
         # ALGO: 3. play (unhinted G times; hinted H times at a regeneration)
         on_phase(step, "play")
@@ -938,7 +971,7 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
             recs = [memory_lib.MemoryRecord(skill=e.skill, source=e.source, win_rate=wins.get(e.env_id, 0.0),
                                             regret=e.regret or 0.0, step=step, class_name=e.class_name,
                                             setting=sargs.setting)
-                    for e in pool if e.origin == "designer" and not e.faulty and rank % tp == 0]
+                    for e in pool if e.origin == "designer" and not e.faulty]
             for r in (gather_object(recs) if world > 1 else recs):
                 mem.add(r)
         # ALGO: 4-5. one GRPO update over both roles, then push the weights to the engine
@@ -979,12 +1012,13 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
                 write_report(run_dir, final=step + 1 == sargs.steps)
         if rargs.export_every and ((step + 1) % rargs.export_every == 0 or step + 1 == sargs.steps):
             (run_dir / "exports").mkdir(exist_ok=True)
-            export_policy(accelerator, model, tokenizer, run_dir / "exports" / f"step-{step + 1}")
+            export_policy(accelerator, model, tokenizer, run_dir / "exports" / f"step-{step + 1}",
+                          shipped)
             if main_proc:
                 prune([p for p in (run_dir / "exports").glob("step-*") if not p.name.endswith(".tmp")],
                       rargs.keep_checkpoints)
     # INFRA: the final policy in Hugging Face format, for eval.py and for sharing
-    export_policy(accelerator, model, tokenizer, run_dir / "final_model")
+    export_policy(accelerator, model, tokenizer, run_dir / "final_model", shipped)
     if main_proc:
         print(f"[spade] done: metrics {run_dir / 'metrics.jsonl'}, policy {run_dir / 'final_model'}")
     accelerator.end_training()
@@ -1060,9 +1094,26 @@ def make_engine(margs: ModelArgs, sargs: SpadeArgs, model, tokenizer, seed: int,
                          "requirements-gpu.txt); FSDP2 runs can use either engine")
     if margs.tensor_parallel_size != 1:
         raise SystemExit("--tensor_parallel_size applies to the vLLM engine only")
-    # the prefix cache reuses each episode's KV across turns; sync_weights (every step) clears it
-    return engine.TransformersEngine(model, tokenizer, prefix_cache=True, stop_ids=stops,
-                                     max_batch_tokens=margs.batch_tokens)
+    # The prefix cache reuses each episode's KV across turns (sync_weights clears it every step).
+    # At 4B one 32k-token episode holds ~9.6 GB of KV, so only tiny models keep one.
+    tiny = engine.resolve_model_name(margs.model) in engine.TINY_MODELS
+    return engine.TransformersEngine(model, tokenizer, stop_ids=stops,
+                                     max_batch_tokens=margs.batch_tokens,
+                                     prefix_cache_bytes=PREFIX_CACHE_BYTES if tiny else 0)
+
+
+PREFIX_CACHE_BYTES = 1 << 30  # the transformers engine's prefix KV cache bound (tiny models)
+
+
+def fp32_gradient_reduce(accelerator, torch) -> None:
+    """INFRA: FSDP2 computes in bf16 but reduce-scatters gradients in fp32 (Accelerate's default
+    policy reduces in bf16, too coarse for lr 1e-6 updates); applied before prepare()."""
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    if plugin is not None and getattr(plugin, "fsdp_version", 1) == 2:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+        param = getattr(plugin.mixed_precision_policy, "param_dtype", None) or torch.bfloat16
+        plugin.mixed_precision_policy = MixedPrecisionPolicy(
+            param_dtype=param, reduce_dtype=torch.float32, output_dtype=param)
 
 
 def episode_metrics(episodes) -> dict:
@@ -1082,14 +1133,16 @@ def episode_metrics(episodes) -> dict:
 
 
 def reduce_metrics(m: dict, accelerator, gather_object) -> dict:
-    """Mean of every scalar over the ranks that report it (counts are per-rank means too)."""
+    """Mean of every scalar over the ranks that report it (counts are per-rank means too);
+    `_min` / `_max` statistics reduce as min / max."""
     if accelerator.num_processes == 1:
         return m
     merged: dict = {}
     for d in gather_object([m]):
         for k, v in d.items():
             merged.setdefault(k, []).append(v)
-    return {k: sum(v) / len(v) for k, v in merged.items()}
+    reduce = {"_min": min, "_max": max}
+    return {k: reduce.get(k[-4:], lambda v: sum(v) / len(v))(v) for k, v in merged.items()}
 
 
 def write_step_files(run_dir: Path, step: int, new_pool, episodes, n_transcripts: int,

@@ -343,3 +343,276 @@ def test_checkpoint_sweep_evaluates_every_export(reference_run, tmp_path):
     assert [(r["step"], r["RG-Math"], r["Avg"], r["cells"]) for r in rows] == [("2", "0.0", "0.0", "1"), ("3", "1.0", "1.0", "1")]
     md = (tmp_path / "scripted" / "checkpoints.md").read_text()
     assert "| step-3 | - | - | - | - | 100.0 | - | - | - | 100.0 |" in md and "Best: step-3" in md
+
+# ----------------------------------------------------------------------------------------------
+# The GPU path, checked on CPU: train/eval modes, gradients, zero advantages, dtypes, metrics
+
+def _count_checkpoints(monkeypatch, calls):
+    """Count torch.utils.checkpoint.checkpoint calls made by transformers' checkpointed layers."""
+    import transformers.modeling_utils as mu
+    checkpoint = mu.checkpoint
+
+    def counting(*a, **k):
+        calls["checkpoint"] += 1
+        return checkpoint(*a, **k)
+    monkeypatch.setattr(mu, "checkpoint", counting)
+
+
+def _update_setup(tiny, monkeypatch, kl_coef=0.0):
+    """A tiny model as train.py holds a real one (eval mode, checkpointing on), its optimizer, a
+    1-process Accelerator, and spies on checkpoint calls and forwarded tokens."""
+    import copy
+
+    from accelerate import Accelerator
+
+    import grpo
+    calls = {"checkpoint": 0, "tokens": []}
+    _count_checkpoints(monkeypatch, calls)
+    model = copy.deepcopy(tiny[0]).eval()
+    model.gradient_checkpointing_enable()  # binds the (counting) torch checkpoint function now
+    logprobs = grpo.token_logprobs
+
+    def spy(m, input_ids, attention_mask, *a, **k):
+        if m is model:
+            calls["tokens"].append(int(attention_mask.sum()))
+        return logprobs(m, input_ids, attention_mask, *a, **k)
+    monkeypatch.setattr(grpo, "token_logprobs", spy)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    kw = dict(pad_id=tiny[1].pad_token_id, temperatures={"agent": 1.0, "designer": 1.0},
+              oargs=train.OptimArgs(kl_coef=kl_coef), margs=train.ModelArgs(), grpo=grpo,
+              torch=torch)
+    return model, opt, sched, Accelerator(cpu=True), calls, kw
+
+
+def _samples(advantages, n=12):
+    return [{"tokens": [5 + i] * n, "mask": [0] * 4 + [1] * (n - 4), "logprobs": [-7.0] * n,
+             "advantage": a, "role": "agent"} for i, a in enumerate(advantages)]
+
+
+def test_grpo_update_checkpoints_in_train_mode_frees_grads_skips_zero_advantages(tiny, monkeypatch):
+    """The update runs in train mode (transformers checkpoints only then; from_pretrained gives
+    eval mode), leaves the model in eval mode for rollouts, frees the gradients right after the
+    optimizer step, and never forwards a sample whose advantage is exactly 0 (no KL term): the
+    result equals an update where those samples carry a vanishing advantage."""
+    model, opt, sched, acc, calls, kw = _update_setup(tiny, monkeypatch)
+    before = [p.detach().clone() for p in model.parameters()]
+    out = train.grpo_update(model, None, opt, sched, acc, _samples([1.0, 0.0, -1.0, 0.0]), **kw)
+    assert calls["checkpoint"] >= model.config.num_hidden_layers  # checkpointed forwards ran
+    assert not model.training
+    assert all(p.grad is None for p in model.parameters())
+    assert calls["tokens"] == [24] and out["losses/samples"] == 4  # 2 of 4 samples forwarded
+    assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    ref, opt2, sched2, acc2, calls2, _ = _update_setup(tiny, monkeypatch)
+    train.grpo_update(ref, None, opt2, sched2, acc2, _samples([1.0, 1e-30, -1.0, 1e-30]), **kw)
+    assert calls2["tokens"] == [48]
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert torch.allclose(p, q, atol=1e-7)
+
+
+def test_grpo_update_all_zero_advantages_still_steps_and_kl_trains_them(tiny, monkeypatch):
+    """All-zero advantages: one 2-token filler forward gives every parameter a zero gradient, so
+    AdamW steps as before (weight decay). With a KL term zero-advantage samples are trained."""
+    model, opt, sched, acc, calls, kw = _update_setup(tiny, monkeypatch)
+    before = [p.detach().clone() for p in model.parameters()]
+    train.grpo_update(model, None, opt, sched, acc, _samples([0.0, 0.0]), **kw)
+    assert calls["tokens"] == [2]
+    assert all(torch.allclose(p, b * (1 - 1e-3 * 0.01)) for p, b in zip(model.parameters(), before))
+    model, opt, sched, acc, calls, kw = _update_setup(tiny, monkeypatch, kl_coef=0.1)
+    import copy
+    ref = copy.deepcopy(model).requires_grad_(False)
+    train.grpo_update(model, ref, opt, sched, acc, _samples([0.0, 0.0]), **kw)
+    assert calls["tokens"] == [24]
+
+
+def test_reduce_metrics_min_max_and_means():
+    from types import SimpleNamespace
+    acc = SimpleNamespace(num_processes=2)
+    ranks = [{"losses/is_weight_min": 0.5, "losses/is_weight_max": 1.5, "agent/return_mean": 1.0},
+             {"losses/is_weight_min": 0.9, "losses/is_weight_max": 3.0, "agent/return_mean": 0.0}]
+    out = train.reduce_metrics(ranks[0], acc, lambda _: ranks)
+    assert out == {"losses/is_weight_min": 0.5, "losses/is_weight_max": 3.0, "agent/return_mean": 0.5}
+
+
+def test_fsdp2_reduces_gradients_in_fp32():
+    from types import SimpleNamespace
+
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
+    plugin.set_mixed_precision("bf16")  # what Accelerator(mixed_precision="bf16") sets
+    assert plugin.mixed_precision_policy.reduce_dtype == torch.bfloat16
+    train.fp32_gradient_reduce(SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin)), torch)
+    policy = plugin.mixed_precision_policy
+    assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
+
+
+def test_hints_only_for_freshly_designed_environments(tiny, monkeypatch):
+    """Carried environments never get a hinted play (deviation 5), so they get no hint call."""
+    import designer
+    model, tok = tiny
+    prompts = []
+
+    class Hints:
+        def generate(self, batch, **kw):
+            prompts.extend(batch)
+            return [engine.Completion([1], [-1.0], "Hint: say heads.", "stop") for _ in batch]
+    fresh = designer.Proposal(skill="Math", ok=True, source="class A: pass", class_name="A",
+                              messages=[{"role": "user", "content": "design"}],
+                              reply=engine.Completion([1, 2], [-1.0, -1.0], "x", "stop"))
+    monkeypatch.setattr(designer, "regenerate", lambda slots, **kw: ([fresh], {"slots": len(slots)}))
+    sargs = train.SpadeArgs(num_envs=2, regen_interval=4, skills_per_regen=1, hint_max_tokens=8)
+    carried = train.PoolEnv("old", "Math", "class B: pass", "B", "designer")
+    sampler = train.Sampler(Hints(), tok, seed=0)
+    pool, stats, _ = train.regenerate(4, sargs, sampler, sampler, None, None, [carried], None)
+    assert [(e.origin, e.hint) for e in pool] == [("designer", "Hint: say heads."), ("carried", None)]
+    assert len(prompts) == 1
+
+
+@pytest.mark.slow
+def test_local_bf16_model_trains_checkpointed_with_bf16_reference_and_export(
+        tmp_path, monkeypatch, designer_model):
+    """A non-tiny model directory (a tiny Qwen3 saved in bf16, as the paper's checkpoints ship):
+    fp32 master weights, activation checkpointing during the update, a bf16 KL reference model,
+    and a bf16 final_model; no prefix KV cache for non-tiny models."""
+    from safetensors.torch import load_file
+
+    import grpo
+    src = tmp_path / "qwen3-bf16"
+    model, tok = engine.build_tiny("tiny", seed=0)
+    model.to(torch.bfloat16).save_pretrained(src)
+    tok.save_pretrained(src)
+    seen, counts = [], {"checkpoint": 0}
+    _count_checkpoints(monkeypatch, counts)
+    logprobs = grpo.token_logprobs
+    monkeypatch.setattr(grpo, "token_logprobs", lambda m, *a, **k: (
+        seen.append((next(m.parameters()).dtype, m.training)), logprobs(m, *a, **k))[1])
+    engines, make_engine = [], train.make_engine
+    monkeypatch.setattr(train, "make_engine", lambda *a: engines.append(make_engine(*a)) or engines[-1])
+    run = train.main(BASE + ["--model", str(src), "--steps", "1", "--kl_coef", "0.01",
+                             "--output_dir", str(tmp_path / "run")],
+                     engines=scripted(*designer_model))
+    assert counts["checkpoint"] > 0 and not engines[0].prefix_cache
+    assert (torch.float32, True) in seen and (torch.bfloat16, False) in seen  # policy, reference
+    final = load_file(str(run / "final_model" / "model.safetensors"))
+    assert {t.dtype for t in final.values()} == {torch.bfloat16}
+    assert json.loads((run / "final_model" / "config.json").read_text())["dtype"] == "bfloat16"
+    assert metrics(run)[0]["losses/kl"] >= 0
+
+
+class FakeTPLLM:
+    """A vLLM stand-in for one rank of a tensor-parallel group (the `vllm` module and its LLM):
+    designer prompts get a coin environment (a different comment each), hint prompts a hint, and
+    agent prompts alternate heads / tails; it records every generate call."""
+    WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi pi rho".split()
+
+    def __init__(self, tok):
+        from types import SimpleNamespace as N
+        self.tok, self.calls, self.loaded = tok, [], 0
+        model = N(load_weights=lambda group: setattr(self, "loaded", self.loaded + len(group)))
+        self.llm_engine = N(model_executor=N(driver_worker=N(worker=N(model_runner=N(model=model)))))
+
+    def LLM(self, **kwargs):
+        return self
+
+    def sleep(self, level):
+        pass
+
+    def wake_up(self, tags=None):
+        pass
+
+    def reset_prefix_cache(self):
+        pass
+
+    @staticmethod
+    def SamplingParams(**kwargs):
+        from types import SimpleNamespace
+        return SimpleNamespace(**kwargs)
+
+    @staticmethod
+    def TokensPrompt(prompt_token_ids):
+        return {"prompt_token_ids": prompt_token_ids}
+
+    def _reply(self, i, text):
+        if "You write hints" in text:
+            return "Say heads."
+        if "coin" in text:
+            return "I call it. \\boxed{heads}" if i % 2 == 0 else "Hmm. \\boxed{tails}"
+        comment = " ".join(self.WORDS[i % 5::3])
+        return f"```python\n# {comment}\n{COIN.replace('FAIR', 'True')}\n```"
+
+    def generate(self, prompts, sampling_params, use_tqdm):
+        from types import SimpleNamespace
+        self.calls.append([(tuple(p["prompt_token_ids"]), sp.seed) for p, sp in
+                           zip(prompts, sampling_params)])
+        outs = []
+        for i, p in enumerate(prompts):
+            text = self._reply(i, self.tok.decode(p["prompt_token_ids"]))
+            ids = self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id]
+            outs.append(SimpleNamespace(outputs=[SimpleNamespace(
+                token_ids=ids, text=text, finish_reason="stop",
+                logprobs=[{t: SimpleNamespace(logprob=-1.0)} for t in ids])]))
+        return outs
+
+
+def _tp_train_worker(rank, port, out_dir):
+    """One rank of `--tensor_parallel_size 2` on 2 CPU processes (gloo), vLLM faked."""
+    import os
+    import pickle
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), ACCELERATE_USE_CPU="true")
+    torch.set_num_threads(1)
+    import grpo
+    fake = FakeTPLLM(engine.build_tiny_tokenizer())
+    train.make_engine = lambda margs, *a: engine.VLLMEngine(
+        "tiny", tensor_parallel_size=margs.tensor_parallel_size, llm=fake, vllm_module=fake)
+    forwarded, trained, logprobs, samples = [], [], grpo.token_logprobs, train.agent_samples
+    grpo.token_logprobs = lambda m, ids, attn, *a, **k: (
+        forwarded.append(int(attn.sum())), logprobs(m, ids, attn, *a, **k))[1]
+
+    def agent_samples(episodes, g):
+        out = samples(episodes, g)
+        trained.extend((ep.env_id, ep.seed, len(ep.token_ids), s["advantage"]) for ep, s in
+                       zip([e for e in episodes if not e.hinted and e.status != "env_error"], out))
+        return out
+    train.agent_samples = agent_samples
+    train.main(BASE + ["--tensor_parallel_size", "2", "--engine", "vllm", "--num_envs", "4",
+                       "--plays", "2", "--steps", "1", "--output_dir", out_dir])
+    with open(f"{out_dir}-rank{rank}.pkl", "wb") as f:
+        pickle.dump({"calls": fake.calls, "forwarded": forwarded, "trained": trained}, f)
+
+
+@pytest.mark.slow
+def test_tensor_parallel_group_generates_once_and_trains_each_sample_once(tmp_path):
+    """--tensor_parallel_size 2 on 2 ranks: one vLLM engine across the group. Each rank designs
+    and plays its own half of the pool; every generate call runs the group's distinct requests
+    once (the same call on both ranks, as vLLM's SPMD mode needs), and every agent sample is
+    forwarded on exactly one rank. Diversity is the Vendi score of the whole pool's sources."""
+    import pickle
+    import socket
+
+    import torch.multiprocessing as mp
+
+    import regret
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = str(tmp_path / "tp")
+    mp.start_processes(_tp_train_worker, args=(port, out), nprocs=2, join=True,
+                       start_method="spawn")
+    r0, r1 = (pickle.loads(Path(f"{out}-rank{r}.pkl").read_bytes()) for r in (0, 1))
+    assert r0["calls"] == r1["calls"] and r0["calls"]          # one engine program per group
+    for call in r0["calls"]:
+        assert len(set(call)) == len(call), "a request was generated twice"
+    # 4 environments x 2 plays, split over the ranks: each sample trained on one rank only
+    assert len(r0["trained"]) == len(r1["trained"]) == 4
+    assert {t[0] for t in r0["trained"]}.isdisjoint({t[0] for t in r1["trained"]})
+    for r in (r0, r1):  # forwarded: exactly the non-zero-advantage agent samples (+ designer)
+        agent_tokens = sum(n for _, _, n, a in r["trained"] if a != 0)
+        assert agent_tokens > 0 and agent_tokens in {sum(r["forwarded"][:k])
+                                                     for k in range(len(r["forwarded"]) + 1)}
+    rows = metrics(out)
+    sources = [p.read_text() for p in sorted(Path(out, "envs").glob("step-0000-rank-*/*.py"))]
+    assert len(sources) == 4
+    assert rows[0]["designer/diversity"] == pytest.approx(regret.diversity(sources))
+    assert rows[0]["designer/diversity"] != pytest.approx(
+        (regret.diversity(sources[:2]) + regret.diversity(sources[2:])) / 2)
