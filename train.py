@@ -3,7 +3,7 @@
     for step in 0 .. S-1:
         if step % R == 0:                      # regeneration (Sec. 3, Alg. 1 lines 3-6)
             skills <- round robin; N environments <- designer(corpus doc, memory), validated
-            hint(e) <- same policy, for every pool environment
+            hint(e) <- same policy, for each freshly designed environment
         play every pool environment G times unhinted (seeded);  at regeneration also H hinted
         regret(e) = mean R_hint - mean R_nohint                       # Eq. (3)
         agent samples: A = (R - mean_e) / (std_e + 1e-8)              # Eq. (1)
@@ -26,8 +26,8 @@ Deviations (from the paper and the authors' code; also in the README):
      statistics they have by then (authors drop them).
   4. Every sampling call gets a seed derived from (seed, step, phase, call), so a resumed run
      replays exactly; the corpus sampler's state is checkpointed for the same reason.
-  5. Hinted plays (and so regret) are run for the freshly designed environments only: carried and
-     hand-written ones have no designer sample to score. An empty hint means regret 0.
+  5. Hinted plays (and so regret and hints) are for the freshly designed environments only:
+     carried and hand-written ones have no designer sample to score. An empty hint: regret 0.
   6. The N slots are split over all ranks (each samples with its own seeds), so each GRPO group
      stays on one rank. The ranks of one vLLM tensor-parallel group run one engine: each generate
      call serves the group's different prompts together, once; each rank trains its own samples.

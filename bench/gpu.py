@@ -1,57 +1,57 @@
-"""Benchmark for one lent GPU (an H200): log-prob memory, one GRPO update, generation throughput.
+"""Benchmark for one lent GPU (an H200): log-prob memory, train.grpo_update, one train.py step.
 
     python bench/gpu.py                              # GPU: writes $OUT/bench_gpu.json (or --out)
     python bench/gpu.py --smoke --out /tmp/g.json    # CPU, tiny shapes, seconds (CI keeps it alive)
 
-Figures (BENCH.md, "On a lent GPU"), all in bf16 on random-initialised weights:
+Figures (BENCH.md, "On a lent GPU"), all on random-initialised weights:
 1. gpu.logprob.peak_mem_ratio_vs_naive: peak extra memory of one forward + backward of token
-   log-probs, 16,384 completion tokens, V = 151,936, hidden 4,096 (the Qwen3-8B head): ours
-   (grpo.chunked_logprobs, what grpo.token_logprobs runs after the model body) over the naive
-   head(hidden) -> log_softmax -> gather in bf16. Peak extra = torch.cuda.max_memory_allocated
+   log-probs in bf16, 16,384 completion tokens, V = 151,936, hidden 4,096 (the Qwen3-8B head):
+   ours (grpo.chunked_logprobs, what grpo.token_logprobs runs after the model body) over the
+   naive head(hidden) -> log_softmax -> gather. Peak extra = torch.cuda.max_memory_allocated
    minus the allocation before the arm, statistics reset between arms; both include the head's
    (V, H) gradient. Context: GiB per arm, a naive arm upcasting the logits to fp32 first, and
    max |ours - naive fp32| of the log-probs.
-2. gpu.grpo_update.tokens_per_s, gpu.grpo_update.peak_mem_gib: one GRPO update of a
-   Qwen3-8B-shaped model (hidden 4,096, intermediate 12,288, 36 layers, 32 heads, 8 KV heads,
-   head_dim 128, V = 151,936, untied head) as train.grpo_update does it: activation
-   checkpointing, micro-batches of <= 16,384 tokens (train.py's default) with gradient
-   accumulation, token_logprobs -> policy_loss -> backward, clipping, torch AdamW. Batch: 8
-   multi-turn agent sequences of 3-4k tokens (a prompt, then replies (mask 1) and observations
-   (mask 0) by turns), right-padded. tokens/s = non-padding tokens / seconds of one update
-   (median over the timed updates, after a warm-up update that also allocates the AdamW state);
-   peak = the process's max_memory_allocated (weights, gradients, AdamW state, activations).
-3. gpu.generate.tokens_per_s_64seq / _256seq: engine.TransformersEngine on a Qwen3-8B-shaped
-   model, 64 and 256 concurrent prompts of 256 random tokens, exactly 256 new tokens each (EOS
-   suppressed: the engine's stop set is emptied), temperature 0.6, top-p 0.95, top-k 20.
-   tokens/s = new tokens / seconds of the generate call, prefill included (as vLLM counts it).
-Anchors: vLLM on one H100 generates ~4.3k tokens/s for Qwen3-8B at 64 sequences; NeMo-RL reports
-~925 tokens/s/GPU for a whole Qwen3-30B-A3B GRPO step on H100 (a whole step: context only).
+2. gpu.grpo_update.tokens_per_s, .peak_mem_gib, .held_outside_update_share: train.grpo_update
+   itself on a Qwen3-4B-shaped model (hidden 2,560, intermediate 9,728, 36 layers, 32 heads,
+   8 KV heads, tied head, V = 151,936; 4.02B parameters), set up as train.py sets it up on one
+   GPU: fp32 master weights and AdamW state (16 bytes/parameter with the gradients), Accelerate
+   bf16 autocast, activation checkpointing, the model in eval mode until the update (as
+   from_pretrained returns it), micro-batches of 16,384 tokens. Batch: 8 multi-turn agent
+   sequences of exactly 4,096 tokens (a prompt, then replies (mask 1) and observations (mask 0)
+   by turns). tokens/s = tokens / seconds of one update (median of the timed updates, after a
+   warm-up update that also allocates the AdamW state); peak = max_memory_allocated over the
+   timed updates; held share = memory still allocated after the update (weights + AdamW state:
+   what the rollouts of the next step live beside, gradients being freed) over that peak.
+   Context: checkpointed layer calls per update (0 would mean checkpointing is off), whether
+   the model is back in eval mode and its gradients freed.
+3. gpu.train_step.step_s: one real `python train.py --steps 1` step on CUDA (bf16 autocast via
+   ACCELERATE_MIXED_PRECISION) on a random ~0.5B Qwen3 (Qwen3-0.6B widths, 32 layers, the tiny
+   BPE tokenizer's 1,024-token vocabulary) saved to a local directory in bf16: the designer
+   writes (and the sandbox rejects or accepts) environments, hand-written ones fill the pool,
+   hints, 2 x 4 unhinted + 2 x 2 hinted plays of 2 turns, the update, the weight sync. The
+   transformers engine generates (vLLM is not assumed installed). Context: the run's time/*
+   split (generate, play, update, step) from its metrics.jsonl.
+Anchor: NeMo-RL reports ~925 tokens/s/GPU for a whole Qwen3-30B-A3B GRPO step on H100 (context).
 
 Choices, numbered:
-    1. Optimizer memory: train.py runs real models in bf16 with plain torch AdamW, whose state
-       follows the parameter dtype, so it is bf16: 8.19B params x (2 weights + 2 gradients +
-       4 state) bytes = 61 GiB plus activations fits an H200 at all 36 layers (fp32 master
-       weights and state, 16 bytes/param = 122 GiB before activations, would not). We measure
-       what the trainer does. Should 36 layers still run out of memory, the update is retried at
-       16 layers and `layers` and `note` say so (figures are then for 16 layers, not scaled).
-    2. Generation uses the 8B shape too, to compare with the vLLM anchor: we expect a decode
-       step to be bound by kernel launches (~50 per layer) and KV-cache concatenation rather than
-       by the 16 GB of weights, so 2 x 256 steps take well under the section's budget. Its
-       tokenizer is a WordLevel one of the special tokens only (engine.SPECIAL_TOKENS, the tiny
-       BPE's ids; that BPE takes ~10 s to train): throughput never looks at text.
-    3. Each section runs under its own time budget (SIGALRM; the budgets sum to 430 s) and
+    1. The update is measured in train.py's own code and setup, not a replica: fp32 master
+       weights (the trainer loads real models in fp32 and computes in bf16 under autocast), so
+       a 4B model needs 64 GiB of weights, gradients and AdamW state before activations; the
+       issue's 8 x 4,096 tokens at the paper's 4B shape fit one H200.
+    2. Each section runs under its own time budget (SIGALRM; the budgets sum to 330 s) and
        catches its own failure (OOM, timeout, anything): its figures are reported with value
        null and the error, and the next section runs. Figures reach the JSON file as soon as
        they exist, and the process hard-exits at Shapes.limit seconds (faulthandler), so a hang
        loses nothing measured before it.
-    4. --smoke runs the same code on CPU with tiny shapes (V = 4,096, a 2-layer hidden-64 Qwen3,
-       64-token sequences, 16-token prompts, 8 new tokens; 64 and 256 rows kept). CPU peak
+    3. --smoke runs the same code on CPU with tiny shapes (V = 4,096 log-probs, a 2-layer
+       hidden-64 Qwen3 for the update and for the train.py step, 64-token sequences). CPU peak
        memory is the resident high-water mark (VmHWM after clear_refs, as bench/logprob.py):
        smoke numbers only show that the code runs.
 
 Output: JSON {"smoke", "device", "torch", "transformers", "figures": [...], "sections": {name:
 {"status", "seconds"}}}, and one JSON line per figure as the last stdout lines. Never asserts.
-Dependencies: torch, transformers, tokenizers; grpo and engine. Test: pytest tests/test_bench_gpu.py
+Dependencies: torch, transformers, accelerate; grpo, train (and train.py as a subprocess).
+Test: pytest tests/test_bench_gpu.py
 """
 import argparse
 import ctypes
@@ -75,18 +75,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from engine import SPECIAL_TOKENS, TransformersEngine  # noqa: E402
-from grpo import (BETAS, GRAD_CLIP, LR, WEIGHT_DECAY, chunked_logprobs,  # noqa: E402
-                  pad_batch, policy_loss, token_logprobs)
+from grpo import chunked_logprobs  # noqa: E402
 
 GIB = 2 ** 30
-QWEN3_8B = dict(vocab_size=151_936, hidden_size=4_096, intermediate_size=12_288,
+QWEN3_4B = dict(vocab_size=151_936, hidden_size=2_560, intermediate_size=9_728,
                 num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                max_position_embeddings=40_960, tie_word_embeddings=False)
+                max_position_embeddings=40_960, tie_word_embeddings=True)
+# ~0.5B (503M with the tiny BPE's 1,024-token vocabulary): Qwen3-0.6B's widths, 32 layers
+QWEN3_HALF_B = dict(hidden_size=1_024, intermediate_size=3_072, num_hidden_layers=32,
+                    num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                    max_position_embeddings=40_960, tie_word_embeddings=True)
 TINY = dict(vocab_size=1_024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-            max_position_embeddings=4_096, tie_word_embeddings=False)
-VLLM_TOKENS_PER_S_64 = 4_300   # anchor: vLLM, Qwen3-8B, 64 sequences, one H100
+            max_position_embeddings=4_096, tie_word_embeddings=True)
+# train.py flags of the one-step run: 2 environments x 4 plays + 2 hinted, 2 turns
+STEP_ARGS = ("--num_envs", 2, "--skills_per_regen", 1, "--plays", 4, "--hint_plays", 2,
+             "--max_attempts", 1, "--max_turns", 2, "--sandbox_workers", 2, "--transcripts", 0,
+             "--checkpoint_every", 1)
 
 
 @dataclass(frozen=True)
@@ -94,26 +99,27 @@ class Shapes:
     """Every size the bench uses; FULL for the GPU, SMOKE for the CPU check."""
     lp_tokens: int = 16_384            # completion tokens of the log-prob arms
     lp_vocab: int = 151_936
-    lp_hidden: int = 4_096
+    lp_hidden: int = 4_096             # the Qwen3-8B head
     lp_chunk: int = 256                # grpo.token_logprobs' default chunk
-    model: dict = field(default_factory=lambda: QWEN3_8B)
-    fallback_layers: int = 16          # update retried at this depth after an OOM
+    model: dict = field(default_factory=lambda: QWEN3_4B)
     seqs: int = 8                      # sequences of the GRPO update
-    seq_len: int = 4_096               # their maximum length (each is 75-100% of it)
+    seq_len: int = 4_096               # tokens each
     micro_batch_tokens: int = 16_384   # train.py's default
     timed_updates: int = 2             # after one warm-up update
-    concurrency: tuple = (64, 256)     # generation rows
-    prompt_len: int = 256
-    new_tokens: int = 256
-    budgets: tuple = (("logprob", 60), ("grpo_update", 220), ("generate", 150))  # seconds
-    limit: int = 450                   # hard exit, seconds after main() starts
+    step_model: dict = field(default_factory=lambda: QWEN3_HALF_B)
+    step_args: tuple = STEP_ARGS + ("--designer_max_tokens", 512, "--hint_max_tokens", 128,
+                                    "--max_new_tokens", 256)
+    budgets: tuple = (("logprob", 60), ("grpo_update", 120), ("train_step", 150))  # seconds
+    limit: int = 345                   # hard exit, seconds after main() starts
 
 
 FULL = Shapes()
-SMOKE = Shapes(lp_tokens=256, lp_vocab=4_096, lp_hidden=64, lp_chunk=64, model=TINY,
-               fallback_layers=1, seqs=4, seq_len=64, micro_batch_tokens=128, timed_updates=1,
-               prompt_len=16, new_tokens=8,
-               budgets=(("logprob", 60), ("grpo_update", 60), ("generate", 60)), limit=200)
+SMOKE = Shapes(lp_tokens=256, lp_vocab=4_096, lp_hidden=64, lp_chunk=64, model=TINY, seqs=4,
+               seq_len=64, micro_batch_tokens=128, timed_updates=1,
+               step_model={k: v for k, v in TINY.items() if k != "vocab_size"},
+               step_args=STEP_ARGS + ("--designer_max_tokens", 16, "--hint_max_tokens", 8,
+                                      "--max_new_tokens", 8),
+               budgets=(("logprob", 60), ("grpo_update", 60), ("train_step", 150)), limit=280)
 
 
 # INFRA: memory, time budgets, output -------------------------------------------------------------
@@ -272,139 +278,130 @@ def section_logprob(s, device, dtype):
     return run
 
 
-# 2. one GRPO update ------------------------------------------------------------------------------
+# 2. train.grpo_update at the Qwen3-4B shape ---------------------------------------------------
 
-def agent_samples(n, max_len, vocab, rng):
-    """Multi-turn agent records (agent.play's layout): a prompt, then a reply (mask 1) and an
-    environment observation (mask 0) per turn, truncated to 75-100% of max_len."""
+def update_samples(n, length, vocab, rng):
+    """n multi-turn agent records of exactly `length` tokens (agent.play's layout): a prompt, then
+    a reply (mask 1) and an environment observation (mask 0) per turn, in train.py's keys."""
     samples = []
     for _ in range(n):
-        T = rng.randint(3 * max_len // 4, max_len)
-        mask = [0] * rng.randint(max_len // 16, max_len // 8)               # system + task prompt
-        while len(mask) < T:
-            mask += [1] * rng.randint(max_len // 32, max_len // 8)          # reply
-            mask += [0] * rng.randint(max_len // 128, max_len // 32)        # observation
-        mask = mask[:T]
+        mask = [0] * rng.randint(length // 16, length // 8)                 # system + task prompt
+        while len(mask) < length:
+            mask += [1] * rng.randint(length // 32, length // 8)            # reply
+            mask += [0] * rng.randint(length // 128, length // 32)          # observation
+        mask = mask[:length]
         # a random model's log-probs sit near -log V; the rollout engine's differ by noise
         logprobs = [-math.log(vocab) + rng.gauss(0.0, 0.05) if m else 0.0 for m in mask]
-        samples.append({"token_ids": [rng.randrange(vocab) for _ in range(T)], "mask": mask,
-                        "logprobs": logprobs, "advantage": rng.gauss(0.0, 1.0)})
+        samples.append({"tokens": [rng.randrange(vocab) for _ in range(length)], "mask": mask,
+                        "logprobs": logprobs, "advantage": rng.gauss(0.0, 1.0), "role": "agent"})
     return samples
 
 
-def micro_batches(samples, budget):
-    """Greedy split, shortest first, into batches of at most `budget` tokens (as train.py)."""
-    out, cur, n = [], [], 0
-    for s in sorted(samples, key=lambda s: len(s["token_ids"])):
-        if cur and n + len(s["token_ids"]) > budget:
-            out.append(cur)
-            cur, n = [], 0
-        cur.append(s)
-        n += len(s["token_ids"])
-    return out + ([cur] if cur else [])
-
-
-def grpo_update(model, optimizer, batches, n_samples, device):
-    """One update as train.grpo_update does it: pi_old = this policy (first epoch), loss a mean
-    over all samples via per-micro-batch weights, clip, step."""
-    optimizer.zero_grad(set_to_none=True)
-    for mb in batches:
-        t = {k: v.to(device) for k, v in pad_batch(mb, pad_id=0).items()}   # (B, T) each
-        logp = token_logprobs(model, t["input_ids"], t["attention_mask"],
-                              t["completion_mask"])                         # (B, T)
-        adv = torch.tensor([s["advantage"] for s in mb], device=device)     # (B,)
-        loss, _ = policy_loss(logp, logp.detach(), t["rollout_logp"], adv, t["completion_mask"])
-        (loss * len(mb) / n_samples).backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
-    optimizer.step()
-
-
-def _update_at_depth(s, dims, device, dtype, samples):
-    model = build_model(dims, device, dtype)
-    model.gradient_checkpointing_enable()
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS,
-                                  weight_decay=WEIGHT_DECAY)
-    batches = micro_batches(samples, s.micro_batch_tokens)
-    times = []
-    with PeakMemory(device) as mem:
-        for i in range(1 + s.timed_updates):    # update 0: warm-up, allocates the AdamW state
-            t0 = time.perf_counter()
-            grpo_update(model, optimizer, batches, len(samples), device)
-            _sync(device)
-            times.append(time.perf_counter() - t0)
-            print(f"  update {i}: {times[-1]:.2f} s", flush=True)
-    params = sum(p.numel() for p in model.parameters())
-    return {"seconds": statistics.median(times[1:]), "warmup_seconds": times[0],
-            "peak_total": mem.total, "params": params, "micro_batches": len(batches),
-            "weights_gib": round(params * torch.finfo(dtype).bits / 8 / GIB, 2)}
-
-
-def section_update(s, device, dtype):
+def section_update(s, device):
+    """train.grpo_update itself, set up as train.py sets it up for one GPU: fp32 master weights,
+    the model in eval mode until the update (as from_pretrained returns it), activation
+    checkpointing, Accelerate bf16 autocast, torch AdamW, micro-batches of 16,384 tokens."""
     def run(report):
-        samples = agent_samples(s.seqs, s.seq_len, s.model["vocab_size"], random.Random(0))
-        tokens = sum(len(x["token_ids"]) for x in samples)
-        trained = sum(sum(x["mask"]) for x in samples)
-        layers, note, r = s.model["num_hidden_layers"], "", None
-        try:
-            r = _update_at_depth(s, s.model, device, dtype, samples)
-        except torch.OutOfMemoryError as e:
-            note = f"OOM at {layers} layers ({str(e)[:120]}); measured at {s.fallback_layers}"
-        if r is None:   # retried outside the except: its traceback no longer pins the model
-            print(f"  {note}", flush=True)
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            layers = s.fallback_layers
-            r = _update_at_depth(s, dict(s.model, num_hidden_layers=layers), device, dtype,
-                                 samples)
-        context = dict(layers=layers, params=r["params"],
-                       weights_gib=r["weights_gib"], sequences=s.seqs, tokens=tokens,
-                       trained_tokens=trained, micro_batches=r["micro_batches"],
-                       seconds=round(r["seconds"], 3), warmup_seconds=round(r["warmup_seconds"], 3),
-                       optimizer="torch AdamW, bf16 weights/grads/state (as train.py)",
-                       gradient_checkpointing=True, note=note)
-        report.record("gpu.grpo_update.tokens_per_s", tokens / r["seconds"],
+        import transformers.modeling_utils as mu
+        from accelerate import Accelerator
+
+        import grpo
+        import train
+        calls, checkpoint = [0], mu.checkpoint
+
+        def counting(*a, **k):
+            calls[0] += 1
+            return checkpoint(*a, **k)
+        mu.checkpoint = counting        # counts the checkpointed layer forwards
+        accelerator = Accelerator(cpu=device == "cpu",
+                                  mixed_precision="bf16" if device == "cuda" else "no")
+        model = build_model(s.model, device, torch.float32).eval()
+        model.gradient_checkpointing_enable()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-6, betas=grpo.BETAS, weight_decay=0.1)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+        model, opt, sched = accelerator.prepare(model, opt, sched)
+        samples = update_samples(s.seqs, s.seq_len, s.model["vocab_size"], random.Random(0))
+        kw = dict(pad_id=0, temperatures={"agent": 1.0}, oargs=train.OptimArgs(kl_coef=0.0),
+                  margs=train.ModelArgs(micro_batch_tokens=s.micro_batch_tokens), grpo=grpo,
+                  torch=torch)
+        times = []
+        with PeakMemory(device) as mem:
+            for i in range(1 + s.timed_updates):  # update 0: warm-up, allocates AdamW state
+                calls[0] = 0
+                t0 = time.perf_counter()
+                train.grpo_update(model, None, opt, sched, accelerator, samples, **kw)
+                _sync(device)
+                times.append(time.perf_counter() - t0)
+                print(f"  update {i}: {times[-1]:.2f} s", flush=True)
+        held = torch.cuda.memory_allocated() if device == "cuda" else _status_bytes("VmRSS")
+        mu.checkpoint = checkpoint
+        params = sum(p.numel() for p in model.parameters())
+        tokens = s.seqs * s.seq_len
+        context = dict(params=params, layers=s.model["num_hidden_layers"], sequences=s.seqs,
+                       tokens=tokens, trained_tokens=sum(sum(x["mask"]) for x in samples),
+                       micro_batch_tokens=s.micro_batch_tokens,
+                       checkpointed_layer_calls=calls[0], training_after=model.training,
+                       grads_freed=all(p.grad is None for p in model.parameters()),
+                       seconds=round(statistics.median(times[1:]), 3),
+                       warmup_seconds=round(times[0], 3),
+                       setup="train.grpo_update; fp32 master weights, AdamW fp32 state, bf16 "
+                             "autocast, activation checkpointing, model in eval mode before")
+        report.record("gpu.grpo_update.tokens_per_s", tokens / statistics.median(times[1:]),
                       anchor="NeMo-RL ~925 tokens/s/GPU, whole Qwen3-30B-A3B GRPO step, H100",
                       **context)
-        report.record("gpu.grpo_update.peak_mem_gib", r["peak_total"] / GIB, **context)
+        report.record("gpu.grpo_update.peak_mem_gib", mem.total / GIB, **context)
+        # what stays allocated between updates (weights + AdamW state; gradients are freed)
+        report.record("gpu.grpo_update.held_outside_update_share", held / mem.total,
+                      held_gib=round(held / GIB, 3), peak_gib=round(mem.total / GIB, 3),
+                      weights_and_adam_gib=round(params * 12 / GIB, 3))
+        del model, opt, sched
     return run
 
 
-# 3. generation throughput ------------------------------------------------------------------------
+# 3. one real train.py step -----------------------------------------------------------------------
 
-def bench_tokenizer():
-    """A real (WordLevel) tokenizer of the special tokens only, ids as in the tiny BPE."""
-    from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast
-    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(SPECIAL_TOKENS)},
-                                     unk_token="<|endoftext|>"))
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
-                                   pad_token="<|endoftext|>", padding_side="left")
-
-
-def section_generate(s, device, dtype):
+def section_train_step(s, device):
+    """`python train.py` for one step on a random Qwen3 saved to a local directory (the tiny BPE
+    tokenizer, so replies decode): design -> validate -> hints -> play -> update -> sync, with
+    the transformers engine; its metrics' time/* split is the figure's context."""
     def run(report):
-        model = build_model(s.model, device, dtype).eval()
-        engine = TransformersEngine(model, bench_tokenizer())
-        engine.eos_ids = set()          # EOS suppressed: every row generates exactly new_tokens
-        rng, V = random.Random(1), s.model["vocab_size"]
-        engine.generate([[1, 2, 3]] * 2, max_new_tokens=2, seed=0)          # warm-up
-        for B in s.concurrency:
-            prompts = [[rng.randrange(V) for _ in range(s.prompt_len)] for _ in range(B)]
-            with PeakMemory(device) as mem:
-                t0 = time.perf_counter()
-                outs = engine.generate(prompts, max_new_tokens=s.new_tokens, temperature=0.6,
-                                       top_p=0.95, top_k=20, seed=0)
-                _sync(device)
-                seconds = time.perf_counter() - t0
-            new = sum(len(c.token_ids) for c in outs)
-            report.record(f"gpu.generate.tokens_per_s_{B}seq", new / seconds, sequences=B,
-                          prompt_tokens=s.prompt_len, new_tokens=new, seconds=round(seconds, 3),
-                          layers=s.model["num_hidden_layers"],
-                          peak_mem_gib=round(mem.total / GIB, 3),
-                          ratio_vs_vllm_64seq_anchor=round(new / seconds / VLLM_TOKENS_PER_S_64, 4))
+        import tempfile
+        with tempfile.TemporaryDirectory(prefix="bench_gpu_") as tmp:  # not $OUT: a 1 GB model
+            params, wall, row = _one_train_step(s, device, Path(tmp))
+        split = {k: round(v, 3) for k, v in row.items() if k.startswith("time/")}
+        report.record("gpu.train_step.step_s", row["time/step_s"], **split,
+                      process_wall_s=round(wall, 1), params=params,
+                      samples=row.get("losses/samples"),
+                      agent_tokens_mean=row.get("agent/tokens_mean"),
+                      args=" ".join(map(str, s.step_args)))
     return run
+
+
+def _one_train_step(s, device, tmp):
+    import subprocess
+
+    import engine
+    model_dir, run_dir = tmp / "model", tmp / "run"
+    tok = engine.build_tiny_tokenizer()
+    model = build_model(dict(s.step_model, vocab_size=len(tok)), device, torch.bfloat16)
+    params = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(model_dir)   # ships in bf16, as the paper's checkpoints
+    tok.save_pretrained(model_dir)
+    del model
+    env = dict(os.environ, ACCELERATE_MIXED_PRECISION="bf16" if device == "cuda" else "no")
+    if device == "cpu":
+        env.update(ACCELERATE_USE_CPU="true", CUDA_VISIBLE_DEVICES="")
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, str(root / "train.py"), "--model", str(model_dir), "--engine",
+           "transformers", "--output_dir", str(run_dir), "--overwrite", "--steps", "1",
+           "--corpus", str(root / "tests" / "fixtures" / "short_corpus.jsonl"),
+           *map(str, s.step_args)]
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=root)
+    wall = time.perf_counter() - t0
+    if done.returncode:
+        raise RuntimeError(f"train.py exited {done.returncode}: {done.stderr[-300:]}")
+    return params, wall, json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
 
 
 # INFRA: main -------------------------------------------------------------------------------------
@@ -424,17 +421,17 @@ def main():
     report = Report(out, {"smoke": args.smoke, "device": torch.cuda.get_device_name() if
                           device == "cuda" else "cpu", "torch": torch.__version__,
                           "transformers": transformers.__version__})
-    dtype = torch.bfloat16
     sections = {
-        "logprob": (section_logprob, ["gpu.logprob.peak_mem_ratio_vs_naive"]),
-        "grpo_update": (section_update, ["gpu.grpo_update.tokens_per_s",
-                                         "gpu.grpo_update.peak_mem_gib"]),
-        "generate": (section_generate, [f"gpu.generate.tokens_per_s_{b}seq"
-                                        for b in s.concurrency]),
+        "logprob": (section_logprob(s, device, torch.bfloat16),
+                    ["gpu.logprob.peak_mem_ratio_vs_naive"]),
+        "grpo_update": (section_update(s, device), ["gpu.grpo_update.tokens_per_s",
+                                                     "gpu.grpo_update.peak_mem_gib",
+                                                     "gpu.grpo_update.held_outside_update_share"]),
+        "train_step": (section_train_step(s, device), ["gpu.train_step.step_s"]),
     }
     for name, budget in s.budgets:
-        make, metrics = sections[name]
-        report.run_section(name, make(s, device, dtype), metrics, budget)
+        fn, metrics = sections[name]
+        report.run_section(name, fn, metrics, budget)
     faulthandler.cancel_dump_traceback_later()
     print(f"wrote {out}")
     for fig in report.data["figures"]:

@@ -14,8 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = {"gpu.logprob.peak_mem_ratio_vs_naive", "gpu.grpo_update.tokens_per_s",
-           "gpu.grpo_update.peak_mem_gib", "gpu.generate.tokens_per_s_64seq",
-           "gpu.generate.tokens_per_s_256seq"}
+           "gpu.grpo_update.peak_mem_gib", "gpu.grpo_update.held_outside_update_share",
+           "gpu.train_step.step_s"}
 
 
 def _numbers(figure):
@@ -32,7 +32,7 @@ def test_smoke_reports_every_figure_finite(tmp_path):
     out = tmp_path / "gpu.json"
     env = {k: v for k, v in os.environ.items() if k != "OUT"}
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--smoke",
-                           "--out", str(out)], capture_output=True, text=True, timeout=300,
+                           "--out", str(out)], capture_output=True, text=True, timeout=600,
                           cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -47,3 +47,36 @@ def test_smoke_reports_every_figure_finite(tmp_path):
     # the last stdout lines are the same figures, one JSON line each, as in every bench
     tail = [json.loads(line) for line in proc.stdout.strip().splitlines()[-len(figures):]]
     assert tail == figures
+    # the update ran train.grpo_update as train.py does: checkpointed, back in eval, grads freed
+    update = next(f for f in figures if f["metric"] == "gpu.grpo_update.tokens_per_s")
+    assert update["checkpointed_layer_calls"] > 0 and update["grads_freed"]
+    assert update["training_after"] is False
+    step = next(f for f in figures if f["metric"] == "gpu.train_step.step_s")
+    assert {"time/generate_s", "time/play_s", "time/update_s"} <= set(step)
+
+
+def test_memory_table_parameter_counts_and_a_row_by_hand():
+    """bench/gpu_memory.py's parameter counts equal transformers' (meta device, no weights), and
+    the 8B row is 16 B/param over 8 shards plus the activation formulas, computed by hand."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3MoeConfig
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_memory as g
+    for m, _, _ in g.MODELS:
+        common = dict(vocab_size=m.vocab, hidden_size=m.hidden, num_hidden_layers=m.layers,
+                      num_attention_heads=m.heads, num_key_value_heads=m.kv_heads,
+                      head_dim=m.head_dim, tie_word_embeddings=m.tied)
+        cfg = (Qwen3MoeConfig(moe_intermediate_size=m.intermediate, num_experts=m.experts,
+                              num_experts_per_tok=m.active_experts, **common) if m.experts
+               else Qwen3Config(intermediate_size=m.intermediate, **common))
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(cfg)
+        assert m.params() == sum(p.numel() for p in model.parameters()), m.name
+    r = g.rows(g.MODELS[1][0], 8)                     # Qwen3-8B, 8 GPUs, 8,190,735,360 params
+    gib = 2 ** 30
+    assert r["AdamW state (fp32)"] == pytest.approx(8 * 8_190_735_360 / 8 / gib)
+    assert r["checkpointed activations"] == pytest.approx(32_768 * 36 * 4_096 * 2 / gib)
+    assert r["autocast bf16 weight copies"] == 0
+    update, rollout = g.phases(r, 79.6, kl=False)
+    assert rollout == pytest.approx((4 + 8) * 8_190_735_360 / 8 / gib + 0.35 * 79.6)
+    assert update == pytest.approx(sum(v for k, v in r.items() if k != "bf16 KL reference"))
