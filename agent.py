@@ -471,11 +471,12 @@ def _finish(ep: Episode, status: str, error: str | None = None, terminated: bool
     ep.ret = 0.0 if status == "env_error" else episode_return(ep.rewards, terminated)
 
 
-def _start(spec: EpisodeSpec, tokenizer, setting: str, enable_thinking: bool | None, eot):
-    """Reset one environment and build its first prompt; returns (episode, renderer or None)."""
+def _start(spec: EpisodeSpec, reset, tokenizer, setting: str, enable_thinking: bool | None, eot):
+    """Reset one environment (unless `reset` already holds its (obs, info)) and build its first
+    prompt; returns (episode, renderer or None)."""
     ep = Episode(env_id=spec.env_id, seed=spec.seed, hinted=bool(spec.hint))
     try:
-        obs, info = spec.handle.reset(seed=spec.seed)
+        obs, info = reset if reset is not None else spec.handle.reset(seed=spec.seed)
         ep.tools = list(spec.handle.tools()) if setting == "tool" else []
     except Exception as exc:
         _finish(ep, "env_error", f"raised {type(exc).__name__}: {exc}")
@@ -501,7 +502,8 @@ def _without_thinking(messages: list[dict]) -> list[dict]:
 
 
 def play(specs: list[EpisodeSpec], *, generate: Callable, tokenizer,
-         step_many: Callable | None = None, setting: str = "games", max_turns: int = 25,
+         step_many: Callable | None = None, reset_many: Callable | None = None,
+         setting: str = "games", max_turns: int = 25,
          max_context: int = 32768, max_new_tokens: int = 8192,
          enable_thinking: bool | None = None, strip_thinking_history: bool = False,
          mask_malformed: bool = False) -> list[Episode]:
@@ -517,8 +519,11 @@ def play(specs: list[EpisodeSpec], *, generate: Callable, tokenizer,
     """
     assert setting in ("games", "tool"), setting
     eot = turn_end(tokenizer)
-    episodes, renderers = zip(*[_start(s, tokenizer, setting, enable_thinking, eot)
-                                for s in specs]) if specs else ((), ())
+    # every episode's reset in one round trip (reset_many(handles, seeds)), else one at a time
+    resets = reset_many([s.handle for s in specs], [s.seed for s in specs]) \
+        if reset_many is not None and specs else [None] * len(specs)
+    episodes, renderers = zip(*[_start(s, r, tokenizer, setting, enable_thinking, eot)
+                                for s, r in zip(specs, resets)]) if specs else ((), ())
     episodes, renderers = list(episodes), list(renderers)
     live = [i for i, ep in enumerate(episodes) if not ep.status]
     stops = {tokenizer.eos_token_id, eot[1]}  # the engine stops on either

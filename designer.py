@@ -58,6 +58,7 @@ import logging
 import random
 import re
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -833,14 +834,17 @@ def _judge(p: Proposal, validate: Callable) -> None:
 
 def regenerate(skills_for_slots: Sequence[str], *, generate: Callable, validate: Callable,
                corpus: Corpus | None, memory_block: Callable[[str], str] | None, setting: str,
-               rng: random.Random, max_attempts: int = MAX_ATTEMPTS) -> tuple[list[Proposal], dict]:
+               rng: random.Random, max_attempts: int = MAX_ATTEMPTS,
+               concurrency: int = 1) -> tuple[list[Proposal], dict]:
     """Write one environment per slot, with up to `max_attempts` attempts per slot.
 
     generate(list of chats) -> list of replies (str or Completion); validate(source) -> report
     with .ok, .error, .class_name, .kind (the caller binds the setting, e.g.
     `lambda src: sb.validate(src, setting=setting)`); memory_block(skill) -> str (None: no memory).
-    Each round batches every still-failing slot into one generate call; every attempt gets a fresh
-    document. Returns all proposals (accepted and rejected, in attempt order) and statistics.
+    Each round batches every still-failing slot into one generate call and judges the replies
+    `concurrency` at a time (validate must then be thread-safe, as the sandbox's is: it is how
+    `Sandbox.validate_many` runs); every attempt gets a fresh document. Returns all proposals
+    (accepted and rejected, in attempt order) and statistics.
     """
     proposals, pending = [], list(range(len(skills_for_slots)))
     for attempt in range(1, max_attempts + 1):
@@ -861,7 +865,8 @@ def regenerate(skills_for_slots: Sequence[str], *, generate: Callable, validate:
             raise ValueError(f"generate returned {len(replies)} replies for {len(batch)} prompts")
         for p, reply in zip(batch, replies):
             p.reply = reply
-            _judge(p, validate)
+        with ThreadPoolExecutor(max(1, concurrency)) as pool:  # sandbox probes wait, not compute
+            list(pool.map(lambda p: _judge(p, validate), batch))
         proposals += batch
         pending = [p.slot for p in batch if not p.ok]
     return proposals, regeneration_stats(proposals, len(skills_for_slots))

@@ -380,7 +380,7 @@ def regenerate(step, sargs, sampler, design_sampler, sb, mem, pool, corpus, rank
         proposals, stats = designer.regenerate(
             slots, generate=gen, validate=lambda src: sb.validate(src, setting=sargs.setting),
             corpus=corpus, memory_block=block, setting=sargs.setting, rng=rng,
-            max_attempts=sargs.max_attempts)
+            max_attempts=sargs.max_attempts, concurrency=sb.workers)
     finally:
         design_sampler.drain()
     fresh = []
@@ -462,6 +462,7 @@ def play_pool(step, pool, sargs, sampler, sb, tokenizer, hinted_arm: bool, seed:
         for e, s, hint in jobs:
             specs.append(agent.EpisodeSpec(e.env_id, s, hint, sb.open(e.source, setting=sargs.setting)))
         return agent.play(specs, generate=gen, tokenizer=tokenizer, step_many=sb.step_many,
+                          reset_many=sb.reset_many,
                           setting=sargs.setting, max_turns=sargs.max_turns,
                           max_context=sargs.max_context, max_new_tokens=sargs.max_new_tokens,
                           enable_thinking=enable_thinking, strip_thinking_history=strip_thinking_history,

@@ -5,8 +5,8 @@
 Nothing here runs a model: parameter counts come from the Qwen3 configs' shapes (checked against
 transformers on the meta device in tests/test_bench_gpu.py), and every other row is a formula:
 
-    state (fp32 masters, as train.py loads them)  weights 4 B + gradients 4 B + AdamW 8 B = 16 B/param,
-                                                  divided by the FSDP2 shards (8) on 8 GPUs
+    state (fp32 masters, as train.py loads them): weights 4 B + gradients 4 B + AdamW 8 B
+                                                  = 16 B/param, over the FSDP2 shards (8 GPUs)
     bf16 KL reference (only when the preset's KL > 0): 2 B/param / shards
     autocast weight copies (1 GPU, no FSDP): bf16 casts of every weight, cached by autocast
                                              during the forward: 2 B/param
@@ -51,14 +51,14 @@ class Qwen3:
     def params(self) -> int:
         """Every parameter, as transformers builds the model (norms and router included)."""
         h, d = self.hidden, self.head_dim
-        attn = h * d * (self.heads + 2 * self.kv_heads) + self.heads * d * h + 2 * d  # q k v o, q/k norms
+        attn = h * d * (self.heads + 2 * self.kv_heads) + self.heads * d * h + 2 * d  # qkvo, norms
         if self.experts:
-            mlp = self.experts * 3 * h * self.intermediate + self.experts * h          # experts, router
+            mlp = self.experts * (3 * h * self.intermediate + h)                # experts, router
         else:
             mlp = 3 * h * self.intermediate
-        layer = attn + mlp + 2 * h                                                       # 2 RMSNorms
+        layer = attn + mlp + 2 * h                                               # 2 RMSNorms
         embed = self.vocab * h * (1 if self.tied else 2)
-        return self.layers * layer + embed + h                                           # final norm
+        return self.layers * layer + embed + h                                   # final norm
 
     def active_intermediate(self) -> int:
         return self.intermediate * (self.active_experts or 1)

@@ -331,6 +331,28 @@ def test_env_error_ends_only_its_episode(tokenizer):
     assert calls[:2] == [3, 3] and all(c <= 2 for c in calls[2:])
 
 
+
+def test_resets_go_out_in_one_reset_many_call(tokenizer):
+    """With reset_many, every episode's reset is one call (the sandbox runs them concurrently);
+    the handles' own reset is never called one at a time, and play is unchanged."""
+    calls = []
+
+    class NoSoloReset(GuessEnv):
+        def reset(self, seed=None):
+            raise AssertionError("reset one at a time")
+
+    def reset_many(handles, seeds):
+        calls.append(list(seeds))
+        return [GuessEnv.reset(h, seed=s) for h, s in zip(handles, seeds)]
+    policy = ScriptedEngine(tokenizer, binary_search_policy)
+    batched = play(specs_for([NoSoloReset(), NoSoloReset()], [3, 4]), generate=policy,
+                   tokenizer=tokenizer, reset_many=reset_many)
+    solo = play(specs_for([GuessEnv(), GuessEnv()], [3, 4]),
+                generate=ScriptedEngine(tokenizer, binary_search_policy), tokenizer=tokenizer)
+    assert calls == [[3, 4]]
+    assert [(e.token_ids, e.ret, e.status) for e in batched] == \
+        [(e.token_ids, e.ret, e.status) for e in solo]
+
 def test_reset_fault_and_raising_handle(tokenizer):
     class BadReset(GuessEnv):
         def reset(self, seed=None):

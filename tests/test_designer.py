@@ -629,6 +629,29 @@ def test_tool_regeneration_samples_tasks(corpus):
     assert len(seen) == 6 and stats["validity_rate"] == 1.0 and stats["empty_slots"] == 0
 
 
+
+def test_regeneration_validates_a_round_concurrently():
+    """One round's validations run `concurrency` at a time (as Sandbox.validate_many does), not
+    one probe after another: counted by the validations in flight at once, not by timing."""
+    import threading
+    lock, state = threading.Lock(), {"now": 0, "max": 0}
+    all_in = threading.Barrier(4, timeout=10)
+
+    def validate(source):
+        with lock:
+            state["now"] += 1
+            state["max"] = max(state["max"], state["now"])
+        all_in.wait()          # returns only once 4 validations are in flight together
+        with lock:
+            state["now"] -= 1
+        return Report(True, None, None, None)
+    replies = [fenced(env(name)) for name in ("Dial", "Lamp", "Gate", "Bell")]
+    props, stats = d.regenerate([MATH] * 4, generate=ScriptedDesigner(replies), validate=validate,
+                                corpus=None, memory_block=None, setting="games",
+                                rng=random.Random(0), concurrency=4)
+    assert state["max"] == 4 and stats["valid"] == 4
+    assert [p.class_name for p in props] == ["DialEnv", "LampEnv", "GateEnv", "BellEnv"]
+
 def test_no_corpus_and_infra_retries():
     calls = []
 

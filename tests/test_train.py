@@ -1,6 +1,7 @@
 """train.py end to end on the tiny models: regeneration, hinted arm, designer + agent updates,
 memory, checkpoints, exact resume after a crash in every phase, ablations, bad configs."""
 import json
+import types
 from pathlib import Path
 
 import pytest
@@ -431,7 +432,8 @@ def test_reduce_metrics_min_max_and_means():
     ranks = [{"losses/is_weight_min": 0.5, "losses/is_weight_max": 1.5, "agent/return_mean": 1.0},
              {"losses/is_weight_min": 0.9, "losses/is_weight_max": 3.0, "agent/return_mean": 0.0}]
     out = train.reduce_metrics(ranks[0], acc, lambda _: ranks)
-    assert out == {"losses/is_weight_min": 0.5, "losses/is_weight_max": 3.0, "agent/return_mean": 0.5}
+    assert out == {"losses/is_weight_min": 0.5, "losses/is_weight_max": 3.0,
+                   "agent/return_mean": 0.5}
 
 
 def test_fsdp2_reduces_gradients_in_fp32():
@@ -463,7 +465,8 @@ def test_hints_only_for_freshly_designed_environments(tiny, monkeypatch):
     sargs = train.SpadeArgs(num_envs=2, regen_interval=4, skills_per_regen=1, hint_max_tokens=8)
     carried = train.PoolEnv("old", "Math", "class B: pass", "B", "designer")
     sampler = train.Sampler(Hints(), tok, seed=0)
-    pool, stats, _ = train.regenerate(4, sargs, sampler, sampler, None, None, [carried], None)
+    sb = types.SimpleNamespace(workers=2)
+    pool, stats, _ = train.regenerate(4, sargs, sampler, sampler, sb, None, [carried], None)
     assert [(e.origin, e.hint) for e in pool] == [("designer", "Hint: say heads."), ("carried", None)]
     assert len(prompts) == 1
 
