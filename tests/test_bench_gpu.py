@@ -60,8 +60,10 @@ def test_memory_table_parameter_counts_and_a_row_by_hand():
     the 8B row is 16 B/param over 8 shards plus the activation formulas, computed by hand."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3MoeConfig
-    sys.path.insert(0, str(ROOT / "bench"))
-    import gpu_memory as g
+    import importlib.util   # not via sys.path: bench/ holds a sandbox.py of its own
+    spec = importlib.util.spec_from_file_location("gpu_memory", ROOT / "bench" / "gpu_memory.py")
+    g = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(g)
     for m, _, _ in g.MODELS:
         common = dict(vocab_size=m.vocab, hidden_size=m.hidden, num_hidden_layers=m.layers,
                       num_attention_heads=m.heads, num_key_value_heads=m.kv_heads,
