@@ -258,7 +258,7 @@ def test_compact_filter_covers_every_turn_record_of_a_stripped_history_episode()
 @pytest.mark.parametrize("off", [False, True])
 def test_play_pool_wires_the_malformed_mask_from_the_setting(tokenizer, off):
     class Box:  # a sandbox stand-in that opens in-process DeskEnvs
-        step_many = None
+        step_many = reset_many = None
 
         def open(self, source, setting):
             env = DeskEnv()
