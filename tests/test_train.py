@@ -462,7 +462,8 @@ def test_hints_only_for_freshly_designed_environments(tiny, monkeypatch):
                               messages=[{"role": "user", "content": "design"}],
                               reply=engine.Completion([1, 2], [-1.0, -1.0], "x", "stop"))
     monkeypatch.setattr(designer, "regenerate", lambda slots, **kw: ([fresh], {"slots": len(slots)}))
-    sargs = train.SpadeArgs(num_envs=2, regen_interval=4, skills_per_regen=1, hint_max_tokens=8)
+    sargs = train.SpadeArgs(num_envs=2, regen_interval=4, skills_per_regen=1, hint_max_tokens=8,
+                            no_memory=True)
     carried = train.PoolEnv("old", "Math", "class B: pass", "B", "designer")
     sampler = train.Sampler(Hints(), tok, seed=0)
     sb = types.SimpleNamespace(workers=2)
