@@ -573,8 +573,8 @@ def _tp_train_worker(rank, port, out_dir):
     grpo.token_logprobs = lambda m, ids, attn, *a, **k: (
         forwarded.append(int(attn.sum())), logprobs(m, ids, attn, *a, **k))[1]
 
-    def agent_samples(episodes, g):
-        out = samples(episodes, g)
+    def agent_samples(episodes, g, **kw):   # one sample per episode in the games setting
+        out = samples(episodes, g, **kw)
         trained.extend((ep.env_id, ep.seed, len(ep.token_ids), s["advantage"]) for ep, s in
                        zip([e for e in episodes if not e.hinted and e.status != "env_error"], out))
         return out
