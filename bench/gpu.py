@@ -355,6 +355,7 @@ def section_update(s, device):
                       held_gib=round(held / GIB, 3), peak_gib=round(mem.total / GIB, 3),
                       weights_and_adam_gib=round(params * 12 / GIB, 3))
         del model, opt, sched
+        accelerator.free_memory()   # the 64 GiB of state go before the train.py step runs
     return run
 
 
