@@ -50,11 +50,19 @@ def oracle_agent(tasks):
 @pytest.mark.timeout(300)
 def test_tau2_end_to_end_scripted_user(airline):
     metrics, records = T.run_tau2(oracle_agent(airline), user=scripted_user(airline), sampling=SAMPLING,
-                                  domains=("airline",), trials=2, tasks=TASKS)
-    assert metrics == {"tau2/airline/pass^1": 1.0, "tau2/airline/pass^2": 1.0, "tau2/airline/tasks": 2,
-                       "tau2/pass^1": 1.0}
-    assert len(records) == 4 and all(r["reward"] == 1.0 for r in records)
+                                  domains=("airline",), trials=1, tasks=TASKS)
+    assert metrics == {"tau2/airline/pass^1": 1.0, "tau2/airline/tasks": 2, "tau2/pass^1": 1.0}
+    assert len(records) == 2 and all(r["reward"] == 1.0 for r in records)
     assert [m["role"] for m in records[0]["messages"]][:3] == ["assistant", "user", "assistant"]
+    started = []  # right on the first trial of a task only: pass^1 = 1/2, pass^2 = 0
+
+    def first_trial_only(messages, k):
+        started.extend([1] if len(messages) == 3 else [])  # policy prompt, tau2's greeting, the customer's opening
+        return oracle_agent(airline).fn(messages, k) if len(started) % 2 else "Sorry, I cannot help."
+
+    metrics, _ = T.run_tau2(E.ScriptedSampler(first_trial_only), user=scripted_user(airline), sampling=SAMPLING,
+                            domains=("airline",), trials=2, tasks={"9"})
+    assert (metrics["tau2/airline/pass^1"], metrics["tau2/airline/pass^2"]) == (0.5, 0.0)
     silent = E.ScriptedSampler(lambda m, k: "I am sorry, I cannot help with that.")
     metrics, _ = T.run_tau2(silent, user=scripted_user(airline), sampling=SAMPLING, domains=("airline",), trials=1,
                             tasks={"8"})
