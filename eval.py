@@ -53,7 +53,7 @@ Usage (multi-GPU tensor parallelism: serve the model with `vllm serve` and use -
     python eval.py --endpoint http://localhost:8000/v1 --model Qwen/Qwen3-8B --suites aime2025,gpqa_diamond
     python eval.py --checkpoints runs/spade --engine vllm --output_dir runs/eval/sweep  # every export, best named
     python eval.py --model tiny --engine transformers --data_dir tests/fixtures/eval --limit 1 \
-        --rg_tasks chain_sum --rg_episodes 2 --aime_samples 2 --max_new_tokens 16   # CPU smoke run
+        --rg_tasks chain_sum --rg_episodes 2 --aime_samples 2 --max_new_tokens 16 --rg_max_new_tokens 16  # CPU smoke
 
 Dependencies: stdlib, tqdm, sandbox.py, transformers (CLI), reasoning-gym, math-verify; lazily: engine.py,
 `datasets`/`huggingface_hub` (hub loading), `bfcl_eval` (BFCL).
