@@ -1,7 +1,7 @@
 """The Reasoning Agent: batched multi-turn play of designer-written environments.
 
 SPADE (arXiv 2608.19197) trains one policy that, as the Reasoning Agent, plays the environments it
-designed, turn by turn, with and without the privileged hint (SPEC §5). This file turns a batch of
+designed, turn by turn, with and without the privileged hint. This file turns a batch of
 (environment, seed, hint) triples into token-exact training records:
 
     sequence = prompt, reply_1 (mask 1), observation_1 (mask 0), reply_2 (mask 1), ...
@@ -9,7 +9,7 @@ designed, turn by turn, with and without the privileged hint (SPEC §5). This fi
 Each turn, every live episode's full token sequence goes to the engine in ONE generate call; the
 engine returns the sampled tokens and their log-probs, which are appended verbatim (token in, token
 out: the trained sequence is exactly what the model saw and produced, never a re-tokenisation).
-Return (SPEC §6): the last step's reward clipped to [-1, 1] if that step terminated, else 0.
+Return (what Eq. (3) averages): the last step's reward clipped to [-1, 1] if that step terminated, else 0.
 
 Observation tokens come from the chat template. I keep the token list as the source of truth and
 only tokenize what the template puts AFTER the model's reply: render the conversation with the last
@@ -39,7 +39,7 @@ Deviations from the paper / the authors' code:
 1. The action is the LAST balanced `\\boxed{...}` after the last `</think>` (authors: the first);
    like the authors we strip whitespace and up to two extra brace levels around the move.
 2. Episodes ended by an environment fault get status "env_error" and no agent reward (the authors
-   give -1 for a crash); train.py drops them from the agent batch (SPEC §6).
+   give -1 for a crash); train.py drops them from the agent batch.
 3. A reply cut by the per-turn cap without EOS ends the episode ("truncated"; "context" when the cap
    was the remaining context) in both arms; the authors' unhinted loop does the same, their
    hinted arm feeds the cut reply to the environment.
@@ -69,7 +69,7 @@ FORMAT_HINT = ("[FORMAT] Your last <tool_call> could not be parsed. Write each c
 
 
 # ----------------------------------------------------------------------------------------------
-# ALGO: action parsing (SPEC §5)
+# ALGO: action parsing
 
 
 _BRACES = re.compile(r"\\boxed\{|\{+|\}+")  # a box opener, or a run of one brace kind
@@ -136,7 +136,7 @@ def _strip_extra_braces(move: str, levels: int = 2) -> str:
 
 
 def parse_action(text: str) -> str:
-    r"""The agent's move as the environment expects it: `\boxed{<move>}` (SPEC §5).
+    r"""The agent's move as the environment expects it: `\boxed{<move>}` (the paper's answer format).
 
     Everything up to the last `</think>` is reasoning and ignored; the LAST balanced box is the move
     the agent commits to, with surrounding whitespace and up to two extra brace levels removed
@@ -221,7 +221,7 @@ def malformed_tool_call(text: str) -> bool:
 
 
 def first_user_message(observation: str, hint: str | None, setting: str) -> str:
-    """SPEC §5: preamble, observation and the paper's standardized answer-format sentence, one per
+    """The first user message: preamble, observation and the paper's standardized answer-format sentence, one per
     line as the authors render them (games); the raw instruction (tools).
 
     A hinted play sees the hint appended to its first observation.
@@ -270,7 +270,7 @@ class Episode:
 
 
 def episode_return(rewards: list[float], terminated: bool) -> float:
-    """SPEC §6: the last step's reward clipped to [-1, 1] if that step terminated, else 0."""
+    """The return Eq. (3) averages: the last step's reward clipped to [-1, 1] if that step terminated, else 0."""
     if not terminated or not rewards:
         return 0.0
     return max(-1.0, min(1.0, float(rewards[-1])))
@@ -509,7 +509,7 @@ def play(specs: list[EpisodeSpec], *, generate: Callable, tokenizer,
          mask_malformed: bool = False) -> list[Episode]:
     """Play every spec to its end; one `generate(prompts, max_new_tokens_list)` call per turn.
 
-    Paper limits (SPEC §5): 25 turns, 32,768-token context, 8,192 new tokens per turn (fewer when
+    Paper limits (its training setup): 25 turns, 32,768-token context, 8,192 new tokens per turn (fewer when
     the context is nearly full). Returns one Episode per spec, in order.
     strip_thinking_history (the authors' thinking 8B agent): every turn's context is re-rendered
     from the messages with earlier `<think>` blocks removed, and each turn is its own training

@@ -1,6 +1,6 @@
 """The Environment Designer: skills, corpus grounding, designer prompts, reply parsing, hints.
 
-SPADE (arXiv 2608.19197; the designer role, Algorithm 1 step 1; SPEC §3) makes the policy write
+SPADE (arXiv 2608.19197; the designer role, Algorithm 1 step 1) makes the policy write
 complete multi-turn environments as Python classes. Each regeneration picks the active skills by round
 robin, grounds every attempt in a document sampled from a corpus, shows the environment memory
 (memory.py), extracts the code from the reply, validates it in the sandbox (up to 5 attempts per
@@ -39,7 +39,7 @@ Deviations from the paper and from the authors' code:
     7. A hint is capped at 100 words (the prompt asks for fewer); an empty hint becomes None and
        the hinted arm then equals the unhinted one.
     8. `validate` is retried up to twice when it raises (the sandbox raises only for
-       infrastructure faults, SECURITY.md); a third failure propagates to the trainer.
+       infrastructure faults; README, Running model-written code safely); a third failure propagates to the trainer.
     9. The games prompts (the authors' content in our words; the no-corpus ablation has its own,
        as theirs) add one demand: all randomness from `random.Random(seed)`, because validation
        checks that a seed replays the same game (sandbox.py). The no-corpus reference example is
@@ -65,7 +65,7 @@ from typing import Any, Callable, Sequence
 
 log = logging.getLogger(__name__)
 
-# Sampling constants (the paper's training setup, as SPEC §3.3 and §3.5 record them). train.py binds
+# Sampling constants (the paper's training setup). train.py binds
 # them into the generate callables; they live here beside the prompts they belong to.
 DESIGNER_TEMPERATURE = 0.6
 DESIGNER_TOP_P = 0.95
@@ -86,7 +86,7 @@ VALIDATE_RETRIES = 2
 SETTINGS = ("games", "tool")
 
 # ----------------------------------------------------------------------------------------------
-# ALGO: skills and the round-robin curriculum (SPEC §3.1)
+# ALGO: skills and the round-robin curriculum
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,7 @@ SKILLS = {s.name: s for s in GAME_SKILLS + TOOL_SKILLS}
 
 
 def active_skills(step: int, skills: Sequence[Skill | str], per_regen: int, interval: int) -> list[str]:
-    """Names of the k skills active at `step` (SPEC §3.1 round robin)."""
+    """Names of the k skills active at `step` (round robin)."""
     names = [s.name if isinstance(s, Skill) else s for s in skills]
     n, k = len(names), per_regen
     if not 1 <= k <= n or interval < 1:
@@ -185,7 +185,7 @@ def slot_skills(active: Sequence[str], n_slots: int) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------------
-# INFRA: the grounding corpus (SPEC §3.2)
+# INFRA: the grounding corpus
 
 
 @dataclass(frozen=True)
@@ -268,7 +268,7 @@ class Corpus:
 
 
 # ----------------------------------------------------------------------------------------------
-# ALGO: the designer prompts (SPEC §3.3)
+# ALGO: the designer prompts
 
 TOOL_DOMAINS = ("retail orders (orders, items, refunds, shipping)",
                 "travel booking (flights and hotels: search, reserve, pay, cancel)",
@@ -572,7 +572,7 @@ def designer_messages(skill: str | Skill, *, setting: str = "games", document: D
                       memory_block: str = "", task: tuple[str, str] | None = None,
                       rng: random.Random | None = None) -> list[dict]:
     """The designer chat for one attempt; `task` = (domain, variant) is required for tool use;
-    `rng` samples the no-corpus prompt's game ideas. The memory block comes last (SPEC §3.3)."""
+    `rng` samples the no-corpus prompt's game ideas. The memory block comes last."""
     skill = SKILLS[skill] if isinstance(skill, str) else skill
     if setting == "games":
         user = "\n\n".join(p for p in (games_prompt(skill, document, rng), memory_block) if p)
@@ -593,13 +593,13 @@ def designer_messages(skill: str | Skill, *, setting: str = "games", document: D
         system = None
     else:
         raise ValueError(f"setting must be one of {SETTINGS}, got {setting!r}")
-    parts += [ask, memory_block or None]  # the memory block comes last (SPEC §3.3)
+    parts += [ask, memory_block or None]  # the memory block comes last
     user = [{"role": "user", "content": "\n\n".join(p for p in parts if p)}]
     return ([{"role": "system", "content": system}] if system else []) + user
 
 
 # ----------------------------------------------------------------------------------------------
-# ALGO: from reply to environment source (SPEC §3.4)
+# ALGO: from reply to environment source
 
 
 def reply_text(reply: Any) -> str:
@@ -876,7 +876,7 @@ def regeneration_stats(proposals: Sequence[Proposal], n_slots: int) -> dict:
     """Metrics of one regeneration; train.py logs them under "designer/" (keys in the README)."""
     valid = sum(p.ok for p in proposals)
     stats = {"slots": n_slots, "attempts": len(proposals), "valid": valid,
-             "validity_rate": valid / len(proposals) if proposals else 0.0,  # per attempt (SPEC §3.4)
+             "validity_rate": valid / len(proposals) if proposals else 0.0,  # per attempt
              "first_attempt_validity_rate":
                  sum(p.ok for p in proposals if p.attempt == 1) / n_slots if n_slots else 0.0,
              "empty_slots": n_slots - valid,
@@ -888,7 +888,7 @@ def regeneration_stats(proposals: Sequence[Proposal], n_slots: int) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
-# ALGO: the privileged hint (SPEC §3.5)
+# ALGO: the privileged hint
 
 HINT_SYSTEM = {
     # ALGO: the authors' games hint prompt, in our words: plain text, 1-3 sentences, under 100 words.
@@ -996,5 +996,5 @@ def write_hints(proposals: Sequence[Proposal], generate: Callable) -> list[str |
 
 
 def hinted_observation(observation: str, hint: str | None) -> str:
-    """The hinted arm's FIRST observation (SPEC §3.5); later observations are unchanged."""
+    """The hinted arm's FIRST observation; later observations are unchanged."""
     return f"{observation}\n\nHINT: {hint}" if hint else observation

@@ -11,13 +11,13 @@ paper takes for granted:
    cache on CPU or GPUs (under FSDP2, ranks decode in lockstep); returns
    the sampled tokens and log p(token) under softmax(logits / T), NOT renormalised after top-k /
    top-p, which is exactly what the trainer recomputes (grpo.token_logprobs), so the truncated
-   importance weight of SPEC §8 sees only numeric engine-vs-trainer drift. Optional prefix KV
+   importance weight (grpo.py) sees only numeric engine-vs-trainer drift. Optional prefix KV
    cache across agent turns (each turn prefills only the new observation tokens), bounded in
    bytes: train.py keeps one for the tiny models only (a 4B model's 32k-token episode holds
    ~9.6 GB of fp32 KV).
 3. `VLLMEngine`: vLLM colocated in the training processes (`external_launcher`, tensor parallel
    within the node, sleep mode between generation and training), token-in/token-out.
-4. Weight sync (SPEC §9): `vllm_weight_plan` maps trainer parameter names and shapes to the
+4. Weight sync (Algorithm 1, after each update): `vllm_weight_plan` maps trainer parameter names and shapes to the
    checkpoint names vLLM's `load_weights` expects (a pure function of names and shapes, so it
    runs on a meta-device model), un-fusing transformers-v5 Qwen3-MoE experts; `stream_weights`
    gathers full tensors (FSDP2 DTensor, ZeRO-3) one decoder layer at a time and yields
@@ -48,7 +48,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 
-# The paper's models (SPEC §0). Resolved only when actually loaded; nothing here touches the hub.
+# The paper's models. Resolved only when actually loaded; nothing here touches the hub.
 MODEL_ALIASES = {
     "Qwen3-4B": "Qwen/Qwen3-4B-Instruct-2507",
     "Qwen3-8B": "Qwen/Qwen3-8B",
@@ -435,7 +435,7 @@ class TransformersEngine:
 
 
 # ----------------------------------------------------------------------------------------------
-# INFRA: weight sync, trainer parameters -> vLLM checkpoint names (SPEC §9)
+# INFRA: weight sync, trainer parameters -> vLLM checkpoint names
 
 WRAPPER_PARTS = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod")
 

@@ -1,6 +1,6 @@
 """GRPO for both roles of one policy: advantages, memory-efficient token log-probs, and the loss.
 
-SPADE (arXiv 2608.19197), the policy update of both roles (our SPEC Sec. 8). One policy is both
+SPADE (arXiv 2608.19197), the policy update of both roles. One policy is both
 the Environment Designer and the Reasoning Agent; both roles update it with GRPO. Per role:
 
     agent:     A_i = (R_i - mean_g(R)) / (std_g(R) + 1e-8)     g = the G plays of one environment
@@ -63,7 +63,7 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-# Optimizer constants of the paper's training setup (SPEC Sec. 8): AdamW, constant lr 1e-6,
+# Optimizer constants of the paper's training setup: AdamW, constant lr 1e-6,
 # betas (0.9, 0.98), weight decay 0.1, gradient clipping at 1.0, bf16 (train.py builds it).
 LR = 1e-6
 BETAS = (0.9, 0.98)
@@ -316,7 +316,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.
                 advantages: torch.Tensor, mask: torch.Tensor, ref_logp: torch.Tensor | None = None,
                 kl_coef: float = 0.0, clip_low: float = CLIP_LOW, clip_high: float = CLIP_HIGH,
                 tis_cap: float = TIS_CAP) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clipped (clip-higher) policy gradient with truncated importance weights, SPEC Sec. 8.
+    """Clipped (clip-higher) policy gradient with truncated importance weights.
 
     logp (B, T) carries the gradient; old_logp, rollout_logp, ref_logp (B, T) are constants;
     advantages (B,) or (B, T); mask (B, T) 1 on trained tokens. Returns (loss, stats) where loss is

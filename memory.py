@@ -1,6 +1,6 @@
 """Environment memory: what the designer remembers about the environments it wrote before.
 
-SPADE (arXiv 2608.19197; the environment memory, SPEC §4) keeps a bounded record of past
+SPADE (arXiv 2608.19197; the environment memory) keeps a bounded record of past
 environments with the agent's win rate and the hint-based regret each one earned. Every designer
 prompt for a skill shows up to two positive exemplars of that skill (environments at the agent's
 learning frontier, ranked by regret) as inspiration for structure and complexity, plus one
@@ -43,7 +43,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-# Paper constants (SPEC §4).
+# Paper constants.
 CAPACITY = 200               # FIFO capacity of the memory
 FRONTIER = (0.15, 0.85)      # win rates of positive exemplars (inclusive)
 TOO_EASY = 0.9               # win rate above this: negative example ("too easy")
@@ -103,7 +103,7 @@ class EnvironmentMemory:
     def add(self, record: MemoryRecord) -> None:
         self._records.append(record)
 
-    # ALGO: exemplar selection (SPEC §4)
+    # ALGO: exemplar selection
 
     def positives(self, skill: str, rng: random.Random | None = None) -> list[MemoryRecord]:
         """Up to 2 frontier records of `skill`, drawn from its top 10 by regret, in draw order."""

@@ -1,6 +1,6 @@
 """Rewards and regret: what the agent and the Environment Designer are scored by.
 
-SPADE (arXiv 2608.19197), Eq. (3) and the designer reward of the paper's runs (SPEC Sec. 6).
+SPADE (arXiv 2608.19197), Eq. (3) and the designer reward of the paper's runs.
 The agent is rewarded by its episode return. The designer is rewarded for environments at the
 agent's learning frontier, measured by the hint-based regret: the same policy plays each new
 environment with and without a privileged hint, and the gap between the two mean returns is
@@ -25,7 +25,7 @@ The ablations (--designer_reward) follow the authors' code: "regret" is their re
 max(0, r_hint - w) with -0.5 for a step timeout, "learning_potential" is |w - mu_slow(skill)| with
 per-skill fast/slow EMAs of the epoch mean return, "solve_rate" is plateau(w).
 
-Also here, the logged environment statistics of SPEC Sec. 6: learnable share (per step, and the
+Also here, the logged environment statistics the paper reports: learnable share (per step, and the
 paper's slot-weighted 16-step-window figure), reward granularity, zero-variance group share, the
 formula-reveal detector (Fig. 9), and diversity (Vendi score per regeneration and over windows).
 
@@ -81,7 +81,7 @@ def _finite_list(xs: Iterable, name: str, allow_empty: bool = False) -> list[flo
 def episode_return(rewards: Sequence[float], terminated: bool) -> float:
     """The agent's shaped return in [-1, 1]: the last reward, clipped, if it terminated, else 0.
 
-    Intermediate (partial-progress) rewards do not count for training (SPEC Sec. 6). An episode
+    Intermediate (partial-progress) rewards do not count for training. An episode
     with no steps (empty `rewards`) returns 0.0 unless `terminated`, which is a contradiction and
     raises.
     """
@@ -117,7 +117,7 @@ def designer_score(regret: float | None, win_rate: float | None, mode: str = "bl
                    regret_scale: float = 0.15, regret_weight: float = 0.4, faulty: bool = False,
                    r_hint: float | None = None, timed_out: bool = False,
                    baseline: float | None = None) -> float:
-    """The designer's score of one environment (SPEC Sec. 6).
+    """The designer's score of one environment.
 
     regret:   Eq. (3) at the environment's regeneration step.
     win_rate: w, the environment's mean unhinted return over its regeneration epoch.

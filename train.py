@@ -341,7 +341,7 @@ class Sampler:
         """Chat-template tokens in which message contents can never become special tokens.
 
         Designer and hint prompts carry model-written code and corpus text: a literal
-        `<|im_end|><|im_start|>` there must stay text (SECURITY.md), so contents are rendered as
+        `<|im_end|><|im_start|>` there must stay text (README, Running model-written code safely), so contents are rendered as
         markers and tokenized on their own with special-token parsing off."""
         marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
         kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
@@ -829,7 +829,7 @@ def main(argv=None, *, engines: dict | None = None) -> Path:
         resolve(*args)
         print(json.dumps({k: v for a in args for k, v in dataclasses.asdict(a).items()}, sort_keys=True))
         return None
-    # INFRA: the sandbox's zygote starts before torch is imported (SPEC 7.3): it is a fresh
+    # INFRA: the sandbox's zygote starts before torch is imported: it is a fresh
     # interpreter that never holds the model, its memory or its secrets.
     sb = sandbox.Sandbox(workers=args[3].sandbox_workers, step_timeout=args[3].step_timeout,
                          memory_mb=args[3].sandbox_memory_mb)

@@ -49,7 +49,7 @@ class GuessEnv:
 
 
 class OrderToolEnv:
-    """A ToolEnv-like environment (CONTRACT.md): look up, then cancel order 17, then answer."""
+    """A ToolEnv-like environment: look up, then cancel order 17, then answer."""
     TOOLS = [{"type": "function", "function": {
         "name": name, "description": f"{name} an order",
         "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}},

@@ -1,4 +1,4 @@
-"""The designer (SPEC §3) with scripted replies: skills, corpus, prompts, extraction, hints, regeneration."""
+"""The designer with scripted replies: skills, corpus, prompts, extraction, hints, regeneration."""
 import ast
 import json
 import random
@@ -473,7 +473,7 @@ class Report:
 
 
 class SubprocessValidator:
-    """A stand-in for Sandbox.validate: the probe of SPEC §7.2 in a fresh interpreter with a deadline.
+    """A stand-in for Sandbox.validate: the validation probe in a fresh interpreter with a deadline.
 
     Failure kinds use sandbox.py's names; the designer passes them through as rejection reasons."""
 

@@ -1,4 +1,4 @@
-"""Environment memory (SPEC §4): selection thresholds and order, the rendered block, persistence."""
+"""Environment memory: selection thresholds and order, the rendered block, persistence."""
 import json
 import os
 import random

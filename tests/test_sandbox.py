@@ -1,4 +1,5 @@
-"""Adversarial tests for sandbox.py: one property of ../shared/SECURITY.md per test, plus honest envs.
+"""Adversarial tests for sandbox.py: one property of the threat model per test, plus honest envs
+(README, "Running model-written code safely").
 
 Every hostile program is small and bounded (short deadlines, small bombs) so a broken sandbox cannot
 take the machine down. Tests that need a kernel layer skip when `Sandbox.layers` lacks it.
