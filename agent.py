@@ -221,8 +221,8 @@ def malformed_tool_call(text: str) -> bool:
 
 
 def first_user_message(observation: str, hint: str | None, setting: str) -> str:
-    """The first user message: preamble, observation and the paper's standardized answer-format sentence, one per
-    line as the authors render them (games); the raw instruction (tools).
+    """The first user message: preamble, observation and the paper's standardized answer-format
+    sentence, one per line as the authors render them (games); the raw instruction (tools).
 
     A hinted play sees the hint appended to its first observation.
     """
@@ -270,7 +270,7 @@ class Episode:
 
 
 def episode_return(rewards: list[float], terminated: bool) -> float:
-    """The return Eq. (3) averages: the last step's reward clipped to [-1, 1] if that step terminated, else 0."""
+    """The return Eq. (3) averages: the last reward clipped to [-1, 1] if that step terminated, else 0."""
     if not terminated or not rewards:
         return 0.0
     return max(-1.0, min(1.0, float(rewards[-1])))

@@ -39,7 +39,8 @@ Deviations from the paper and from the authors' code:
     7. A hint is capped at 100 words (the prompt asks for fewer); an empty hint becomes None and
        the hinted arm then equals the unhinted one.
     8. `validate` is retried up to twice when it raises (the sandbox raises only for
-       infrastructure faults; README, Running model-written code safely); a third failure propagates to the trainer.
+       infrastructure faults; README, "Running model-written code safely"); a third failure
+       propagates to the trainer.
     9. The games prompts (the authors' content in our words; the no-corpus ablation has its own,
        as theirs) add one demand: all randomness from `random.Random(seed)`, because validation
        checks that a seed replays the same game (sandbox.py). The no-corpus reference example is

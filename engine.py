@@ -17,7 +17,7 @@ paper takes for granted:
    ~9.6 GB of fp32 KV).
 3. `VLLMEngine`: vLLM colocated in the training processes (`external_launcher`, tensor parallel
    within the node, sleep mode between generation and training), token-in/token-out.
-4. Weight sync (Algorithm 1, after each update): `vllm_weight_plan` maps trainer parameter names and shapes to the
+4. Weight sync (after each update): `vllm_weight_plan` maps trainer parameter names and shapes to the
    checkpoint names vLLM's `load_weights` expects (a pure function of names and shapes, so it
    runs on a meta-device model), un-fusing transformers-v5 Qwen3-MoE experts; `stream_weights`
    gathers full tensors (FSDP2 DTensor, ZeRO-3) one decoder layer at a time and yields

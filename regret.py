@@ -15,10 +15,11 @@ The paper's runs score the designer with a blend of regret and a solve-rate plat
 where w(e) is the environment's mean unhinted return over its whole regeneration epoch.
 
 Symbols (paper -> code):
-    R(e, s)        episode return            episode_return(rewards, terminated)
+    R(e, s)        episode return            a number here (agent.episode_return computes it)
     R_hint / R_nohint                        hinted_returns / unhinted_returns
     regret(e)      Eq. (3)                   hint_regret(...)
-    w(e)           mean unhinted return      win_rate (the contract's name for it)
+    w(e)           mean unhinted return      mean_return (a "win rate" elsewhere is the share
+                                             of unhinted plays with return > 0)
     score(e)       designer score            designer_score(...)
 
 The ablations (--designer_reward) follow the authors' code: "regret" is their regret_based score
@@ -76,24 +77,6 @@ def _finite_list(xs: Iterable, name: str, allow_empty: bool = False) -> list[flo
     return values
 
 
-# ALGO: the agent's reward ------------------------------------------------------------------------
-
-def episode_return(rewards: Sequence[float], terminated: bool) -> float:
-    """The agent's shaped return in [-1, 1]: the last reward, clipped, if it terminated, else 0.
-
-    Intermediate (partial-progress) rewards do not count for training. An episode
-    with no steps (empty `rewards`) returns 0.0 unless `terminated`, which is a contradiction and
-    raises.
-    """
-    rewards = _finite_list(rewards, "rewards", allow_empty=True)
-    if not terminated:
-        return 0.0
-    if not rewards:
-        raise ValueError("a terminated episode needs at least one reward")
-    # R = clip(r_last, -1, 1) if terminated else 0
-    return min(1.0, max(-1.0, rewards[-1]))
-
-
 # ALGO: the designer's reward ---------------------------------------------------------------------
 
 def hint_regret(hinted_returns: Sequence[float], unhinted_returns: Sequence[float]) -> float:
@@ -113,14 +96,14 @@ def plateau(w: float, lo: float = 0.4, hi: float = 0.6, ramp: float = 0.25) -> f
     return max(0.0, 1.0 - distance / ramp)
 
 
-def designer_score(regret: float | None, win_rate: float | None, mode: str = "blend",
+def designer_score(regret: float | None, mean_return: float | None, mode: str = "blend",
                    regret_scale: float = 0.15, regret_weight: float = 0.4, faulty: bool = False,
                    r_hint: float | None = None, timed_out: bool = False,
                    baseline: float | None = None) -> float:
     """The designer's score of one environment.
 
     regret:   Eq. (3) at the environment's regeneration step.
-    win_rate: w, the environment's mean unhinted return over its regeneration epoch.
+    mean_return: w, the environment's mean unhinted return over its regeneration epoch.
     mode:     "blend" (the paper's runs): 0.4 clip(regret / 0.15, 0, 1) + 0.6 plateau(w);
               "regret" (ablation, the authors' regret_based): max(0, r_hint - w), the hinted mean
                   against the whole epoch's unhinted mean, and -0.5 if a step timed out;
@@ -137,12 +120,12 @@ def designer_score(regret: float | None, win_rate: float | None, mode: str = "bl
     if faulty:
         return 0.0
     if mode == "regret":  # r_hint - mean of all epoch plays, floored at 0
-        return max(0.0, _finite(r_hint, "r_hint") - _finite(win_rate, "win_rate"))
+        return max(0.0, _finite(r_hint, "r_hint") - _finite(mean_return, "mean_return"))
     if mode == "solve_rate":
-        return plateau(_finite(win_rate, "win_rate"))
+        return plateau(_finite(mean_return, "mean_return"))
     if mode == "learning_potential":  # |w - mu_slow(skill)|
-        return abs(_finite(win_rate, "win_rate") - _finite(baseline, "baseline"))
-    regret, w = _finite(regret, "regret"), _finite(win_rate, "win_rate")
+        return abs(_finite(mean_return, "mean_return") - _finite(baseline, "baseline"))
+    regret, w = _finite(regret, "regret"), _finite(mean_return, "mean_return")
     # score = 0.4 * clip(regret / 0.15, 0, 1) + 0.6 * plateau(w)
     regret_term = min(1.0, max(0.0, regret / regret_scale))
     return regret_weight * regret_term + (1.0 - regret_weight) * plateau(w)
@@ -160,9 +143,9 @@ def learning_potential_update(mu: Sequence[float] | None, r: float,
 
 # ALGO: environment statistics (logged, not trained on) -------------------------------------------
 
-def learnable_share(win_rates: Sequence[float], lo: float = 0.2, hi: float = 0.8) -> float:
+def learnable_share(mean_returns: Sequence[float], lo: float = 0.2, hi: float = 0.8) -> float:
     """Share of environments whose mean unhinted return is in [lo, hi]; 0.0 for no environments."""
-    rates = _finite_list(win_rates, "win_rates", allow_empty=True)
+    rates = _finite_list(mean_returns, "mean_returns", allow_empty=True)
     if not rates:
         return 0.0
     return sum(lo <= w <= hi for w in rates) / len(rates)

@@ -341,8 +341,9 @@ class Sampler:
         """Chat-template tokens in which message contents can never become special tokens.
 
         Designer and hint prompts carry model-written code and corpus text: a literal
-        `<|im_end|><|im_start|>` there must stay text (README, Running model-written code safely), so contents are rendered as
-        markers and tokenized on their own with special-token parsing off."""
+        `<|im_end|><|im_start|>` there must stay text (README, "Running model-written code
+        safely"), so contents are rendered as markers and tokenized on their own with
+        special-token parsing off."""
         marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
         kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
         text = self.tok.apply_chat_template([dict(m, content=k) for m, k in zip(messages, marks)],

@@ -258,6 +258,7 @@ def test_episode_return():
     assert agent.episode_return([0.0, 0.3, 1.0], True) == 1.0
     assert agent.episode_return([0.0, 5.0], True) == 1.0
     assert agent.episode_return([-3.0], True) == -1.0
+    assert agent.episode_return([0.3, 0.25], True) == 0.25  # the last reward, not the best
     assert agent.episode_return([0.5, 0.7], False) == 0.0
     assert agent.episode_return([], False) == 0.0
 

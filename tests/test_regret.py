@@ -3,32 +3,8 @@ import math
 
 import pytest
 
-from regret import (designer_score, diversity, episode_return, hint_regret, learnable_share,
-                    plateau, reward_granularity, similarity_matrix, zero_variance_share)
-
-
-def test_episode_return_terminal_reward_clipped():
-    assert episode_return([0.2, 0.5, 1.0], terminated=True) == 1.0
-    assert episode_return([0.3, 7.5], terminated=True) == 1.0        # clipped to 1
-    assert episode_return([0.3, -4.0], terminated=True) == -1.0      # clipped to -1
-    assert episode_return([0.3, 0.25], terminated=True) == 0.25
-
-
-def test_episode_return_not_terminated_is_zero():
-    # partial-progress rewards never count without termination
-    assert episode_return([0.5, 0.9], terminated=False) == 0.0
-    assert episode_return([], terminated=False) == 0.0
-
-
-@pytest.mark.parametrize("rewards", [[float("nan")], [0.0, float("inf")], [None]])
-def test_episode_return_rejects_non_finite(rewards):
-    with pytest.raises(ValueError):
-        episode_return(rewards, terminated=True)
-
-
-def test_episode_return_terminated_without_steps_raises():
-    with pytest.raises(ValueError):
-        episode_return([], terminated=True)
+from regret import (designer_score, diversity, hint_regret, learnable_share, plateau,
+                    reward_granularity, similarity_matrix, zero_variance_share)
 
 
 def test_hint_regret_eq3():
