@@ -42,14 +42,15 @@ the chunk loop runs inside the output head's own call, so every unshard / gather
 an ordinary forward. The loss is a mean over the samples it is given: with gradient accumulation,
 scale each micro-batch's loss by B_micro / B_total.
 
-Metrics returned by policy_loss (token means are over trained tokens of the whole batch):
-    loss/policy                 mean_i token-mean_t (w_t * pg_t)  (the loss without the KL term)
-    loss/kl                     token-mean k3 (only when ref_logp is given)
-    loss/clip_frac              share of tokens where the clipped branch is taken (no gradient)
-    loss/is_weight_min|mean|max exp(old_logp - rollout_logp) before the cap
-    loss/is_weight_capped_frac  share of tokens whose weight hit tis_cap
-    loss/entropy                -token-mean logp (a one-sample entropy estimate)
-    loss/tokens                 number of trained tokens
+Metrics returned by policy_loss (token means are over trained tokens of the whole batch), under
+the names train.py logs:
+    losses/policy                     mean_i token-mean_t (w_t * pg_t)  (the loss without the KL term)
+    losses/kl                         token-mean k3 (only when ref_logp is given)
+    losses/clip_frac                  share of tokens where the clipped branch is taken (no gradient)
+    losses/is_weight_min|mean|max     exp(old_logp - rollout_logp) before the cap
+    losses/is_weight_capped_frac      share of tokens whose weight hit tis_cap
+    losses/entropy                    -token-mean logp (a one-sample entropy estimate)
+    losses/tokens                     number of trained tokens
 
 Dependencies: torch only (transformers models are duck-typed: get_decoder(),
 get_output_embeddings()).
@@ -370,17 +371,17 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.
 
         raw_on = is_raw[on] if on.any() else is_raw.new_ones(1)
         stats = {
-            "loss/policy": float(sample_mean(policy_term)),
-            "loss/clip_frac": token_mean((pg_clipped > pg_plain).to(logp.dtype)),
-            "loss/is_weight_min": float(raw_on.min()),
-            "loss/is_weight_mean": float(raw_on.mean()),
-            "loss/is_weight_max": float(raw_on.max()),
-            "loss/is_weight_capped_frac": token_mean((is_raw > tis_cap).to(logp.dtype)),
-            "loss/entropy": -token_mean(logp.detach()),
-            "loss/tokens": float(mask.sum()),
+            "losses/policy": float(sample_mean(policy_term)),
+            "losses/clip_frac": token_mean((pg_clipped > pg_plain).to(logp.dtype)),
+            "losses/is_weight_min": float(raw_on.min()),
+            "losses/is_weight_mean": float(raw_on.mean()),
+            "losses/is_weight_max": float(raw_on.max()),
+            "losses/is_weight_capped_frac": token_mean((is_raw > tis_cap).to(logp.dtype)),
+            "losses/entropy": -token_mean(logp.detach()),
+            "losses/tokens": float(mask.sum()),
         }
         if kl is not None:
-            stats["loss/kl"] = token_mean(kl)
+            stats["losses/kl"] = token_mean(kl)
     return loss, stats
 
 

@@ -681,11 +681,10 @@ def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *,
         model.eval()
     out = {}
     for k, vals in stats_acc.items():  # sample-weighted means; extremes stay extremes
-        name = f"losses/{k.removeprefix('loss/')}"
         if k.endswith("_min") or k.endswith("_max"):
-            out[name] = (min if k.endswith("_min") else max)(v for v, _ in vals)
+            out[k] = (min if k.endswith("_min") else max)(v for v, _ in vals)
         else:
-            out[name] = sum(v * n for v, n in vals) / sum(n for _, n in vals)
+            out[k] = sum(v * n for v, n in vals) / sum(n for _, n in vals)
     out["losses/grad_norm"] = float(grad_norm)
     out["losses/samples"] = n_global
     return out

@@ -85,15 +85,15 @@ def test_policy_loss_hand_computed():
     # s1 t0: rho = e^-0.5 = 0.606531, A = -0.5: max(0.303265, 0.8 * 0.5) = 0.4, w = 1 -> 0.4
     # loss = (-1.8907015 + 0.4) / 2 = -0.74535075
     assert loss.item() == pytest.approx(-0.74535075, abs=1e-6)
-    assert stats["loss/policy"] == pytest.approx(-0.74535075, abs=1e-6)
-    assert stats["loss/clip_frac"] == pytest.approx(2 / 3)
-    assert stats["loss/is_weight_min"] == pytest.approx(1.0)
-    assert stats["loss/is_weight_mean"] == pytest.approx((2 + math.e) / 3, abs=1e-6)
-    assert stats["loss/is_weight_max"] == pytest.approx(math.e, abs=1e-6)
-    assert stats["loss/is_weight_capped_frac"] == pytest.approx(1 / 3)
-    assert stats["loss/entropy"] == pytest.approx(3.5 / 3, abs=1e-6)
-    assert stats["loss/tokens"] == 3.0
-    assert "loss/kl" not in stats
+    assert stats["losses/policy"] == pytest.approx(-0.74535075, abs=1e-6)
+    assert stats["losses/clip_frac"] == pytest.approx(2 / 3)
+    assert stats["losses/is_weight_min"] == pytest.approx(1.0)
+    assert stats["losses/is_weight_mean"] == pytest.approx((2 + math.e) / 3, abs=1e-6)
+    assert stats["losses/is_weight_max"] == pytest.approx(math.e, abs=1e-6)
+    assert stats["losses/is_weight_capped_frac"] == pytest.approx(1 / 3)
+    assert stats["losses/entropy"] == pytest.approx(3.5 / 3, abs=1e-6)
+    assert stats["losses/tokens"] == 3.0
+    assert "losses/kl" not in stats
     loss.backward()
     # d/dlogp: s0 t0 unclipped: -w * rho * A / (2 tokens * 2 samples) = -1.221403 / 4
     # clipped tokens have zero gradient; the observation token too
@@ -108,11 +108,11 @@ def test_policy_loss_k3_kl_hand_computed_and_clamped():
     loss, stats = policy_loss(logp, same, same, torch.zeros(1), torch.ones(1, 1), ref_logp=ref,
                               kl_coef=0.1)
     assert loss.item() == pytest.approx(0.01487213, abs=1e-7)
-    assert stats["loss/kl"] == pytest.approx(0.1487213, abs=1e-6)
+    assert stats["losses/kl"] == pytest.approx(0.1487213, abs=1e-6)
     # a huge log-ratio is clamped (20) and k3 capped at 10: finite
     loss, stats = policy_loss(logp, same, same, torch.zeros(1), torch.ones(1, 1),
                               ref_logp=torch.tensor([[40.0]]), kl_coef=1.0)
-    assert loss.item() == pytest.approx(10.0) and stats["loss/kl"] == pytest.approx(10.0)
+    assert loss.item() == pytest.approx(10.0) and stats["losses/kl"] == pytest.approx(10.0)
 
 
 def _naive_loss(logp, old, rollout, adv, mask, ref, kl_coef, cl, ch, cap):
@@ -166,7 +166,7 @@ def test_policy_loss_masked_tokens_contribute_nothing():
     g = garbage.requires_grad_()
     loss_b, stats = policy_loss(g, old2, roll2, adv, mask)
     assert loss_b.item() == pytest.approx(loss_a.item(), abs=1e-7)
-    assert stats["loss/is_weight_max"] == pytest.approx(math.e, abs=1e-6)
+    assert stats["losses/is_weight_max"] == pytest.approx(math.e, abs=1e-6)
     loss_b.backward()
     assert g.grad[1, 1].item() == 0.0
 
@@ -307,7 +307,7 @@ def test_token_logprobs_without_completion_tokens(tiny):
     none = torch.zeros_like(cmask)
     loss, stats = policy_loss(out, out.detach(), out.detach(), torch.ones(3), none)
     loss.backward()
-    assert loss.item() == 0.0 and stats["loss/tokens"] == 0.0
+    assert loss.item() == 0.0 and stats["losses/tokens"] == 0.0
     assert m.lm_head.weight.grad is not None and (m.lm_head.weight.grad == 0).all()
 
 
@@ -446,7 +446,7 @@ def test_grpo_learns_a_toy_reward(tiny, seed):
         comps, lps = _sample(m, prompt, 16, 4, gen)
         adv = agent_advantages([reward(c) for c in comps], [0] * len(comps))
         stats = _update(m, opt, _records(prompt, comps, lps), adv, tok.pad_token_id)
-        assert stats["loss/is_weight_max"] < 1.01        # engine and trainer log-probs agree
+        assert stats["losses/is_weight_max"] < 1.01        # engine and trainer log-probs agree
     end = mean_reward()
     assert end > start + 0.3 and end > 0.8, (start, end)
 
