@@ -63,7 +63,6 @@ PREAMBLE = "You are playing a language game. Make valid actions to win."
 ANSWER_FORMAT = "Please reason step by step, and put your final answer within \\boxed{}."  # Fig. 5
 
 log = logging.getLogger(__name__)
-STATUSES = ("terminated", "truncated", "turn_limit", "context", "env_error")
 FORMAT_HINT = ("[FORMAT] Your last <tool_call> could not be parsed. Write each call exactly as "
                '<tool_call>{"name": "<tool name>", "arguments": {<arguments as JSON>}}</tool_call>.')
 
@@ -260,7 +259,7 @@ class Episode:
     logprobs: list[float] = field(default_factory=list)  # engine's, 0.0 where mask is 0
     rewards: list[float] = field(default_factory=list)   # one per step()
     ret: float = 0.0
-    status: str = ""
+    status: str = ""  # terminated | truncated | turn_limit | context | env_error
     error: str | None = None
     messages: list[dict] = field(default_factory=list)
     tools: list[dict] = field(default_factory=list)

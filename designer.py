@@ -66,16 +66,8 @@ from typing import Any, Callable, Sequence
 
 log = logging.getLogger(__name__)
 
-# Sampling constants (the paper's training setup). train.py binds
-# them into the generate callables; they live here beside the prompts they belong to.
-DESIGNER_TEMPERATURE = 0.6
-DESIGNER_TOP_P = 0.95
-DESIGNER_TOP_K = 20
-DESIGNER_MAX_NEW_TOKENS = 16384
-HINT_TEMPERATURE = 0.3
-HINT_TOP_P = 0.95   # the authors pass none (adapter default 0.9, top-k off); deviation 5
-HINT_TOP_K = 20
-HINT_MAX_NEW_TOKENS = {"games": 4096, "tool": 2048}
+# The sampling settings of both designer calls (temperature, top-p, top-k, token caps) are
+# train.SpadeArgs fields citing the paper; train.py binds them into the generate callables.
 HINT_MAX_WORDS = 100
 MAX_ATTEMPTS = 5                                  # attempts per slot (paper)
 CORPUS_SEED = 42                                  # document sampler seed (paper)
@@ -994,8 +986,3 @@ def write_hints(proposals: Sequence[Proposal], generate: Callable) -> list[str |
         for p, reply in zip(todo, replies):
             p.hint = parse_hint(reply)
     return [p.hint if p.source and p.reason is None else None for p in proposals]
-
-
-def hinted_observation(observation: str, hint: str | None) -> str:
-    """The hinted arm's FIRST observation; later observations are unchanged."""
-    return f"{observation}\n\nHINT: {hint}" if hint else observation

@@ -369,7 +369,7 @@ def regenerate(step, sargs, sampler, design_sampler, sb, mem, pool, corpus, rank
     With several ranks each one designs (and later plays) its own share of the N slots."""
     skills = skill_list(sargs)
     active = designer.active_skills(step, skills, sargs.skills_per_regen, sargs.regen_interval)
-    slots = [active[i % len(active)] for i in range(sargs.num_envs)][rank::world]  # Sec. 3.1
+    slots = designer.slot_skills(active, sargs.num_envs)[rank::world]  # Sec. 3.1
     n_local = len(slots)
     rng = random.Random(derive_seed("prompts", sargs.corpus_seed, step, rank))
     gen = design_sampler.at(step, "designer").chat(temperature=sargs.designer_temperature,

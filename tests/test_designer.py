@@ -391,7 +391,7 @@ def test_write_hints_for_bare_proposals_is_batched_and_aligned():
     assert d.write_hints([], gen) == [] and len(gen.batches) == 1
 
 
-def test_hint_prompts_and_hinted_observation():
+def test_hint_prompts():
     games = d.hint_messages("class XEnv: pass", "games")
     assert games[1]["content"] == "Environment code:\n```python\nclass XEnv: pass\n```"  # code only
     system = games[0]["content"]
@@ -408,11 +408,6 @@ def test_hint_prompts_and_hinted_observation():
                  "placeholders such as <order_id>", "distractors", "2-3 sentences", "Good:", "Bad",
                  "no JSON, no markdown, no labels"):  # the authors' tool-use hint rules
         assert rule in tool[0]["content"], rule
-    assert d.hinted_observation("You see a door.", "Try the key.") == "You see a door.\n\nHINT: Try the key."
-    assert d.hinted_observation("You see a door.", None) == "You see a door."
-    assert d.HINT_MAX_NEW_TOKENS == {"games": 4096, "tool": 2048} and d.HINT_TEMPERATURE == 0.3
-    assert (d.DESIGNER_TEMPERATURE, d.DESIGNER_TOP_P, d.DESIGNER_TOP_K, d.DESIGNER_MAX_NEW_TOKENS) == \
-        (0.6, 0.95, 20, 16384)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ GAMES = {"steps": 400, "regen_interval": 4, "num_envs": 24, "plays": 8, "hint_pl
          "skills_per_regen": 3, "designer_max_tokens": 16384, "hint_max_tokens": 4096,
          "max_turns": 25, "max_context": 32768, "max_new_tokens": 8192, "designer_reward": "blend",
          "kl_coef": 0.0, "logprob_temperature": 1.0, "agent_temperature": 0.6,
-         "designer_temperature": 0.6, "hint_temperature": 0.3, "corpus_seed": 42,
+         "designer_temperature": 0.6, "hint_temperature": 0.3, "top_p": 0.95, "top_k": 20,
+         "corpus_seed": 42,
          "memory_capacity": 200, "lr": 1e-6, "weight_decay": 0.1, "clip_low": 0.2, "clip_high": 0.28,
          "checkpoint_every": 16}
 LAUNCHERS = {
