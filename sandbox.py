@@ -125,12 +125,17 @@ def _dumps(x) -> str:
     return "".join(_C_ENCODER(x, 0))
 
 
-_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+_quote = json.encoder.encode_basestring_ascii                          # a str as a JSON string (C)
+_SCAN = json.JSONDecoder(parse_constant=_no_constant).scan_once       # json's C scanner, no Python frame
 
 
 def _parse(data: bytes):
+    """Strict JSON from one line's bytes: a value and nothing after it."""
     text = data.decode("utf-8")
-    obj, end = _DECODER.raw_decode(text)
+    try:
+        obj, end = _SCAN(text, 0)
+    except StopIteration:
+        raise ValueError("not JSON") from None
     if end != len(text):
         raise ValueError("trailing data")
     return obj
@@ -280,26 +285,43 @@ _SYSCALLS = {  # numbers from asm/unistd_64.h (x86_64) and asm-generic/unistd.h 
 }
 
 
-def _seccomp_program(arch: str, pid: int) -> bytes:
-    """Classic BPF over seccomp_data {nr@0, arch@4, ip@8, args@16+8i}; denied calls get EPERM."""
-    nr = _SYSCALLS[arch]
-    LD, JEQ, JSET, JGE, RET = 0x20, 0x15, 0x45, 0x35, 0x06
-    ALLOW, KILL, EPERM, ENOSYS = 0x7FFF0000, 0x80000000, 0x50001, 0x50026
-    prog = [(LD, 0, 0, 4), (JEQ, 1, 0, nr["audit"]), (RET, 0, 0, KILL), (LD, 0, 0, 0)]
-    if arch == "x86_64":
-        prog += [(JGE, 0, 1, 0x40000000), (RET, 0, 0, EPERM)]          # the x32 ABI
-    for number in nr["deny"].values():
-        prog += [(JEQ, 0, 1, number), (RET, 0, 0, EPERM)]
-    prog += [(JEQ, 0, 1, nr["clone3"]), (RET, 0, 0, ENOSYS)]            # glibc falls back to clone
+_LD, _JEQ, _JSET, _JGE, _RET = 0x20, 0x15, 0x45, 0x35, 0x06       # classic BPF opcodes
+_ALLOW, _EPERM = 0x7FFF0000, 0x50001                                   # SECCOMP_RET_ALLOW, ERRNO|EPERM
 
-    def only(name, values):  # allow the call iff the low 32 bits of its first argument are in values
-        body = [(LD, 0, 0, 16)] + [(JEQ, len(values) - j, 0, v & 0xFFFFFFFF) for j, v in enumerate(values)]
-        return [(JEQ, 0, len(body) + 2, nr[name])] + body + [(RET, 0, 0, EPERM), (RET, 0, 0, ALLOW)]
-    prog += only("kill", [pid, 0, -pid]) + only("tgkill", [pid]) + only("rt_sigqueueinfo", [pid])
-    prog += only("rt_tgsigqueueinfo", [pid]) + only("socket", [1]) + only("socketpair", [1])  # AF_UNIX
-    prog += [(JEQ, 0, 4, nr["clone"]), (LD, 0, 0, 16), (JSET, 1, 0, 0x10000),  # CLONE_THREAD
-             (RET, 0, 0, EPERM), (RET, 0, 0, ALLOW), (RET, 0, 0, ALLOW)]
+
+def _bpf(prog) -> bytes:
     return b"".join(struct.pack("HBBI", *ins) for ins in prog)
+
+
+def _only(nr, values):
+    """Allow syscall `nr` iff the low 32 bits of its first argument are in `values`, else EPERM."""
+    body = [(_LD, 0, 0, 16)] + [(_JEQ, len(values) - j, 0, v & 0xFFFFFFFF) for j, v in enumerate(values)]
+    return [(_JEQ, 0, len(body) + 2, nr)] + body + [(_RET, 0, 0, _EPERM), (_RET, 0, 0, _ALLOW)]
+
+
+@functools.cache
+def _seccomp_head(arch: str) -> bytes:
+    """The filter over seccomp_data {nr@0, arch@4, ip@8, args@16+8i} up to the pid-specific part;
+    built once in the zygote, inherited by every worker."""
+    nr = _SYSCALLS[arch]
+    prog = [(_LD, 0, 0, 4), (_JEQ, 1, 0, nr["audit"]), (_RET, 0, 0, 0x80000000), (_LD, 0, 0, 0)]  # else KILL
+    if arch == "x86_64":
+        prog += [(_JGE, 0, 1, 0x40000000), (_RET, 0, 0, _EPERM)]       # the x32 ABI
+    for number in nr["deny"].values():
+        prog += [(_JEQ, 0, 1, number), (_RET, 0, 0, _EPERM)]
+    prog += [(_JEQ, 0, 1, nr["clone3"]), (_RET, 0, 0, 0x50026)]        # ENOSYS: glibc falls back to clone
+    prog += _only(nr["socket"], [1]) + _only(nr["socketpair"], [1])   # AF_UNIX
+    prog += [(_JEQ, 0, 4, nr["clone"]), (_LD, 0, 0, 16), (_JSET, 1, 0, 0x10000),  # CLONE_THREAD
+             (_RET, 0, 0, _EPERM), (_RET, 0, 0, _ALLOW)]
+    return _bpf(prog)
+
+
+def _seccomp_program(arch: str, pid: int) -> bytes:
+    """The whole filter: the shared head, then signals only to this worker itself."""
+    nr = _SYSCALLS[arch]
+    return _seccomp_head(arch) + _bpf(_only(nr["kill"], [pid, 0, -pid]) + _only(nr["tgkill"], [pid])
+                                      + _only(nr["rt_sigqueueinfo"], [pid]) + _only(nr["rt_tgsigqueueinfo"], [pid])
+                                      + [(_RET, 0, 0, _ALLOW)])
 
 
 @functools.cache
@@ -309,12 +331,14 @@ def _libc():
     return ctypes, ctypes.CDLL(None, use_errno=True)
 
 
+_ARCH = {"arm64": "aarch64"}.get(os.uname().machine, os.uname().machine)
+
+
 def _apply_seccomp(pid: int) -> bool:
-    arch = {"arm64": "aarch64"}.get(os.uname().machine, os.uname().machine)
-    if arch not in _SYSCALLS:
+    if _ARCH not in _SYSCALLS:
         return False
     ctypes, libc = _libc()
-    code = _seccomp_program(arch, pid)
+    code = _seccomp_program(_ARCH, pid)
     buf = ctypes.create_string_buffer(code, len(code))
     prog = struct.pack("HxxxxxxP", len(code) // 8, ctypes.addressof(buf))  # struct sock_fprog
     return libc.prctl(22, 2, prog, 0, 0) == 0                          # PR_SET_SECCOMP, FILTER
@@ -387,8 +411,8 @@ def _worker_setup(req_fd, rep_fd, uid, cfg, required):
     if not set(required) <= set(layers):
         os._exit(71)                                                   # fail closed
     random.seed()                                                      # not the zygote's state
-    if "numpy.random" in sys.modules:
-        sys.modules["numpy.random"].seed()
+    if "numpy.random" in sys.modules:                                  # 32 bits: 200x cheaper than seed()
+        sys.modules["numpy.random"].seed(random.getrandbits(32))
     return layers
 
 
@@ -407,22 +431,35 @@ def _w_encode(x) -> str:
         raise _Fail("invalid_result", f"result is not JSON data: {type(e).__name__}: {e}") from None
 
 
-def _w_step(out) -> str:
-    if not isinstance(out, (tuple, list)) or len(out) != 5:
+def _w_value(x) -> str:
+    """JSON text of one result field: the common scalars directly, anything else through json."""
+    t = type(x)
+    if t is bool:
+        return "true" if x else "false"
+    return repr(x) if t is int or t is float and math.isfinite(x) else _w_encode(x)
+
+
+def _w_step(box, action) -> str:
+    out = box["env"].step(action)
+    if type(out) not in (tuple, list) or len(out) != 5:
         raise _Fail("invalid_result", "step() must return (observation, reward, terminated, truncated, info)")
-    if issubclass(type(out[1]), float) and not math.isfinite(out[1]):
-        raise _Fail("invalid_reward", f"reward {float.__repr__(out[1])} is not finite")
-    return _w_encode([_w_obs(out[0]), *out[1:]])
+    obs, reward, term, trunc, info = out
+    if issubclass(type(reward), float) and not math.isfinite(reward):
+        raise _Fail("invalid_reward", f"reward {float.__repr__(reward)} is not finite")
+    return (f"[{_quote(_w_obs(obs))},{_w_value(reward)},{_w_value(term)},{_w_value(trunc)},"
+            f"{_w_value(info) if info or type(info) is not dict else '{}'}]")
 
 
-def _w_reset(out) -> str:
+def _w_reset(box, seed) -> str:
+    out = box["env"].reset(seed=seed)
     out = (out, {}) if issubclass(type(out), str) else out             # a bare str: the common slip
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         raise _Fail("invalid_result", "reset() must return (observation, info)")
     return _w_encode([_w_obs(out[0]), out[1]])
 
 
-def _w_load(box, source, setting) -> str:
+def _w_load(box, arg) -> str:
+    source, setting = arg
     ns = {"__name__": "__environment__", "ToolEnv": ToolEnv}
     exec(compile(source, "<environment>", "exec"), ns)
     cls = [v for v in ns.values() if isinstance(v, type) and v.__name__.endswith("Env")
@@ -435,8 +472,9 @@ def _w_load(box, source, setting) -> str:
     return _w_encode({"class_name": cls[-1].__name__, "tools": env.tools() if tool else [], "layers": box["layers"]})
 
 
-def _w_tool_probe(env, seed) -> str:
+def _w_tool_probe(box, seed) -> str:
     """reset(seed), then which predicates hold or raise already, and the reference solution."""
+    env = box["env"]
     obs, _ = env.reset(seed=seed)
     held, raised = [], []
     for i, (_, pred) in enumerate(env.instructions):
@@ -447,8 +485,9 @@ def _w_tool_probe(env, seed) -> str:
     return _w_encode([_w_obs(obs), len(env.instructions), held, raised, list(env.solution())])
 
 
-def _w_program(code, stdin, out_cap) -> str:
+def _w_program(box, arg) -> str:
     """Run a whole program as __main__: stdin from a scratch file on fd 0, fd 1 into another."""
+    code, stdin, out_cap = arg
     with open("stdin.txt", "w", encoding="utf-8") as f:
         f.write(stdin)
     os.dup2(os.open("stdin.txt", os.O_RDONLY), 0)
@@ -473,28 +512,19 @@ def _w_program(code, stdin, out_cap) -> str:
 
 
 def _w_serve(layers):
-    box, pending = {"layers": layers}, b""
+    """One request line in, one reply line out, until the trainer closes the pipe. The trainer sends
+    only these ops; a line it did not send can only come from this worker itself."""
+    box, pending, read, write = {"layers": layers}, b"", os.read, os.write
+    ops = {b"S": _w_step, b"R": _w_reset, b"L": _w_load, b"T": _w_tool_probe, b"P": _w_program}
     while True:
-        chunks = [pending]
-        while b"\n" not in chunks[-1]:
-            chunks.append(os.read(3, 1 << 16))
-            if not chunks[-1]:
+        while (i := pending.find(b"\n")) < 0:
+            chunk = read(3, 1 << 16)
+            if not chunk:
                 os._exit(0)                                            # the trainer closed the pipe
-        line, _, pending = b"".join(chunks).partition(b"\n")
-        op, nonce = line[:1], line[1:9].decode()
+            pending += chunk
+        line, pending, op, nonce = pending[:i], pending[i + 1:], pending[:1], pending[1:9]
         try:
-            arg = _parse(line[9:])
-            if op == b"S":
-                data = _w_step(box["env"].step(arg))
-            elif op == b"R":
-                data = _w_reset(box["env"].reset(seed=arg))
-            elif op == b"L":
-                data = _w_load(box, *arg)
-            elif op == b"T":
-                data = _w_tool_probe(box["env"], arg)
-            else:                                                      # P: the trainer sends no other op
-                data = _w_program(*arg)
-            data = f"{nonce}={data}\n"
+            out = b"%s=%s\n" % (nonce, ops[op](box, _parse(line[9:])).encode())
         except BaseException as e:  # noqa: BLE001 - SystemExit, custom BaseException, MemoryError...
             kind = e.kind if isinstance(e, _Fail) else "memory_limit" if isinstance(e, MemoryError) \
                 else {b"L": "load_error", b"R": "reset_error"}.get(op, "step_error")
@@ -502,10 +532,9 @@ def _w_serve(layers):
                 msg = e.message if isinstance(e, _Fail) else f"{type(e).__name__}: {e}"
             except BaseException:  # noqa: BLE001
                 msg = "unprintable exception"
-            data = f"{nonce}!{_dumps([kind, msg[:300]])}\n"
-        out = data.encode()
+            out = b"%s!%s\n" % (nonce, _dumps([kind, msg[:300]]).encode())
         while out:
-            out = out[os.write(4, out):]
+            out = out[write(4, out):]
 
 
 # INFRA: the zygote (`python sandbox.py --zygote <fd> <json cfg>`; it never runs untrusted code)
@@ -539,6 +568,8 @@ def _zygote_main(sock_fd: int, cfg: dict):
     cfg["scratch"] = tempfile.mkdtemp(prefix="spade-sbx-")
     os.chmod(cfg["scratch"], 0o711)
     paths = sysconfig.get_paths()
+    if _ARCH in _SYSCALLS:
+        _seccomp_head(_ARCH)                                           # built once, inherited
     cfg["read_dirs"] = sorted({paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
                               | {"/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/share/zoneinfo"})
     base = 0x10000000 + (os.getpid() % 0x100000) * UIDS
@@ -552,7 +583,10 @@ def _zygote_main(sock_fd: int, cfg: dict):
         if not got[0]:
             _killall(pid)
             got = os.waitpid(pid, 0)
-        shutil.rmtree(os.path.join(cfg["scratch"], f"w{pid}"), ignore_errors=True)
+        try:
+            os.rmdir(path := os.path.join(cfg["scratch"], f"w{pid}"))  # most scratch dirs stay empty
+        except OSError:
+            shutil.rmtree(path, ignore_errors=True)
         free.append(live.pop(pid))
         return got[1]
 
@@ -755,17 +789,25 @@ class EnvHandle:
             raise self._kill("protocol_violation", "unsolicited reply bytes")
         # A fresh nonce from the trainer's private RNG: a line written before this request (still in
         # the pipe) cannot carry it, so _end rejects stale and unsolicited lines without a poll().
-        self._nonce = "%08x" % self._sb._nonce_bits(32)
-        view = memoryview(f"{op}{self._nonce}{arg}\n".encode())
+        self._nonce = b"%08x" % self._sb._nonce_bits(32)
+        data = b"%s%s%s\n" % (op.encode(), self._nonce, arg.encode())
         self._t0 = time.monotonic()
         self._deadline = self._t0 + timeout
+        try:
+            n = os.write(self._wfd, data)
+        except BlockingIOError:
+            n = 0
+        except BrokenPipeError:
+            raise self._kill(None, wait=True) from None
+        view = memoryview(data)[n:]
         while view:                                                    # a long request: as the worker reads
+            left = self._deadline - time.monotonic()
+            if left <= 0 or not select.select([], [self._wfd], [], left)[1]:
+                raise self._timeout()
             try:
                 view = view[os.write(self._wfd, view):]
             except BlockingIOError:
-                left = self._deadline - time.monotonic()
-                if left <= 0 or not select.select([], [self._wfd], [], left)[1]:
-                    raise self._timeout() from None
+                pass
             except BrokenPipeError:
                 raise self._kill(None, wait=True) from None
 
@@ -811,7 +853,7 @@ class EnvHandle:
             self._acked, line = True, line[1:]
         self._last = time.monotonic() - self._t0
         self._used += self._last if episode else 0.0
-        if line[:8] != self._nonce.encode():
+        if line[:8] != self._nonce:
             raise self._kill("protocol_violation", "reply does not answer the request")
         try:
             r = _parse(line[9:-1])
@@ -883,7 +925,7 @@ class EnvHandle:
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         try:
-            self._begin("S", _dumps(str(action)), self._sb.step_timeout)
+            self._begin("S", _quote(str(action)), self._sb.step_timeout)
             return self._check_step(self._end(self._wait()))
         except _Fail as e:
             return self._error(e)
@@ -1036,7 +1078,7 @@ class Sandbox:
         for i, (h, a) in enumerate(zip(handles, args)):
             try:
                 if out[i] is None:
-                    h._begin("S", _dumps(str(a)), self.step_timeout) if step else h._begin_reset(a)
+                    h._begin("S", _quote(str(a)), self.step_timeout) if step else h._begin_reset(a)
                     pending[h._rfd] = (i, h)
                     poller.register(h._rfd, select.POLLIN)
             except _Fail as e:

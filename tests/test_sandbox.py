@@ -853,8 +853,10 @@ def test_parent_revalidates_a_forger_that_knows_the_nonce(sb, r, kind):
     """Worker-side checks are friendliness: a forger that bypasses them still meets the parent's."""
     env = game(f"""
         import os, sys, time
-        nonce = sys._getframe(1).f_locals['nonce']                     # read from the serve loop
-        os.write(4, ('%s=%s\\n' % (nonce, {r!r})).encode())           # a well-formed reply line
+        f = sys._getframe(1)
+        while 'nonce' not in f.f_locals:                               # read it from the serve loop
+            f = f.f_back
+        os.write(4, f.f_locals['nonce'] + b'=' + {r!r}.encode() + b'\\n')  # a well-formed reply line
         time.sleep(5)
     """)
     res = play(sb, env)[0]
