@@ -16,29 +16,32 @@ THREAT MODEL. The code may hang, ignore signals, bomb memory, processes or threa
 env vars, home secrets or project files, write anywhere, open sockets, signal or ptrace the trainer,
 forge or add reply lines, return lying objects (float/str subclasses, NaN, a faked __class__, lone
 surrogates), exit or segfault, keep state for its next episode, and behave well only while validated.
-None of that may crash or stall the caller, leak a secret, leave a side effect, change or fail
-another episode.
+None of that may crash or stall the caller, leak a secret, leave a side effect, or change another episode.
 
 DESIGN. A zygote (`python -s -B -P sandbox.py --zygote`, clean env, never a fork of the trainer, never
-runs untrusted code) forks one worker per EPISODE; the worker locks itself down, then executes the
-source afresh. Requests `<op><nonce><JSON>` (ops L(oad) R(eset) S(tep) T(ool probe) P(rogram)) and
-replies `<nonce>=<JSON>` or `<nonce>!<JSON [failure, message]>` are lines on two private pipes, one
-request outstanding, a fresh nonce each; the PARENT re-checks every field with type(), caps and text
-checks. LAYERS (`Sandbox.layers` lists those achieved; a worker missing one of them exits unused):
+runs untrusted code) forks one worker per EPISODE and keeps `pool` of them forked ahead; a worker locks
+itself down completely before it reads its first request, then executes the source afresh. Requests
+`<op><nonce><JSON>` (L(oad) R(eset) S(tep) T(ool probe) P(rogram)) and replies `<nonce>=<JSON>` or
+`<nonce>!<JSON [failure, message]>` are lines on two private pipes, one request outstanding, a fresh
+nonce each; the PARENT re-checks every reply field with type(), caps and text checks.
+LAYERS (`Sandbox.layers` lists those achieved; a later worker missing one exits unused):
   always    allow-listed env (PYTHONHASHSEED=0), setsid, fds 0-2 on /dev/null, pipes on 3/4, no other
             fd, scratch cwd; rlimits AS (memory_mb above the preloaded zygote), CPU, FSIZE, NOFILE,
             NPROC, CORE=0; parent deadlines per call and per episode, SIGKILL of the process group;
             JSON only (never pickle), 1 MiB reply lines; a fresh worker per episode.
-  netns     (root) one empty network namespace for the zygote's workers.
+  netns     (root) one empty network namespace for the zygote's workers: no interface but loopback.
+            Workers cannot reach each other in it: Landlock denies TCP bind/connect, seccomp allows
+            AF_UNIX sockets only, and Landlock (ABI >= 6) scopes abstract unix sockets to the worker.
   mountns   (root) private size-capped tmpfs on /tmp, /var/tmp, /dev/shm (scratch lives there).
   uid       (root) one unprivileged uid per worker: no signal, ptrace, renice or /proc read across
             workers or towards the trainer; the trainer user's files stay closed.
   pdeathsig, nondumpable, no_new_privs   set after the uid drop.
-  landlock  reads only below the Python install and system libraries, writes only in scratch, no TCP
-            bind/connect; abstract unix sockets and signals scoped to the worker (ABI >= 6).
-  seccomp   BPF (x86_64, aarch64; syscalls by name in _SYSCALLS): EPERM for each "deny" call (fork,
-            exec, ptrace, mount, namespaces, bpf, io_uring, modules, pidfd, setpriority, ...); clone
-            only with CLONE_THREAD; kill/sigqueue only of itself; sockets only AF_UNIX.
+  landlock  reads only below the Python install and system libraries, writes only in its scratch dir,
+            no TCP bind/connect; abstract unix sockets and signals scoped to the worker (ABI >= 6).
+  seccomp   BPF (x86_64, aarch64; syscalls by name in _SYSCALLS; the pid-free head built once in the
+            zygote): EPERM for each "deny" call (fork, exec, ptrace, mount, namespaces, bpf, io_uring,
+            modules, pidfd, setpriority, ...); clone only with CLONE_THREAD; kill/sigqueue only of
+            itself; sockets only AF_UNIX.
 NOT COVERED. Kernel exploits (a process sandbox is not a VM); GPU device nodes are visible (Landlock
 forbids opening them); no cgroups (workers share CPU and memory within their rlimits). Without root,
 scratch is the host's /tmp under the per-file limit and workers share the trainer's uid, relying on
@@ -47,8 +50,8 @@ are reachable. A worker may read the nonce from its own serve loop and answer fo
 changes its own reply. Modules outside PRELOAD may be unimportable when the Python install lies below
 a directory the worker uid cannot traverse (e.g. /root/.pyenv).
 
-NAMED FAILURES: FAILURES below, in info["error"] and ValidationReport.kind; `too_slow` (validation):
-the median reset or step call took over SLOW_SHARE x step_timeout, as that stalls every batched turn.
+NAMED FAILURES: FAILURES, in info["error"] and ValidationReport.kind; `too_slow` (validation): the
+median reset or step call took over SLOW_SHARE x step_timeout, as that stalls every batched turn.
 Faults of the sandbox itself raise SandboxInfraError.
 
 DEVIATIONS (the authors exec() environments inside the trainer with thread timeouts):
@@ -59,8 +62,7 @@ DEVIATIONS (the authors exec() environments inside the trainer with thread timeo
   4. One network namespace per zygote (one per worker would cost ~2 ms per start).
   5. Threads are allowed; extra threads at reset, episode end or in validation: `resource_leak`.
   6. Every reset gets a fresh worker that executes the source afresh: module globals, class
-     attributes, the `random` generator and stdlib module state never carry over (re-executing the
-     source in a live worker is cheaper but keeps interpreter state; README, benchmarks).
+     attributes, the `random` generators and stdlib module state never carry over.
   7. Conveniences: a bare-str reset() means (obs, {}); numpy values are converted in the worker;
      observations over OBS_CAP characters are truncated.
 
@@ -113,29 +115,14 @@ def _jsonable(x):
     return sorted(x, key=repr) if isinstance(x, (set, frozenset)) else str(x)
 
 
-# json.dumps builds json's C encoder anew on every call, which costs more than encoding a short step
-# reply; the same encoder, built once (no NaN/inf; a cycle ends in RecursionError, caught as a fault).
-_C_ENCODER = json.encoder.c_make_encoder(None, _jsonable, json.encoder.encode_basestring_ascii, None, ":", ",",
-                                         False, False, False) if json.encoder.c_make_encoder else None
-
-
-def _dumps(x) -> str:
-    if _C_ENCODER is None:                                             # a Python without json's C speedups
-        return json.dumps(x, allow_nan=False, separators=(",", ":"), default=_jsonable)
-    return "".join(_C_ENCODER(x, 0))
-
-
+_dumps = functools.partial(json.dumps, allow_nan=False, separators=(",", ":"), default=_jsonable)
 _quote = json.encoder.encode_basestring_ascii                          # a str as a JSON string (C)
 _SCAN = json.JSONDecoder(parse_constant=_no_constant).scan_once       # json's C scanner, no Python frame
 
 
 def _parse(data: bytes):
-    """Strict JSON from one line's bytes: a value and nothing after it."""
-    text = data.decode("utf-8")
-    try:
-        obj, end = _SCAN(text, 0)
-    except StopIteration:
-        raise ValueError("not JSON") from None
+    """Strict JSON from one line's bytes: a value and nothing after it (StopIteration: not JSON)."""
+    obj, end = _SCAN(text := data.decode("utf-8"), 0)
     if end != len(text):
         raise ValueError("trailing data")
     return obj
@@ -857,8 +844,8 @@ class EnvHandle:
             raise self._kill("protocol_violation", "reply does not answer the request")
         try:
             r = _parse(line[9:-1])
-        except (ValueError, RecursionError) as e:
-            raise self._kill("protocol_violation", f"reply is not JSON: {e}") from None
+        except (ValueError, RecursionError, StopIteration) as e:
+            raise self._kill("protocol_violation", f"reply is not JSON: {e!r}") from None
         if line[8] == 61:                                              # b"="
             return r
         if line[8] != 33 or type(r) is not list or len(r) != 2 or type(r[0]) is not str:   # b"!"
