@@ -142,16 +142,12 @@ class ValidationReport:
     transcript: list = field(default_factory=list, repr=False)
 
 
-# ----------------------------------------------------------------------------------------------
-# ALGO: the ToolEnv base class (Sec. 4.2). It is defined here and injected into the environment's
-# namespace inside the worker; the designer never imports it.
-#
-# As in the authors' base class: tool calls are free (they never touch the turn budget); an
+# ALGO: the ToolEnv base class (Sec. 4.2), injected into the environment's namespace in the worker (the
+# designer never imports it). As in the authors' base class: tool calls are free (they never touch the turn budget); an
 # <answer> turn and a malformed turn (no answer, no call that parses) each use one of `max_turns`
 # (10, theirs). An answer outranks tool calls in the same action. A premature or wrong answer gets
 # feedback naming the pending instruction, reward 0, and play continues. When the last
 # instruction completes, the tool output says so and asks for <answer>done</answer>.
-# ----------------------------------------------------------------------------------------------
 _CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.S)
 FORMAT_REMINDER = ("Invalid turn. Call tools with <tool_call>{\"name\": ..., \"arguments\": {...}}"
@@ -170,17 +166,13 @@ class ToolEnv:
     def setup(self, rng):  # subclasses: fill self.state and self.instructions from rng
         raise NotImplementedError
 
-    def solution(self) -> list:
+    def solution(self) -> list:  # subclasses: the tool calls that complete every instruction
         return []
 
     def tools(self) -> list[dict]:
-        out = []
-        for t in self.TOOLS:
-            fn = t.get("function", t) if isinstance(t, dict) else {}
-            out.append({"type": "function", "function": {
-                "name": fn.get("name"), "description": fn.get("description", ""),
-                "parameters": fn.get("parameters", {"type": "object", "properties": {}})}})
-        return out
+        fns = [t.get("function", t) if isinstance(t, dict) else {} for t in self.TOOLS]
+        return [{"type": "function", "function": {"name": f.get("name"), "description": f.get("description", ""),
+                 "parameters": f.get("parameters", {"type": "object", "properties": {}})}} for f in fns]
 
     def reset(self, seed=None):
         self.state, self.instructions, self._done, self._turn = {}, [], 0, 0
@@ -270,17 +262,11 @@ _SYSCALLS = {  # numbers from asm/unistd_64.h (x86_64) and asm-generic/unistd.h 
         pidfd_send_signal=424, pidfd_getfd=438, process_madvise=440, open_by_handle_at=265,
         name_to_handle_at=264, sethostname=161, setdomainname=162, quotactl=60, kcmp=272, setpriority=140)),
 }
+_ARCH = {"arm64": "aarch64"}.get(os.uname().machine, os.uname().machine)
+_LD, _JEQ, _JSET, _JGE, _RET, _ALLOW, _EPERM = 0x20, 0x15, 0x45, 0x35, 0x06, 0x7FFF0000, 0x50001  # BPF; RET_*
 
 
-_LD, _JEQ, _JSET, _JGE, _RET = 0x20, 0x15, 0x45, 0x35, 0x06       # classic BPF opcodes
-_ALLOW, _EPERM = 0x7FFF0000, 0x50001                                   # SECCOMP_RET_ALLOW, ERRNO|EPERM
-
-
-def _bpf(prog) -> bytes:
-    return b"".join(struct.pack("HBBI", *ins) for ins in prog)
-
-
-def _only(nr, values):
+def _only(nr, values) -> list:
     """Allow syscall `nr` iff the low 32 bits of its first argument are in `values`, else EPERM."""
     body = [(_LD, 0, 0, 16)] + [(_JEQ, len(values) - j, 0, v & 0xFFFFFFFF) for j, v in enumerate(values)]
     return [(_JEQ, 0, len(body) + 2, nr)] + body + [(_RET, 0, 0, _EPERM), (_RET, 0, 0, _ALLOW)]
@@ -288,27 +274,31 @@ def _only(nr, values):
 
 @functools.cache
 def _seccomp_head(arch: str) -> bytes:
-    """The filter over seccomp_data {nr@0, arch@4, ip@8, args@16+8i} up to the pid-specific part;
-    built once in the zygote, inherited by every worker."""
+    """Classic BPF over seccomp_data {nr@0, arch@4, ip@8, args@16+8i}, all but the pid-specific tail;
+    built once in the zygote (workers inherit it)."""
     nr = _SYSCALLS[arch]
     prog = [(_LD, 0, 0, 4), (_JEQ, 1, 0, nr["audit"]), (_RET, 0, 0, 0x80000000), (_LD, 0, 0, 0)]  # else KILL
-    if arch == "x86_64":
-        prog += [(_JGE, 0, 1, 0x40000000), (_RET, 0, 0, _EPERM)]       # the x32 ABI
+    prog += [(_JGE, 0, 1, 0x40000000), (_RET, 0, 0, _EPERM)] if arch == "x86_64" else []  # the x32 ABI
     for number in nr["deny"].values():
         prog += [(_JEQ, 0, 1, number), (_RET, 0, 0, _EPERM)]
     prog += [(_JEQ, 0, 1, nr["clone3"]), (_RET, 0, 0, 0x50026)]        # ENOSYS: glibc falls back to clone
     prog += _only(nr["socket"], [1]) + _only(nr["socketpair"], [1])   # AF_UNIX
     prog += [(_JEQ, 0, 4, nr["clone"]), (_LD, 0, 0, 16), (_JSET, 1, 0, 0x10000),  # CLONE_THREAD
              (_RET, 0, 0, _EPERM), (_RET, 0, 0, _ALLOW)]
-    return _bpf(prog)
+    return b"".join(struct.pack("HBBI", *ins) for ins in prog)
 
 
-def _seccomp_program(arch: str, pid: int) -> bytes:
-    """The whole filter: the shared head, then signals only to this worker itself."""
-    nr = _SYSCALLS[arch]
-    return _seccomp_head(arch) + _bpf(_only(nr["kill"], [pid, 0, -pid]) + _only(nr["tgkill"], [pid])
-                                      + _only(nr["rt_sigqueueinfo"], [pid]) + _only(nr["rt_tgsigqueueinfo"], [pid])
-                                      + [(_RET, 0, 0, _ALLOW)])
+def _apply_seccomp(pid: int) -> bool:
+    """The head, then signals (kill, tgkill, sigqueue) only to this worker itself; PR_SET_SECCOMP."""
+    if _ARCH not in _SYSCALLS:
+        return False
+    nr, (ctypes, libc) = _SYSCALLS[_ARCH], _libc()
+    tail = _only(nr["kill"], [pid, 0, -pid]) + _only(nr["tgkill"], [pid]) + _only(nr["rt_sigqueueinfo"], [pid])
+    tail += _only(nr["rt_tgsigqueueinfo"], [pid]) + [(_RET, 0, 0, _ALLOW)]
+    code = _seccomp_head(_ARCH) + b"".join(struct.pack("HBBI", *ins) for ins in tail)
+    buf = ctypes.create_string_buffer(code, len(code))
+    prog = struct.pack("HxxxxxxP", len(code) // 8, ctypes.addressof(buf))  # struct sock_fprog
+    return libc.prctl(22, 2, prog, 0, 0) == 0                          # PR_SET_SECCOMP, FILTER
 
 
 @functools.cache
@@ -316,19 +306,6 @@ def _libc():
     """ctypes and libc, loaded once in the zygote (workers inherit them)."""
     import ctypes
     return ctypes, ctypes.CDLL(None, use_errno=True)
-
-
-_ARCH = {"arm64": "aarch64"}.get(os.uname().machine, os.uname().machine)
-
-
-def _apply_seccomp(pid: int) -> bool:
-    if _ARCH not in _SYSCALLS:
-        return False
-    ctypes, libc = _libc()
-    code = _seccomp_program(_ARCH, pid)
-    buf = ctypes.create_string_buffer(code, len(code))
-    prog = struct.pack("HxxxxxxP", len(code) // 8, ctypes.addressof(buf))  # struct sock_fprog
-    return libc.prctl(22, 2, prog, 0, 0) == 0                          # PR_SET_SECCOMP, FILTER
 
 
 def _apply_landlock(scratch: str, read_dirs: list[str]) -> bool:
@@ -412,18 +389,13 @@ def _w_obs(x) -> str:
 
 
 def _w_encode(x) -> str:
+    """JSON text of a result (bools and finite ints/floats directly: the step reply's fields)."""
+    if (t := type(x)) is bool or t is int or t is float and math.isfinite(x):
+        return ("true" if x else "false") if t is bool else repr(x)
     try:
         return _dumps(x)
     except (ValueError, TypeError, RecursionError) as e:
         raise _Fail("invalid_result", f"result is not JSON data: {type(e).__name__}: {e}") from None
-
-
-def _w_value(x) -> str:
-    """JSON text of one result field: the common scalars directly, anything else through json."""
-    t = type(x)
-    if t is bool:
-        return "true" if x else "false"
-    return repr(x) if t is int or t is float and math.isfinite(x) else _w_encode(x)
 
 
 def _w_step(box, action) -> str:
@@ -433,8 +405,8 @@ def _w_step(box, action) -> str:
     obs, reward, term, trunc, info = out
     if issubclass(type(reward), float) and not math.isfinite(reward):
         raise _Fail("invalid_reward", f"reward {float.__repr__(reward)} is not finite")
-    return (f"[{_quote(_w_obs(obs))},{_w_value(reward)},{_w_value(term)},{_w_value(trunc)},"
-            f"{_w_value(info) if info or type(info) is not dict else '{}'}]")
+    return (f"[{_quote(_w_obs(obs))},{_w_encode(reward)},{_w_encode(term)},{_w_encode(trunc)},"
+            f"{_w_encode(info) if info or type(info) is not dict else '{}'}]")
 
 
 def _w_reset(box, seed) -> str:
@@ -455,15 +427,14 @@ def _w_load(box, arg) -> str:
         raise _Fail("load_error", f"{cls[-1].__name__} does not subclass ToolEnv" if cls
                    else "no class whose name ends in 'Env'")
     box["env"] = env = cls[-1]()
-    tool = isinstance(env, ToolEnv)
-    return _w_encode({"class_name": cls[-1].__name__, "tools": env.tools() if tool else [], "layers": box["layers"]})
+    tools = env.tools() if isinstance(env, ToolEnv) else []
+    return _w_encode({"class_name": cls[-1].__name__, "tools": tools, "layers": box["layers"]})
 
 
 def _w_tool_probe(box, seed) -> str:
     """reset(seed), then which predicates hold or raise already, and the reference solution."""
-    env = box["env"]
+    env, held, raised = box["env"], [], []
     obs, _ = env.reset(seed=seed)
-    held, raised = [], []
     for i, (_, pred) in enumerate(env.instructions):
         try:
             held += [i] if pred(env.state) else []
