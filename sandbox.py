@@ -751,21 +751,14 @@ class EnvHandle:
         data = b"%s%s%s\n" % (op.encode(), self._nonce, arg.encode())
         self._t0 = time.monotonic()
         self._deadline = self._t0 + timeout
-        try:
-            n = os.write(self._wfd, data)
-        except BlockingIOError:
-            n = 0
-        except BrokenPipeError:
-            raise self._kill(None, wait=True) from None
-        view = memoryview(data)[n:]
-        while view:                                                    # a long request: as the worker reads
-            left = self._deadline - time.monotonic()
-            if left <= 0 or not select.select([], [self._wfd], [], left)[1]:
-                raise self._timeout()
+        view = memoryview(data)
+        while view:                                                    # one write, unless the request is long
             try:
                 view = view[os.write(self._wfd, view):]
             except BlockingIOError:
-                pass
+                left = self._deadline - time.monotonic()
+                if left <= 0 or not select.select([], [self._wfd], [], left)[1]:
+                    raise self._timeout() from None
             except BrokenPipeError:
                 raise self._kill(None, wait=True) from None
 
