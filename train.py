@@ -659,13 +659,14 @@ def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *,
     The model is in train mode only here (transformers checkpoints activations only in train
     mode; rollouts need eval mode, whose layers keep their KV cache), and gradients are freed
     right after the optimizer step, so they never sit in memory through the next rollouts.
-    Without a KL term a sample whose advantage is exactly 0 has exactly zero gradient: it is
-    counted in the mean over samples but never forwarded (zero-variance groups cost nothing)."""
+    Without a KL term a sample whose advantage is exactly 0 has exactly zero gradient, and so
+    has a sample whose loss mask is all zero (the tool-use compact filter): both are counted in
+    the mean over samples but never forwarded (zero-variance groups cost nothing)."""
     dev, world = accelerator.device, accelerator.num_processes
     n_global = int(accelerator.gather(torch.tensor([len(samples)], device=dev)).sum())
     if n_global == 0:
         return {}
-    trained = [s for s in samples if s["advantage"] != 0.0 or oargs.kl_coef > 0]
+    trained = [s for s in samples if any(s["mask"]) and (s["advantage"] != 0.0 or oargs.kl_coef > 0)]
     batches = micro_batches(trained, margs.micro_batch_tokens)
     # INFRA: every rank runs the same number of forwards (FSDP collectives), at least one so
     # every parameter gets a (zero) gradient and AdamW steps as it would on zero advantages;

@@ -6,6 +6,7 @@ import random
 from collections import Counter
 
 import pytest
+import torch
 
 import agent
 import designer
@@ -278,3 +279,27 @@ def test_play_pool_wires_the_malformed_mask_from_the_setting(tokenizer, off):
     pool = [train.PoolEnv("e0", "Tool Selection", "source", "DeskEnv", "fallback")]
     [ep] = train.play_pool(0, pool, sargs, Sampler(), Box(), tokenizer, hinted_arm=False, seed=0)
     assert (ep.status, ep.ret, ep.masked_replies) == ("terminated", 1.0, 0 if off else 1)
+
+
+def test_grpo_update_never_forwards_a_compact_filtered_sample(tiny, monkeypatch):
+    """An all-zero loss mask has zero gradient even with a KL term: counted, never forwarded."""
+    import copy
+
+    from accelerate import Accelerator
+    seen = []
+    logprobs = grpo.token_logprobs
+
+    def spy(m, input_ids, attention_mask, *a, **k):
+        seen.append(int(attention_mask.sum()))
+        return logprobs(m, input_ids, attention_mask, *a, **k)
+    monkeypatch.setattr(grpo, "token_logprobs", spy)
+    model = copy.deepcopy(tiny[0]).eval()
+    ref = copy.deepcopy(model).requires_grad_(False)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    samples = [{"tokens": [5 + i] * 12, "mask": [0] * 4 + [1] * 8 if i != 1 else [0] * 12,
+                "logprobs": [-7.0] * 12, "advantage": a, "role": "agent"} for i, a in enumerate([1.0, -1.0])]
+    out = train.grpo_update(model, ref, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0),
+                            Accelerator(cpu=True), samples, pad_id=tiny[1].pad_token_id,
+                            temperatures={"agent": 1.0}, oargs=train.OptimArgs(kl_coef=0.1),
+                            margs=train.ModelArgs(), grpo=grpo, torch=torch)
+    assert out["losses/samples"] == 2 and seen == [12, 12]      # policy + reference: sample 0 only
