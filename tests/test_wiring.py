@@ -1,0 +1,396 @@
+"""train.py's wiring of Algorithm 1: one scripted run whose every count is worked out by hand
+below, spies on what the loop hands to the sampler, the loss, the optimizer and the memory, and
+one run per ablation flag showing that the flag took effect. Plus the paper's constants where the
+loop reads them.
+
+The script (3 steps, R = 2, N = 3 slots, G = 4 unhinted plays, H = 2 hinted plays, k = 6 skills, so
+slots 0, 1, 2 are Mathematical Reasoning, Logical Deduction, Spatial Reasoning at steps 0 and 2):
+  designer call 0: [FAIR, BROKEN, FAULTY]   call 1 (slot 1 again): [HARD]
+  designer call 2: [EASY, BROKEN, BROKEN]   call 3 (slots 1, 2 again): [BROKEN, BROKEN]
+  FAIR pays 1 for "heads"; HARD pays 1 only for "heads please"; EASY always pays 1; FAULTY is
+  FAIR but raises on the seed of step 1's second play (an environment fault after its regret).
+  The agent says "heads" on play seeds 0 and 2 of a step, "tails" on 1 and 3, and "heads please"
+  when its prompt holds a hint; every episode is one turn.
+"""
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import engine
+import grpo
+import train
+
+CORPUS = Path(__file__).resolve().parent / "fixtures" / "short_corpus.jsonl"
+ENVS = Path(__file__).resolve().parents[1] / "data" / "envs"
+MATH, LOGIC, SPATIAL, PATTERN = ("Mathematical Reasoning", "Logical Deduction", "Spatial Reasoning",
+                                 "Pattern Recognition")
+
+# Every knob the loop passes on gets a value that is nobody's default, so a swapped or
+# hard-coded argument shows.
+ARGS = ["--model", "tiny", "--steps", "3", "--regen_interval", "2", "--num_envs", "3",
+        "--skills_per_regen", "6", "--plays", "4", "--hint_plays", "2", "--max_attempts", "2",
+        "--designer_temperature", "0.61", "--hint_temperature", "0.31", "--agent_temperature", "0.62",
+        "--top_p", "0.93", "--top_k", "19", "--designer_max_tokens", "24", "--hint_max_tokens", "12",
+        "--max_new_tokens", "40", "--max_turns", "2", "--clip_low", "0.21", "--clip_high", "0.29",
+        "--tis_cap", "2.5", "--lr", "3e-6", "--weight_decay", "0.05", "--grad_clip", "0.9",
+        "--micro_batch_tokens", "700", "--sandbox_workers", "2", "--checkpoint_every", "100",
+        "--transcripts", "1", "--corpus", str(CORPUS)]
+
+EVEN = {train.derive_seed("play", 0, s, i) for s in range(3) for i in (0, 2)}  # "heads" plays
+BAD_SEED = train.derive_seed("play", 0, 1, 1)  # step 1, play 1: FAULTY raises
+
+COIN = '''
+class NAMEEnv:
+    def __init__(self, max_turns: int = 3):
+        self.seed = 0
+
+    def reset(self, seed=None):
+        self.seed = seed or 0
+        return "Seed %d. Call the coin: \\\\boxed{heads} or \\\\boxed{tails}." % self.seed, {}
+
+    def step(self, action):
+        if self.seed == BAD:
+            raise RuntimeError("a bug only this seed reaches")
+        return "The coin landed.", float(PAYS), True, False, {}
+'''
+
+
+def coin(name, pays, bad=-1):
+    src = COIN.replace("NAME", name).replace("PAYS", pays).replace("BAD", str(bad))
+    return f"My environment.\n```python\n{src}```"
+
+
+FAIR, HARD, EASY = coin("Fair", '"heads" in action'), coin("Hard", '"please" in action'), coin("Easy", "True")
+FAULTY = coin("Faulty", '"heads" in action', BAD_SEED)
+BROKEN = "```python\nclass BrokenEnv(:\n    pass\n```"
+DESIGNS = [[FAIR, BROKEN, FAULTY], [HARD], [EASY, BROKEN, BROKEN], [BROKEN, BROKEN]]
+
+
+class Scripted:
+    """A rollout engine with scripted replies (`reply(call, prompt_text)`) and the model's own
+    log-probs of them (teacher forcing). Records every call: decoded prompts and sampling."""
+
+    def __init__(self, model, tok, reply):
+        self.model, self.tok, self.reply, self.calls = model, tok, reply, []
+
+    def generate(self, prompts, *, max_new_tokens, temperature, top_p, top_k, seed=None):
+        call = {"texts": [self.tok.decode(p) for p in prompts], "max_new_tokens": max_new_tokens,
+                "temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
+        self.calls.append(call)
+        out = []
+        for i, (prompt, text) in enumerate(zip(prompts, call["texts"])):
+            reply = self.reply(len(self.calls) - 1, i, text, max_new_tokens)
+            ids = self.tok.encode(reply, add_special_tokens=False) + [self.tok.eos_token_id]
+            with torch.no_grad():
+                logits = self.model(torch.tensor([list(prompt) + ids])).logits[0, len(prompt) - 1:-1]
+            lp = torch.log_softmax(logits.float() / temperature, -1).gather(-1, torch.tensor(ids)[:, None])[:, 0]
+            out.append(engine.Completion(token_ids=ids, logprobs=lp.tolist(), text=reply, finish_reason="stop"))
+        return out
+
+
+def agent_reply(call, i, text, max_new_tokens):
+    if isinstance(max_new_tokens, int):  # a hint call (agent turns get one cap per prompt)
+        return "Say heads please."
+    if "HINT:" in text:
+        return "\\boxed{heads please}"
+    seed = re.search(r"Seed (\d+)\. Call the coin", text)
+    if seed is None:  # another environment (the Fixed-env baseline's)
+        return "\\boxed{1}"
+    return "\\boxed{heads}" if int(seed.group(1)) in EVEN else "\\boxed{tails}"
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return engine.build_tiny("tiny", seed=0)
+
+
+def run(tmp_path, policy, monkeypatch, extra=()):
+    """The scripted run with spies; returns (run dir, metrics rows, spy records, engines)."""
+    import accelerate
+    rec = {"batches": [], "loss_kw": [], "temps": [], "weights": [], "clip": [], "adamw": []}
+    real_batches, real_loss, real_logprobs = train.micro_batches, grpo.policy_loss, grpo.token_logprobs
+    real_backward, real_clip, real_adamw = (accelerate.Accelerator.backward,
+                                            accelerate.Accelerator.clip_grad_norm_, torch.optim.AdamW)
+
+    def micro_batches(samples, budget):
+        out = real_batches(samples, budget)
+        rec["batches"].append(out)
+        return out
+
+    def policy_loss(*a, **kw):
+        rec["loss_kw"].append(kw)
+        loss, stats = real_loss(*a, **kw)
+        return loss - loss.detach() + 1.0, stats  # same gradient; value 1, so backward sees the weight
+
+    def token_logprobs(*a, temperature, **kw):
+        rec["temps"].append(temperature)
+        return real_logprobs(*a, temperature=temperature, **kw)
+
+    def backward(self, loss, **kw):
+        rec["weights"].append(float(loss.detach()))
+        return real_backward(self, loss, **kw)
+
+    def clip_grad_norm_(self, parameters, max_norm, *a, **kw):
+        rec["clip"].append(max_norm)
+        return real_clip(self, parameters, max_norm, *a, **kw)
+
+    def adamw(params, **kw):
+        rec["adamw"].append(kw)
+        return real_adamw(params, **kw)
+
+    monkeypatch.setattr(train, "micro_batches", micro_batches)
+    monkeypatch.setattr(grpo, "policy_loss", policy_loss)
+    monkeypatch.setattr(grpo, "token_logprobs", token_logprobs)
+    monkeypatch.setattr(accelerate.Accelerator, "backward", backward)
+    monkeypatch.setattr(accelerate.Accelerator, "clip_grad_norm_", clip_grad_norm_)
+    monkeypatch.setattr(torch.optim, "AdamW", adamw)
+    model, tok = policy
+    engines = {"designer": Scripted(model, tok, lambda c, i, text, cap: DESIGNS[c][i]),
+               "agent": Scripted(model, tok, agent_reply)}
+    out = train.main(ARGS + ["--output_dir", str(tmp_path / "run")] + list(extra), engines=engines)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return out, rows, rec, engines
+
+
+def pool(run_dir, step):
+    return json.loads((run_dir / "envs" / f"step-{step:04d}-rank-0" / "pool.json").read_text())
+
+
+def by_role(batches, role):
+    return [s for mb in batches for s in mb if s["role"] == role]
+
+
+@pytest.fixture(scope="module")
+def scripted(tmp_path_factory, policy):
+    mp = pytest.MonkeyPatch()
+    try:
+        yield run(tmp_path_factory.mktemp("wiring"), policy, mp)
+    finally:
+        mp.undo()
+
+
+@pytest.mark.slow
+def test_counts_regret_scores_and_scale_by_hand(scripted):
+    out, rows, rec, engines = scripted
+    r0, r1, r2 = rows
+    approx = pytest.approx
+    # step 0: FAIR u [1,0,1,0] h [1,1] (regret 0.5); FAULTY the same; HARD u [0]*4 h [1,1] (regret 1)
+    assert {k: r0[k] for k in ("designer/slots", "designer/attempts", "designer/valid", "designer/accepted",
+                               "designer/rejected/syntax", "designer/empty_slots", "env/pool_size",
+                               "env/faulty", "env/from_fallback", "agent/episodes", "losses/samples")} == \
+        {"designer/slots": 3, "designer/attempts": 4, "designer/valid": 3, "designer/accepted": 3,
+         "designer/rejected/syntax": 1, "designer/empty_slots": 0, "env/pool_size": 3, "env/faulty": 0,
+         "env/from_fallback": 0, "agent/episodes": 12, "losses/samples": 12}
+    assert r0["designer/validity_rate"] == approx(3 / 4) and r0["designer/first_attempt_validity_rate"] == approx(2 / 3)
+    assert r0["regret/mean"] == approx(2 / 3) and r0["regret/positive_share"] == 1.0
+    assert r0["regret/r_hint"] == approx(1.0) and r0["regret/r_nohint"] == approx(1 / 3)
+    assert r0["agent/return_mean"] == approx(1 / 3) and r0["agent/hinted_return_mean"] == approx(1.0)
+    assert r0["env/win_rate"] == approx(1 / 3) and r0["env/learnable_share"] == approx(2 / 3)
+    assert r0["env/zero_variance_share"] == approx(1 / 3) and r0["env/win_rate/" + LOGIC] == 0.0
+    assert "designer/samples" not in r0 and "designer/scale" not in r0  # nothing scored yet
+    # step 1: no regeneration; FAULTY faults once (its tails play) and leaves the pool
+    assert "designer/attempts" not in r1 and "regret/mean" not in r1 and "agent/hinted_return_mean" not in r1
+    assert (r1["agent/episodes"], r1["losses/samples"], r1["env/faulty"]) == (12, 11, 1)
+    assert r1["agent/status/env_error"] == approx(1 / 12) and r1["agent/return_mean"] == approx(1 / 3)
+    # step 2: EASY fresh (u [1]*4, h [1,1]: regret 0), FAIR and HARD carried; FAULTY dropped
+    assert [(p["class_name"], p["origin"]) for p in pool(out, 2)] == \
+        [("EasyEnv", "designer"), ("FairEnv", "carried"), ("HardEnv", "carried")]
+    assert (r2["designer/attempts"], r2["designer/valid"], r2["designer/rejected/syntax"],
+            r2["designer/empty_slots"], r2["env/faulty"]) == (5, 1, 4, 2, 0)
+    assert r2["regret/mean"] == 0.0 and r2["agent/return_mean"] == approx(0.5)
+    # scores (blend 0.4 * clip(regret / 0.15, 0, 1) + 0.6 * plateau(w), w over the epoch):
+    # FAIR 0.4 + 0.6 = 1.0, FAULTY 0 (faulted, though its regret was 0.5), HARD 0.4 + 0 = 0.4, and
+    # EASY (the last epoch, deviation 3) 0 + 0.6 * plateau(1) = 0; S = min(50, 12 / 4 * R=2) = 6
+    assert (r2["designer/samples"], r2["losses/samples"]) == (4, 16)
+    assert r2["designer/score_mean"] == approx(1.4 / 4) and r2["designer/scale"] == approx(6.0)
+    # advantages = S * (score - mean of its skill): MATH {FAIR 1.0, EASY 0} -> +-3; others alone -> 0
+    assert sorted(float(s["advantage"]) for s in by_role(rec["batches"][2], "designer")) == approx([-3, 0, 0, 3])
+    assert [len(by_role(b, "designer")) for b in rec["batches"]] == [0, 0, 4]
+    tok = engines["designer"].tok
+    trained = sorted(tok.decode([t for t, m in zip(s["tokens"], s["mask"]) if m])
+                     for s in by_role(rec["batches"][2], "designer"))
+    assert trained == sorted(d + "<|im_end|>" for d in (FAIR, FAULTY, HARD, EASY))  # the replies only
+
+
+@pytest.mark.slow
+def test_agent_batch_holds_unhinted_fault_free_plays_only(scripted, policy):
+    _, _, rec, _ = scripted
+    tok = policy[1]
+    agent = [by_role(b, "agent") for b in rec["batches"]]
+    assert [len(a) for a in agent] == [12, 11, 12]  # 18, 12 and 14 episodes were played
+    for samples in agent:
+        texts = [tok.decode(s["tokens"]) for s in samples]
+        assert not any("HINT:" in t for t in texts)
+        assert all(t.count("Call the coin") == 1 for t in texts)
+    # Eq. (1) per environment: [1,0,1,0] -> +-1; HARD's zeros -> 0; FAULTY at step 1 [1,1,0] ->
+    # (1 - 2/3) / sqrt(2/9) and (0 - 2/3) / sqrt(2/9)
+    advs = [sorted(round(float(s["advantage"]), 4) for s in a) for a in agent]
+    assert advs[0] == [-1.0] * 4 + [0.0] * 4 + [1.0] * 4
+    assert advs[1] == sorted([-1.0, -1.0, 1.0, 1.0] + [0.0] * 4 + [round(-(2 / 3) / (2 / 9) ** 0.5, 4)]
+                             + [round((1 / 3) / (2 / 9) ** 0.5, 4)] * 2)
+    assert advs[2] == [-1.0] * 2 + [0.0] * 8 + [1.0] * 2
+    for s in (s for a in agent for s in a):  # the trained tokens are the reply, prompt masked
+        reply = [t for t, m in zip(s["tokens"], s["mask"]) if m]
+        assert tok.decode(reply) in ("\\boxed{heads}<|im_end|>", "\\boxed{tails}<|im_end|>")
+
+
+@pytest.mark.slow
+def test_memory_holds_fresh_fault_free_envs_with_win_rate_and_regret(scripted):
+    out, _, _, _ = scripted
+    mem = json.loads((out / "memory.json").read_text())
+    assert [(r["class_name"], r["skill"], r["win_rate"], r["regret"], r["step"]) for r in mem["records"]] == [
+        ("FairEnv", MATH, 0.5, 0.5, 0), ("FaultyEnv", SPATIAL, 0.5, 0.5, 0), ("HardEnv", LOGIC, 0.0, 1.0, 0),
+        ("EasyEnv", MATH, 1.0, 0.0, 2)]
+    assert mem["capacity"] == 200
+
+
+@pytest.mark.slow
+def test_loss_weights_are_one_mean_over_samples(scripted):
+    _, rows, rec, _ = scripted
+    assert len(rec["weights"]) == sum(len(b) for b in rec["batches"])
+    i = 0
+    for batches, row in zip(rec["batches"], rows):
+        n = sum(len(mb) for mb in batches)
+        assert n == row["losses/samples"] and len(batches) >= 2  # the budget splits every step
+        weights = rec["weights"][i:i + len(batches)]
+        assert weights == pytest.approx([len(mb) / n for mb in batches])
+        assert sum(weights) == pytest.approx(1.0)
+        i += len(batches)
+
+
+@pytest.mark.slow
+def test_loop_passes_its_own_settings_on(scripted):
+    """Each role samples with its own settings; the loss, log-probs and optimizer get the flags."""
+    _, _, rec, engines = scripted
+    design, agent_eng = engines["designer"].calls, engines["agent"].calls
+    assert [len(c["texts"]) for c in design] == [3, 1, 3, 2]
+    assert all((c["temperature"], c["top_p"], c["top_k"], c["max_new_tokens"]) == (0.61, 0.93, 19, 24)
+               for c in design)
+    hints = [c for c in agent_eng if isinstance(c["max_new_tokens"], int)]
+    turns = [c for c in agent_eng if not isinstance(c["max_new_tokens"], int)]
+    assert [len(c["texts"]) for c in hints] == [3, 1]  # fresh environments only
+    assert all((c["temperature"], c["top_p"], c["top_k"], c["max_new_tokens"]) == (0.31, 0.93, 19, 12)
+               for c in hints)
+    assert [len(c["texts"]) for c in turns] == [18, 12, 14]
+    assert all((c["temperature"], c["top_p"], c["top_k"]) == (0.62, 0.93, 19) and max(c["max_new_tokens"]) == 40
+               for c in turns)
+    assert len({c["seed"] for c in design + agent_eng}) == len(design) + len(agent_eng)
+    # common random numbers: each environment's hinted plays reuse its first H unhinted seeds
+    step0 = [(t.count("HINT:"), re.search(r"Seed (\d+)\.", t).group(1)) for t in turns[0]["texts"]]
+    for env in range(3):
+        plays = step0[6 * env:6 * env + 6]
+        assert [h for h, _ in plays] == [0, 0, 0, 0, 1, 1]
+        assert [s for _, s in plays[4:]] == [s for _, s in plays[:2]] != [s for _, s in plays[2:4]]
+    assert {int(s) for _, s in step0} == {train.derive_seed("play", 0, 0, i) for i in range(4)}
+    assert all({k: kw[k] for k in ("clip_low", "clip_high", "tis_cap", "kl_coef")} ==
+               {"clip_low": 0.21, "clip_high": 0.29, "tis_cap": 2.5, "kl_coef": 0.0} for kw in rec["loss_kw"])
+    roles = [mb[0]["role"] for b in rec["batches"] for mb in b]
+    assert [{"agent": 0.62, "designer": 0.61}[r] for r in roles] == rec["temps"]
+    assert rec["clip"] == [0.9] * 3
+    assert rec["adamw"] == [{"lr": 3e-6, "betas": (0.9, 0.98), "weight_decay": 0.05}]
+
+
+def rejected_with(rows, step):
+    return {k for k in rows[step] if k.startswith("designer/rejected/")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flag", ["baseline", "--no_corpus", "--no_memory", "--no_designer_training",
+                                  "--two_skills", "regret", "solve_rate", "--fixed_envs"])
+def test_each_ablation_takes_effect(tmp_path, policy, monkeypatch, flag, scripted):
+    extra = {"baseline": [], "--two_skills": ["--two_skills", "--skills_per_regen", "2"],
+             "regret": ["--designer_reward", "regret"], "solve_rate": ["--designer_reward", "solve_rate"],
+             "--fixed_envs": ["--fixed_envs", str(ENVS)]}.get(flag, [flag])
+    out, rows, rec, engines = scripted if flag == "baseline" else run(tmp_path, policy, monkeypatch, extra)
+    prompts = [t for c in engines["designer"].calls for t in c["texts"]]
+    later = [t for c in engines["designer"].calls[2:] for t in c["texts"]]  # step 2's prompts
+    if flag == "baseline":  # what each flag turns off is there without it
+        assert all("<REFERENCE_DOCUMENT>" in t for t in prompts)
+        assert sum("<REFERENCE_ENVIRONMENTS>" in t for t in later) == 3  # MATH (FAIR) once, SPATIAL (FAULTY) twice
+        assert sum("Avoid environments like HardEnv" in t for t in later) == 2  # LOGIC, both attempts
+        assert {p["skill"] for p in pool(out, 0)} == {MATH, LOGIC, SPATIAL}
+    elif flag == "--no_corpus":
+        assert len(prompts) == 9 and not any("<REFERENCE_DOCUMENT>" in t for t in prompts)
+    elif flag == "--no_memory":
+        assert len(later) == 5 and not any("<REFERENCE_ENVIRONMENTS>" in t or "Avoid environments" in t
+                                           for t in later)
+        assert not (out / "memory.json").exists()
+    elif flag == "--no_designer_training":
+        assert [len(by_role(b, "designer")) for b in rec["batches"]] == [0, 0, 0]
+        assert rows[2]["losses/samples"] == 12 and "designer/samples" not in rows[2]
+    elif flag == "--two_skills":  # slots MATH, PATTERN, MATH at both regenerations
+        assert [p["skill"] for p in pool(out, 0)] == [MATH, MATH, PATTERN]
+        assert {p["skill"] for p in pool(out, 2)} == {MATH, PATTERN}
+    elif flag == "regret":  # max(0, regret): FAIR 0.5, FAULTY 0, HARD 1.0, EASY 0
+        assert rows[2]["designer/score_mean"] == pytest.approx(1.5 / 4)
+        assert sorted(float(s["advantage"]) for s in by_role(rec["batches"][2], "designer")) == \
+            pytest.approx([-1.5, 0, 0, 1.5])
+    elif flag == "solve_rate":  # plateau(w): FAIR 1, FAULTY 0, HARD 0, EASY 0
+        assert rows[2]["designer/score_mean"] == pytest.approx(1 / 4)
+    else:  # Fixed-env GRPO: the directory's environments, never a designer call, a hint or a designer sample
+        assert engines["designer"].calls == [] and not any(isinstance(c["max_new_tokens"], int)
+                                                           for c in engines["agent"].calls)
+        n_envs = len([p for p in ENVS.glob("*.py")])
+        assert all(r["env/pool_size"] >= 8 and "designer/attempts" not in r for r in rows)
+        assert [len(by_role(b, "designer")) for b in rec["batches"]] == [0, 0, 0]
+        assert len(engines["agent"].calls[0]["texts"]) == 4 * rows[0]["env/pool_size"] <= 4 * n_envs
+
+
+# ----------------------------------------------------------------------------------------------
+# the paper's constants, where the loop reads them
+
+
+def resolved(*argv):
+    from transformers import HfArgumentParser
+    args = HfArgumentParser((train.ModelArgs, train.SpadeArgs, train.OptimArgs, train.RunArgs)) \
+        .parse_args_into_dataclasses(args=list(argv))
+    train.resolve(*args)
+    return {k: v for a in args for k, v in vars(a).items()}
+
+
+@pytest.mark.parametrize("setting", ["games", "tool"])
+def test_loop_defaults_are_the_papers(setting):
+    """Sec. 4 and Appendix values for a model without an authors' preset (the presets have their
+    own test); everything the loop passes to the sampler, the loss and the optimizer."""
+    c = resolved("--setting", setting)
+    tool = setting == "tool"
+    assert {k: c[k] for k in ("steps", "regen_interval", "num_envs", "plays", "hint_plays", "skills_per_regen",
+                              "max_attempts", "corpus_seed", "memory_capacity", "role_scale_cap",
+                              "designer_reward")} == \
+        {"steps": 400, "regen_interval": 8 if tool else 4, "num_envs": 24, "plays": 8, "hint_plays": 16,
+         "skills_per_regen": 6 if tool else 3, "max_attempts": 5, "corpus_seed": 42, "memory_capacity": 200,
+         "role_scale_cap": 50.0, "designer_reward": "blend"}
+    assert {k: c[k] for k in ("designer_temperature", "designer_max_tokens", "hint_temperature", "hint_max_tokens",
+                              "agent_temperature", "top_p", "top_k", "max_turns", "max_context",
+                              "max_new_tokens")} == \
+        {"designer_temperature": 0.6, "designer_max_tokens": 16384, "hint_temperature": 0.3,
+         "hint_max_tokens": 2048 if tool else 4096, "agent_temperature": 0.6, "top_p": 0.95, "top_k": 20,
+         "max_turns": 25, "max_context": 32768, "max_new_tokens": 8192}
+    assert {k: c[k] for k in ("lr", "weight_decay", "grad_clip", "clip_low", "clip_high", "tis_cap", "kl_coef",
+                              "ppo_epochs")} == \
+        {"lr": 1e-6, "weight_decay": 0.1, "grad_clip": 1.0, "clip_low": 0.2, "clip_high": 0.28, "tis_cap": 2.0,
+         "kl_coef": 0.005 if tool else 0.0, "ppo_epochs": 1}
+    assert grpo.BETAS == (0.9, 0.98)
+    assert not any(c[k] for k in ("no_corpus", "no_memory", "no_designer_training", "two_skills", "fixed_envs"))
+
+
+def test_paper_limits_in_the_leaf_modules():
+    """The hint's 100 words and the exemplar's first 2,000 characters, checked on outputs."""
+    import random
+
+    import designer
+    import memory
+    words = [f"w{i}" for i in range(150)]
+    hint = designer.parse_hint(" ".join(words))
+    assert hint == " ".join(words[:100]) + " ..."
+    assert designer.parse_hint(" ".join(words[:100])) == " ".join(words[:100])
+    assert designer.CORPUS_MAX_WORDS == {"games": 6000, "tool": 4000}
+    src = "".join(chr(ord("a") + i % 26) for i in range(2600))
+    mem = memory.EnvironmentMemory()
+    mem.add(memory.MemoryRecord(skill=MATH, source=src, win_rate=0.5, regret=0.3, step=0, class_name="XEnv"))
+    block = mem.prompt_block(MATH, random.Random(0))
+    assert src[:2000] in block and src[:2001] not in block
+    assert mem.capacity == 200
