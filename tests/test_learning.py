@@ -1,0 +1,55 @@
+"""The whole loop learns: train.py on a trivial fixed environment takes a random tiny model from
+mostly failing to mostly winning.
+
+The environment pays 1 for any move, so the only skill is to END the reply (emit the end-of-turn
+token) within the 48-token budget; a reply cut by the budget ends the episode with return 0
+(deviation 7). A random tiny Qwen3 puts ~1/1000 of its mass on that token, so at first almost every
+reply is cut. Everything between is the real loop: the sandbox validates and runs the environment,
+the transformers engine samples batched plays from the current policy (weights synced every step),
+Eq. (1) advantages, masks, the clipped loss, AdamW. Sampling is untruncated (top-k off, top-p 1,
+T 1) so the end token can be drawn at all, and the learning rate suits a 64-wide model (the paper's
+1e-6 is for 4B-30B models). Seeded; about a minute on one CPU core.
+"""
+import json
+
+import pytest
+
+import train
+
+ENV = '''"""skill: Pattern Recognition. Any move wins: the task is to finish a reply."""
+
+
+class SayAnythingEnv:
+    def __init__(self, max_turns: int = 1):
+        self.max_turns = max_turns
+
+    def reset(self, seed=None):
+        return "Say anything, then end your turn.", {}
+
+    def step(self, action):
+        return "Done.", 1.0, True, False, {}
+'''
+STEPS = 24
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_loop_learns_a_trivial_environment(tmp_path):
+    envs = tmp_path / "envs"
+    envs.mkdir()
+    (envs / "say_anything.py").write_text(ENV)
+    out = train.main(["--model", "tiny", "--seed", "0", "--fixed_envs", str(envs), "--steps", str(STEPS),
+                      "--plays", "16", "--max_turns", "1", "--max_new_tokens", "48", "--top_k", "-1",
+                      "--top_p", "1.0", "--agent_temperature", "1.0", "--lr", "5e-3",
+                      "--checkpoint_every", str(STEPS), "--sandbox_workers", "2", "--transcripts", "0",
+                      "--output_dir", str(tmp_path / "run")])
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    returns = [r["agent/return_mean"] for r in rows]
+    assert len(returns) == STEPS and all(r["agent/episodes"] == 16 for r in rows)
+    start, end = sum(returns[:2]) / 2, sum(returns[-3:]) / 3
+    print(f"mean return: start {start:.3f}, end {end:.3f}; per step {[round(x, 3) for x in returns]}")
+    assert start <= 0.3, returns
+    assert end >= 0.8, returns
+    # what was learnt is ending the turn: replies got shorter, and every win is a terminated play
+    assert rows[-1]["agent/tokens_mean"] < rows[0]["agent/tokens_mean"]
+    assert rows[-1]["agent/status/terminated"] == pytest.approx(returns[-1])
