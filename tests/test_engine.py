@@ -233,8 +233,36 @@ def test_30b_a3b_shaped_meta_model_names_and_shapes():
 # VLLMEngine against a fake vLLM that records calls
 
 
+# vLLM 0.33.0's public signatures, read from its wheel (vllm/entrypoints/llm.py, vllm/sampling_params.py,
+# vllm/inputs/llm.py, vllm/engine/arg_utils.py, vllm/config/{model,parallel}.py). LLM() forwards extra keywords to
+# EngineArgs; of those only the ones engine.py passes are listed (each checked against EngineArgs),
+# so a new one fails here until it is checked and added.
+LLM_ARGS = {"model", "runner", "convert", "tokenizer", "tokenizer_mode", "skip_tokenizer_init", "trust_remote_code",
+            "allowed_local_media_path", "allowed_media_domains", "tensor_parallel_size", "dtype", "quantization",
+            "revision", "tokenizer_revision", "chat_template", "seed", "gpu_memory_utilization", "cpu_offload_gb",
+            "offload_group_size", "offload_num_in_group", "offload_prefetch_step", "offload_params", "enforce_eager",
+            "enable_return_routed_experts", "return_sampling_mask", "disable_custom_all_reduce", "hf_token",
+            "hf_overrides", "mm_processor_kwargs", "pooler_config", "structured_outputs_config", "profiler_config",
+            "attention_config", "kv_cache_memory_bytes", "compilation_config", "quantization_config",
+            "logits_processors", "spec_method", "spec_model", "spec_tokens"}
+ENGINE_ARGS_USED = {"max_model_len", "distributed_executor_backend", "enable_prefix_caching", "logprobs_mode",
+                    "enable_sleep_mode"}
+SAMPLING_FIELDS = {"n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "watermarking",
+                   "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "max_tokens",
+                   "min_tokens", "logprobs", "prompt_logprobs", "prompt_logprob_token_ids", "prompt_logprob_start",
+                   "logprob_token_ids", "flat_logprobs", "detokenize", "skip_special_tokens",
+                   "spaces_between_special_tokens", "include_stop_str_in_output", "output_kind", "stream_interval",
+                   "skip_clone", "structured_outputs", "logit_bias", "allowed_token_ids", "extra_args", "bad_words",
+                   "skip_reading_prefix_cache", "thinking_token_budget", "repetition_detection",
+                   "routed_experts_prompt_start", "trace_decode_token_ids"}
+LITERALS = {"logprobs_mode": {"raw_logits", "raw_logprobs", "processed_logits", "processed_logprobs"},
+            "distributed_executor_backend": {"ray", "mp", "uni", "external_launcher"},
+            "dtype": {"auto", "half", "float16", "bfloat16", "float", "float32"}}
+
+
 class FakeVLLM:
-    """Stands in for the `vllm` module and its LLM; records every call in order."""
+    """Stands in for the `vllm` module and its LLM; records every call in order and, like vLLM
+    0.33, refuses arguments the real signatures do not have."""
 
     def __init__(self, target_model=None):
         self.log, self.loaded = [], []
@@ -244,20 +272,29 @@ class FakeVLLM:
                 model_runner=types.SimpleNamespace(model=self.target)))))
 
     # module attributes
-    def LLM(self, **kwargs):
-        self.log.append(("LLM", kwargs))
+    def LLM(self, model, **kwargs):
+        unknown = set(kwargs) - LLM_ARGS - ENGINE_ARGS_USED
+        assert not unknown, f"vllm.LLM() has no argument(s) {sorted(unknown)}"
+        for key, allowed in LITERALS.items():
+            assert kwargs.get(key, next(iter(allowed))) in allowed, (key, kwargs[key])
+        self.log.append(("LLM", dict(kwargs, model=model)))
         return self
 
     @staticmethod
     def SamplingParams(**kwargs):
+        unknown = set(kwargs) - SAMPLING_FIELDS
+        assert not unknown, f"vllm.SamplingParams has no field(s) {sorted(unknown)}"
         return types.SimpleNamespace(**kwargs)
 
     @staticmethod
-    def TokensPrompt(prompt_token_ids):
+    def TokensPrompt(*, prompt_token_ids, **optional):
+        assert set(optional) <= {"prompt", "token_type_ids", "prompt_token_offsets", "multi_modal_data",
+                                 "media_io_kwargs", "mm_processor_kwargs", "multi_modal_uuids", "cache_salt"}, optional
         return {"prompt_token_ids": prompt_token_ids}
 
     # LLM methods
-    def generate(self, prompts, sampling_params, use_tqdm):
+    def generate(self, prompts, sampling_params=None, *, use_tqdm=True, lora_request=None, priority=None,
+                 tokenization_kwargs=None, mm_processor_kwargs=None):
         self.log.append(("generate", prompts, sampling_params))
         outs = []
         for i, (p, sp) in enumerate(zip(prompts, sampling_params)):
@@ -274,17 +311,31 @@ class FakeVLLM:
         self.log.append(("load_weights", len(weights)))
         self.loaded += weights
 
-    def sleep(self, level):
+    def sleep(self, level=1, mode="abort"):
+        assert level in (1, 2) and mode in ("abort", "wait", "keep"), (level, mode)
         self.log.append(("sleep", level))
 
     def wake_up(self, tags=None):
+        assert tags is None or set(tags) <= {"weights", "kv_cache", "scheduling"}, tags
         self.log.append(("wake_up", tags))
 
-    def reset_prefix_cache(self):
+    def reset_prefix_cache(self, reset_running_requests=False, reset_connector=False):
         self.log.append(("reset_prefix_cache",))
 
     def reload_weights(self, *a, **k):
         raise AssertionError("reload_weights reloads the checkpoint from disk: never call it")
+
+
+def test_fake_vllm_refuses_what_vllm_refuses():
+    fake = FakeVLLM()
+    with pytest.raises(AssertionError, match="no argument"):
+        fake.LLM(model="m", logprob_mode="processed_logprobs")  # misspelt
+    with pytest.raises(AssertionError, match="logprobs_mode"):
+        fake.LLM(model="m", logprobs_mode="processed")
+    with pytest.raises(AssertionError, match="no field"):
+        fake.SamplingParams(max_new_tokens=4)
+    with pytest.raises(TypeError):
+        fake.generate([], [], tqdm=False)
 
 
 def test_vllm_engine_construction_and_generate():
@@ -370,13 +421,13 @@ def test_stream_weights_from_fsdp2_with_activation_checkpointing(tiny_moe, tmp_p
         dist.destroy_process_group()
 
 
-def _tp_worker(rank, port, calls_per_rank, out_dir):
+def _tp_worker(rank, store, calls_per_rank, out_dir):
     """One rank of a 2-rank tensor-parallel group: a different number of generate calls per rank,
     then drain(). Each rank's fake engine logs what it was asked to generate."""
     import pickle
 
     import torch.distributed as dist
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     fake = FakeVLLM()
     eng = engine.VLLMEngine("tiny", tensor_parallel_size=2, llm=fake, vllm_module=fake)
     mine = [eng.generate([[rank, c]], max_new_tokens=3, temperature=0.6, top_p=0.95, top_k=20,
@@ -393,13 +444,10 @@ def test_vllm_tensor_parallel_group_stays_in_lockstep(tmp_path):
     """Ranks of one TP group that make different numbers of calls neither deadlock nor diverge:
     every rank runs the same generate calls with the same seeds and gets back its own share."""
     import pickle
-    import socket
 
     import torch.multiprocessing as mp
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(_tp_worker, args=(port, (3, 1), str(tmp_path)), nprocs=2, join=True,
+    # a rendezvous file in this test's own temp dir: no port to race for
+    mp.start_processes(_tp_worker, args=(tmp_path / "store", (3, 1), str(tmp_path)), nprocs=2, join=True,
                        start_method="spawn")
     r0, r1 = (pickle.loads((tmp_path / f"rank{r}.pkl").read_bytes()) for r in (0, 1))
     assert r0["asked"] == r1["asked"]  # one engine program across the group

@@ -274,16 +274,13 @@ def test_two_processes_data_parallel(tmp_path):
     """Two CPU ranks (gloo): each designs and plays its own share of the N slots; designer
     scores, memory records and metrics are gathered; every collective matches across ranks."""
     import os
-    import socket
     import subprocess
     import sys
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     out = tmp_path / "ddp"
     env = dict(os.environ, ACCELERATE_USE_CPU="true", OMP_NUM_THREADS="1")
+    # --standalone: the launcher's own rendezvous on a port the OS picks (no bind-close-reuse race)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_port", str(port), str(Path(train.__file__)), *BASE, "--num_envs", "4",
+           "--standalone", str(Path(train.__file__)), *BASE, "--num_envs", "4",
            "--plays", "2", "--output_dir", str(out)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

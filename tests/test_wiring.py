@@ -69,6 +69,67 @@ BROKEN = "```python\nclass BrokenEnv(:\n    pass\n```"
 DESIGNS = [[FAIR, BROKEN, FAULTY], [HARD], [EASY, BROKEN, BROKEN], [BROKEN, BROKEN]]
 
 
+
+# ----------------------------------------------------------------------------------------------
+# the paper's constants, where the loop reads them
+
+
+def resolved(*argv):
+    from transformers import HfArgumentParser
+    args = HfArgumentParser((train.ModelArgs, train.SpadeArgs, train.OptimArgs, train.RunArgs)) \
+        .parse_args_into_dataclasses(args=list(argv))
+    train.resolve(*args)
+    return {k: v for a in args for k, v in vars(a).items()}
+
+
+@pytest.mark.parametrize("setting", ["games", "tool"])
+def test_loop_defaults_are_the_papers(setting):
+    """Sec. 4 and Appendix values for a model without an authors' preset (the presets have their
+    own test); everything the loop passes to the sampler, the loss and the optimizer."""
+    c = resolved("--setting", setting)
+    tool = setting == "tool"
+    assert {k: c[k] for k in ("steps", "regen_interval", "num_envs", "plays", "hint_plays", "skills_per_regen",
+                              "max_attempts", "corpus_seed", "memory_capacity", "role_scale_cap",
+                              "designer_reward")} == \
+        {"steps": 400, "regen_interval": 8 if tool else 4, "num_envs": 24, "plays": 8, "hint_plays": 16,
+         "skills_per_regen": 6 if tool else 3, "max_attempts": 5, "corpus_seed": 42, "memory_capacity": 200,
+         "role_scale_cap": 50.0, "designer_reward": "blend"}
+    assert {k: c[k] for k in ("designer_temperature", "designer_max_tokens", "hint_temperature", "hint_max_tokens",
+                              "agent_temperature", "top_p", "top_k", "max_turns", "max_context",
+                              "max_new_tokens")} == \
+        {"designer_temperature": 0.6, "designer_max_tokens": 16384, "hint_temperature": 0.3,
+         "hint_max_tokens": 2048 if tool else 4096, "agent_temperature": 0.6, "top_p": 0.95, "top_k": 20,
+         "max_turns": 25, "max_context": 32768, "max_new_tokens": 8192}
+    assert {k: c[k] for k in ("lr", "weight_decay", "grad_clip", "clip_low", "clip_high", "tis_cap", "kl_coef",
+                              "ppo_epochs")} == \
+        {"lr": 1e-6, "weight_decay": 0.1, "grad_clip": 1.0, "clip_low": 0.2, "clip_high": 0.28, "tis_cap": 2.0,
+         "kl_coef": 0.005 if tool else 0.0, "ppo_epochs": 1}
+    assert grpo.BETAS == (0.9, 0.98)
+    assert not any(c[k] for k in ("no_corpus", "no_memory", "no_designer_training", "two_skills", "fixed_envs"))
+
+
+def test_paper_limits_in_the_leaf_modules():
+    """The hint's 100 words and the exemplar's first 2,000 characters, checked on outputs."""
+    import random
+
+    import designer
+    import memory
+    words = [f"w{i}" for i in range(150)]
+    hint = designer.parse_hint(" ".join(words))
+    assert hint == " ".join(words[:100]) + " ..."
+    assert designer.parse_hint(" ".join(words[:100])) == " ".join(words[:100])
+    assert designer.CORPUS_MAX_WORDS == {"games": 6000, "tool": 4000}
+    src = "".join(chr(ord("a") + i % 26) for i in range(2600))
+    mem = memory.EnvironmentMemory()
+    mem.add(memory.MemoryRecord(skill=MATH, source=src, win_rate=0.5, regret=0.3, step=0, class_name="XEnv"))
+    block = mem.prompt_block(MATH, random.Random(0))
+    assert src[:2000] in block and src[:2001] not in block
+    assert mem.capacity == 200
+
+
+# ----------------------------------------------------------------------------------------------
+# the scripted run
+
 class Scripted:
     """A rollout engine with scripted replies (`reply(call, prompt_text)`) and the model's own
     log-probs of them (teacher forcing). Records every call: decoded prompts and sampling."""
@@ -293,10 +354,6 @@ def test_loop_passes_its_own_settings_on(scripted):
     assert rec["adamw"] == [{"lr": 3e-6, "betas": (0.9, 0.98), "weight_decay": 0.05}]
 
 
-def rejected_with(rows, step):
-    return {k for k in rows[step] if k.startswith("designer/rejected/")}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("flag", ["baseline", "--no_corpus", "--no_memory", "--no_designer_training",
                                   "--two_skills", "regret", "solve_rate", "--fixed_envs"])
@@ -337,60 +394,3 @@ def test_each_ablation_takes_effect(tmp_path, policy, monkeypatch, flag, scripte
         assert all(r["env/pool_size"] >= 8 and "designer/attempts" not in r for r in rows)
         assert [len(by_role(b, "designer")) for b in rec["batches"]] == [0, 0, 0]
         assert len(engines["agent"].calls[0]["texts"]) == 4 * rows[0]["env/pool_size"] <= 4 * n_envs
-
-
-# ----------------------------------------------------------------------------------------------
-# the paper's constants, where the loop reads them
-
-
-def resolved(*argv):
-    from transformers import HfArgumentParser
-    args = HfArgumentParser((train.ModelArgs, train.SpadeArgs, train.OptimArgs, train.RunArgs)) \
-        .parse_args_into_dataclasses(args=list(argv))
-    train.resolve(*args)
-    return {k: v for a in args for k, v in vars(a).items()}
-
-
-@pytest.mark.parametrize("setting", ["games", "tool"])
-def test_loop_defaults_are_the_papers(setting):
-    """Sec. 4 and Appendix values for a model without an authors' preset (the presets have their
-    own test); everything the loop passes to the sampler, the loss and the optimizer."""
-    c = resolved("--setting", setting)
-    tool = setting == "tool"
-    assert {k: c[k] for k in ("steps", "regen_interval", "num_envs", "plays", "hint_plays", "skills_per_regen",
-                              "max_attempts", "corpus_seed", "memory_capacity", "role_scale_cap",
-                              "designer_reward")} == \
-        {"steps": 400, "regen_interval": 8 if tool else 4, "num_envs": 24, "plays": 8, "hint_plays": 16,
-         "skills_per_regen": 6 if tool else 3, "max_attempts": 5, "corpus_seed": 42, "memory_capacity": 200,
-         "role_scale_cap": 50.0, "designer_reward": "blend"}
-    assert {k: c[k] for k in ("designer_temperature", "designer_max_tokens", "hint_temperature", "hint_max_tokens",
-                              "agent_temperature", "top_p", "top_k", "max_turns", "max_context",
-                              "max_new_tokens")} == \
-        {"designer_temperature": 0.6, "designer_max_tokens": 16384, "hint_temperature": 0.3,
-         "hint_max_tokens": 2048 if tool else 4096, "agent_temperature": 0.6, "top_p": 0.95, "top_k": 20,
-         "max_turns": 25, "max_context": 32768, "max_new_tokens": 8192}
-    assert {k: c[k] for k in ("lr", "weight_decay", "grad_clip", "clip_low", "clip_high", "tis_cap", "kl_coef",
-                              "ppo_epochs")} == \
-        {"lr": 1e-6, "weight_decay": 0.1, "grad_clip": 1.0, "clip_low": 0.2, "clip_high": 0.28, "tis_cap": 2.0,
-         "kl_coef": 0.005 if tool else 0.0, "ppo_epochs": 1}
-    assert grpo.BETAS == (0.9, 0.98)
-    assert not any(c[k] for k in ("no_corpus", "no_memory", "no_designer_training", "two_skills", "fixed_envs"))
-
-
-def test_paper_limits_in_the_leaf_modules():
-    """The hint's 100 words and the exemplar's first 2,000 characters, checked on outputs."""
-    import random
-
-    import designer
-    import memory
-    words = [f"w{i}" for i in range(150)]
-    hint = designer.parse_hint(" ".join(words))
-    assert hint == " ".join(words[:100]) + " ..."
-    assert designer.parse_hint(" ".join(words[:100])) == " ".join(words[:100])
-    assert designer.CORPUS_MAX_WORDS == {"games": 6000, "tool": 4000}
-    src = "".join(chr(ord("a") + i % 26) for i in range(2600))
-    mem = memory.EnvironmentMemory()
-    mem.add(memory.MemoryRecord(skill=MATH, source=src, win_rate=0.5, regret=0.3, step=0, class_name="XEnv"))
-    block = mem.prompt_block(MATH, random.Random(0))
-    assert src[:2000] in block and src[:2001] not in block
-    assert mem.capacity == 200
