@@ -1,32 +1,34 @@
-"""The suite's skip policy (tests/conftest.py): every skip is listed, an unexpected one fails the run."""
+"""The suite's skip policy (tests/skip_policy.py): every skip is listed, an unexpected one fails the run."""
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import conftest
+import skip_policy
 
 HERE = Path(__file__).resolve().parent
 
 
 def test_which_skips_are_expected():
     layer = ("tests/test_sandbox.py::test_secret_file", "layer(s) ['uid'] not available here (rlimits)")
-    assert conftest.skip_expected(*layer, is_root=False)
-    assert not conftest.skip_expected(*layer, is_root=True)  # as root (CI) the layers must apply
+    assert skip_policy.skip_expected(*layer, is_root=False)
+    assert not skip_policy.skip_expected(*layer, is_root=True)  # as root (CI) the layers must apply
     bfcl = ("tests/test_eval.py::test_bfcl_ground_truth_replay_scores_100_percent[multi_turn_base]",
             "could not import 'bfcl_eval': install with `pip install --no-deps bfcl-eval`")
     qwen3 = ("tests/test_agent.py::test_real_qwen3_template[qwen3-None]",
              "../shared/fixtures/qwen3_hybrid_chat_template.jinja is not present")
-    for case in (bfcl, qwen3):
-        assert not conftest.skip_expected(*case, is_root=False)
-        assert not conftest.skip_expected(*case, is_root=True)
-    assert conftest.skip_expected(*bfcl, is_root=True, allow="x, test_bfcl_ground")
+    chromium = ("tests/test_report.py::test_page_renders_in_chromium", "no chromium on PATH")
+    for case in (bfcl, qwen3, chromium):
+        assert not skip_policy.skip_expected(*case, is_root=False)
+        assert not skip_policy.skip_expected(*case, is_root=True)
+    assert skip_policy.skip_expected(*bfcl, is_root=True, allow="x, test_bfcl_ground")
 
 
 def test_an_unexpected_skip_fails_the_run(tmp_path):
-    """A scratch suite run with this conftest: one skipped test makes pytest exit 1 and name it."""
-    shutil.copy(HERE / "conftest.py", tmp_path / "conftest.py")
+    """A scratch suite under the same hooks: one skipped test makes pytest exit 1 and name it."""
+    (tmp_path / "conftest.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(HERE)!r})\n"
+        "from skip_policy import pytest_runtest_logreport, pytest_sessionfinish, pytest_terminal_summary\n")
     (tmp_path / "test_x.py").write_text("import pytest\n\ndef test_needs_a_thing():\n"
                                         "    pytest.skip('thing missing')\n\ndef test_fine():\n    pass\n")
     env = {k: v for k, v in os.environ.items() if k != "SPADE_ALLOW_SKIPS"}
@@ -36,7 +38,7 @@ def test_an_unexpected_skip_fails_the_run(tmp_path):
                               cwd=tmp_path, env={**env, **extra}, capture_output=True, text=True, timeout=300)
     done = run()
     assert done.returncode == 1, done.stdout[-2000:]
-    assert "skips: 1 (1 unexpected)" in done.stdout
+    assert "skips: 1 (1 unexpected)" in done.stdout and "1 passed, 1 skipped" in done.stdout
     assert "UNEXPECTED: test_x.py::test_needs_a_thing: thing missing" in done.stdout
     done = run(SPADE_ALLOW_SKIPS="test_needs_a_thing")
     assert done.returncode == 0, done.stdout[-2000:]
