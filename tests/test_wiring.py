@@ -7,8 +7,9 @@ The script (3 steps, R = 2, N = 3 slots, G = 4 unhinted plays, H = 2 hinted play
 slots 0, 1, 2 are Mathematical Reasoning, Logical Deduction, Spatial Reasoning at steps 0 and 2):
   designer call 0: [FAIR, BROKEN, FAULTY]   call 1 (slot 1 again): [HARD]
   designer call 2: [EASY, BROKEN, BROKEN]   call 3 (slots 1, 2 again): [BROKEN, BROKEN]
-  FAIR pays 1 for "heads"; HARD pays 1 only for "heads please"; EASY always pays 1; FAULTY is
-  FAIR but raises on the seed of step 1's second play (an environment fault after its regret).
+  FAIR pays 1 for "heads"; HARD pays 1 only for "heads please"; EASY always pays 1 but raises on
+  the seed of step 2's fourth play (a fault in its own regeneration step); FAULTY is FAIR but
+  raises on the seed of step 1's second play (an environment fault after its regret was taken).
   The agent says "heads" on play seeds 0 and 2 of a step, "tails" on 1 and 3, and "heads please"
   when its prompt holds a hint; every episode is one turn.
 """
@@ -41,6 +42,7 @@ ARGS = ["--model", "tiny", "--steps", "3", "--regen_interval", "2", "--num_envs"
 
 EVEN = {train.derive_seed("play", 0, s, i) for s in range(3) for i in (0, 2)}  # "heads" plays
 BAD_SEED = train.derive_seed("play", 0, 1, 1)  # step 1, play 1: FAULTY raises
+EASY_BAD_SEED = train.derive_seed("play", 0, 2, 3)  # step 2, play 3: EASY raises
 
 COIN = '''
 class NAMEEnv:
@@ -63,7 +65,7 @@ def coin(name, pays, bad=-1):
     return f"My environment.\n```python\n{src}```"
 
 
-FAIR, HARD, EASY = coin("Fair", '"heads" in action'), coin("Hard", '"please" in action'), coin("Easy", "True")
+FAIR, HARD, EASY = coin("Fair", '"heads" in action'), coin("Hard", '"please" in action'), coin("Easy", "True", EASY_BAD_SEED)
 FAULTY = coin("Faulty", '"heads" in action', BAD_SEED)
 BROKEN = "```python\nclass BrokenEnv(:\n    pass\n```"
 DESIGNS = [[FAIR, BROKEN, FAULTY], [HARD], [EASY, BROKEN, BROKEN], [BROKEN, BROKEN]]
@@ -256,19 +258,22 @@ def test_counts_regret_scores_and_scale_by_hand(scripted):
     assert "designer/attempts" not in r1 and "regret/mean" not in r1 and "agent/hinted_return_mean" not in r1
     assert (r1["agent/episodes"], r1["losses/samples"], r1["env/faulty"]) == (12, 11, 1)
     assert r1["agent/status/env_error"] == approx(1 / 12) and r1["agent/return_mean"] == approx(1 / 3)
-    # step 2: EASY fresh (u [1]*4, h [1,1]: regret 0), FAIR and HARD carried; FAULTY dropped
+    # step 2: EASY fresh (u [1,1,1,fault], h [1,1]: faulty, so no regret), FAIR and HARD carried;
+    # FAULTY dropped
     assert [(p["class_name"], p["origin"]) for p in pool(out, 2)] == \
         [("EasyEnv", "designer"), ("FairEnv", "carried"), ("HardEnv", "carried")]
     assert (r2["designer/attempts"], r2["designer/valid"], r2["designer/rejected/syntax"],
-            r2["designer/empty_slots"], r2["env/faulty"]) == (5, 1, 4, 2, 0)
-    assert r2["regret/mean"] == 0.0 and r2["agent/return_mean"] == approx(0.5)
+            r2["designer/empty_slots"], r2["env/faulty"]) == (5, 1, 4, 2, 1)
+    assert "regret/mean" not in r2 and r2["agent/return_mean"] == approx(5 / 12)
+    assert r2["agent/status/env_error"] == approx(1 / 12) and r2["agent/hinted_return_mean"] == 1.0
     # scores (blend 0.4 * clip(regret / 0.15, 0, 1) + 0.6 * plateau(w), w over the epoch):
     # FAIR 0.4 + 0.6 = 1.0, FAULTY 0 (faulted, though its regret was 0.5), HARD 0.4 + 0 = 0.4, and
-    # EASY (the last epoch, deviation 3) 0 + 0.6 * plateau(1) = 0; S = min(50, 12 / 4 * R=2) = 6
-    assert (r2["designer/samples"], r2["losses/samples"]) == (4, 16)
-    assert r2["designer/score_mean"] == approx(1.4 / 4) and r2["designer/scale"] == approx(6.0)
-    # advantages = S * (score - mean of its skill): MATH {FAIR 1.0, EASY 0} -> +-3; others alone -> 0
-    assert sorted(float(s["advantage"]) for s in by_role(rec["batches"][2], "designer")) == approx([-3, 0, 0, 3])
+    # EASY (the last epoch, deviation 3) 0 (faulted); S = min(50, 11 agent / 4 designer * R=2) = 5.5
+    assert (r2["designer/samples"], r2["losses/samples"]) == (4, 15)
+    assert r2["designer/score_mean"] == approx(1.4 / 4) and r2["designer/scale"] == approx(5.5)
+    # advantages = S * (score - mean of its skill): MATH {FAIR 1.0, EASY 0} -> +-2.75; others alone -> 0
+    assert sorted(float(s["advantage"]) for s in by_role(rec["batches"][2], "designer")) == \
+        approx([-2.75, 0, 0, 2.75])
     assert [len(by_role(b, "designer")) for b in rec["batches"]] == [0, 0, 4]
     tok = engines["designer"].tok
     trained = sorted(tok.decode([t for t, m in zip(s["tokens"], s["mask"]) if m])
@@ -281,7 +286,7 @@ def test_agent_batch_holds_unhinted_fault_free_plays_only(scripted, policy):
     _, _, rec, _ = scripted
     tok = policy[1]
     agent = [by_role(b, "agent") for b in rec["batches"]]
-    assert [len(a) for a in agent] == [12, 11, 12]  # 18, 12 and 14 episodes were played
+    assert [len(a) for a in agent] == [12, 11, 11]  # 18, 12 and 14 episodes were played
     for samples in agent:
         texts = [tok.decode(s["tokens"]) for s in samples]
         assert not any("HINT:" in t for t in texts)
@@ -292,7 +297,7 @@ def test_agent_batch_holds_unhinted_fault_free_plays_only(scripted, policy):
     assert advs[0] == [-1.0] * 4 + [0.0] * 4 + [1.0] * 4
     assert advs[1] == sorted([-1.0, -1.0, 1.0, 1.0] + [0.0] * 4 + [round(-(2 / 3) / (2 / 9) ** 0.5, 4)]
                              + [round((1 / 3) / (2 / 9) ** 0.5, 4)] * 2)
-    assert advs[2] == [-1.0] * 2 + [0.0] * 8 + [1.0] * 2
+    assert advs[2] == [-1.0] * 2 + [0.0] * 7 + [1.0] * 2  # EASY's [1,1,1] and HARD's zeros: 0
     for s in (s for a in agent for s in a):  # the trained tokens are the reply, prompt masked
         reply = [t for t, m in zip(s["tokens"], s["mask"]) if m]
         assert tok.decode(reply) in ("\\boxed{heads}<|im_end|>", "\\boxed{tails}<|im_end|>")
@@ -303,8 +308,8 @@ def test_memory_holds_fresh_fault_free_envs_with_win_rate_and_regret(scripted):
     out, _, _, _ = scripted
     mem = json.loads((out / "memory.json").read_text())
     assert [(r["class_name"], r["skill"], r["win_rate"], r["regret"], r["step"]) for r in mem["records"]] == [
-        ("FairEnv", MATH, 0.5, 0.5, 0), ("FaultyEnv", SPATIAL, 0.5, 0.5, 0), ("HardEnv", LOGIC, 0.0, 1.0, 0),
-        ("EasyEnv", MATH, 1.0, 0.0, 2)]
+        ("FairEnv", MATH, 0.5, 0.5, 0), ("FaultyEnv", SPATIAL, 0.5, 0.5, 0), ("HardEnv", LOGIC, 0.0, 1.0, 0)]
+    # EASY faulted in its own regeneration step: never remembered; carried FAIR and HARD not again
     assert mem["capacity"] == 200
 
 
@@ -377,14 +382,14 @@ def test_each_ablation_takes_effect(tmp_path, policy, monkeypatch, flag, scripte
         assert not (out / "memory.json").exists()
     elif flag == "--no_designer_training":
         assert [len(by_role(b, "designer")) for b in rec["batches"]] == [0, 0, 0]
-        assert rows[2]["losses/samples"] == 12 and "designer/samples" not in rows[2]
+        assert rows[2]["losses/samples"] == 11 and "designer/samples" not in rows[2]
     elif flag == "--two_skills":  # slots MATH, PATTERN, MATH at both regenerations
         assert [p["skill"] for p in pool(out, 0)] == [MATH, MATH, PATTERN]
         assert {p["skill"] for p in pool(out, 2)} == {MATH, PATTERN}
     elif flag == "regret":  # max(0, regret): FAIR 0.5, FAULTY 0, HARD 1.0, EASY 0
         assert rows[2]["designer/score_mean"] == pytest.approx(1.5 / 4)
         assert sorted(float(s["advantage"]) for s in by_role(rec["batches"][2], "designer")) == \
-            pytest.approx([-1.5, 0, 0, 1.5])
+            pytest.approx([-1.375, 0, 0, 1.375])  # 5.5 * (0.5 - 0.25)
     elif flag == "solve_rate":  # plateau(w): FAIR 1, FAULTY 0, HARD 0, EASY 0
         assert rows[2]["designer/score_mean"] == pytest.approx(1 / 4)
     else:  # Fixed-env GRPO: the directory's environments, never a designer call, a hint or a designer sample
