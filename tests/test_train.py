@@ -10,8 +10,8 @@ import torch
 import engine
 import train
 
-# Short documents keep the designer's prompts (and so the designer update) small on CPU.
 ENVS = Path(__file__).resolve().parents[1] / "data" / "envs"
+# Short documents keep the designer's prompts (and so the designer update) small on CPU.
 CORPUS = Path(__file__).resolve().parent / "fixtures" / "short_corpus.jsonl"
 
 # Small but complete: 2 regenerations (steps 0 and 2), 2 environments x 2 plays, 2 hinted plays.

@@ -173,12 +173,17 @@ def policy():
 def run(tmp_path, policy, monkeypatch, extra=()):
     """The scripted run with spies; returns (run dir, metrics rows, spy records, engines)."""
     import accelerate
-    rec = {"batches": [], "loss_kw": [], "temps": [], "weights": [], "clip": [], "adamw": []}
-    real_batches, real_loss, real_logprobs = train.micro_batches, grpo.policy_loss, grpo.token_logprobs
+    rec = {"samples": [], "batches": [], "loss_kw": [], "temps": [], "weights": [], "clip": [], "adamw": []}
+    real_update, real_batches = train.grpo_update, train.micro_batches
+    real_loss, real_logprobs = grpo.policy_loss, grpo.token_logprobs
     real_backward, real_clip, real_adamw = (accelerate.Accelerator.backward,
                                             accelerate.Accelerator.clip_grad_norm_, torch.optim.AdamW)
 
-    def micro_batches(samples, budget):
+    def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, **kw):
+        rec["samples"].append(list(samples))  # the step's whole batch, both roles
+        return real_update(model, ref_model, optimizer, scheduler, accelerator, samples, **kw)
+
+    def micro_batches(samples, budget):  # what is forwarded (zero advantages are not)
         out = real_batches(samples, budget)
         rec["batches"].append(out)
         return out
@@ -204,6 +209,7 @@ def run(tmp_path, policy, monkeypatch, extra=()):
         rec["adamw"].append(kw)
         return real_adamw(params, **kw)
 
+    monkeypatch.setattr(train, "grpo_update", grpo_update)
     monkeypatch.setattr(train, "micro_batches", micro_batches)
     monkeypatch.setattr(grpo, "policy_loss", policy_loss)
     monkeypatch.setattr(grpo, "token_logprobs", token_logprobs)
@@ -222,8 +228,8 @@ def pool(run_dir, step):
     return json.loads((run_dir / "envs" / f"step-{step:04d}-rank-0" / "pool.json").read_text())
 
 
-def by_role(batches, role):
-    return [s for mb in batches for s in mb if s["role"] == role]
+def by_role(samples, role):
+    return [s for s in samples if s["role"] == role]
 
 
 @pytest.fixture(scope="module")
@@ -272,12 +278,12 @@ def test_counts_regret_scores_and_scale_by_hand(scripted):
     assert (r2["designer/samples"], r2["losses/samples"]) == (4, 15)
     assert r2["designer/score_mean"] == approx(1.4 / 4) and r2["designer/scale"] == approx(5.5)
     # advantages = S * (score - mean of its skill): MATH {FAIR 1.0, EASY 0} -> +-2.75; others alone -> 0
-    assert sorted(float(s["advantage"]) for s in by_role(rec["batches"][2], "designer")) == \
+    assert sorted(float(s["advantage"]) for s in by_role(rec["samples"][2], "designer")) == \
         approx([-2.75, 0, 0, 2.75])
-    assert [len(by_role(b, "designer")) for b in rec["batches"]] == [0, 0, 4]
+    assert [len(by_role(b, "designer")) for b in rec["samples"]] == [0, 0, 4]
     tok = engines["designer"].tok
     trained = sorted(tok.decode([t for t, m in zip(s["tokens"], s["mask"]) if m])
-                     for s in by_role(rec["batches"][2], "designer"))
+                     for s in by_role(rec["samples"][2], "designer"))
     assert trained == sorted(d + "<|im_end|>" for d in (FAIR, FAULTY, HARD, EASY))  # the replies only
 
 
@@ -285,7 +291,7 @@ def test_counts_regret_scores_and_scale_by_hand(scripted):
 def test_agent_batch_holds_unhinted_fault_free_plays_only(scripted, policy):
     _, _, rec, _ = scripted
     tok = policy[1]
-    agent = [by_role(b, "agent") for b in rec["batches"]]
+    agent = [by_role(b, "agent") for b in rec["samples"]]
     assert [len(a) for a in agent] == [12, 11, 11]  # 18, 12 and 14 episodes were played
     for samples in agent:
         texts = [tok.decode(s["tokens"]) for s in samples]
@@ -316,14 +322,17 @@ def test_memory_holds_fresh_fault_free_envs_with_win_rate_and_regret(scripted):
 @pytest.mark.slow
 def test_loss_weights_are_one_mean_over_samples(scripted):
     _, rows, rec, _ = scripted
+    """Each micro-batch's mean loss weighs len(mb) / n: with the zero-advantage samples (counted,
+    never forwarded: their gradient is exactly 0) the weights sum to one mean over all n samples."""
     assert len(rec["weights"]) == sum(len(b) for b in rec["batches"])
     i = 0
-    for batches, row in zip(rec["batches"], rows):
-        n = sum(len(mb) for mb in batches)
+    for samples, batches, row in zip(rec["samples"], rec["batches"], rows):
+        n, zero = len(samples), sum(float(s["advantage"]) == 0.0 for s in samples)
         assert n == row["losses/samples"] and len(batches) >= 2  # the budget splits every step
+        assert sum(len(mb) for mb in batches) == n - zero and 0 < zero < n
         weights = rec["weights"][i:i + len(batches)]
         assert weights == pytest.approx([len(mb) / n for mb in batches])
-        assert sum(weights) == pytest.approx(1.0)
+        assert sum(weights) + zero / n == pytest.approx(1.0)
         i += len(batches)
 
 
@@ -381,21 +390,21 @@ def test_each_ablation_takes_effect(tmp_path, policy, monkeypatch, flag, scripte
                                            for t in later)
         assert not (out / "memory.json").exists()
     elif flag == "--no_designer_training":
-        assert [len(by_role(b, "designer")) for b in rec["batches"]] == [0, 0, 0]
+        assert [len(by_role(b, "designer")) for b in rec["samples"]] == [0, 0, 0]
         assert rows[2]["losses/samples"] == 11 and "designer/samples" not in rows[2]
     elif flag == "--two_skills":  # slots MATH, PATTERN, MATH at both regenerations
         assert [p["skill"] for p in pool(out, 0)] == [MATH, MATH, PATTERN]
         assert {p["skill"] for p in pool(out, 2)} == {MATH, PATTERN}
     elif flag == "regret":  # max(0, regret): FAIR 0.5, FAULTY 0, HARD 1.0, EASY 0
         assert rows[2]["designer/score_mean"] == pytest.approx(1.5 / 4)
-        assert sorted(float(s["advantage"]) for s in by_role(rec["batches"][2], "designer")) == \
+        assert sorted(float(s["advantage"]) for s in by_role(rec["samples"][2], "designer")) == \
             pytest.approx([-1.375, 0, 0, 1.375])  # 5.5 * (0.5 - 0.25)
     elif flag == "solve_rate":  # plateau(w): FAIR 1, FAULTY 0, HARD 0, EASY 0
         assert rows[2]["designer/score_mean"] == pytest.approx(1 / 4)
     else:  # Fixed-env GRPO: the directory's environments, never a designer call, a hint or a designer sample
         assert engines["designer"].calls == [] and not any(isinstance(c["max_new_tokens"], int)
                                                            for c in engines["agent"].calls)
-        n_envs = len([p for p in ENVS.glob("*.py")])
-        assert all(r["env/pool_size"] >= 8 and "designer/attempts" not in r for r in rows)
-        assert [len(by_role(b, "designer")) for b in rec["batches"]] == [0, 0, 0]
-        assert len(engines["agent"].calls[0]["texts"]) == 4 * rows[0]["env/pool_size"] <= 4 * n_envs
+        assert all(r["env/pool_size"] == 3 and "designer/attempts" not in r for r in rows)  # N per step
+        assert [len(by_role(b, "designer")) for b in rec["samples"]] == [0, 0, 0]
+        sizes = [len(c["texts"]) for c in engines["agent"].calls]  # N x G unhinted plays, turn by turn
+        assert sizes[0] == 12 and max(sizes) == 12 and sizes.count(12) >= 3
