@@ -272,10 +272,8 @@ def _only(nr, values) -> list:
     return [(_JEQ, 0, len(body) + 2, nr)] + body + [(_RET, 0, 0, _EPERM), (_RET, 0, 0, _ALLOW)]
 
 
-@functools.cache
 def _seccomp_head(arch: str) -> bytes:
-    """Classic BPF over seccomp_data {nr@0, arch@4, ip@8, args@16+8i}, all but the pid-specific tail;
-    built once in the zygote (workers inherit it)."""
+    """Classic BPF over seccomp_data {nr@0, arch@4, ip@8, args@16+8i}, all but the pid-specific tail."""
     nr = _SYSCALLS[arch]
     prog = [(_LD, 0, 0, 4), (_JEQ, 1, 0, nr["audit"]), (_RET, 0, 0, 0x80000000), (_LD, 0, 0, 0)]  # else KILL
     prog += [(_JGE, 0, 1, 0x40000000), (_RET, 0, 0, _EPERM)] if arch == "x86_64" else []  # the x32 ABI
@@ -288,6 +286,9 @@ def _seccomp_head(arch: str) -> bytes:
     return b"".join(struct.pack("HBBI", *ins) for ins in prog)
 
 
+_SECCOMP_HEAD = _seccomp_head(_ARCH) if _ARCH in _SYSCALLS else b""  # built at import: once in the zygote
+
+
 def _apply_seccomp(pid: int) -> bool:
     """The head, then signals (kill, tgkill, sigqueue) only to this worker itself; PR_SET_SECCOMP."""
     if _ARCH not in _SYSCALLS:
@@ -295,7 +296,7 @@ def _apply_seccomp(pid: int) -> bool:
     nr, (ctypes, libc) = _SYSCALLS[_ARCH], _libc()
     tail = _only(nr["kill"], [pid, 0, -pid]) + _only(nr["tgkill"], [pid]) + _only(nr["rt_sigqueueinfo"], [pid])
     tail += _only(nr["rt_tgsigqueueinfo"], [pid]) + [(_RET, 0, 0, _ALLOW)]
-    code = _seccomp_head(_ARCH) + b"".join(struct.pack("HBBI", *ins) for ins in tail)
+    code = _SECCOMP_HEAD + b"".join(struct.pack("HBBI", *ins) for ins in tail)
     buf = ctypes.create_string_buffer(code, len(code))
     prog = struct.pack("HxxxxxxP", len(code) // 8, ctypes.addressof(buf))  # struct sock_fprog
     return libc.prctl(22, 2, prog, 0, 0) == 0                          # PR_SET_SECCOMP, FILTER
@@ -526,8 +527,6 @@ def _zygote_main(sock_fd: int, cfg: dict):
     cfg["scratch"] = tempfile.mkdtemp(prefix="spade-sbx-")
     os.chmod(cfg["scratch"], 0o711)
     paths = sysconfig.get_paths()
-    if _ARCH in _SYSCALLS:
-        _seccomp_head(_ARCH)                                           # built once, inherited
     cfg["read_dirs"] = sorted({paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
                               | {"/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/share/zoneinfo"})
     base = 0x10000000 + (os.getpid() % 0x100000) * UIDS
@@ -541,10 +540,7 @@ def _zygote_main(sock_fd: int, cfg: dict):
         if not got[0]:
             _killall(pid)
             got = os.waitpid(pid, 0)
-        try:
-            os.rmdir(path := os.path.join(cfg["scratch"], f"w{pid}"))  # most scratch dirs stay empty
-        except OSError:
-            shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(os.path.join(cfg["scratch"], f"w{pid}"), ignore_errors=True)
         free.append(live.pop(pid))
         return got[1]
 
@@ -561,16 +557,14 @@ def _zygote_main(sock_fd: int, cfg: dict):
             try:
                 try:
                     layers = _worker_setup(req_r, rep_w, uid, cfg, required)
-                    os.write(4, b"+")                                  # set up (the parent's proof that a
-                                                                       # later death is the code's fault)
+                    os.write(4, b"+")                                  # set up: a later death is the code's
                 except BaseException as e:  # noqa: BLE001 - say why on the reply pipe if it is there
                     os.write(4, f"{type(e).__name__}: {e}".encode())
                     raise
                 _w_serve(layers)
             finally:
                 os._exit(70)                                           # never fall back into the zygote
-        os.close(req_r)
-        os.close(rep_w)
+        list(map(os.close, (req_r, rep_w)))
         live[pid] = uid
         return pid, req_w, rep_r
 
