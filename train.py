@@ -547,10 +547,40 @@ def regen_figures(step, new_pool, episodes, hist: dict, steps: int, seed: int, w
     return m
 
 
-def env_stats(step, pool, episodes, is_regen) -> tuple[dict, dict]:
-    """Per-step statistics; updates each environment's epoch returns and regret in place."""
+def hint_regrets(pool, episodes) -> dict:
+    """Alg. 1's regret phase at a regeneration step: Eq. (3) for each fault-free environment that
+    has both arms, set in place (regret, r_hint, r_nohint), and the step's regret/* metrics. A
+    fresh designer environment without a hint has no hinted arm: hinted = unhinted, regret 0.
+    Run it after env_stats, which marks the faulty environments."""
+    arms = {}  # (env_id, hinted) -> returns of the episodes that did not end in a fault
+    for ep in episodes:
+        if ep.status != "env_error":
+            arms.setdefault((ep.env_id, ep.hinted), []).append(ep.ret)
+    regs = []
+    for e in pool:
+        plain, hinted = arms.get((e.env_id, False)), arms.get((e.env_id, True))
+        if e.faulty or not plain:
+            continue
+        if hinted:
+            e.regret = regret.hint_regret(hinted, plain)  # Eq. (3)
+        elif e.origin == "designer" and e.hint is None:
+            e.regret, hinted = 0.0, plain
+        else:
+            continue
+        e.r_hint, e.r_nohint = sum(hinted) / len(hinted), sum(plain) / len(plain)
+        regs.append(e)
+    if not regs:
+        return {}
+    return {"regret/mean": sum(e.regret for e in regs) / len(regs),
+            "regret/positive_share": sum(e.regret > 0 for e in regs) / len(regs),
+            "regret/r_hint": sum(e.r_hint for e in regs) / len(regs),
+            "regret/r_nohint": sum(e.r_nohint for e in regs) / len(regs)}
+
+
+def env_stats(step, pool, episodes) -> tuple[dict, dict]:
+    """Per-step statistics; marks faulty environments and extends their epoch returns in place."""
     by_env = {e.env_id: e for e in pool}
-    unhinted, hinted, rewards = {}, {}, {}
+    unhinted, rewards = {}, {}
     for ep in episodes:
         if not ep.hinted:
             rewards.setdefault(ep.env_id, []).extend(ep.rewards)
@@ -558,30 +588,13 @@ def env_stats(step, pool, episodes, is_regen) -> tuple[dict, dict]:
             by_env[ep.env_id].faulty |= not str(ep.error).startswith("infra")
             by_env[ep.env_id].timed_out |= ep.error in ("timeout", "episode_timeout")
             continue
-        (hinted if ep.hinted else unhinted).setdefault(ep.env_id, []).append(ep.ret)
+        if not ep.hinted:
+            unhinted.setdefault(ep.env_id, []).append(ep.ret)
     m = {}
     for env_id, rets in unhinted.items():
         by_env[env_id].returns += rets
     wins = {k: sum(r > 0 for r in v) / len(v) for k, v in unhinted.items()}
     means = {k: sum(v) / len(v) for k, v in unhinted.items()}
-    if is_regen:
-        regs = []
-        for e in pool:  # an empty hint means no hinted arm: hinted = unhinted, regret 0
-            if e.origin == "designer" and e.hint is None and e.env_id in unhinted and not e.faulty:
-                e.regret, e.r_hint = 0.0, means[e.env_id]
-                e.r_nohint = means[e.env_id]
-                regs.append(e)
-        for env_id, hr in hinted.items():
-            if env_id in unhinted and not by_env[env_id].faulty:
-                e = by_env[env_id]
-                e.regret = regret.hint_regret(hr, unhinted[env_id])  # Eq. (3)
-                e.r_hint, e.r_nohint = sum(hr) / len(hr), means[env_id]
-                regs.append(e)
-        if regs:
-            m["regret/mean"] = sum(e.regret for e in regs) / len(regs)
-            m["regret/positive_share"] = sum(e.regret > 0 for e in regs) / len(regs)
-            m["regret/r_hint"] = sum(e.r_hint for e in regs) / len(regs)
-            m["regret/r_nohint"] = sum(e.r_nohint for e in regs) / len(regs)
     if means:
         m["env/learnable_share"] = regret.learnable_share(list(means.values()))
         m["env/win_rate"] = sum(wins.values()) / len(wins)
@@ -956,8 +969,10 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
                              strip_thinking_history=margs.strip_thinking_history)
         t_play = time.perf_counter() - t0 - t_gen
         on_phase(step, "score")
-        em, wins = env_stats(step, pool, episodes, is_regen)
+        em, wins = env_stats(step, pool, episodes)
         m.update(em)
+        if is_regen:  # ALGO: the regret phase, Eq. (3)
+            m.update(hint_regrets(pool, episodes))
         m.update(regen_figures(step, pool if is_regen else [], episodes, hist, sargs.steps,
                                derive_seed("vendi", rargs.seed, step)))
         if step + 1 == sargs.steps and not sargs.fixed_envs:

@@ -164,7 +164,7 @@ def instrument(clock: Clock) -> None:
     for name in ("write_step_files", "episode_metrics"):
         clock.wrap(train, name, "logging")
     clock.wrap(memory.EnvironmentMemory, "save", "logging")
-    for name in ("env_stats", "agent_samples"):
+    for name in ("env_stats", "hint_regrets", "agent_samples"):
         clock.wrap(train, name, "scoring")
     train.on_phase = clock.on_phase
 

@@ -159,7 +159,7 @@ def test_env_stats_marks_timeouts():
     from types import SimpleNamespace as NS
     e = _env("a", [])
     eps = [NS(env_id="a", ret=0.0, hinted=False, status="env_error", error="timeout", rewards=[])]
-    train.env_stats(0, [e], eps, is_regen=False)
+    train.env_stats(0, [e], eps)
     assert e.faulty and e.timed_out
 
 

@@ -235,7 +235,8 @@ def test_env_stats_and_epoch_scores_by_hand():
            _ep("b", 0.0, hinted=True), _ep("b", 0.0, hinted=True),
            _ep("a", 0.0, status="env_error")]                                # infra: not a's fault
     eps[-1].error = "infra: worker could not start"
-    m, wins = train.env_stats(0, [a, b], eps, is_regen=True)
+    m, wins = train.env_stats(0, [a, b], eps)
+    m.update(train.hint_regrets([a, b], eps))
     assert a.regret == pytest.approx(0.5) and wins == {"a": 0.5, "b": 0.0}
     assert b.faulty and b.regret is None  # a faulty environment gets no regret
     assert not a.faulty
@@ -246,6 +247,17 @@ def test_env_stats_and_epoch_scores_by_hand():
     scored = train.score_epoch([a, b], train.SpadeArgs())
     # a: 0.4 * clip(0.5 / 0.15, 0, 1) + 0.6 * plateau(0.5) = 0.4 + 0.6 = 1.0; b: faulty -> 0
     assert [s["score"] for s in scored] == [pytest.approx(1.0), 0.0]
+
+
+def test_hint_regrets_without_a_hint():
+    """A fresh designer environment without a hint: hinted = unhinted, regret 0; a carried one
+    without hinted plays gets no regret, and a step without regrets logs no regret/* metric."""
+    fresh = train.PoolEnv("f", "Optimization", "src", "FEnv", "designer")
+    carried = train.PoolEnv("c", "Optimization", "src", "CEnv", "carried")
+    m = train.hint_regrets([fresh, carried], [_ep("f", 1.0), _ep("f", 0.0), _ep("c", 1.0)])
+    assert (fresh.regret, fresh.r_hint, fresh.r_nohint) == (0.0, 0.5, 0.5) and carried.regret is None
+    assert m == {"regret/mean": 0.0, "regret/positive_share": 0.0, "regret/r_hint": 0.5, "regret/r_nohint": 0.5}
+    assert train.hint_regrets([carried], [_ep("c", 1.0)]) == {}
 
 
 def test_micro_batches_split_by_role_and_budget():
