@@ -29,7 +29,7 @@ class SayAnythingEnv:
     def step(self, action):
         return "Done.", 1.0, True, False, {}
 '''
-STEPS = 24
+STEPS = 30  # on CPU the return reaches 1.0 by about step 20; 30 leaves room for numeric drift
 
 
 @pytest.mark.slow
