@@ -43,12 +43,13 @@ LAYERS (`Sandbox.layers` lists those achieved; a later worker missing one exits 
             modules, pidfd, setpriority, ...); clone only with CLONE_THREAD; kill/sigqueue only of
             itself; sockets only AF_UNIX.
 NOT COVERED. Kernel exploits (a process sandbox is not a VM); GPU device nodes are visible (Landlock
-forbids opening them); no cgroups (workers share CPU and memory within their rlimits). Without root,
-scratch is the host's /tmp under the per-file limit and workers share the trainer's uid, relying on
-Landlock and seccomp; without those too, only "always" holds and world-readable files and the network
-are reachable. A worker may read the nonce from its own serve loop and answer for itself: that only
-changes its own reply. Modules outside PRELOAD may be unimportable when the Python install lies below
-a directory the worker uid cannot traverse (e.g. /root/.pyenv).
+forbids opening them); no cgroups (workers share CPU and memory within their rlimits); below Landlock
+ABI 6 (Linux 6.12) abstract unix sockets are not scoped, so workers of one zygote could meet there.
+Without root, scratch is the host's /tmp under the per-file limit and workers share the trainer's
+uid, relying on Landlock and seccomp; without those too, only "always" holds and world-readable files
+and the network are reachable. A worker may read the nonce from its own serve loop and answer for
+itself: that only changes its own reply. Modules outside PRELOAD may be unimportable when the Python
+install lies below a directory the worker uid cannot traverse (e.g. /root/.pyenv).
 
 NAMED FAILURES: FAILURES, in info["error"] and ValidationReport.kind; `too_slow` (validation): the
 median reset or step call took over SLOW_SHARE x step_timeout, as that stalls every batched turn.
@@ -142,12 +143,12 @@ class ValidationReport:
     transcript: list = field(default_factory=list, repr=False)
 
 
-# ALGO: the ToolEnv base class (Sec. 4.2), injected into the environment's namespace in the worker (the
-# designer never imports it). As in the authors' base class: tool calls are free (they never touch the turn budget); an
-# <answer> turn and a malformed turn (no answer, no call that parses) each use one of `max_turns`
-# (10, theirs). An answer outranks tool calls in the same action. A premature or wrong answer gets
-# feedback naming the pending instruction, reward 0, and play continues. When the last
-# instruction completes, the tool output says so and asks for <answer>done</answer>.
+# ALGO: the ToolEnv base class (Sec. 4.2), injected into the environment's namespace in the worker
+# (the designer never imports it). As in the authors' base class: tool calls are free (they never
+# touch the turn budget); an <answer> turn and a malformed turn (no answer, no call that parses) each
+# use one of `max_turns` (10, theirs). An answer outranks tool calls in the same action. A premature
+# or wrong answer gets feedback naming the pending instruction, reward 0, and play continues. When
+# the last instruction completes, the tool output says so and asks for <answer>done</answer>.
 _CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.S)
 FORMAT_REMINDER = ("Invalid turn. Call tools with <tool_call>{\"name\": ..., \"arguments\": {...}}"
