@@ -402,7 +402,7 @@ def _w_encode(x) -> str:
 
 def _w_step(box, action) -> str:
     out = box["env"].step(action)
-    if type(out) not in (tuple, list) or len(out) != 5:
+    if not isinstance(out, (tuple, list)) or len(out) != 5:          # a namedtuple is honest too
         raise _Fail("invalid_result", "step() must return (observation, reward, terminated, truncated, info)")
     obs, reward, term, trunc, info = out
     if issubclass(type(reward), float) and not math.isfinite(reward):

@@ -168,6 +168,15 @@ def test_pythonhashseed_pinned_so_honest_sets_are_deterministic(sb):
     assert play(sb, env, ["a", "b"]) == play(sb, env, ["a", "b"])
 
 
+def test_honest_step_results_in_the_common_shapes_pass_through(sb):
+    """The worker writes a step reply's scalar fields itself: namedtuples, ints, numpy-free floats and
+    a non-empty info must arrive as the plain JSON values they are."""
+    env = game("return Step(f'obs {self.t}', self.t, self.t > 1, False, {'t': [self.t, 0.5]})",
+               head="import collections\nStep = collections.namedtuple('Step', 'o r te tr i')\n")
+    assert play(sb, env, ["a", "b"]) == [("obs 1", 1.0, False, False, {"t": [1, 0.5]}),
+                                         ("obs 2", 2.0, True, False, {"t": [2, 0.5]})]
+
+
 TOOL_ENV = src(r"""
     class ShopEnv(ToolEnv):
         TOOLS = [
