@@ -608,6 +608,18 @@ def env_stats(step, pool, episodes) -> tuple[dict, dict]:
     return m, wins
 
 
+def remember(step, pool, wins: dict, mem, setting: str, gather=None) -> None:
+    """Alg. 1's memory update: each fault-free freshly designed environment enters the memory with
+    its win rate (share of unhinted plays with return > 0) and regret; `gather` collects every
+    rank's records so all ranks hold the same memory."""
+    recs = [memory_lib.MemoryRecord(skill=e.skill, source=e.source, win_rate=wins.get(e.env_id, 0.0),
+                                    regret=e.regret or 0.0, step=step, class_name=e.class_name,
+                                    setting=setting)
+            for e in pool if e.origin == "designer" and not e.faulty]
+    for r in (gather(recs) if gather else recs):
+        mem.add(r)
+
+
 def tool_filters(sargs) -> bool:
     """The authors' tool-use training filters (every tool run): on in --setting tool."""
     return sargs.setting == "tool" and not sargs.no_tool_filters
@@ -984,13 +996,6 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
             ds, dm = designer_samples(scored, n_agent, sargs, grpo, accelerator)
             samples += ds
             m.update(dm)
-        if is_regen and not sargs.no_memory:  # memory records for the freshly designed envs
-            recs = [memory_lib.MemoryRecord(skill=e.skill, source=e.source, win_rate=wins.get(e.env_id, 0.0),
-                                            regret=e.regret or 0.0, step=step, class_name=e.class_name,
-                                            setting=sargs.setting)
-                    for e in pool if e.origin == "designer" and not e.faulty]
-            for r in (gather_object(recs) if world > 1 else recs):
-                mem.add(r)
         # ALGO: 4-5. one GRPO update over both roles, then push the weights to the engine
         on_phase(step, "update")
         t1 = time.perf_counter()
@@ -1001,7 +1006,10 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
         t_update = time.perf_counter() - t1
         on_phase(step, "sync")
         eng.sync_weights(accelerator.unwrap_model(model))
-        # INFRA: 6. log, checkpoint
+        # ALGO: 6. memory: a record for every freshly designed environment
+        if is_regen and not sargs.no_memory:
+            remember(step, pool, wins, mem, sargs.setting, gather_object if world > 1 else None)
+        # INFRA: 7. log, checkpoint
         on_phase(step, "log")
         m.update(episode_metrics(episodes))
         m.update({"charts/step": step, "charts/lr": scheduler.get_last_lr()[0],
