@@ -160,7 +160,11 @@ def test_transformers_sync_weights_copies_and_strips_wrappers(tiny):
         trained.model.norm.weight.add_(1.0)
     eng.sync_weights(Wrapped(trained))
     assert torch.equal(twin.model.norm.weight, trained.model.norm.weight)
+    # the transformers engine shares the trainer's model: sleep and wake leave it in place, untouched
+    before = {n: t.clone() for n, t in twin.state_dict().items()}
     eng.sleep(), eng.wake_up()
+    assert eng.model is twin
+    assert all(torch.equal(before[n], t) for n, t in twin.state_dict().items())
 
 
 # ----------------------------------------------------------------------------------------------

@@ -129,6 +129,16 @@ def test_tiny_moe_runs(tmp_path):
     run = train.main(args + ["--steps", "1", "--output_dir", str(tmp_path / "moe")])
     rows = metrics(run)
     assert len(rows) == 1 and rows[0]["losses/samples"] > 0
+    # the update reached the MoE layers: the exported router and expert weights moved away from
+    # the initial ones (same seed), and the export is still a Qwen3-MoE
+    from transformers import AutoModelForCausalLM
+    init, _ = engine.build_tiny("tiny-moe", seed=0)
+    final = AutoModelForCausalLM.from_pretrained(Path(run) / "final_model")
+    assert type(final).__name__ == "Qwen3MoeForCausalLM"
+    before, after = dict(init.named_parameters()), dict(final.named_parameters())
+    moved = {n for n in before if not torch.equal(before[n], after[n])}
+    assert any(".mlp.gate." in n for n in moved), "no router weight was trained"
+    assert any(".mlp.experts." in n for n in moved), "no expert weight was trained"
 
 
 @pytest.mark.slow
