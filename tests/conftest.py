@@ -52,3 +52,39 @@ def qwen3_template():
         pytest.skip("../shared/fixtures/qwen3_hybrid_chat_template.jinja is not present")
     return path.read_text(encoding="utf-8")
 
+
+
+@pytest.fixture
+def openai_endpoint():
+    """A loopback OpenAI-compatible server: `openai_endpoint(reply)` serves `reply(body) -> dict`
+    as JSON for every POST and returns (base URL ending in /v1, the list of request bodies seen)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    servers = []
+
+    def start(reply):
+        seen = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                seen.append(body)
+                data = json.dumps(reply(body)).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        server = HTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_port}/v1", seen
+
+    yield start
+    for server in servers:
+        server.shutdown()

@@ -504,36 +504,15 @@ def test_engine_sampler_renders_tools_and_groups_samples(tokenizer):
     assert out == [["r0"], [""]] and engine.kwargs["max_new_tokens"] == [2]
 
 
-def test_openai_sampler_round_trip_on_loopback():
-    import threading
-    from http.server import BaseHTTPRequestHandler, HTTPServer
-    seen = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            seen.append(body)
-            msg = {"content": "", "tool_calls": [{"id": "a", "type": "function", "function": {
-                "name": "cd", "arguments": json.dumps({"folder": "x"})}}]}
-            data = json.dumps({"choices": [{"message": msg}] * body["n"]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args):
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        sampler = E.OpenAISampler(f"http://127.0.0.1:{server.server_port}/v1", "m", workers=2, timeout=10)
-        history = [{"role": "user", "content": "go"},
-                   {"role": "assistant", "content": 'ok<tool_call>{"name": "ls", "arguments": {}}</tool_call>'},
-                   {"role": "tool", "content": "a.txt"}]
-        out = sampler.chat([history], n=2, temperature=0.5, top_p=0.9, top_k=20, max_new_tokens=7, seed=1)
-    finally:
-        server.shutdown()
+def test_openai_sampler_round_trip_on_loopback(openai_endpoint):
+    msg = {"content": "", "tool_calls": [{"id": "a", "type": "function", "function": {
+        "name": "cd", "arguments": json.dumps({"folder": "x"})}}]}
+    url, seen = openai_endpoint(lambda body: {"choices": [{"message": msg}] * body["n"]})
+    sampler = E.OpenAISampler(url, "m", workers=2, timeout=10)
+    history = [{"role": "user", "content": "go"},
+               {"role": "assistant", "content": 'ok<tool_call>{"name": "ls", "arguments": {}}</tool_call>'},
+               {"role": "tool", "content": "a.txt"}]
+    out = sampler.chat([history], n=2, temperature=0.5, top_p=0.9, top_k=20, max_new_tokens=7, seed=1)
     assert len(out[0]) == 2 and E.parse_tool_calls(out[0][0]) == [{"name": "cd", "arguments": {"folder": "x"}}]
     sent = seen[0]["messages"]
     assert sent[1]["tool_calls"][0]["function"]["name"] == "ls" and sent[1]["content"] == "ok"

@@ -2,8 +2,6 @@
 and evaluator; a scripted user, and tau2's user simulator on a loopback OpenAI-compatible endpoint),
 the pass^k arithmetic, and the clear failures when a tool-use suite cannot run."""
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
@@ -70,38 +68,21 @@ def test_tau2_end_to_end_scripted_user(airline):
 
 
 @pytest.mark.timeout(300)
-def test_tau2_user_simulator_on_an_openai_endpoint(airline, tmp_path):
+def test_tau2_user_simulator_on_an_openai_endpoint(airline, tmp_path, openai_endpoint):
     """eval.py --suites tau2 --tau2_user_endpoint URL: tau2's own user simulator talks to the
     endpoint (a loopback server scripted like the user above); the oracle agent still wins."""
-    seen = []
+    def user(body):
+        first = not any(m["role"] == "assistant" for m in body["messages"])
+        text = "Hello, I am customer 2." if first else "Thanks. ###STOP###"
+        return {"id": "u", "object": "chat.completion", "created": 0, "model": body["model"],
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": text}}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            seen.append(body)
-            first = not any(m["role"] == "assistant" for m in body["messages"])
-            text = "Hello, I am customer 2." if first else "Thanks. ###STOP###"
-            data = json.dumps({"id": "u", "object": "chat.completion", "created": 0, "model": body["model"],
-                               "choices": [{"index": 0, "finish_reason": "stop",
-                                            "message": {"role": "assistant", "content": text}}],
-                               "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args):
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        cfg = E.EvalConfig(suites="tau2", tau2_domains="airline", tau2_trials=1, limit=3, output_dir=str(tmp_path),
-                           tau2_user_endpoint=f"http://127.0.0.1:{server.server_port}/v1", tau2_user_model="usersim")
-        results = E.evaluate(cfg, sampler=oracle_agent(airline))  # task 2's actions, whichever task runs
-    finally:
-        server.shutdown()
+    url, seen = openai_endpoint(user)
+    cfg = E.EvalConfig(suites="tau2", tau2_domains="airline", tau2_trials=1, limit=3, output_dir=str(tmp_path),
+                       tau2_user_endpoint=url, tau2_user_model="usersim")
+    results = E.evaluate(cfg, sampler=oracle_agent(airline))  # task 2's actions, whichever task runs
     assert results["metrics"]["tau2/airline/tasks"] == 3  # --limit: tasks 0, 1, 2; only task 2's database matches
     assert results["metrics"]["tau2/airline/pass^1"] == pytest.approx(1 / 3)
     assert seen and {b["model"] for b in seen} == {"usersim"} and seen[0]["messages"][0]["role"] == "system"
