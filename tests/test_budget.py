@@ -17,6 +17,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CONCEPTS = ("designer", "agent", "regret", "grpo", "memory", "train")
 BUDGETS = {"concepts": 2300, "engine": 450, "eval": 900, "sandbox": 1000}
+# Each concept module's share of the 2,300 (they sum to 2,290), so the total can be pinned module by
+# module as each one lands under its share.
+SHARES = {"designer": 600, "agent": 420, "regret": 200, "grpo": 300, "memory": 170, "train": 600}
+# Budgets and shares that hold today and are therefore pinned by the suite (one per line).
+PINNED = {
+    "eval",
+}
 FUNCTION_SOFT, FUNCTION_HARD = 60, 100
 # Over the hard limit today and not pinned (printed instead): train.train, the whole loop, until
 # it becomes named phase calls.
@@ -57,6 +64,8 @@ def report() -> str:
     for key, cap in BUDGETS.items():
         n = have[key]
         rows.append(f"  {key:<14}{n:>6} / {cap:<6}" + ("ok" if n <= cap else f"over by {n - cap}"))
+    rows += [f"  {m:<14}{lines[m]:>6} / {cap:<6}" + ("ok" if lines[m] <= cap else f"over by {lines[m] - cap}")
+             for m, cap in SHARES.items()]
     rows.append(f"functions over {FUNCTION_SOFT} lines:")
     rows += [f"  {name:<40}{n:>5}" + ("  over the hard limit" if n > FUNCTION_HARD else "")
              for name, n in sorted(funcs.items(), key=lambda kv: -kv[1]) if n > FUNCTION_SOFT]
@@ -74,8 +83,11 @@ def test_no_function_over_the_hard_limit():
     assert not over, f"functions over {FUNCTION_HARD} lines: {over}"
 
 
-def test_eval_within_budget():
-    assert sizes()["eval"] <= BUDGETS["eval"]
+def test_pinned_budgets_hold():
+    have, lines = sizes(), module_lines()
+    caps = {**BUDGETS, **SHARES}
+    over = {k: (have.get(k, lines.get(k)), caps[k]) for k in PINNED if have.get(k, lines.get(k)) > caps[k]}
+    assert not over, f"over budget (lines, cap): {over}"
 
 
 def test_the_function_counter_counts_def_to_last_line(tmp_path, monkeypatch):
