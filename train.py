@@ -920,8 +920,8 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
     temperatures = role_temperatures(sargs, oargs)
     corpus = None
     if not (sargs.no_corpus or sargs.fixed_envs):  # one sampler for the run, seed 42 (Sec. 3.2)
-        corpus = designer.Corpus.load(sargs.corpus, max_words=designer.CORPUS_MAX_WORDS[sargs.setting],
-                                      seed=sargs.corpus_seed + rank)
+        corpus = designer.Corpus(sargs.corpus, max_words=designer.CORPUS_MAX_WORDS[sargs.setting],
+                                 seed=sargs.corpus_seed + rank)
     mem = memory_lib.EnvironmentMemory(capacity=sargs.memory_capacity, path=run_dir / "memory.json",
                                        seed=rargs.seed)
     pool, start, lp = [], 0, {}  # lp: the learning_potential ablation's per-skill trackers
@@ -1067,7 +1067,7 @@ def generate_pool(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
                                                  else torch.float32, seed=rargs.seed)
     sampler = Sampler(engines.get("designer") or make_engine(margs, sargs, model, tok, rargs.seed, False),
                       tok, rargs.seed)
-    corpus = None if sargs.no_corpus else designer.Corpus.load(
+    corpus = None if sargs.no_corpus else designer.Corpus(
         sargs.corpus, max_words=designer.CORPUS_MAX_WORDS[sargs.setting], seed=sargs.corpus_seed)
     if corpus is not None and state.get("corpus"):
         corpus.load_state_dict(state["corpus"])

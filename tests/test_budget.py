@@ -23,6 +23,7 @@ SHARES = {"designer": 600, "agent": 420, "regret": 200, "grpo": 300, "memory": 1
 # Budgets and shares that hold today and are therefore pinned by the suite (one per line).
 PINNED = {
     "eval",
+    "designer",
 }
 FUNCTION_SOFT, FUNCTION_HARD = 60, 100
 # Over the hard limit today and not pinned (printed instead): train.train, the whole loop, until

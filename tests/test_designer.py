@@ -94,7 +94,7 @@ def test_corpus_truncation_by_setting(tmp_path):
     words = [f"w{i}" for i in range(7000)]
     path = write_corpus(tmp_path / "c.jsonl", [json.dumps({"text": " ".join(words)}),
                                                 json.dumps({"text": "short text"})])
-    games, tool = d.Corpus(path), d.Corpus.load(path, max_words=d.CORPUS_MAX_WORDS["tool"])
+    games, tool = d.Corpus(path), d.Corpus(path, max_words=d.CORPUS_MAX_WORDS["tool"])
     g, t = games.documents[0], tool.documents[0]
     assert g.truncated and t.truncated and not games.documents[1].truncated
     assert g.text.startswith("w0 w1 ") and "w5999 " not in g.text and "w5999\n" in g.text and "w6000" not in g.text
@@ -277,22 +277,28 @@ def fenced(code, before="Here is my environment.", after="It is medium difficult
     return f"{before}\n```python\n{code}```\n{after}"
 
 
+def extract_environment(reply):
+    """The environment source of a reply as `regenerate` reads it (thinking removed, braces repaired)."""
+    code = d.code_block(d.strip_thinking(d.reply_text(reply))).strip()
+    return d.repair_fstring_braces(code) if code else None
+
+
 def test_extract_fenced_unfenced_think_and_truncated():
     code = env("Dial")
-    assert d.extract_environment(fenced(code)) == code.strip()
-    assert d.extract_environment(code) == code.strip()  # no fence: the whole reply
+    assert extract_environment(fenced(code)) == code.strip()
+    assert extract_environment(code) == code.strip()  # no fence: the whole reply
     think = f"<think>Maybe ```python\nclass DraftEnv: pass\n``` no.</think>\n{fenced(code)}"
-    assert d.extract_environment(think) == code.strip()
+    assert extract_environment(think) == code.strip()
     stray = f"Plan: ```python\nclass DraftEnv: pass\n```</think>{fenced(code)}"  # opening tag was in the prompt
-    assert d.extract_environment(stray) == code.strip()
-    assert d.extract_environment("<think>I will write ```python\nclass AEnv: pass\n```") is None  # cut while thinking
-    assert d.extract_environment(f"```py\n{code}```") == code.strip()
-    assert d.extract_environment(f'```json\n{{"a": 1}}\n```\n```python\n{code}```') == code.strip()
-    assert d.extract_environment(f"```\n{code}```") == code.strip()  # untagged fence
+    assert extract_environment(stray) == code.strip()
+    assert extract_environment("<think>I will write ```python\nclass AEnv: pass\n```") is None  # cut while thinking
+    assert extract_environment(f"```py\n{code}```") == code.strip()
+    assert extract_environment(f'```json\n{{"a": 1}}\n```\n```python\n{code}```') == code.strip()
+    assert extract_environment(f"```\n{code}```") == code.strip()  # untagged fence
     cut = fenced(code)[: fenced(code).index("if guess == ") + 12]  # token cap hit mid-function
-    assert d.extract_environment(cut) is None
-    assert d.extract_environment("```python\nclass BrokenEnv:\n    def reset(self\n") is None
-    assert d.extract_environment("") is None and d.extract_environment("no code at all") is None
+    assert extract_environment(cut) is None
+    assert extract_environment("```python\nclass BrokenEnv:\n    def reset(self\n") is None
+    assert extract_environment("") is None and extract_environment("no code at all") is None
 
 
 @dataclass
@@ -304,7 +310,7 @@ class FakeCompletion:
 
 
 def test_extract_accepts_completion_objects():
-    assert d.extract_environment(FakeCompletion(fenced(env("Dial")))) == env("Dial").strip()
+    assert extract_environment(FakeCompletion(fenced(env("Dial")))) == env("Dial").strip()
 
 
 @pytest.mark.parametrize("broken, fixed_fragment", [
@@ -326,9 +332,9 @@ def test_brace_repair_single_line(broken, fixed_fragment):
 def test_brace_repair_realistic_environment_runs():
     broken = env("Dial").replace("Answer as \\\\boxed{{n}}. Turns left", "Answer as \\\\boxed{<n>}. Turns left")
     broken = broken.replace("Go {hint}.", "Go {hint} (a {1..50} guess).")
-    assert d.extract_environment(fenced(broken)) is not None
+    assert extract_environment(fenced(broken)) is not None
     ns = {}
-    exec(d.extract_environment(fenced(broken)), ns)
+    exec(extract_environment(fenced(broken)), ns)
     game = ns["DialEnv"]()
     obs, _ = game.reset(seed=3)
     assert r"Answer as \boxed{<n>}. Turns left: 8." in obs
