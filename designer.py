@@ -353,14 +353,15 @@ def _fstring_edits(src: str) -> list[tuple[int, str]]:
                 i += 1
             elif is_f and c == "{":
                 end = _field_end(src, i + 1, delim)
-                budget -= (end if end and end > 0 else i + MAX_FIELD_CHARS) - i + 100  # + a parse
+                closed = end is not None and end > 0
+                budget -= (end if closed else i + MAX_FIELD_CHARS) - i + 100  # + one parse
                 if budget < 0:
                     return []
                 if end is None:
                     edits.append((i, "{"))  # an unclosed field: the brace was meant literally
-                elif end > 0 and not _parses(f"{prefix}{delim}{{{src[i + 1:end]}}}{delim}"):
+                elif closed and not _parses(f"{prefix}{delim}{{{src[i + 1:end]}}}{delim}"):
                     edits += [(i, "{"), (end, "}")]
-                i = end + 1 if end and end > 0 else i + 1  # a field too long to judge is left alone
+                i = end + 1 if closed else i + 1  # a field too long to judge (-1) is left alone
             else:
                 i += 1
         if src.startswith(delim, i):
