@@ -1,41 +1,34 @@
-"""Rollout engines and models: where SPADE's tokens come from.
+"""Rollout engines and models: where SPADE's tokens come from (infrastructure).
 
-SPADE (arXiv 2608.19197) trains one policy that both writes environments (designer) and plays
-them (agent); every token either role emits is sampled here. This file holds the INFRA the
-paper takes for granted:
+SPADE (arXiv 2608.19197) trains one policy that both writes environments (designer) and plays them
+(agent); every token either role emits is sampled here.
 
-1. Model loading: short aliases for the paper's models (Qwen3-4B, Qwen3-8B, Qwen3-30B-A3B), local
-   paths, and `tiny` / `tiny-moe`: small random-initialised Qwen3 / Qwen3-MoE models with a
-   byte-level BPE tokenizer trained offline, so tests, benchmarks and the CPU demo need no network.
-2. `TransformersEngine`: sampling in length-sorted, token-budgeted, left-padded batches with a KV
-   cache on CPU or GPUs (under FSDP2, ranks decode in lockstep); returns
-   the sampled tokens and log p(token) under softmax(logits / T), NOT renormalised after top-k /
-   top-p, which is exactly what the trainer recomputes (grpo.token_logprobs), so the truncated
-   importance weight (grpo.py) sees only numeric engine-vs-trainer drift. Optional prefix KV
-   cache across agent turns (each turn prefills only the new observation tokens), bounded in
-   bytes: train.py keeps one for the tiny models only (a 4B model's 32k-token episode holds
-   ~9.6 GB of fp32 KV).
+1. Models: aliases for the paper's models (Qwen3-4B, Qwen3-8B, Qwen3-30B-A3B), hub ids, local
+   paths, and `tiny` / `tiny-moe`: random Qwen3 / Qwen3-MoE models with a byte-level BPE tokenizer
+   trained offline, so tests, benchmarks and the CPU quick-start need no network. Attention is
+   SDPA, or flash-attention 2 on a GPU where it is installed.
+2. `TransformersEngine`: length-sorted, token-budgeted, left-padded batches with a KV cache, on CPU
+   or on GPUs under FSDP2 (ranks decode in lockstep). It returns log p(token) under
+   softmax(logits / T), NOT renormalised after top-k / top-p: exactly what the trainer recomputes
+   (grpo.token_logprobs), so the truncated importance weight sees only numeric drift. An optional
+   prefix KV cache, bounded in bytes, lets each agent turn prefill only its new tokens (train.py
+   keeps one for the tiny models: a 4B model's 32k-token episode holds ~9.6 GB of fp32 KV).
 3. `VLLMEngine`: vLLM colocated in the training processes (`external_launcher`, tensor parallel
-   within the node, sleep mode between generation and training), token-in/token-out.
-4. Weight sync (after each update): `vllm_weight_plan` maps trainer parameter names and shapes to the
-   checkpoint names vLLM's `load_weights` expects (a pure function of names and shapes, so it
-   runs on a meta-device model), un-fusing transformers-v5 Qwen3-MoE experts; `stream_weights`
-   gathers full tensors (FSDP2 DTensor, ZeRO-3) one decoder layer at a time and yields
-   (name, tensor) pairs equal to what `save_pretrained` writes; vLLM gets them cast to its
-   dtype (bf16) before the gather, which halves the bytes moved from fp32 master weights.
-5. Attention: SDPA, or flash-attention 2 on GPU when `flash_attn` is installed; the trainer's
-   right-padded batches need no mask (grpo.token_logprobs), so no (B, 1, T, T) mask is built.
+   within the node, sleep mode between generation and training), token in, token out.
+4. Weight sync after each update: `vllm_weight_plan` maps trainer names and shapes to the checkpoint
+   names vLLM loads (pure, so it runs on a meta-device model), un-fusing transformers-v5 Qwen3-MoE
+   experts; `stream_weights` gathers full tensors (FSDP2, ZeRO-3) one decoder layer at a time, cast
+   to vLLM's dtype before the gather (bf16: half the bytes of fp32 master weights).
 
-Deviations: vLLM's `processed_logprobs` are log-softmax over the temperature-scaled logits AFTER
-top-k / top-p masking (renormalised over the kept tokens), while the trainer's recomputation is not
-truncated: rollout log-probs exceed the un-truncated ones by -log(kept mass) >= 0 per token, so
-the TIS weight min(exp(old - rollout), 2) is slightly conservative (vLLM returns no un-truncated
-normaliser for the sampled token); the transformers engine has no such gap.
+Deviation (README, deviation 15): vLLM's `processed_logprobs` are renormalised over the top-k /
+top-p set, so rollout log-probs exceed the trainer's un-truncated ones by -log(kept mass) >= 0 and
+the TIS weight min(exp(old - rollout), 2) is slightly conservative; the transformers engine has no
+such gap.
 
 Symbols: B batch, T tokens, V vocabulary, E experts, H hidden, I expert intermediate size.
-
-Dependencies: torch, transformers, tokenizers; vLLM is imported lazily and only on GPU.
-Test: `pytest tests/test_models.py tests/test_engine.py tests/test_engine_batching.py`; benchmark: `python bench/rollout.py`.
+Dependencies: torch, transformers, tokenizers; vLLM is imported lazily, on GPU only.
+Test: `pytest tests/test_models.py tests/test_engine.py tests/test_engine_batching.py`; benchmark:
+`python bench/rollout.py`.
 """
 from __future__ import annotations
 
@@ -60,13 +53,12 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</t
 
 
 def resolve_model_name(name: str) -> str:
-    """Map a short alias to its hub id; pass tiny names, hub ids and local paths through."""
-    if name in TINY_MODELS or name in MODEL_ALIASES.values() or os.path.isdir(name):
+    """Map a short alias to its hub id; pass tiny names, hub ids and local paths through (a hub id
+    that is not cached fails when loaded with the network off)."""
+    if name in TINY_MODELS or "/" in name or os.path.isdir(name):
         return name
     if name in MODEL_ALIASES:
         return MODEL_ALIASES[name]
-    if "/" in name:
-        return name  # a hub id; loading will say if it is not cached and the network is off
     known = ", ".join([*TINY_MODELS, *MODEL_ALIASES])
     raise ValueError(f"unknown model {name!r}: use one of {known}, a hub id, or a local directory")
 
@@ -75,43 +67,29 @@ def resolve_model_name(name: str) -> str:
 # INFRA: tiny offline tokenizer and models
 
 
-def _tokenizer_training_text() -> list[str]:
-    """Text the tiny BPE is trained on: the shipped corpus, environments and chat template."""
-    texts = []
-    corpus = HERE / "data" / "corpus.jsonl"
-    if corpus.exists():
-        for line in corpus.read_text(encoding="utf-8").splitlines():
-            try:
-                texts.append(json.loads(line).get("text", ""))
-            except (json.JSONDecodeError, AttributeError):
-                continue
-    for path in sorted((HERE / "data" / "envs").glob("*.py")):
-        texts.append(path.read_text(encoding="utf-8"))
-    texts.append((HERE / "data" / "chat_template.jinja").read_text(encoding="utf-8"))
-    texts.append("You are playing a language game. Make valid actions to win. \\boxed{42} "
-                 "Observation: reset step reward terminated truncated info def class Env self")
-    return texts
-
-
 def build_tiny_tokenizer(vocab_size: int = 1024):
-    """A byte-level BPE tokenizer with ChatML special tokens and a Qwen3-style chat template.
-
-    Byte-level means every string round-trips, so the tiny model can emit anything a real one can.
-    Training is deterministic for a fixed training text.
-    """
+    """A byte-level BPE tokenizer (every string round-trips) with ChatML special tokens and a
+    Qwen3-style chat template, trained deterministically on the shipped corpus and environments."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
+    data = HERE / "data"
+    template = (data / "chat_template.jinja").read_text(encoding="utf-8")
+    corpus = (data / "corpus.jsonl").read_text(encoding="utf-8").splitlines()
+    texts = [json.loads(line)["text"] for line in corpus]
+    texts += [path.read_text(encoding="utf-8") for path in sorted((data / "envs").glob("*.py"))]
+    texts += [template, "You are playing a language game. Make valid actions to win. \\boxed{42} "
+              "Observation: reset step reward terminated truncated info def class Env self"]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
-    tok.train_from_iterator(_tokenizer_training_text(), trainer=trainer)
+    tok.train_from_iterator(texts, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
                                    pad_token="<|endoftext|>", padding_side="left")
-    fast.chat_template = (HERE / "data" / "chat_template.jinja").read_text(encoding="utf-8")
+    fast.chat_template = template
     return fast
 
 
@@ -132,10 +110,7 @@ def tiny_config(kind: str, vocab_size: int, eos_id: int, pad_id: int):
 
 
 def build_tiny(kind: str = "tiny", seed: int = 0, dtype: torch.dtype = torch.float32):
-    """Build a random-initialised tiny model and its tokenizer, fully offline.
-
-    Returns (model, tokenizer). The same seed gives the same weights.
-    """
+    """(model, tokenizer): a random-initialised tiny model built offline; seed fixes the weights."""
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     tokenizer = build_tiny_tokenizer()
@@ -150,14 +125,6 @@ def build_tiny(kind: str = "tiny", seed: int = 0, dtype: torch.dtype = torch.flo
     return model, tokenizer
 
 
-def attn_implementation() -> str:
-    """flash-attention 2 on a GPU where it is installed, else PyTorch SDPA (no eager attention)."""
-    import importlib.util
-    if torch.cuda.is_available() and importlib.util.find_spec("flash_attn"):
-        return "flash_attention_2"
-    return "sdpa"
-
-
 def shipped_dtype(name: str) -> torch.dtype:
     """The dtype a model's checkpoint ships in (bf16 for the paper's models; fp32 for tiny):
     train.py keeps the KL reference model in it and exports the final policy in it."""
@@ -170,10 +137,9 @@ def shipped_dtype(name: str) -> torch.dtype:
 
 
 def load_model_and_tokenizer(name: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0):
-    """Load `name` (alias, hub id, local dir, or tiny) as (model, tokenizer).
+    """(model, tokenizer) for an alias, hub id, local dir, or tiny (fp32, for CPU kernels)."""
+    import importlib.util
 
-    Tiny models are built in fp32 (CPU kernels); real models in `dtype`.
-    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     resolved = resolve_model_name(name)
@@ -183,13 +149,14 @@ def load_model_and_tokenizer(name: str, dtype: torch.dtype = torch.bfloat16, see
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(resolved, dtype=dtype,
-                                                 attn_implementation=attn_implementation())
+    flash = torch.cuda.is_available() and importlib.util.find_spec("flash_attn")
+    model = AutoModelForCausalLM.from_pretrained(
+        resolved, dtype=dtype, attn_implementation="flash_attention_2" if flash else "sdpa")
     return model, tokenizer
 
 
 # ----------------------------------------------------------------------------------------------
-# INFRA: what every engine returns
+# INFRA: what every engine returns, and top-k / top-p sampling
 
 
 @dataclass
@@ -199,6 +166,11 @@ class Completion:
     logprobs: list[float]
     text: str             # decoded, special tokens skipped
     finish_reason: str    # "stop" (EOS) | "length" (hit its max_new_tokens)
+
+
+def _caps(max_new_tokens: int | list[int], n: int) -> list[int]:
+    """One reply cap per prompt: generate() takes one for all, or one each."""
+    return [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
 
 
 def _candidates(scaled: torch.Tensor, top_k: int, top_p: float):
@@ -217,52 +189,59 @@ def _candidates(scaled: torch.Tensor, top_k: int, top_p: float):
 
 
 class TransformersEngine:
-    """Batched sampling with a plain transformers model (CPU, or one small GPU).
+    """Batched sampling with a plain transformers model (CPU, or GPUs under FSDP2).
 
-    One left-padded prefill, then one decode step per new token for the whole batch with a KV
-    cache; rows stop at EOS or at their own max_new_tokens and leave the batch (their cache rows
-    are dropped), so a step costs only the rows still generating.
+    Prompts are sorted by length and cut into batches of rows x (longest prompt + largest cap) <=
+    max_batch_tokens, which bounds each batch's KV cache and padding (a tqdm bar per batch when
+    progress). A batch is one left-padded prefill, then one decode step per token; rows leave the
+    batch (and its cache) at EOS or at their own cap, so a step costs only the live rows.
 
     prefix_cache_bytes > 0 keeps, for every reply that ended at EOS, the KV of its prompt + reply;
-    a later prompt that extends it (the agent's next turn) prefills only its new tokens. The rows'
-    cached pasts are left-padded into one batch cache (holes are masked, positions are explicit).
-    Entries are dropped when used, oldest first once they hold more than prefix_cache_bytes, and
-    on sync_weights (stale after an update). 0 (the default) turns the cache off.
+    a later prompt that extends it (the agent's next turn) prefills only its new tokens. Entries
+    are dropped when used, oldest first beyond prefix_cache_bytes, and on sync_weights (stale
+    after an update). 0 (the default) turns the cache off.
 
-    Batching by length: prompts are sorted by length and fill a batch while rows x (longest
-    prompt + largest cap) stays within max_batch_tokens, which bounds the batch's KV cache and
-    padding, so one long prompt no longer pads every other (a tqdm bar per batch when progress).
-
-    FSDP2 (parameters are DTensors): every forward all-gathers, so it is a collective. With
-    several ranks, each rank votes before each forward and keeps stepping (a 1-token dummy
-    forward when it has nothing left) until every rank is done, as transformers' synced_gpus;
-    drain() ends a phase the same way. Sampling runs under no_grad, not inference_mode: FSDP2
-    keeps the tensors it all-gathers, and inference tensors would break the next training forward.
+    FSDP2 with several ranks: every forward all-gathers, so it is a collective. Each rank votes
+    before each forward and keeps stepping (a 1-token dummy forward when it has nothing left)
+    until every rank is done, as transformers' synced_gpus; drain() ends a phase the same way.
+    Sampling runs under no_grad, not inference_mode: FSDP2 keeps the tensors it all-gathers, and
+    inference tensors would break the next training forward.
     """
 
     def __init__(self, model, tokenizer, prefix_cache_bytes: int = 0, stop_ids=(),
                  max_batch_tokens: int = 65536, progress: bool = False):
+        import torch.distributed as dist
         self.model, self.tokenizer = model, tokenizer
         self.max_batch_tokens, self.progress = max_batch_tokens, progress
-        import torch.distributed as dist
         self.synced = hasattr(next(model.parameters()), "full_tensor") and \
             dist.is_initialized() and dist.get_world_size() > 1
-        eos = getattr(model.generation_config, "eos_token_id", None) if hasattr(
-            model, "generation_config") else None
-        eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        eos = [eos] if isinstance(eos, int) else list(eos or ())
         self.eos_ids = {tokenizer.eos_token_id, *eos, *stop_ids}  # + the chat's end of turn
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
             else tokenizer.eos_token_id
         self.prefix_cache, self.cache_bytes = prefix_cache_bytes > 0, prefix_cache_bytes
-        self._pasts: dict[tuple, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._pasts: dict[tuple, torch.Tensor] = {}  # tokens -> their KV, (layers, 2, h, n, d)
 
     def _take_past(self, prompt: list[int]):
-        """The longest cached (tokens, per-layer (k, v)) that is a strict prefix of prompt."""
+        """The longest cached (length, KV) that is a strict prefix of prompt, taken out."""
         for n in sorted({len(k) for k in self._pasts}, reverse=True):
             key = tuple(prompt[:n])
             if n < len(prompt) and key in self._pasts:
                 return n, self._pasts.pop(key)
         return 0, None
+
+    def _keep_past(self, cache, k: int, attn_row: torch.Tensor, tokens: list[int]) -> None:
+        """Store batch row k's KV (padding removed), which covers `tokens`."""
+        valid = attn_row.nonzero().squeeze(1)                                    # (n,)
+        assert len(valid) == len(tokens)
+        self._pasts[tuple(tokens)] = torch.stack([torch.stack(
+            (layer.keys[k, :, valid], layer.values[k, :, valid])) for layer in cache.layers])
+        while self.cached_bytes() > self.cache_bytes:  # dicts keep insertion order: oldest first
+            del self._pasts[next(iter(self._pasts))]
+
+    def cached_bytes(self) -> int:
+        return sum(kv.nbytes for kv in self._pasts.values())
 
     def _prefill(self, prompts: list[list[int]], device):
         """Left-padded prefill of the prompts' uncached suffixes on top of their cached pasts."""
@@ -281,37 +260,20 @@ class TransformersEngine:
             attn[b, P + S - len(new):] = 1
             pos[b, S - len(new):] = torch.arange(n, len(p))
         cache = None
-        if P > 0:
-            layers = []
-            for layer in range(self.model.config.num_hidden_layers):
-                like = next(kv for _, kv in pasts if kv is not None)[layer][0]  # (1, h, n, d)
-                k = like.new_zeros((B, like.shape[1], P, like.shape[3]))
-                v = k.clone()
-                for b, (n, kv) in enumerate(pasts):
-                    if kv is not None:
-                        k[b, :, P - n:] = kv[layer][0][0]
-                        v[b, :, P - n:] = kv[layer][1][0]
-                layers.append((k, v))
+        if P > 0:  # the rows' pasts, left-padded into one batch cache (holes are masked)
+            like = next(kv for _, kv in pasts if kv is not None)                # (L, 2, h, n, d)
+            L, _, h, _, d = like.shape
+            kv = like.new_zeros((L, 2, B, h, P, d))                             # (L, 2, B, h, P, d)
+            for b, (n, past) in enumerate(pasts):
+                if past is not None:
+                    kv[:, :, b, :, P - n:] = past
             from transformers import DynamicCache
-            cache = DynamicCache(layers, config=self.model.config)
+            cache = DynamicCache([(k, v) for k, v in kv], config=self.model.config)
         ids, attn, pos = ids.to(device), attn.to(device), pos.to(device)
         out = self._forward(input_ids=ids, attention_mask=attn, position_ids=pos,
                             past_key_values=cache, use_cache=True,
                             logits_to_keep=1)  # only the last position's logits: (B, 1, V)
         return out, attn, pos
-
-    def _keep_past(self, cache, k: int, attn_row: torch.Tensor, tokens: list[int]) -> None:
-        """Store batch row k's KV (padding removed), which covers `tokens`."""
-        valid = attn_row.nonzero().squeeze(1)                                    # (n,)
-        assert len(valid) == len(tokens)
-        self._pasts[tuple(tokens)] = [
-            (layer.keys[k:k + 1, :, valid].clone(), layer.values[k:k + 1, :, valid].clone())
-            for layer in cache.layers]
-        while self.cached_bytes() > self.cache_bytes:  # dicts keep insertion order: oldest first
-            del self._pasts[next(iter(self._pasts))]
-
-    def cached_bytes(self) -> int:
-        return sum(t.nbytes for kv in self._pasts.values() for pair in kv for t in pair)
 
     def _tick(self, active: bool) -> bool:
         """INFRA (FSDP2, several ranks): the vote before a forward; True while any rank has one."""
@@ -351,18 +313,16 @@ class TransformersEngine:
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int | list[int],
                  temperature: float = 0.6, top_p: float = 0.95, top_k: int = 20,
                  seed: int | None = None) -> list[Completion]:
-        caps = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) \
-            else list(max_new_tokens)
+        from tqdm.auto import tqdm
+        caps = _caps(max_new_tokens, len(prompts))
         gen = torch.Generator(device=next(self.model.parameters()).device)
         if seed is None:
             gen.seed()  # fresh entropy: unseeded calls differ
         else:
             gen.manual_seed(seed)
-        from tqdm.auto import tqdm
         done: list[Completion | None] = [None] * len(prompts)
-        batches = self._batches(prompts, caps)
-        for batch in tqdm(batches, desc="generate", unit="batch", leave=False,
-                          disable=not self.progress):
+        for batch in tqdm(self._batches(prompts, caps), desc="generate", unit="batch",
+                          leave=False, disable=not self.progress):
             outs = self._sample([prompts[i] for i in batch], [caps[i] for i in batch],
                                 temperature, top_p, top_k, gen)
             for i, completion in zip(batch, outs):
@@ -474,12 +434,6 @@ def vllm_weight_plan(name: str, shape: tuple[int, ...]) -> list[tuple[str, tuple
     return [(name, tuple(shape), ())]
 
 
-def checkpoint_shapes(model) -> dict[str, tuple[int, ...]]:
-    """Every checkpoint name and shape `stream_weights` would send (works on the meta device)."""
-    return {target: shape for name, p in model.named_parameters()
-            for target, shape, _ in vllm_weight_plan(name, tuple(p.shape))}
-
-
 def _full_tensor(param: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """The whole tensor behind a possibly sharded parameter, cast to `dtype` BEFORE the gather
     (a collective on sharded ones: every rank must call this in the same order)."""
@@ -499,12 +453,9 @@ def _layer_of(name: str) -> str:
 
 
 def stream_weights(model, dtype: torch.dtype | None = None):
-    """Yield the full weights one decoder layer at a time, as [(checkpoint name, tensor)] lists,
-    in `dtype` (None: the parameters' own).
-
-    Peak extra memory is one layer's full tensors (a 30B-A3B layer is ~1.2 GB in bf16), never the
-    whole model.
-    """
+    """Yield the full weights one decoder layer at a time, as [(checkpoint name, tensor)] lists in
+    `dtype` (None: the parameters' own). Peak extra memory is one layer's full tensors (a 30B-A3B
+    layer is ~1.2 GB in bf16), never the whole model."""
     group, layer = [], None
     for name, param in model.named_parameters():
         if group and _layer_of(name) != layer:
@@ -519,18 +470,13 @@ def stream_weights(model, dtype: torch.dtype | None = None):
 
 
 # ----------------------------------------------------------------------------------------------
-# INFRA: vLLM, colocated in the training processes
-# Written against vLLM 0.33.0 (pinned in requirements-gpu.txt with the torch 2.14.0 it pins).
-# API used, as documented for recent vLLM (docs.vllm.ai): LLM(..., distributed_executor_backend=
-# "external_launcher") runs one in-process worker per torchrun rank (ExecutorWithExternalLauncher:
-# "users will launch multiple engines with torchrun-compatible launchers"); enable_sleep_mode=True
-# with LLM.sleep(level=1|2) / LLM.wake_up(tags=["weights"] | ["kv_cache"]) ("wake up only model
-# weights or KV cache to avoid OOM during weight updates"); logprobs_mode="processed_logprobs"
-# (log-probs after temperature, top-k/top-p; see the module deviations); SamplingParams(logprobs=0)
-# returns the sampled token's log-prob; TokensPrompt(prompt_token_ids=...) feeds tokens; the model
-# object at llm.llm_engine.model_executor.driver_worker.worker.model_runner.model takes
-# load_weights(iterable of (name, tensor)) in checkpoint names, sharding for tensor parallelism
-# itself. reload_weights is never called: it reloads the original checkpoint from disk.
+# INFRA: vLLM, colocated in the training processes. Written against vLLM 0.33.0 (pinned in
+# requirements-gpu.txt), API as documented at docs.vllm.ai: LLM(distributed_executor_backend=
+# "external_launcher") runs one in-process worker per torchrun rank; enable_sleep_mode with
+# sleep(level=1|2) and wake_up(tags=["weights"] | ["kv_cache"]); logprobs_mode="processed_logprobs"
+# (see the module's deviation); SamplingParams(logprobs=0) returns the sampled token's log-prob;
+# TokensPrompt feeds tokens; the worker's model_runner.model.load_weights takes (checkpoint name,
+# tensor) pairs and shards them for tensor parallelism. Never reload_weights: it rereads the disk.
 
 
 class VLLMEngine:
@@ -575,9 +521,8 @@ class VLLMEngine:
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int | list[int],
                  temperature: float = 0.6, top_p: float = 0.95, top_k: int = 20,
                  seed: int | None = None) -> list[Completion]:
-        caps = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) \
-            else list(max_new_tokens)
         # each request carries its own sampling params, so a TP group samples identically
+        caps = _caps(max_new_tokens, len(prompts))
         requests = [(list(p), cap, temperature, top_p, top_k, None if seed is None else seed + i)
                     for i, (p, cap) in enumerate(zip(prompts, caps))]
         return self._run(requests, done=False)
@@ -600,14 +545,16 @@ class VLLMEngine:
                 return None
             rank = dist.get_rank(self.tp_group)
             start = sum(len(r) for _, r in gathered[:rank])
-            requests, mine = [q for _, r in gathered for q in r], slice(start, start + len(requests))
+            mine = slice(start, start + len(requests))
+            requests = [q for _, r in gathered for q in r]
         if not requests:
             return []
         params = [self.vllm.SamplingParams(
             n=1, temperature=t, top_p=p, top_k=k, max_tokens=cap, logprobs=0, seed=sd,
-            stop_token_ids=self.stop_ids, skip_special_tokens=True) for _, cap, t, p, k, sd in requests]
-        outputs = self.llm.generate([self.vllm.TokensPrompt(prompt_token_ids=q[0]) for q in requests],
-                                    sampling_params=params, use_tqdm=False)
+            stop_token_ids=self.stop_ids, skip_special_tokens=True)
+            for _, cap, t, p, k, sd in requests]
+        outputs = self.llm.generate([self.vllm.TokensPrompt(prompt_token_ids=q[0])
+                                     for q in requests], sampling_params=params, use_tqdm=False)
         completions = []
         for request in outputs:
             o = request.outputs[0]
@@ -628,18 +575,13 @@ class VLLMEngine:
             self.llm.wake_up()
             self.asleep = False
 
-    def _model(self):
-        return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
-
     def sync_weights(self, model) -> None:
-        """Push the trainer's current weights into vLLM, one decoder layer at a time.
-
-        Weights wake first (the KV cache stays released while the full tensors are in flight),
-        then the KV cache; the prefix cache is reset since cached KV came from the old weights.
-        """
+        """Push the trainer's weights into vLLM one decoder layer at a time: weights wake first
+        (the KV cache stays released while full tensors are in flight), then the KV cache; the
+        prefix cache is reset, its KV came from the old weights."""
         if self.asleep:
             self.llm.wake_up(tags=["weights"])
-        target = self._model()
+        target = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
         for group in stream_weights(model, self.dtype):
             target.load_weights(group)
         if self.asleep:

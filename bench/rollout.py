@@ -129,7 +129,8 @@ def bench_name_map():
     times = []
     for _ in range(7):
         t0 = time.perf_counter()
-        shapes = engine.checkpoint_shapes(model)
+        shapes = {target: shape for name, p in model.named_parameters()
+                  for target, shape, _ in engine.vllm_weight_plan(name, tuple(p.shape))}
         times.append((time.perf_counter() - t0) * 1000)
     saved = revert_weight_conversion(model, dict(model.state_dict()))  # what save_pretrained writes
     same = shapes == {k: tuple(v.shape) for k, v in saved.items()}

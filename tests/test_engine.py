@@ -13,6 +13,12 @@ from engine import Completion, TransformersEngine, checkpoint_name, vllm_weight_
 # Tiny matmuls on a shared 2-core machine: one thread is 10-50x faster than two fighting.
 
 
+def checkpoint_shapes(model) -> dict[str, tuple[int, ...]]:
+    """Every checkpoint name and shape `stream_weights` would send (works on the meta device)."""
+    return {target: shape for name, p in model.named_parameters()
+            for target, shape, _ in vllm_weight_plan(name, tuple(p.shape))}
+
+
 @pytest.fixture
 def eos_biased(tiny):
     """The tiny model with +8 on the EOS logit, so replies end within a few tokens."""
@@ -207,7 +213,7 @@ def test_stream_weights_equal_save_pretrained(request, tmp_path, fixture):
     assert streamed.keys() == saved.keys()
     for name, t in streamed.items():
         assert t.dtype == saved[name].dtype and torch.equal(t, saved[name]), name
-    assert engine.checkpoint_shapes(model) == {k: tuple(v.shape) for k, v in saved.items()}
+    assert checkpoint_shapes(model) == {k: tuple(v.shape) for k, v in saved.items()}
     # one group per decoder layer, plus the embeddings / final norm outside the layers
     layers = model.config.num_hidden_layers
     assert len(groups) == layers + 2
@@ -224,7 +230,7 @@ def test_30b_a3b_shaped_meta_model_names_and_shapes():
                          num_experts_per_tok=8, norm_topk_prob=True, tie_word_embeddings=False)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)
-    shapes = engine.checkpoint_shapes(model)
+    shapes = checkpoint_shapes(model)
     assert len(shapes) == 18867 == 48 * (128 * 3 + 9) + 3
     assert shapes["model.layers.47.mlp.experts.127.gate_proj.weight"] == (768, 2048)
     assert shapes["model.layers.0.mlp.experts.0.down_proj.weight"] == (2048, 768)
