@@ -12,7 +12,8 @@ instruction with `<answer>` tags around "Problem: ..." and a box line, T 0.6 / t
 whose scorer raises is left out, and the cell is the pooled win rate. For the tool-use setting it
 reports BFCL v4 (suite `bfcl`: overall of non-live, live, irrelevance, multi-turn; `bfcl_multi_turn`
 alone) and tau2-bench (`tau2`, its user simulator on --tau2_user_endpoint), whose loops live in
-toolbench.py. This file runs all of them against a checkpoint
+toolbench.py, and ACEBench (`acebench`: Normal, Special, Agent and its summary score; acebench.py).
+This file runs all of them against a checkpoint
 (engine.py: vLLM or transformers), an OpenAI-compatible endpoint, or a scripted sampler (tests).
 Every suite's sampling settings are written to results.json ("sampling").
 
@@ -30,6 +31,8 @@ Data (local JSONL, one object per line; see `load_items` for the accepted field 
     livecodebench_v6.jsonl           {"question_id", "question_content", "starter_code", "contest_date",
                                       "tests": [{"input", "output", "testtype": "stdin"|"functional"}],
                                       "func_name" (functional only)}  (or raw hub rows)
+    acebench/data_<category>.json, acebench/possible_answer/data_<category>.json
+                                     (ACEBench's data_all/data_en; formats in acebench.py's docstring)
 Reasoning-Gym items are generated offline; BFCL v4 multi-turn data and checker come from the
 `bfcl-eval` package (install it with `pip install --no-deps bfcl-eval`: its declared dependencies
 are API clients and pinned numpy, none of which the multi-turn checker imports).
@@ -46,7 +49,7 @@ Deviations (from the paper and the authors' harness, spade-rl/spade):
    run used the 2025-01 .. 2025-04 problems. Our own grader: tests stop at the first failure;
    outputs compared line by line, then token by token with numeric tokens compared as decimals;
    each test runs in a fresh sandbox.py worker (no network, files or processes of the host).
-5. Tool-use suites: toolbench.py's docstring.
+5. Tool-use suites: toolbench.py's and acebench.py's docstrings.
 
 Usage (multi-GPU tensor parallelism: serve the model with `vllm serve` and use --endpoint):
     python eval.py --model runs/spade/checkpoint-400 --engine vllm --output_dir runs/eval/spade
@@ -56,7 +59,7 @@ Usage (multi-GPU tensor parallelism: serve the model with `vllm serve` and use -
         --rg_tasks chain_sum --rg_episodes 2 --aime_samples 2 --max_new_tokens 16 --rg_max_new_tokens 16  # CPU smoke
 
 Dependencies: stdlib, tqdm, sandbox.py, transformers (CLI), reasoning-gym, math-verify; lazily: engine.py,
-`datasets`/`huggingface_hub` (hub loading), `bfcl_eval` (BFCL).
+`datasets`/`huggingface_hub` (hub loading), `bfcl_eval` (BFCL); acebench.py (ACEBench).
 Test: `pytest tests/test_eval.py`.
 """
 from __future__ import annotations
@@ -79,6 +82,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+import acebench
 import agent
 import sandbox
 from toolbench import (BFCL_CATEGORIES, MissingDataset, _read_jsonl, bfcl_tool, call_string,  # noqa: F401
@@ -100,6 +104,9 @@ SCORER_NOTES = {
     "aime": "math-verify runs under a per-sample timeout (parse and verify); a timeout counts as wrong.",
     "livecodebench": "stdout compared line by line, then token-wise with decimal-aware numbers; tests stop "
                      "at the first failure; a test past the time limit fails the sample.",
+    "acebench": "ACEBench's checker as written: top-level numbers and booleans are type-checked only, strings "
+                "lose their whitespace before decoding, an answer class absent from the state is not checked; the "
+                "Agent roles sample at T 0.001, top-p 1 (ACEBench's defaults), --acebench_agent_max_new_tokens each.",
     "bfcl_multi_turn": "bfcl-eval's checker compares environment state and call outputs per turn; an "
                        "entry that hits 20 steps in a turn is force-terminated and fails.",
 }
@@ -158,18 +165,6 @@ def rg_prompt(question: str) -> str:
 # ----------------------------------------------------------------------------------------------
 # INFRA: samplers. A sampler maps conversations to n reply texts each:
 #   sampler.chat(conversations, n=, temperature=, top_p=, max_new_tokens=, seed=, tools=) -> list[list[str]]
-
-
-class ScriptedSampler:
-    """Replies from a function `fn(messages, sample_index) -> str` (tests, oracles, baselines).
-    Every call's keyword arguments are kept in `calls` (the sampling protocol a suite asked for)."""
-
-    def __init__(self, fn):
-        self.fn, self.calls = fn, []
-
-    def chat(self, conversations, *, n=1, tools=None, **sampling):
-        self.calls.append({"n": n, "prompts": len(conversations), **sampling})
-        return [[self.fn(messages, k) for k in range(n)] for messages in conversations]
 
 
 class EngineSampler:
@@ -598,7 +593,8 @@ def run_livecodebench(sampler, rows, *, n=10, sampling, batch_size=256, timeout=
 # ----------------------------------------------------------------------------------------------
 # INFRA: config, the driver, outputs, CLI
 
-SUITES = ("reasoning_gym", "aime2025", "aime2026", "gpqa_diamond", "livecodebench_v6", "bfcl_multi_turn", "bfcl", "tau2")
+SUITES = ("reasoning_gym", "aime2025", "aime2026", "gpqa_diamond", "livecodebench_v6", "bfcl_multi_turn", "bfcl", "tau2",
+          "acebench")
 TABLE1 = (("AIME25", "aime2025/avg@"), ("AIME26", "aime2026/avg@"), ("GPQA-D", "gpqa_diamond/avg@"),
           ("LCB-v6", "livecodebench_v6/pass@1"), ("RG-Math", "reasoning_gym/math"),
           ("RG-Algo", "reasoning_gym/algorithmic"), ("RG-Cog", "reasoning_gym/cognition"), ("RG-Logic", "reasoning_gym/logic"))
@@ -654,6 +650,14 @@ class EvalConfig:
     tau2_user_endpoint: str = field(default="", metadata={"help": "OpenAI-compatible base URL serving tau2-bench's user simulator (required for suite tau2)."})
     tau2_user_model: str = field(default="gpt-4.1", metadata={"help": "Model name of the user simulator at --tau2_user_endpoint (the authors: gpt-4.1, T 0)."})
     tau2_user_api_key_env: str = field(default="OPENAI_API_KEY", metadata={"help": "Environment variable holding the user endpoint's API key."})
+    acebench_categories: str = field(default="test_all", metadata={"help": "ACEBench categories: test_all, groups (normal, special, agent) or category names, comma-separated."})
+    acebench_repo: str = field(default="", metadata={"help": "A checkout of github.com/ACEBench/ACEBench: the Agent categories load its API classes (and its data_all/data_en when <data_dir>/acebench is absent)."})
+    acebench_user_endpoint: str = field(default="", metadata={"help": "OpenAI-compatible base URL serving ACEBench's user simulator (required for agent_multi_turn)."})
+    acebench_user_model: str = field(default="gpt-4o", metadata={"help": "Model name of the ACEBench user simulator (the authors: gpt-4o)."})
+    acebench_user_api_key_env: str = field(default="OPENAI_API_KEY", metadata={"help": "Environment variable holding the ACEBench user endpoint's API key."})
+    acebench_temperature: float = field(default=0.7, metadata={"help": "ACEBench single-turn temperature (the authors: 0.7, top-p 1.0)."})
+    acebench_max_new_tokens: int = field(default=16384, metadata={"help": "ACEBench single-turn token budget (the authors: 16,384)."})
+    acebench_agent_max_new_tokens: int = field(default=1000, metadata={"help": "ACEBench Agent-role token budget per message (ACEBench's default, kept by the authors' run: 1,000)."})
 
 
 def suite_sampling(suite: str, cfg: EvalConfig) -> dict:
@@ -665,6 +669,7 @@ def suite_sampling(suite: str, cfg: EvalConfig) -> dict:
         "bfcl_multi_turn": (cfg.bfcl_temperature, 1.0, -1, 1, cfg.max_new_tokens),
         "bfcl": (cfg.bfcl_temperature, 1.0, -1, 1, cfg.max_new_tokens),
         "tau2": (cfg.tau2_temperature, 0.8, 20, cfg.tau2_trials, cfg.max_new_tokens),
+        "acebench": (cfg.acebench_temperature, 1.0, -1, 1, cfg.acebench_max_new_tokens),
     }.get(suite) or (cfg.aime_temperature, cfg.aime_top_p, cfg.aime_top_k, cfg.aime_samples, cfg.max_new_tokens)
     return {"n": n, "temperature": t, "top_p": p, "top_k": k, "max_new_tokens": budget, "seed": cfg.seed}
 
@@ -689,6 +694,14 @@ def run_suite(suite: str, sampler, cfg: EvalConfig) -> tuple[dict, list[dict]]:
                 "api_key": os.environ.get(cfg.tau2_user_api_key_env, "")}
         return run_tau2(sampler, user=user, domains=cfg.tau2_domains.split(","), trials=n, max_steps=cfg.tau2_max_steps,
                         limit=cfg.limit, seed=cfg.seed, **common)
+    if suite == "acebench":
+        user = OpenAISampler(cfg.acebench_user_endpoint, cfg.acebench_user_model, os.environ.get(
+            cfg.acebench_user_api_key_env, "")) if cfg.acebench_user_endpoint else None
+        data = Path(cfg.data_dir, "acebench")
+        data = data if data.exists() or not cfg.acebench_repo else Path(cfg.acebench_repo, "data_all", "data_en")
+        return acebench.run_acebench(sampler, data_dir=data, categories=cfg.acebench_categories, repo=cfg.acebench_repo,
+                                     user=user, limit=cfg.limit, agent_max_new_tokens=cfg.acebench_agent_max_new_tokens,
+                                     **common)
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}: use {', '.join(SUITES)}")
     rows = load_items(suite, cfg.data_dir)

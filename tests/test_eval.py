@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 import eval as E
+from scripted import ScriptedSampler
 
 FIXTURES = Path(__file__).parent / "fixtures" / "eval"
 SAMPLING = {"temperature": 0.0, "top_p": 1.0, "max_new_tokens": 16, "seed": 0}
 QUICK_RG = {"basic_arithmetic", "spell_backward", "color_cube_rotation", "syllogism"}  # one per cell, fast
-GARBAGE = E.ScriptedSampler(lambda messages, k: "I am not sure. \\boxed{}")
+GARBAGE = ScriptedSampler(lambda messages, k: "I am not sure. \\boxed{}")
 
 
 def jsonl(name):
@@ -113,7 +114,7 @@ def rg_oracle(episodes, seed):
 
 
 def test_reasoning_gym_oracle_wins_garbage_loses():
-    oracle = E.ScriptedSampler(rg_oracle(2, 0))
+    oracle = ScriptedSampler(rg_oracle(2, 0))
     metrics, records = E.run_reasoning_gym(oracle, episodes=2, seed=0, tasks=QUICK_RG, sampling=SAMPLING)
     assert all(metrics[f"reasoning_gym/{c}"] == 1.0 for c in E.RG_CELLS)
     assert len(records) == 8 and metrics["reasoning_gym/scorer_errors"] == 0
@@ -127,7 +128,7 @@ def test_scorer_exception_drops_the_episode_and_is_counted(monkeypatch):
     from reasoning_gym.factory import DATASETS
     cls = DATASETS["basic_arithmetic"][0]
     monkeypatch.setattr(cls, "score_answer", lambda self, answer, entry: 1 / 0)
-    metrics, records = E.run_reasoning_gym(E.ScriptedSampler(rg_oracle(2, 0)), cells=("math",), episodes=2,
+    metrics, records = E.run_reasoning_gym(ScriptedSampler(rg_oracle(2, 0)), cells=("math",), episodes=2,
                                            seed=0, tasks={"basic_arithmetic", "chain_sum"}, sampling=SAMPLING)
     # basic_arithmetic's 2 episodes leave the cell; chain_sum's 2 wins are the cell: 2 / 2, not 2 / 4
     assert metrics["reasoning_gym/math"] == 1.0 and metrics["reasoning_gym/math_episodes"] == 2
@@ -140,7 +141,7 @@ def test_scorer_exception_drops_the_episode_and_is_counted(monkeypatch):
 def test_aime_oracle_and_garbage():
     rows = jsonl("aime2025.jsonl")
     gold = {r["problem"]: r["answer"] for r in rows}
-    oracle = E.ScriptedSampler(lambda m, k: "\\boxed{%s}" % gold[user_text(m).rsplit("\n", 1)[0]])
+    oracle = ScriptedSampler(lambda m, k: "\\boxed{%s}" % gold[user_text(m).rsplit("\n", 1)[0]])
     metrics, records = E.run_aime(oracle, rows, name="aime2025", n=3, sampling=SAMPLING)
     assert metrics["aime2025/avg@3"] == 1.0 and len(records) == 9
     metrics, _ = E.run_aime(GARBAGE, rows, name="aime2025", n=3, sampling=SAMPLING)
@@ -159,10 +160,10 @@ def gpqa_oracle(rows):
 
 def test_gpqa_oracle_garbage_and_seeded_shuffle():
     rows = jsonl("gpqa_diamond.jsonl")
-    metrics, records = E.run_gpqa(E.ScriptedSampler(gpqa_oracle(rows)), rows, n=8, seed=0, sampling=SAMPLING)
+    metrics, records = E.run_gpqa(ScriptedSampler(gpqa_oracle(rows)), rows, n=8, seed=0, sampling=SAMPLING)
     assert metrics["gpqa_diamond/avg@8"] == 1.0 and len(records) == 16
     assert len({r["reference"] for r in records}) > 1  # the correct letter moves between samples
-    _, again = E.run_gpqa(E.ScriptedSampler(gpqa_oracle(rows)), rows, n=8, seed=0, sampling=SAMPLING)
+    _, again = E.run_gpqa(ScriptedSampler(gpqa_oracle(rows)), rows, n=8, seed=0, sampling=SAMPLING)
     assert [r["reference"] for r in again] == [r["reference"] for r in records]
     metrics, _ = E.run_gpqa(GARBAGE, rows, n=8, seed=0, sampling=SAMPLING)
     assert metrics["gpqa_diamond/avg@8"] == 0.0
@@ -172,7 +173,7 @@ def test_gpqa_oracle_garbage_and_seeded_shuffle():
 
 def lcb_oracle(rows):
     sols = {E.lcb_prompt(r): r["solution"] for r in rows}
-    return E.ScriptedSampler(lambda m, k: "Here it is.\n```python\n%s```" % sols[user_text(m)])
+    return ScriptedSampler(lambda m, k: "Here it is.\n```python\n%s```" % sols[user_text(m)])
 
 
 def test_livecodebench_oracle_garbage_and_window():
@@ -183,7 +184,7 @@ def test_livecodebench_oracle_garbage_and_window():
     metrics, _ = E.run_livecodebench(lcb_oracle(rows), rows, n=1, sampling=SAMPLING, timeout=5.0, workers=2,
                                      start_date="2025-02-01", end_date="2025-05-01")
     assert metrics["livecodebench_v6/items"] == 2  # a window drops the 2024 problem
-    garbage = E.ScriptedSampler(lambda m, k: "```python\nprint('no')\n```")
+    garbage = ScriptedSampler(lambda m, k: "```python\nprint('no')\n```")
     metrics, records = E.run_livecodebench(garbage, rows, n=1, sampling=SAMPLING, timeout=5.0, workers=2)
     assert metrics["livecodebench_v6/pass@1"] == 0.0 and all(r["reason"] != "ok" for r in records)
 
@@ -263,7 +264,7 @@ def bfcl_oracle(entries):
         turn = sum(m["role"] == "user" for m in messages) - 1
         calls = [as_call(c, entry["involved_classes"]) for c in entry["ground_truth"][turn]]
         return "".join(f"<tool_call>\n{json.dumps(c)}\n</tool_call>\n" for c in calls) or "I need more details."
-    return E.ScriptedSampler(reply)
+    return ScriptedSampler(reply)
 
 
 @pytest.mark.timeout(60)
@@ -305,7 +306,7 @@ def test_bfcl_overall_end_to_end_on_scripted_models(tmp_path):
     import toolbench as T
     single = T.load_bfcl_single([c for g in T.BFCL_GROUPS.values() for c in g] + ["live_relevance"], 1)
     answers, multi = bfcl_single_oracle(single), bfcl_oracle(E.load_bfcl(("multi_turn_base",), 1)).fn
-    oracle = E.ScriptedSampler(lambda m, k: answers.get(m[-1]["content"]) or multi(m, k))
+    oracle = ScriptedSampler(lambda m, k: answers.get(m[-1]["content"]) or multi(m, k))
     cfg = E.EvalConfig(suites="bfcl", limit=1, bfcl_categories="multi_turn_base", output_dir=str(tmp_path))
     metrics = E.evaluate(cfg, sampler=oracle)["metrics"]
     assert {k: v for k, v in metrics.items() if k != "bfcl/items"} == {
@@ -373,7 +374,7 @@ def test_evaluate_writes_results_samples_and_table(tmp_path):
             return "\\boxed{}"
         return oracle(messages, k)
 
-    results = E.evaluate(cfg, sampler=E.ScriptedSampler(half_aime25))
+    results = E.evaluate(cfg, sampler=ScriptedSampler(half_aime25))
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["metrics"] == results["metrics"] and saved["config"]["rg_episodes"] == 1
     assert saved["metrics"]["aime2026/avg@2"] == 1.0 and saved["metrics"]["livecodebench_v6/pass@1"] == 1.0
@@ -422,18 +423,18 @@ def test_run_suite_passes_each_suites_own_sampling(tmp_path):
             "aime2026": (2, 0.72, 0.82, 22, 77), "gpqa_diamond": (1, 0.73, 0.83, -1, 77),
             "livecodebench_v6": (4, 0.24, 0.94, -1, 77), "bfcl_multi_turn": (1, 0.005, 1.0, -1, 77)}
     for suite, (n, t, p, k, budget) in want.items():  # GPQA: one conversation per sample (own shuffle)
-        sampler = E.ScriptedSampler(lambda messages, i: "no idea")
+        sampler = ScriptedSampler(lambda messages, i: "no idea")
         E.run_suite(suite, sampler, cfg)
         assert sampler.calls, suite
         for call in sampler.calls:
             assert {key: call[key] for key in ("n", "temperature", "top_p", "top_k", "max_new_tokens", "seed")} \
                 == {"n": n, "temperature": t, "top_p": p, "top_k": k, "max_new_tokens": budget, "seed": 3}, suite
-    gpqa = E.ScriptedSampler(lambda messages, i: "no idea")
+    gpqa = ScriptedSampler(lambda messages, i: "no idea")
     E.run_suite("gpqa_diamond", gpqa, cfg)
     assert sum(c["prompts"] for c in gpqa.calls) == 3  # 1 question x 3 samples
 
 
-class RecordingSampler(E.ScriptedSampler):
+class RecordingSampler(ScriptedSampler):
     """Garbage replies; keeps every call's keyword arguments, per suite (told apart by prompt)."""
 
     def __init__(self):

@@ -6,6 +6,7 @@ import json
 import pytest
 
 import eval as E
+from scripted import ScriptedSampler
 import toolbench as T
 
 SAMPLING = {"temperature": 0.0, "top_p": 1.0, "max_new_tokens": 16, "seed": 0}
@@ -42,7 +43,7 @@ def oracle_agent(tasks):
         if done < len(actions):
             return "<tool_call>%s</tool_call>" % json.dumps({"name": actions[done].name, "arguments": actions[done].arguments})
         return "Done. " + " ".join(task.evaluation_criteria.communicate_info or [])
-    return E.ScriptedSampler(reply)
+    return ScriptedSampler(reply)
 
 
 @pytest.mark.timeout(300)
@@ -58,10 +59,10 @@ def test_tau2_end_to_end_scripted_user(airline):
         started.extend([1] if len(messages) == 3 else [])  # policy prompt, tau2's greeting, the customer's opening
         return oracle_agent(airline).fn(messages, k) if len(started) % 2 else "Sorry, I cannot help."
 
-    metrics, _ = T.run_tau2(E.ScriptedSampler(first_trial_only), user=scripted_user(airline), sampling=SAMPLING,
+    metrics, _ = T.run_tau2(ScriptedSampler(first_trial_only), user=scripted_user(airline), sampling=SAMPLING,
                             domains=("airline",), trials=2, tasks={"9"})
     assert (metrics["tau2/airline/pass^1"], metrics["tau2/airline/pass^2"]) == (0.5, 0.0)
-    silent = E.ScriptedSampler(lambda m, k: "I am sorry, I cannot help with that.")
+    silent = ScriptedSampler(lambda m, k: "I am sorry, I cannot help with that.")
     metrics, _ = T.run_tau2(silent, user=scripted_user(airline), sampling=SAMPLING, domains=("airline",), trials=1,
                             tasks={"8"})
     assert metrics["tau2/airline/pass^1"] == 0.0  # the database never changed
@@ -93,4 +94,4 @@ def test_tau2_user_simulator_on_an_openai_endpoint(airline, tmp_path, openai_end
 def test_tau2_without_a_user_endpoint_says_what_is_missing(tmp_path):
     cfg = E.EvalConfig(suites="tau2", output_dir=str(tmp_path))
     with pytest.raises(E.MissingDataset, match="--tau2_user_endpoint"):
-        E.evaluate(cfg, sampler=E.ScriptedSampler(lambda m, k: ""))
+        E.evaluate(cfg, sampler=ScriptedSampler(lambda m, k: ""))

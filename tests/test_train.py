@@ -340,6 +340,7 @@ def test_checkpoint_sweep_evaluates_every_export(reference_run, tmp_path):
     import csv
 
     import eval as E
+    from scripted import ScriptedSampler
     flags = ["--checkpoints", str(reference_run), "--engine", "transformers", "--suites", "reasoning_gym",
              "--rg_tasks", "basic_arithmetic", "--rg_episodes", "1", "--rg_max_new_tokens", "4"]
     summary = E.main(flags + ["--output_dir", str(tmp_path / "real")])
@@ -355,7 +356,7 @@ def test_checkpoint_sweep_evaluates_every_export(reference_run, tmp_path):
         def sync_weights(self, model):
             loaded.append(type(model).__name__)
 
-    sampler = E.ScriptedSampler(lambda m, k: f"<answer>{item['answer']}</answer>" if len(loaded) == 2 else "no")
+    sampler = ScriptedSampler(lambda m, k: f"<answer>{item['answer']}</answer>" if len(loaded) == 2 else "no")
     sampler.engine = Engine()
     cfg = E.EvalConfig(checkpoints=str(reference_run), suites="reasoning_gym", rg_tasks="basic_arithmetic",
                        rg_episodes=1, output_dir=str(tmp_path / "scripted"))
