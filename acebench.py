@@ -39,6 +39,9 @@ booleans are type-checked only; strings lose their whitespace before decoding):
    turn's later calls still run, in both agent categories (ACEBench's multi-turn stops the turn).
 3. The user simulator's own turns are sent back to it as `assistant` messages (ACEBench: `system`,
    which many local chat templates refuse after the first message).
+4. The multi-step agent's prompt is in English, as ACEBench's local-model route sends it; its API-model
+   route, which the authors' run takes, leaves out the language and sends the Chinese one.
+Agreement with ACEBench's own harness on its data: `python bench/acebench_upstream.py ACEBENCH_DIR`.
 Sampling as the authors' run: single-turn T 0.7, top-p 1, 16,384 tokens; the agent and the user
 simulator at ACEBench's role defaults (T 0.001, top-p 1, 1,000 tokens), at most 40 messages.
 
