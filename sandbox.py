@@ -19,11 +19,10 @@ surrogates), exit or segfault, keep state for its next episode, and behave well 
 None of that may crash or stall the caller, leak a secret, leave a side effect, or change another episode.
 
 DESIGN. A zygote (`python -s -B -P sandbox.py --zygote`, clean env, never a fork of the trainer, never
-runs untrusted code) forks one worker per EPISODE and keeps `pool` of them forked ahead; a worker locks
-itself down completely before it reads its first request, then executes the source afresh. Requests
-`<op><nonce><JSON>` (L(oad) R(eset) S(tep) T(ool probe) P(rogram)) and replies `<nonce>=<JSON>` or
-`<nonce>!<JSON [failure, message]>` are lines on two private pipes, one request outstanding, a fresh
-nonce each; the PARENT re-checks every reply field with type(), caps and text checks.
+runs untrusted code) forks one worker per EPISODE (`pool` of them ahead); a worker locks itself down
+before it reads its first request, then executes the source afresh. Requests and replies are JSON
+lines on two private pipes, one request outstanding, each with a fresh nonce; the PARENT re-checks
+every reply field with type(), caps and text checks.
 LAYERS (`Sandbox.layers` lists those achieved; a later worker missing one exits unused):
   always    allow-listed env (PYTHONHASHSEED=0), setsid, fds 0-2 on /dev/null, pipes on 3/4, no other
             fd, scratch cwd; rlimits AS (memory_mb above the preloaded zygote), CPU, FSIZE, NOFILE,
@@ -38,10 +37,9 @@ LAYERS (`Sandbox.layers` lists those achieved; a later worker missing one exits 
   pdeathsig, nondumpable, no_new_privs   set after the uid drop.
   landlock  reads only below the Python install and system libraries, writes only in its scratch dir,
             no TCP bind/connect; abstract unix sockets and signals scoped to the worker (ABI >= 6).
-  seccomp   BPF (x86_64, aarch64; syscalls by name in _SYSCALLS; the pid-free head built once in the
-            zygote): EPERM for each "deny" call (fork, exec, ptrace, mount, namespaces, bpf, io_uring,
-            modules, pidfd, setpriority, ...); clone only with CLONE_THREAD; kill/sigqueue only of
-            itself; sockets only AF_UNIX.
+  seccomp   BPF (x86_64, aarch64; syscalls by name in _SYSCALLS): EPERM for each "deny" call (fork,
+            exec, ptrace, mount, namespaces, bpf, io_uring, modules, pidfd, setpriority, ...); clone
+            only with CLONE_THREAD; kill/sigqueue only of itself; sockets only AF_UNIX.
 NOT COVERED. Kernel exploits (a process sandbox is not a VM); GPU device nodes are visible (Landlock
 forbids opening them); no cgroups (workers share CPU and memory within their rlimits); below Landlock
 ABI 6 (Linux 6.12) abstract unix sockets are not scoped, so workers of one zygote could meet there.
@@ -56,15 +54,14 @@ median reset or step call took over SLOW_SHARE x step_timeout, as that stalls ev
 Faults of the sandbox itself raise SandboxInfraError.
 
 DEVIATIONS (the authors exec() environments inside the trainer with thread timeouts):
-  1. One process per episode, forked from a zygote; a JSON protocol the parent re-validates.
-  2. `python -s -B -P` with a clean env, not `-I` (it implies -E, which drops PYTHONHASHSEED=0).
-  3. Validation adds an unpredictable probe (random seed and actions), runs under the play-time
+  1. One process per episode, forked from a zygote; a JSON protocol the parent re-validates. Every
+     reset gets a fresh worker that executes the source afresh: module globals, class attributes, the
+     `random` generators and stdlib module state never carry over. One netns per zygote, not per
+     worker (that would cost ~2 ms per start). `-s -B -P`, not `-I` (it drops PYTHONHASHSEED=0).
+  2. Validation adds an unpredictable probe (random seed and actions), runs under the play-time
      limits, rejects `too_slow`, and replays a tool environment's solution() from seeds 0, 1, 2.
-  4. One network namespace per zygote (one per worker would cost ~2 ms per start).
-  5. Threads are allowed; extra threads at reset, episode end or in validation: `resource_leak`.
-  6. Every reset gets a fresh worker that executes the source afresh: module globals, class
-     attributes, the `random` generators and stdlib module state never carry over.
-  7. Conveniences: a bare-str reset() means (obs, {}); numpy values are converted in the worker;
+  3. Threads are allowed; one still running at reset, episode end or in validation: `resource_leak`.
+  4. Conveniences: a bare-str reset() means (obs, {}); numpy values are converted in the worker;
      observations over OBS_CAP characters are truncated.
 
 The environment is the LAST module-level class whose name ends in "Env". Stdlib only (numpy is
@@ -79,6 +76,7 @@ import os
 import random
 import re
 import select
+import shutil
 import signal
 import socket
 import struct
@@ -104,7 +102,8 @@ PRELOAD = tuple("math random re json itertools collections functools heapq strin
                 "cmath difflib uuid secrets io queue".split())
 
 
-# INFRA: the wire format: JSON, ASCII, no NaN/inf, nothing after the value; never pickle.
+# INFRA: the wire format: one JSON value per line, ASCII, no NaN/inf, never pickle. A request is
+# <op><nonce><JSON>, a reply <nonce>=<JSON result> or <nonce>!<JSON [failure, message]>.
 def _no_constant(name):
     raise ValueError(f"non-finite constant {name}")
 
@@ -116,17 +115,8 @@ def _jsonable(x):
     return sorted(x, key=repr) if isinstance(x, (set, frozenset)) else str(x)
 
 
-_dumps = functools.partial(json.dumps, allow_nan=False, separators=(",", ":"), default=_jsonable)
-_quote = json.encoder.encode_basestring_ascii                          # a str as a JSON string (C)
-_SCAN = json.JSONDecoder(parse_constant=_no_constant).scan_once       # json's C scanner, no Python frame
-
-
-def _parse(data: bytes):
-    """Strict JSON from one line's bytes: a value and nothing after it (StopIteration: not JSON)."""
-    obj, end = _SCAN(text := data.decode("utf-8"), 0)
-    if end != len(text):
-        raise ValueError("trailing data")
-    return obj
+_dumps = json.JSONEncoder(allow_nan=False, separators=(",", ":"), default=_jsonable).encode
+_loads = json.JSONDecoder(parse_constant=_no_constant).decode     # ValueError unless exactly one value
 
 
 class SandboxInfraError(RuntimeError):
@@ -240,28 +230,26 @@ class ToolEnv:
 
 
 # INFRA: kernel layers applied in the worker (ctypes + stdlib only)
+_NEW = dict(pidfd_send_signal=424, io_uring_setup=425, io_uring_enter=426, io_uring_register=427, open_tree=428,
+            move_mount=429, fsopen=430, fsconfig=431, fsmount=432, pidfd_open=434, pidfd_getfd=438,
+            process_madvise=440, mount_setattr=442)            # since Linux 5.1: one number on every arch
 _SYSCALLS = {  # numbers from asm/unistd_64.h (x86_64) and asm-generic/unistd.h (aarch64: no fork, vfork, iopl, ioperm)
     "x86_64": dict(audit=0xC000003E, clone=56, clone3=435, kill=62, tgkill=234, rt_sigqueueinfo=129,
-                   rt_tgsigqueueinfo=297, socket=41, socketpair=53, deny=dict(  # EPERM, whatever the arguments
+                   rt_tgsigqueueinfo=297, socket=41, socketpair=53, deny=dict(_NEW,  # EPERM, whatever the arguments
         ptrace=101, process_vm_readv=310, process_vm_writev=311, fork=57, vfork=58, tkill=200, execve=59,
-        execveat=322, unshare=272, setns=308, mount=165, umount2=166, pivot_root=155, chroot=161, open_tree=428,
-        move_mount=429, fsopen=430, fsconfig=431, fsmount=432, mount_setattr=442, bpf=321, perf_event_open=298,
-        userfaultfd=323, keyctl=250, add_key=248, request_key=249, io_uring_setup=425, io_uring_enter=426,
-        io_uring_register=427, kexec_load=246, kexec_file_load=320, init_module=175, finit_module=313,
-        delete_module=176, reboot=169, swapon=167, swapoff=168, acct=163, personality=135, pidfd_open=434,
-        pidfd_send_signal=424, pidfd_getfd=438, process_madvise=440, open_by_handle_at=304,
-        name_to_handle_at=303, sethostname=170, setdomainname=171, quotactl=179, kcmp=312, iopl=172,
-        ioperm=173, setpriority=141)),
+        execveat=322, unshare=272, setns=308, mount=165, umount2=166, pivot_root=155, chroot=161, bpf=321,
+        perf_event_open=298, userfaultfd=323, keyctl=250, add_key=248, request_key=249, kexec_load=246,
+        kexec_file_load=320, init_module=175, finit_module=313, delete_module=176, reboot=169, swapon=167,
+        swapoff=168, acct=163, personality=135, open_by_handle_at=304, name_to_handle_at=303, sethostname=170,
+        setdomainname=171, quotactl=179, kcmp=312, iopl=172, ioperm=173, setpriority=141)),
     "aarch64": dict(audit=0xC00000B7, clone=220, clone3=435, kill=129, tgkill=131, rt_sigqueueinfo=138,
-                    rt_tgsigqueueinfo=240, socket=198, socketpair=199, deny=dict(
+                    rt_tgsigqueueinfo=240, socket=198, socketpair=199, deny=dict(_NEW,
         ptrace=117, process_vm_readv=270, process_vm_writev=271, tkill=130, execve=221, execveat=281,
-        unshare=97, setns=268, mount=40, umount2=39, pivot_root=41, chroot=51, open_tree=428, move_mount=429,
-        fsopen=430, fsconfig=431, fsmount=432, mount_setattr=442, bpf=280, perf_event_open=241,
-        userfaultfd=282, keyctl=219, add_key=217, request_key=218, io_uring_setup=425, io_uring_enter=426,
-        io_uring_register=427, kexec_load=104, kexec_file_load=294, init_module=105, finit_module=273,
-        delete_module=106, reboot=142, swapon=224, swapoff=225, acct=89, personality=92, pidfd_open=434,
-        pidfd_send_signal=424, pidfd_getfd=438, process_madvise=440, open_by_handle_at=265,
-        name_to_handle_at=264, sethostname=161, setdomainname=162, quotactl=60, kcmp=272, setpriority=140)),
+        unshare=97, setns=268, mount=40, umount2=39, pivot_root=41, chroot=51, bpf=280, perf_event_open=241,
+        userfaultfd=282, keyctl=219, add_key=217, request_key=218, kexec_load=104, kexec_file_load=294,
+        init_module=105, finit_module=273, delete_module=106, reboot=142, swapon=224, swapoff=225, acct=89,
+        personality=92, open_by_handle_at=265, name_to_handle_at=264, sethostname=161, setdomainname=162,
+        quotactl=60, kcmp=272, setpriority=140)),
 }
 _ARCH = {"arm64": "aarch64"}.get(os.uname().machine, os.uname().machine)
 _LD, _JEQ, _JSET, _JGE, _RET, _ALLOW, _EPERM = 0x20, 0x15, 0x45, 0x35, 0x06, 0x7FFF0000, 0x50001  # BPF; RET_*
@@ -391,9 +379,6 @@ def _w_obs(x) -> str:
 
 
 def _w_encode(x) -> str:
-    """JSON text of a result (bools and finite ints/floats directly: the step reply's fields)."""
-    if (t := type(x)) is bool or t is int or t is float and math.isfinite(x):
-        return ("true" if x else "false") if t is bool else repr(x)
     try:
         return _dumps(x)
     except (ValueError, TypeError, RecursionError) as e:
@@ -407,8 +392,7 @@ def _w_step(box, action) -> str:
     obs, reward, term, trunc, info = out
     if issubclass(type(reward), float) and not math.isfinite(reward):
         raise _Fail("invalid_reward", f"reward {float.__repr__(reward)} is not finite")
-    return (f"[{_quote(_w_obs(obs))},{_w_encode(reward)},{_w_encode(term)},{_w_encode(trunc)},"
-            f"{_w_encode(info) if info or type(info) is not dict else '{}'}]")
+    return _w_encode([_w_obs(obs), reward, term, trunc, info])
 
 
 def _w_reset(box, seed) -> str:
@@ -474,17 +458,12 @@ def _w_program(box, arg) -> str:
 def _w_serve(layers):
     """One request line in, one reply line out, until the trainer closes the pipe. The trainer sends
     only these ops; a line it did not send can only come from this worker itself."""
-    box, pending, read, write = {"layers": layers}, b"", os.read, os.write
+    box = {"layers": layers}
     ops = {b"S": _w_step, b"R": _w_reset, b"L": _w_load, b"T": _w_tool_probe, b"P": _w_program}
-    while True:
-        while (i := pending.find(b"\n")) < 0:
-            chunk = read(3, 1 << 16)
-            if not chunk:
-                os._exit(0)                                            # the trainer closed the pipe
-            pending += chunk
-        line, pending, op, nonce = pending[:i], pending[i + 1:], pending[:1], pending[1:9]
+    for line in open(3, "rb", buffering=1 << 16):
+        op, nonce = line[:1], line[1:9]
         try:
-            out = b"%s=%s\n" % (nonce, ops[op](box, _parse(line[9:])).encode())
+            out = b"%s=%s\n" % (nonce, ops[op](box, _loads(line[9:].decode())).encode())
         except BaseException as e:  # noqa: BLE001 - SystemExit, custom BaseException, MemoryError...
             kind = e.kind if isinstance(e, _Fail) else "memory_limit" if isinstance(e, MemoryError) \
                 else {b"L": "load_error", b"R": "reset_error"}.get(op, "step_error")
@@ -494,20 +473,18 @@ def _w_serve(layers):
                 msg = "unprintable exception"
             out = b"%s!%s\n" % (nonce, _dumps([kind, msg[:300]]).encode())
         while out:
-            out = out[write(4, out):]
+            out = out[os.write(4, out):]
+    os._exit(0)                                                        # the trainer closed the pipe
 
 
 # INFRA: the zygote (`python sandbox.py --zygote <fd> <json cfg>`; it never runs untrusted code)
-def _zygote_main(sock_fd: int, cfg: dict):
+def _zygote_setup(cfg: dict):
+    """Once, before any worker: the namespaces, the preloads, a frozen GC; records in cfg what the
+    workers need (netns, mountns, vsz, scratch, read_dirs)."""
     import gc
-    import shutil
     import sysconfig
     import tempfile
-    ctypes, libc = _libc()
-    libc.prctl(1, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != cfg["parent"]:
-        os._exit(0)
-    sock, root = socket.socket(fileno=sock_fd), os.geteuid() == 0
+    libc, root = _libc()[1], os.geteuid() == 0
     cfg["netns"] = root and libc.unshare(0x40000000) == 0              # CLONE_NEWNET
     for mod in PRELOAD + (("numpy", "numpy.random", "numpy.linalg") if cfg["numpy"] else ()):
         try:                                                           # before a tmpfs hides a venv in /tmp
@@ -530,70 +507,83 @@ def _zygote_main(sock_fd: int, cfg: dict):
     paths = sysconfig.get_paths()
     cfg["read_dirs"] = sorted({paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
                               | {"/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/share/zoneinfo"})
+
+
+def _fork_worker(cfg: dict, free: list, live: dict, required: list) -> tuple[int, int, int]:
+    """One locked-down worker with a free uid; it blocks on its request pipe until the first request."""
+    (req_r, req_w), (rep_r, rep_w), uid = os.pipe(), os.pipe(), free.pop()
+    try:
+        pid = os.fork()
+    except OSError:
+        free.append(uid)
+        list(map(os.close, (req_r, req_w, rep_r, rep_w)))
+        raise
+    if pid == 0:
+        try:
+            try:
+                layers = _worker_setup(req_r, rep_w, uid, cfg, required)
+                os.write(4, b"+")                                      # set up: a later death is the code's
+            except BaseException as e:  # noqa: BLE001 - say why on the reply pipe if it is there
+                os.write(4, f"{type(e).__name__}: {e}".encode())
+                raise
+            _w_serve(layers)
+        finally:
+            os._exit(70)                                               # never fall back into the zygote
+    list(map(os.close, (req_r, rep_w)))
+    live[pid] = uid
+    return pid, req_w, rep_r
+
+
+def _reap(pid: int, cfg: dict, free: list, live: dict, grace: float = 0.0) -> int:
+    """The worker's wait status (SIGKILL after `grace` seconds); its scratch dir and uid are freed."""
+    end = time.monotonic() + grace
+    while not (got := os.waitpid(pid, os.WNOHANG))[0] and time.monotonic() < end:
+        time.sleep(0.002)
+    if not got[0]:
+        _killall(pid)
+        got = os.waitpid(pid, 0)
+    shutil.rmtree(os.path.join(cfg["scratch"], f"w{pid}"), ignore_errors=True)
+    free.append(live.pop(pid))
+    return got[1]
+
+
+def _zygote_main(sock_fd: int, cfg: dict):
+    """Serve the trainer's spawn / reap / wait requests; a worker per spawn, `pool` forked ahead."""
+    _libc()[1].prctl(1, signal.SIGKILL, 0, 0, 0)                       # PR_SET_PDEATHSIG
+    if os.getppid() != cfg["parent"]:
+        os._exit(0)
+    sock = socket.socket(fileno=sock_fd)
+    _zygote_setup(cfg)
     base = 0x10000000 + (os.getpid() % 0x100000) * UIDS
     free, live, pool, want, required = list(range(base + UIDS - 1, base, -1)), {}, [], 0, []
     sock.send(b'{"ready": 1}')
-
-    def reap(pid, grace=0.0):                                          # -> the wait status
-        end = time.monotonic() + grace
-        while not (got := os.waitpid(pid, os.WNOHANG))[0] and time.monotonic() < end:
-            time.sleep(0.002)
-        if not got[0]:
-            _killall(pid)
-            got = os.waitpid(pid, 0)
-        shutil.rmtree(os.path.join(cfg["scratch"], f"w{pid}"), ignore_errors=True)
-        free.append(live.pop(pid))
-        return got[1]
-
-    def fork_worker():
-        """One locked-down worker; it blocks on its request pipe until the trainer's first request."""
-        (req_r, req_w), (rep_r, rep_w), uid = os.pipe(), os.pipe(), free.pop()
-        try:
-            pid = os.fork()
-        except OSError:
-            free.append(uid)
-            list(map(os.close, (req_r, req_w, rep_r, rep_w)))
-            raise
-        if pid == 0:
-            try:
-                try:
-                    layers = _worker_setup(req_r, rep_w, uid, cfg, required)
-                    os.write(4, b"+")                                  # set up: a later death is the code's
-                except BaseException as e:  # noqa: BLE001 - say why on the reply pipe if it is there
-                    os.write(4, f"{type(e).__name__}: {e}".encode())
-                    raise
-                _w_serve(layers)
-            finally:
-                os._exit(70)                                           # never fall back into the zygote
-        list(map(os.close, (req_r, rep_w)))
-        live[pid] = uid
-        return pid, req_w, rep_r
-
     while True:
         if len(pool) < want and len(free) > 1 and not select.select([sock], [], [], 0)[0]:
             try:
-                pool.append(fork_worker())                             # refill while the trainer is busy
+                pool.append(_fork_worker(cfg, free, live, required))   # refill while the trainer is busy
             except OSError:
                 want = 0
             continue
         if not (msg := sock.recv(1 << 16)):                            # the trainer closed the socket
-            list(map(reap, list(live)))
+            for pid in list(live):
+                _reap(pid, cfg, free, live)
             shutil.rmtree(cfg["scratch"], ignore_errors=True)
             os._exit(0)
         req = json.loads(msg)
         if req["op"] == "spawn":                                       # `required` is set once, before any
             required, want = req["required"], req["pool"]              # pool exists (the probe asks pool=0)
             try:
-                pid, req_w, rep_r = pool.pop(0) if pool else fork_worker()
+                pid, req_w, rep_r = pool.pop(0) if pool else _fork_worker(cfg, free, live, required)
             except (OSError, IndexError) as e:                         # no process, or no free uid
                 sock.send(json.dumps({"error": f"spawn: {e}"}).encode())
                 continue
             socket.send_fds(sock, [json.dumps({"pid": pid}).encode()], [req_w, rep_r])
             list(map(os.close, (req_w, rep_r)))
         elif req["op"] == "reap" and req["pid"] in live:               # no reply
-            reap(req["pid"])
+            _reap(req["pid"], cfg, free, live)
         elif req["op"] == "wait":
-            sock.send(json.dumps({"status": reap(req["pid"], 0.2) if req["pid"] in live else -1}).encode())
+            status = _reap(req["pid"], cfg, free, live, 0.2) if req["pid"] in live else -1
+            sock.send(json.dumps({"status": status}).encode())
 
 
 # INFRA: the parent side. Everything read from a worker is re-validated here with type() checks.
@@ -645,9 +635,6 @@ class _Fail(Exception):
 class EnvHandle:
     """One environment instance; every episode (reset) runs in a fresh worker. Never raises on
     misbehaviour: an environment fault becomes an error observation with info["error"]."""
-    __slots__ = ("_sb", "source", "setting", "pid", "class_name", "layers", "_tools", "_rfd",
-                 "_wfd", "_rpoll", "_buf", "_cap", "_failure", "_used", "_closed", "_loading", "_dirty", "_acked",
-                 "_nonce", "_t0", "_last", "_deadline", "_bound", "__weakref__")
 
     def __init__(self, sb: "Sandbox", source: str | None, setting: str = "games"):
         self._sb, self.source, self.setting = sb, source, setting
@@ -721,13 +708,7 @@ class EnvHandle:
             self._closed = True
             self._kill("closed", "handle closed")
 
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
-
-    # -- INFRA: one request, one reply (step_many interleaves _begin / _pump / _end) -----------
+    # -- INFRA: one request, one reply (step_many sends every request before it waits) -------
     def _begin(self, op: str, arg: str, timeout: float, episode=True):
         if self._loading:
             self._ready()
@@ -762,34 +743,22 @@ class EnvHandle:
             return self._kill("episode_timeout", "episode time budget used up")
         return self._kill("timeout", f"no reply within {self._deadline - self._t0:g} s")
 
-    def _pump(self) -> bytes | None:
-        """Read what is there; return the reply line once complete (raises _Fail on violations)."""
-        try:
-            chunk = os.read(self._rfd, 1 << 16)
-        except BlockingIOError:
-            return None
-        if not self._buf and chunk[-1:] == b"\n" and chunk.find(b"\n") == len(chunk) - 1:
-            return chunk                                               # the common case: one line
-        if not chunk:
-            raise self._kill(None, wait=True)
-        self._buf += chunk
-        i = self._buf.find(b"\n")
-        if i > self._cap or (i < 0 and len(self._buf) > self._cap):
+    def _wait(self) -> bytes:
+        """Read until the reply line is complete; a timeout, the worker's exit, an oversized line or
+        bytes after the line end the worker."""
+        while (i := self._buf.find(b"\n")) < 0 and len(self._buf) <= self._cap:
+            if self._rpoll.poll(max(1, math.ceil((self._deadline - time.monotonic()) * 1000))):
+                if not (chunk := os.read(self._rfd, 1 << 16)):
+                    raise self._kill(None, wait=True)
+                self._buf += chunk
+            elif time.monotonic() >= self._deadline:
+                raise self._timeout()
+        if i < 0 or i > self._cap:
             raise self._kill("output_too_large", f"reply line over {self._cap} bytes")
-        if i < 0:
-            return None
         line, self._buf = self._buf[:i + 1], self._buf[i + 1:]
         if self._buf:
             raise self._kill("protocol_violation", "extra bytes after the reply line")
         return line
-
-    def _wait(self) -> bytes:
-        while True:
-            if self._rpoll.poll(max(1, math.ceil((self._deadline - time.monotonic()) * 1000))):
-                if (line := self._pump()) is not None:
-                    return line
-            elif time.monotonic() >= self._deadline:
-                raise self._timeout()
 
     def _end(self, line: bytes, episode=True):
         """The reply's result, once it answers this request (nonce) and is strict JSON."""
@@ -802,8 +771,8 @@ class EnvHandle:
         if line[:8] != self._nonce:
             raise self._kill("protocol_violation", "reply does not answer the request")
         try:
-            r = _parse(line[9:-1])
-        except (ValueError, RecursionError, StopIteration) as e:
+            r = _loads(line[9:].decode())
+        except (ValueError, RecursionError) as e:
             raise self._kill("protocol_violation", f"reply is not JSON: {e!r}") from None
         if line[8] == 61:                                              # b"="
             return r
@@ -871,7 +840,7 @@ class EnvHandle:
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         try:
-            self._begin("S", _quote(str(action)), self._sb.step_timeout)
+            self._begin("S", _dumps(str(action)), self._sb.step_timeout)
             return self._check_step(self._end(self._wait()))
         except _Fail as e:
             return self._error(e)
@@ -1014,39 +983,25 @@ class Sandbox:
     def _many(self, handles, args, step):
         if len(set(map(id, handles))) != len(handles):                 # duplicates: one at a time
             return [h.step(a) if step else h.reset(a) for h, a in zip(handles, args)]
-        out, pending, poller = [None] * len(handles), {}, select.poll()
+        out = [None] * len(handles)
         if not step:                                                   # fresh workers first: they load in parallel
             for i, h in enumerate(handles):
                 try:
                     h._prepare()
                 except _Fail as e:
                     out[i] = h._error(e, step)
-        for i, (h, a) in enumerate(zip(handles, args)):
-            try:
+        for i, (h, a) in enumerate(zip(handles, args)):               # every request goes out, then
+            try:                                                       # the replies are read in turn
                 if out[i] is None:
-                    h._begin("S", _quote(str(a)), self.step_timeout) if step else h._begin_reset(a)
-                    pending[h._rfd] = (i, h)
-                    poller.register(h._rfd, select.POLLIN)
+                    h._begin("S", _dumps(str(a)), self.step_timeout) if step else h._begin_reset(a)
             except _Fail as e:
                 out[i] = h._error(e, step)
-        while pending:
-            now = time.monotonic()
-            for fd, (i, h) in list(pending.items()):
-                if h._deadline <= now:
-                    poller.unregister(fd)
-                    del pending[fd]
-                    out[i] = h._error(h._timeout(), step)
-            wait = min([h._deadline for _, h in pending.values()], default=now) - now
-            for fd, _ in poller.poll(max(1, math.ceil(wait * 1000))) if pending else ():
-                i, h = pending[fd]
-                try:
-                    if (line := h._pump()) is None:
-                        continue
-                    out[i] = h._check_step(h._end(line)) if step else h._check_reset(h._end(line))
-                except _Fail as e:
-                    out[i] = h._error(e, step)
-                poller.unregister(fd)
-                del pending[fd]
+        for i, h in enumerate(handles):
+            try:
+                if out[i] is None:
+                    out[i] = h._check_step(h._end(h._wait())) if step else h._check_reset(h._end(h._wait()))
+            except _Fail as e:
+                out[i] = h._error(e, step)
         return out
 
     def run_program(self, code: str, stdin: str = "", timeout: float | None = None,
