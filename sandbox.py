@@ -116,7 +116,16 @@ def _jsonable(x):
 
 
 _dumps = json.JSONEncoder(allow_nan=False, separators=(",", ":"), default=_jsonable).encode
-_loads = json.JSONDecoder(parse_constant=_no_constant).decode     # ValueError unless exactly one value
+_quote = json.encoder.encode_basestring_ascii                   # a str as a JSON string: json's C function
+_decode = json.JSONDecoder(parse_constant=_no_constant).raw_decode  # no whitespace passes: 3x faster
+
+
+def _loads(text: str):
+    """Strict JSON: one value, nothing after it (ValueError otherwise)."""
+    obj, end = _decode(text)
+    if end != len(text):
+        raise ValueError("data after the JSON value")
+    return obj
 
 
 class SandboxInfraError(RuntimeError):
@@ -379,6 +388,11 @@ def _w_obs(x) -> str:
 
 
 def _w_encode(x) -> str:
+    """JSON text of a result; exact bools, finite ints/floats and {} directly (the step reply's fields)."""
+    if (t := type(x)) is bool or t is int or t is float and math.isfinite(x):
+        return ("true" if x else "false") if t is bool else repr(x)
+    if t is dict and not x:
+        return "{}"
     try:
         return _dumps(x)
     except (ValueError, TypeError, RecursionError) as e:
@@ -392,7 +406,7 @@ def _w_step(box, action) -> str:
     obs, reward, term, trunc, info = out
     if issubclass(type(reward), float) and not math.isfinite(reward):
         raise _Fail("invalid_reward", f"reward {float.__repr__(reward)} is not finite")
-    return _w_encode([_w_obs(obs), reward, term, trunc, info])
+    return f"[{_quote(_w_obs(obs))},{_w_encode(reward)},{_w_encode(term)},{_w_encode(trunc)},{_w_encode(info)}]"
 
 
 def _w_reset(box, seed) -> str:
@@ -463,7 +477,7 @@ def _w_serve(layers):
     for line in open(3, "rb", buffering=1 << 16):
         op, nonce = line[:1], line[1:9]
         try:
-            out = b"%s=%s\n" % (nonce, ops[op](box, _loads(line[9:].decode())).encode())
+            out = b"%s=%s\n" % (nonce, ops[op](box, _loads(line[9:-1].decode())).encode())
         except BaseException as e:  # noqa: BLE001 - SystemExit, custom BaseException, MemoryError...
             kind = e.kind if isinstance(e, _Fail) else "memory_limit" if isinstance(e, MemoryError) \
                 else {b"L": "load_error", b"R": "reset_error"}.get(op, "step_error")
@@ -719,8 +733,6 @@ class EnvHandle:
         if left <= 0:
             raise self._kill("episode_timeout", "episode time budget used up")
         self._bound, timeout = left < timeout, min(left, timeout)     # the episode's budget binds?
-        if self._buf:
-            raise self._kill("protocol_violation", "unsolicited reply bytes")
         # A fresh nonce from the trainer's private RNG: a line written before this request (still in
         # the pipe) cannot carry it, so _end rejects stale and unsolicited lines without a poll().
         self._nonce = b"%08x" % self._sb._nonce_bits(32)
@@ -771,7 +783,7 @@ class EnvHandle:
         if line[:8] != self._nonce:
             raise self._kill("protocol_violation", "reply does not answer the request")
         try:
-            r = _loads(line[9:].decode())
+            r = _loads(line[9:-1].decode())
         except (ValueError, RecursionError) as e:
             raise self._kill("protocol_violation", f"reply is not JSON: {e!r}") from None
         if line[8] == 61:                                              # b"="
@@ -840,7 +852,7 @@ class EnvHandle:
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         try:
-            self._begin("S", _dumps(str(action)), self._sb.step_timeout)
+            self._begin("S", _quote(str(action)), self._sb.step_timeout)
             return self._check_step(self._end(self._wait()))
         except _Fail as e:
             return self._error(e)
@@ -993,7 +1005,7 @@ class Sandbox:
         for i, (h, a) in enumerate(zip(handles, args)):               # every request goes out, then
             try:                                                       # the replies are read in turn
                 if out[i] is None:
-                    h._begin("S", _dumps(str(a)), self.step_timeout) if step else h._begin_reset(a)
+                    h._begin("S", _quote(str(a)), self.step_timeout) if step else h._begin_reset(a)
             except _Fail as e:
                 out[i] = h._error(e, step)
         for i, h in enumerate(handles):
