@@ -1,33 +1,23 @@
 """Environment memory: what the designer remembers about the environments it wrote before.
 
-SPADE (arXiv 2608.19197; the environment memory) keeps a bounded record of past
-environments with the agent's win rate and the hint-based regret each one earned. Every designer
-prompt for a skill shows up to two positive exemplars of that skill (environments at the agent's
-learning frontier, ranked by regret) as inspiration for structure and complexity, plus one
-negative example (an environment that was far too easy or far too hard), so the designer drifts
-towards the frontier without copying.
+SPADE (arXiv 2608.19197; the environment memory) keeps a bounded FIFO record of past environments
+with the agent's win rate w(e) (share of unhinted plays with return > 0) and the regret (Eq. (3))
+each earned. A designer prompt for a skill shows up to two positive exemplars (at the learning
+frontier, ranked by regret; the first 2,000 characters of their code) as inspiration, and one
+negative example (far too easy or too hard), so the designer drifts towards the frontier:
 
     positive(skill) = sample_2( top_10_by_regret({r : r.skill = skill, 0.15 <= r.win_rate <= 0.85}) )
     negative(skill) = sample_1({r : r.skill = skill, r.win_rate > 0.9 or r.win_rate < 0.1})
 
-As in the authors' code: the ranking by regret is stable (among equal regrets the OLDER record comes
-first), both draws are uniform without replacement (`rng.sample`), the positives are shown in the
-order drawn, and the negative is shown by class name only, without code. The draws use the
-memory's own seeded rng, whose state is part of `to_dict()` (checkpoints, memory.json).
-
-Symbols (paper -> code):
-    M (memory, capacity 200)        EnvironmentMemory(capacity=200)
-    w(e) (agent win rate)           MemoryRecord.win_rate  (share of unhinted plays with return > 0)
-    regret(e), Eq. (3)              MemoryRecord.regret
-    code of e                       MemoryRecord.source    (first 2,000 characters shown)
+As in the authors' code: the ranking is stable (among equal regrets the OLDER record first), both
+draws are `rng.sample` (the memory's own seeded rng, saved by `to_dict()`), positives are shown in
+draw order, the negative by class name only.
 
 Deviations from the paper and from the authors' code:
-    1. Persistence is one JSON document written atomically (temp file + fsync + os.replace) and a
-       corrupt or mismatched file raises `MemoryFileError` on load: a resumed run never silently
-       starts with an empty memory.
+    1. Persistence is one JSON document written atomically; a corrupt or mismatched one raises
+       `MemoryFileError`, so a resumed run never silently starts with an empty memory.
     2. The whole source is stored and its first 2,000 characters shown with a truncation note
-       (authors: the snippet is cut when stored); the negative is named by its class (authors: by
-       the file stem of the saved game).
+       (authors: cut when stored); the negative is named by its class (authors: the file stem).
 
 Dependencies: standard library only.
 Test: `pytest tests/test_memory.py`.
@@ -40,14 +30,13 @@ import os
 import random
 import tempfile
 from collections import deque
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 # Paper constants.
 CAPACITY = 200               # FIFO capacity of the memory
 FRONTIER = (0.15, 0.85)      # win rates of positive exemplars (inclusive)
-TOO_EASY = 0.9               # win rate above this: negative example ("too easy")
-TOO_HARD = 0.1               # win rate below this: negative example ("too hard")
+TOO_HARD, TOO_EASY = 0.1, 0.9  # win rates below / above these: negative examples
 TOP_K = 10                   # positives are sampled from the top-10 by regret
 N_POSITIVE = 2               # at most 2 positive exemplars per prompt
 CODE_CHARS = 2000            # characters of an exemplar's code shown in the prompt
@@ -70,15 +59,11 @@ class MemoryRecord:
     setting: str = "games"  # "games" or "tool"
 
     def __post_init__(self):
-        if not isinstance(self.skill, str) or not isinstance(self.source, str):
-            raise ValueError("MemoryRecord.skill and .source must be strings")
-        if not isinstance(self.class_name, str) or not isinstance(self.setting, str):
-            raise ValueError("MemoryRecord.class_name and .setting must be strings")
+        if not all(isinstance(x, str) for x in (self.skill, self.source, self.class_name, self.setting)):
+            raise ValueError("MemoryRecord.skill, .source, .class_name and .setting must be strings")
         self.win_rate, self.regret, self.step = float(self.win_rate), float(self.regret), int(self.step)
-        if not 0.0 <= self.win_rate <= 1.0:
-            raise ValueError(f"MemoryRecord.win_rate must lie in [0, 1], got {self.win_rate}")
-        if not math.isfinite(self.regret):
-            raise ValueError(f"MemoryRecord.regret must be finite, got {self.regret}")
+        if not (0.0 <= self.win_rate <= 1.0 and math.isfinite(self.regret)):
+            raise ValueError(f"MemoryRecord: win_rate {self.win_rate} not in [0, 1] or regret not finite")
 
 
 class EnvironmentMemory:
@@ -89,32 +74,23 @@ class EnvironmentMemory:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self.path = Path(path) if path is not None else None
-        self._records: deque[MemoryRecord] = deque(maxlen=capacity)  # oldest falls out first
+        self.records: deque[MemoryRecord] = deque(maxlen=capacity)  # oldest first, and out first
         self.rng = random.Random(seed)  # exemplar draws; its state is saved with the records
 
-    def __len__(self) -> int:
-        return len(self._records)
-
-    @property
-    def records(self) -> list[MemoryRecord]:
-        """Records oldest first (a copy)."""
-        return list(self._records)
-
     def add(self, record: MemoryRecord) -> None:
-        self._records.append(record)
+        self.records.append(record)
 
     # ALGO: exemplar selection
 
     def positives(self, skill: str, rng: random.Random | None = None) -> list[MemoryRecord]:
         """Up to 2 frontier records of `skill`, drawn from its top 10 by regret, in draw order."""
-        lo, hi = FRONTIER
-        frontier = [r for r in self._records if r.skill == skill and lo <= r.win_rate <= hi]
+        frontier = [r for r in self.records if r.skill == skill and FRONTIER[0] <= r.win_rate <= FRONTIER[1]]
         top = sorted(frontier, key=lambda r: -r.regret)[:TOP_K]  # stable: ties keep the older first
         return (rng or self.rng).sample(top, min(N_POSITIVE, len(top)))
 
     def negative(self, skill: str, rng: random.Random | None = None) -> MemoryRecord | None:
         """A record of `skill` that was too easy (> 0.9) or too hard (< 0.1), drawn uniformly."""
-        bad = [r for r in self._records if r.skill == skill and (r.win_rate > TOO_EASY or r.win_rate < TOO_HARD)]
+        bad = [r for r in self.records if r.skill == skill and (r.win_rate > TOO_EASY or r.win_rate < TOO_HARD)]
         return (rng or self.rng).sample(bad, 1)[0] if bad else None
 
     def prompt_block(self, skill: str, rng: random.Random | None = None) -> str:
@@ -146,7 +122,7 @@ class EnvironmentMemory:
     def to_dict(self) -> dict:
         version, internal, gauss = self.rng.getstate()
         return {"version": FORMAT_VERSION, "capacity": self.capacity,
-                "rng": [version, list(internal), gauss], "records": [asdict(r) for r in self._records]}
+                "rng": [version, list(internal), gauss], "records": [asdict(r) for r in self.records]}
 
     @classmethod
     def from_dict(cls, data: dict, path: str | os.PathLike | None = None) -> "EnvironmentMemory":
@@ -154,11 +130,8 @@ class EnvironmentMemory:
         if not isinstance(data, dict) or data.get("version") != FORMAT_VERSION:
             raise MemoryFileError(f"not an environment memory of format version {FORMAT_VERSION}")
         capacity, records = data.get("capacity"), data.get("records")
-        if type(capacity) is not int or not isinstance(records, list):
-            raise MemoryFileError("environment memory needs an int 'capacity' and a list 'records'")
-        if capacity < 1:
-            raise MemoryFileError(f"environment memory capacity must be >= 1, got {capacity}")
-        names = {f.name for f in fields(MemoryRecord)}
+        if type(capacity) is not int or capacity < 1 or not isinstance(records, list):
+            raise MemoryFileError("environment memory needs an int 'capacity' >= 1 and a list 'records'")
         memory = cls(capacity=capacity, path=path)
         try:
             version, internal, gauss = data["rng"]
@@ -166,16 +139,15 @@ class EnvironmentMemory:
         except (KeyError, TypeError, ValueError) as e:
             raise MemoryFileError(f"environment memory needs the state of its rng: {e}") from e
         for i, raw in enumerate(records):
-            if not isinstance(raw, dict) or set(raw) != names:
-                raise MemoryFileError(f"record {i} must have exactly the fields {sorted(names)}")
-            try:
+            try:  # a missing or unknown field, or no mapping at all, is a TypeError
                 memory.add(MemoryRecord(**raw))
             except (TypeError, ValueError) as e:
                 raise MemoryFileError(f"record {i} is invalid: {e}") from e
         return memory
 
     def save(self, path: str | os.PathLike | None = None) -> Path:
-        """Write the memory as JSON atomically: a crash leaves the previous file intact."""
+        """Write the memory as JSON atomically (temp file, fsync, rename, fsync of the directory):
+        a crash leaves the previous file intact."""
         target = Path(path) if path is not None else self.path
         if target is None:
             raise ValueError("EnvironmentMemory.save needs a path (none given at construction)")
@@ -188,10 +160,7 @@ class EnvironmentMemory:
                 os.fsync(f.fileno())
             os.replace(tmp, target)  # atomic on POSIX: readers see the old or the new file
         except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
+            Path(tmp).unlink(missing_ok=True)
             raise
         dir_fd = os.open(target.parent, os.O_RDONLY)
         try:
@@ -199,22 +168,3 @@ class EnvironmentMemory:
         finally:
             os.close(dir_fd)
         return target
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "EnvironmentMemory":
-        """Reload a saved memory; a missing file raises FileNotFoundError, a corrupt one MemoryFileError."""
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise FileNotFoundError(f"environment memory file {path} does not exist") from None
-        except UnicodeDecodeError as e:
-            raise MemoryFileError(f"environment memory file {path} is not UTF-8: {e}") from e
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise MemoryFileError(f"environment memory file {path} is corrupt: {e}") from e
-        try:
-            return cls.from_dict(data, path=path)
-        except MemoryFileError as e:
-            raise MemoryFileError(f"environment memory file {path}: {e}") from e

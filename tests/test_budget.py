@@ -24,6 +24,7 @@ SHARES = {"designer": 600, "agent": 420, "regret": 200, "grpo": 300, "memory": 1
 PINNED = {
     "eval",
     "designer",
+    "memory",
 }
 FUNCTION_SOFT, FUNCTION_HARD = 60, 100
 # Over the hard limit today and not pinned (printed instead): train.train, the whole loop, until

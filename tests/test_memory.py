@@ -14,11 +14,16 @@ def rec(name, win_rate, regret, skill="Mathematical Reasoning", step=0, source=N
                         regret=regret, step=step, class_name=name)
 
 
+def load(path):
+    """memory.json read back (train.py resumes from the checkpoint's to_dict(), not this file)."""
+    return EnvironmentMemory.from_dict(json.loads(path.read_text(encoding="utf-8")), path=path)
+
+
 def test_fifo_capacity_drops_oldest():
     mem = EnvironmentMemory(capacity=3)
     for i in range(5):
         mem.add(rec(f"E{i}Env", 0.5, 0.1, step=i))
-    assert len(mem) == 3
+    assert len(mem.records) == 3
     assert [r.class_name for r in mem.records] == ["E2Env", "E3Env", "E4Env"]
 
 
@@ -124,7 +129,7 @@ def test_save_load_round_trip(tmp_path):
     for i in range(7):
         mem.add(rec(f"E{i}Env", i / 10, i / 20, step=i, skill="Optimization"))
     assert mem.save() == path
-    back = EnvironmentMemory.load(path)
+    back = load(path)
     assert back.capacity == 5 and back.path == path
     assert back.records == mem.records
     assert back.to_dict() == mem.to_dict()
@@ -154,7 +159,7 @@ def test_crash_mid_save_leaves_previous_file_intact(tmp_path, monkeypatch):
     assert path.read_bytes() == before
     assert os.listdir(tmp_path) == ["memory.json"]
     monkeypatch.undo()
-    assert [r.class_name for r in EnvironmentMemory.load(path).records] == ["FirstEnv"]
+    assert [r.class_name for r in load(path).records] == ["FirstEnv"]
 
 
 def test_crash_while_writing_json_leaves_previous_file_intact(tmp_path, monkeypatch):
@@ -174,20 +179,16 @@ def test_crash_while_writing_json_leaves_previous_file_intact(tmp_path, monkeypa
 
 
 @pytest.mark.parametrize("content", [
-    '{"version": 1, "capacity": 200, "records": [',                                  # truncated JSON
     "[]",                                                                             # wrong shape
     '{"version": 99, "capacity": 200, "records": []}',                                # unknown version
-    '{"version": 1, "capacity": 200, "records": [{"skill": "x"}]}',                   # missing fields
-    '{"version": 1, "capacity": 200, "records": [{"skill": "x", "source": "", "win_rate": 7, '
+    '{"version": 2, "capacity": 0, "records": []}',                                   # bad capacity
+    '{"version": 2, "capacity": 200, "records": []}',                                 # no rng state
+    '{"version": 2, "capacity": 200, "rng": RNG, "records": [{"skill": "x"}]}',       # missing fields
+    '{"version": 2, "capacity": 200, "rng": RNG, "records": [{"skill": "x", "source": "", "win_rate": 7, '
     '"regret": 0, "step": 0, "class_name": "XEnv", "setting": "games"}]}',            # bad win rate
+    '{"version": 2, "capacity": 200, "rng": RNG, "records": [[]]}',                   # not a record
 ])
-def test_corrupt_file_is_a_clear_error(tmp_path, content):
-    path = tmp_path / "memory.json"
-    path.write_text(content)
-    with pytest.raises(MemoryFileError, match=str(path)):
-        EnvironmentMemory.load(path)
-
-
-def test_missing_file_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        EnvironmentMemory.load(tmp_path / "nope.json")
+def test_corrupt_memory_is_a_clear_error(content):
+    rng = json.dumps(EnvironmentMemory().to_dict()["rng"])
+    with pytest.raises(MemoryFileError):
+        EnvironmentMemory.from_dict(json.loads(content.replace("RNG", rng)))
