@@ -25,6 +25,7 @@ PINNED = {
     "eval",
     "designer",
     "memory",
+    "regret",
 }
 FUNCTION_SOFT, FUNCTION_HARD = 60, 100
 # Over the hard limit today and not pinned (printed instead): train.train, the whole loop, until

@@ -81,7 +81,7 @@ def test_learnable_share():
 
 def test_reward_granularity():
     # env 1: levels {0, 1} -> 2; env 2: {0, 0.25, 0.5, 1} -> 4; env 3: {0} -> 1. mean = 7/3
-    envs = [[0.0, 1.0, 1.0, 0.0], [[0.0, 0.25], [0.5, 1.0], [0.25]], [0.0]]
+    envs = [[0.0, 1.0, 1.0, 0.0], [0.0, 0.25, 0.5, 1.0, 0.25], [0.0]]
     assert reward_granularity(envs) == pytest.approx(7 / 3)
     # float noise is not a new level
     assert reward_granularity([[0.1 + 0.2, 0.3]]) == 1.0
