@@ -1,7 +1,7 @@
 """GRPO for both roles of one policy: advantages, memory-efficient token log-probs, and the loss.
 
-SPADE (arXiv 2608.19197), the policy update of both roles. One policy is both
-the Environment Designer and the Reasoning Agent; both roles update it with GRPO. Per role:
+SPADE (arXiv 2608.19197), the policy update: one policy is both the Environment Designer and the
+Reasoning Agent, and both roles update it with GRPO. Per role:
 
     agent:     A_i = (R_i - mean_g(R)) / (std_g(R) + 1e-8)     g = the G plays of one environment
     designer:  A_i = S * (score_i - mean_k(score))             k = the designer samples of one skill
@@ -17,40 +17,17 @@ importance weight against the rollout engine's log-probs:
     loss  = mean_i [ sum_t mask_it * l_t / sum_t mask_it ]   (token-mean per sample, then samples)
 
 Symbols (paper -> code; shapes: B samples, G plays per group, T tokens, V vocabulary, H hidden):
-    R_i            returns (B,)                A_i      advantages (B,) or (B, T)
-    pi_theta       logp (B, T)                 pi_old   old_logp (B, T)
-    pi_rollout     rollout_logp (B, T)         pi_ref   ref_logp (B, T)
-    epsilon_low/high  clip_low / clip_high     C        tis_cap    beta  kl_coef
-    S              role_scale(...)             R        interval (regeneration interval)
+R_i returns (B,); A_i advantages (B,) or (B, T); pi_theta, pi_old, pi_rollout, pi_ref: logp,
+old_logp, rollout_logp, ref_logp (B, T); epsilon_low/high clip_low/clip_high; C tis_cap;
+beta kl_coef; S role_scale(...); R interval (the regeneration interval).
 
 Deviations from the paper (and from the authors' code):
-    1. The k3 KL term clamps the log-ratio to [-20, 20] and k3 to [0, 10] (as verl does) so a
-       single token cannot blow up the loss; the paper states only "k3".
-    2. Samples without any completion token are left out of the mean over samples (they carry no
-       gradient; counting them would silently shrink the loss).
-    3. role_scale returns 0.0 when a step has no designer samples (nothing to scale).
-    Not a deviation, but how it is done: token log-probs come from the body's hidden states and
-    the output head in chunks of completion tokens (a custom autograd Function, see below); they
-    match the naive full log-softmax to fp32 round-off (tested against an fp64 reference). The
-    head runs in the caller's autocast dtype in both passes (explicit casts), the log-sum-exp in
-    fp32, and the head gradient sums its chunks in fp32: within 1e-2 of fp64 in bf16.
-
-Distributed use: token_logprobs(model, ...) takes the model as the trainer holds it (plain, FSDP2
-fully_shard-ed in place, or a DDP / DeepSpeed engine exposing `.module`). It swaps the innermost
-model's forward for the log-prob computation during one call through the OUTERMOST module, and
-the chunk loop runs inside the output head's own call, so every unshard / gather hook fires as in
-an ordinary forward. The loss is a mean over the samples it is given: with gradient accumulation,
-scale each micro-batch's loss by B_micro / B_total.
-
-Metrics returned by policy_loss (token means are over trained tokens of the whole batch), under
-the names train.py logs:
-    losses/policy                     mean_i token-mean_t (w_t * pg_t)  (the loss without the KL term)
-    losses/kl                         token-mean k3 (only when ref_logp is given)
-    losses/clip_frac                  share of tokens where the clipped branch is taken (no gradient)
-    losses/is_weight_min|mean|max     exp(old_logp - rollout_logp) before the cap
-    losses/is_weight_capped_frac      share of tokens whose weight hit tis_cap
-    losses/entropy                    -token-mean logp (a one-sample entropy estimate)
-    losses/tokens                     number of trained tokens
+    1. k3 clamps the log-ratio to [-20, 20] and k3 to [0, 10] (as verl does): one token cannot
+       blow up the loss; the paper states only "k3".
+    2. Samples without any completion token are left out of the mean over samples.
+    3. role_scale is 0.0 when a step has no designer samples.
+Token log-probs are computed in chunks without the (B, T, V) log-softmax (see token_logprobs and
+the comment above it); policy_loss returns the `losses/*` metrics of the README's metric list.
 
 Dependencies: torch only (transformers models are duck-typed: get_decoder(),
 get_output_embeddings()).
@@ -64,12 +41,7 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-# Optimizer constants of the paper's training setup: AdamW, constant lr 1e-6,
-# betas (0.9, 0.98), weight decay 0.1, gradient clipping at 1.0, bf16 (train.py builds it).
-LR = 1e-6
-BETAS = (0.9, 0.98)
-WEIGHT_DECAY = 0.1
-GRAD_CLIP = 1.0
+BETAS = (0.9, 0.98)               # AdamW betas of the paper's training setup (train.py builds it)
 CLIP_LOW, CLIP_HIGH = 0.2, 0.28   # clip-higher, the paper's values
 TIS_CAP = 2.0                     # truncated importance-sampling cap, the paper's value
 ROLE_SCALE_CAP = 50.0             # cap of the designer's role-balancing scale S
@@ -77,24 +49,24 @@ ROLE_SCALE_CAP = 50.0             # cap of the designer's role-balancing scale S
 
 # ALGO: advantages --------------------------------------------------------------------------------
 
+def _groups(ids: Sequence[Hashable]) -> list[list[int]]:
+    members = defaultdict(list)
+    for i, g in enumerate(ids):
+        members[g].append(i)
+    return list(members.values())
+
+
 def agent_advantages(returns: Sequence[float], group_ids: Sequence[Hashable]) -> torch.Tensor:
     """(B,) group-normalised advantages; a group whose returns are all equal gets exactly 0."""
     r = torch.as_tensor(returns, dtype=torch.float64)                       # (B,)
-    if r.ndim != 1 or len(group_ids) != r.numel():
-        raise ValueError(f"need one group id per return, got {r.shape} returns and "
+    if r.ndim != 1 or len(group_ids) != r.numel() or not torch.isfinite(r).all():
+        raise ValueError(f"need one finite return per group id, got {r.shape} returns and "
                          f"{len(group_ids)} ids")
-    if not torch.isfinite(r).all():
-        raise ValueError("returns must be finite")
-    members = defaultdict(list)
-    for i, g in enumerate(group_ids):
-        members[g].append(i)
     adv = torch.zeros_like(r)
-    for idx in members.values():
+    for idx in _groups(group_ids):
         g = r[idx]                                                          # (G,)
-        if g.max() == g.min():      # zero variance: the group says nothing about what is better
-            continue
-        # A = (R - mean) / (std + 1e-8), population std
-        adv[idx] = (g - g.mean()) / (g.std(correction=0) + 1e-8)
+        if g.max() > g.min():  # a zero-variance group says nothing about what is better
+            adv[idx] = (g - g.mean()) / (g.std(correction=0) + 1e-8)       # population std
     return adv.float()
 
 
@@ -103,9 +75,7 @@ def role_scale(n_agent: int, n_designer: int, interval: int, cap: float = ROLE_S
     if n_agent < 0 or n_designer < 0 or interval <= 0:
         raise ValueError(f"bad counts: n_agent={n_agent}, n_designer={n_designer}, "
                          f"interval={interval}")
-    if n_designer == 0:
-        return 0.0
-    return min(float(cap), n_agent / n_designer * interval)   # S = min(50, N_a / N_d * R)
+    return min(float(cap), n_agent / n_designer * interval) if n_designer else 0.0
 
 
 def designer_advantages(scores: Sequence[float], skills: Sequence[Hashable],
@@ -116,65 +86,52 @@ def designer_advantages(scores: Sequence[float], skills: Sequence[Hashable],
         raise ValueError(f"need one skill per score, got {s.shape} scores and {len(skills)} skills")
     if not (torch.isfinite(s).all() and math.isfinite(scale)):
         raise ValueError("scores and scale must be finite")
-    members = defaultdict(list)
-    for i, k in enumerate(skills):
-        members[k].append(i)
     adv = torch.zeros_like(s)
-    for idx in members.values():
-        adv[idx] = scale * (s[idx] - s[idx].mean())             # A = S * (score - mean_skill)
+    for idx in _groups(skills):
+        adv[idx] = scale * (s[idx] - s[idx].mean())
     return adv.float()
 
 
 # ALGO: token log-probs without the (B, T, V) log-softmax -----------------------------------------
 # Why: at V = 151,936 a 32k-token sequence has a 20 GB fp32 log-softmax. We run the model body to
-# hidden states (B, T, H), keep only the completion positions (N, H), and project + log-sum-exp
+# hidden states (B, T, H), keep the completion positions (N, H), and project + log-sum-exp
 # chunk_size tokens at a time. A custom autograd Function keeps only hidden, the head weight and
-# one log-sum-exp per token for the backward, which recomputes each chunk's logits and writes
+# one log-sum-exp per token; its backward recomputes each chunk's logits and writes
 #     d logp_n / d logits_n = (onehot(y_n) - softmax(logits_n)) / temperature
-# straight into one (N, H) and one (V, H) gradient buffer. Peak extra memory is the head's
-# gradient plus about two (chunk, V) fp32 buffers, against several (N, V) ones for the naive
-# log_softmax -> gather (bench/logprob.py). I tried torch.utils.checkpoint per chunk first: it is
-# simpler, but autograd then allocates a fresh (V, H) weight gradient for every chunk before
-# adding it to .grad, which costs a second copy of the head at the peak.
+# into one (N, H) and one (V, H) gradient buffer: peak extra memory is the head's gradient plus
+# about two (chunk, V) fp32 buffers (bench/logprob.py). (torch.utils.checkpoint per chunk is
+# simpler, but allocates a fresh (V, H) weight gradient per chunk: a second head at the peak.)
+# The head runs in the caller's autocast dtype in both passes (explicit casts), the log-sum-exp
+# in fp32, and the head gradient sums its chunks in fp32: the naive log-softmax to fp32 round-off,
+# within 1e-2 of fp64 in bf16 (tests). token_logprobs takes the model as the trainer holds it
+# (plain, FSDP2 fully_shard-ed, a DDP / DeepSpeed engine exposing `.module`) and runs inside the
+# OUTERMOST module's call, so every unshard / gather hook fires as in an ordinary forward.
+
+_MM_FP32_OUT = [True]  # torch.mm(..., out_dtype=float32) works on this CUDA build
 
 
 def _head_logits(h, weight, bias, temperature):
     """(C, V) logits / T in fp32 at least. Half-precision operands are multiplied with an fp32
     output: rounding a logit of 50 to bf16 would move it by up to 0.125, i.e. its probability by
     13% (the product itself is accumulated in fp32 either way)."""
-    if h.dtype not in (torch.float16, torch.bfloat16):
-        logits = h @ weight.T                                                     # (C, V)
-    elif h.is_cuda and _MM_FP32_OUT[0]:
+    logits = None
+    half = h.dtype in (torch.float16, torch.bfloat16)
+    if half and h.is_cuda and _MM_FP32_OUT[0]:
         try:
             logits = torch.mm(h, weight.T, out_dtype=torch.float32)              # (C, V)
         except (RuntimeError, TypeError):  # a torch without the kernel: upcast (slower)
             _MM_FP32_OUT[0] = False
-            return _head_logits(h, weight, bias, temperature)
-    else:  # CPU has no half x half -> fp32 kernel: the same products in fp32
-        logits = h.float() @ weight.float().T                                    # (C, V)
+    if logits is None:  # CPU has no half x half -> fp32 kernel: the same products in fp32
+        logits = h.float() @ weight.float().T if half else h @ weight.T         # (C, V)
     return (logits if bias is None else logits + bias).div_(temperature)
 
 
-_MM_FP32_OUT = [True]  # torch.mm(..., out_dtype=float32) works on this CUDA build
-
-
 def _logsumexp_(logits):
-    """(C,) logsumexp over the last dim, overwriting logits (C, V) with exp(logits - max).
-
-    The same max-shifted formula as torch.logsumexp, done in place: on CPU it is about twice as
-    fast (no (C, V) temporaries), and the chunk buffer is dead afterwards anyway."""
+    """(C,) logsumexp over the last dim, overwriting logits (C, V) with exp(logits - max): the
+    max-shifted formula of torch.logsumexp in place (twice as fast on CPU, no (C, V) temporary)."""
     m = logits.amax(dim=-1, keepdim=True)                                        # (C, 1)
     m.masked_fill_(m.isinf(), 0.0)  # all -inf (or an inf) row: as torch.logsumexp does
     return logits.sub_(m).exp_().sum(-1).log_().add_(m.squeeze(-1))              # (C,)
-
-
-def _compute_dtype(hidden, weight):
-    """The head matmul's dtype: the caller's autocast dtype if autocast is on, else the inputs'.
-    Both passes cast to it explicitly (autocast is on in the forward, off in the backward)."""
-    device = hidden.device.type
-    if torch.is_autocast_enabled(device):
-        return torch.get_autocast_dtype(device)
-    return torch.promote_types(hidden.dtype, weight.dtype)
 
 
 def _cast(x, dtype):
@@ -184,18 +141,19 @@ def _cast(x, dtype):
 class _ChunkedLogprob(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size):
-        cd = _compute_dtype(hidden, weight)
+        device = hidden.device.type  # compute in the caller's autocast dtype, else the inputs'
+        autocast = torch.is_autocast_enabled(device)
+        cd = torch.get_autocast_dtype(device) if autocast else torch.promote_types(hidden.dtype, weight.dtype)
         w, b = _cast(weight, cd), _cast(bias, cd)  # one cast per call, not per chunk
         dtype = torch.promote_types(cd, torch.float32)
         out, lse = [hidden.new_zeros(0, dtype=dtype)], [hidden.new_zeros(0, dtype=dtype)]
-        with torch.autocast(hidden.device.type, enabled=False):
+        with torch.autocast(device, enabled=False):
             for start in range(0, hidden.shape[0], chunk_size):   # (N = 0 still runs the hooks)
                 logits = _head_logits(hidden[start:start + chunk_size].to(cd), w, b, temperature)
                 y = targets[start:start + chunk_size]
                 picked = logits.gather(-1, y[:, None]).squeeze(-1)               # (C,)
                 lse.append(_logsumexp_(logits))                                  # (C,)
-                # log p(y) = logit_y / T - logsumexp(logits / T)
-                out.append(picked - lse[-1])                                     # (C,)
+                out.append(picked - lse[-1])  # log p(y) = logit_y / T - logsumexp(logits / T)
         ctx.save_for_backward(hidden, weight, bias, targets, torch.cat(lse))
         ctx.temperature, ctx.chunk_size, ctx.cd = temperature, chunk_size, cd
         return torch.cat(out)                                                    # (N,)
@@ -206,9 +164,8 @@ class _ChunkedLogprob(torch.autograd.Function):
         T, C, cd = ctx.temperature, ctx.chunk_size, ctx.cd
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         w, b = _cast(weight, cd), _cast(bias, cd)   # the forward's operands, recast
+        acc = torch.promote_types(cd, torch.float32)  # the head gradient sums N / C chunks
         grad_h = torch.empty_like(hidden) if need_h else None                   # (N, H)
-        # the head gradient sums N / C chunk products: accumulate them in fp32 (at least)
-        acc = torch.promote_types(cd, torch.float32)
         grad_w = torch.zeros_like(weight, dtype=acc) if need_w else None        # (V, H)
         grad_b = torch.zeros_like(bias, dtype=acc) if need_b else None          # (V,)
         with torch.autocast(hidden.device.type, enabled=False):  # as the forward's loop
@@ -228,7 +185,7 @@ class _ChunkedLogprob(torch.autograd.Function):
                     grad_w += grad_logits.T @ h                                      # (V, H)
                 if need_b:
                     grad_b += grad_logits.sum(0)
-        grad_b = grad_b if grad_b is None else grad_b.to(bias.dtype)
+        grad_b = _cast(grad_b, getattr(bias, "dtype", None))
         return grad_h, _cast(grad_w, weight.dtype), grad_b, None, None, None
 
 
@@ -236,10 +193,9 @@ def _call_with_forward(module, forward, *args, outer=None):
     """(outer or module)(*args) with `forward` standing in for module.forward during this call.
 
     Going through __call__ keeps every hook on the module (and on `outer`, a wrapper holding it):
-    FSDP2 unshards the module's parameters in its pre-forward hook (and again before the
-    backward), DeepSpeed ZeRO-3 gathers them, DDP does its bookkeeping. Whatever instance-level
-    forward was set before (Accelerate sets one for autocast) is put back afterwards.
-    """
+    FSDP2 unshards the parameters in its pre-forward hook (and again before the backward),
+    DeepSpeed ZeRO-3 gathers them, DDP does its bookkeeping. An instance-level forward set
+    before (Accelerate sets one for autocast) is put back afterwards."""
     saved = module.__dict__.get("forward")
     module.forward = forward
     try:
@@ -256,32 +212,11 @@ def chunked_logprobs(hidden: torch.Tensor, head: torch.nn.Module, targets: torch
     """(N,) log softmax(head(hidden) / temperature)[targets], chunk_size rows at a time.
 
     hidden (N, H), targets (N,); head is a linear output layer (`.weight` (V, H), optional
-    `.bias`), as in every transformers causal LM. The chunk loop runs inside head's own __call__,
-    so wrapper hooks on the head fire (see _call_with_forward).
-    """
+    `.bias`). The chunk loop runs inside head's own __call__, so hooks on the head fire."""
     def forward(h):
         return _ChunkedLogprob.apply(h, head.weight, getattr(head, "bias", None), targets,
                                      temperature, chunk_size)
     return _call_with_forward(head, forward, hidden)
-
-
-def _logprob_forward(inner, input_ids, attention_mask, completion_mask, temperature, chunk_size):
-    """The forward that replaces the model's own for one call (see token_logprobs)."""
-    body, head = inner.get_decoder(), inner.get_output_embeddings()
-    if bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all()):
-        # right padding only: causal attention never reads the later (pad) positions, and with
-        # no mask SDPA / flash-attention run their causal kernels: no (B, 1, T, T) mask is built
-        attention_mask = None
-    hidden = body(input_ids=input_ids, attention_mask=attention_mask,
-                  use_cache=False).last_hidden_state                         # (B, T, H)
-    B, T = input_ids.shape
-    # hidden[:, t-1] predicts input_ids[:, t]; only completion positions are projected
-    select = completion_mask[:, 1:] > 0                                      # (B, T-1)
-    logp = chunked_logprobs(hidden[:, :-1][select], head, input_ids[:, 1:][select],
-                            temperature, chunk_size)                         # (N,)
-    b, t = select.nonzero(as_tuple=True)
-    out = torch.zeros(B, T, dtype=logp.dtype, device=hidden.device)         # (B, T)
-    return out.index_put((b, t + 1), logp)
 
 
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -289,24 +224,33 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
                    chunk_size: int = 256) -> torch.Tensor:
     """(B, T): out[b, t] = log p(input_ids[b, t] | input_ids[b, :t]) at temperature, 0 where mask 0.
 
-    `model` is a causal LM (transformers: get_decoder() gives the body, get_output_embeddings() the
-    head), possibly wrapped: DDP / DeepSpeed engines (found through `.module`) or FSDP2
-    (fully_shard wraps in place). completion_mask[:, 0] must be 0 (nothing predicts token 0).
+    `model` is a causal LM (get_decoder() the body, get_output_embeddings() the head), possibly
+    wrapped: DDP / DeepSpeed engines (found through `.module`) or FSDP2 (fully_shard wraps in
+    place). completion_mask[:, 0] must be 0 (nothing predicts token 0).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if (completion_mask[:, 0] > 0).any():
         raise ValueError("completion_mask[:, 0] must be 0: the first token has no prediction")
-    # INFRA: run the whole computation INSIDE the outermost module's __call__ so wrapper hooks
-    # fire (FSDP2's root unshards its parameters, often the embeddings and the head; a DeepSpeed
-    # engine or DDP runs its own forward), with the innermost model's forward swapped for ours.
     inner = model
     while isinstance(getattr(inner, "module", None), torch.nn.Module):
         inner = inner.module
 
-    def forward(*_args):
-        return _logprob_forward(inner, input_ids, attention_mask, completion_mask,
-                                temperature, chunk_size)
+    def forward(*_args):  # INFRA: runs as the innermost model's forward, inside model's __call__
+        mask = attention_mask
+        if bool((mask[:, 1:] <= mask[:, :-1]).all()):
+            # right padding only: causal attention never reads the later (pad) positions, and with
+            # no mask SDPA / flash-attention run their causal kernels: no (B, 1, T, T) mask is built
+            mask = None
+        hidden = inner.get_decoder()(input_ids=input_ids, attention_mask=mask,
+                                     use_cache=False).last_hidden_state      # (B, T, H)
+        # hidden[:, t-1] predicts input_ids[:, t]; only completion positions are projected
+        select = completion_mask[:, 1:] > 0                                  # (B, T-1)
+        logp = chunked_logprobs(hidden[:, :-1][select], inner.get_output_embeddings(),
+                                input_ids[:, 1:][select], temperature, chunk_size)  # (N,)
+        b, t = select.nonzero(as_tuple=True)
+        out = torch.zeros(input_ids.shape, dtype=logp.dtype, device=hidden.device)  # (B, T)
+        return out.index_put((b, t + 1), logp)
 
     return _call_with_forward(inner, forward, input_ids, outer=model)
 
@@ -320,9 +264,9 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.
     """Clipped (clip-higher) policy gradient with truncated importance weights.
 
     logp (B, T) carries the gradient; old_logp, rollout_logp, ref_logp (B, T) are constants;
-    advantages (B,) or (B, T); mask (B, T) 1 on trained tokens. Returns (loss, stats) where loss is
-    the mean over the B samples given: with gradient accumulation over micro-batches, scale it by
-    B_micro / B_total. Stats: floats, keys listed in the module docstring.
+    advantages (B,) or (B, T); mask (B, T) 1 on trained tokens. Returns (loss, `losses/*` stats);
+    the loss is a mean over the B samples given: with gradient accumulation over micro-batches,
+    scale it by B_micro / B_total.
     """
     if not (logp.shape == old_logp.shape == rollout_logp.shape == mask.shape):
         raise ValueError(f"logp, old_logp, rollout_logp and mask need one (B, T) shape, got "
@@ -341,28 +285,23 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.
     n_tokens = mask.sum(dim=1)                                               # (B,)
     has_tokens = n_tokens > 0
 
-    def sample_mean(x):
-        """token-mean within each sample, then the mean over samples that have tokens"""
+    def sample_mean(x):  # token-mean within each sample, then over the samples that have tokens
         per_sample = (x * mask).sum(dim=1) / n_tokens.clamp(min=1)           # (B,)
         return per_sample[has_tokens].mean() if has_tokens.any() else (x * mask).sum()
 
-    # rho = exp(logp - old_logp)
-    ratio = torch.exp(logp - old_logp)                                       # (B, T)
+    ratio = torch.exp(logp - old_logp)                                       # rho (B, T)
     # pg = max(-rho * A, -clip(rho, 1 - eps_low, 1 + eps_high) * A)
     pg_plain = -ratio * adv
     pg_clipped = -torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
     pg = torch.maximum(pg_plain, pg_clipped)                                 # (B, T)
-    # w = min(exp(old_logp - rollout_logp), C)
     is_raw = torch.exp(old_logp - rollout_logp)                              # (B, T)
-    policy_term = torch.clamp(is_raw, max=tis_cap) * pg                      # (B, T)
+    policy_term = torch.clamp(is_raw, max=tis_cap) * pg  # w * pg, w = min(exp(old - rollout), C)
     kl = None
-    if ref_logp is not None:
-        # k3 = exp(ref - logp) - (ref - logp) - 1, log-ratio clamped to [-20, 20], k3 to [0, 10]
+    if ref_logp is not None:  # k3 = exp(ref - logp) - (ref - logp) - 1, clamped (deviation 1)
         log_ratio = torch.clamp(torch.where(on, ref_logp.detach(), 0.0) - logp, -20.0, 20.0)
         kl = torch.clamp(torch.exp(log_ratio) - log_ratio - 1.0, 0.0, 10.0)   # (B, T)
     # loss = mean_i token-mean_t (w * pg + beta * k3)
     loss = sample_mean(policy_term + kl_coef * kl if kl_coef else policy_term)
-
     with torch.no_grad():
         total = on.sum().clamp(min=1)
 
@@ -370,16 +309,12 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.
             return float(x[on].sum() / total)
 
         raw_on = is_raw[on] if on.any() else is_raw.new_ones(1)
-        stats = {
-            "losses/policy": float(sample_mean(policy_term)),
-            "losses/clip_frac": token_mean((pg_clipped > pg_plain).to(logp.dtype)),
-            "losses/is_weight_min": float(raw_on.min()),
-            "losses/is_weight_mean": float(raw_on.mean()),
-            "losses/is_weight_max": float(raw_on.max()),
-            "losses/is_weight_capped_frac": token_mean((is_raw > tis_cap).to(logp.dtype)),
-            "losses/entropy": -token_mean(logp.detach()),
-            "losses/tokens": float(mask.sum()),
-        }
+        stats = {"losses/policy": float(sample_mean(policy_term)),
+                 "losses/clip_frac": token_mean((pg_clipped > pg_plain).to(logp.dtype)),
+                 "losses/is_weight_min": float(raw_on.min()), "losses/is_weight_mean": float(raw_on.mean()),
+                 "losses/is_weight_max": float(raw_on.max()),
+                 "losses/is_weight_capped_frac": token_mean((is_raw > tis_cap).to(logp.dtype)),
+                 "losses/entropy": -token_mean(logp.detach()), "losses/tokens": float(mask.sum())}
         if kl is not None:
             stats["losses/kl"] = token_mean(kl)
     return loss, stats
@@ -387,36 +322,25 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.
 
 # INFRA: batching ---------------------------------------------------------------------------------
 
-def _field(record, name):
-    return record[name] if isinstance(record, dict) else getattr(record, name)
-
-
-def pad_batch(samples: Sequence, pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad records with token_ids / mask / logprobs (dicts or objects) into tensors.
-
-    Returns input_ids (B, T) long, attention_mask (B, T) long, completion_mask (B, T) float
-    (the record's mask; 0 on padding), rollout_logp (B, T) float (0 where completion_mask is 0).
-    """
+def pad_batch(samples: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad records {"token_ids", "mask", "logprobs"} (lists of one length) into tensors:
+    input_ids (B, T) long, attention_mask (B, T) long, completion_mask (B, T) float (the record's
+    mask; 0 on padding), rollout_logp (B, T) float (0 where completion_mask is 0)."""
     if not samples:
         raise ValueError("pad_batch needs at least one sample")
-    rows = []
-    for i, s in enumerate(samples):
-        ids, mask, lps = (list(_field(s, k)) for k in ("token_ids", "mask", "logprobs"))
-        if not (len(ids) == len(mask) == len(lps)) or not ids:
-            raise ValueError(f"sample {i}: token_ids, mask and logprobs need one equal, non-zero "
-                             f"length, got {len(ids)}, {len(mask)}, {len(lps)}")
-        rows.append((ids, mask, lps))
-    T = max(len(ids) for ids, _, _ in rows)
-    B = len(rows)
+    B, T = len(samples), max(len(s["token_ids"]) for s in samples)
     out = {"input_ids": torch.full((B, T), pad_id, dtype=torch.long),
            "attention_mask": torch.zeros(B, T, dtype=torch.long),
            "completion_mask": torch.zeros(B, T, dtype=torch.float32),
            "rollout_logp": torch.zeros(B, T, dtype=torch.float32)}
-    for b, (ids, mask, lps) in enumerate(rows):
-        n = len(ids)
-        out["input_ids"][b, :n] = torch.tensor(ids, dtype=torch.long)
-        out["attention_mask"][b, :n] = 1
-        out["completion_mask"][b, :n] = torch.tensor(mask, dtype=torch.float32)
-        out["rollout_logp"][b, :n] = torch.tensor(lps, dtype=torch.float32)
+    for b, s in enumerate(samples):
+        ids, mask, lps = s["token_ids"], s["mask"], s["logprobs"]
+        if not (len(ids) == len(mask) == len(lps)) or not ids:
+            raise ValueError(f"sample {b}: token_ids, mask and logprobs need one equal, non-zero "
+                             f"length, got {len(ids)}, {len(mask)}, {len(lps)}")
+        out["input_ids"][b, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+        out["attention_mask"][b, :len(ids)] = 1
+        out["completion_mask"][b, :len(ids)] = torch.tensor(mask, dtype=torch.float32)
+        out["rollout_logp"][b, :len(ids)] = torch.tensor(lps, dtype=torch.float32)
     out["rollout_logp"] *= out["completion_mask"]
     return out

@@ -347,10 +347,9 @@ def test_token_logprobs_runs_through_wrapper_and_restores_forward(tiny):
 
 
 def test_pad_batch():
-    class Rec:
-        token_ids, mask, logprobs = [5, 6, 7], [0, 1, 1], [0.0, -0.5, -0.25]
     batch = pad_batch([{"token_ids": [1, 2, 3, 4, 9], "mask": [0, 0, 1, 0, 1],
-                        "logprobs": [0.0, 0.0, -1.0, 0.0, -2.0]}, Rec()], pad_id=0)
+                        "logprobs": [0.0, 0.0, -1.0, 0.0, -2.0]},
+                       {"token_ids": [5, 6, 7], "mask": [0, 1, 1], "logprobs": [0.0, -0.5, -0.25]}], pad_id=0)
     assert batch["input_ids"].tolist() == [[1, 2, 3, 4, 9], [5, 6, 7, 0, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
     assert batch["completion_mask"].tolist() == [[0, 0, 1, 0, 1], [0, 1, 1, 0, 0]]
