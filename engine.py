@@ -1,158 +1,36 @@
-"""Rollout engines and models: where SPADE's tokens come from (infrastructure).
+"""Rollout engines: where SPADE's tokens come from (infrastructure).
 
 SPADE (arXiv 2608.19197) trains one policy that both writes environments (designer) and plays them
-(agent); every token either role emits is sampled here.
+(agent); every token either role emits is sampled here, from a model that models.py loads.
 
-1. Models: aliases for the paper's models (Qwen3-4B, Qwen3-8B, Qwen3-30B-A3B), hub ids, local
-   paths, and `tiny` / `tiny-moe`: random Qwen3 / Qwen3-MoE models with a byte-level BPE tokenizer
-   trained offline, so tests, benchmarks and the CPU quick-start need no network. Attention is
-   SDPA, or flash-attention 2 on a GPU where it is installed.
-2. `TransformersEngine`: length-sorted, token-budgeted, left-padded batches with a KV cache, on CPU
+1. `TransformersEngine`: length-sorted, token-budgeted, left-padded batches with a KV cache, on CPU
    or on GPUs under FSDP2 (ranks decode in lockstep). It returns log p(token) under
    softmax(logits / T), NOT renormalised after top-k / top-p: exactly what the trainer recomputes
    (grpo.token_logprobs), so the truncated importance weight sees only numeric drift. An optional
    prefix KV cache, bounded in bytes, lets each agent turn prefill only its new tokens (train.py
    keeps one for the tiny models: a 4B model's 32k-token episode holds ~9.6 GB of fp32 KV).
-3. `VLLMEngine`: vLLM colocated in the training processes (`external_launcher`, tensor parallel
+2. `VLLMEngine`: vLLM colocated in the training processes (`external_launcher`, tensor parallel
    within the node, sleep mode between generation and training), token in, token out.
-4. Weight sync after each update: `vllm_weight_plan` maps trainer names and shapes to the checkpoint
+3. Weight sync after each update: `vllm_weight_plan` maps trainer names and shapes to the checkpoint
    names vLLM loads (pure, so it runs on a meta-device model), un-fusing transformers-v5 Qwen3-MoE
    experts; `stream_weights` gathers full tensors (FSDP2, ZeRO-3) one decoder layer at a time, cast
    to vLLM's dtype before the gather (bf16: half the bytes of fp32 master weights).
 
-Deviation (README, deviation 15): vLLM's `processed_logprobs` are renormalised over the top-k /
-top-p set, so rollout log-probs exceed the trainer's un-truncated ones by -log(kept mass) >= 0 and
-the TIS weight min(exp(old - rollout), 2) is slightly conservative; the transformers engine has no
-such gap.
+Deviation (README, 15): vLLM's `processed_logprobs` are renormalised over the top-k / top-p set,
+so rollout log-probs exceed the trainer's by -log(kept mass) >= 0 and the TIS weight
+min(exp(old - rollout), 2) is slightly conservative; the transformers engine has no such gap.
 
 Symbols: B batch, T tokens, V vocabulary, E experts, H hidden, I expert intermediate size.
-Dependencies: torch, transformers, tokenizers; vLLM is imported lazily, on GPU only.
-Test: `pytest tests/test_models.py tests/test_engine.py tests/test_engine_batching.py`; benchmark:
-`python bench/rollout.py`.
+Dependencies: torch, transformers; vLLM is imported lazily, on GPU only.
+Test: `pytest tests/test_engine.py tests/test_engine_batching.py`; bench: `python bench/rollout.py`.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
-
-HERE = Path(__file__).resolve().parent
-
-# The paper's models. Resolved only when actually loaded; nothing here touches the hub.
-MODEL_ALIASES = {
-    "Qwen3-4B": "Qwen/Qwen3-4B-Instruct-2507",
-    "Qwen3-8B": "Qwen/Qwen3-8B",
-    "Qwen3-30B-A3B": "Qwen/Qwen3-30B-A3B-Instruct-2507",
-}
-TINY_MODELS = ("tiny", "tiny-moe")
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>",
-                  "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
-
-
-def resolve_model_name(name: str) -> str:
-    """Map a short alias to its hub id; pass tiny names, hub ids and local paths through (a hub id
-    that is not cached fails when loaded with the network off)."""
-    if name in TINY_MODELS or "/" in name or os.path.isdir(name):
-        return name
-    if name in MODEL_ALIASES:
-        return MODEL_ALIASES[name]
-    known = ", ".join([*TINY_MODELS, *MODEL_ALIASES])
-    raise ValueError(f"unknown model {name!r}: use one of {known}, a hub id, or a local directory")
-
-
-# ----------------------------------------------------------------------------------------------
-# INFRA: tiny offline tokenizer and models
-
-
-def build_tiny_tokenizer(vocab_size: int = 1024):
-    """A byte-level BPE tokenizer (every string round-trips) with ChatML special tokens and a
-    Qwen3-style chat template, trained deterministically on the shipped corpus and environments."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    data = HERE / "data"
-    template = (data / "chat_template.jinja").read_text(encoding="utf-8")
-    corpus = (data / "corpus.jsonl").read_text(encoding="utf-8").splitlines()
-    texts = [json.loads(line)["text"] for line in corpus]
-    texts += [path.read_text(encoding="utf-8") for path in sorted((data / "envs").glob("*.py"))]
-    texts += [template, "You are playing a language game. Make valid actions to win. \\boxed{42} "
-              "Observation: reset step reward terminated truncated info def class Env self"]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tok.train_from_iterator(texts, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
-                                   pad_token="<|endoftext|>", padding_side="left")
-    fast.chat_template = template
-    return fast
-
-
-def tiny_config(kind: str, vocab_size: int, eos_id: int, pad_id: int):
-    """Configs of the tiny models: real Qwen3 / Qwen3-MoE architectures, a few 100k parameters."""
-    from transformers import Qwen3Config, Qwen3MoeConfig
-
-    common = dict(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768,
-                  tie_word_embeddings=True, eos_token_id=eos_id, pad_token_id=pad_id,
-                  bos_token_id=None)
-    if kind == "tiny":
-        return Qwen3Config(intermediate_size=128, head_dim=16, **common)
-    if kind == "tiny-moe":
-        return Qwen3MoeConfig(intermediate_size=128, moe_intermediate_size=32, num_experts=4,
-                              num_experts_per_tok=2, norm_topk_prob=True, head_dim=16, **common)
-    raise ValueError(f"unknown tiny model {kind!r}: use one of {TINY_MODELS}")
-
-
-def build_tiny(kind: str = "tiny", seed: int = 0, dtype: torch.dtype = torch.float32):
-    """(model, tokenizer): a random-initialised tiny model built offline; seed fixes the weights."""
-    from transformers import AutoModelForCausalLM, GenerationConfig
-
-    tokenizer = build_tiny_tokenizer()
-    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
-    config = tiny_config(kind, len(tokenizer), eos_id, pad_id)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
-    model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id,
-                                               do_sample=True, temperature=0.6, top_p=0.95,
-                                               top_k=20)
-    return model, tokenizer
-
-
-def shipped_dtype(name: str) -> torch.dtype:
-    """The dtype a model's checkpoint ships in (bf16 for the paper's models; fp32 for tiny):
-    train.py keeps the KL reference model in it and exports the final policy in it."""
-    resolved = resolve_model_name(name)
-    if resolved in TINY_MODELS:
-        return torch.float32
-    from transformers import AutoConfig
-    dtype = getattr(AutoConfig.from_pretrained(resolved), "dtype", None) or torch.bfloat16
-    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
-
-
-def load_model_and_tokenizer(name: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0):
-    """(model, tokenizer) for an alias, hub id, local dir, or tiny (fp32, for CPU kernels)."""
-    import importlib.util
-
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    resolved = resolve_model_name(name)
-    if resolved in TINY_MODELS:
-        return build_tiny(resolved, seed=seed)
-    tokenizer = AutoTokenizer.from_pretrained(resolved)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    flash = torch.cuda.is_available() and importlib.util.find_spec("flash_attn")
-    model = AutoModelForCausalLM.from_pretrained(
-        resolved, dtype=dtype, attn_implementation="flash_attention_2" if flash else "sdpa")
-    return model, tokenizer
+import torch.distributed as dist
 
 
 # ----------------------------------------------------------------------------------------------
@@ -191,26 +69,19 @@ def _candidates(scaled: torch.Tensor, top_k: int, top_p: float):
 class TransformersEngine:
     """Batched sampling with a plain transformers model (CPU, or GPUs under FSDP2).
 
-    Prompts are sorted by length and cut into batches of rows x (longest prompt + largest cap) <=
-    max_batch_tokens, which bounds each batch's KV cache and padding (a tqdm bar per batch when
-    progress). A batch is one left-padded prefill, then one decode step per token; rows leave the
-    batch (and its cache) at EOS or at their own cap, so a step costs only the live rows.
-
-    prefix_cache_bytes > 0 keeps, for every reply that ended at EOS, the KV of its prompt + reply;
-    a later prompt that extends it (the agent's next turn) prefills only its new tokens. Entries
-    are dropped when used, oldest first beyond prefix_cache_bytes, and on sync_weights (stale
-    after an update). 0 (the default) turns the cache off.
-
-    FSDP2 with several ranks: every forward all-gathers, so it is a collective. Each rank votes
-    before each forward and keeps stepping (a 1-token dummy forward when it has nothing left)
-    until every rank is done, as transformers' synced_gpus; drain() ends a phase the same way.
-    Sampling runs under no_grad, not inference_mode: FSDP2 keeps the tensors it all-gathers, and
-    inference tensors would break the next training forward.
+    Prompts sorted by length fill batches of rows x (longest prompt + largest cap) <=
+    max_batch_tokens, bounding KV cache and padding (a tqdm bar per batch when progress). A batch
+    is one left-padded prefill, then one decode step per token; rows leave at EOS or their cap.
+    prefix_cache_bytes > 0 (0: off) keeps the KV of each prompt + reply that ended at EOS for the
+    prompt that extends it (the agent's next turn); entries go when used, oldest first beyond the
+    bound, and on sync_weights. FSDP2 with several ranks: every forward all-gathers (a
+    collective), so ranks vote before each forward and step a 1-token dummy until all are done
+    (transformers' synced_gpus); drain() ends a phase. Sampling runs under no_grad, not
+    inference_mode, whose tensors, kept by FSDP2, would break the next training forward.
     """
 
     def __init__(self, model, tokenizer, prefix_cache_bytes: int = 0, stop_ids=(),
                  max_batch_tokens: int = 65536, progress: bool = False):
-        import torch.distributed as dist
         self.model, self.tokenizer = model, tokenizer
         self.max_batch_tokens, self.progress = max_batch_tokens, progress
         self.synced = hasattr(next(model.parameters()), "full_tensor") and \
@@ -279,7 +150,6 @@ class TransformersEngine:
         """INFRA (FSDP2, several ranks): the vote before a forward; True while any rank has one."""
         if not self.synced:
             return active
-        import torch.distributed as dist
         flag = torch.tensor([int(active)], device=next(self.model.parameters()).device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
@@ -441,10 +311,8 @@ def _full_tensor(param: torch.Tensor, dtype: torch.dtype | None = None) -> torch
         import deepspeed
         with deepspeed.zero.GatheredParameters([param]):
             return param.data.detach().to(dtype or param.dtype, copy=True)
-    param = param.detach() if dtype is None else param.detach().to(dtype)
-    if hasattr(param, "full_tensor"):  # FSDP2: parameters are DTensors
-        return param.full_tensor()
-    return param
+    param = param.detach().to(dtype or param.dtype)
+    return param.full_tensor() if hasattr(param, "full_tensor") else param  # FSDP2: DTensors
 
 
 def _layer_of(name: str) -> str:
@@ -470,53 +338,44 @@ def stream_weights(model, dtype: torch.dtype | None = None):
 
 
 # ----------------------------------------------------------------------------------------------
-# INFRA: vLLM, colocated in the training processes. Written against vLLM 0.33.0 (pinned in
-# requirements-gpu.txt), API as documented at docs.vllm.ai: LLM(distributed_executor_backend=
-# "external_launcher") runs one in-process worker per torchrun rank; enable_sleep_mode with
-# sleep(level=1|2) and wake_up(tags=["weights"] | ["kv_cache"]); logprobs_mode="processed_logprobs"
-# (see the module's deviation); SamplingParams(logprobs=0) returns the sampled token's log-prob;
-# TokensPrompt feeds tokens; the worker's model_runner.model.load_weights takes (checkpoint name,
-# tensor) pairs and shards them for tensor parallelism. Never reload_weights: it rereads the disk.
+# INFRA: vLLM 0.33.0 (requirements-gpu.txt; docs.vllm.ai), colocated: "external_launcher" runs one
+# in-process worker per torchrun rank; sleep(level) / wake_up(tags=["weights"] | ["kv_cache"]);
+# SamplingParams(logprobs=0) returns the sampled token's log-prob; the worker's model.load_weights
+# takes (checkpoint name, tensor) pairs and shards them itself (never reload_weights: it rereads
+# the checkpoint from disk).
 
 
 class VLLMEngine:
     """vLLM rollouts colocated with training: token in, token out, log-probs, sleep, weight sync.
 
-    With tensor parallelism, every rank of a TP group must submit the same requests: generate()
-    gathers the group's prompts, generates them all on every rank, and returns this rank's share.
-    `llm` / `vllm_module` let tests inject fakes; by default vllm is imported here, lazily.
+    model_name is a hub id or local path (models.resolve_model_name). With tensor parallelism,
+    every rank of a TP group must submit the same requests: generate() gathers the group's prompts,
+    generates them all on every rank, and returns this rank's share. `llm` / `vllm_module` let
+    tests inject fakes; by default vllm is imported here, lazily.
     """
 
     def __init__(self, model_name: str, *, tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float = 0.4, max_model_len: int = 40960,
                  dtype: str = "bfloat16", seed: int = 0, sleep_level: int = 1, stop_ids=(),
-                 llm=None, vllm_module=None, **llm_kwargs):
+                 llm=None, vllm_module=None):
         if vllm_module is None:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
             import vllm as vllm_module
         self.vllm, self.sleep_level, self.asleep = vllm_module, sleep_level, False
         self.stop_ids = list(stop_ids)  # the chat's end of turn, when it is not the EOS
         self.dtype = getattr(torch, dtype)  # weights are gathered in it (bf16: half of fp32)
-        self.tp = tensor_parallel_size
-        self.tp_group = self._tp_group(tensor_parallel_size)
+        self.tp, self.tp_group = tensor_parallel_size, None
+        if self.tp > 1 and dist.is_initialized():  # the ranks sharing one tensor-parallel engine
+            world = dist.get_world_size()
+            assert world % self.tp == 0, f"world size {world} is not a multiple of TP {self.tp}"
+            self.tp_group, _ = dist.new_subgroups_by_enumeration(
+                [list(range(i, i + self.tp)) for i in range(0, world, self.tp)])
         self.llm = llm if llm is not None else vllm_module.LLM(
-            model=resolve_model_name(model_name), tensor_parallel_size=tensor_parallel_size,
+            model=model_name, tensor_parallel_size=tensor_parallel_size,
             distributed_executor_backend="external_launcher", enable_sleep_mode=True,
             gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
             dtype=dtype, seed=seed, logprobs_mode="processed_logprobs",
-            enable_prefix_caching=True, **llm_kwargs)
-
-    @staticmethod
-    def _tp_group(tp: int):
-        """The torch.distributed group of the ranks sharing one vLLM tensor-parallel engine."""
-        import torch.distributed as dist
-        if tp == 1 or not dist.is_initialized():
-            return None
-        world = dist.get_world_size()
-        assert world % tp == 0, f"world size {world} is not a multiple of tensor parallel {tp}"
-        group, _ = dist.new_subgroups_by_enumeration(
-            [list(range(i, i + tp)) for i in range(0, world, tp)])
-        return group
+            enable_prefix_caching=True)
 
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int | list[int],
                  temperature: float = 0.6, top_p: float = 0.95, top_k: int = 20,
@@ -538,7 +397,6 @@ class VLLMEngine:
         every member is draining)."""
         mine = slice(0, len(requests))
         if self.tp_group is not None:
-            import torch.distributed as dist
             gathered = [None] * self.tp
             dist.all_gather_object(gathered, (done, requests), group=self.tp_group)
             if all(d for d, _ in gathered):
@@ -556,12 +414,10 @@ class VLLMEngine:
         outputs = self.llm.generate([self.vllm.TokensPrompt(prompt_token_ids=q[0])
                                      for q in requests], sampling_params=params, use_tqdm=False)
         completions = []
-        for request in outputs:
-            o = request.outputs[0]
-            ids = list(o.token_ids)
-            logps = [float(step[t].logprob) for step, t in zip(o.logprobs, ids)]
-            completions.append(Completion(ids, logps, o.text,
-                                          "stop" if o.finish_reason == "stop" else "length"))
+        for o in (request.outputs[0] for request in outputs):
+            logps = [float(step[t].logprob) for step, t in zip(o.logprobs, o.token_ids)]
+            reason = "stop" if o.finish_reason == "stop" else "length"
+            completions.append(Completion(list(o.token_ids), logps, o.text, reason))
         return completions[mine]
 
     def sleep(self) -> None:

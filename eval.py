@@ -59,7 +59,7 @@ Usage (multi-GPU tensor parallelism: serve the model with `vllm serve` and use -
         --rg_tasks chain_sum --rg_episodes 2 --aime_samples 2 --max_new_tokens 16 --rg_max_new_tokens 16  # CPU smoke
 
 Dependencies: stdlib, tqdm, sandbox.py, transformers (CLI), reasoning-gym, math-verify; lazily: engine.py,
-`datasets`/`huggingface_hub` (hub loading), `bfcl_eval` (BFCL); acebench.py (ACEBench).
+models.py, `datasets`/`huggingface_hub` (hub loading), `bfcl_eval` (BFCL); acebench.py (ACEBench).
 Test: `pytest tests/test_eval.py`.
 """
 from __future__ import annotations
@@ -256,23 +256,23 @@ def build_sampler(cfg: "EvalConfig"):
     """The sampler the config asks for: an endpoint, or an engine on a checkpoint directory."""
     if cfg.endpoint:
         return OpenAISampler(cfg.endpoint, cfg.served_model or cfg.model, os.environ.get(cfg.api_key_env, ""))
-    import engine  # sibling; heavy imports stay out of the test path
+    import models  # siblings; heavy imports stay out of the test path
     from agent import turn_end  # the chat's end of turn stops a reply, whatever the EOS is
-    if cfg.engine == "vllm" and cfg.model not in engine.TINY_MODELS:  # tiny models always run on transformers
+    if cfg.engine == "vllm" and cfg.model not in models.TINY_MODELS:  # tiny models always run on transformers
         from engine import VLLMEngine
         from transformers import AutoTokenizer
         if cfg.tensor_parallel_size == 1:  # the engine's external_launcher wants a (one-process) torch.distributed env
             for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                                "MASTER_PORT": str(29500 + os.getpid() % 1000)}.items():
                 os.environ.setdefault(key, value)
-        path = engine.resolve_model_name(cfg.model)
+        path = models.resolve_model_name(cfg.model)
         tokenizer = AutoTokenizer.from_pretrained(path)
         gen = VLLMEngine(path, tensor_parallel_size=cfg.tensor_parallel_size, max_model_len=cfg.max_model_len,
                          gpu_memory_utilization=cfg.gpu_memory_utilization, seed=cfg.seed,
                          stop_ids=[turn_end(tokenizer)[1]])
     else:
         from engine import TransformersEngine
-        model, tokenizer = engine.load_model_and_tokenizer(cfg.model)
+        model, tokenizer = models.load_model_and_tokenizer(cfg.model)
         gen = TransformersEngine(model, tokenizer, stop_ids=[turn_end(tokenizer)[1]],
                                  max_batch_tokens=cfg.batch_tokens, progress=True)
     return EngineSampler(gen, tokenizer, enable_thinking=cfg.enable_thinking, max_context=cfg.max_model_len)
@@ -792,8 +792,8 @@ def sweep_checkpoints(cfg: EvalConfig, sampler=None) -> dict:
         if sampler is None:
             sampler = build_sampler(sub)
         elif hasattr(sampler, "engine"):  # the export's weights into the running engine
-            import engine
-            sampler.engine.sync_weights(engine.load_model_and_tokenizer(str(path))[0])
+            import models
+            sampler.engine.sync_weights(models.load_model_and_tokenizer(str(path))[0])
         *cells, avg = table1_cells(evaluate(sub, sampler)["metrics"])
         rows.append({"checkpoint": path.name, "step": int(path.name[5:]), **dict(zip([n for n, _ in TABLE1], cells)),
                      "Avg": avg, "cells": sum(c is not None for c in cells)})

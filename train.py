@@ -185,9 +185,9 @@ def explicit_fields(argv: list[str], names) -> set[str]:
 def apply_preset(args, argv: list[str]) -> str | None:
     """Overlay the authors' launcher values for --model + --setting; explicit flags win.
     Returns the launcher's file, or None when the model has no preset (tiny, other models)."""
-    import engine
+    import models
     margs, sargs = args[0], args[1]
-    hub = {v: k for k, v in engine.MODEL_ALIASES.items()}
+    hub = {v: k for k, v in models.MODEL_ALIASES.items()}
     model = hub.get(margs.model, margs.model)
     if (model, sargs.setting) not in PRESETS:
         return None
@@ -242,9 +242,9 @@ def resolve(margs: ModelArgs, sargs: SpadeArgs, oargs: OptimArgs, rargs: RunArgs
               "designer in a large web corpus (see data/README.md)", file=sys.stderr)
     if sargs.fixed_envs and not sorted(Path(sargs.fixed_envs).glob("*.py")):
         raise SystemExit(f"--fixed_envs {sargs.fixed_envs}: no *.py environments there")
-    import engine  # resolve the alias now so a typo fails before any work
+    import models  # resolve the alias now so a typo fails before any work
     try:
-        engine.resolve_model_name(margs.model)
+        models.resolve_model_name(margs.model)
     except ValueError as e:
         raise SystemExit(str(e)) from None
 
@@ -874,8 +874,8 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
     from accelerate.utils import gather_object, set_seed
     from tqdm.auto import tqdm
 
-    import engine
     import grpo
+    import models
 
     accelerator = Accelerator(log_with=rargs.log_with, project_dir=rargs.output_dir)
     run_dir = Path(rargs.output_dir)
@@ -892,9 +892,9 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
 
     # INFRA: model (fp32 master weights; bf16 compute comes from Accelerate's mixed precision),
     # optimizer, engine.
-    tiny = engine.resolve_model_name(margs.model) in engine.TINY_MODELS
-    shipped = engine.shipped_dtype(margs.model)  # bf16 for the paper's models: reference, export
-    model, tokenizer = engine.load_model_and_tokenizer(margs.model, dtype=torch.float32,
+    tiny = models.resolve_model_name(margs.model) in models.TINY_MODELS
+    shipped = models.shipped_dtype(margs.model)  # bf16 for the paper's models: reference, export
+    model, tokenizer = models.load_model_and_tokenizer(margs.model, dtype=torch.float32,
                                                        seed=rargs.seed)
     model.eval()  # rollouts run in eval mode; grpo_update switches to train mode and back
     fsdp = getattr(accelerator.state, "fsdp_plugin", None)
@@ -1058,12 +1058,12 @@ def generate_pool(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
     import torch
     from tqdm.auto import tqdm
 
-    import engine
+    import models
     out, n = Path(rargs.output_dir), sargs.generate_pool
     out.mkdir(parents=True, exist_ok=True)
     manifest = json.loads((out / "manifest.json").read_text()) if (out / "manifest.json").exists() else {}
     state = json.loads((out / "pool_state.json").read_text()) if (out / "pool_state.json").exists() else {}
-    model, tok = engine.load_model_and_tokenizer(margs.model, dtype=torch.bfloat16 if torch.cuda.is_available()
+    model, tok = models.load_model_and_tokenizer(margs.model, dtype=torch.bfloat16 if torch.cuda.is_available()
                                                  else torch.float32, seed=rargs.seed)
     sampler = Sampler(engines.get("designer") or make_engine(margs, sargs, model, tok, rargs.seed, False),
                       tok, rargs.seed)
@@ -1105,12 +1105,13 @@ def make_engine(margs: ModelArgs, sargs: SpadeArgs, model, tokenizer, seed: int,
     import torch
 
     import engine
+    import models
     want_vllm = margs.engine == "vllm" or (
         margs.engine == "auto" and torch.cuda.is_available() and importlib.util.find_spec("vllm"))
     stops = [agent.turn_end(tokenizer)[1]]  # a base model's EOS is not its end of turn
     if want_vllm:
         longest = max(sargs.max_context, 16384 + sargs.designer_max_tokens)  # designer prompt + reply
-        return engine.VLLMEngine(engine.resolve_model_name(margs.model),
+        return engine.VLLMEngine(models.resolve_model_name(margs.model),
                                  tensor_parallel_size=margs.tensor_parallel_size,
                                  gpu_memory_utilization=margs.gpu_memory_utilization,
                                  max_model_len=longest, seed=seed, stop_ids=stops)
@@ -1121,7 +1122,7 @@ def make_engine(margs: ModelArgs, sargs: SpadeArgs, model, tokenizer, seed: int,
         raise SystemExit("--tensor_parallel_size applies to the vLLM engine only")
     # The prefix cache reuses each episode's KV across turns (sync_weights clears it every step).
     # At 4B one 32k-token episode holds ~9.6 GB of KV, so only tiny models keep one.
-    tiny = engine.resolve_model_name(margs.model) in engine.TINY_MODELS
+    tiny = models.resolve_model_name(margs.model) in models.TINY_MODELS
     return engine.TransformersEngine(model, tokenizer, stop_ids=stops,
                                      max_batch_tokens=margs.batch_tokens,
                                      prefix_cache_bytes=PREFIX_CACHE_BYTES if tiny else 0)

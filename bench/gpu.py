@@ -381,9 +381,9 @@ def section_train_step(s, device):
 def _one_train_step(s, device, tmp):
     import subprocess
 
-    import engine
+    import models
     model_dir, run_dir = tmp / "model", tmp / "run"
-    tok = engine.build_tiny_tokenizer()
+    tok = models.build_tiny_tokenizer()
     model = build_model(dict(s.step_model, vocab_size=len(tok)), device, torch.bfloat16)
     params = sum(p.numel() for p in model.parameters())
     model.save_pretrained(model_dir)   # ships in bf16, as the paper's checkpoints

@@ -32,6 +32,7 @@ import torch  # noqa: E402
 
 import agent  # noqa: E402
 import engine  # noqa: E402
+import models  # noqa: E402
 
 EPISODES, TURNS, REPLY_TOKENS, MAX_NEW_TOKENS, REPEATS = 16, 5, 24, 96, 3
 
@@ -75,7 +76,7 @@ class FixedReplyLength:
 
 def bench_rollout():
     torch.set_num_threads(1)  # tiny matmuls: one thread, same for both arms
-    model, tok = engine.build_tiny("tiny", seed=0)
+    model, tok = models.build_tiny("tiny", seed=0)
     length = FixedReplyLength(model.config.vocab_size, tok.eos_token_id, REPLY_TOKENS)
     model.lm_head.register_forward_hook(length)
     eng = engine.TransformersEngine(model, tok, prefix_cache_bytes=1 << 30)

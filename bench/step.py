@@ -61,6 +61,7 @@ import agent  # noqa: E402
 import engine  # noqa: E402
 import grpo  # noqa: E402
 import memory  # noqa: E402
+import models  # noqa: E402
 import sandbox  # noqa: E402
 import train  # noqa: E402
 
@@ -107,7 +108,7 @@ class Clock:
 def build_model(out_dir: Path) -> int:
     """A random-init Qwen3 (>= 10M parameters) with the tiny tokenizer, saved as a local model."""
     from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3Config
-    tok = engine.build_tiny_tokenizer()
+    tok = models.build_tiny_tokenizer()
     config = Qwen3Config(vocab_size=len(tok), max_position_embeddings=4096, tie_word_embeddings=True,
                          eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                          bos_token_id=None, **MODEL)

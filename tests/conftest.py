@@ -28,15 +28,15 @@ SHARED_FIXTURES = ROOT.parent / "shared" / "fixtures"
 @pytest.fixture(scope="session")
 def tiny():
     """(model, tokenizer) of the tiny random Qwen3; treat as read-only (copy before training)."""
-    import engine
-    return engine.build_tiny("tiny", seed=0)
+    import models
+    return models.build_tiny("tiny", seed=0)
 
 
 @pytest.fixture(scope="session")
 def tiny_moe():
     """(model, tokenizer) of the tiny random Qwen3-MoE; treat as read-only."""
-    import engine
-    return engine.build_tiny("tiny-moe", seed=0)
+    import models
+    return models.build_tiny("tiny-moe", seed=0)
 
 
 @pytest.fixture(scope="session")

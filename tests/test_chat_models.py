@@ -9,6 +9,7 @@ import torch
 
 import agent
 import engine
+import models
 from agent import EpisodeSpec, play, render_chat, turn_end
 
 # Templates written for these tests, in the two families' formats; "+tools" ones render tools=.
@@ -42,10 +43,10 @@ def families():
     from transformers import AutoModelForCausalLM, LlamaConfig
     out = {}
     for family in ("qwen3", "llama"):
-        tok = engine.build_tiny_tokenizer()
+        tok = models.build_tiny_tokenizer()
         if family == "qwen3":
             tok.eos_token = "<|endoftext|>"
-            config = engine.tiny_config("tiny", len(tok), tok.eos_token_id, tok.pad_token_id)
+            config = models.tiny_config("tiny", len(tok), tok.eos_token_id, tok.pad_token_id)
         else:
             tok.add_special_tokens({"additional_special_tokens": LLAMA_SPECIAL})
             tok.eos_token = "<|end_of_text|>"

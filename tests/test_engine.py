@@ -350,8 +350,8 @@ def test_fake_vllm_refuses_what_vllm_refuses():
 
 def test_vllm_engine_construction_and_generate():
     fake = FakeVLLM()
-    eng = engine.VLLMEngine("Qwen3-30B-A3B", tensor_parallel_size=1, sleep_level=2,
-                            vllm_module=fake)
+    eng = engine.VLLMEngine("Qwen/Qwen3-30B-A3B-Instruct-2507", tensor_parallel_size=1,
+                            sleep_level=2, vllm_module=fake)
     _, kwargs = fake.log[0]
     assert kwargs["model"] == "Qwen/Qwen3-30B-A3B-Instruct-2507"
     assert kwargs["distributed_executor_backend"] == "external_launcher"

@@ -8,7 +8,7 @@ import socket
 import pytest
 import torch
 
-import engine
+import models
 from engine import TransformersEngine
 
 GREEDY = dict(temperature=0.0, top_p=1.0, top_k=0)
@@ -115,7 +115,7 @@ def _fsdp_worker(rank, port, out_dir):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=120))  # a missed vote fails, not hangs
-    model, tok = engine.build_tiny("tiny", seed=0)
+    model, tok = models.build_tiny("tiny", seed=0)
     plain = TransformersEngine(model, tok)
     calls = [[["a first game"], ["b"], ["c", "a longer prompt for rank zero"]],
              [["one prompt on rank one, long enough to decode for longer"]]][rank]

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-import engine
+import models
 
 TOOLS = [{"type": "function", "function": {
     "name": "lookup_order", "description": "Find an order by id.",
@@ -30,9 +30,9 @@ def test_forward_and_generate_with_logprobs(request, fixture, arch):
 
 
 def test_same_seed_same_weights():
-    a, _ = engine.build_tiny("tiny", seed=3)
-    b, _ = engine.build_tiny("tiny", seed=3)
-    c, _ = engine.build_tiny("tiny", seed=4)
+    a, _ = models.build_tiny("tiny", seed=3)
+    b, _ = models.build_tiny("tiny", seed=3)
+    c, _ = models.build_tiny("tiny", seed=4)
     wa, wb, wc = (m.model.embed_tokens.weight for m in (a, b, c))
     assert torch.equal(wa, wb) and not torch.equal(wa, wc)
 
@@ -86,8 +86,8 @@ def test_chat_template_with_tools(tokenizer):
 
 
 def test_aliases_resolve_without_network():
-    assert engine.resolve_model_name("Qwen3-30B-A3B") == "Qwen/Qwen3-30B-A3B-Instruct-2507"
-    assert engine.resolve_model_name("Qwen3-4B") == "Qwen/Qwen3-4B-Instruct-2507"
-    assert engine.resolve_model_name("tiny-moe") == "tiny-moe"
+    assert models.resolve_model_name("Qwen3-30B-A3B") == "Qwen/Qwen3-30B-A3B-Instruct-2507"
+    assert models.resolve_model_name("Qwen3-4B") == "Qwen/Qwen3-4B-Instruct-2507"
+    assert models.resolve_model_name("tiny-moe") == "tiny-moe"
     with pytest.raises(ValueError, match="unknown model"):
-        engine.resolve_model_name("Qwen3-5B")
+        models.resolve_model_name("Qwen3-5B")

@@ -180,9 +180,9 @@ def test_fixed_env_schedule_by_hand():
 
 @pytest.mark.slow
 def test_generate_pool_resumes_and_feeds_fixed_env_grpo(tmp_path):
-    import engine
+    import models
     from test_train import BASE, scripted
-    tiny = engine.build_tiny("tiny", seed=0)
+    tiny = models.build_tiny("tiny", seed=0)
     pool = tmp_path / "pool"
     flags = BASE + ["--num_envs", "2", "--output_dir", str(pool)]
     assert train.main(flags + ["--generate_pool", "2"], engines=scripted(*tiny)) == pool

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import engine
+import models
 import train
 
 ENVS = Path(__file__).resolve().parents[1] / "data" / "envs"
@@ -84,7 +85,7 @@ def metrics(run_dir):
 
 @pytest.fixture(scope="module")
 def designer_model():
-    return engine.build_tiny("tiny", seed=0)
+    return models.build_tiny("tiny", seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +118,7 @@ def test_end_to_end_with_scripted_designer(reference_run):
     assert [a["ok"] for a in attempts].count(False) >= 1
     assert {a["reason"] for a in attempts if not a["ok"]} <= {"syntax", "timeout"}
     # the final policy loads like any Hugging Face model (eval.py --model <run>/final_model)
-    model, tok = engine.load_model_and_tokenizer(str(run / "final_model"), dtype=torch.float32)
+    model, tok = models.load_model_and_tokenizer(str(run / "final_model"), dtype=torch.float32)
     assert type(model).__name__ == "Qwen3ForCausalLM" and tok.chat_template
     assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
                                    add_generation_prompt=True).endswith("<|im_start|>assistant\n")
@@ -132,7 +133,7 @@ def test_tiny_moe_runs(tmp_path):
     # the update reached the MoE layers: the exported router and expert weights moved away from
     # the initial ones (same seed), and the export is still a Qwen3-MoE
     from transformers import AutoModelForCausalLM
-    init, _ = engine.build_tiny("tiny-moe", seed=0)
+    init, _ = models.build_tiny("tiny-moe", seed=0)
     final = AutoModelForCausalLM.from_pretrained(Path(run) / "final_model")
     assert type(final).__name__ == "Qwen3MoeForCausalLM"
     before, after = dict(init.named_parameters()), dict(final.named_parameters())
@@ -504,7 +505,7 @@ def test_local_bf16_model_trains_checkpointed_with_bf16_reference_and_export(
 
     import grpo
     src = tmp_path / "qwen3-bf16"
-    model, tok = engine.build_tiny("tiny", seed=0)
+    model, tok = models.build_tiny("tiny", seed=0)
     model.to(torch.bfloat16).save_pretrained(src)
     tok.save_pretrained(src)
     seen, counts = [], {"checkpoint": 0}
@@ -588,7 +589,7 @@ def _tp_train_worker(rank, port, out_dir):
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), ACCELERATE_USE_CPU="true")
     torch.set_num_threads(1)
     import grpo
-    fake = FakeTPLLM(engine.build_tiny_tokenizer())
+    fake = FakeTPLLM(models.build_tiny_tokenizer())
     train.make_engine = lambda margs, *a: engine.VLLMEngine(
         "tiny", tensor_parallel_size=margs.tensor_parallel_size, llm=fake, vllm_module=fake)
     forwarded, trained, logprobs, samples = [], [], grpo.token_logprobs, train.agent_samples

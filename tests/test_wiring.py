@@ -22,6 +22,7 @@ import torch
 
 import engine
 import grpo
+import models
 import train
 
 CORPUS = Path(__file__).resolve().parent / "fixtures" / "short_corpus.jsonl"
@@ -167,7 +168,7 @@ def agent_reply(call, i, text, max_new_tokens):
 
 @pytest.fixture(scope="module")
 def policy():
-    return engine.build_tiny("tiny", seed=0)
+    return models.build_tiny("tiny", seed=0)
 
 
 def run(tmp_path, policy, monkeypatch, extra=()):

@@ -1,0 +1,133 @@
+"""Models: the weights and tokenizer SPADE starts from (infrastructure).
+
+SPADE (arXiv 2608.19197) trains Qwen3-4B, Qwen3-8B and Qwen3-30B-A3B. This file resolves their
+short aliases (also hub ids and local paths) and loads (model, tokenizer), left-padded, with SDPA
+attention (flash-attention 2 on a GPU where it is installed). `tiny` / `tiny-moe` are random
+Qwen3 / Qwen3-MoE models of a few 100k parameters with a byte-level BPE tokenizer trained here,
+offline, on the shipped corpus and environments, under a Qwen3-style chat template
+(`data/chat_template.jinja`), so tests, benchmarks and the CPU quick-start need no network.
+
+Dependencies: torch, transformers, tokenizers. Test: `pytest tests/test_models.py`.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+
+# The paper's models. Resolved only when actually loaded; nothing here touches the hub.
+MODEL_ALIASES = {
+    "Qwen3-4B": "Qwen/Qwen3-4B-Instruct-2507",
+    "Qwen3-8B": "Qwen/Qwen3-8B",
+    "Qwen3-30B-A3B": "Qwen/Qwen3-30B-A3B-Instruct-2507",
+}
+TINY_MODELS = ("tiny", "tiny-moe")
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>",
+                  "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+
+
+def resolve_model_name(name: str) -> str:
+    """Map a short alias to its hub id; pass tiny names, hub ids and local paths through (a hub id
+    that is not cached fails when loaded with the network off)."""
+    if name in TINY_MODELS or "/" in name or os.path.isdir(name):
+        return name
+    if name in MODEL_ALIASES:
+        return MODEL_ALIASES[name]
+    known = ", ".join([*TINY_MODELS, *MODEL_ALIASES])
+    raise ValueError(f"unknown model {name!r}: use one of {known}, a hub id, or a local directory")
+
+
+# ----------------------------------------------------------------------------------------------
+# INFRA: tiny offline tokenizer and models
+
+
+def build_tiny_tokenizer(vocab_size: int = 1024):
+    """A byte-level BPE tokenizer (every string round-trips) with ChatML special tokens and a
+    Qwen3-style chat template, trained deterministically on the shipped corpus and environments."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    data = HERE / "data"
+    template = (data / "chat_template.jinja").read_text(encoding="utf-8")
+    corpus = (data / "corpus.jsonl").read_text(encoding="utf-8").splitlines()
+    texts = [json.loads(line)["text"] for line in corpus]
+    texts += [path.read_text(encoding="utf-8") for path in sorted((data / "envs").glob("*.py"))]
+    texts += [template, "You are playing a language game. Make valid actions to win. \\boxed{42} "
+              "Observation: reset step reward terminated truncated info def class Env self"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>", padding_side="left")
+    fast.chat_template = template
+    return fast
+
+
+def tiny_config(kind: str, vocab_size: int, eos_id: int, pad_id: int):
+    """Configs of the tiny models: real Qwen3 / Qwen3-MoE architectures, a few 100k parameters."""
+    from transformers import Qwen3Config, Qwen3MoeConfig
+
+    common = dict(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768,
+                  tie_word_embeddings=True, eos_token_id=eos_id, pad_token_id=pad_id,
+                  bos_token_id=None)
+    if kind == "tiny":
+        return Qwen3Config(intermediate_size=128, head_dim=16, **common)
+    if kind == "tiny-moe":
+        return Qwen3MoeConfig(intermediate_size=128, moe_intermediate_size=32, num_experts=4,
+                              num_experts_per_tok=2, norm_topk_prob=True, head_dim=16, **common)
+    raise ValueError(f"unknown tiny model {kind!r}: use one of {TINY_MODELS}")
+
+
+def build_tiny(kind: str = "tiny", seed: int = 0, dtype: torch.dtype = torch.float32):
+    """(model, tokenizer): a random-initialised tiny model built offline; seed fixes the weights."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    tokenizer = build_tiny_tokenizer()
+    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+    config = tiny_config(kind, len(tokenizer), eos_id, pad_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id,
+                                               do_sample=True, temperature=0.6, top_p=0.95,
+                                               top_k=20)
+    return model, tokenizer
+
+
+def shipped_dtype(name: str) -> torch.dtype:
+    """The dtype a model's checkpoint ships in (bf16 for the paper's models; fp32 for tiny):
+    train.py keeps the KL reference model in it and exports the final policy in it."""
+    resolved = resolve_model_name(name)
+    if resolved in TINY_MODELS:
+        return torch.float32
+    from transformers import AutoConfig
+    dtype = getattr(AutoConfig.from_pretrained(resolved), "dtype", None) or torch.bfloat16
+    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
+
+
+def load_model_and_tokenizer(name: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0):
+    """(model, tokenizer) for an alias, hub id, local dir, or tiny (fp32, for CPU kernels)."""
+    import importlib.util
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    resolved = resolve_model_name(name)
+    if resolved in TINY_MODELS:
+        return build_tiny(resolved, seed=seed)
+    tokenizer = AutoTokenizer.from_pretrained(resolved)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    flash = torch.cuda.is_available() and importlib.util.find_spec("flash_attn")
+    model = AutoModelForCausalLM.from_pretrained(
+        resolved, dtype=dtype, attn_implementation="flash_attention_2" if flash else "sdpa")
+    return model, tokenizer
