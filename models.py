@@ -48,7 +48,8 @@ def resolve_model_name(name: str) -> str:
 def build_tiny_tokenizer(vocab_size: int = 1024):
     """A byte-level BPE tokenizer (every string round-trips) with ChatML special tokens and a
     Qwen3-style chat template, trained deterministically on the shipped corpus and environments."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, pre_tokenizers, trainers
+    from tokenizers.models import BPE
     from transformers import PreTrainedTokenizerFast
 
     data = HERE / "data"
@@ -58,7 +59,7 @@ def build_tiny_tokenizer(vocab_size: int = 1024):
     texts += [path.read_text(encoding="utf-8") for path in sorted((data / "envs").glob("*.py"))]
     texts += [template, "You are playing a language game. Make valid actions to win. \\boxed{42} "
               "Observation: reset step reward terminated truncated info def class Env self"]
-    tok = Tokenizer(models.BPE())
+    tok = Tokenizer(BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
