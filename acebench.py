@@ -30,13 +30,17 @@ The Agent categories also need the repository itself (`--acebench_repo DIR`): it
 classes (model_inference/multi_turn/scenariosen/: BaseApi, MessageApi, ReminderApi, FoodPlatform,
 Travel) are loaded from there, not reimplemented; without it the suite stops and says so.
 
-Departures from ACEBench's harness (the checker's own quirks are kept: top-level numbers and
-booleans are type-checked only; strings lose their whitespace before decoding):
+ACEBench's quirks are kept, since its scores are what the paper reports: top-level numbers and
+booleans are type-checked only; strings lose their whitespace before decoding; an expected API class
+absent from the final state is not checked; the milestone scan does not back up past a milestone it
+cannot find; the multi-step agent reads the instruction and the execution results, not its own calls.
+Departures from ACEBench's harness:
 1. Prompts are written in our words; the output format and the phrases the checkers look for are
    ACEBench's. Reasoning before the last `</think>` is dropped (as the authors' patch does).
 2. Agent calls are run by name on the API instances with the decoded literal arguments (ACEBench
    `eval`s a rebuilt call string); a call that fails gives "Error during execution: ..." and the
-   turn's later calls still run, in both agent categories (ACEBench's multi-turn stops the turn).
+   turn's later calls still run, in both agent categories (ACEBench's multi-turn stops the turn and
+   shows the model its error template unfilled; as there, that turn's state is not recorded).
 3. The user simulator's own turns are sent back to it as `assistant` messages (ACEBench: `system`,
    which many local chat templates refuse after the first message).
 4. The multi-step agent's prompt is in English, as ACEBench's local-model route sends it; its API-model

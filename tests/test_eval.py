@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import acebench
 import eval as E
 from scripted import ScriptedSampler
 
@@ -408,6 +409,11 @@ def test_eval_defaults_are_the_papers_protocol():
     assert (c.lcb_samples, c.lcb_temperature, c.lcb_top_p, c.lcb_test_timeout) == (1, 0.2, 0.95, 6.0)
     assert (c.rg_episodes, c.rg_temperature, c.rg_top_p, c.rg_top_k, c.rg_max_new_tokens) == (8, 0.6, 0.8, 20, 8192)
     assert (c.bfcl_temperature, c.max_new_tokens) == (0.001, 32768)
+    # ACEBench as the authors ran it: all 17 categories, single-turn T 0.7 / top-p 1 / 16,384 tokens,
+    # the Agent roles at ACEBench's defaults (T 0.001, 1,000 tokens), a gpt-4o user simulator
+    assert (c.acebench_categories, c.acebench_temperature, c.acebench_max_new_tokens) == ("test_all", 0.7, 16384)
+    assert E.suite_sampling("acebench", c)["top_p"] == 1.0 and c.acebench_user_model == "gpt-4o"
+    assert c.acebench_agent_max_new_tokens == 1000 and acebench.ROLE_SAMPLING["temperature"] == 0.001
 
 
 def test_run_suite_passes_each_suites_own_sampling(tmp_path):
