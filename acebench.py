@@ -40,7 +40,8 @@ Departures from ACEBench's harness:
 2. Agent calls are run by name on the API instances with the decoded literal arguments (ACEBench
    `eval`s a rebuilt call string); a call that fails gives "Error during execution: ..." and the
    turn's later calls still run, in both agent categories (ACEBench's multi-turn stops the turn and
-   shows the model its error template unfilled; as there, that turn's state is not recorded).
+   shows the model its error template unfilled; as there, the final state counts only once some
+   turn ran all its calls).
 3. The user simulator's own turns are sent back to it as `assistant` messages (ACEBench: `system`,
    which many local chat templates refuse after the first message).
 4. The multi-step agent's prompt is in English, as ACEBench's local-model route sends it; its API-model
