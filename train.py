@@ -1,21 +1,22 @@
 """SPADE training: Algorithm 1 of arXiv 2608.19197, one policy as designer and agent, GRPO.
 
-    for step in 0 .. S-1:
-        if step % R == 0:                      # regeneration (Sec. 3, Alg. 1 lines 3-6)
-            skills <- round robin; N environments <- designer(corpus doc, memory), validated
-            hint(e) <- same policy, for each freshly designed environment
-        play every pool environment G times unhinted (seeded);  at regeneration also H hinted
-        regret(e) = mean R_hint - mean R_nohint                       # Eq. (3)
-        agent samples: A = (R - mean_e) / (std_e + 1e-8)              # Eq. (1)
-        at regeneration: previous epoch's designer samples get
-            score = 0.4 * clip(regret / 0.15, 0, 1) + 0.6 * plateau(w),  A = S * (score - mean_skill)
-        one GRPO step over designer + agent samples; sync weights into the rollout engine
+    for step in 0 .. S-1:                                        (train(): one call per phase)
+        1. if step % R == 0, regenerate (Sec. 3, Alg. 1 lines 3-6):
+             skills <- round robin; N environments <- designer(corpus doc, memory), validated;
+             hint(e) <- same policy, for each freshly designed environment
+        2. play every pool environment G times unhinted (seeded); at regeneration also H hinted
+        3. regret(e) = mean R_hint - mean R_nohint                                   # Eq. (3)
+        4. at regeneration, the finished epoch's designer samples (the buffer `designs`) get
+             score = 0.4 * clip(regret / 0.15, 0, 1) + 0.6 * plateau(w),  A = S * (score - mean_skill)
+           agent samples: A = (R - mean_e) / (std_e + 1e-8)                          # Eq. (1)
+        5. one GRPO step over designer + agent samples   6. sync weights into the rollout engine
+        7. at regeneration, the fresh environments enter the memory
         (tool use, the authors' filters: episodes that did not terminate and malformed tool-call
         replies keep their place in the group statistics but get loss mask 0)
 
 Symbols: S steps, R regeneration interval, N environments per regeneration, G unhinted plays,
 H hinted plays, w the environment's mean unhinted return over its epoch, S role-balancing scale
-(code: `scale`). `--model` + `--setting` select the authors' launcher values (PRESETS; flags win).
+(code: `scale`). Arguments, presets, checks: config.py; Accelerate, engine, checkpoints: infra.py.
 
 Deviations (from the paper and the authors' code; also in the README):
   1. When fewer than N environments validate, the pool is topped up from the previous pool and, at
@@ -42,244 +43,40 @@ configs/fsdp2_8gpu.yaml train.py --model Qwen3-30B-A3B`. Test: `pytest tests/tes
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
-import os
 import random
-import re
-import shutil
 import sys
 import time
 from dataclasses import dataclass, field
-from itertools import zip_longest
 from pathlib import Path
+from typing import Any
 
 import agent
+import config
 import designer
+import infra
 import memory as memory_lib
 import regret
 import sandbox
+from infra import Sampler, derive_seed
 
 HERE = Path(__file__).resolve().parent
 
 
-# ----------------------------------------------------------------------------------------------
-# Config. Every default that comes from the paper cites it.
-
-@dataclass
-class ModelArgs:
-    model: str = field(default="tiny", metadata={"help": "Alias (Qwen3-4B, Qwen3-8B, Qwen3-30B-A3B), hub id, local dir, or tiny / tiny-moe (random, offline)."})
-    engine: str = field(default="auto", metadata={"help": "Rollout engine: auto (vLLM on GPU when installed, else transformers), vllm, transformers."})
-    gradient_checkpointing: bool = field(default=True, metadata={"help": "Activation checkpointing for real models."})
-    tensor_parallel_size: int = field(default=1, metadata={"help": "vLLM tensor parallel size within a node (the ranks of a group share one engine; each plays its own environments)."})
-    enable_thinking: bool | None = field(default=None, metadata={"help": "Passed to the chat template for agent turns (hybrid Qwen3 models); default: the template's."})
-    strip_thinking_history: bool = field(default=False, metadata={"help": "Agent: drop earlier turns' <think> blocks from the context (re-rendered each turn, one training sample per turn), as the authors' thinking 8B agent."})
-    gpu_memory_utilization: float = field(default=0.35, metadata={"help": "vLLM KV-cache share of GPU memory when colocated with training."})
-    batch_tokens: int = field(default=65536, metadata={"help": "Transformers engine: prompts batched by length up to rows x (longest prompt + reply cap) tokens, a bound on its KV cache."})
-    micro_batch_tokens: int = field(default=16384, metadata={"help": "Tokens per forward/backward micro-batch (gradient accumulation over the step's samples)."})
-
-
-@dataclass
-class SpadeArgs:
-    setting: str = field(default="games", metadata={"help": "games (cognitive games, Sec. 4.1) or tool (multi-turn tool use, Sec. 4.2)."})
-    steps: int = field(default=400, metadata={"help": "Training steps (paper: 400)."})
-    regen_interval: int | None = field(default=None, metadata={"help": "R, steps between regenerations (paper: 4 games, 8 tool use)."})
-    num_envs: int = field(default=24, metadata={"help": "N, environments per regeneration (paper: 24)."})
-    plays: int = field(default=8, metadata={"help": "G, unhinted plays per environment per step (paper: 8)."})
-    hint_plays: int = field(default=16, metadata={"help": "H, hinted plays per environment at a regeneration step (paper: 16)."})
-    skills_per_regen: int | None = field(default=None, metadata={"help": "k, active skills per regeneration (paper: 3 of 6 games, all 6 tool use)."})
-    max_attempts: int = field(default=5, metadata={"help": "Designer attempts per slot (paper: 5)."})
-    corpus: str = field(default=str(HERE / "data" / "corpus.jsonl"), metadata={"help": "Grounding corpus, JSONL with `text` (or `orig_doc`) per line."})
-    corpus_seed: int = field(default=42, metadata={"help": "Seed of the document sampler (paper: 42)."})
-    memory_capacity: int = field(default=200, metadata={"help": "Environment memory FIFO capacity (paper: 200)."})
-    designer_temperature: float = field(default=0.6, metadata={"help": "Designer sampling temperature (paper: 0.6)."})
-    designer_thinking: bool | None = field(default=None, metadata={"help": "enable_thinking for designer prompts (authors' 8B: off); default: the template's."})
-    hint_thinking: bool | None = field(default=None, metadata={"help": "enable_thinking for hint prompts (authors' 8B: off); default: the template's."})
-    designer_max_tokens: int = field(default=16384, metadata={"help": "Designer max new tokens (paper: 16,384)."})
-    hint_temperature: float = field(default=0.3, metadata={"help": "Hint sampling temperature (paper: 0.3)."})
-    hint_max_tokens: int | None = field(default=None, metadata={"help": "Hint max new tokens (paper: 4,096 games, 2,048 tool use)."})
-    agent_temperature: float = field(default=0.6, metadata={"help": "Agent sampling temperature (paper: 0.6)."})
-    top_p: float = field(default=0.95, metadata={"help": "Top-p for designer and agent (paper: 0.95)."})
-    top_k: int = field(default=20, metadata={"help": "Top-k for designer and agent (paper: 20)."})
-    max_turns: int = field(default=25, metadata={"help": "Agent turns per episode (paper: 25)."})
-    max_context: int = field(default=32768, metadata={"help": "Agent context in tokens (paper: 32,768)."})
-    max_new_tokens: int = field(default=8192, metadata={"help": "Agent new tokens per turn (paper: 8,192)."})
-    designer_reward: str = field(default="blend", metadata={"help": "blend (paper runs); ablations: regret (the authors' regret_based), solve_rate, learning_potential (regret.designer_score)."})
-    role_scale_cap: float = field(default=50.0, metadata={"help": "Cap of the role-balancing scale S = min(cap, N_agent / N_designer * R) (paper: 50)."})
-    no_corpus: bool = field(default=False, metadata={"help": "Ablation: designer prompts without a reference document."})
-    no_memory: bool = field(default=False, metadata={"help": "Ablation: no environment memory."})
-    no_designer_training: bool = field(default=False, metadata={"help": "Ablation: the designer role is never trained."})
-    two_skills: bool = field(default=False, metadata={"help": "Ablation: two-skill curriculum {Math, Pattern}."})
-    fixed_envs: str | None = field(default=None, metadata={"help": "Fixed-env GRPO baseline: the agent trains on --num_envs environments per step drawn without replacement (seed 42) from the validated *.py in this directory."})
-    generate_pool: int | None = field(default=None, metadata={"help": "Write this many validated environments into --output_dir with the designer (memory off, no training; resumable) and exit: the Fixed-env GRPO pool."})
-    no_tool_filters: bool = field(default=False, metadata={"help": "Tool use: keep episodes that did not terminate (reply cut by the token cap, turn limit, budget) and malformed tool-call replies in the loss (the authors mask them in every tool run)."})
-
-
-@dataclass
-class OptimArgs:
-    lr: float = field(default=1e-6, metadata={"help": "AdamW learning rate, constant (paper: 1e-6)."})
-    weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay (paper: 0.1)."})
-    grad_clip: float = field(default=1.0, metadata={"help": "Gradient norm clip (paper: 1.0)."})
-    clip_low: float = field(default=0.2, metadata={"help": "PPO clip epsilon low (paper: 0.2)."})
-    clip_high: float = field(default=0.28, metadata={"help": "PPO clip epsilon high, clip-higher (paper: 0.28)."})
-    tis_cap: float = field(default=2.0, metadata={"help": "Truncated importance-sampling cap (paper: 2)."})
-    kl_coef: float | None = field(default=None, metadata={"help": "k3 KL to the initial policy (paper: 0 games, 0.005 tool use)."})
-    ppo_epochs: int = field(default=1, metadata={"help": "Optimizer passes per step (paper: 1)."})
-    logprob_temperature: float | None = field(default=None, metadata={"help": "Temperature of the trained, old and reference log-probs; default: each role's sampling temperature (the authors' trainer: 1.0, 0.7 for tool-use 4B; the presets use theirs)."})
-
-
-@dataclass
-class RunArgs:
-    output_dir: str = field(default="runs/spade", metadata={"help": "Run directory: metrics.jsonl, environments, memory, checkpoints."})
-    seed: int = field(default=0, metadata={"help": "Seed of models, play seeds and sampling."})
-    resume: bool = field(default=False, metadata={"help": "Continue from the latest checkpoint in output_dir."})
-    allow_config_change: bool = field(default=False, metadata={"help": "Resume even if the config differs from the run's."})
-    overwrite: bool = field(default=False, metadata={"help": "Start afresh even if output_dir holds a run."})
-    checkpoint_every: int = field(default=16, metadata={"help": "Steps between checkpoints (and one at the end)."})
-    keep_checkpoints: str = field(default="2", metadata={"help": "Newest resumable checkpoints, and newest policy exports, to keep: N or all."})
-    export_every: int = field(default=0, metadata={"help": "Steps between Hugging Face exports of the policy to exports/step-<k> (and one at the end); 0 = none. For the paper's best-checkpoint protocol: eval.py --checkpoints <run>."})
-    sandbox_workers: int = field(default=8, metadata={"help": "Sandbox worker concurrency."})
-    step_timeout: float = field(default=5.0, metadata={"help": "Seconds per environment call."})
-    sandbox_memory_mb: int = field(default=1024, metadata={"help": "Address-space limit per environment process."})
-    log_with: str | None = field(default=None, metadata={"help": "Accelerate tracker: tensorboard or wandb."})
-    transcripts: int = field(default=2, metadata={"help": "Sample transcripts written per step; at a regeneration, per new environment (report.py's cards)."})
-    print_config: bool = field(default=False, metadata={"help": "Print the resolved configuration (preset + flags) as one JSON object and exit."})
-
-
-# The authors' launchers (github spade-rl/spade, cmd/), one per (model, setting); G is their
-# global batch over environments per step (192 / 24, 256 / 16). Log-prob temperature: their
-# trainer's --rollout-temperature. Thinking: the 8B designer and hint prompts are rendered
-# non-thinking, its agent thinks and sees earlier turns without their <think> blocks.
-_GAMES = dict(steps=400, regen_interval=4, num_envs=24, plays=8, hint_plays=16, skills_per_regen=3,
-              designer_max_tokens=16384, hint_max_tokens=4096, max_turns=25, max_context=32768,
-              max_new_tokens=8192, designer_reward="blend", kl_coef=0.0, logprob_temperature=1.0)
-_TOOL = dict(_GAMES, regen_interval=8, skills_per_regen=6, hint_max_tokens=2048, kl_coef=0.005)
-_THINKING_8B = dict(designer_thinking=False, hint_thinking=False, enable_thinking=True,
-                    strip_thinking_history=True)
-_NO_THINKING = dict(designer_thinking=False, hint_thinking=False, enable_thinking=False)
-PRESETS = {
-    ("Qwen3-4B", "games"): ("cmd/games/train_spade_4b.sh", dict(_GAMES)),
-    ("Qwen3-8B", "games"): ("cmd/games/train_spade_8b.sh",
-                            dict(_GAMES, designer_max_tokens=20000, kl_coef=0.005, **_THINKING_8B)),
-    ("Qwen3-30B-A3B", "games"): ("cmd/games/train_spade_30b.sh", dict(_GAMES, **_NO_THINKING)),
-    ("Qwen3-4B", "tool"): ("cmd/tool_use/train_spade_4b.sh",
-                           dict(_TOOL, steps=500, regen_interval=32, num_envs=16, plays=16,
-                                hint_plays=4, hint_max_tokens=512, designer_reward="regret",
-                                logprob_temperature=0.7)),
-    ("Qwen3-8B", "tool"): ("cmd/tool_use/_train_spade_blend.sh (8b)",
-                           dict(_TOOL, designer_max_tokens=20000, **_THINKING_8B)),
-    ("Qwen3-30B-A3B", "tool"): ("cmd/tool_use/_train_spade_blend.sh (30b)", dict(_TOOL, **_NO_THINKING)),
-}
-
-
-def explicit_fields(argv: list[str], names) -> set[str]:
-    """Config fields named on the command line (`--x v`, `--x=v`, dashed spellings, `--no_x`)."""
-    out = set()
-    for tok in argv:
-        if tok.startswith("--"):
-            name = tok[2:].split("=", 1)[0].replace("-", "_")
-            out.add(name if name in names or not name.startswith("no_") else name[3:])
-    return out
-
-
-def apply_preset(args, argv: list[str]) -> str | None:
-    """Overlay the authors' launcher values for --model + --setting; explicit flags win.
-    Returns the launcher's file, or None when the model has no preset (tiny, other models)."""
-    import models
-    margs, sargs = args[0], args[1]
-    hub = {v: k for k, v in models.MODEL_ALIASES.items()}
-    model = hub.get(margs.model, margs.model)
-    if (model, sargs.setting) not in PRESETS:
-        return None
-    source, values = PRESETS[(model, sargs.setting)]
-    names = {f.name for a in args for f in dataclasses.fields(a)}
-    given = explicit_fields(argv, names)
-    for key, value in values.items():
-        if key not in given:
-            setattr(next(a for a in args if hasattr(a, key)), key, value)
-    return source
-
-
-def resolve(margs: ModelArgs, sargs: SpadeArgs, oargs: OptimArgs, rargs: RunArgs) -> None:
-    """Fill setting-dependent defaults and fail fast with a clear message on bad values."""
-    tool = sargs.setting == "tool"
-    if sargs.setting not in ("games", "tool"):
-        raise SystemExit(f"--setting must be games or tool, not {sargs.setting!r}")
-    n_skills = len(skill_list(sargs))
-    defaults = {"regen_interval": 8 if tool else 4, "hint_max_tokens": 2048 if tool else 4096,
-                "skills_per_regen": n_skills if tool else min(3, n_skills)}
-    for name, value in defaults.items():  # the setting's paper value unless given explicitly
-        if getattr(sargs, name) is None:
-            setattr(sargs, name, value)
-    oargs.kl_coef = (0.005 if tool else 0.0) if oargs.kl_coef is None else oargs.kl_coef
-    for name in ("steps", "regen_interval", "num_envs", "plays", "max_attempts", "max_turns",
-                 "max_context", "max_new_tokens", "designer_max_tokens", "hint_max_tokens",
-                 "skills_per_regen", "memory_capacity"):
-        if getattr(sargs, name) <= 0:
-            raise SystemExit(f"--{name} must be positive, got {getattr(sargs, name)}")
-    if sargs.hint_plays < 0 or oargs.ppo_epochs <= 0 or rargs.checkpoint_every <= 0 or rargs.export_every < 0:
-        raise SystemExit("--hint_plays and --export_every must be >= 0, --ppo_epochs and --checkpoint_every > 0")
-    if not (rargs.keep_checkpoints == "all" or rargs.keep_checkpoints.isdigit() and int(rargs.keep_checkpoints) > 0):
-        raise SystemExit(f"--keep_checkpoints must be a positive number or all, not {rargs.keep_checkpoints!r}")
-    for name in ("agent_temperature", "designer_temperature", "hint_temperature"):
-        if not getattr(sargs, name) > 0:
-            raise SystemExit(f"--{name} must be > 0 (log-probs divide logits by it)")
-    if oargs.logprob_temperature is not None and not oargs.logprob_temperature > 0:
-        raise SystemExit("--logprob_temperature must be > 0 (log-probs divide logits by it)")
-    if sargs.hint_plays == 0 and sargs.designer_reward in ("blend", "regret") and not sargs.fixed_envs:
-        raise SystemExit("--hint_plays 0 leaves regret undefined: use --designer_reward solve_rate")
-    if sargs.plays < 2:
-        print("[spade] warning: --plays < 2 makes every agent group zero-variance (no agent gradient)")
-    if sargs.skills_per_regen > n_skills:
-        raise SystemExit(f"--skills_per_regen {sargs.skills_per_regen} exceeds the {n_skills} skills")
-    if sargs.designer_reward not in regret.DESIGNER_MODES:
-        raise SystemExit(f"--designer_reward must be one of {', '.join(regret.DESIGNER_MODES)}")
-    if not sargs.no_corpus and not sargs.fixed_envs and not Path(sargs.corpus).is_file():
-        raise SystemExit(f"corpus file not found: {sargs.corpus} (see data/README.md)")
-    if margs.model not in ("tiny", "tiny-moe") and Path(sargs.corpus) == HERE / "data" / "corpus.jsonl" \
-            and not sargs.no_corpus:
-        print("[spade] warning: --corpus is the 47-paragraph demo corpus; the paper grounds the "
-              "designer in a large web corpus (see data/README.md)", file=sys.stderr)
-    if sargs.fixed_envs and not sorted(Path(sargs.fixed_envs).glob("*.py")):
-        raise SystemExit(f"--fixed_envs {sargs.fixed_envs}: no *.py environments there")
-    import models  # resolve the alias now so a typo fails before any work
-    try:
-        models.resolve_model_name(margs.model)
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
-
-
-def role_temperatures(sargs: SpadeArgs, oargs: OptimArgs) -> dict:
-    """Temperature of each role's trained log-probs: --logprob_temperature, else its sampling T."""
-    t = oargs.logprob_temperature
-    return {"agent": t or sargs.agent_temperature, "designer": t or sargs.designer_temperature}
-
-
-def skill_list(sargs: SpadeArgs) -> list[str]:
-    if sargs.setting == "tool":
-        return list(designer.TOOL_SKILLS)
-    return list(designer.TWO_SKILLS if sargs.two_skills else designer.GAME_SKILLS)
-
-
-# ----------------------------------------------------------------------------------------------
-# INFRA: small helpers
-
-def derive_seed(*parts) -> int:
-    """A stable 31-bit seed from any parts; the same parts give the same seed across resumes."""
-    return int(hashlib.sha256(":".join(map(str, parts)).encode()).hexdigest()[:8], 16) >> 1
-
-
-def atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def on_phase(step: int, phase: str) -> None:
     """Called at the start of every phase; a no-op hook that tests use to simulate a crash."""
+
+
+def phase(step: int, name: str, times: dict) -> None:
+    times[name] = time.perf_counter()  # the step's time/* metrics
+    on_phase(step, name)
+
+
+def skill_list(sargs) -> list[str]:
+    """The names of the setting's skills (Sec. 4.1, 4.2; --two_skills: the ablation's two)."""
+    if sargs.setting == "tool":
+        return [s.name for s in designer.TOOL_SKILLS]
+    return [s.name for s in (designer.TWO_SKILLS if sargs.two_skills else designer.GAME_SKILLS)]
 
 
 @dataclass
@@ -297,126 +94,186 @@ class PoolEnv:
     regret: float | None = None
     r_hint: float | None = None
     r_nohint: float | None = None
-    sample: dict | None = None  # the designer's training sample (tokens, logprobs), if any
 
 
-class Sampler:
-    """Binds engine + tokenizer + sampling params into the callables the leaf modules take."""
+@dataclass
+class Design:
+    """A designer sample in the epoch's buffer (Sec. 3.3): the reply that wrote `env`, trained
+    when the epoch ends, R steps later, with a score from what `env` gathered over the epoch."""
+    env: PoolEnv
+    prompt: list
+    reply: list
+    logprobs: list
 
-    def __init__(self, eng, tokenizer, seed: int):
-        self.eng, self.tok, self.seed, self.calls = eng, tokenizer, seed, 0
-        self.step, self.phase = 0, ""
 
-    def at(self, step: int, phase: str) -> "Sampler":
-        self.step, self.phase, self.calls = step, phase, 0
-        return self
+@dataclass
+class State:
+    """The loop's state that a checkpoint saves besides the weights and the optimizer."""
+    pool: list  # PoolEnv: this rank's share of the environment pool
+    designs: list  # Design: the buffer of this epoch's designer samples, drained at its end
+    memory: Any  # memory.EnvironmentMemory
+    corpus: Any  # designer.Corpus, or None without a corpus
+    lp: dict = field(default_factory=dict)  # learning_potential ablation: skill -> [fast, slow]
+    hist: dict = field(default_factory=lambda: {"epochs": [], "sources": []})  # figure windows
+    step: int = 0
 
-    def _seed(self) -> int:
-        self.calls += 1
-        return derive_seed(self.seed, self.step, self.phase, self.calls)
+    def to_dict(self, step: int, world: int, metrics_lines: int) -> dict:
+        return {"step": step, "world": world, "pool": [dataclasses.asdict(e) for e in self.pool],
+                "designs": [dict(dataclasses.asdict(d), env=d.env.env_id) for d in self.designs],
+                "corpus": self.corpus.state_dict() if self.corpus is not None else None,
+                "memory": self.memory.to_dict(), "learning_potential": self.lp, "figures": self.hist,
+                "metrics_lines": metrics_lines}
 
-    def chat(self, *, temperature: float, max_new_tokens: int, top_p: float, top_k: int,
-             enable_thinking: bool | None = None):
-        """list of chat messages lists -> list[Completion] (designer and hint calls)."""
-        def generate(conversations):
-            prompts = [self.prompt_ids(m, enable_thinking) for m in conversations]
-            return self.eng.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
-                                     top_p=top_p, top_k=top_k, seed=self._seed())
-        return generate
+    def restore(self, d: dict) -> None:
+        self.step, self.lp, self.hist = d["step"], d["learning_potential"], d["figures"]
+        self.pool = [PoolEnv(**e) for e in d["pool"]]
+        by_id = {e.env_id: e for e in self.pool}  # a buffered sample's environment is in the pool
+        self.designs = [Design(**dict(x, env=by_id[x["env"]])) for x in d["designs"]]
+        self.memory = memory_lib.EnvironmentMemory.from_dict(d["memory"], path=self.memory.path)
+        if self.corpus is not None:
+            self.corpus.load_state_dict(d["corpus"])
 
-    def tokens(self, *, temperature: float, top_p: float, top_k: int):
-        """token prompts -> list[Completion] (agent turns)."""
-        def generate(prompts, max_new_tokens):
-            return self.eng.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
-                                     top_p=top_p, top_k=top_k, seed=self._seed())
-        return generate
 
-    def drain(self) -> None:
-        """INFRA: end of a phase. Ranks of one vLLM tensor-parallel group keep serving the
-        group's requests until every member is done (no-op for other engines)."""
-        if hasattr(self.eng, "drain"):
-            self.eng.drain()
+def start_state(run, sargs, rargs) -> State:
+    """A fresh state, or with --resume the checkpoint's."""
+    corpus = None
+    if not (sargs.no_corpus or sargs.fixed_envs):  # one sampler for the run, seed 42 (Sec. 3.2)
+        corpus = designer.Corpus(sargs.corpus, max_words=designer.CORPUS_MAX_WORDS[sargs.setting],
+                                      seed=sargs.corpus_seed + run.rank)
+    mem = memory_lib.EnvironmentMemory(capacity=sargs.memory_capacity, path=run.run_dir / "memory.json",
+                                       seed=rargs.seed)
+    st = State(pool=[], designs=[], memory=mem, corpus=corpus)
+    saved = run.resume()
+    if saved is not None:
+        st.restore(saved)
+    return st
 
-    def prompt_ids(self, messages, enable_thinking: bool | None = None) -> list[int]:
-        """Chat-template tokens in which message contents can never become special tokens.
 
-        Designer and hint prompts carry model-written code and corpus text: a literal
-        `<|im_end|><|im_start|>` there must stay text (README, "Running model-written code
-        safely"), so contents are rendered as markers and tokenized on their own with
-        special-token parsing off."""
-        marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
-        kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
-        text = self.tok.apply_chat_template([dict(m, content=k) for m, k in zip(messages, marks)],
-                                            add_generation_prompt=True, tokenize=False, **kwargs)
-        ids = []
-        for i, piece in enumerate(re.split("\ue000(\\d+)\ue001", text)):
-            if i % 2:  # a message's content
-                ids += self.tok.encode(messages[int(piece)]["content"], add_special_tokens=False,
-                                       split_special_tokens=True)
-            elif piece:
-                ids += self.tok.encode(piece, add_special_tokens=False)
-        return ids
+def designer_generate(sampler: Sampler, step: int, phase: str, sargs):
+    """The designer's generate callable with its sampling parameters (Sec. 4)."""
+    return sampler.at(step, phase).chat(temperature=sargs.designer_temperature, top_p=sargs.top_p,
+                                        top_k=sargs.top_k, max_new_tokens=sargs.designer_max_tokens,
+                                        enable_thinking=sargs.designer_thinking)
 
 
 # ----------------------------------------------------------------------------------------------
-# ALGO: the phases of one step
+# ALGO: Algorithm 1, one call per phase
 
-def regenerate(step, sargs, sampler, design_sampler, sb, mem, pool, corpus, rank=0,
-               world=1) -> tuple[list[PoolEnv], dict, list[dict]]:
+def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
+    """Algorithm 1; every rank runs it on its own share of the pool (deviation 6)."""
+    import grpo
+    import torch
+    run = infra.Run(margs, sargs, oargs, rargs)  # INFRA: Accelerate, policy, engine, run dir
+    seed = rargs.seed + 7919 * run.rank
+    sampler = Sampler(engines.get("agent", run.engine), run.tokenizer, seed)
+    design_sampler = Sampler(engines.get("designer", run.engine), run.tokenizer, seed)
+    st = start_state(run, sargs, rargs)
+    draws = fixed_draws(sargs, sb, run.rank, run.world)  # the Fixed-env GRPO baseline's pools
+    train_designer = not (sargs.no_designer_training or sargs.fixed_envs)
+    for step in run.steps(st.step, sb.level):
+        m, times, logs, ended = {}, {}, [], []
+        regen = step % sargs.regen_interval == 0 and not sargs.fixed_envs
+        last = step + 1 == sargs.steps
+        if draws:
+            st.pool = [dataclasses.replace(e) for e in draws[step]]
+        # ALGO: 1. regenerate: designer proposals, sandbox validation, hints (Alg. 1 lines 3-6)
+        phase(step, "generate", times)
+        if regen:
+            if step > 0:  # Fig. 7 over the epoch that ends here
+                m.update(epoch_learnable(st.hist, st.pool, step - sargs.regen_interval, run.n_slots))
+            ended = st.designs  # the finished epoch's designer samples, scored in phase 4
+            st.pool, st.designs, gm, logs = regenerate(step, sargs, sampler, design_sampler,
+                                                       sb, st.memory, st.pool, st.corpus, run.rank, run.world)
+            fresh = run.gather([e.source for e in st.pool if e.origin == "designer"])  # whole pool
+            m.update(gm, **{"designer/diversity": regret.diversity(fresh)})
+        # ALGO: 2. play: G unhinted plays per environment, H hinted ones of the fresh at a regeneration
+        phase(step, "play", times)
+        episodes = play_pool(step, st.pool, sargs, sampler, sb, run.tokenizer, seed=rargs.seed,
+                             hinted_arm=regen and sargs.hint_plays > 0,
+                             enable_thinking=margs.enable_thinking,
+                             strip_thinking_history=margs.strip_thinking_history)
+        # ALGO: 3. regret (Eq. 3) of the fresh environments, once the statistics mark the faulty
+        phase(step, "score", times)
+        em, wins = env_stats(step, st.pool, episodes)
+        m.update(em, **(hint_regrets(st.pool, episodes) if regen else {}))
+        m.update(regen_figures(step, st.pool if regen else [], episodes, st.hist, sargs.steps,
+                               derive_seed("vendi", rargs.seed, step)))
+        # ALGO: 4. delayed designer scoring of the finished epoch (deviation 3: and of the last)
+        if last and not sargs.fixed_envs:
+            ended, st.designs = ended + st.designs, []
+            m.update(epoch_learnable(st.hist, st.pool, step - step % sargs.regen_interval, run.n_slots))
+        scored = score_epoch(ended, sargs, st.lp)
+        samples = agent_samples(episodes, grpo, compact=tool_filters(sargs))
+        if train_designer and (regen or last):  # every rank: a collective
+            ds, dm = designer_samples(scored, sum(run.gather([len(samples)])), sargs, grpo,
+                                      run.gather, run.rank)
+            samples += ds
+            m.update(dm)
+        # ALGO: 5. one GRPO update over both roles
+        phase(step, "update", times)
+        run.engine.sleep()  # INFRA: colocated vLLM frees its memory for training; sync wakes it
+        m.update(grpo_update(run.model, run.ref_model, run.optimizer, run.scheduler, run.accelerator,
+                             samples, pad_id=run.tokenizer.pad_token_id, temperatures=run.temperatures,
+                             oargs=oargs, margs=margs, grpo=grpo, torch=torch))
+        # ALGO: 6. weight sync into the rollout engine
+        phase(step, "sync", times)
+        run.engine.sync_weights(run.accelerator.unwrap_model(run.model))
+        # ALGO: 7. memory update: a record for every freshly designed environment
+        if regen and not sargs.no_memory:
+            remember(step, st.pool, wins, st.memory, sargs.setting, run.gather)
+        # INFRA: step files, metrics, checkpoint, export
+        phase(step, "log", times)
+        infra.write_step_files(run.run_dir, step, st.pool if regen else [], episodes,
+                                  rargs.transcripts, logs, run.rank, scored)
+        run.log(step, m, times, episodes, sb.level)
+        run.save(step, st)
+    return run.finish()
+
+
+def regenerate(step, sargs, sampler, design_sampler, sb, mem, pool, corpus, rank=0, world=1):
     """Alg. 1 lines 3-6: active skills, designer proposals validated in the sandbox, hints.
-    Returns the new pool, its statistics, and every attempt's log record.
-
-    With several ranks each one designs (and later plays) its own share of the N slots."""
-    skills = skill_list(sargs)
-    active = designer.active_skills(step, skills, sargs.skills_per_regen, sargs.regen_interval)
+    Returns the new pool, the designer samples of its fresh environments (the new epoch's
+    buffer), the designer/* statistics, and every attempt's log record. Each rank designs its
+    own share of the N slots."""
+    active = designer.active_skills(step, skill_list(sargs), sargs.skills_per_regen, sargs.regen_interval)
     slots = designer.slot_skills(active, sargs.num_envs)[rank::world]  # Sec. 3.1
-    n_local = len(slots)
-    rng = random.Random(derive_seed("prompts", sargs.corpus_seed, step, rank))
-    gen = design_sampler.at(step, "designer").chat(temperature=sargs.designer_temperature,
-                                            max_new_tokens=sargs.designer_max_tokens,
-                                            enable_thinking=sargs.designer_thinking,
-                                            top_p=sargs.top_p, top_k=sargs.top_k)
     block = (lambda skill: "") if sargs.no_memory else mem.prompt_block  # its own seeded, checkpointed rng
     try:
         proposals, stats = designer.regenerate(
-            slots, generate=gen, validate=lambda src: sb.validate(src, setting=sargs.setting),
-            corpus=corpus, memory_block=block, setting=sargs.setting, rng=rng,
+            slots, generate=designer_generate(design_sampler, step, "designer", sargs),
+            validate=lambda src: sb.validate(src, setting=sargs.setting), corpus=corpus,
+            memory_block=block, setting=sargs.setting,
+            rng=random.Random(derive_seed("prompts", sargs.corpus_seed, step, rank)),
             max_attempts=sargs.max_attempts, concurrency=sb.workers)
     finally:
         design_sampler.drain()
-    fresh = []
-    for i, p in enumerate(q for q in proposals if q.ok):
-        sample = None
-        if not sargs.no_designer_training:
-            prompt = sampler.prompt_ids(p.messages, sargs.designer_thinking)
-            sample = {"prompt": prompt, "reply": list(p.reply.token_ids),
-                      "logprobs": list(p.reply.logprobs), "skill": p.skill}
-        fresh.append(PoolEnv(f"s{step}-r{rank}-e{i}", p.skill, p.source, p.class_name, "designer",
-                             sample=sample))
+    ok = [p for p in proposals if p.ok]
+    fresh = [PoolEnv(f"s{step}-r{rank}-e{i}", p.skill, p.source, p.class_name, "designer")
+             for i, p in enumerate(ok)]
+    designs = [] if sargs.no_designer_training else [
+        Design(e, sampler.prompt_ids(p.messages, sargs.designer_thinking), list(p.reply.token_ids),
+               list(p.reply.logprobs)) for e, p in zip(fresh, ok)]
     # Deviation 1: top up from the previous pool, then (step 0) from the hand-written envs.
-    carried = [dataclasses.replace(e, origin="carried", returns=[], regret=None, sample=None,
-                                   r_hint=None, r_nohint=None)
-               for e in pool if not e.faulty]
-    if step == 0 and len(fresh) + len(carried) < n_local:
+    carried = [dataclasses.replace(e, origin="carried", returns=[], regret=None, r_hint=None,
+                                   r_nohint=None) for e in pool if not e.faulty]
+    if step == 0 and len(fresh) + len(carried) < len(slots):
         carried += load_env_dir(HERE / "data" / "envs", sargs.setting, sb, origin="fallback")[rank::world]
-    new_pool = fresh + carried[: max(0, n_local - len(fresh))]
-    # only fresh environments get a hinted arm (deviation 5): carried and fallback ones no hint
-    missing = [e for e in fresh if e.hint is None] if sargs.hint_plays > 0 else []
+    new_pool = fresh + carried[: max(0, len(slots) - len(fresh))]
+    hinted = fresh if sargs.hint_plays > 0 else []  # deviation 5: the fresh environments only
     hint_gen = sampler.at(step, "hint").chat(temperature=sargs.hint_temperature,
-                                             max_new_tokens=sargs.hint_max_tokens,
-                                             top_p=sargs.top_p, top_k=sargs.top_k,
-                                             enable_thinking=sargs.hint_thinking)
+                                             max_new_tokens=sargs.hint_max_tokens, top_p=sargs.top_p,
+                                             top_k=sargs.top_k, enable_thinking=sargs.hint_thinking)
     try:
         hints = designer.write_hints([designer.Proposal(skill=e.skill, setting=sargs.setting,
-                                                        source=e.source) for e in missing], hint_gen)
+                                                        source=e.source) for e in hinted], hint_gen)
     finally:
         sampler.drain()
-    for e, h in zip(missing, hints):
+    for e, h in zip(hinted, hints):
         e.hint = h
     stats = {f"designer/{k}": v for k, v in stats.items()}
     stats["designer/accepted"] = len(fresh)
     stats["env/from_fallback"] = sum(e.origin == "fallback" for e in new_pool)
-    return new_pool, stats, [p.to_log() for p in proposals]
+    return new_pool, designs, stats, [p.to_log() for p in proposals]
 
 
 def load_env_dir(path: Path, setting: str, sb, origin: str) -> list[PoolEnv]:
@@ -463,8 +320,7 @@ def play_pool(step, pool, sargs, sampler, sb, tokenizer, hinted_arm: bool, seed:
         for e, s, hint in jobs:
             specs.append(agent.EpisodeSpec(e.env_id, s, hint, sb.open(e.source, setting=sargs.setting)))
         return agent.play(specs, generate=gen, tokenizer=tokenizer, step_many=sb.step_many,
-                          reset_many=sb.reset_many,
-                          setting=sargs.setting, max_turns=sargs.max_turns,
+                          reset_many=sb.reset_many, setting=sargs.setting, max_turns=sargs.max_turns,
                           max_context=sargs.max_context, max_new_tokens=sargs.max_new_tokens,
                           enable_thinking=enable_thinking, strip_thinking_history=strip_thinking_history,
                           mask_malformed=tool_filters(sargs))
@@ -493,58 +349,47 @@ def fixed_env_schedule(n: int, k: int, steps: int, seed: int = 42) -> list[list[
     return out
 
 
-def score_epoch(pool, sargs, lp: dict | None = None) -> list[dict]:
-    """Designer samples of the finished epoch with their scores (Sec. 3.3; regret.designer_score).
-    `lp` (skill -> [mu_fast, mu_slow]) carries the learning_potential ablation's trackers: each
-    skill's is updated with the epoch mean of its scored environments' plays before scoring."""
-    mode, out = sargs.designer_reward, []
-    scored = [e for e in pool if e.sample is not None]
-    if mode == "learning_potential" and lp is not None:
-        for skill in sorted({e.skill for e in scored}):
-            rets = [r for e in scored if e.skill == skill and not e.faulty for r in e.returns]
-            if rets:
-                lp[skill] = regret.learning_potential_update(lp.get(skill), sum(rets) / len(rets))
-    for e in scored:
-        w = sum(e.returns) / len(e.returns) if e.returns else None
-        baseline = (lp or {}).get(e.skill, [None, None])[1]
-        missing = {"blend": e.regret, "regret": e.r_hint, "learning_potential": baseline}.get(mode, w) is None
-        if mode == "regret" and e.timed_out:
-            score = regret.STEP_TIMEOUT_PENALTY  # the authors' regret_based penalty
-        elif e.faulty or w is None or missing:
-            score = 0.0  # deviation 2: a faulty environment scores 0
-        else:
-            score = regret.designer_score(e.regret, w, mode=mode, r_hint=e.r_hint, baseline=baseline)
-        out.append({**e.sample, "score": score, "env_id": e.env_id})
-    return out
+def fixed_draws(sargs, sb, rank: int, world: int) -> list[list[PoolEnv]]:
+    """The Fixed-env GRPO baseline (--fixed_envs): each step's environments (this rank's share of
+    the step's draw from the validated static pool); [] in a SPADE run."""
+    if not sargs.fixed_envs:
+        return []
+    fixed = load_env_dir(Path(sargs.fixed_envs), sargs.setting, sb, origin="fixed")
+    if not fixed:
+        raise SystemExit(f"--fixed_envs {sargs.fixed_envs}: no environment passed validation")
+    return [[fixed[i] for i in draw[rank::world]]
+            for draw in fixed_env_schedule(len(fixed), sargs.num_envs, sargs.steps)]
 
 
-def epoch_learnable(hist: dict, pool, epoch_start: int, n_slots: int, window: int = 16) -> dict:
-    """Fig. 7's learnable share: a finished epoch adds the win rates of its designer environments
-    (share of its unhinted plays with return > 0) and its slot count; the share is over the
-    epochs of its 16-step window so far (complete at the window's last epoch)."""
-    rates = [sum(r > 0 for r in e.returns) / len(e.returns) if e.returns else 0.0
-             for e in pool if e.origin == "designer"]
-    hist["epochs"] = [x for x in hist["epochs"] if x[0] // window == epoch_start // window]
-    hist["epochs"].append([epoch_start, rates, n_slots])
-    return {"env/learnable_slot_share": regret.learnable_slot_share([(r, n) for _, r, n in hist["epochs"]])}
-
-
-def regen_figures(step, new_pool, episodes, hist: dict, steps: int, seed: int, window: int = 40) -> dict:
-    """Fig. 9's formula-reveal rate of a regeneration's new environments (their first
-    observation), and Fig. 19's diversity over each 40-step window's new environments."""
-    m, fresh = {}, {e.env_id: e for e in new_pool if e.origin == "designer"}
-    first = {}
+def env_stats(step, pool, episodes) -> tuple[dict, dict]:
+    """Per-step statistics; marks faulty environments and extends their epoch returns in place."""
+    by_env = {e.env_id: e for e in pool}
+    unhinted, rewards = {}, {}
     for ep in episodes:
-        if ep.env_id in fresh and not ep.hinted and ep.messages:
-            first.setdefault(ep.env_id, ep.messages[0]["content"])
-    if first:
-        m["designer/formula_reveal_rate"] = sum(map(regret.reveals_formula, first.values())) / len(first)
-    hist["sources"] += [e.source for e in fresh.values()]
-    if (step + 1) % window == 0 or step + 1 == steps:
-        if hist["sources"]:
-            m["designer/diversity_window"] = regret.windowed_diversity(hist["sources"], random.Random(seed))
-        hist["sources"] = []
-    return m
+        if not ep.hinted:
+            rewards.setdefault(ep.env_id, []).extend(ep.rewards)
+        if ep.status == "env_error":  # the environment's fault, unless the sandbox itself failed
+            by_env[ep.env_id].faulty |= not str(ep.error).startswith("infra")
+            by_env[ep.env_id].timed_out |= ep.error in ("timeout", "episode_timeout")
+            continue
+        if not ep.hinted:
+            unhinted.setdefault(ep.env_id, []).append(ep.ret)
+    m = {}
+    for env_id, rets in unhinted.items():
+        by_env[env_id].returns += rets
+    wins = {k: sum(r > 0 for r in v) / len(v) for k, v in unhinted.items()}
+    means = {k: sum(v) / len(v) for k, v in unhinted.items()}
+    if means:
+        m["env/learnable_share"] = regret.learnable_share(list(means.values()))
+        m["env/win_rate"] = sum(wins.values()) / len(wins)
+        m["env/zero_variance_share"] = regret.zero_variance_share(list(unhinted.values()))
+        m["env/reward_granularity"] = regret.reward_granularity([rewards[k] for k in unhinted])
+        for skill in sorted({by_env[k].skill for k in wins}):
+            ks = [k for k in wins if by_env[k].skill == skill]
+            m[f"env/win_rate/{skill}"] = sum(wins[k] for k in ks) / len(ks)
+    m["env/pool_size"] = len(pool)
+    m["env/faulty"] = sum(e.faulty for e in pool)
+    return m, wins
 
 
 def hint_regrets(pool, episodes) -> dict:
@@ -577,35 +422,59 @@ def hint_regrets(pool, episodes) -> dict:
             "regret/r_nohint": sum(e.r_nohint for e in regs) / len(regs)}
 
 
-def env_stats(step, pool, episodes) -> tuple[dict, dict]:
-    """Per-step statistics; marks faulty environments and extends their epoch returns in place."""
-    by_env = {e.env_id: e for e in pool}
-    unhinted, rewards = {}, {}
+def epoch_learnable(hist: dict, pool, epoch_start: int, n_slots: int, window: int = 16) -> dict:
+    """Fig. 7's learnable share: a finished epoch adds the win rates of its designer environments
+    (share of its unhinted plays with return > 0) and its slot count; the share is over the
+    epochs of its 16-step window so far (complete at the window's last epoch)."""
+    rates = [sum(r > 0 for r in e.returns) / len(e.returns) if e.returns else 0.0
+             for e in pool if e.origin == "designer"]
+    hist["epochs"] = [x for x in hist["epochs"] if x[0] // window == epoch_start // window]
+    hist["epochs"].append([epoch_start, rates, n_slots])
+    return {"env/learnable_slot_share": regret.learnable_slot_share([(r, n) for _, r, n in hist["epochs"]])}
+
+
+def regen_figures(step, new_pool, episodes, hist: dict, steps: int, seed: int, window: int = 40) -> dict:
+    """Fig. 9's formula-reveal rate of a regeneration's new environments (their first
+    observation), and Fig. 19's diversity over each 40-step window's new environments."""
+    m, fresh = {}, {e.env_id: e for e in new_pool if e.origin == "designer"}
+    first = {}
     for ep in episodes:
-        if not ep.hinted:
-            rewards.setdefault(ep.env_id, []).extend(ep.rewards)
-        if ep.status == "env_error":  # the environment's fault, unless the sandbox itself failed
-            by_env[ep.env_id].faulty |= not str(ep.error).startswith("infra")
-            by_env[ep.env_id].timed_out |= ep.error in ("timeout", "episode_timeout")
-            continue
-        if not ep.hinted:
-            unhinted.setdefault(ep.env_id, []).append(ep.ret)
-    m = {}
-    for env_id, rets in unhinted.items():
-        by_env[env_id].returns += rets
-    wins = {k: sum(r > 0 for r in v) / len(v) for k, v in unhinted.items()}
-    means = {k: sum(v) / len(v) for k, v in unhinted.items()}
-    if means:
-        m["env/learnable_share"] = regret.learnable_share(list(means.values()))
-        m["env/win_rate"] = sum(wins.values()) / len(wins)
-        m["env/zero_variance_share"] = regret.zero_variance_share(list(unhinted.values()))
-        m["env/reward_granularity"] = regret.reward_granularity([rewards[k] for k in unhinted])
-        for skill in sorted({by_env[k].skill for k in wins}):
-            ks = [k for k in wins if by_env[k].skill == skill]
-            m[f"env/win_rate/{skill}"] = sum(wins[k] for k in ks) / len(ks)
-    m["env/pool_size"] = len(pool)
-    m["env/faulty"] = sum(e.faulty for e in pool)
-    return m, wins
+        if ep.env_id in fresh and not ep.hinted and ep.messages:
+            first.setdefault(ep.env_id, ep.messages[0]["content"])
+    if first:
+        m["designer/formula_reveal_rate"] = sum(map(regret.reveals_formula, first.values())) / len(first)
+    hist["sources"] += [e.source for e in fresh.values()]
+    if (step + 1) % window == 0 or step + 1 == steps:
+        if hist["sources"]:
+            m["designer/diversity_window"] = regret.windowed_diversity(hist["sources"], random.Random(seed))
+        hist["sources"] = []
+    return m
+
+
+def score_epoch(designs, sargs, lp: dict | None = None) -> list[dict]:
+    """The finished epoch's designer samples with their scores (Sec. 3.3; regret.designer_score).
+    `lp` (skill -> [mu_fast, mu_slow]) carries the learning_potential ablation's trackers: each
+    skill's is updated with the epoch mean of its scored environments' plays before scoring."""
+    mode, out = sargs.designer_reward, []
+    envs = [d.env for d in designs]
+    if mode == "learning_potential" and lp is not None:
+        for skill in sorted({e.skill for e in envs}):
+            rets = [r for e in envs if e.skill == skill and not e.faulty for r in e.returns]
+            if rets:
+                lp[skill] = regret.learning_potential_update(lp.get(skill), sum(rets) / len(rets))
+    for d, e in zip(designs, envs):
+        w = sum(e.returns) / len(e.returns) if e.returns else None
+        baseline = (lp or {}).get(e.skill, [None, None])[1]
+        missing = {"blend": e.regret, "regret": e.r_hint, "learning_potential": baseline}.get(mode, w) is None
+        if mode == "regret" and e.timed_out:
+            score = regret.STEP_TIMEOUT_PENALTY  # the authors' regret_based penalty
+        elif e.faulty or w is None or missing:
+            score = 0.0  # deviation 2: a faulty environment scores 0
+        else:
+            score = regret.designer_score(e.regret, w, mode=mode, r_hint=e.r_hint, baseline=baseline)
+        out.append({"prompt": d.prompt, "reply": d.reply, "logprobs": d.logprobs, "skill": e.skill,
+                    "score": score, "env_id": e.env_id})
+    return out
 
 
 def remember(step, pool, wins: dict, mem, setting: str, gather=None) -> None:
@@ -641,22 +510,19 @@ def agent_samples(episodes, grpo, compact: bool = False) -> list[dict]:
             for t, m, lp in (ep.turn_samples or [(list(ep.token_ids), list(ep.mask), list(ep.logprobs))])]
 
 
-def designer_samples(scored, n_agent_global, sargs, grpo, accelerator) -> tuple[list[dict], dict]:
-    """Scored designer samples -> advantages A = S * (score - mean_skill) over all ranks."""
-    from accelerate.utils import gather_object
-    mine = [(accelerator.process_index, i, s["skill"], s["score"]) for i, s in enumerate(scored)]
-    everyone = gather_object(mine) if accelerator.num_processes > 1 else mine
+def designer_samples(scored, n_agent_global, sargs, grpo, gather=list, rank=0) -> tuple[list[dict], dict]:
+    """Scored designer samples -> advantages A = S * (score - mean_skill) over all ranks
+    (`gather`: every rank's items; a collective)."""
+    everyone = gather([(rank, i, s["skill"], s["score"]) for i, s in enumerate(scored)])
     if not everyone:
         return [], {}
     scale = grpo.role_scale(n_agent_global, len(everyone), sargs.regen_interval,
                             cap=sargs.role_scale_cap)
     adv = grpo.designer_advantages([x[3] for x in everyone], [x[2] for x in everyone], scale)
-    mine_adv = {(r, i): a for (r, i, _, _), a in zip(everyone, adv)}
-    out = []
-    for i, s in enumerate(scored):
-        out.append({"tokens": s["prompt"] + s["reply"], "mask": [0] * len(s["prompt"]) + [1] * len(s["reply"]),
-                    "logprobs": [0.0] * len(s["prompt"]) + s["logprobs"],
-                    "advantage": mine_adv[(accelerator.process_index, i)], "role": "designer"})
+    mine = {i: a for (r, i, _, _), a in zip(everyone, adv) if r == rank}
+    out = [{"tokens": s["prompt"] + s["reply"], "mask": [0] * len(s["prompt"]) + [1] * len(s["reply"]),
+            "logprobs": [0.0] * len(s["prompt"]) + s["logprobs"], "advantage": mine[i], "role": "designer"}
+           for i, s in enumerate(scored)]
     scores = [x[3] for x in everyone]
     return out, {"designer/score_mean": sum(scores) / len(scores), "designer/samples": len(scores),
                  "designer/scale": scale}
@@ -687,7 +553,7 @@ def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *,
     Without a KL term a sample whose advantage is exactly 0 has exactly zero gradient, and so
     has a sample whose loss mask is all zero (the tool-use compact filter): both are counted in
     the mean over samples but never forwarded (zero-variance groups cost nothing)."""
-    dev, world = accelerator.device, accelerator.num_processes
+    dev = accelerator.device
     n_global = int(accelerator.gather(torch.tensor([len(samples)], device=dev)).sum())
     if n_global == 0:
         return {}
@@ -761,102 +627,20 @@ _FILLER = {"mask": [0, 1], "logprobs": [0.0, 0.0], "role": "agent", "advantage":
 
 
 # ----------------------------------------------------------------------------------------------
-# INFRA: run directory, checkpoints
+# INFRA: the command line, Accelerate, the policy and its rollout engine, logging, checkpoints
 
-def prune(paths, keep: str) -> None:
-    """Delete all but the newest `keep` (a number, or all) of these directories, oldest first."""
-    if keep != "all":
-        for old in sorted(paths, key=lambda p: p.stat().st_mtime)[:max(len(paths) - int(keep), 0)]:
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def export_policy(accelerator, model, tokenizer, dest: Path, dtype) -> None:
-    """The policy in Hugging Face format at `dest` (written beside it, then renamed into place),
-    in `dtype`: the one the model shipped in (bf16 for the paper's), not the fp32 masters."""
-    state_dict = accelerator.get_state_dict(model)  # every rank takes part (sharded models)
-    if accelerator.is_main_process:
-        tmp = dest.with_name(dest.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        accelerator.unwrap_model(model).save_pretrained(
-            tmp, state_dict={k: v.to(dtype) for k, v in state_dict.items()})
-        config = json.loads((tmp / "config.json").read_text())  # it names the live fp32 dtype
-        atomic_write(tmp / "config.json", json.dumps({**config, "dtype": str(dtype)[6:]}, indent=2))
-        tokenizer.save_pretrained(tmp)
-        shutil.rmtree(dest, ignore_errors=True)
-        os.replace(tmp, dest)
-    accelerator.wait_for_everyone()
-
-
-def save_checkpoint(accelerator, run_dir: Path, step: int, state: dict, keep: str = "2") -> None:
-    """Write checkpoint-<step> atomically: save into a temp dir, then rename and repoint `latest`."""
-    tmp, final = run_dir / f"checkpoint-{step}.tmp", run_dir / f"checkpoint-{step}"
-    if accelerator.is_main_process and tmp.exists():
-        shutil.rmtree(tmp)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
-    tmp.mkdir(parents=True, exist_ok=True)
-    atomic_write(tmp / f"spade_state-{accelerator.process_index}.json", json.dumps(state))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        atomic_write(run_dir / "latest", final.name)
-        prune([p for p in run_dir.glob("checkpoint-*") if p.name != final.name and not p.name.endswith(".tmp")],
-              "all" if keep == "all" else str(int(keep) - 1))
-    accelerator.wait_for_everyone()
-
-
-def config_dict(*args) -> dict:
-    out = {}
-    for a in args:
-        out.update(dataclasses.asdict(a))
-    for k in ("resume", "allow_config_change", "overwrite", "output_dir", "log_with", "print_config"):
-        out.pop(k, None)
-    return out
-
-
-def prepare_run_dir(run_dir: Path, cfg: dict, rargs: RunArgs, accelerator) -> Path | None:
-    """Return the checkpoint to resume from (or None); refuse a foreign or clobbered run dir."""
-    saved = run_dir / "config.json"
-    if rargs.resume:
-        if not (run_dir / "latest").exists():
-            raise SystemExit(f"--resume: no checkpoint in {run_dir}")
-        old = json.loads(saved.read_text())
-        diff = sorted(k for k in set(old) | set(cfg) if old.get(k) != cfg.get(k))
-        if diff and not rargs.allow_config_change:
-            raise SystemExit(f"--resume: {run_dir} was run with a different config ({', '.join(diff)}); "
-                             "pass --allow_config_change to continue anyway")
-        return run_dir / (run_dir / "latest").read_text().strip()
-    exists = saved.exists()
-    accelerator.wait_for_everyone()  # every rank looked before the main one writes
-    if exists and not rargs.overwrite:
-        raise SystemExit(f"{run_dir} already holds a run: pass --resume to continue it or --overwrite")
-    if accelerator.is_main_process:
-        if run_dir.exists() and rargs.overwrite:
-            shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write(saved, json.dumps(cfg, indent=2, sort_keys=True))
-    accelerator.wait_for_everyone()
-    return None
-
-
-# ----------------------------------------------------------------------------------------------
-# The loop: generate -> validate -> play -> score -> update -> sync -> log
-
-def main(argv=None, *, engines: dict | None = None) -> Path:
+def main(argv=None, *, engines: dict | None = None) -> Path | None:
     """Run SPADE; returns the run directory. `engines` (tests) may replace the rollout engine for
     the "designer" or the "agent" role, e.g. a scripted designer that returns known environments."""
-    from transformers import HfArgumentParser
+    import models
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = HfArgumentParser((ModelArgs, SpadeArgs, OptimArgs, RunArgs)).parse_args_into_dataclasses(args=argv)
-    apply_preset(args, argv)
+    args = config.parse(argv, aliases=models.MODEL_ALIASES)
     if args[3].print_config:  # the resolved configuration, without loading a model
         resolve(*args)
         print(json.dumps({k: v for a in args for k, v in dataclasses.asdict(a).items()}, sort_keys=True))
         return None
-    # INFRA: the sandbox's zygote starts before torch is imported: it is a fresh
-    # interpreter that never holds the model, its memory or its secrets.
+    # The sandbox's zygote is a fresh interpreter started before the model loads: it never holds
+    # the model, its memory or its secrets.
     sb = sandbox.Sandbox(workers=args[3].sandbox_workers, step_timeout=args[3].step_timeout,
                          memory_mb=args[3].sandbox_memory_mb)
     try:
@@ -868,186 +652,15 @@ def main(argv=None, *, engines: dict | None = None) -> Path:
         sb.close()
 
 
-def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
-    import torch
-    from accelerate import Accelerator
-    from accelerate.utils import gather_object, set_seed
-    from tqdm.auto import tqdm
-
-    import grpo
+def resolve(margs, sargs, oargs, rargs) -> None:
+    """config.resolve with this code's skills and designer rewards; an unknown model fails here."""
     import models
-
-    accelerator = Accelerator(log_with=rargs.log_with, project_dir=rargs.output_dir)
-    run_dir = Path(rargs.output_dir)
-    cfg = config_dict(margs, sargs, oargs, rargs)
-    resume_from = prepare_run_dir(run_dir, cfg, rargs, accelerator)
-    set_seed(rargs.seed)
-    rank, world, main_proc = accelerator.process_index, accelerator.num_processes, accelerator.is_main_process
-    # Every rank designs and plays its own share of the pool (deviation 6); a vLLM tensor-parallel
-    # group merges its ranks' different prompts into one generate call (engine.VLLMEngine).
-    if world % margs.tensor_parallel_size:
-        raise SystemExit(f"--tensor_parallel_size {margs.tensor_parallel_size} does not divide "
-                         f"the {world} processes")
-    fp32_gradient_reduce(accelerator, torch)
-
-    # INFRA: model (fp32 master weights; bf16 compute comes from Accelerate's mixed precision),
-    # optimizer, engine.
-    tiny = models.resolve_model_name(margs.model) in models.TINY_MODELS
-    shipped = models.shipped_dtype(margs.model)  # bf16 for the paper's models: reference, export
-    model, tokenizer = models.load_model_and_tokenizer(margs.model, dtype=torch.float32,
-                                                       seed=rargs.seed)
-    model.eval()  # rollouts run in eval mode; grpo_update switches to train mode and back
-    fsdp = getattr(accelerator.state, "fsdp_plugin", None)
-    if margs.gradient_checkpointing and not tiny and not getattr(fsdp, "activation_checkpointing", False):
-        model.gradient_checkpointing_enable()  # FSDP configs checkpoint layers themselves
-    ref_model = None
-    if oargs.kl_coef > 0:
-        import copy
-        ref_model = copy.deepcopy(model).to(shipped).eval().requires_grad_(False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=oargs.lr, betas=grpo.BETAS,
-                                  weight_decay=oargs.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)  # constant (paper)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    if ref_model is not None:
-        ref_model = accelerator.prepare_model(ref_model, evaluation_mode=True)
-    # FSDP2 runs the transformers engine too (ranks decode in lockstep); ZeRO-3 / FSDP1 need vLLM
-    sharded = accelerator.distributed_type.value == "DEEPSPEED" or (
-        fsdp is not None and getattr(fsdp, "fsdp_version", 1) != 2)
-    eng = make_engine(margs, sargs, accelerator.unwrap_model(model), tokenizer, rargs.seed, sharded)
-    seed = rargs.seed + 7919 * rank
-    sampler = Sampler(engines.get("agent", eng), tokenizer, seed)
-    design_sampler = Sampler(engines.get("designer", eng), tokenizer, seed)
-    temperatures = role_temperatures(sargs, oargs)
-    corpus = None
-    if not (sargs.no_corpus or sargs.fixed_envs):  # one sampler for the run, seed 42 (Sec. 3.2)
-        corpus = designer.Corpus(sargs.corpus, max_words=designer.CORPUS_MAX_WORDS[sargs.setting],
-                                 seed=sargs.corpus_seed + rank)
-    mem = memory_lib.EnvironmentMemory(capacity=sargs.memory_capacity, path=run_dir / "memory.json",
-                                       seed=rargs.seed)
-    pool, start, lp = [], 0, {}  # lp: the learning_potential ablation's per-skill trackers
-    hist = {"epochs": [], "sources": []}  # window data of the paper's figure metrics
-    if resume_from is not None:
-        accelerator.load_state(str(resume_from))
-        st = json.loads((resume_from / f"spade_state-{rank}.json").read_text())
-        if st["world"] != world:
-            raise SystemExit(f"--resume: the run used {st['world']} processes, this launch has {world}")
-        start = st["step"]
-        pool = [PoolEnv(**e) for e in st["pool"]]
-        lp = st.get("learning_potential", {})
-        hist = st.get("figures", hist)
-        mem = memory_lib.EnvironmentMemory.from_dict(st["memory"], path=run_dir / "memory.json")
-        if corpus is not None:
-            corpus.load_state_dict(st["corpus"])
-        if main_proc:  # drop metrics of steps that will be replayed
-            lines = (run_dir / "metrics.jsonl").read_text().splitlines()[: st["metrics_lines"]]
-            atomic_write(run_dir / "metrics.jsonl", "".join(line + "\n" for line in lines))
-        eng.sync_weights(accelerator.unwrap_model(model))
-    fixed, schedule = [], []
-    if sargs.fixed_envs:  # the Fixed-env GRPO baseline: N environments per step from a static pool
-        fixed = load_env_dir(Path(sargs.fixed_envs), sargs.setting, sb, origin="fixed")
-        if not fixed:
-            raise SystemExit(f"--fixed_envs {sargs.fixed_envs}: no environment passed validation")
-        schedule = fixed_env_schedule(len(fixed), sargs.num_envs, sargs.steps)
-    if main_proc:
-        accelerator.init_trackers("spade", config=cfg)
-        print(f"[spade] run dir {run_dir.resolve()}  sandbox level: {sb.level}  world {world}")
-    bar = tqdm(range(start, sargs.steps), initial=start, total=sargs.steps, desc="spade",
-               disable=not main_proc)
-    train_designer = not (sargs.no_designer_training or sargs.fixed_envs)
-    n_slots = len(range(rank, sargs.num_envs, world))  # this rank's designer slots
-    for step in bar:
-        t0, m, logs = time.perf_counter(), {}, []
-        is_regen = step % sargs.regen_interval == 0 and not sargs.fixed_envs
-        scored = []
-        if fixed:  # this step's draw, split over the ranks
-            pool = [dataclasses.replace(fixed[i]) for i in schedule[step][rank::world]]
-        # ALGO: 1-2. regeneration: score the finished epoch, then design a fresh pool
-        if is_regen:
-            on_phase(step, "generate")
-            scored = score_epoch(pool, sargs, lp)
-            if step > 0:
-                m.update(epoch_learnable(hist, pool, step - sargs.regen_interval, n_slots))
-            pool, gm, logs = regenerate(step, sargs, sampler, design_sampler, sb, mem, pool,
-                                        corpus, rank, world)
-            fresh = [e.source for e in pool if e.origin == "designer"]  # Vendi of the whole pool
-            fresh = [x for part in gather_object([fresh]) for x in part] if world > 1 else fresh
-            m.update(gm, **{"designer/diversity": regret.diversity(fresh)})
-        t_gen = time.perf_counter() - t0
-        # ALGO: 3. play (unhinted G times; hinted H times at a regeneration)
-        on_phase(step, "play")
-        episodes = play_pool(step, pool, sargs, sampler, sb, tokenizer, seed=rargs.seed,
-                             hinted_arm=is_regen and sargs.hint_plays > 0,
-                             enable_thinking=margs.enable_thinking,
-                             strip_thinking_history=margs.strip_thinking_history)
-        t_play = time.perf_counter() - t0 - t_gen
-        on_phase(step, "score")
-        em, wins = env_stats(step, pool, episodes)
-        m.update(em)
-        if is_regen:  # ALGO: the regret phase, Eq. (3)
-            m.update(hint_regrets(pool, episodes))
-        m.update(regen_figures(step, pool if is_regen else [], episodes, hist, sargs.steps,
-                               derive_seed("vendi", rargs.seed, step)))
-        if step + 1 == sargs.steps and not sargs.fixed_envs:
-            scored += score_epoch(pool, sargs, lp)  # deviation 3: the last epoch is trained too
-            m.update(epoch_learnable(hist, pool, step - step % sargs.regen_interval, n_slots))
-        samples = agent_samples(episodes, grpo, compact=tool_filters(sargs))
-        n_agent = sum(gather_object([len(samples)])) if world > 1 else len(samples)
-        if train_designer and (is_regen or step + 1 == sargs.steps):  # every rank: a collective
-            ds, dm = designer_samples(scored, n_agent, sargs, grpo, accelerator)
-            samples += ds
-            m.update(dm)
-        # ALGO: 4-5. one GRPO update over both roles, then push the weights to the engine
-        on_phase(step, "update")
-        t1 = time.perf_counter()
-        eng.sleep()  # INFRA: colocated vLLM frees its memory for training; sync wakes it
-        m.update(grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples,
-                             pad_id=tokenizer.pad_token_id, temperatures=temperatures, oargs=oargs,
-                             margs=margs, grpo=grpo, torch=torch))
-        t_update = time.perf_counter() - t1
-        on_phase(step, "sync")
-        eng.sync_weights(accelerator.unwrap_model(model))
-        # ALGO: 6. memory: a record for every freshly designed environment
-        if is_regen and not sargs.no_memory:
-            remember(step, pool, wins, mem, sargs.setting, gather_object if world > 1 else None)
-        # INFRA: 7. log, checkpoint
-        on_phase(step, "log")
-        m.update(episode_metrics(episodes))
-        m.update({"charts/step": step, "charts/lr": scheduler.get_last_lr()[0],
-                  "time/generate_s": t_gen, "time/play_s": t_play, "time/update_s": t_update,
-                  "time/step_s": time.perf_counter() - t0})
-        m = {**reduce_metrics(m, accelerator, gather_object), "charts/step": step}
-        write_step_files(run_dir, step, pool if is_regen else [], episodes, rargs.transcripts,
-                         logs, rank, scored)
-        if main_proc:
-            with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:  # + the sandbox's level
-                f.write(json.dumps({**m, "sandbox/level": sb.level}, sort_keys=True) + "\n")
-            accelerator.log(m, step=step)
-            bar.set_postfix(ret=f"{m.get('agent/return_mean', 0):.2f}",
-                            learnable=f"{m.get('env/learnable_share', 0):.2f}")
-            if not sargs.no_memory:
-                mem.save()
-        if (step + 1) % rargs.checkpoint_every == 0 or step + 1 == sargs.steps:
-            n_lines = len((run_dir / "metrics.jsonl").read_text().splitlines()) if main_proc else 0
-            save_checkpoint(accelerator, run_dir, step + 1, {
-                "step": step + 1, "world": world, "pool": [dataclasses.asdict(e) for e in pool],
-                "corpus": corpus.state_dict() if corpus is not None else None,
-                "memory": mem.to_dict(), "learning_potential": lp, "figures": hist,
-                "metrics_lines": n_lines}, rargs.keep_checkpoints)
-            if main_proc:  # a live run always has a recent report.html
-                write_report(run_dir, final=step + 1 == sargs.steps)
-        if rargs.export_every and ((step + 1) % rargs.export_every == 0 or step + 1 == sargs.steps):
-            (run_dir / "exports").mkdir(exist_ok=True)
-            export_policy(accelerator, model, tokenizer, run_dir / "exports" / f"step-{step + 1}",
-                          shipped)
-            if main_proc:
-                prune([p for p in (run_dir / "exports").glob("step-*") if not p.name.endswith(".tmp")],
-                      rargs.keep_checkpoints)
-    # INFRA: the final policy in Hugging Face format, for eval.py and for sharing
-    export_policy(accelerator, model, tokenizer, run_dir / "final_model", shipped)
-    if main_proc:
-        print(f"[spade] done: metrics {run_dir / 'metrics.jsonl'}, policy {run_dir / 'final_model'}")
-    accelerator.end_training()
-    return run_dir
+    config.resolve(margs, sargs, oargs, rargs, skills=len(skill_list(sargs)),
+                   designer_modes=regret.DESIGNER_MODES)
+    try:
+        models.resolve_model_name(margs.model)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
 
 
 def generate_pool(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
@@ -1065,157 +678,35 @@ def generate_pool(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
     state = json.loads((out / "pool_state.json").read_text()) if (out / "pool_state.json").exists() else {}
     model, tok = models.load_model_and_tokenizer(margs.model, dtype=torch.bfloat16 if torch.cuda.is_available()
                                                  else torch.float32, seed=rargs.seed)
-    sampler = Sampler(engines.get("designer") or make_engine(margs, sargs, model, tok, rargs.seed, False),
+    sampler = Sampler(engines.get("designer") or infra.make_engine(margs, sargs, model, tok, rargs.seed, False),
                       tok, rargs.seed)
     corpus = None if sargs.no_corpus else designer.Corpus(
         sargs.corpus, max_words=designer.CORPUS_MAX_WORDS[sargs.setting], seed=sargs.corpus_seed)
     if corpus is not None and state.get("corpus"):
         corpus.load_state_dict(state["corpus"])
-    skills, rnd = [s.name for s in skill_list(sargs)], state.get("round", 0)
+    skills, rnd = skill_list(sargs), state.get("round", 0)
     bar, dry = tqdm(total=n, initial=min(len(manifest), n), desc="pool"), 0
     while len(manifest) < n:
         if dry == 10:
             raise SystemExit(f"--generate_pool: 10 rounds without a valid environment ({len(manifest)} of {n} in {out})")
         batch = min(sargs.num_envs, n - len(manifest))
         slots = [skills[(rnd * sargs.num_envs + i) % len(skills)] for i in range(batch)]
-        gen = sampler.at(rnd, "pool").chat(temperature=sargs.designer_temperature, top_p=sargs.top_p,
-                                           max_new_tokens=sargs.designer_max_tokens, top_k=sargs.top_k,
-                                           enable_thinking=sargs.designer_thinking)
         proposals, _ = designer.regenerate(
-            slots, generate=gen, validate=lambda src: sb.validate(src, setting=sargs.setting),
-            corpus=corpus, memory_block=None, setting=sargs.setting,
-            rng=random.Random(derive_seed("pool", rargs.seed, rnd)), max_attempts=sargs.max_attempts)
+            slots, generate=designer_generate(sampler, rnd, "pool", sargs),
+            validate=lambda src: sb.validate(src, setting=sargs.setting), corpus=corpus, memory_block=None,
+            setting=sargs.setting, rng=random.Random(derive_seed("pool", rargs.seed, rnd)),
+            max_attempts=sargs.max_attempts)
         for p in (p for p in proposals if p.ok):
             name = f"env_{len(manifest):05d}.py"
-            atomic_write(out / name, p.source)
+            infra.atomic_write(out / name, p.source)
             manifest[name] = {"skill": p.skill, "setting": sargs.setting, "class_name": p.class_name}
             bar.update(1)
         rnd, dry = rnd + 1, 0 if any(p.ok for p in proposals) else dry + 1
-        atomic_write(out / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
-        atomic_write(out / "pool_state.json", json.dumps(
+        infra.atomic_write(out / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
+        infra.atomic_write(out / "pool_state.json", json.dumps(
             {"round": rnd, "corpus": corpus.state_dict() if corpus is not None else None}))
     bar.close()
     return out
-
-
-def make_engine(margs: ModelArgs, sargs: SpadeArgs, model, tokenizer, seed: int, sharded: bool):
-    """vLLM colocated on GPU when installed (or asked for); the transformers engine otherwise."""
-    import importlib.util
-
-    import torch
-
-    import engine
-    import models
-    want_vllm = margs.engine == "vllm" or (
-        margs.engine == "auto" and torch.cuda.is_available() and importlib.util.find_spec("vllm"))
-    stops = [agent.turn_end(tokenizer)[1]]  # a base model's EOS is not its end of turn
-    if want_vllm:
-        longest = max(sargs.max_context, 16384 + sargs.designer_max_tokens)  # designer prompt + reply
-        return engine.VLLMEngine(models.resolve_model_name(margs.model),
-                                 tensor_parallel_size=margs.tensor_parallel_size,
-                                 gpu_memory_utilization=margs.gpu_memory_utilization,
-                                 max_model_len=longest, seed=seed, stop_ids=stops)
-    if sharded:  # ranks would generate different token counts through one sharded model
-        raise SystemExit("DeepSpeed / FSDP1 runs need the vLLM engine (pip install -r "
-                         "requirements-gpu.txt); FSDP2 runs can use either engine")
-    if margs.tensor_parallel_size != 1:
-        raise SystemExit("--tensor_parallel_size applies to the vLLM engine only")
-    # The prefix cache reuses each episode's KV across turns (sync_weights clears it every step).
-    # At 4B one 32k-token episode holds ~9.6 GB of KV, so only tiny models keep one.
-    tiny = models.resolve_model_name(margs.model) in models.TINY_MODELS
-    return engine.TransformersEngine(model, tokenizer, stop_ids=stops,
-                                     max_batch_tokens=margs.batch_tokens,
-                                     prefix_cache_bytes=PREFIX_CACHE_BYTES if tiny else 0)
-
-
-PREFIX_CACHE_BYTES = 1 << 30  # the transformers engine's prefix KV cache bound (tiny models)
-
-
-def fp32_gradient_reduce(accelerator, torch) -> None:
-    """INFRA: FSDP2 computes in bf16 but reduce-scatters gradients in fp32 (Accelerate's default
-    policy reduces in bf16, too coarse for lr 1e-6 updates); applied before prepare()."""
-    plugin = getattr(accelerator.state, "fsdp_plugin", None)
-    if plugin is not None and getattr(plugin, "fsdp_version", 1) == 2:
-        from torch.distributed.fsdp import MixedPrecisionPolicy
-        param = getattr(plugin.mixed_precision_policy, "param_dtype", None) or torch.bfloat16
-        plugin.mixed_precision_policy = MixedPrecisionPolicy(
-            param_dtype=param, reduce_dtype=torch.float32, output_dtype=param)
-
-
-def episode_metrics(episodes) -> dict:
-    plain = [ep for ep in episodes if not ep.hinted]
-    m = {"agent/episodes": len(plain)}
-    if plain:
-        m["agent/return_mean"] = sum(ep.ret for ep in plain) / len(plain)
-        m["agent/turns_mean"] = sum(ep.turns for ep in plain) / len(plain)
-        m["agent/tokens_mean"] = sum(len(ep.token_ids) for ep in plain) / len(plain)
-        m["agent/masked_reply_share"] = sum(ep.masked_replies for ep in plain) / max(1, sum(ep.turns for ep in plain))
-        for status in sorted({ep.status for ep in plain}):
-            m[f"agent/status/{status}"] = sum(ep.status == status for ep in plain) / len(plain)
-    hinted = [ep.ret for ep in episodes if ep.hinted]
-    if hinted:
-        m["agent/hinted_return_mean"] = sum(hinted) / len(hinted)
-    return m
-
-
-def reduce_metrics(m: dict, accelerator, gather_object) -> dict:
-    """Mean of every scalar over the ranks that report it (counts are per-rank means too);
-    `_min` / `_max` statistics reduce as min / max."""
-    if accelerator.num_processes == 1:
-        return m
-    merged: dict = {}
-    for d in gather_object([m]):
-        for k, v in d.items():
-            merged.setdefault(k, []).append(v)
-    reduce = {"_min": min, "_max": max}
-    return {k: reduce.get(k[-4:], lambda v: sum(v) / len(v))(v) for k, v in merged.items()}
-
-
-def write_step_files(run_dir: Path, step: int, new_pool, episodes, n_transcripts: int,
-                     proposals: list[dict], rank: int, scored=()) -> None:
-    """Per rank: the freshly designed environments with their hints and first returns, every
-    designer attempt with its rejection reason and message, the designer scores of the finished
-    epoch, and sample transcripts: at a regeneration up to `n_transcripts` per new environment
-    (unhinted and hinted alternately, for report.py's cards), else the step's first few."""
-    tag = f"step-{step:04d}-rank-{rank}"
-    chosen = episodes[:n_transcripts]
-    if new_pool:
-        d = run_dir / "envs" / tag
-        d.mkdir(parents=True, exist_ok=True)
-        for e in new_pool:
-            atomic_write(d / f"{e.env_id.replace(':', '_')}.py", e.source)
-        atomic_write(d / "pool.json", json.dumps(
-            [{"env_id": e.env_id, "skill": e.skill, "origin": e.origin, "class_name": e.class_name,
-              "hint": e.hint, "regret": e.regret, "r_hint": e.r_hint, "r_nohint": e.r_nohint,
-              "returns": e.returns} for e in new_pool], indent=2))
-        arms = [[[ep for ep in episodes if ep.env_id == e.env_id and ep.hinted == h] for h in (False, True)]
-                for e in new_pool]
-        chosen = [ep for plain, hinted in arms for ep in
-                  [x for pair in zip_longest(plain, hinted) for x in pair if x][:n_transcripts]]
-    for sub, rows in (("designer", proposals), ("transcripts", [
-            {"env_id": ep.env_id, "seed": ep.seed, "hinted": ep.hinted, "return": ep.ret,
-             "status": ep.status, "error": ep.error, "actions": ep.actions, "messages": ep.messages}
-            for ep in chosen])):
-        if rows:
-            (run_dir / sub).mkdir(exist_ok=True)
-            atomic_write(run_dir / sub / f"{tag}.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
-    if scored:
-        (run_dir / "designer").mkdir(exist_ok=True)
-        atomic_write(run_dir / "designer" / f"scores-{tag}.json",
-                     json.dumps([{"env_id": s["env_id"], "score": s["score"]} for s in scored]))
-
-
-def write_report(run_dir: Path, final: bool = True) -> None:
-    """INFRA: refresh RUN_DIR/report.html (report.py), at most once a minute until the final
-    one; a failed report is logged, never fatal."""
-    page = run_dir / "report.html"
-    if not final and page.exists() and time.time() - page.stat().st_mtime < 60:
-        return
-    try:
-        import report
-        report.write_report(run_dir)
-    except Exception as e:  # the run matters more than its report
-        print(f"[spade] report.html not written ({type(e).__name__}: {e})", file=sys.stderr)
 
 
 if __name__ == "__main__":

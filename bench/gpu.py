@@ -305,6 +305,7 @@ def section_update(s, device):
         import transformers.modeling_utils as mu
         from accelerate import Accelerator
 
+        import config
         import grpo
         import train
         calls, checkpoint = [0], mu.checkpoint
@@ -321,8 +322,8 @@ def section_update(s, device):
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
         model, opt, sched = accelerator.prepare(model, opt, sched)
         samples = update_samples(s.seqs, s.seq_len, s.model["vocab_size"], random.Random(0))
-        kw = dict(pad_id=0, temperatures={"agent": 1.0}, oargs=train.OptimArgs(kl_coef=0.0),
-                  margs=train.ModelArgs(micro_batch_tokens=s.micro_batch_tokens), grpo=grpo,
+        kw = dict(pad_id=0, temperatures={"agent": 1.0}, oargs=config.OptimArgs(kl_coef=0.0),
+                  margs=config.ModelArgs(micro_batch_tokens=s.micro_batch_tokens), grpo=grpo,
                   torch=torch)
         times = []
         with PeakMemory(device) as mem:

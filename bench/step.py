@@ -60,6 +60,7 @@ from accelerate.optimizer import AcceleratedOptimizer  # noqa: E402
 import agent  # noqa: E402
 import engine  # noqa: E402
 import grpo  # noqa: E402
+import infra  # noqa: E402
 import memory  # noqa: E402
 import models  # noqa: E402
 import sandbox  # noqa: E402
@@ -162,14 +163,14 @@ def instrument(clock: Clock) -> None:
         clock.wrap(owner, name, SANDBOX)
     for name in ("prompt", "delta"):
         clock.wrap(agent._Renderer, name, TOKENIZE)
-    for name in ("write_step_files", "episode_metrics"):
-        clock.wrap(train, name, "logging")
+    clock.wrap(infra, "write_step_files", "logging")
+    clock.wrap(infra, "episode_metrics", "logging")
     clock.wrap(memory.EnvironmentMemory, "save", "logging")
     for name in ("env_stats", "hint_regrets", "agent_samples"):
         clock.wrap(train, name, "scoring")
     train.on_phase = clock.on_phase
 
-    original_ckpt = train.save_checkpoint
+    original_ckpt = infra.save_checkpoint
 
     def save_checkpoint(*args, **kwargs):
         t = time.perf_counter()
@@ -177,7 +178,7 @@ def instrument(clock: Clock) -> None:
             return original_ckpt(*args, **kwargs)
         finally:
             clock.checkpoint.append((t, time.perf_counter() - t))
-    train.save_checkpoint = save_checkpoint
+    infra.save_checkpoint = save_checkpoint
 
 
 def main() -> None:

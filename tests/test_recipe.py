@@ -2,11 +2,14 @@
 (github spade-rl/spade, cmd/), explicit flags winning, --print_config, the log-prob temperature."""
 import json
 
+import dataclasses
+
 import pytest
 
+import config
 import train
 
-# Written out from the launchers, one literal per value (not derived from train.PRESETS).
+# Written out from the launchers, one literal per value (not derived from config.PRESETS).
 GAMES = {"steps": 400, "regen_interval": 4, "num_envs": 24, "plays": 8, "hint_plays": 16,
          "skills_per_regen": 3, "designer_max_tokens": 16384, "hint_max_tokens": 4096,
          "max_turns": 25, "max_context": 32768, "max_new_tokens": 8192, "designer_reward": "blend",
@@ -52,8 +55,8 @@ def test_preset_matches_the_authors_launcher(capsys, model, setting):
     cfg = printed(capsys, "--model", model, "--setting", setting)
     expected = LAUNCHERS[(model, setting)]
     assert {k: cfg[k] for k in expected} == expected
-    fields = {f.name for cls in (train.ModelArgs, train.SpadeArgs, train.OptimArgs, train.RunArgs)
-              for f in train.dataclasses.fields(cls)}
+    fields = {f.name for cls in (config.ModelArgs, config.SpadeArgs, config.OptimArgs, config.RunArgs)
+              for f in dataclasses.fields(cls)}
     assert set(cfg) == fields  # every field, by its dataclass name
 
 
@@ -89,10 +92,10 @@ def test_logprob_temperature_must_be_positive():
 
 def test_logprob_temperature_per_role():
     """Trained log-probs use --logprob_temperature; default: each role's sampling temperature."""
-    sargs, oargs = train.SpadeArgs(agent_temperature=0.6, designer_temperature=0.8), train.OptimArgs()
-    assert train.role_temperatures(sargs, oargs) == {"agent": 0.6, "designer": 0.8}
+    sargs, oargs = config.SpadeArgs(agent_temperature=0.6, designer_temperature=0.8), config.OptimArgs()
+    assert config.role_temperatures(sargs, oargs) == {"agent": 0.6, "designer": 0.8}
     oargs.logprob_temperature = 1.0
-    assert train.role_temperatures(sargs, oargs) == {"agent": 1.0, "designer": 1.0}
+    assert config.role_temperatures(sargs, oargs) == {"agent": 1.0, "designer": 1.0}
 
 
 def test_stripped_history_episode_trains_one_sample_per_turn():
@@ -131,28 +134,32 @@ def test_learning_potential_trackers_and_score():
 
 
 def _env(env_id, returns, skill="Optimization", **kw):
-    return train.PoolEnv(env_id, skill, "src", "XEnv", "designer", returns=list(returns),
-                         sample={"prompt": [1], "reply": [2], "logprobs": [-0.5], "skill": skill}, **kw)
+    return train.PoolEnv(env_id, skill, "src", "XEnv", "designer", returns=list(returns), **kw)
+
+
+def _designs(*envs):
+    """The epoch's buffer: one designer sample per environment."""
+    return [train.Design(e, [1], [2], [-0.5]) for e in envs]
 
 
 def test_score_epoch_learning_potential_over_two_epochs():
-    sargs, lp = train.SpadeArgs(designer_reward="learning_potential"), {}
+    sargs, lp = config.SpadeArgs(designer_reward="learning_potential"), {}
     # epoch 1: the skill's plays average (1 + 0 + 1 + 1) / 4 = 0.75 -> mu = [0.75, 0.75]
-    scores = [s["score"] for s in train.score_epoch([_env("a", [1, 0]), _env("b", [1, 1])], sargs, lp)]
+    scores = [s["score"] for s in train.score_epoch(_designs(_env("a", [1, 0]), _env("b", [1, 1])), sargs, lp)]
     assert lp == {"Optimization": [0.75, 0.75]} and scores == [pytest.approx(0.25), pytest.approx(0.25)]
     # epoch 2: mean 0.25 -> slow = 0.15 * 0.75 + 0.85 * 0.25 = 0.325; |0 - 0.325|, |0.5 - 0.325|
-    scores = [s["score"] for s in train.score_epoch([_env("c", [0, 0]), _env("d", [0, 1])], sargs, lp)]
+    scores = [s["score"] for s in train.score_epoch(_designs(_env("c", [0, 0]), _env("d", [0, 1])), sargs, lp)]
     assert lp["Optimization"] == [pytest.approx(0.26), pytest.approx(0.325)]
     assert scores == [pytest.approx(0.325), pytest.approx(0.175)]
 
 
 def test_score_epoch_regret_uses_the_window_mean_and_the_timeout_penalty():
-    sargs = train.SpadeArgs(designer_reward="regret")
+    sargs = config.SpadeArgs(designer_reward="regret")
     envs = [_env("a", [1, 0, 0, 0], r_hint=1.0, regret=0.5),          # 1.0 - 0.25
             _env("b", [1, 1], r_hint=0.5, regret=0.0),                # floored: 0
             _env("c", [0], faulty=True, timed_out=True),              # a step timed out: -0.5
             _env("d", [0], faulty=True, r_hint=1.0)]                  # other faults: 0 (deviation 2)
-    assert [s["score"] for s in train.score_epoch(envs, sargs)] == [pytest.approx(0.75), 0.0, -0.5, 0.0]
+    assert [s["score"] for s in train.score_epoch(_designs(*envs), sargs)] == [pytest.approx(0.75), 0.0, -0.5, 0.0]
 
 
 def test_env_stats_marks_timeouts():
@@ -265,10 +272,10 @@ def test_regret_ablation_reproduces_the_authors_case():
     """The authors' regret_based case: hint 0.8 vs plays (0.2, 0.2); 0.1 vs (0.5, 0.5); a step
     timeout; a game without data; centered per skill and scaled by 10 -> 3, -3, -2.5, 2.5."""
     import grpo
-    sargs = train.SpadeArgs(designer_reward="regret")
+    sargs = config.SpadeArgs(designer_reward="regret")
     envs = [_env("g1", [0.2, 0.2], skill="logic", r_hint=0.8), _env("g2", [0.5, 0.5], skill="logic", r_hint=0.1),
             _env("g3", [], skill="math", faulty=True, timed_out=True), _env("g4", [], skill="math")]
-    scored = train.score_epoch(envs, sargs)
+    scored = train.score_epoch(_designs(*envs), sargs)
     adv = grpo.designer_advantages([s["score"] for s in scored], [s["skill"] for s in scored], 10.0)
     assert adv.tolist() == [pytest.approx(3.0), pytest.approx(-3.0), pytest.approx(-2.5), pytest.approx(2.5)]
 
@@ -285,7 +292,7 @@ def test_learning_potential_reproduces_the_authors_case(monkeypatch):
     lp = {"logic": [0.0, 0.0]}
     envs = [_env("g1", [1.0, 1.0], skill="logic"), _env("g2", [0.0, 0.0], skill="logic"),
             _env("g3", [0.5, 0.5], skill="logic")]
-    scored = train.score_epoch(envs, train.SpadeArgs(designer_reward="learning_potential"), lp)
+    scored = train.score_epoch(_designs(*envs), config.SpadeArgs(designer_reward="learning_potential"), lp)
     assert lp["logic"] == [pytest.approx(0.4), pytest.approx(0.1)]
     adv = grpo.designer_advantages([s["score"] for s in scored], ["logic"] * 3, 10.0).tolist()
     assert adv == [pytest.approx(4.333333333333333), pytest.approx(-3.6666666666666665),

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import infra
 import report
 import train
 from test_train import BASE, COIN, ScriptedDesigner
@@ -209,13 +210,13 @@ def test_a_directory_that_is_not_a_run_is_a_clear_error(tmp_path, capsys):
 
 
 def test_a_failing_report_never_stops_training(tmp_path, monkeypatch, capsys):
-    train.write_report(tmp_path)  # not a run: logged, not raised
+    infra.write_report(tmp_path)  # not a run: logged, not raised
     assert "report.html not written (NotARun" in capsys.readouterr().err
 
     def boom(run_dir):
         raise MemoryError("out of memory while drawing")
     monkeypatch.setattr(report, "write_report", boom)
-    train.write_report(tmp_path)
+    infra.write_report(tmp_path)
     assert "MemoryError" in capsys.readouterr().err
 
 
@@ -251,15 +252,15 @@ def test_report_is_refreshed_at_most_once_a_minute_until_the_last(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text(json.dumps({"charts/step": 0, "agent/return_mean": 0.5}) + "\n")
-    train.write_report(run, final=False)
+    infra.write_report(run, final=False)
     page = run / "report.html"
     first = page.read_text()
     assert 'data-field="steps_done">1<' in first
     with open(run / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"charts/step": 1, "agent/return_mean": 0.7}) + "\n")
-    train.write_report(run, final=False)  # a minute has not passed: the page stays
+    infra.write_report(run, final=False)  # a minute has not passed: the page stays
     assert page.read_text() == first
-    train.write_report(run, final=True)  # the end of the run: always
+    infra.write_report(run, final=True)  # the end of the run: always
     assert 'data-field="steps_done">2<' in page.read_text()
 
 

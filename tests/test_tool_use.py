@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import agent
+import config
 import designer
 import grpo
 import sandbox
@@ -228,10 +229,10 @@ def test_compact_filter_zeroes_non_terminated_episodes_after_normalisation():
 
 
 def test_tool_filters_default_on_for_tool_use_only():
-    args = train.SpadeArgs(setting="tool")
+    args = config.SpadeArgs(setting="tool")
     assert train.tool_filters(args)
-    assert not train.tool_filters(train.SpadeArgs(setting="tool", no_tool_filters=True))
-    assert not train.tool_filters(train.SpadeArgs(setting="games"))
+    assert not train.tool_filters(config.SpadeArgs(setting="tool", no_tool_filters=True))
+    assert not train.tool_filters(config.SpadeArgs(setting="games"))
 
 
 def test_compact_filter_on_played_episodes_cut_by_the_token_cap(tokenizer):
@@ -275,7 +276,7 @@ def test_play_pool_wires_the_malformed_mask_from_the_setting(tokenizer, off):
 
         def drain(self):
             pass
-    sargs = train.SpadeArgs(setting="tool", plays=1, hint_plays=0, no_tool_filters=off)
+    sargs = config.SpadeArgs(setting="tool", plays=1, hint_plays=0, no_tool_filters=off)
     pool = [train.PoolEnv("e0", "Tool Selection", "source", "DeskEnv", "fallback")]
     [ep] = train.play_pool(0, pool, sargs, Sampler(), Box(), tokenizer, hinted_arm=False, seed=0)
     assert (ep.status, ep.ret, ep.masked_replies) == ("terminated", 1.0, 0 if off else 1)
@@ -300,6 +301,6 @@ def test_grpo_update_never_forwards_a_compact_filtered_sample(tiny, monkeypatch)
                 "logprobs": [-7.0] * 12, "advantage": a, "role": "agent"} for i, a in enumerate([1.0, -1.0])]
     out = train.grpo_update(model, ref, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0),
                             Accelerator(cpu=True), samples, pad_id=tiny[1].pad_token_id,
-                            temperatures={"agent": 1.0}, oargs=train.OptimArgs(kl_coef=0.1),
-                            margs=train.ModelArgs(), grpo=grpo, torch=torch)
+                            temperatures={"agent": 1.0}, oargs=config.OptimArgs(kl_coef=0.1),
+                            margs=config.ModelArgs(), grpo=grpo, torch=torch)
     assert out["losses/samples"] == 2 and seen == [12, 12]      # policy + reference: sample 0 only

@@ -20,8 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
+import config
 import engine
 import grpo
+import infra
 import models
 import train
 
@@ -41,9 +43,9 @@ ARGS = ["--model", "tiny", "--steps", "3", "--regen_interval", "2", "--num_envs"
         "--micro_batch_tokens", "700", "--sandbox_workers", "2", "--checkpoint_every", "100",
         "--transcripts", "1", "--corpus", str(CORPUS)]
 
-EVEN = {train.derive_seed("play", 0, s, i) for s in range(3) for i in (0, 2)}  # "heads" plays
-BAD_SEED = train.derive_seed("play", 0, 1, 1)  # step 1, play 1: FAULTY raises
-EASY_BAD_SEED = train.derive_seed("play", 0, 2, 3)  # step 2, play 3: EASY raises
+EVEN = {infra.derive_seed("play", 0, s, i) for s in range(3) for i in (0, 2)}  # "heads" plays
+BAD_SEED = infra.derive_seed("play", 0, 1, 1)  # step 1, play 1: FAULTY raises
+EASY_BAD_SEED = infra.derive_seed("play", 0, 2, 3)  # step 2, play 3: EASY raises
 
 COIN = '''
 class NAMEEnv:
@@ -79,7 +81,7 @@ DESIGNS = [[FAIR, BROKEN, FAULTY], [HARD], [EASY, BROKEN, BROKEN], [BROKEN, BROK
 
 def resolved(*argv):
     from transformers import HfArgumentParser
-    args = HfArgumentParser((train.ModelArgs, train.SpadeArgs, train.OptimArgs, train.RunArgs)) \
+    args = HfArgumentParser((config.ModelArgs, config.SpadeArgs, config.OptimArgs, config.RunArgs)) \
         .parse_args_into_dataclasses(args=list(argv))
     train.resolve(*args)
     return {k: v for a in args for k, v in vars(a).items()}
@@ -360,7 +362,7 @@ def test_loop_passes_its_own_settings_on(scripted):
         plays = step0[6 * env:6 * env + 6]
         assert [h for h, _ in plays] == [0, 0, 0, 0, 1, 1]
         assert [s for _, s in plays[4:]] == [s for _, s in plays[:2]] != [s for _, s in plays[2:4]]
-    assert {int(s) for _, s in step0} == {train.derive_seed("play", 0, 0, i) for i in range(4)}
+    assert {int(s) for _, s in step0} == {infra.derive_seed("play", 0, 0, i) for i in range(4)}
     assert all({k: kw[k] for k in ("clip_low", "clip_high", "tis_cap", "kl_coef")} ==
                {"clip_low": 0.21, "clip_high": 0.29, "tis_cap": 2.5, "kl_coef": 0.0} for kw in rec["loss_kw"])
     roles = [mb[0]["role"] for b in rec["batches"] for mb in b]

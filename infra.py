@@ -1,0 +1,404 @@
+"""train.py's infrastructure, none of it the paper's: Accelerate, the policy with its optimizer
+and frozen reference, the rollout engine, metrics, the run directory (atomic files, resumable
+checkpoints, policy exports, the per-step files report.py reads). A reader of Algorithm 1 may
+skip this file; train.py calls it at a handful of places marked `# INFRA`.
+
+Run directory (README, "Quick start"): config.json, metrics.jsonl, envs/, designer/,
+transcripts/, memory.json, report.html, checkpoint-<step>/ (Accelerate state plus one
+spade_state-<rank>.json), latest, final_model/, exports/step-<k>/. Every file is written beside
+its place and renamed into it, so a killed run never leaves a torn one.
+Test: `pytest tests/test_train.py`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from itertools import zip_longest
+from pathlib import Path
+
+import agent
+import config
+
+
+def derive_seed(*parts) -> int:
+    """A stable 31-bit seed from any parts; the same parts give the same seed across resumes."""
+    return int(hashlib.sha256(":".join(map(str, parts)).encode()).hexdigest()[:8], 16) >> 1
+
+
+class Sampler:
+    """Binds engine + tokenizer + sampling params into the callables the leaf modules take."""
+
+    def __init__(self, eng, tokenizer, seed: int):
+        self.eng, self.tok, self.seed, self.calls = eng, tokenizer, seed, 0
+        self.step, self.phase = 0, ""
+
+    def at(self, step: int, phase: str) -> "Sampler":
+        self.step, self.phase, self.calls = step, phase, 0
+        return self
+
+    def chat(self, *, temperature: float, max_new_tokens: int, top_p: float, top_k: int,
+             enable_thinking: bool | None = None):
+        """list of chat messages lists -> list[Completion] (designer and hint calls)."""
+        generate = self.tokens(temperature=temperature, top_p=top_p, top_k=top_k)
+        return lambda chats: generate([self.prompt_ids(m, enable_thinking) for m in chats], max_new_tokens)
+
+    def tokens(self, *, temperature: float, top_p: float, top_k: int):
+        """token prompts -> list[Completion] (agent turns)."""
+        def generate(prompts, max_new_tokens):
+            self.calls += 1
+            return self.eng.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
+                                     top_p=top_p, top_k=top_k,
+                                     seed=derive_seed(self.seed, self.step, self.phase, self.calls))
+        return generate
+
+    def drain(self) -> None:
+        """INFRA: end of a phase. Ranks of one vLLM tensor-parallel group keep serving the
+        group's requests until every member is done (no-op for other engines)."""
+        if hasattr(self.eng, "drain"):
+            self.eng.drain()
+
+    def prompt_ids(self, messages, enable_thinking: bool | None = None) -> list[int]:
+        """Chat-template tokens in which message contents can never become special tokens.
+
+        Designer and hint prompts carry model-written code and corpus text: a literal
+        `<|im_end|><|im_start|>` there must stay text (README, "Running model-written code
+        safely"), so contents are rendered as markers and tokenized on their own with
+        special-token parsing off."""
+        marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
+        kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+        text = self.tok.apply_chat_template([dict(m, content=k) for m, k in zip(messages, marks)],
+                                            add_generation_prompt=True, tokenize=False, **kwargs)
+        ids = []
+        for i, piece in enumerate(re.split("\ue000(\\d+)\ue001", text)):
+            if i % 2:  # a message's content
+                ids += self.tok.encode(messages[int(piece)]["content"], add_special_tokens=False,
+                                       split_special_tokens=True)
+            elif piece:
+                ids += self.tok.encode(piece, add_special_tokens=False)
+        return ids
+
+
+class Run:
+    """The infrastructure around the loop: Accelerate, the policy with its optimizer and frozen
+    reference, the rollout engine and the samplers bound to it, the run directory."""
+
+    def __init__(self, margs, sargs, oargs, rargs):
+        import copy
+
+        import grpo
+        import torch
+        from accelerate import Accelerator
+        from accelerate.utils import set_seed
+
+        import models
+        self.sargs, self.rargs = sargs, rargs
+        self.accelerator = acc = Accelerator(log_with=rargs.log_with, project_dir=rargs.output_dir)
+        self.run_dir, self.cfg = Path(rargs.output_dir), config.config_dict(margs, sargs, oargs, rargs)
+        self.resume_from = prepare_run_dir(self.run_dir, self.cfg, rargs, acc)
+        set_seed(rargs.seed)
+        self.rank, self.world, self.main = acc.process_index, acc.num_processes, acc.is_main_process
+        self.n_slots = len(range(self.rank, sargs.num_envs, self.world))  # this rank's designer slots
+        if self.world % margs.tensor_parallel_size:
+            raise SystemExit(f"--tensor_parallel_size {margs.tensor_parallel_size} does not divide "
+                             f"the {self.world} processes")
+        fp32_gradient_reduce(acc, torch)
+        # fp32 master weights (bf16 compute comes from Accelerate's mixed precision); the
+        # shipped dtype (bf16 for the paper's models) for the reference model and the exports
+        self.shipped = models.shipped_dtype(margs.model)
+        model, self.tokenizer = models.load_model_and_tokenizer(margs.model, dtype=torch.float32,
+                                                                seed=rargs.seed)
+        model.eval()  # rollouts run in eval mode; grpo_update switches to train mode and back
+        fsdp = getattr(acc.state, "fsdp_plugin", None)
+        tiny = models.resolve_model_name(margs.model) in models.TINY_MODELS
+        if margs.gradient_checkpointing and not tiny and not getattr(fsdp, "activation_checkpointing", False):
+            model.gradient_checkpointing_enable()  # FSDP configs checkpoint layers themselves
+        ref = copy.deepcopy(model).to(self.shipped).eval().requires_grad_(False) if oargs.kl_coef > 0 else None
+        optimizer = torch.optim.AdamW(model.parameters(), lr=oargs.lr, betas=grpo.BETAS,
+                                      weight_decay=oargs.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)  # constant (paper)
+        self.model, self.optimizer, self.scheduler = acc.prepare(model, optimizer, scheduler)
+        self.ref_model = None if ref is None else acc.prepare_model(ref, evaluation_mode=True)
+        # FSDP2 runs the transformers engine too (ranks decode in lockstep); ZeRO-3 / FSDP1 need vLLM
+        sharded = acc.distributed_type.value == "DEEPSPEED" or (
+            fsdp is not None and getattr(fsdp, "fsdp_version", 1) != 2)
+        self.engine = make_engine(margs, sargs, acc.unwrap_model(self.model), self.tokenizer,
+                                  rargs.seed, sharded)
+        self.temperatures = config.role_temperatures(sargs, oargs)
+
+    def resume(self) -> dict | None:
+        """With --resume: the checkpoint's weights and optimizer, the engine synced to them, and
+        this rank's saved loop state (the metrics of the steps to replay are dropped)."""
+        if self.resume_from is None:
+            return None
+        self.accelerator.load_state(str(self.resume_from))
+        st = json.loads((self.resume_from / f"spade_state-{self.rank}.json").read_text())
+        if st["world"] != self.world:
+            raise SystemExit(f"--resume: the run used {st['world']} processes, this launch has {self.world}")
+        if self.main:
+            lines = (self.run_dir / "metrics.jsonl").read_text().splitlines()[: st["metrics_lines"]]
+            atomic_write(self.run_dir / "metrics.jsonl", "".join(line + "\n" for line in lines))
+        self.engine.sync_weights(self.accelerator.unwrap_model(self.model))
+        return st
+
+    def steps(self, start: int, sandbox_level: str):
+        from tqdm.auto import tqdm
+        if self.main:
+            self.accelerator.init_trackers("spade", config=self.cfg)
+            print(f"[spade] run dir {self.run_dir.resolve()}  sandbox level: {sandbox_level}  world {self.world}")
+        self.bar = tqdm(range(start, self.sargs.steps), initial=start, total=self.sargs.steps,
+                        desc="spade", disable=not self.main)
+        return self.bar
+
+    def gather(self, items: list) -> list:
+        """Every rank's items, rank after rank (a collective: every rank calls it)."""
+        if self.world == 1:
+            return list(items)
+        from accelerate.utils import gather_object
+        return gather_object(items)
+
+    def log(self, step: int, m: dict, times: dict, episodes, sandbox_level: str) -> None:
+        """One metrics.jsonl row per step (plus the trackers), reduced over the ranks."""
+        m.update(episode_metrics(episodes))
+        m.update({"charts/lr": self.scheduler.get_last_lr()[0],
+                  "time/generate_s": times["play"] - times["generate"],
+                  "time/play_s": times["score"] - times["play"],
+                  "time/update_s": times["sync"] - times["update"],
+                  "time/step_s": time.perf_counter() - times["generate"]})
+        m = {**(reduce_metrics(self.gather([m])) if self.world > 1 else m), "charts/step": step}
+        if self.main:
+            with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps({**m, "sandbox/level": sandbox_level}, sort_keys=True) + "\n")
+            self.accelerator.log(m, step=step)
+            self.bar.set_postfix(ret=f"{m.get('agent/return_mean', 0):.2f}",
+                                 learnable=f"{m.get('env/learnable_share', 0):.2f}")
+
+    def save(self, step: int, st) -> None:
+        """memory.json every step; checkpoint-<k> (and report.html) every --checkpoint_every
+        steps, exports/step-<k> every --export_every steps, both at the end too."""
+        done, rargs, end = step + 1, self.rargs, step + 1 == self.sargs.steps
+        if self.main and not self.sargs.no_memory:
+            st.memory.save()
+        if done % rargs.checkpoint_every == 0 or end:
+            n_lines = len((self.run_dir / "metrics.jsonl").read_text().splitlines()) if self.main else 0
+            save_checkpoint(self.accelerator, self.run_dir, done,
+                                     st.to_dict(done, self.world, n_lines), rargs.keep_checkpoints)
+            if self.main:  # a live run always has a recent report.html
+                write_report(self.run_dir, final=end)
+        if rargs.export_every and (done % rargs.export_every == 0 or end):
+            exports = self.run_dir / "exports"
+            exports.mkdir(exist_ok=True)
+            export_policy(self.accelerator, self.model, self.tokenizer, exports / f"step-{done}",
+                                   self.shipped)
+            if self.main:
+                prune([p for p in exports.glob("step-*") if not p.name.endswith(".tmp")],
+                               rargs.keep_checkpoints)
+
+    def finish(self) -> Path:
+        """The final policy in Hugging Face format, for eval.py and for sharing."""
+        export_policy(self.accelerator, self.model, self.tokenizer, self.run_dir / "final_model",
+                               self.shipped)
+        if self.main:
+            print(f"[spade] done: metrics {self.run_dir / 'metrics.jsonl'}, policy {self.run_dir / 'final_model'}")
+        self.accelerator.end_training()
+        return self.run_dir
+
+
+def make_engine(margs, sargs, model, tokenizer, seed: int, sharded: bool):
+    """vLLM colocated on GPU when installed (or asked for); the transformers engine otherwise."""
+    import importlib.util
+
+    import torch
+
+    import engine
+    import models
+    want_vllm = margs.engine == "vllm" or (
+        margs.engine == "auto" and torch.cuda.is_available() and importlib.util.find_spec("vllm"))
+    stops = [agent.turn_end(tokenizer)[1]]  # a base model's EOS is not its end of turn
+    if want_vllm:
+        longest = max(sargs.max_context, 16384 + sargs.designer_max_tokens)  # designer prompt + reply
+        return engine.VLLMEngine(models.resolve_model_name(margs.model),
+                                 tensor_parallel_size=margs.tensor_parallel_size,
+                                 gpu_memory_utilization=margs.gpu_memory_utilization,
+                                 max_model_len=longest, seed=seed, stop_ids=stops)
+    if sharded:  # ranks would generate different token counts through one sharded model
+        raise SystemExit("DeepSpeed / FSDP1 runs need the vLLM engine (pip install -r "
+                         "requirements-gpu.txt); FSDP2 runs can use either engine")
+    if margs.tensor_parallel_size != 1:
+        raise SystemExit("--tensor_parallel_size applies to the vLLM engine only")
+    # The prefix cache reuses each episode's KV across turns (sync_weights clears it every step).
+    # At 4B one 32k-token episode holds ~9.6 GB of KV, so only tiny models keep one.
+    tiny = models.resolve_model_name(margs.model) in models.TINY_MODELS
+    return engine.TransformersEngine(model, tokenizer, stop_ids=stops,
+                                     max_batch_tokens=margs.batch_tokens,
+                                     prefix_cache_bytes=PREFIX_CACHE_BYTES if tiny else 0)
+
+
+PREFIX_CACHE_BYTES = 1 << 30  # the transformers engine's prefix KV cache bound (tiny models)
+
+
+def fp32_gradient_reduce(accelerator, torch) -> None:
+    """FSDP2 computes in bf16 but reduce-scatters gradients in fp32 (Accelerate's default policy
+    reduces in bf16, too coarse for lr 1e-6 updates); applied before prepare()."""
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    if plugin is not None and getattr(plugin, "fsdp_version", 1) == 2:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+        param = getattr(plugin.mixed_precision_policy, "param_dtype", None) or torch.bfloat16
+        plugin.mixed_precision_policy = MixedPrecisionPolicy(
+            param_dtype=param, reduce_dtype=torch.float32, output_dtype=param)
+
+
+def episode_metrics(episodes) -> dict:
+    plain = [ep for ep in episodes if not ep.hinted]
+    m = {"agent/episodes": len(plain)}
+    if plain:
+        m["agent/return_mean"] = sum(ep.ret for ep in plain) / len(plain)
+        m["agent/turns_mean"] = sum(ep.turns for ep in plain) / len(plain)
+        m["agent/tokens_mean"] = sum(len(ep.token_ids) for ep in plain) / len(plain)
+        m["agent/masked_reply_share"] = sum(ep.masked_replies for ep in plain) / max(1, sum(ep.turns for ep in plain))
+        for status in sorted({ep.status for ep in plain}):
+            m[f"agent/status/{status}"] = sum(ep.status == status for ep in plain) / len(plain)
+    hinted = [ep.ret for ep in episodes if ep.hinted]
+    if hinted:
+        m["agent/hinted_return_mean"] = sum(hinted) / len(hinted)
+    return m
+
+
+def reduce_metrics(rows: list[dict]) -> dict:
+    """Every rank's metrics -> the mean of every scalar over the ranks that report it (counts are
+    per-rank means too); `_min` / `_max` statistics reduce as min / max."""
+    merged: dict = {}
+    for d in rows:
+        for k, v in d.items():
+            merged.setdefault(k, []).append(v)
+    reduce = {"_min": min, "_max": max}
+    return {k: reduce.get(k[-4:], lambda v: sum(v) / len(v))(v) for k, v in merged.items()}
+
+
+def write_report(run_dir: Path, final: bool = True) -> None:
+    """Refresh RUN_DIR/report.html (report.py), at most once a minute until the final one; a
+    failed report is logged, never fatal."""
+    page = run_dir / "report.html"
+    if not final and page.exists() and time.time() - page.stat().st_mtime < 60:
+        return
+    try:
+        import report
+        report.write_report(run_dir)
+    except Exception as e:  # the run matters more than its report
+        print(f"[spade] report.html not written ({type(e).__name__}: {e})", file=sys.stderr)
+
+
+def atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def prune(paths, keep: str) -> None:
+    """Delete all but the newest `keep` (a number, or all) of these directories, oldest first."""
+    if keep != "all":
+        for old in sorted(paths, key=lambda p: p.stat().st_mtime)[:max(len(paths) - int(keep), 0)]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def export_policy(accelerator, model, tokenizer, dest: Path, dtype) -> None:
+    """The policy in Hugging Face format at `dest` (written beside it, then renamed into place),
+    in `dtype`: the one the model shipped in (bf16 for the paper's), not the fp32 masters."""
+    state_dict = accelerator.get_state_dict(model)  # every rank takes part (sharded models)
+    if accelerator.is_main_process:
+        tmp = dest.with_name(dest.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        accelerator.unwrap_model(model).save_pretrained(
+            tmp, state_dict={k: v.to(dtype) for k, v in state_dict.items()})
+        config = json.loads((tmp / "config.json").read_text())  # it names the live fp32 dtype
+        atomic_write(tmp / "config.json", json.dumps({**config, "dtype": str(dtype)[6:]}, indent=2))
+        tokenizer.save_pretrained(tmp)
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(tmp, dest)
+    accelerator.wait_for_everyone()
+
+
+def save_checkpoint(accelerator, run_dir: Path, step: int, state: dict, keep: str = "2") -> None:
+    """Write checkpoint-<step> atomically: save into a temp dir, then rename and repoint `latest`."""
+    tmp, final = run_dir / f"checkpoint-{step}.tmp", run_dir / f"checkpoint-{step}"
+    if accelerator.is_main_process and tmp.exists():
+        shutil.rmtree(tmp)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    tmp.mkdir(parents=True, exist_ok=True)
+    atomic_write(tmp / f"spade_state-{accelerator.process_index}.json", json.dumps(state))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        atomic_write(run_dir / "latest", final.name)
+        prune([p for p in run_dir.glob("checkpoint-*") if p.name != final.name and not p.name.endswith(".tmp")],
+              "all" if keep == "all" else str(int(keep) - 1))
+    accelerator.wait_for_everyone()
+
+
+def prepare_run_dir(run_dir: Path, cfg: dict, rargs, accelerator) -> Path | None:
+    """Return the checkpoint to resume from (or None); refuse a foreign or clobbered run dir."""
+    saved = run_dir / "config.json"
+    if rargs.resume:
+        if not (run_dir / "latest").exists():
+            raise SystemExit(f"--resume: no checkpoint in {run_dir}")
+        old = json.loads(saved.read_text())
+        diff = sorted(k for k in set(old) | set(cfg) if old.get(k) != cfg.get(k))
+        if diff and not rargs.allow_config_change:
+            raise SystemExit(f"--resume: {run_dir} was run with a different config ({', '.join(diff)}); "
+                             "pass --allow_config_change to continue anyway")
+        return run_dir / (run_dir / "latest").read_text().strip()
+    exists = saved.exists()
+    accelerator.wait_for_everyone()  # every rank looked before the main one writes
+    if exists and not rargs.overwrite:
+        raise SystemExit(f"{run_dir} already holds a run: pass --resume to continue it or --overwrite")
+    if accelerator.is_main_process:
+        if run_dir.exists() and rargs.overwrite:
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(saved, json.dumps(cfg, indent=2, sort_keys=True))
+    accelerator.wait_for_everyone()
+    return None
+
+
+def write_step_files(run_dir: Path, step: int, new_pool, episodes, n_transcripts: int,
+                     proposals: list[dict], rank: int, scored=()) -> None:
+    """Per rank: the freshly designed environments with their hints and first returns, every
+    designer attempt with its rejection reason and message, the designer scores of the finished
+    epoch, and sample transcripts: at a regeneration up to `n_transcripts` per new environment
+    (unhinted and hinted alternately, for report.py's cards), else the step's first few."""
+    tag = f"step-{step:04d}-rank-{rank}"
+    chosen = episodes[:n_transcripts]
+    if new_pool:
+        d = run_dir / "envs" / tag
+        d.mkdir(parents=True, exist_ok=True)
+        for e in new_pool:
+            atomic_write(d / f"{e.env_id.replace(':', '_')}.py", e.source)
+        atomic_write(d / "pool.json", json.dumps(
+            [{"env_id": e.env_id, "skill": e.skill, "origin": e.origin, "class_name": e.class_name,
+              "hint": e.hint, "regret": e.regret, "r_hint": e.r_hint, "r_nohint": e.r_nohint,
+              "returns": e.returns} for e in new_pool], indent=2))
+        arms = [[[ep for ep in episodes if ep.env_id == e.env_id and ep.hinted == h] for h in (False, True)]
+                for e in new_pool]
+        chosen = [ep for plain, hinted in arms for ep in
+                  [x for pair in zip_longest(plain, hinted) for x in pair if x][:n_transcripts]]
+    for sub, rows in (("designer", proposals), ("transcripts", [
+            {"env_id": ep.env_id, "seed": ep.seed, "hinted": ep.hinted, "return": ep.ret,
+             "status": ep.status, "error": ep.error, "actions": ep.actions, "messages": ep.messages}
+            for ep in chosen])):
+        if rows:
+            (run_dir / sub).mkdir(exist_ok=True)
+            atomic_write(run_dir / sub / f"{tag}.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    if scored:
+        (run_dir / "designer").mkdir(exist_ok=True)
+        atomic_write(run_dir / "designer" / f"scores-{tag}.json",
+                     json.dumps([{"env_id": s["env_id"], "score": s["score"]} for s in scored]))
