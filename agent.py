@@ -55,11 +55,9 @@ _BRACES = re.compile(r"\\boxed\{|[{}]|[^{}\\]+|\\")
 
 
 def last_balanced_box(text: str) -> str | None:
-    r"""Content of the last `\boxed{...}` whose braces balance; None when there is none.
-
-    One pass over the reply's pieces with a stack of open braces (where a box's content starts,
-    or -1 for a plain brace): linear in the reply (re-scanning from every `\boxed{` was quadratic
-    in a reply full of them). The answer is the closed box that opened last."""
+    r"""Content of the last `\boxed{...}` whose braces balance (the closed box that opened last);
+    None when there is none. One pass with a stack of open braces (where a box's content starts,
+    or -1 for a plain brace): linear in the reply, where re-scanning from every box is quadratic."""
     if "\\boxed{" not in text or "}" not in text:  # the common cheap answers, in C
         return None
     stack, best, pos = [], None, 0
@@ -89,11 +87,9 @@ def _strip_extra_braces(move: str, levels: int = 2) -> str:
 
 
 def parse_action(text: str) -> str:
-    r"""The agent's move as the environment expects it: `\boxed{<move>}` (the paper's answer format).
-
-    Reasoning up to the last `</think>` is ignored; the LAST balanced box is the move, stripped
-    (`\boxed{{42}}` -> `\boxed{42}`). No box: the stripped reply goes through so the environment
-    can remind the agent of the format."""
+    r"""The move as the environment expects it, `\boxed{<move>}` (the paper's answer format): the
+    last balanced box after the reasoning, stripped (`\boxed{{42}}` -> `\boxed{42}`); with no box
+    the stripped reply goes through (the environment reminds the agent of the format)."""
     answer = text.rsplit("</think>", 1)[-1]
     move = last_balanced_box(answer)
     return answer.strip() if move is None else "\\boxed{" + _strip_extra_braces(move) + "}"
@@ -113,14 +109,11 @@ def _json(raw: str, default: Any = None) -> Any:
 
 
 def parse_tool_calls(text: str) -> list[dict]:
-    """Every tool call in a reply, in order, as `{"name": str, "arguments": dict}`.
-
-    Accepts the JSON form `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Qwen3,
-    Hermes; arguments may also be a JSON string) and the XML form
-    `<tool_call><function=NAME><parameter=KEY>VALUE</parameter>...</function></tool_call>`
-    (Qwen3-Coder), several per reply. Reasoning before the last `</think>` is ignored; a block that
-    parses as neither is skipped. The one parser of the project (toolbench.py reads replies with it).
-    """
+    """Every tool call after the reasoning, in order, as `{"name": str, "arguments": dict}`: the
+    JSON form `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Qwen3, Hermes; arguments
+    may be a JSON string) and the XML form `<tool_call><function=NAME><parameter=KEY>VALUE
+    </parameter>...</function></tool_call>` (Qwen3-Coder); a block that is neither is skipped.
+    The project's one tool-call parser (toolbench.py scores benchmark replies with it)."""
     calls = []
     for block in _TOOL_CALL.findall(text.rsplit("</think>", 1)[-1]):
         functions = _XML_FUNCTION.findall(block)
@@ -201,6 +194,13 @@ class Episode:
     turn_samples: list[tuple] = field(default_factory=list)
     masked_replies: int = 0  # replies masked out of the loss as malformed tool calls
 
+    def extend(self, ids: list[int], logprobs: list[float] | None = None) -> None:
+        """Append tokens: a reply (mask 1, the engine's log-probs) or, without log-probs, template
+        and observation tokens (mask 0, log-prob 0.0)."""
+        self.token_ids += ids
+        self.mask += [0 if logprobs is None else 1] * len(ids)
+        self.logprobs += [0.0] * len(ids) if logprobs is None else [float(x) for x in logprobs]
+
 
 def episode_return(rewards: list[float], terminated: bool) -> float:
     """The return Eq. (3) averages: the last reward clipped to [-1, 1] if that step terminated, else 0."""
@@ -269,7 +269,7 @@ def _tool_place(tokenizer, tools: list[dict], kwargs: dict) -> str:
     key = str(tokenizer.chat_template)
     if key in _TOOL_PLACES:
         return _TOOL_PLACES[key]
-    probe = [{"role": "user", "content": "Hi."}]
+    probe, shown = [{"role": "user", "content": "Hi."}], json.dumps(tools[0], ensure_ascii=False)
 
     def render(messages, with_tools):
         return tokenizer.apply_chat_template(messages, tools=with_tools, tokenize=False,
@@ -277,7 +277,7 @@ def _tool_place(tokenizer, tools: list[dict], kwargs: dict) -> str:
     place = "native" if render(probe, tools) != render(probe, None) else None
     for where in ([] if place else ["system", "user"]):
         try:
-            if json.dumps(tools[0], ensure_ascii=False) in render(_with_tool_block(probe, tools, where), None):
+            if shown in render(_with_tool_block(probe, tools, where), None):
                 place = where
                 break
         except Exception:  # e.g. a template that raises on the system role
@@ -393,27 +393,18 @@ def _start(spec: EpisodeSpec, reset: tuple, tokenizer, setting: str, enable_thin
     ep.messages = [{"role": "user", "content": first_user_message(obs, spec.hint, setting)}]
     tools = list(spec.handle.tools()) if setting == "tool" else []
     renderer = _Renderer(tokenizer, tools, enable_thinking, eot)
-    ep.token_ids = renderer.prompt(ep.messages)
+    ep.extend(renderer.prompt(ep.messages))
     ep.prompt_len = len(ep.token_ids)
-    ep.mask, ep.logprobs = [0] * ep.prompt_len, [0.0] * ep.prompt_len
     return ep, renderer
-
-
-def _step_each(handles: list, actions: list[str]) -> list[tuple]:
-    """step_many for plain environments (a sandbox brings its own, which never raises)."""
-    return [handle.step(action) for handle, action in zip(handles, actions)]
 
 
 def _add_reply(ep: Episode, completion, tokenizer, stops: set, check_calls: bool) -> tuple:
     """Append one sampled reply (tokens, mask 1, log-probs) and its message; returns (its stop
     token or None, its text, whether it is a malformed tool call, then masked out)."""
-    ids = list(completion.token_ids)
-    start = len(ep.token_ids)
+    ids, start = list(completion.token_ids), len(ep.token_ids)
+    assert len(completion.logprobs) == len(ids), "engine returned one log-prob per token"
     ep.turns += 1
-    ep.token_ids += ids
-    ep.mask += [1] * len(ids)
-    ep.logprobs += [float(x) for x in completion.logprobs]
-    assert len(ep.logprobs) == len(ep.token_ids), "engine returned one log-prob per token"
+    ep.extend(ids, completion.logprobs)
     stop = ids[-1] if ids and ids[-1] in stops else None
     text = tokenizer.decode(ids if stop is None else ids[:-1], skip_special_tokens=False)
     ep.messages.append({"role": "assistant", "content": text})
@@ -455,14 +446,13 @@ def _observe(ep: Episode, renderer: _Renderer, result: tuple, stop: int | None, 
         context = renderer.prompt(_without_thinking(ep.messages + new))
         if len(context) >= max_context:
             return _finish(ep, "context")
-        ep.token_ids, ep.mask, ep.logprobs = context, [0] * len(context), [0.0] * len(context)
+        ep.token_ids, ep.mask, ep.logprobs = [], [], []
+        ep.extend(context)
     else:
         delta = renderer.delta(ep.messages, new, stop)
         if len(ep.token_ids) + len(delta) >= max_context:
             return _finish(ep, "context")
-        ep.token_ids += delta
-        ep.mask += [0] * len(delta)
-        ep.logprobs += [0.0] * len(delta)
+        ep.extend(delta)
     ep.messages += new
 
 
@@ -509,8 +499,9 @@ def play(specs: list[EpisodeSpec], *, generate: Callable, tokenizer,
                 continue
             ep.actions.append(tool_action(text) if setting == "tool" else parse_action(text))
             stepping.append((i, stop, malformed))
-        results = (step_many or _step_each)([specs[i].handle for i, _, _ in stepping],
-                                            [episodes[i].actions[-1] for i, _, _ in stepping])
+        handles = [specs[i].handle for i, _, _ in stepping]
+        actions = [episodes[i].actions[-1] for i, _, _ in stepping]
+        results = step_many(handles, actions) if step_many else [h.step(a) for h, a in zip(handles, actions)]
         for (i, stop, malformed), result in zip(stepping, results):
             _observe(episodes[i], renderers[i], result, stop, malformed, setting=setting,
                      max_turns=max_turns, max_context=max_context,

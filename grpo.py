@@ -103,9 +103,8 @@ def designer_advantages(scores: Sequence[float], skills: Sequence[Hashable],
 # simpler, but allocates a fresh (V, H) weight gradient per chunk: a second head at the peak.)
 # The head runs in the caller's autocast dtype in both passes (explicit casts), the log-sum-exp
 # in fp32, and the head gradient sums its chunks in fp32: the naive log-softmax to fp32 round-off,
-# within 1e-2 of fp64 in bf16 (tests). token_logprobs takes the model as the trainer holds it
-# (plain, FSDP2 fully_shard-ed, a DDP / DeepSpeed engine exposing `.module`) and runs inside the
-# OUTERMOST module's call, so every unshard / gather hook fires as in an ordinary forward.
+# within 1e-2 of fp64 in bf16 (tests). token_logprobs runs inside the OUTERMOST module's call, so
+# every unshard / gather hook of a wrapped model fires as in an ordinary forward.
 
 _MM_FP32_OUT = [True]  # torch.mm(..., out_dtype=float32) works on this CUDA build
 
@@ -190,12 +189,10 @@ class _ChunkedLogprob(torch.autograd.Function):
 
 
 def _call_with_forward(module, forward, *args, outer=None):
-    """(outer or module)(*args) with `forward` standing in for module.forward during this call.
-
-    Going through __call__ keeps every hook on the module (and on `outer`, a wrapper holding it):
-    FSDP2 unshards the parameters in its pre-forward hook (and again before the backward),
-    DeepSpeed ZeRO-3 gathers them, DDP does its bookkeeping. An instance-level forward set
-    before (Accelerate sets one for autocast) is put back afterwards."""
+    """(outer or module)(*args) with `forward` standing in for module.forward during this call:
+    __call__ runs every hook of the module (and of `outer`, a wrapper holding it), so FSDP2
+    unshards, ZeRO-3 gathers, DDP does its bookkeeping. A prior instance forward (Accelerate's
+    autocast one) is put back afterwards."""
     saved = module.__dict__.get("forward")
     module.forward = forward
     try:
@@ -209,10 +206,9 @@ def _call_with_forward(module, forward, *args, outer=None):
 
 def chunked_logprobs(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor,
                      temperature: float = 1.0, chunk_size: int = 256) -> torch.Tensor:
-    """(N,) log softmax(head(hidden) / temperature)[targets], chunk_size rows at a time.
-
-    hidden (N, H), targets (N,); head is a linear output layer (`.weight` (V, H), optional
-    `.bias`). The chunk loop runs inside head's own __call__, so hooks on the head fire."""
+    """(N,) log softmax(head(hidden) / temperature)[targets], chunk_size rows at a time; hidden
+    (N, H), targets (N,), head a linear output layer (`.weight` (V, H), optional `.bias`), called
+    through its own __call__ so its hooks fire."""
     def forward(h):
         return _ChunkedLogprob.apply(h, head.weight, getattr(head, "bias", None), targets,
                                      temperature, chunk_size)
@@ -223,11 +219,9 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
                    completion_mask: torch.Tensor, temperature: float = 1.0,
                    chunk_size: int = 256) -> torch.Tensor:
     """(B, T): out[b, t] = log p(input_ids[b, t] | input_ids[b, :t]) at temperature, 0 where mask 0.
-
-    `model` is a causal LM (get_decoder() the body, get_output_embeddings() the head), possibly
-    wrapped: DDP / DeepSpeed engines (found through `.module`) or FSDP2 (fully_shard wraps in
-    place). completion_mask[:, 0] must be 0 (nothing predicts token 0).
-    """
+    `model`: a causal LM (get_decoder() the body, get_output_embeddings() the head), as the trainer
+    holds it (plain, FSDP2, or a DDP / DeepSpeed engine exposing `.module`). completion_mask[:, 0]
+    must be 0 (nothing predicts token 0)."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if (completion_mask[:, 0] > 0).any():
