@@ -501,7 +501,8 @@ def play(specs: list[EpisodeSpec], *, generate: Callable, tokenizer,
             stepping.append((i, stop, malformed))
         handles = [specs[i].handle for i, _, _ in stepping]
         actions = [episodes[i].actions[-1] for i, _, _ in stepping]
-        results = step_many(handles, actions) if step_many else [h.step(a) for h, a in zip(handles, actions)]
+        results = step_many(handles, actions) if step_many else \
+            [h.step(a) for h, a in zip(handles, actions)]  # plain environments, one at a time
         for (i, stop, malformed), result in zip(stepping, results):
             _observe(episodes[i], renderers[i], result, stop, malformed, setting=setting,
                      max_turns=max_turns, max_context=max_context,

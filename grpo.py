@@ -141,8 +141,8 @@ class _ChunkedLogprob(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size):
         device = hidden.device.type  # compute in the caller's autocast dtype, else the inputs'
-        autocast = torch.is_autocast_enabled(device)
-        cd = torch.get_autocast_dtype(device) if autocast else torch.promote_types(hidden.dtype, weight.dtype)
+        cd = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else \
+            torch.promote_types(hidden.dtype, weight.dtype)
         w, b = _cast(weight, cd), _cast(bias, cd)  # one cast per call, not per chunk
         dtype = torch.promote_types(cd, torch.float32)
         out, lse = [hidden.new_zeros(0, dtype=dtype)], [hidden.new_zeros(0, dtype=dtype)]

