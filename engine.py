@@ -6,7 +6,7 @@ SPADE (arXiv 2608.19197) trains one policy that both writes environments (design
 1. `TransformersEngine`: length-sorted, token-budgeted, left-padded batches with a KV cache, on CPU
    or on GPUs under FSDP2 (ranks decode in lockstep). It returns log p(token) under
    softmax(logits / T), NOT renormalised after top-k / top-p: exactly what the trainer recomputes
-   (grpo.token_logprobs), so the truncated importance weight sees only numeric drift. An optional
+   (logprobs.token_logprobs), so the truncated importance weight sees only numeric drift. An optional
    prefix KV cache, bounded in bytes, lets each agent turn prefill only its new tokens (train.py
    keeps one for the tiny models: a 4B model's 32k-token episode holds ~9.6 GB of fp32 KV).
 2. `VLLMEngine`: vLLM colocated in the training processes (`external_launcher`, tensor parallel

@@ -585,6 +585,7 @@ def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *,
 def _update_epochs(model, ref_model, optimizer, scheduler, accelerator, batches, n_mb, filler,
                    n_global, *, temperatures, oargs, grpo, torch):
     """The optimizer passes of grpo_update; returns (per-micro-batch stats, last grad norm)."""
+    import logprobs  # torch-heavy like grpo: imported where the update runs
     dev, world = accelerator.device, accelerator.num_processes
     stats_acc, old_cache, grad_norm = {}, {}, 0.0
     for epoch in range(oargs.ppo_epochs):
@@ -595,15 +596,15 @@ def _update_epochs(model, ref_model, optimizer, scheduler, accelerator, batches,
             t = {k: v.to(dev) for k, v in t.items()}
             temp = temperatures[mb[0]["role"]]
             with accelerator.autocast():  # bf16 compute under mixed precision, fp32 masters
-                logp = grpo.token_logprobs(model, t["input_ids"], t["attention_mask"],
-                                           t["completion_mask"], temperature=temp)
+                logp = logprobs.token_logprobs(model, t["input_ids"], t["attention_mask"],
+                                               t["completion_mask"], temperature=temp)
             if epoch == 0:  # pi_old = the policy before this step's first optimizer step
                 old_cache[b] = logp.detach()
             ref = None
             if ref_model is not None:
                 with torch.no_grad(), accelerator.autocast():
-                    ref = grpo.token_logprobs(ref_model, t["input_ids"], t["attention_mask"],
-                                              t["completion_mask"], temperature=temp)
+                    ref = logprobs.token_logprobs(ref_model, t["input_ids"], t["attention_mask"],
+                                                  t["completion_mask"], temperature=temp)
             adv = torch.tensor([s["advantage"] for s in mb], device=dev)
             loss, st = grpo.policy_loss(logp, old_cache[b], t["rollout_logp"], adv,
                                         t["completion_mask"], ref_logp=ref, kl_coef=oargs.kl_coef,

@@ -6,7 +6,7 @@
 Figures (BENCH.md, "On a lent GPU"), all on random-initialised weights:
 1. gpu.logprob.peak_mem_ratio_vs_naive: peak extra memory of one forward + backward of token
    log-probs in bf16, 16,384 completion tokens, V = 151,936, hidden 4,096 (the Qwen3-8B head):
-   ours (grpo.chunked_logprobs, what grpo.token_logprobs runs after the model body) over the
+   ours (logprobs.chunked_logprobs, what logprobs.token_logprobs runs after the model body) over the
    naive head(hidden) -> log_softmax -> gather. Peak extra = torch.cuda.max_memory_allocated
    minus the allocation before the arm, statistics reset between arms; both include the head's
    (V, H) gradient. Context: GiB per arm, a naive arm upcasting the logits to fp32 first, and
@@ -50,7 +50,7 @@ Choices, numbered:
 
 Output: JSON {"smoke", "device", "torch", "transformers", "figures": [...], "sections": {name:
 {"status", "seconds"}}}, and one JSON line per figure as the last stdout lines. Never asserts.
-Dependencies: torch, transformers, accelerate; grpo, train (and train.py as a subprocess).
+Dependencies: torch, transformers, accelerate; grpo, logprobs, train (and train.py as a subprocess).
 Test: pytest tests/test_bench_gpu.py
 """
 import argparse
@@ -75,7 +75,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from grpo import chunked_logprobs  # noqa: E402
+from logprobs import chunked_logprobs  # noqa: E402
 
 GIB = 2 ** 30
 QWEN3_4B = dict(vocab_size=151_936, hidden_size=2_560, intermediate_size=9_728,
@@ -100,7 +100,7 @@ class Shapes:
     lp_tokens: int = 16_384            # completion tokens of the log-prob arms
     lp_vocab: int = 151_936
     lp_hidden: int = 4_096             # the Qwen3-8B head
-    lp_chunk: int = 256                # grpo.token_logprobs' default chunk
+    lp_chunk: int = 256                # logprobs.token_logprobs' default chunk
     model: dict = field(default_factory=lambda: QWEN3_4B)
     seqs: int = 8                      # sequences of the GRPO update
     seq_len: int = 4_096               # tokens each

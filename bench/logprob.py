@@ -1,4 +1,4 @@
-"""Benchmark: memory of grpo.chunked_logprobs (forward + backward) against the naive log-softmax.
+"""Benchmark: memory of logprobs.chunked_logprobs (forward + backward) against the naive log-softmax.
 
 Shape (BENCH.md): V = 151,936 (Qwen3), 2,048 completion tokens, hidden 1,024, fp32 on CPU.
 The naive baseline is what a trainer does without care: logits = head(hidden) (N, V), full
@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from grpo import chunked_logprobs  # noqa: E402
+from logprobs import chunked_logprobs  # noqa: E402
 
 V, N, H = 151_936, 2_048, 1_024
 N_ERR, CHUNK_ERR = 64, 16

@@ -11,7 +11,7 @@ played on the shipped `data/envs` games (`--fixed_envs data/envs`; the two tool 
 games validation and are skipped, leaving exactly 8). Nothing in train.py is changed: the bench
 wraps, from outside,
   generation    TransformersEngine.generate (prefill + decode + sampling, incl. decoding text)
-  fwd/bwd       grpo.token_logprobs, grpo.policy_loss, Accelerator.backward,
+  fwd/bwd       logprobs.token_logprobs, grpo.policy_loss, Accelerator.backward,
                 Accelerator.clip_grad_norm_, AcceleratedOptimizer.step
 and everything else inside the step's wall time is overhead, itemised where it is wrapped:
 sandbox (open / reset / step_many / close), chat-template tokenizing (agent._Renderer), update
@@ -61,6 +61,7 @@ import agent  # noqa: E402
 import engine  # noqa: E402
 import grpo  # noqa: E402
 import infra  # noqa: E402
+import logprobs  # noqa: E402
 import memory  # noqa: E402
 import models  # noqa: E402
 import sandbox  # noqa: E402
@@ -154,7 +155,7 @@ def instrument(clock: Clock) -> None:
     engine.TransformersEngine.generate = generate
 
     clock.wrap(engine.TransformersEngine, "generate", "generation")
-    for owner, name in ((grpo, "token_logprobs"), (grpo, "policy_loss"), (Accelerator, "backward"),
+    for owner, name in ((logprobs, "token_logprobs"), (grpo, "policy_loss"), (Accelerator, "backward"),
                         (Accelerator, "clip_grad_norm_"), (AcceleratedOptimizer, "step")):
         clock.wrap(owner, name, "fwd_bwd")
     clock.wrap(train, "grpo_update", UPDATE)

@@ -25,6 +25,7 @@ PINNED = {
     "eval",
     "designer",
     "memory",
+    "grpo",
     "regret",
     "engine",
 }

@@ -12,6 +12,7 @@ import agent
 import config
 import designer
 import grpo
+import logprobs as logprobs_lib
 import sandbox
 import train
 from agent import Episode, EpisodeSpec, play
@@ -288,12 +289,12 @@ def test_grpo_update_never_forwards_a_compact_filtered_sample(tiny, monkeypatch)
 
     from accelerate import Accelerator
     seen = []
-    logprobs = grpo.token_logprobs
+    logprobs = logprobs_lib.token_logprobs
 
     def spy(m, input_ids, attention_mask, *a, **k):
         seen.append(int(attention_mask.sum()))
         return logprobs(m, input_ids, attention_mask, *a, **k)
-    monkeypatch.setattr(grpo, "token_logprobs", spy)
+    monkeypatch.setattr(logprobs_lib, "token_logprobs", spy)
     model = copy.deepcopy(tiny[0]).eval()
     ref = copy.deepcopy(model).requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -10,6 +10,7 @@ import torch
 import config
 import engine
 import infra
+import logprobs as logprobs_lib
 import models
 import train
 
@@ -395,13 +396,13 @@ def _update_setup(tiny, monkeypatch, kl_coef=0.0):
     _count_checkpoints(monkeypatch, calls)
     model = copy.deepcopy(tiny[0]).eval()
     model.gradient_checkpointing_enable()  # binds the (counting) torch checkpoint function now
-    logprobs = grpo.token_logprobs
+    logprobs = logprobs_lib.token_logprobs
 
     def spy(m, input_ids, attention_mask, *a, **k):
         if m is model:
             calls["tokens"].append(int(attention_mask.sum()))
         return logprobs(m, input_ids, attention_mask, *a, **k)
-    monkeypatch.setattr(grpo, "token_logprobs", spy)
+    monkeypatch.setattr(logprobs_lib, "token_logprobs", spy)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
     kw = dict(pad_id=tiny[1].pad_token_id, temperatures={"agent": 1.0, "designer": 1.0},
@@ -502,15 +503,14 @@ def test_local_bf16_model_trains_checkpointed_with_bf16_reference_and_export(
     and a bf16 final_model; no prefix KV cache for non-tiny models."""
     from safetensors.torch import load_file
 
-    import grpo
     src = tmp_path / "qwen3-bf16"
     model, tok = models.build_tiny("tiny", seed=0)
     model.to(torch.bfloat16).save_pretrained(src)
     tok.save_pretrained(src)
     seen, counts = [], {"checkpoint": 0}
     _count_checkpoints(monkeypatch, counts)
-    logprobs = grpo.token_logprobs
-    monkeypatch.setattr(grpo, "token_logprobs", lambda m, *a, **k: (
+    logprobs = logprobs_lib.token_logprobs
+    monkeypatch.setattr(logprobs_lib, "token_logprobs", lambda m, *a, **k: (
         seen.append((next(m.parameters()).dtype, m.training)), logprobs(m, *a, **k))[1])
     engines, make_engine = [], infra.make_engine
     monkeypatch.setattr(infra, "make_engine", lambda *a: engines.append(make_engine(*a)) or engines[-1])
@@ -587,12 +587,11 @@ def _tp_train_worker(rank, port, out_dir):
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), ACCELERATE_USE_CPU="true")
     torch.set_num_threads(1)
-    import grpo
     fake = FakeTPLLM(models.build_tiny_tokenizer())
     infra.make_engine = lambda margs, *a: engine.VLLMEngine(
         "tiny", tensor_parallel_size=margs.tensor_parallel_size, llm=fake, vllm_module=fake)
-    forwarded, trained, logprobs, samples = [], [], grpo.token_logprobs, train.agent_samples
-    grpo.token_logprobs = lambda m, ids, attn, *a, **k: (
+    forwarded, trained, logprobs, samples = [], [], logprobs_lib.token_logprobs, train.agent_samples
+    logprobs_lib.token_logprobs = lambda m, ids, attn, *a, **k: (
         forwarded.append(int(attn.sum())), logprobs(m, ids, attn, *a, **k))[1]
 
     def agent_samples(episodes, g, **kw):   # one sample per episode in the games setting

@@ -24,6 +24,7 @@ import config
 import engine
 import grpo
 import infra
+import logprobs as logprobs_lib
 import models
 import train
 
@@ -178,7 +179,7 @@ def run(tmp_path, policy, monkeypatch, extra=()):
     import accelerate
     rec = {"samples": [], "batches": [], "loss_kw": [], "temps": [], "weights": [], "clip": [], "adamw": []}
     real_update, real_batches = train.grpo_update, train.micro_batches
-    real_loss, real_logprobs = grpo.policy_loss, grpo.token_logprobs
+    real_loss, real_logprobs = grpo.policy_loss, logprobs_lib.token_logprobs
     real_backward, real_clip, real_adamw = (accelerate.Accelerator.backward,
                                             accelerate.Accelerator.clip_grad_norm_, torch.optim.AdamW)
 
@@ -215,7 +216,7 @@ def run(tmp_path, policy, monkeypatch, extra=()):
     monkeypatch.setattr(train, "grpo_update", grpo_update)
     monkeypatch.setattr(train, "micro_batches", micro_batches)
     monkeypatch.setattr(grpo, "policy_loss", policy_loss)
-    monkeypatch.setattr(grpo, "token_logprobs", token_logprobs)
+    monkeypatch.setattr(logprobs_lib, "token_logprobs", token_logprobs)
     monkeypatch.setattr(accelerate.Accelerator, "backward", backward)
     monkeypatch.setattr(accelerate.Accelerator, "clip_grad_norm_", clip_grad_norm_)
     monkeypatch.setattr(torch.optim, "AdamW", adamw)
