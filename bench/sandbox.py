@@ -7,6 +7,7 @@ do), a bare pipe echo between two processes, a bare fork()+exit from this (small
 """
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -70,15 +71,35 @@ def figure(metric, value, target=None, **context):
     print(json.dumps({"metric": metric, "value": round(value, 4), "target": target, **context}))
 
 
-def pipe_echo_rtt(n=2000):
+def cpu_s(pid=None):
+    """CPU seconds of this process, or of another one (its scheduler run time, ns resolution)."""
+    if pid is None:
+        return time.process_time()
+    with open(f"/proc/{pid}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e9
+
+
+def tree_cpu_s(pid):
+    """CPU seconds of a process and of the children it has reaped (/proc stat, clock ticks)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return sum(map(int, f.read().rsplit(")", 1)[1].split()[11:15])) / os.sysconf("SC_CLK_TCK")
+
+
+def pipe_echo_rtt(n=2000, cpu=None):
     p = subprocess.Popen([sys.executable, "-I", "-c", "import os\nwhile True:\n d = os.read(0, 65536)\n"
                           " if not d: break\n os.write(1, d)"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     msg, out = b'{"op": "step", "action": "\\\\boxed{1}"}\n', []
+    for _ in range(50):                                                # the child has started up
+        os.write(p.stdin.fileno(), msg)
+        os.read(p.stdout.fileno(), 65536)
+    c0, w0 = cpu_s(), cpu_s(p.pid)
     for _ in range(n):
         t = time.perf_counter()
         os.write(p.stdin.fileno(), msg)
         os.read(p.stdout.fileno(), 65536)
         out.append(time.perf_counter() - t)
+    if cpu is not None:                                                # CPU per round trip, both sides
+        cpu.append(((cpu_s() - c0) / n, (cpu_s(p.pid) - w0) / n))
     p.stdin.close()
     p.wait()
     return statistics.median(out)
@@ -98,11 +119,11 @@ def main():
             for i in range(STEPS):
                 handle.step(ACTIONS[i])
         # Short adjacent rounds, ratio per round: the load of a shared machine hits both sides alike.
-        rtts, pipes, guess, ratios = [], [], [], []
+        rtts, pipes, guess, ratios, pipe_cpu, step_cpu = [], [], [], [], [], []
         for _ in range(9):
-            pipes.append(pipe_echo_rtt(500))
+            pipes.append(pipe_echo_rtt(500, pipe_cpu))
             for handle, out in ((h, rtts), (hg, guess)):
-                ts = []
+                ts, c0, w0 = [], cpu_s(), cpu_s(h.pid)
                 for i in range(500):
                     if i % STEPS == 0 and handle is hg:                # stay inside its turn budget; every
                         handle.reset(seed=i)                           # reset starts a fresh worker
@@ -110,6 +131,8 @@ def main():
                     handle.step(ACTIONS[i % STEPS])
                     ts.append(time.perf_counter() - t)
                 out.append(statistics.median(ts))
+                if handle is h:
+                    step_cpu.append(((cpu_s() - c0) / 500, (cpu_s(h.pid) - w0) / 500))
             ratios.append(rtts[-1] / pipes[-1])
             time.sleep(0.3)                                            # the zygote refills its pool after
                                                                        # the resets: not transport time
@@ -146,7 +169,7 @@ def main():
         start, fork = statistics.median(starts), statistics.median(forks)
 
         # -- completed 20-step episodes per second: ours (8 at a time, a fresh worker each) vs spawn
-        n_eps, t = 0, time.perf_counter()
+        n_eps, t, c0, z0 = 0, time.perf_counter(), cpu_s(), tree_cpu_s(sb._proc.pid)
         while time.perf_counter() - t < 8.0:
             hs = [sb.open(SRC) for _ in range(8)]
             sb.reset_many(hs, list(range(n_eps, n_eps + 8)))
@@ -156,6 +179,7 @@ def main():
                 h.close()
             n_eps += 8
         ours = n_eps / (time.perf_counter() - t)
+        ours_cpu = (cpu_s() - c0 + tree_cpu_s(sb._proc.pid) - z0) / n_eps   # trainer + zygote + workers
         seq_eps, t = 0, time.perf_counter()
         while time.perf_counter() - t < 4.0:
             h = sb.open(SRC)
@@ -165,7 +189,7 @@ def main():
             h.close()
             seq_eps += 1
         ours_seq = seq_eps / (time.perf_counter() - t)
-        spawn_eps, t = 0, time.perf_counter()
+        spawn_eps, t, k0 = 0, time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
         while time.perf_counter() - t < 8.0:
             procs = [subprocess.Popen([sys.executable, "-I", "-c", RUNNER, str(spawn_eps + j)],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE) for j in range(8)]
@@ -173,6 +197,8 @@ def main():
                 p.communicate(SRC.encode())
             spawn_eps += 8
         spawn = spawn_eps / (time.perf_counter() - t)
+        k1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        spawn_cpu = (k1.ru_utime + k1.ru_stime - k0.ru_utime - k0.ru_stime) / spawn_eps
         print(f"# episodes/s: ours {ours:.1f} (8 concurrent), ours one at a time {ours_seq:.1f}, "
               f"fresh python -I per episode {spawn:.1f} (8 concurrent)")
 
@@ -202,10 +228,13 @@ def main():
 
     print(f"# total bench time {time.time() - t_start:.1f} s")
     figure("sandbox.episodes_per_s_ratio_vs_spawn", ours / spawn, ">= 10", ours=round(ours, 1),
-           spawn=round(spawn, 1), ours_one_at_a_time=round(ours_seq, 1))
+           spawn=round(spawn, 1), ours_one_at_a_time=round(ours_seq, 1),
+           cpu_ms_per_episode_ours_spawn=[round(ours_cpu * 1e3, 2), round(spawn_cpu * 1e3, 2)])
     figure("sandbox.step_rtt_ratio_vs_pipe", statistics.median(ratios), "<= 3", step_us=round(rtt * 1e6, 1),
            pipe_us=round(pipe * 1e6, 1), guessing_game_step_us=round(rtt_guess * 1e6, 1),
-           round_ratios=[round(r, 2) for r in ratios])
+           round_ratios=[round(r, 2) for r in ratios],
+           cpu_us_per_step_trainer_worker=[round(min(c[i] for c in step_cpu) * 1e6, 1) for i in (0, 1)],
+           cpu_us_per_echo_trainer_child=[round(min(c[i] for c in pipe_cpu) * 1e6, 1) for i in (0, 1)])
     figure("sandbox.episode_start_ms_p50", start * 1e3, "ratio <= 3", ratio_vs_fork=round(start / fork, 2),
            fork_ms=round(fork * 1e3, 3), reexec_in_fresh_namespace_ms=round(statistics.median(reexecs) * 1e3, 3))
     figure("sandbox.timeout_overrun_ms_p95", p95 * 1e3, "<= 100", failures=named)
