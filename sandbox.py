@@ -722,7 +722,7 @@ class EnvHandle:
             self._closed = True
             self._kill("closed", "handle closed")
 
-    # -- INFRA: one request, one reply (step_many sends every request before it waits) -------
+    # -- INFRA: one request, one reply (step_many interleaves _begin / _pump / _end) -----------
     def _begin(self, op: str, arg: str, timeout: float, episode=True):
         if self._loading:
             self._ready()
@@ -755,22 +755,33 @@ class EnvHandle:
             return self._kill("episode_timeout", "episode time budget used up")
         return self._kill("timeout", f"no reply within {self._deadline - self._t0:g} s")
 
-    def _wait(self) -> bytes:
-        """Read until the reply line is complete; a timeout, the worker's exit, an oversized line or
+    def _pump(self) -> bytes | None:
+        """Read what is there; the reply line once complete. The worker's exit, an oversized line or
         bytes after the line end the worker."""
-        while (i := self._buf.find(b"\n")) < 0 and len(self._buf) <= self._cap:
-            if self._rpoll.poll(max(1, math.ceil((self._deadline - time.monotonic()) * 1000))):
-                if not (chunk := os.read(self._rfd, 1 << 16)):
-                    raise self._kill(None, wait=True)
-                self._buf += chunk
-            elif time.monotonic() >= self._deadline:
-                raise self._timeout()
-        if i < 0 or i > self._cap:
+        try:
+            chunk = os.read(self._rfd, 1 << 16)
+        except BlockingIOError:
+            return None
+        if not chunk:
+            raise self._kill(None, wait=True)
+        self._buf += chunk
+        i = self._buf.find(b"\n")
+        if i > self._cap or (i < 0 and len(self._buf) > self._cap):
             raise self._kill("output_too_large", f"reply line over {self._cap} bytes")
+        if i < 0:
+            return None
         line, self._buf = self._buf[:i + 1], self._buf[i + 1:]
         if self._buf:
             raise self._kill("protocol_violation", "extra bytes after the reply line")
         return line
+
+    def _wait(self) -> bytes:
+        while True:
+            if self._rpoll.poll(max(1, math.ceil((self._deadline - time.monotonic()) * 1000))):
+                if (line := self._pump()) is not None:
+                    return line
+            elif time.monotonic() >= self._deadline:
+                raise self._timeout()
 
     def _end(self, line: bytes, episode=True):
         """The reply's result, once it answers this request (nonce) and is strict JSON."""
@@ -995,25 +1006,39 @@ class Sandbox:
     def _many(self, handles, args, step):
         if len(set(map(id, handles))) != len(handles):                 # duplicates: one at a time
             return [h.step(a) if step else h.reset(a) for h, a in zip(handles, args)]
-        out = [None] * len(handles)
+        out, pending, poller = [None] * len(handles), {}, select.poll()
         if not step:                                                   # fresh workers first: they load in parallel
             for i, h in enumerate(handles):
                 try:
                     h._prepare()
                 except _Fail as e:
                     out[i] = h._error(e, step)
-        for i, (h, a) in enumerate(zip(handles, args)):               # every request goes out, then
-            try:                                                       # the replies are read in turn
-                if out[i] is None:
-                    h._begin("S", _quote(str(a)), self.step_timeout) if step else h._begin_reset(a)
-            except _Fail as e:
-                out[i] = h._error(e, step)
-        for i, h in enumerate(handles):
+        for i, (h, a) in enumerate(zip(handles, args)):
             try:
                 if out[i] is None:
-                    out[i] = h._check_step(h._end(h._wait())) if step else h._check_reset(h._end(h._wait()))
+                    h._begin("S", _quote(str(a)), self.step_timeout) if step else h._begin_reset(a)
+                    pending[h._rfd] = (i, h)
+                    poller.register(h._rfd, select.POLLIN)
             except _Fail as e:
                 out[i] = h._error(e, step)
+        while pending:                                                 # replies as they come: one that fills
+            now = time.monotonic()                                     # its pipe never waits behind a hung one
+            for fd, (i, h) in list(pending.items()):
+                if h._deadline <= now:
+                    poller.unregister(fd)
+                    del pending[fd]
+                    out[i] = h._error(h._timeout(), step)
+            wait = min([h._deadline for _, h in pending.values()], default=now) - now
+            for fd, _ in poller.poll(max(1, math.ceil(wait * 1000))) if pending else ():
+                i, h = pending[fd]
+                try:
+                    if (line := h._pump()) is None:
+                        continue
+                    out[i] = h._check_step(h._end(line)) if step else h._check_reset(h._end(line))
+                except _Fail as e:
+                    out[i] = h._error(e, step)
+                poller.unregister(fd)
+                del pending[fd]
         return out
 
     def run_program(self, code: str, stdin: str = "", timeout: float | None = None,
