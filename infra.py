@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import re
 import shutil
 import sys
@@ -23,6 +24,8 @@ from pathlib import Path
 
 import agent
 import config
+import designer
+import regret
 
 
 def derive_seed(*parts) -> int:
@@ -81,6 +84,14 @@ class Sampler:
             elif piece:
                 ids += self.tok.encode(piece, add_special_tokens=False)
         return ids
+
+
+def designer_generate(sampler: Sampler, step: int, phase: str, sargs):
+    """The designer's generate callable with its sampling parameters (Sec. 4)."""
+    return sampler.at(step, phase).chat(temperature=sargs.designer_temperature, top_p=sargs.top_p,
+                                        top_k=sargs.top_k, max_new_tokens=sargs.designer_max_tokens,
+                                        enable_thinking=sargs.designer_thinking)
+
 
 
 class Run:
@@ -208,6 +219,53 @@ class Run:
         return self.run_dir
 
 
+def generate_pool(margs, sargs, oargs, rargs, *, sb, engines, skills: list[str]) -> Path:
+    """The Fixed-env GRPO baseline's pool (Sec. 4): the untrained policy designs environments
+    with the same prompts (memory off, skills in turn) until --generate_pool of them validate.
+    Each one is written as it validates, with manifest.json (file -> skill, setting) and the
+    generator's state, so a killed run continues where it stopped; then `--fixed_envs DIR`.
+    `skills`: the setting's skill names, designed in turn."""
+    import torch
+    from tqdm.auto import tqdm
+
+    import models
+    out, n = Path(rargs.output_dir), sargs.generate_pool
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = json.loads((out / "manifest.json").read_text()) if (out / "manifest.json").exists() else {}
+    state = json.loads((out / "pool_state.json").read_text()) if (out / "pool_state.json").exists() else {}
+    model, tok = models.load_model_and_tokenizer(margs.model, dtype=torch.bfloat16 if torch.cuda.is_available()
+                                                 else torch.float32, seed=rargs.seed)
+    sampler = Sampler(engines.get("designer") or make_engine(margs, sargs, model, tok, rargs.seed, False),
+                      tok, rargs.seed)
+    corpus = None if sargs.no_corpus else designer.Corpus(
+        sargs.corpus, max_words=designer.CORPUS_MAX_WORDS[sargs.setting], seed=sargs.corpus_seed)
+    if corpus is not None and state.get("corpus"):
+        corpus.load_state_dict(state["corpus"])
+    rnd = state.get("round", 0)
+    bar, dry = tqdm(total=n, initial=min(len(manifest), n), desc="pool"), 0
+    while len(manifest) < n:
+        if dry == 10:
+            raise SystemExit(f"--generate_pool: 10 rounds without a valid environment ({len(manifest)} of {n} in {out})")
+        batch = min(sargs.num_envs, n - len(manifest))
+        slots = [skills[(rnd * sargs.num_envs + i) % len(skills)] for i in range(batch)]
+        proposals, _ = designer.regenerate(
+            slots, generate=designer_generate(sampler, rnd, "pool", sargs),
+            validate=lambda src: sb.validate(src, setting=sargs.setting), corpus=corpus, memory_block=None,
+            setting=sargs.setting, rng=random.Random(derive_seed("pool", rargs.seed, rnd)),
+            max_attempts=sargs.max_attempts)
+        for p in (p for p in proposals if p.ok):
+            name = f"env_{len(manifest):05d}.py"
+            atomic_write(out / name, p.source)
+            manifest[name] = {"skill": p.skill, "setting": sargs.setting, "class_name": p.class_name}
+            bar.update(1)
+        rnd, dry = rnd + 1, 0 if any(p.ok for p in proposals) else dry + 1
+        atomic_write(out / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
+        atomic_write(out / "pool_state.json", json.dumps(
+            {"round": rnd, "corpus": corpus.state_dict() if corpus is not None else None}))
+    bar.close()
+    return out
+
+
 def make_engine(margs, sargs, model, tokenizer, seed: int, sharded: bool):
     """vLLM colocated on GPU when installed (or asked for); the transformers engine otherwise."""
     import importlib.util
@@ -265,6 +323,61 @@ def episode_metrics(episodes) -> dict:
     hinted = [ep.ret for ep in episodes if ep.hinted]
     if hinted:
         m["agent/hinted_return_mean"] = sum(hinted) / len(hinted)
+    return m
+
+
+def win_rate(returns) -> float:
+    """The share of plays with return > 0 (0 without plays)."""
+    return sum(r > 0 for r in returns) / len(returns) if returns else 0.0
+
+
+def env_metrics(pool, episodes) -> dict:
+    """This step's env/* metrics of the unhinted plays that did not fault (README, Metrics)."""
+    by_env, unhinted, rewards = {e.env_id: e for e in pool}, {}, {}
+    for ep in episodes:
+        if not ep.hinted:
+            rewards.setdefault(ep.env_id, []).extend(ep.rewards)
+            if ep.status != "env_error":
+                unhinted.setdefault(ep.env_id, []).append(ep.ret)
+    m = {"env/pool_size": len(pool), "env/faulty": sum(e.faulty for e in pool)}
+    if unhinted:
+        wins = {k: win_rate(v) for k, v in unhinted.items()}
+        m["env/learnable_share"] = regret.learnable_share([sum(v) / len(v) for v in unhinted.values()])
+        m["env/win_rate"] = sum(wins.values()) / len(wins)
+        m["env/zero_variance_share"] = regret.zero_variance_share(list(unhinted.values()))
+        m["env/reward_granularity"] = regret.reward_granularity([rewards[k] for k in unhinted])
+        for skill in sorted({by_env[k].skill for k in wins}):
+            ks = [k for k in wins if by_env[k].skill == skill]
+            m[f"env/win_rate/{skill}"] = sum(wins[k] for k in ks) / len(ks)
+    return m
+
+
+def epoch_learnable(hist: dict, pool, epoch_start: int, n_slots: int, window: int = 16) -> dict:
+    """Fig. 7's learnable share: a finished epoch adds the win rates of its designer environments
+    (share of its unhinted plays with return > 0) and its slot count; the share is over the
+    epochs of its 16-step window so far (complete at the window's last epoch)."""
+    rates = [win_rate(e.returns) for e in pool if e.origin == "designer"]
+    hist["epochs"] = [x for x in hist["epochs"] if x[0] // window == epoch_start // window]
+    hist["epochs"].append([epoch_start, rates, n_slots])
+    return {"env/learnable_slot_share": regret.learnable_slot_share([(r, n) for _, r, n in hist["epochs"]])}
+
+
+def regen_figures(step, new_pool, episodes, hist: dict, steps: int, seed: int, window: int = 40) -> dict:
+    """Fig. 9's formula-reveal rate of a regeneration's new environments (their first
+    observation), and Fig. 19's diversity over each 40-step window's new environments."""
+    m, fresh = {}, {e.env_id: e for e in new_pool if e.origin == "designer"}
+    first = {}
+    for ep in episodes:
+        if ep.env_id in fresh and not ep.hinted and ep.messages:
+            first.setdefault(ep.env_id, ep.messages[0]["content"])
+    if first:
+        m["designer/formula_reveal_rate"] = sum(map(regret.reveals_formula, first.values())) / len(first)
+    hist["sources"] += [e.source for e in fresh.values()]
+    if (step + 1) % window == 0 or step + 1 == steps:
+        if hist["sources"]:
+            rng = random.Random(derive_seed("vendi", seed, step))
+            m["designer/diversity_window"] = regret.windowed_diversity(hist["sources"], rng)
+        hist["sources"] = []
     return m
 
 

@@ -1,41 +1,36 @@
 """SPADE training: Algorithm 1 of arXiv 2608.19197, one policy as designer and agent, GRPO.
 
-    for step in 0 .. S-1:                                        (train(): one call per phase)
-        1. if step % R == 0, regenerate (Sec. 3, Alg. 1 lines 3-6):
-             skills <- round robin; N environments <- designer(corpus doc, memory), validated;
-             hint(e) <- same policy, for each freshly designed environment
-        2. play every pool environment G times unhinted (seeded); at regeneration also H hinted
-        3. regret(e) = mean R_hint - mean R_nohint                                   # Eq. (3)
-        4. at regeneration, the finished epoch's designer samples (the buffer `designs`) get
-             score = 0.4 * clip(regret / 0.15, 0, 1) + 0.6 * plateau(w),  A = S * (score - mean_skill)
-           agent samples: A = (R - mean_e) / (std_e + 1e-8)                          # Eq. (1)
-        5. one GRPO step over designer + agent samples   6. sync weights into the rollout engine
-        7. at regeneration, the fresh environments enter the memory
-        (tool use, the authors' filters: episodes that did not terminate and malformed tool-call
-        replies keep their place in the group statistics but get loss mask 0)
+    for step in 0 .. S-1:                                          (train(): one call per phase)
+      1. if step % R == 0, regenerate (Sec. 3, Alg. 1 lines 3-6): skills round robin; N
+         environments <- designer(corpus doc, memory), validated; hint(e) <- the same policy
+      2. play every environment G times unhinted (seeded); at regeneration the fresh ones H hinted
+      3. regret(e) = mean R_hint - mean R_nohint                                     # Eq. (3)
+      4. at regeneration the finished epoch's designer samples (the buffer `State.designs`) get
+         score = 0.4 * clip(regret / 0.15, 0, 1) + 0.6 * plateau(w), A = S * (score - mean_skill);
+         agent samples: A = (R - mean_e) / (std_e + 1e-8)                            # Eq. (1)
+      5. one GRPO step over both roles' samples  6. weight sync  7. fresh environments -> memory
+    (tool use, the authors' filters: episodes that did not terminate and malformed tool-call
+    replies keep their place in the group statistics but get loss mask 0)
 
 Symbols: S steps, R regeneration interval, N environments per regeneration, G unhinted plays,
 H hinted plays, w the environment's mean unhinted return over its epoch, S role-balancing scale
-(code: `scale`). Arguments, presets, checks: config.py; Accelerate, engine, checkpoints: infra.py.
+(`scale`). Arguments, presets, checks: config.py; Accelerate, engine, checkpoints: infra.py.
 
-Deviations (from the paper and the authors' code; also in the README):
-  1. When fewer than N environments validate, the pool is topped up from the previous pool and, at
-     step 0, from the hand-written `data/envs/`; those carry no designer sample.
-  2. Environment faults drop the faulted episode from the agent batch, take the environment out
-     of the pool for the rest of its epoch and give its designer score 0 (authors: -1 to the agent).
-  3. The last epoch's designer samples are trained in the final step's update, scored on the
-     statistics they have by then (authors drop them).
-  4. Every sampling call gets a seed derived from (seed, step, phase, call), so a resumed run
-     replays exactly; the corpus sampler's state is checkpointed for the same reason.
-  5. Hinted plays (and so regret and hints) are for the freshly designed environments only:
-     carried and hand-written ones have no designer sample to score. An empty hint: regret 0.
-  6. The N slots are split over all ranks (each samples with its own seeds), so each GRPO group
-     stays on one rank. The ranks of one vLLM tensor-parallel group run one engine: each generate
-     call serves the group's different prompts together, once; each rank trains its own samples.
-  7. Without a preset, trained log-probs use each role's sampling temperature (the authors'
-     trainer: 1.0; --logprob_temperature). One batch holds all agent and designer samples of a
-     designer step (the authors trim it to 192); weight decay covers every parameter. README
-     deviations 18 and 21-25 give the reasons.
+Deviations (README, "Deviations", has the reasons):
+  1. Fewer than N valid environments: the pool is topped up from the previous pool and, at step
+     0, from the hand-written `data/envs/`; those carry no designer sample.
+  2. An environment fault drops the episode from the agent batch, the environment from the pool
+     for its epoch, and scores its designer sample 0 (authors: -1 to the agent).
+  3. The last epoch's designer samples are trained at the final step (authors drop them).
+  4. Every sampling call's seed derives from (seed, step, phase, call) and the corpus sampler is
+     checkpointed, so a resumed run replays exactly.
+  5. Hinted plays (so regret and hints) only for freshly designed environments; an empty hint:
+     regret 0.
+  6. The N slots are split over the ranks, so each GRPO group stays on one rank; one vLLM
+     tensor-parallel group serves its ranks' prompts in one generate call.
+  7. Without a preset, log-probs at each role's sampling temperature (--logprob_temperature); one
+     batch of all agent and designer samples (authors: trimmed to 192); weight decay on every
+     parameter (README deviations 18, 21-25).
 
 Launch: `python train.py --model tiny ...` (CPU) or `accelerate launch --config_file
 configs/fsdp2_8gpu.yaml train.py --model Qwen3-30B-A3B`. Test: `pytest tests/test_train.py`.
@@ -149,13 +144,6 @@ def start_state(run, sargs, rargs) -> State:
     return st
 
 
-def designer_generate(sampler: Sampler, step: int, phase: str, sargs):
-    """The designer's generate callable with its sampling parameters (Sec. 4)."""
-    return sampler.at(step, phase).chat(temperature=sargs.designer_temperature, top_p=sargs.top_p,
-                                        top_k=sargs.top_k, max_new_tokens=sargs.designer_max_tokens,
-                                        enable_thinking=sargs.designer_thinking)
-
-
 # ----------------------------------------------------------------------------------------------
 # ALGO: Algorithm 1, one call per phase
 
@@ -180,7 +168,7 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
         phase(step, "generate", times)
         if regen:
             if step > 0:  # Fig. 7 over the epoch that ends here
-                m.update(epoch_learnable(st.hist, st.pool, step - sargs.regen_interval, run.n_slots))
+                m.update(infra.epoch_learnable(st.hist, st.pool, step - sargs.regen_interval, run.n_slots))
             ended = st.designs  # the finished epoch's designer samples, scored in phase 4
             st.pool, st.designs, gm, logs = regenerate(step, sargs, sampler, design_sampler,
                                                        sb, st.memory, st.pool, st.corpus, run.rank, run.world)
@@ -194,14 +182,14 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
                              strip_thinking_history=margs.strip_thinking_history)
         # ALGO: 3. regret (Eq. 3) of the fresh environments, once the statistics mark the faulty
         phase(step, "score", times)
-        em, wins = env_stats(step, st.pool, episodes)
-        m.update(em, **(hint_regrets(st.pool, episodes) if regen else {}))
-        m.update(regen_figures(step, st.pool if regen else [], episodes, st.hist, sargs.steps,
-                               derive_seed("vendi", rargs.seed, step)))
+        record_plays(st.pool, episodes)
+        m.update(hint_regrets(st.pool, episodes) if regen else {})
+        m.update(infra.env_metrics(st.pool, episodes), **infra.regen_figures(
+            step, st.pool if regen else [], episodes, st.hist, sargs.steps, rargs.seed))
         # ALGO: 4. delayed designer scoring of the finished epoch (deviation 3: and of the last)
         if last and not sargs.fixed_envs:
             ended, st.designs = ended + st.designs, []
-            m.update(epoch_learnable(st.hist, st.pool, step - step % sargs.regen_interval, run.n_slots))
+            m.update(infra.epoch_learnable(st.hist, st.pool, step - step % sargs.regen_interval, run.n_slots))
         scored = score_epoch(ended, sargs, st.lp)
         samples = agent_samples(episodes, grpo, compact=tool_filters(sargs))
         if train_designer and (regen or last):  # every rank: a collective
@@ -220,7 +208,7 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
         run.engine.sync_weights(run.accelerator.unwrap_model(run.model))
         # ALGO: 7. memory update: a record for every freshly designed environment
         if regen and not sargs.no_memory:
-            remember(step, st.pool, wins, st.memory, sargs.setting, run.gather)
+            remember(step, st.pool, st.memory, sargs.setting, run.gather)
         # INFRA: step files, metrics, checkpoint, export
         phase(step, "log", times)
         infra.write_step_files(run.run_dir, step, st.pool if regen else [], episodes,
@@ -240,7 +228,7 @@ def regenerate(step, sargs, sampler, design_sampler, sb, mem, pool, corpus, rank
     block = (lambda skill: "") if sargs.no_memory else mem.prompt_block  # its own seeded, checkpointed rng
     try:
         proposals, stats = designer.regenerate(
-            slots, generate=designer_generate(design_sampler, step, "designer", sargs),
+            slots, generate=infra.designer_generate(design_sampler, step, "designer", sargs),
             validate=lambda src: sb.validate(src, setting=sargs.setting), corpus=corpus,
             memory_block=block, setting=sargs.setting,
             rng=random.Random(derive_seed("prompts", sargs.corpus_seed, step, rank)),
@@ -270,17 +258,15 @@ def regenerate(step, sargs, sampler, design_sampler, sb, mem, pool, corpus, rank
         sampler.drain()
     for e, h in zip(hinted, hints):
         e.hint = h
-    stats = {f"designer/{k}": v for k, v in stats.items()}
-    stats["designer/accepted"] = len(fresh)
-    stats["env/from_fallback"] = sum(e.origin == "fallback" for e in new_pool)
+    stats = {**{f"designer/{k}": v for k, v in stats.items()}, "designer/accepted": len(fresh),
+             "env/from_fallback": sum(e.origin == "fallback" for e in new_pool)}
     return new_pool, designs, stats, [p.to_log() for p in proposals]
 
 
 def load_env_dir(path: Path, setting: str, sb, origin: str) -> list[PoolEnv]:
-    """The environments (*.py) of one setting in a directory that pass validation.
-
-    A `manifest.json` there (file -> {skill, setting}) names skills and settings; otherwise the
-    skill comes from a first docstring line `skill: <name>.` and every file is validated."""
+    """The environments (*.py) of one setting in a directory that pass validation; skills and
+    settings from its `manifest.json` (file -> {skill, setting}), else a first docstring line
+    `skill: <name>.`"""
     manifest = Path(path) / "manifest.json"
     meta = json.loads(manifest.read_text()) if manifest.exists() else {}
     envs = []
@@ -302,9 +288,8 @@ def load_env_dir(path: Path, setting: str, sb, origin: str) -> list[PoolEnv]:
 def play_pool(step, pool, sargs, sampler, sb, tokenizer, hinted_arm: bool, seed: int,
               enable_thinking=None, strip_thinking_history=False):
     """Alg. 1 line 7: G unhinted plays per environment, plus H hinted at a regeneration step for
-    the freshly designed environments (the ones whose regret scores a designer sample).
-
-    Both arms draw their seeds from one list (common random numbers, our deviation)."""
+    the freshly designed environments (the ones whose regret scores a designer sample). Both arms
+    draw their seeds from one list (common random numbers, our deviation)."""
     seeds = [derive_seed("play", seed, step, i) for i in range(max(sargs.plays, sargs.hint_plays))]
     jobs = []
     for e in pool:
@@ -361,42 +346,24 @@ def fixed_draws(sargs, sb, rank: int, world: int) -> list[list[PoolEnv]]:
             for draw in fixed_env_schedule(len(fixed), sargs.num_envs, sargs.steps)]
 
 
-def env_stats(step, pool, episodes) -> tuple[dict, dict]:
-    """Per-step statistics; marks faulty environments and extends their epoch returns in place."""
+def record_plays(pool, episodes) -> None:
+    """Extend each environment's epoch returns with this step's unhinted returns; mark the
+    environments whose code faulted (a fault of the sandbox itself, `infra: ...`, is not theirs)."""
     by_env = {e.env_id: e for e in pool}
-    unhinted, rewards = {}, {}
     for ep in episodes:
-        if not ep.hinted:
-            rewards.setdefault(ep.env_id, []).extend(ep.rewards)
-        if ep.status == "env_error":  # the environment's fault, unless the sandbox itself failed
-            by_env[ep.env_id].faulty |= not str(ep.error).startswith("infra")
-            by_env[ep.env_id].timed_out |= ep.error in ("timeout", "episode_timeout")
-            continue
-        if not ep.hinted:
-            unhinted.setdefault(ep.env_id, []).append(ep.ret)
-    m = {}
-    for env_id, rets in unhinted.items():
-        by_env[env_id].returns += rets
-    wins = {k: sum(r > 0 for r in v) / len(v) for k, v in unhinted.items()}
-    means = {k: sum(v) / len(v) for k, v in unhinted.items()}
-    if means:
-        m["env/learnable_share"] = regret.learnable_share(list(means.values()))
-        m["env/win_rate"] = sum(wins.values()) / len(wins)
-        m["env/zero_variance_share"] = regret.zero_variance_share(list(unhinted.values()))
-        m["env/reward_granularity"] = regret.reward_granularity([rewards[k] for k in unhinted])
-        for skill in sorted({by_env[k].skill for k in wins}):
-            ks = [k for k in wins if by_env[k].skill == skill]
-            m[f"env/win_rate/{skill}"] = sum(wins[k] for k in ks) / len(ks)
-    m["env/pool_size"] = len(pool)
-    m["env/faulty"] = sum(e.faulty for e in pool)
-    return m, wins
+        e = by_env[ep.env_id]
+        if ep.status == "env_error":
+            e.faulty |= not str(ep.error).startswith("infra")
+            e.timed_out |= ep.error in ("timeout", "episode_timeout")
+        elif not ep.hinted:
+            e.returns.append(ep.ret)
 
 
 def hint_regrets(pool, episodes) -> dict:
     """Alg. 1's regret phase at a regeneration step: Eq. (3) for each fault-free environment that
     has both arms, set in place (regret, r_hint, r_nohint), and the step's regret/* metrics. A
     fresh designer environment without a hint has no hinted arm: hinted = unhinted, regret 0.
-    Run it after env_stats, which marks the faulty environments."""
+    Run it after record_plays, which marks the faulty environments."""
     arms = {}  # (env_id, hinted) -> returns of the episodes that did not end in a fault
     for ep in episodes:
         if ep.status != "env_error":
@@ -420,35 +387,6 @@ def hint_regrets(pool, episodes) -> dict:
             "regret/positive_share": sum(e.regret > 0 for e in regs) / len(regs),
             "regret/r_hint": sum(e.r_hint for e in regs) / len(regs),
             "regret/r_nohint": sum(e.r_nohint for e in regs) / len(regs)}
-
-
-def epoch_learnable(hist: dict, pool, epoch_start: int, n_slots: int, window: int = 16) -> dict:
-    """Fig. 7's learnable share: a finished epoch adds the win rates of its designer environments
-    (share of its unhinted plays with return > 0) and its slot count; the share is over the
-    epochs of its 16-step window so far (complete at the window's last epoch)."""
-    rates = [sum(r > 0 for r in e.returns) / len(e.returns) if e.returns else 0.0
-             for e in pool if e.origin == "designer"]
-    hist["epochs"] = [x for x in hist["epochs"] if x[0] // window == epoch_start // window]
-    hist["epochs"].append([epoch_start, rates, n_slots])
-    return {"env/learnable_slot_share": regret.learnable_slot_share([(r, n) for _, r, n in hist["epochs"]])}
-
-
-def regen_figures(step, new_pool, episodes, hist: dict, steps: int, seed: int, window: int = 40) -> dict:
-    """Fig. 9's formula-reveal rate of a regeneration's new environments (their first
-    observation), and Fig. 19's diversity over each 40-step window's new environments."""
-    m, fresh = {}, {e.env_id: e for e in new_pool if e.origin == "designer"}
-    first = {}
-    for ep in episodes:
-        if ep.env_id in fresh and not ep.hinted and ep.messages:
-            first.setdefault(ep.env_id, ep.messages[0]["content"])
-    if first:
-        m["designer/formula_reveal_rate"] = sum(map(regret.reveals_formula, first.values())) / len(first)
-    hist["sources"] += [e.source for e in fresh.values()]
-    if (step + 1) % window == 0 or step + 1 == steps:
-        if hist["sources"]:
-            m["designer/diversity_window"] = regret.windowed_diversity(hist["sources"], random.Random(seed))
-        hist["sources"] = []
-    return m
 
 
 def score_epoch(designs, sargs, lp: dict | None = None) -> list[dict]:
@@ -477,13 +415,13 @@ def score_epoch(designs, sargs, lp: dict | None = None) -> list[dict]:
     return out
 
 
-def remember(step, pool, wins: dict, mem, setting: str, gather=None) -> None:
+def remember(step, pool, mem, setting: str, gather=None) -> None:
     """Alg. 1's memory update: each fault-free freshly designed environment enters the memory with
-    its win rate (share of unhinted plays with return > 0) and regret; `gather` collects every
-    rank's records so all ranks hold the same memory."""
-    recs = [memory_lib.MemoryRecord(skill=e.skill, source=e.source, win_rate=wins.get(e.env_id, 0.0),
-                                    regret=e.regret or 0.0, step=step, class_name=e.class_name,
-                                    setting=setting)
+    its win rate (share of its unhinted plays, all of this regeneration step, with return > 0) and
+    regret; `gather` collects every rank's records so all ranks hold the same memory."""
+    recs = [memory_lib.MemoryRecord(skill=e.skill, source=e.source, regret=e.regret or 0.0, step=step,
+                                    win_rate=sum(r > 0 for r in e.returns) / max(1, len(e.returns)),
+                                    class_name=e.class_name, setting=setting)
             for e in pool if e.origin == "designer" and not e.faulty]
     for r in (gather(recs) if gather else recs):
         mem.add(r)
@@ -495,12 +433,9 @@ def tool_filters(sargs) -> bool:
 
 
 def agent_samples(episodes, grpo, compact: bool = False) -> list[dict]:
-    """Unhinted, fault-free episodes -> training samples with group advantages (Eq. 1).
-
-    compact (the authors' compact filter, tool use): an episode that did not terminate (a reply
-    cut by the token cap or the context, the environment's budget, the turn limit) still counts in
-    its group's mean and std, but its loss mask is all zero: running out of turns is not a policy
-    failure to push down."""
+    """Unhinted, fault-free episodes -> training samples with group advantages (Eq. 1). compact
+    (the authors' tool-use filter): an episode that did not terminate (token cap, context, budget,
+    turn limit) counts in its group's statistics with loss mask 0: no policy failure to push down."""
     eps = [ep for ep in episodes if not ep.hinted and ep.status != "env_error"]
     adv = grpo.agent_advantages([ep.ret for ep in eps], [ep.env_id for ep in eps])
     # A stripped-history episode trains one sample per turn, all with the episode's advantage.
@@ -547,12 +482,10 @@ def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *,
                 temperatures, oargs, margs, grpo, torch) -> dict:
     """One GRPO step (Sec. 3.4): token-mean per sample, mean over all samples of all ranks.
 
-    The model is in train mode only here (transformers checkpoints activations only in train
-    mode; rollouts need eval mode, whose layers keep their KV cache), and gradients are freed
-    right after the optimizer step, so they never sit in memory through the next rollouts.
-    Without a KL term a sample whose advantage is exactly 0 has exactly zero gradient, and so
-    has a sample whose loss mask is all zero (the tool-use compact filter): both are counted in
-    the mean over samples but never forwarded (zero-variance groups cost nothing)."""
+    Train mode only here (transformers checkpoints activations only in train mode; rollouts keep
+    their KV cache in eval mode); gradients are freed right after the optimizer step. Without a KL
+    term a sample with advantage exactly 0, or an all-zero loss mask, has zero gradient: counted
+    in the mean over samples, never forwarded (zero-variance groups cost nothing)."""
     dev = accelerator.device
     n_global = int(accelerator.gather(torch.tensor([len(samples)], device=dev)).sum())
     if n_global == 0:
@@ -563,7 +496,8 @@ def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *,
     # every parameter gets a (zero) gradient and AdamW steps as it would on zero advantages;
     # extras weigh 0.
     n_mb = max(1, int(accelerator.gather(torch.tensor([len(batches)], device=dev)).max()))
-    filler = [dict(_FILLER, tokens=[pad_id, pad_id])]
+    filler = [{"tokens": [pad_id, pad_id], "mask": [0, 1], "logprobs": [0.0, 0.0], "role": "agent",
+               "advantage": 0.0}]
     model.train()
     try:
         stats_acc, grad_norm = _update_epochs(
@@ -624,8 +558,6 @@ def _update_epochs(model, ref_model, optimizer, scheduler, accelerator, batches,
     return stats_acc, grad_norm
 
 
-_FILLER = {"mask": [0, 1], "logprobs": [0.0, 0.0], "role": "agent", "advantage": 0.0}
-
 
 # ----------------------------------------------------------------------------------------------
 # INFRA: the command line, Accelerate, the policy and its rollout engine, logging, checkpoints
@@ -647,7 +579,7 @@ def main(argv=None, *, engines: dict | None = None) -> Path | None:
     try:
         resolve(*args)
         if args[1].generate_pool:
-            return generate_pool(*args, sb=sb, engines=engines or {})
+            return infra.generate_pool(*args, sb=sb, engines=engines or {}, skills=skill_list(args[1]))
         return train(*args, sb=sb, engines=engines or {})
     finally:  # never leave the zygote and its workers behind, even on a crash
         sb.close()
@@ -662,52 +594,6 @@ def resolve(margs, sargs, oargs, rargs) -> None:
         models.resolve_model_name(margs.model)
     except ValueError as e:
         raise SystemExit(str(e)) from None
-
-
-def generate_pool(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
-    """The Fixed-env GRPO baseline's pool (Sec. 4): the untrained policy designs environments
-    with the same prompts (memory off, skills in turn) until --generate_pool of them validate.
-    Each one is written as it validates, with manifest.json (file -> skill, setting) and the
-    generator's state, so a killed run continues where it stopped; then `--fixed_envs DIR`."""
-    import torch
-    from tqdm.auto import tqdm
-
-    import models
-    out, n = Path(rargs.output_dir), sargs.generate_pool
-    out.mkdir(parents=True, exist_ok=True)
-    manifest = json.loads((out / "manifest.json").read_text()) if (out / "manifest.json").exists() else {}
-    state = json.loads((out / "pool_state.json").read_text()) if (out / "pool_state.json").exists() else {}
-    model, tok = models.load_model_and_tokenizer(margs.model, dtype=torch.bfloat16 if torch.cuda.is_available()
-                                                 else torch.float32, seed=rargs.seed)
-    sampler = Sampler(engines.get("designer") or infra.make_engine(margs, sargs, model, tok, rargs.seed, False),
-                      tok, rargs.seed)
-    corpus = None if sargs.no_corpus else designer.Corpus(
-        sargs.corpus, max_words=designer.CORPUS_MAX_WORDS[sargs.setting], seed=sargs.corpus_seed)
-    if corpus is not None and state.get("corpus"):
-        corpus.load_state_dict(state["corpus"])
-    skills, rnd = skill_list(sargs), state.get("round", 0)
-    bar, dry = tqdm(total=n, initial=min(len(manifest), n), desc="pool"), 0
-    while len(manifest) < n:
-        if dry == 10:
-            raise SystemExit(f"--generate_pool: 10 rounds without a valid environment ({len(manifest)} of {n} in {out})")
-        batch = min(sargs.num_envs, n - len(manifest))
-        slots = [skills[(rnd * sargs.num_envs + i) % len(skills)] for i in range(batch)]
-        proposals, _ = designer.regenerate(
-            slots, generate=designer_generate(sampler, rnd, "pool", sargs),
-            validate=lambda src: sb.validate(src, setting=sargs.setting), corpus=corpus, memory_block=None,
-            setting=sargs.setting, rng=random.Random(derive_seed("pool", rargs.seed, rnd)),
-            max_attempts=sargs.max_attempts)
-        for p in (p for p in proposals if p.ok):
-            name = f"env_{len(manifest):05d}.py"
-            infra.atomic_write(out / name, p.source)
-            manifest[name] = {"skill": p.skill, "setting": sargs.setting, "class_name": p.class_name}
-            bar.update(1)
-        rnd, dry = rnd + 1, 0 if any(p.ok for p in proposals) else dry + 1
-        infra.atomic_write(out / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
-        infra.atomic_write(out / "pool_state.json", json.dumps(
-            {"round": rnd, "corpus": corpus.state_dict() if corpus is not None else None}))
-    bar.close()
-    return out
 
 
 if __name__ == "__main__":

@@ -167,8 +167,9 @@ def instrument(clock: Clock) -> None:
     clock.wrap(infra, "write_step_files", "logging")
     clock.wrap(infra, "episode_metrics", "logging")
     clock.wrap(memory.EnvironmentMemory, "save", "logging")
-    for name in ("env_stats", "hint_regrets", "agent_samples"):
+    for name in ("record_plays", "hint_regrets", "agent_samples"):
         clock.wrap(train, name, "scoring")
+    clock.wrap(infra, "env_metrics", "scoring")
     train.on_phase = clock.on_phase
 
     original_ckpt = infra.save_checkpoint

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 import config
+import infra
 import train
 
 # Written out from the launchers, one literal per value (not derived from config.PRESETS).
@@ -162,11 +163,11 @@ def test_score_epoch_regret_uses_the_window_mean_and_the_timeout_penalty():
     assert [s["score"] for s in train.score_epoch(_designs(*envs), sargs)] == [pytest.approx(0.75), 0.0, -0.5, 0.0]
 
 
-def test_env_stats_marks_timeouts():
+def test_record_plays_marks_timeouts():
     from types import SimpleNamespace as NS
     e = _env("a", [])
     eps = [NS(env_id="a", ret=0.0, hinted=False, status="env_error", error="timeout", rewards=[])]
-    train.env_stats(0, [e], eps)
+    train.record_plays([e], eps)
     assert e.faulty and e.timed_out
 
 
@@ -225,9 +226,9 @@ def test_epoch_learnable_keeps_one_16_step_window():
     hist = {"epochs": [], "sources": []}
     envs = [_env("a", [1, 0, 0, 0]), _env("b", [1, 1]), _env("c", [0, 0])]  # win 0.25, 1.0, 0.0
     envs.append(train.PoolEnv("f", "Optimization", "src", "FEnv", "fallback", returns=[1, 0]))
-    assert train.epoch_learnable(hist, envs, 0, 4) == {"env/learnable_slot_share": 0.25}  # 1 / 4
-    assert train.epoch_learnable(hist, envs[:1], 12, 4)["env/learnable_slot_share"] == 2 / 8
-    assert train.epoch_learnable(hist, envs[:1], 16, 4)["env/learnable_slot_share"] == 1 / 4  # new window
+    assert infra.epoch_learnable(hist, envs, 0, 4) == {"env/learnable_slot_share": 0.25}  # 1 / 4
+    assert infra.epoch_learnable(hist, envs[:1], 12, 4)["env/learnable_slot_share"] == 2 / 8
+    assert infra.epoch_learnable(hist, envs[:1], 16, 4)["env/learnable_slot_share"] == 1 / 4  # new window
 
 
 def test_formula_reveal_detector():
@@ -251,9 +252,9 @@ def test_regen_figures_formula_rate_and_window_diversity():
            NS(env_id="b", hinted=True, messages=[{"content": "the formula (hinted)"}]),
            NS(env_id="b", hinted=False, messages=[{"content": "Observation: pick a door"}]),
            NS(env_id="c", hinted=False, messages=[{"content": "the formula"}])]
-    m = train.regen_figures(0, pool, eps, hist, steps=400, seed=1)
+    m = infra.regen_figures(0, pool, eps, hist, steps=400, seed=1)
     assert m == {"designer/formula_reveal_rate": 0.5} and len(hist["sources"]) == 2
-    m = train.regen_figures(39, [], [], hist, steps=400, seed=1)  # the 40-step window closes
+    m = infra.regen_figures(39, [], [], hist, steps=400, seed=1)  # the 40-step window closes
     assert m["designer/diversity_window"] == pytest.approx(regret.diversity(["x = 1\ny = 2\n", "class B: pass\n"]))
     assert hist["sources"] == []
 

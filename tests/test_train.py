@@ -237,7 +237,7 @@ def _ep(env_id, ret, hinted=False, status="terminated", rewards=None):
                            rewards=rewards if rewards is not None else [ret])
 
 
-def test_env_stats_and_epoch_scores_by_hand():
+def test_plays_regret_and_epoch_scores_by_hand():
     """Two environments, hand-computed: regret (Eq. 3), win rates, learnable share, blend score."""
     a = train.PoolEnv("a", "Optimization", "src", "AEnv", "designer", hint="h")
     b = train.PoolEnv("b", "Optimization", "src", "BEnv", "designer", hint="h")
@@ -247,9 +247,9 @@ def test_env_stats_and_epoch_scores_by_hand():
            _ep("b", 0.0, hinted=True), _ep("b", 0.0, hinted=True),
            _ep("a", 0.0, status="env_error")]                                # infra: not a's fault
     eps[-1].error = "infra: worker could not start"
-    m, wins = train.env_stats(0, [a, b], eps)
-    m.update(train.hint_regrets([a, b], eps))
-    assert a.regret == pytest.approx(0.5) and wins == {"a": 0.5, "b": 0.0}
+    train.record_plays([a, b], eps)
+    m = {**infra.env_metrics([a, b], eps), **train.hint_regrets([a, b], eps)}
+    assert a.regret == pytest.approx(0.5) and (a.returns, b.returns) == ([1.0, 0.0, 1.0, 0.0], [0.0, 0.0])
     assert b.faulty and b.regret is None  # a faulty environment gets no regret
     assert not a.faulty
     assert m["regret/mean"] == pytest.approx(0.5) and m["regret/positive_share"] == 1.0
