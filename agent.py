@@ -10,11 +10,8 @@ designed, turn by turn, with and without the privileged hint. `play` turns a bat
 (the return is what Eq. (3) averages). Each turn, every live episode's tokens go to the engine in
 ONE generate call; the sampled tokens and log-probs are appended verbatim (the trained sequence is
 exactly what the model saw and produced), and observation tokens are only what the chat template
-puts after the last reply (`_Renderer`), with message contents unable to inject chat structure.
-Tool use: tool calls (JSON or Qwen3-Coder XML form) are normalised for ToolEnv.step(), an
-`<answer>` outranking them; tool outputs come back as tool messages.
-
-Symbols: B live episodes in a batch, T tokens of one episode; mask[t] = 1 for reply tokens.
+puts after the last reply (`_Renderer`). Tool calls are normalised for ToolEnv.step() and their
+outputs come back as tool messages. Symbols: T tokens of one episode; mask[t] = 1 on replies.
 
 Deviations from the paper / the authors' code:
 1. The action is the LAST balanced `\\boxed{...}` after the last `</think>` (authors: the first);
@@ -23,9 +20,8 @@ Deviations from the paper / the authors' code:
    -1 for a crash); train.py drops them from the agent batch.
 3. A reply cut by the per-turn cap ends the episode ("truncated"; "context" when the cap was the
    remaining context) in both arms; the authors' hinted arm feeds the cut reply to the environment.
-4. A chat template that ignores `tools=` gets the tools as a Qwen3/Hermes block in its system
-   message and tool outputs as `<tool_response>` blocks of a user turn (`render_chat`, logged);
-   the authors use the model's own template as is.
+4. A chat template that ignores `tools=` gets them as a Qwen3/Hermes block in its system message,
+   tool outputs as `<tool_response>` user turns (`render_chat`, logged); the authors use it as is.
 
 Dependencies: the standard library and the tokenizer object passed in.
 Test: `pytest tests/test_agent.py tests/test_chat_models.py`.
@@ -150,9 +146,8 @@ def malformed_tool_call(text: str) -> bool:
 
 
 def first_user_message(observation: str, hint: str | None, setting: str) -> str:
-    """The first user message: preamble, observation (a hinted play sees the hint appended) and
-    the paper's answer-format sentence, one per line as the authors render them (games); the raw
-    instruction (tools)."""
+    """The first user message (a hinted play sees the hint appended): preamble, observation and the
+    paper's answer-format sentence as the authors lay them out (games); the instruction (tools)."""
     if hint:
         observation = f"{observation}\n\nHINT: {hint}"
     if setting == "tool":
@@ -195,8 +190,7 @@ class Episode:
     masked_replies: int = 0  # replies masked out of the loss as malformed tool calls
 
     def extend(self, ids: list[int], logprobs: list[float] | None = None) -> None:
-        """Append tokens: a reply (mask 1, the engine's log-probs) or, without log-probs, template
-        and observation tokens (mask 0, log-prob 0.0)."""
+        """Append a reply (mask 1, the engine's log-probs) or, without log-probs, template tokens."""
         self.token_ids += ids
         self.mask += [0 if logprobs is None else 1] * len(ids)
         self.logprobs += [0.0] * len(ids) if logprobs is None else [float(x) for x in logprobs]
@@ -304,16 +298,14 @@ def render_chat(tokenizer, messages: list[dict], *, tools: list[dict] | None = N
 
 
 class _Renderer:
-    """Token deltas of one episode's conversation. The token list is the source of truth; each
-    turn only what the template puts AFTER the last reply is tokenized: the conversation is
-    rendered with that reply replaced by a marker, without and with the new messages (plus the
-    generation prompt); the tail after the marker without them (the closing `<|im_end|>\\n`) must
-    be a prefix of the tail with them (checked), and the longer tail is the delta. Looking only
-    past the marker survives templates that rewrite history (Qwen3 drops earlier reasoning, and
-    with enable_thinking=False never re-renders the empty think block). The template's end of
-    turn ends a reply and is then not added again; a reply that stopped on another EOS (a base
-    model's `<|endoftext|>`) gets it as mask-0 tokens. Markers carry a random nonce so that no
-    environment output or reply can forge one; contents are tokenized with special tokens off."""
+    """Token deltas of one episode's conversation; the token list is the source of truth. Each
+    turn the conversation is rendered with the last reply replaced by a marker, without and with
+    the new messages; the tail after the marker without them (`<|im_end|>\\n`) must be a prefix of
+    the tail with them, and the rest is the delta. Looking only past the marker survives templates
+    that rewrite history (Qwen3 drops earlier reasoning). A reply that stopped on the template's
+    end of turn does not get it twice; one that stopped on another EOS gets it as mask-0 tokens.
+    Markers carry a random nonce (no output can forge one); contents are tokenized with special
+    tokens off, so an environment that prints `<|im_end|>` cannot inject chat structure."""
 
     def __init__(self, tokenizer, tools: list[dict], enable_thinking: bool | None,
                  eot: tuple[str, int]):
@@ -435,11 +427,9 @@ def _observe(ep: Episode, renderer: _Renderer, result: tuple, stop: int | None, 
         return _finish(ep, "terminated" if terminated else "truncated", terminated=terminated)
     if ep.turns >= max_turns:
         return _finish(ep, "turn_limit")
-    outputs = info.get("tool_outputs") if isinstance(info, dict) else None
-    if setting == "tool" and outputs:
-        new = [{"role": "tool", "content": str(out)} for out in outputs]
-    else:
-        new = [{"role": "user", "content": str(obs)}]
+    outputs = info.get("tool_outputs") if setting == "tool" and isinstance(info, dict) else None
+    new = [{"role": "tool", "content": str(out)} for out in outputs] if outputs else \
+        [{"role": "user", "content": str(obs)}]
     if malformed:
         new[-1]["content"] += f"\n\n{FORMAT_HINT}"
     if strip_thinking_history:  # a fresh context: the whole history without its reasoning
@@ -463,17 +453,14 @@ def play(specs: list[EpisodeSpec], *, generate: Callable, tokenizer,
          enable_thinking: bool | None = None, strip_thinking_history: bool = False,
          mask_malformed: bool = False) -> list[Episode]:
     """Play every spec to its end; one `generate(prompts, max_new_tokens_list)` call per turn.
-
-    Paper limits (its training setup): 25 turns, 32,768-token context, 8,192 new tokens per turn
-    (fewer when the context is nearly full). Returns one Episode per spec, in order.
-    step_many(handles, actions) / reset_many(handles, seeds): one round trip for the whole batch
-    (the sandbox's); default: each handle's own step / reset.
-    strip_thinking_history (the authors' thinking 8B agent): every turn's context is re-rendered
-    from the messages with earlier `<think>` blocks removed, and each turn is its own training
-    record in `Episode.turn_samples` (they share the episode's advantage).
-    mask_malformed (tool use, the authors' filter): a reply whose `<tool_call>` does not parse gets
-    mask 0, and the next observation ends with FORMAT_HINT, the expected call format.
-    """
+    Returns one Episode per spec, in order. Paper limits (its training setup): 25 turns,
+    32,768-token context, 8,192 new tokens per turn (fewer when the context is nearly full).
+    step_many(handles, actions) / reset_many(handles, seeds): one round trip for the batch (the
+    sandbox's; default: each handle's own). strip_thinking_history (the authors' thinking 8B
+    agent): each turn's context is re-rendered with earlier `<think>` blocks removed and is its own
+    training record (`Episode.turn_samples`, sharing the episode's advantage). mask_malformed (tool
+    use, the authors' filter): a reply whose `<tool_call>` does not parse gets mask 0, and the next
+    observation ends with FORMAT_HINT, the expected call format."""
     assert setting in ("games", "tool"), setting
     eot = turn_end(tokenizer)
     resets = reset_many([s.handle for s in specs], [s.seed for s in specs]) if reset_many and specs \
