@@ -308,7 +308,7 @@ class _Renderer:
     tokens off, so an environment that prints `<|im_end|>` cannot inject chat structure."""
 
     def __init__(self, tokenizer, tools: list[dict], enable_thinking: bool | None,
-                 eot: tuple[str, int]):
+                 eot: tuple[str, int] = ("", -1)):  # turn_end(tokenizer); deltas need it
         nonce = secrets.token_hex(8)
         self.reply_mark = f"\x00reply-{nonce}\x00"       # stands in for the last reply
         self.content_mark = f"\x00content-{nonce}-{{}}\x00"  # for untrusted message contents
@@ -363,6 +363,14 @@ class _Renderer:
         if reply_stop == self.eot_id:  # the model closed its turn itself: do not add a second one
             tail_after = tail_after[tail_before.index(self.eot_text) + len(self.eot_text):]
         return self.encode(tail_after, [m["content"] for m in new])
+
+
+def prompt_ids(tokenizer, messages: list[dict], *, tools: list[dict] | None = None,
+               enable_thinking: bool | None = None) -> list[int]:
+    """Chat-template tokens of a prompt (the messages plus the generation prompt) in which no
+    message content can become a special token: the project's one tokenizer path for prompts
+    (play's first prompts, infra.Sampler's designer and hint prompts)."""
+    return _Renderer(tokenizer, tools or [], enable_thinking).prompt(messages)
 
 
 # ----------------------------------------------------------------------------------------------

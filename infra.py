@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import random
-import re
 import shutil
 import sys
 import time
@@ -66,24 +65,9 @@ class Sampler:
             self.eng.drain()
 
     def prompt_ids(self, messages, enable_thinking: bool | None = None) -> list[int]:
-        """Chat-template tokens in which message contents can never become special tokens.
-
-        Designer and hint prompts carry model-written code and corpus text: a literal
-        `<|im_end|><|im_start|>` there must stay text (README, "Running model-written code
-        safely"), so contents are rendered as markers and tokenized on their own with
-        special-token parsing off."""
-        marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
-        kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
-        text = self.tok.apply_chat_template([dict(m, content=k) for m, k in zip(messages, marks)],
-                                            add_generation_prompt=True, tokenize=False, **kwargs)
-        ids = []
-        for i, piece in enumerate(re.split("\ue000(\\d+)\ue001", text)):
-            if i % 2:  # a message's content
-                ids += self.tok.encode(messages[int(piece)]["content"], add_special_tokens=False,
-                                       split_special_tokens=True)
-            elif piece:
-                ids += self.tok.encode(piece, add_special_tokens=False)
-        return ids
+        """Chat-template tokens in which message contents can never become special tokens
+        (designer and hint prompts carry model-written code and corpus text): agent.prompt_ids."""
+        return agent.prompt_ids(self.tok, messages, enable_thinking=enable_thinking)
 
 
 def designer_generate(sampler: Sampler, step: int, phase: str, sargs):
