@@ -19,8 +19,7 @@ Deviations from the paper and from the authors' code:
     2. The whole source is stored and its first 2,000 characters shown with a truncation note
        (authors: cut when stored); the negative is named by its class (authors: the file stem).
 
-Dependencies: standard library only.
-Test: `pytest tests/test_memory.py`.
+Dependencies: standard library only. Test: `pytest tests/test_memory.py`.
 """
 from __future__ import annotations
 
@@ -84,7 +83,8 @@ class EnvironmentMemory:
 
     def positives(self, skill: str, rng: random.Random | None = None) -> list[MemoryRecord]:
         """Up to 2 frontier records of `skill`, drawn from its top 10 by regret, in draw order."""
-        frontier = [r for r in self.records if r.skill == skill and FRONTIER[0] <= r.win_rate <= FRONTIER[1]]
+        lo, hi = FRONTIER
+        frontier = [r for r in self.records if r.skill == skill and lo <= r.win_rate <= hi]
         top = sorted(frontier, key=lambda r: -r.regret)[:TOP_K]  # stable: ties keep the older first
         return (rng or self.rng).sample(top, min(N_POSITIVE, len(top)))
 

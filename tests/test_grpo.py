@@ -173,7 +173,8 @@ def test_policy_loss_masked_tokens_contribute_nothing():
 def test_pad_batch():
     batch = pad_batch([{"token_ids": [1, 2, 3, 4, 9], "mask": [0, 0, 1, 0, 1],
                         "logprobs": [0.0, 0.0, -1.0, 0.0, -2.0]},
-                       {"token_ids": [5, 6, 7], "mask": [0, 1, 1], "logprobs": [0.0, -0.5, -0.25]}], pad_id=0)
+                       {"token_ids": [5, 6, 7], "mask": [0, 1, 1], "logprobs": [0.0, -0.5, -0.25]}],
+                      pad_id=0)
     assert batch["input_ids"].tolist() == [[1, 2, 3, 4, 9], [5, 6, 7, 0, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
     assert batch["completion_mask"].tolist() == [[0, 0, 1, 0, 1], [0, 1, 1, 0, 0]]
