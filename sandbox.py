@@ -74,7 +74,6 @@ import json
 import math
 import os
 import random
-import re
 import select
 import shutil
 import signal
@@ -140,102 +139,6 @@ class ValidationReport:
     kind: str | None = None           # the named failure when not ok (see FAILURES), else None
     setting: str = "games"            # "games" | "tool": which probe ran
     transcript: list = field(default_factory=list, repr=False)
-
-
-# ALGO: the ToolEnv base class (Sec. 4.2), injected into the environment's namespace in the worker
-# (the designer never imports it). As in the authors' base class: tool calls are free (they never
-# touch the turn budget); an <answer> turn and a malformed turn (no answer, no call that parses) each
-# use one of `max_turns` (10, theirs). An answer outranks tool calls in the same action. A premature
-# or wrong answer gets feedback naming the pending instruction, reward 0, and play continues. When
-# the last instruction completes, the tool output says so and asks for <answer>done</answer>.
-_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
-_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.S)
-FORMAT_REMINDER = ("Invalid turn. Call tools with <tool_call>{\"name\": ..., \"arguments\": {...}}"
-                   "</tool_call> (one or more), or finish with <answer>done</answer>.")
-ALL_DONE = "[ALL INSTRUCTIONS COMPLETE] Now submit <answer>done</answer>."
-
-
-class ToolEnv:
-    """Tool-use environment: tools over hidden `self.state`, 3-5 instructions with predicates."""
-    TOOLS: list = []
-
-    def __init__(self, max_turns: int = 10):
-        self.max_turns = max_turns
-        self.state, self.instructions, self._done, self._turn = {}, [], 0, 0
-
-    def setup(self, rng):  # subclasses: fill self.state and self.instructions from rng
-        raise NotImplementedError
-
-    def solution(self) -> list:  # subclasses: the tool calls that complete every instruction
-        return []
-
-    def tools(self) -> list[dict]:
-        fns = [t.get("function", t) if isinstance(t, dict) else {} for t in self.TOOLS]
-        return [{"type": "function", "function": {"name": f.get("name"), "description": f.get("description", ""),
-                 "parameters": f.get("parameters", {"type": "object", "properties": {}})}} for f in fns]
-
-    def reset(self, seed=None):
-        self.state, self.instructions, self._done, self._turn = {}, [], 0, 0
-        self.setup(random.Random(seed))
-        return self.instructions[0][0], {"tools": self.tools()}
-
-    def call(self, name, arguments) -> str:
-        """Dispatch one tool call; every error comes back as text, never raised."""
-        try:
-            if isinstance(arguments, str):
-                arguments = json.loads(arguments) if arguments.strip() else {}
-            names = {t["function"]["name"] for t in self.tools()}
-            if name not in names or not callable(getattr(self, f"tool_{name}", None)):
-                return f"Error: unknown tool {name!r}."
-            if not isinstance(arguments, dict):
-                return "Error: arguments must be a JSON object."
-            out = getattr(self, f"tool_{name}")(**arguments)
-            return out if isinstance(out, str) else json.dumps(out, default=str)
-        except Exception as e:  # noqa: BLE001 - tool errors are observations
-            return f"Error: {type(e).__name__}: {e}"
-
-    def _advance(self) -> str:
-        """Mark every instruction whose predicate now holds as done (in order); the text that tells
-        the agent: the next instruction, or the completion marker after the last one."""
-        note = ""
-        while self._done < len(self.instructions):
-            try:
-                if not self.instructions[self._done][1](self.state):
-                    break
-            except Exception:  # noqa: BLE001 - a raising predicate counts as unmet
-                break
-            self._done += 1
-            note = (f"\n\nNext instruction: {self.instructions[self._done][0]}"
-                    if self._done < len(self.instructions) else f"\n\n{ALL_DONE}")
-        return note
-
-    def _pending(self) -> str:
-        """Feedback on an answer given before every instruction is done."""
-        if self._done >= len(self.instructions):
-            return f"Not accepted: the only final answer is <answer>done</answer>. {ALL_DONE}"
-        return (f"Not finished: instruction {self._done + 1} of {len(self.instructions)} is still "
-                f"pending: \"{self.instructions[self._done][0]}\" Complete it with the tools "
-                "before submitting <answer>done</answer>.")
-
-    def step(self, action):
-        self._turn = getattr(self, "_turn", 0)                         # tolerate a missing super().__init__
-        answers, outputs = _ANSWER_RE.findall(action), []
-        for raw in [] if answers else _CALL_RE.findall(action):        # an answer outranks calls
-            try:
-                obj = json.loads(raw)
-                name, args = obj["name"], obj.get("arguments", {})
-            except Exception:  # noqa: BLE001
-                continue
-            outputs.append(self.call(name, args) + self._advance())
-        if outputs:                                                    # tool calls are free
-            return "\n".join(outputs), 0.0, False, False, {"tool_outputs": outputs}
-        self._turn += 1
-        truncated = self._turn >= getattr(self, "max_turns", 10)
-        if not answers:
-            return FORMAT_REMINDER, -0.1, False, truncated, {"tool_outputs": []}
-        if answers[-1].strip().lower() == "done" and self._done >= len(self.instructions):
-            return "All instructions completed.", 1.0, True, False, {"tool_outputs": []}
-        return self._pending(), 0.0, False, truncated, {"tool_outputs": []}
 
 
 # INFRA: kernel layers applied in the worker (ctypes + stdlib only)
@@ -418,6 +321,7 @@ def _w_reset(box, seed) -> str:
 
 
 def _w_load(box, arg) -> str:
+    from toolenv import ToolEnv                                        # preloaded by the zygote
     source, setting = arg
     ns = {"__name__": "__environment__", "ToolEnv": ToolEnv}
     exec(compile(source, "<environment>", "exec"), ns)
@@ -505,6 +409,9 @@ def _zygote_setup(cfg: dict):
             __import__(mod)
         except Exception:  # noqa: BLE001 - optional
             pass
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))     # -P left this file's dir off
+    import toolenv  # noqa: F401 - the ToolEnv base class, for every worker (which cannot read it)
+    del sys.path[0]
     cfg["mountns"] = root and libc.unshare(0x00020000) == 0            # CLONE_NEWNS
     if cfg["mountns"]:
         libc.mount(None, b"/", None, 0x4000 | 0x40000, None)           # MS_REC | MS_PRIVATE

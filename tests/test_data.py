@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import sandbox
+import toolenv
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 ENVS = DATA / "envs"
@@ -347,7 +347,7 @@ def test_game_is_solvable_by_a_scripted_player(name):
 # ---------------------------------------------------------------- tool-use environments
 
 # The real base class: the environments must work under the contract the sandbox injects.
-ToolEnv = sandbox.ToolEnv
+ToolEnv = toolenv.ToolEnv
 
 
 def load_tool(name):
@@ -388,7 +388,7 @@ def test_tool_env_solution_replays_to_success(name):
             assert (reward, terminated, truncated) == (0.0, False, False)
             assert len(info["tool_outputs"]) == 1
         assert all(pred(env.state) for _, pred in env.instructions)
-        assert obs.endswith(sandbox.ALL_DONE)  # the last call tells the agent to submit done
+        assert obs.endswith(toolenv.ALL_DONE)  # the last call tells the agent to submit done
         assert env.step("<answer>done</answer>")[1:4] == (1.0, True, False)
 
 

@@ -16,6 +16,7 @@ import time
 import pytest
 
 import sandbox
+import toolenv
 from sandbox import Sandbox, SandboxInfraError
 
 # Per-call deadline of the shared sandbox: every honest call (validation included) must answer
@@ -231,7 +232,7 @@ def test_tool_env_validates_and_plays(sb):
     obs, info = h.reset(seed=0)
     oid = __import__("random").Random(0).randint(100, 999)
     assert obs == f"Look up order {oid}." and info["tools"] == schemas
-    assert h.step("I think I should look it up") == (sandbox.FORMAT_REMINDER, -0.1, False, False,
+    assert h.step("I think I should look it up") == (toolenv.FORMAT_REMINDER, -0.1, False, False,
                                                      {"tool_outputs": []})
     o, r, term, trunc, info = h.step(call("lookup_order", order_id=str(oid)) + call("nope"))
     assert r == 0.0 and not term and len(info["tool_outputs"]) == 2
@@ -241,7 +242,7 @@ def test_tool_env_validates_and_plays(sb):
     assert (r, term, trunc) == (0.0, False, False) and f'"Cancel order {oid}."' in o
     h.reset(seed=0)
     outs = [h.step(call(n, order_id=str(oid)))[0] for n in ("lookup_order", "cancel_order", "refund")]
-    assert outs[-1].endswith(sandbox.ALL_DONE)
+    assert outs[-1].endswith(toolenv.ALL_DONE)
     assert h.step("<answer>done</answer>")[1:3] == (1.0, True)
     h.close()
 

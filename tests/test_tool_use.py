@@ -13,12 +13,12 @@ import config
 import designer
 import grpo
 import logprobs as logprobs_lib
-import sandbox
+import toolenv
 import train
 from agent import Episode, EpisodeSpec, play
 
 
-class DeskEnv(sandbox.ToolEnv):
+class DeskEnv(toolenv.ToolEnv):
     """Three instructions: look up order 17, cancel it, note the customer's reason."""
     TOOLS = [{"name": n, "description": n, "parameters": {
         "type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}}
@@ -66,7 +66,7 @@ def test_completion_marker_then_done_pays():
     outs = [env.step(call(c["name"]))[0] for c in env.solution()]
     assert outs[0] == "order 17: open\n\nNext instruction: Cancel that order."
     assert outs[1] == "cancelled\n\nNext instruction: Note that the customer moved."
-    assert outs[2] == f"noted\n\n{sandbox.ALL_DONE}" and "<answer>done</answer>" in sandbox.ALL_DONE
+    assert outs[2] == f"noted\n\n{toolenv.ALL_DONE}" and "<answer>done</answer>" in toolenv.ALL_DONE
     assert env.step(DONE)[1:4] == (1.0, True, False)
 
 
@@ -81,7 +81,7 @@ def test_premature_done_names_the_pending_step_and_play_continues():
     assert "instruction 2 of 3" in obs and '"Cancel that order."' in obs
     env.step(call("cancel_order") + call("add_note"))
     obs, r, term, _, _ = env.step("<answer>finished</answer>")  # everything done, wrong answer
-    assert (r, term) == (0.0, False) and sandbox.ALL_DONE in obs
+    assert (r, term) == (0.0, False) and toolenv.ALL_DONE in obs
     assert env.step(DONE)[1:3] == (1.0, True)
 
 
@@ -116,7 +116,7 @@ def test_shipped_tool_envs_end_with_the_marker_under_the_contract():
         env.reset(seed=3)
         assert env.step(DONE)[1:3] == (0.0, False)               # premature: play continues
         outs = [env.step(test_data.as_call(c))[0] for c in env.solution()]
-        assert outs[-1].endswith(sandbox.ALL_DONE) and not any(sandbox.ALL_DONE in o for o in outs[:-1])
+        assert outs[-1].endswith(toolenv.ALL_DONE) and not any(toolenv.ALL_DONE in o for o in outs[:-1])
         assert env.step(DONE)[1:3] == (1.0, True)
 
 
@@ -190,7 +190,7 @@ def test_scripted_agent_malformed_call_is_masked_and_told_the_format(tokenizer, 
     roles = [m["role"] for m in ep.messages]
     assert roles == ["user", "assistant", "user", "assistant", "user"] + ["assistant", "tool"] * 3 + ["assistant"]
     assert "instruction 1 of 3" in ep.messages[2]["content"]          # premature done: feedback
-    assert ep.messages[-2]["content"].endswith(sandbox.ALL_DONE)      # completion marker
+    assert ep.messages[-2]["content"].endswith(toolenv.ALL_DONE)      # completion marker
     told = agent.FORMAT_HINT in ep.messages[4]["content"]
     masks = reply_masks(ep, eng.outputs)
     assert len(masks) == 6 and all(all(m) for k, m in enumerate(masks) if k != 1)
