@@ -82,7 +82,7 @@ class Run:
     """The infrastructure around the loop: Accelerate, the policy with its optimizer and frozen
     reference, the rollout engine and the samplers bound to it, the run directory."""
 
-    def __init__(self, margs, sargs, oargs, rargs):
+    def __init__(self, margs, sargs, oargs, rargs, engines: dict):
         import copy
 
         import grpo
@@ -124,6 +124,10 @@ class Run:
         self.engine = make_engine(margs, sargs, acc.unwrap_model(self.model), self.tokenizer,
                                   rargs.seed, sharded)
         self.temperatures = config.role_temperatures(sargs, oargs)
+        # the samplers of the agent and hint calls and of the designer (tests may script either)
+        seed = rargs.seed + 7919 * self.rank
+        self.sampler = Sampler(engines.get("agent", self.engine), self.tokenizer, seed)
+        self.design_sampler = Sampler(engines.get("designer", self.engine), self.tokenizer, seed)
 
     def resume(self) -> dict | None:
         """With --resume: the checkpoint's weights and optimizer, the engine synced to them, and
@@ -141,6 +145,7 @@ class Run:
         return st
 
     def steps(self, start: int, sandbox_level: str):
+        """The steps still to run, as the main process's progress bar."""
         from tqdm.auto import tqdm
         if self.main:
             self.accelerator.init_trackers("spade", config=self.cfg)
@@ -156,8 +161,12 @@ class Run:
         from accelerate.utils import gather_object
         return gather_object(items)
 
-    def log(self, step: int, m: dict, times: dict, episodes, sandbox_level: str) -> None:
-        """One metrics.jsonl row per step (plus the trackers), reduced over the ranks."""
+    def log(self, step: int, m: dict, times: dict, episodes, sandbox_level: str, new_pool, proposals,
+            scored) -> None:
+        """The step's files (write_step_files) and one metrics.jsonl row (and the trackers),
+        reduced over the ranks."""
+        write_step_files(self.run_dir, step, new_pool, episodes, self.rargs.transcripts, proposals,
+                         self.rank, scored)
         m.update(episode_metrics(episodes))
         m.update({"charts/lr": self.scheduler.get_last_lr()[0],
                   "time/generate_s": times["play"] - times["generate"],
@@ -180,23 +189,23 @@ class Run:
             st.memory.save()
         if done % rargs.checkpoint_every == 0 or end:
             n_lines = len((self.run_dir / "metrics.jsonl").read_text().splitlines()) if self.main else 0
-            save_checkpoint(self.accelerator, self.run_dir, done,
-                                     st.to_dict(done, self.world, n_lines), rargs.keep_checkpoints)
+            save_checkpoint(self.accelerator, self.run_dir, done, st.to_dict(done, self.world, n_lines),
+                            rargs.keep_checkpoints)
             if self.main:  # a live run always has a recent report.html
                 write_report(self.run_dir, final=end)
         if rargs.export_every and (done % rargs.export_every == 0 or end):
             exports = self.run_dir / "exports"
             exports.mkdir(exist_ok=True)
             export_policy(self.accelerator, self.model, self.tokenizer, exports / f"step-{done}",
-                                   self.shipped)
+                          self.shipped)
             if self.main:
                 prune([p for p in exports.glob("step-*") if not p.name.endswith(".tmp")],
-                               rargs.keep_checkpoints)
+                      rargs.keep_checkpoints)
 
     def finish(self) -> Path:
         """The final policy in Hugging Face format, for eval.py and for sharing."""
         export_policy(self.accelerator, self.model, self.tokenizer, self.run_dir / "final_model",
-                               self.shipped)
+                      self.shipped)
         if self.main:
             print(f"[spade] done: metrics {self.run_dir / 'metrics.jsonl'}, policy {self.run_dir / 'final_model'}")
         self.accelerator.end_training()
@@ -346,11 +355,15 @@ def epoch_learnable(hist: dict, pool, epoch_start: int, n_slots: int, window: in
     return {"env/learnable_slot_share": regret.learnable_slot_share([(r, n) for _, r, n in hist["epochs"]])}
 
 
-def regen_figures(step, new_pool, episodes, hist: dict, steps: int, seed: int, window: int = 40) -> dict:
-    """Fig. 9's formula-reveal rate of a regeneration's new environments (their first
-    observation), and Fig. 19's diversity over each 40-step window's new environments."""
-    m, fresh = {}, {e.env_id: e for e in new_pool if e.origin == "designer"}
-    first = {}
+def regen_figures(step, pool, regen: bool, episodes, hist: dict, steps: int, seed: int, gather=list,
+                  window: int = 40) -> dict:
+    """At a regeneration, the Vendi diversity of the new environments of every rank (`gather`, a
+    collective) and Fig. 9's formula-reveal rate (their first observation); Fig. 19's diversity
+    over each 40-step window's new environments."""
+    m, fresh, first = {}, {}, {}
+    if regen:
+        fresh = {e.env_id: e for e in pool if e.origin == "designer"}
+        m["designer/diversity"] = regret.diversity(gather([e.source for e in fresh.values()]))
     for ep in episodes:
         if ep.env_id in fresh and not ep.hinted and ep.messages:
             first.setdefault(ep.env_id, ep.messages[0]["content"])

@@ -53,7 +53,7 @@ import infra
 import memory as memory_lib
 import regret
 import sandbox
-from infra import Sampler, derive_seed
+from infra import derive_seed
 
 HERE = Path(__file__).resolve().parent
 
@@ -151,13 +151,9 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
     """Algorithm 1; every rank runs it on its own share of the pool (deviation 6)."""
     import grpo
     import torch
-    run = infra.Run(margs, sargs, oargs, rargs)  # INFRA: Accelerate, policy, engine, run dir
-    seed = rargs.seed + 7919 * run.rank
-    sampler = Sampler(engines.get("agent", run.engine), run.tokenizer, seed)
-    design_sampler = Sampler(engines.get("designer", run.engine), run.tokenizer, seed)
+    run = infra.Run(margs, sargs, oargs, rargs, engines)  # INFRA: Accelerate, policy, engine, run dir
     st = start_state(run, sargs, rargs)
     draws = fixed_draws(sargs, sb, run.rank, run.world)  # the Fixed-env GRPO baseline's pools
-    train_designer = not (sargs.no_designer_training or sargs.fixed_envs)
     for step in run.steps(st.step, sb.level):
         m, times, logs, ended = {}, {}, [], []
         regen = step % sargs.regen_interval == 0 and not sargs.fixed_envs
@@ -170,29 +166,28 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
             if step > 0:  # Fig. 7 over the epoch that ends here
                 m.update(infra.epoch_learnable(st.hist, st.pool, step - sargs.regen_interval, run.n_slots))
             ended = st.designs  # the finished epoch's designer samples, scored in phase 4
-            st.pool, st.designs, gm, logs = regenerate(step, sargs, sampler, design_sampler,
-                                                       sb, st.memory, st.pool, st.corpus, run.rank, run.world)
-            fresh = run.gather([e.source for e in st.pool if e.origin == "designer"])  # whole pool
-            m.update(gm, **{"designer/diversity": regret.diversity(fresh)})
+            st.pool, st.designs, gm, logs = regenerate(step, sargs, run.sampler, run.design_sampler, sb,
+                                                       st.memory, st.pool, st.corpus, run.rank, run.world)
+            m.update(gm)
         # ALGO: 2. play: G unhinted plays per environment, H hinted ones of the fresh at a regeneration
         phase(step, "play", times)
-        episodes = play_pool(step, st.pool, sargs, sampler, sb, run.tokenizer, seed=rargs.seed,
+        episodes = play_pool(step, st.pool, sargs, run.sampler, sb, run.tokenizer, seed=rargs.seed,
                              hinted_arm=regen and sargs.hint_plays > 0,
                              enable_thinking=margs.enable_thinking,
                              strip_thinking_history=margs.strip_thinking_history)
-        # ALGO: 3. regret (Eq. 3) of the fresh environments, once the statistics mark the faulty
+        # ALGO: 3. regret (Eq. 3) of the fresh environments, after the plays mark faults and returns
         phase(step, "score", times)
         record_plays(st.pool, episodes)
         m.update(hint_regrets(st.pool, episodes) if regen else {})
         m.update(infra.env_metrics(st.pool, episodes), **infra.regen_figures(
-            step, st.pool if regen else [], episodes, st.hist, sargs.steps, rargs.seed))
+            step, st.pool, regen, episodes, st.hist, sargs.steps, rargs.seed, run.gather))
         # ALGO: 4. delayed designer scoring of the finished epoch (deviation 3: and of the last)
         if last and not sargs.fixed_envs:
             ended, st.designs = ended + st.designs, []
             m.update(infra.epoch_learnable(st.hist, st.pool, step - step % sargs.regen_interval, run.n_slots))
         scored = score_epoch(ended, sargs, st.lp)
         samples = agent_samples(episodes, grpo, compact=tool_filters(sargs))
-        if train_designer and (regen or last):  # every rank: a collective
+        if (regen or last) and not (sargs.no_designer_training or sargs.fixed_envs):  # a collective
             ds, dm = designer_samples(scored, sum(run.gather([len(samples)])), sargs, grpo,
                                       run.gather, run.rank)
             samples += ds
@@ -211,9 +206,7 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
             remember(step, st.pool, st.memory, sargs.setting, run.gather)
         # INFRA: step files, metrics, checkpoint, export
         phase(step, "log", times)
-        infra.write_step_files(run.run_dir, step, st.pool if regen else [], episodes,
-                                  rargs.transcripts, logs, run.rank, scored)
-        run.log(step, m, times, episodes, sb.level)
+        run.log(step, m, times, episodes, sb.level, st.pool if regen else [], logs, scored)
         run.save(step, st)
     return run.finish()
 

@@ -252,9 +252,10 @@ def test_regen_figures_formula_rate_and_window_diversity():
            NS(env_id="b", hinted=True, messages=[{"content": "the formula (hinted)"}]),
            NS(env_id="b", hinted=False, messages=[{"content": "Observation: pick a door"}]),
            NS(env_id="c", hinted=False, messages=[{"content": "the formula"}])]
-    m = infra.regen_figures(0, pool, eps, hist, steps=400, seed=1)
-    assert m == {"designer/formula_reveal_rate": 0.5} and len(hist["sources"]) == 2
-    m = infra.regen_figures(39, [], [], hist, steps=400, seed=1)  # the 40-step window closes
+    m = infra.regen_figures(0, pool, True, eps, hist, steps=400, seed=1)
+    assert m == {"designer/formula_reveal_rate": 0.5, "designer/diversity": pytest.approx(
+        regret.diversity(["x = 1\ny = 2\n", "class B: pass\n"]))} and len(hist["sources"]) == 2
+    m = infra.regen_figures(39, pool, False, [], hist, steps=400, seed=1)  # the 40-step window closes
     assert m["designer/diversity_window"] == pytest.approx(regret.diversity(["x = 1\ny = 2\n", "class B: pass\n"]))
     assert hist["sources"] == []
 
