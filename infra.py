@@ -1,7 +1,7 @@
 """train.py's infrastructure, none of it the paper's: Accelerate, the policy with its optimizer
 and frozen reference, the rollout engine, metrics, the run directory (atomic files, resumable
-checkpoints, policy exports, the per-step files report.py reads). A reader of Algorithm 1 may
-skip this file; train.py calls it at a handful of places marked `# INFRA`.
+checkpoints, policy exports, the per-step files report.py reads), the logged statistics, and the
+Fixed-env baseline's pool writer. A reader of Algorithm 1 may skip this file.
 
 Run directory (README, "Quick start"): config.json, metrics.jsonl, envs/, designer/,
 transcripts/, memory.json, report.html, checkpoint-<step>/ (Accelerate state plus one

@@ -262,6 +262,22 @@ def test_plays_regret_and_epoch_scores_by_hand():
     assert [s["score"] for s in scored] == [pytest.approx(1.0), 0.0]
 
 
+def test_checkpointed_state_keeps_the_designer_buffer_on_its_pool_environments(tmp_path):
+    """The buffer of the epoch's designer samples survives a checkpoint still pointing at the pool
+    entries, so the plays after a resume reach the statistics its delayed scores read."""
+    import memory
+    env = train.PoolEnv("a", "Optimization", "src", "AEnv", "designer", returns=[1.0])
+    st = train.State(pool=[env], designs=[train.Design(env, [1], [2], [-0.5])],
+                     memory=memory.EnvironmentMemory(path=tmp_path / "memory.json"), corpus=None)
+    back = train.State(pool=[], designs=[], memory=memory.EnvironmentMemory(path=tmp_path / "memory.json"),
+                       corpus=None)
+    back.restore(json.loads(json.dumps(st.to_dict(3, 1, 0))))
+    assert back.step == 3 and back.designs[0].env is back.pool[0]
+    assert (back.designs[0].prompt, back.designs[0].reply, back.designs[0].logprobs) == ([1], [2], [-0.5])
+    back.pool[0].returns.append(0.0)
+    assert back.designs[0].env.returns == [1.0, 0.0]
+
+
 def test_hint_regrets_without_a_hint():
     """A fresh designer environment without a hint: hinted = unhinted, regret 0; a carried one
     without hinted plays gets no regret, and a step without regrets logs no regret/* metric."""
