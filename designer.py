@@ -491,8 +491,8 @@ def regenerate(skills_for_slots: Sequence[str], *, generate: Callable, validate:
     with .ok, .error, .class_name, .kind (the caller binds the setting, e.g.
     `lambda src: sb.validate(src, setting=setting)`); memory_block(skill) -> str (None: no memory).
     Each round batches every still-failing slot into one generate call and judges the replies
-    `concurrency` at a time (validate must then be thread-safe, as the sandbox's is: it is how
-    `Sandbox.validate_many` runs); every attempt gets a fresh document. Returns all proposals
+    `concurrency` at a time (validate must then be thread-safe, as `Sandbox.validate` is, one fresh
+    pair of workers per call); every attempt gets a fresh document. Returns all proposals
     (accepted and rejected, in attempt order) and statistics.
     """
     proposals, pending = [], list(range(len(skills_for_slots)))

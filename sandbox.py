@@ -1,15 +1,13 @@
 r"""Sandbox: run designer-written environments, and model-written programs, in locked-down processes.
 
 SPADE (arXiv 2608.19197, Sec. 3): the Environment Designer writes a Python class with reset()/step()
-(games) or a ToolEnv subclass (tool use) for the Reasoning Agent to play; eval runs model-written
-LiveCodeBench solutions. Both are untrusted code, run by the thousand next to weights and credentials.
+(games) or a ToolEnv subclass (tool use, toolenv.py) for the Reasoning Agent to play; eval runs
+model-written LiveCodeBench solutions: untrusted code, run by the thousand next to weights and keys.
 
     with Sandbox(workers=8, step_timeout=5.0, memory_mb=1024) as sb:
         report = sb.validate(source, setting="games")  # ValidationReport(.ok, .error, .class_name, .kind)
-        env = sb.open(source)                          # EnvHandle: .reset .step .tools .close
-        obs, info = env.reset(seed=0)
-        obs, reward, terminated, truncated, info = env.step(r"\boxed{north}")
-        sb.step_many(handles, actions); sb.reset_many(handles, seeds)
+        env = sb.open(source)                          # EnvHandle: .reset(seed) .step(action) .tools .close
+        sb.reset_many(handles, seeds); sb.step_many(handles, actions)   # batches: handles run concurrently
         status, stdout = sb.run_program(code, stdin, timeout=6.0)
 
 THREAT MODEL. The code may hang, ignore signals, bomb memory, processes or threads, flood output, read
@@ -19,10 +17,10 @@ surrogates), exit or segfault, keep state for its next episode, and behave well 
 None of that may crash or stall the caller, leak a secret, leave a side effect, or change another episode.
 
 DESIGN. A zygote (`python -s -B -P sandbox.py --zygote`, clean env, never a fork of the trainer, never
-runs untrusted code) forks one worker per EPISODE (`pool` of them ahead); a worker locks itself down
-before it reads its first request, then executes the source afresh. Requests and replies are JSON
-lines on two private pipes, one request outstanding, each with a fresh nonce; the PARENT re-checks
-every reply field with type(), caps and text checks.
+runs untrusted code; it preloads toolenv.py) forks one worker per EPISODE (`pool` of them ahead); a
+worker locks itself down before it reads its first request, then executes the source afresh. Requests
+and replies are JSON lines on two private pipes, one request outstanding, each with a fresh nonce;
+the PARENT re-checks every reply field with type(), caps and text checks.
 LAYERS (`Sandbox.layers` lists those achieved; a later worker missing one exits unused):
   always    allow-listed env (PYTHONHASHSEED=0), setsid, fds 0-2 on /dev/null, pipes on 3/4, no other
             fd, scratch cwd; rlimits AS (memory_mb above the preloaded zygote), CPU, FSIZE, NOFILE,
@@ -49,17 +47,16 @@ and the network are reachable. A worker may read the nonce from its own serve lo
 itself: that only changes its own reply. Modules outside PRELOAD may be unimportable when the Python
 install lies below a directory the worker uid cannot traverse (e.g. /root/.pyenv).
 
-NAMED FAILURES: FAILURES, in info["error"] and ValidationReport.kind; `too_slow` (validation): the
-median reset or step call took over SLOW_SHARE x step_timeout, as that stalls every batched turn.
-Faults of the sandbox itself raise SandboxInfraError.
+NAMED FAILURES: FAILURES, in info["error"] and ValidationReport.kind. Faults of the sandbox itself
+raise SandboxInfraError.
 
 DEVIATIONS (the authors exec() environments inside the trainer with thread timeouts):
-  1. One process per episode, forked from a zygote; a JSON protocol the parent re-validates. Every
-     reset gets a fresh worker that executes the source afresh: module globals, class attributes, the
-     `random` generators and stdlib module state never carry over. One netns per zygote, not per
-     worker (that would cost ~2 ms per start). `-s -B -P`, not `-I` (it drops PYTHONHASHSEED=0).
-  2. Validation adds an unpredictable probe (random seed and actions), runs under the play-time
-     limits, rejects `too_slow`, and replays a tool environment's solution() from seeds 0, 1, 2.
+  1. The process per episode above: module globals, class attributes, the `random` generators and
+     stdlib module state never carry over. One netns per zygote, not per worker (that would cost
+     ~2 ms per start). `-s -B -P`, not `-I` (it drops PYTHONHASHSEED=0).
+  2. Validation adds an unpredictable probe (random seed and actions) under the play-time limits,
+     replays a tool environment's solution() from seeds 0, 1, 2, and rejects `too_slow`: a median
+     reset or step call over SLOW_SHARE x step_timeout, as that stalls every batched turn.
   3. Threads are allowed; one still running at reset, episode end or in validation: `resource_leak`.
   4. Conveniences: a bare-str reset() means (obs, {}); numpy values are converted in the worker;
      observations over OBS_CAP characters are truncated.
@@ -69,6 +66,7 @@ preloaded in workers when installed). Test: python -m pytest -q tests/test_sandb
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -83,7 +81,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 OBS_CAP = 32_000          # characters; honest observations up to this pass unchanged
 LINE_CAP = 1 << 20        # bytes per reply line (environments)
@@ -137,8 +135,6 @@ class ValidationReport:
     error: str | None = None          # "<kind>: <short message>" when not ok
     class_name: str | None = None
     kind: str | None = None           # the named failure when not ok (see FAILURES), else None
-    setting: str = "games"            # "games" | "tool": which probe ran
-    transcript: list = field(default_factory=list, repr=False)
 
 
 # INFRA: kernel layers applied in the worker (ctypes + stdlib only)
@@ -365,10 +361,8 @@ def _w_program(box, arg) -> str:
         status = "ok" if e.code in (None, 0) else "error"
     except BaseException:  # noqa: BLE001 - the program's own failure
         status = "error"
-    try:
+    with contextlib.suppress(BaseException):                           # the program's own stdout may raise
         sys.stdout.flush()
-    except BaseException:  # noqa: BLE001
-        pass
     with open("stdout.txt", "rb") as f:
         return _dumps([status, f.read(out_cap).decode("utf-8", "replace")])
 
@@ -405,10 +399,8 @@ def _zygote_setup(cfg: dict):
     libc, root = _libc()[1], os.geteuid() == 0
     cfg["netns"] = root and libc.unshare(0x40000000) == 0              # CLONE_NEWNET
     for mod in PRELOAD + (("numpy", "numpy.random", "numpy.linalg") if cfg["numpy"] else ()):
-        try:                                                           # before a tmpfs hides a venv in /tmp
+        with contextlib.suppress(Exception):                           # optional; before a tmpfs hides /tmp
             __import__(mod)
-        except Exception:  # noqa: BLE001 - optional
-            pass
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))     # -P left this file's dir off
     import toolenv  # noqa: F401 - the ToolEnv base class, for every worker (which cannot read it)
     del sys.path[0]
@@ -511,10 +503,8 @@ def _zygote_main(sock_fd: int, cfg: dict):
 def _killall(pid: int):
     """SIGKILL the worker and its process group (the group may not exist yet right after fork)."""
     for kill in (os.killpg, os.kill):
-        try:
+        with contextlib.suppress(OSError):
             kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 def _exit_cause(status: int) -> tuple[str, str]:
@@ -573,11 +563,9 @@ class EnvHandle:
         self._rpoll.register(self._rfd, select.POLLIN)
         self._sb._live.add(self)
         if self.source is not None:
-            try:
+            with contextlib.suppress(_Fail):                           # recorded in self._failure
                 self._begin("L", _dumps([self.source, self.setting]), self._sb.step_timeout, episode=False)
                 self._loading = True
-            except _Fail:
-                pass                                                   # recorded in self._failure
 
     def _ready(self):
         """Read the load reply, once; raises _Fail (the environment's fault) or SandboxInfraError."""
@@ -643,10 +631,9 @@ class EnvHandle:
         # A fresh nonce from the trainer's private RNG: a line written before this request (still in
         # the pipe) cannot carry it, so _end rejects stale and unsolicited lines without a poll().
         self._nonce = b"%08x" % self._sb._nonce_bits(32)
-        data = b"%s%s%s\n" % (op.encode(), self._nonce, arg.encode())
+        view = memoryview(b"%s%s%s\n" % (op.encode(), self._nonce, arg.encode()))
         self._t0 = time.monotonic()
         self._deadline = self._t0 + timeout
-        view = memoryview(data)
         while view:                                                    # one write, unless the request is long
             try:
                 view = view[os.write(self._wfd, view):]
@@ -715,13 +702,11 @@ class EnvHandle:
         return self._end(self._wait(), episode)
 
     def _leak_check(self):
-        try:
+        with contextlib.suppress(OSError):                             # the worker is gone: nothing leaks
             if len(os.listdir(f"/proc/{self.pid}/task")) > 1:
                 time.sleep(0.005)                                      # a just-joined thread may linger
                 if (n := len(os.listdir(f"/proc/{self.pid}/task"))) > 1:
                     raise self._kill("resource_leak", f"{n - 1} thread(s) left running")
-        except OSError:
-            pass
 
     # -- the parent's re-validation: type(), caps, text checks --------------------------------
     def _check(self, r, n) -> list:
@@ -756,13 +741,13 @@ class EnvHandle:
         return (obs, 0.0, True, False, info) if step else (obs, info)
 
     def _begin_reset(self, seed, op="R"):
+        self._prepare()
         self._used = 0.0
         self._begin(op, _dumps(seed), self._sb.step_timeout)
 
     # -- public ------------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> tuple[str, dict]:
         try:
-            self._prepare()
             self._begin_reset(seed)
             return self._check_reset(self._end(self._wait()))
         except _Fail as e:
@@ -770,32 +755,30 @@ class EnvHandle:
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         try:
-            self._begin("S", _quote(str(action)), self._sb.step_timeout)
-            return self._check_step(self._end(self._wait()))
+            return self._check_step(self._roundtrip("S", _quote(str(action))))
         except _Fail as e:
             return self._error(e)
 
     def tools(self) -> list[dict]:
         """OpenAI function schemas of a ToolEnv ([] for games)."""
-        try:
+        with contextlib.suppress(_Fail):
             self._ready()
-        except _Fail:
-            return []
-        return json.loads(_dumps(self._tools))
+            return json.loads(_dumps(self._tools))                     # a copy the caller may change
+        return []
 
 
 class Sandbox:
-    """Runs untrusted environments and programs; a context manager. workers: validations at once in
-    validate_many; step_timeout: seconds per call (load, reset, step); memory_mb: address
-    space per worker above the preloaded zygote; episode_timeout: worker seconds per episode;
-    cpu_seconds / fsize_mb: RLIMIT_CPU / RLIMIT_FSIZE per worker; scratch_mb: the tmpfs for all scratch
-    dirs (root); numpy: preload it; landlock / seccomp: False only to debug; pool: idle pre-forked
-    workers the zygote keeps ready (every episode takes a fresh one)."""
+    """Runs untrusted environments and programs; a context manager. workers: how many validations
+    the caller runs at once (train.py's designer); step_timeout: seconds per call (load, reset, step);
+    memory_mb: address space per worker above the preloaded zygote; episode_timeout: worker seconds
+    per episode; cpu_seconds / fsize_mb: RLIMIT_CPU / RLIMIT_FSIZE per worker; scratch_mb: the tmpfs
+    for all scratch dirs (root); numpy: preload it; landlock / seccomp: False only to debug; pool:
+    idle pre-forked workers the zygote keeps ready (every episode takes a fresh one)."""
 
     def __init__(self, workers: int = 8, step_timeout: float = 5.0, memory_mb: int = 1024,
-                 episode_timeout: float = 120.0, cpu_seconds: int = 300,
-                 fsize_mb: int = 16, scratch_mb: int = 256, numpy: bool = True,
-                 landlock: bool = True, seccomp: bool = True, pool: int = 8):
+                 episode_timeout: float = 120.0, cpu_seconds: int = 300, fsize_mb: int = 16,
+                 scratch_mb: int = 256, numpy: bool = True, landlock: bool = True, seccomp: bool = True,
+                 pool: int = 8):
         self.workers, self.step_timeout, self.memory_mb = workers, step_timeout, memory_mb
         self.episode_timeout = episode_timeout
         self._cfg = dict(memory_mb=memory_mb, cpu_seconds=cpu_seconds, fsize_mb=fsize_mb,
@@ -914,12 +897,11 @@ class Sandbox:
         if len(set(map(id, handles))) != len(handles):                 # duplicates: one at a time
             return [h.step(a) if step else h.reset(a) for h, a in zip(handles, args)]
         out, pending, poller = [None] * len(handles), {}, select.poll()
-        if not step:                                                   # fresh workers first: they load in parallel
-            for i, h in enumerate(handles):
-                try:
-                    h._prepare()
-                except _Fail as e:
-                    out[i] = h._error(e, step)
+        for i, h in enumerate(() if step else handles):               # fresh workers first: they load in parallel
+            try:
+                h._prepare()
+            except _Fail as e:
+                out[i] = h._error(e, step)
         for i, (h, a) in enumerate(zip(handles, args)):
             try:
                 if out[i] is None:
@@ -982,27 +964,19 @@ class Sandbox:
                 h._ready()
                 name = h.class_name or name
                 transcripts.append(self._probe(h, script, setting))
+                if transcripts[0] != transcripts[-1]:
+                    at = [i for i, (a, b) in enumerate(zip(*transcripts)) if a != b] + [len(transcripts[0])]
+                    raise _Fail("nondeterministic", f"fresh instances differ at probe call {at[0]}")
             except _Fail as e:
-                return ValidationReport(False, f"{e.kind}: {e.message}", name, e.kind, setting)
+                return ValidationReport(False, f"{e.kind}: {e.message}", name, e.kind)
             finally:
                 h.close()
-        if transcripts[0] != transcripts[1]:
-            i = next(i for i, (a, b) in enumerate(zip(*transcripts)) if a != b)
-            return ValidationReport(False, f"nondeterministic: fresh instances differ at probe call {i}",
-                                    name, "nondeterministic", setting)
-        return ValidationReport(True, None, name, None, setting, transcripts[0])
-
-    def validate_many(self, sources: list[str], setting: str = "games") -> list[ValidationReport]:
-        """`workers` validations at a time."""
-        from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(max(1, self.workers)) as pool:
-            return list(pool.map(lambda s: self.validate(s, setting), sources))
+        return ValidationReport(True, None, name)
 
     def _probe(self, h: EnvHandle, script, setting) -> list:
         out, over, times = [], False, {"reset": [], "step": []}
         for op, arg in script:
             if op == "reset":
-                h._prepare()
                 h._begin_reset(arg)
                 obs, info = h._check_reset(h._end(h._wait()))
                 if not obs.strip():
@@ -1023,7 +997,6 @@ class Sandbox:
 
     def _solvable(self, h: EnvHandle, seed: int) -> list:
         """Replay solution() one call per step from reset(seed); <answer>done</answer> must pay 1.0."""
-        h._prepare()
         h._begin_reset(seed, op="T")
         r = h._end(h._wait())
         if type(r) is not list or len(r) != 5 or type(r[1]) is not int or type(r[4]) is not list:

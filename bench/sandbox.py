@@ -12,6 +12,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import sandbox  # noqa: E402
@@ -222,7 +223,8 @@ def main():
         # -- validation probes per second, 50 varied envs, 2 workers
         sources = [ENV.format(k=i, hi=5 + 7 * i) for i in range(50)]
         t = time.perf_counter()
-        reports = sb.validate_many(sources)
+        with ThreadPoolExecutor(sb.workers) as pool:                 # as train.py's designer does
+            reports = list(pool.map(sb.validate, sources))
         vps = len(sources) / (time.perf_counter() - t)
         n_ok = sum(r.ok for r in reports)
 

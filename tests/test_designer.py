@@ -632,7 +632,7 @@ def test_tool_regeneration_samples_tasks(corpus):
 
 
 def test_regeneration_validates_a_round_concurrently():
-    """One round's validations run `concurrency` at a time (as Sandbox.validate_many does), not
+    """One round's validations run `concurrency` at a time (train.py: the sandbox's `workers`), not
     one probe after another: counted by the validations in flight at once, not by timing."""
     import threading
     lock, state = threading.Lock(), {"now": 0, "max": 0}
