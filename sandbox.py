@@ -51,9 +51,9 @@ NAMED FAILURES: FAILURES, in info["error"] and ValidationReport.kind. Faults of 
 raise SandboxInfraError.
 
 DEVIATIONS (the authors exec() environments inside the trainer with thread timeouts):
-  1. The process per episode above: module globals, class attributes, the `random` generators and
-     stdlib module state never carry over. One netns per zygote, not per worker (that would cost
-     ~2 ms per start). `-s -B -P`, not `-I` (it drops PYTHONHASHSEED=0).
+  1. The process per episode above: module globals, class attributes, `random` and stdlib state
+     never carry over; one netns per zygote, not per worker (~2 ms per start); `-s -B -P`, not
+     `-I` (which drops PYTHONHASHSEED=0).
   2. Validation adds an unpredictable probe (random seed and actions) under the play-time limits,
      replays a tool environment's solution() from seeds 0, 1, 2, and rejects `too_slow`: a median
      reset or step call over SLOW_SHARE x step_timeout, as that stalls every batched turn.
@@ -619,6 +619,9 @@ class EnvHandle:
 
     # -- INFRA: one request, one reply (step_many interleaves _begin / _pump / _end) -----------
     def _begin(self, op: str, arg: str, timeout: float, episode=True):
+        if op in ("R", "T"):                                           # an episode: fresh worker and budget
+            self._prepare()
+            self._used = 0.0
         if self._loading:
             self._ready()
         if self.pid is None:
@@ -740,18 +743,9 @@ class EnvHandle:
         obs, info = f"[environment error: {e.kind}] {e.message}", {"error": e.kind, "message": e.message}
         return (obs, 0.0, True, False, info) if step else (obs, info)
 
-    def _begin_reset(self, seed, op="R"):
-        self._prepare()
-        self._used = 0.0
-        self._begin(op, _dumps(seed), self._sb.step_timeout)
-
     # -- public ------------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> tuple[str, dict]:
-        try:
-            self._begin_reset(seed)
-            return self._check_reset(self._end(self._wait()))
-        except _Fail as e:
-            return self._error(e, step=False)
+        return self._sb.reset_many([self], [seed])[0]                 # a worker start dwarfs the batch code
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         try:
@@ -779,8 +773,7 @@ class Sandbox:
                  episode_timeout: float = 120.0, cpu_seconds: int = 300, fsize_mb: int = 16,
                  scratch_mb: int = 256, numpy: bool = True, landlock: bool = True, seccomp: bool = True,
                  pool: int = 8):
-        self.workers, self.step_timeout, self.memory_mb = workers, step_timeout, memory_mb
-        self.episode_timeout = episode_timeout
+        self.workers, self.step_timeout, self.episode_timeout = workers, step_timeout, episode_timeout
         self._cfg = dict(memory_mb=memory_mb, cpu_seconds=cpu_seconds, fsize_mb=fsize_mb,
                          scratch_mb=scratch_mb, numpy=numpy, landlock=landlock, seccomp=seccomp)
         self._zlock, self._live, self._required, self._pool, self._proc = threading.RLock(), set(), [], 0, None
@@ -905,7 +898,7 @@ class Sandbox:
         for i, (h, a) in enumerate(zip(handles, args)):
             try:
                 if out[i] is None:
-                    h._begin("S", _quote(str(a)), self.step_timeout) if step else h._begin_reset(a)
+                    h._begin("S" if step else "R", _quote(str(a)) if step else _dumps(a), self.step_timeout)
                     pending[h._rfd] = (i, h)
                     poller.register(h._rfd, select.POLLIN)
             except _Fail as e:
@@ -977,8 +970,7 @@ class Sandbox:
         out, over, times = [], False, {"reset": [], "step": []}
         for op, arg in script:
             if op == "reset":
-                h._begin_reset(arg)
-                obs, info = h._check_reset(h._end(h._wait()))
+                obs, info = h._check_reset(h._roundtrip("R", _dumps(arg)))
                 if not obs.strip():
                     raise _Fail("invalid_observation", "empty observation from reset()")
                 out.append([obs, info])
@@ -997,8 +989,7 @@ class Sandbox:
 
     def _solvable(self, h: EnvHandle, seed: int) -> list:
         """Replay solution() one call per step from reset(seed); <answer>done</answer> must pay 1.0."""
-        h._begin_reset(seed, op="T")
-        r = h._end(h._wait())
+        r = h._roundtrip("T", _dumps(seed))
         if type(r) is not list or len(r) != 5 or type(r[1]) is not int or type(r[4]) is not list:
             raise h._kill("protocol_violation", "malformed tool probe reply")
         obs, n, held, raised, sol = r
