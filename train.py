@@ -120,6 +120,9 @@ class State:
                 "metrics_lines": metrics_lines}
 
     def restore(self, d: dict) -> None:
+        if "designs" not in d:  # its designer samples rode on the pool entries, which no longer can
+            raise SystemExit("--resume: this checkpoint predates the designer buffer; resume it with "
+                             "the release that wrote it")
         self.step, self.lp, self.hist = d["step"], d["learning_potential"], d["figures"]
         self.pool = [PoolEnv(**e) for e in d["pool"]]
         by_id = {e.env_id: e for e in self.pool}  # a buffered sample's environment is in the pool

@@ -17,9 +17,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CONCEPTS = ("designer", "agent", "regret", "grpo", "memory", "train")
 BUDGETS = {"concepts": 2300, "engine": 450, "eval": 900, "sandbox": 1000}
-# Each concept module's share of the 2,300 (they sum to 2,290), so the total can be pinned module by
-# module as each one lands under its share.
-SHARES = {"designer": 600, "agent": 420, "regret": 200, "grpo": 300, "memory": 170, "train": 600}
+# Each concept module's share of the 2,300 (they sum to 2,290): a module that grows must take its
+# lines from another's share. (After issue 16 the log-prob kernel left grpo.py for logprobs.py, and
+# agent.py kept its chat-template code; the shares moved with them.)
+SHARES = {"designer": 600, "agent": 530, "regret": 200, "grpo": 190, "memory": 170, "train": 600}
 # Budgets and shares that hold today and are therefore pinned by the suite (one per line).
 PINNED = {
     "eval",
@@ -29,10 +30,15 @@ PINNED = {
     "regret",
     "engine",
     "train",
+    "agent",
+    "concepts",
 }
 FUNCTION_SOFT, FUNCTION_HARD = 60, 100
 # Over the hard limit today and not pinned (printed instead); none left.
 OVER_HARD_TODAY: set[str] = set()
+# Allowed past the soft limit (and never past the hard one): the loop of Algorithm 1 is meant to be
+# read as one screen, about 60 lines.
+OVER_SOFT_OK = {"train.train"}
 
 
 def module_lines() -> dict[str, int]:
@@ -86,6 +92,11 @@ def test_budget_table_covers_every_module():
 def test_no_function_over_the_hard_limit():
     over = {k: n for k, n in function_lengths().items() if n > FUNCTION_HARD and k not in OVER_HARD_TODAY}
     assert not over, f"functions over {FUNCTION_HARD} lines: {over}"
+
+
+def test_no_function_over_the_soft_limit_unless_named():
+    over = {k: n for k, n in function_lengths().items() if n > FUNCTION_SOFT and k not in OVER_SOFT_OK}
+    assert not over, f"functions over {FUNCTION_SOFT} lines: {over}"
 
 
 def test_pinned_budgets_hold():
