@@ -179,6 +179,8 @@ class EngineSampler:
         extra = {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
         from agent import render_chat  # sibling: shows the tools even to a template that drops them
         text = render_chat(self.tokenizer, messages, tools=tools, **extra)
+        # The whole rendered text, tokenized as vLLM's chat endpoint and the benchmarks' own harnesses
+        # do, so scores compare with published ones (training prompts go through agent.prompt_ids).
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def chat(self, conversations, *, n=1, temperature, top_p, top_k=-1, max_new_tokens, seed=None, tools=None):
