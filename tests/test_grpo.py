@@ -11,16 +11,6 @@ from grpo import agent_advantages, designer_advantages, pad_batch, policy_loss, 
 from logprobs import token_logprobs
 
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one intra-op thread is 4-5x faster than two on a loaded shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 # ---------------------------------------------------------------------------- advantages ---------
 
 def test_agent_advantages_hand_computed():

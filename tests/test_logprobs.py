@@ -10,15 +10,6 @@ from grpo import policy_loss
 from logprobs import chunked_logprobs, token_logprobs
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one intra-op thread is 4-5x faster than two on a loaded shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 # ---------------------------------------------------------------------------- log-probs ----------
 
 def _naive_logprobs(model, ids, attn, cmask, temperature=1.0):
