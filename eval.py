@@ -86,7 +86,7 @@ import acebench
 import agent
 import sandbox
 from toolbench import (BFCL_CATEGORIES, MissingDataset, _read_jsonl, bfcl_tool, call_string,  # noqa: F401
-                       TAU2_DOMAINS, load_bfcl, parse_tool_calls, run_bfcl, run_bfcl_overall, run_tau2)
+                       TAU2_DOMAINS, after_thinking, load_bfcl, parse_tool_calls, run_bfcl, run_bfcl_overall, run_tau2)
 
 # ----------------------------------------------------------------------------------------------
 # ALGO: the Reasoning-Gym task table (100 tasks at hard settings, grouped into Table 1's 4 cells)
@@ -133,11 +133,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-def after_thinking(text: str) -> str:
-    """Everything after the last </think> (the committed answer), or the whole reply."""
-    return text.rsplit("</think>", 1)[-1]
 
 
 def last_boxed(text: str) -> str | None:

@@ -53,7 +53,8 @@ def _read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def _after_thinking(text: str) -> str:
+def after_thinking(text: str) -> str:
+    """Everything after the last </think> (the committed answer), or the whole reply."""
     return text.rsplit("</think>", 1)[-1]
 
 
@@ -344,7 +345,7 @@ def _tau2_agent(tools, policy, sampler, sampling):
                                      tools=[[t.openai_schema for t in self.tools]], **sampling)
             calls = [ToolCall(id=f"call_{len(state.messages)}_{i}", name=c["name"], arguments=c["arguments"])
                      for i, c in enumerate(parse_tool_calls(reply))]
-            text = re.sub(r"<tool_call>.*?(</tool_call>|$)", "", _after_thinking(reply), flags=re.S).strip()
+            text = re.sub(r"<tool_call>.*?(</tool_call>|$)", "", after_thinking(reply), flags=re.S).strip()
             msg = AssistantMessage(role="assistant", content=None if calls else text, tool_calls=calls or None)
             state.messages.append(msg)
             return msg, state
