@@ -67,11 +67,14 @@ preloaded in workers when installed). Test: python -m pytest -q tests/test_sandb
 from __future__ import annotations
 
 import contextlib
-import functools
+import ctypes
+import fcntl
+import gc
 import json
 import math
 import os
 import random
+import resource
 import select
 import shutil
 import signal
@@ -79,6 +82,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -184,32 +188,25 @@ def _seccomp_head(arch: str) -> bytes:
 
 
 _SECCOMP_HEAD = _seccomp_head(_ARCH) if _ARCH in _SYSCALLS else b""  # built at import: once in the zygote
+_LIBC = ctypes.CDLL(None, use_errno=True)                            # loaded at import: workers inherit it
+_LIBC.syscall.restype = ctypes.c_long
 
 
 def _apply_seccomp(pid: int) -> bool:
     """The head, then signals (kill, tgkill, sigqueue) only to this worker itself; PR_SET_SECCOMP."""
     if _ARCH not in _SYSCALLS:
         return False
-    nr, (ctypes, libc) = _SYSCALLS[_ARCH], _libc()
+    nr = _SYSCALLS[_ARCH]
     tail = _only(nr["kill"], [pid, 0, -pid]) + _only(nr["tgkill"], [pid]) + _only(nr["rt_sigqueueinfo"], [pid])
     tail += _only(nr["rt_tgsigqueueinfo"], [pid]) + [(_RET, 0, 0, _ALLOW)]
     code = _SECCOMP_HEAD + b"".join(struct.pack("HBBI", *ins) for ins in tail)
     buf = ctypes.create_string_buffer(code, len(code))
     prog = struct.pack("HxxxxxxP", len(code) // 8, ctypes.addressof(buf))  # struct sock_fprog
-    return libc.prctl(22, 2, prog, 0, 0) == 0                          # PR_SET_SECCOMP, FILTER
-
-
-@functools.cache
-def _libc():
-    """ctypes and libc, loaded once in the zygote (workers inherit them)."""
-    import ctypes
-    return ctypes, ctypes.CDLL(None, use_errno=True)
+    return _LIBC.prctl(22, 2, prog, 0, 0) == 0                          # PR_SET_SECCOMP, FILTER
 
 
 def _apply_landlock(scratch: str, read_dirs: list[str]) -> bool:
-    ctypes, libc = _libc()
-    sysc = libc.syscall
-    sysc.restype = ctypes.c_long
+    sysc = _LIBC.syscall
     abi = sysc(444, None, 0, 1)                                        # LANDLOCK_CREATE_RULESET_VERSION
     if abi < 1:
         return False
@@ -235,9 +232,6 @@ def _apply_landlock(scratch: str, read_dirs: list[str]) -> bool:
 
 # INFRA: the worker (a child of the zygote: it locks itself down, then serves one episode)
 def _worker_setup(req_fd, rep_fd, uid, cfg, required):
-    import fcntl
-    import resource
-    import tempfile
     layers, zygote, root = [], os.getppid(), os.geteuid() == 0
     os.setsid()
     r, w = fcntl.fcntl(req_fd, fcntl.F_DUPFD, 10), fcntl.fcntl(rep_fd, fcntl.F_DUPFD, 10)
@@ -250,24 +244,21 @@ def _worker_setup(req_fd, rep_fd, uid, cfg, required):
     if root:
         os.chown(scratch, uid, uid)
     os.chdir(scratch)
-    os.environ.clear()
-    os.environ.update(PATH="/usr/bin:/bin", HOME=scratch, TMPDIR=scratch, LANG="C.UTF-8",
-                      PYTHONHASHSEED="0", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    os.environ.update(HOME=scratch, TMPDIR=scratch)                   # the rest: the zygote's allow-list
     for lim, v in ((resource.RLIMIT_AS, cfg["vsz"] + cfg["memory_mb"] * 2**20), (resource.RLIMIT_CORE, 0),
                    (resource.RLIMIT_CPU, cfg["cpu_seconds"]), (resource.RLIMIT_FSIZE, cfg["fsize_mb"] * 2**20),
                    (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_NPROC, 32 if root else 0)):
         resource.setrlimit(lim, (v, v + 1 if lim == resource.RLIMIT_CPU else v))  # SIGXCPU, then SIGKILL
     layers += ["rlimits"] + [x for x in ("netns", "mountns") if cfg[x]]
-    ctypes, libc = _libc()
     if root:
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
         layers.append("uid")
-    if libc.prctl(1, signal.SIGKILL, 0, 0, 0) == 0 and os.getppid() == zygote:  # PR_SET_PDEATHSIG
+    if _LIBC.prctl(1, signal.SIGKILL, 0, 0, 0) == 0 and os.getppid() == zygote:  # PR_SET_PDEATHSIG
         layers.append("pdeathsig")
-    layers += ["nondumpable"] if libc.prctl(4, 0, 0, 0, 0) == 0 else []          # PR_SET_DUMPABLE 0
-    layers += ["no_new_privs"] if libc.prctl(38, 1, 0, 0, 0) == 0 else []        # PR_SET_NO_NEW_PRIVS
+    layers += ["nondumpable"] if _LIBC.prctl(4, 0, 0, 0, 0) == 0 else []         # PR_SET_DUMPABLE 0
+    layers += ["no_new_privs"] if _LIBC.prctl(38, 1, 0, 0, 0) == 0 else []       # PR_SET_NO_NEW_PRIVS
     layers += ["landlock"] if cfg["landlock"] and _apply_landlock(scratch, cfg["read_dirs"]) else []
     layers += ["seccomp"] if cfg["seccomp"] and _apply_seccomp(os.getpid()) else []
     if not set(required) <= set(layers):
@@ -393,24 +384,22 @@ def _w_serve(layers):
 def _zygote_setup(cfg: dict):
     """Once, before any worker: the namespaces, the preloads, a frozen GC; records in cfg what the
     workers need (netns, mountns, vsz, scratch, read_dirs)."""
-    import gc
     import sysconfig
-    import tempfile
-    libc, root = _libc()[1], os.geteuid() == 0
-    cfg["netns"] = root and libc.unshare(0x40000000) == 0              # CLONE_NEWNET
+    root = os.geteuid() == 0
+    cfg["netns"] = root and _LIBC.unshare(0x40000000) == 0              # CLONE_NEWNET
     for mod in PRELOAD + (("numpy", "numpy.random", "numpy.linalg") if cfg["numpy"] else ()):
         with contextlib.suppress(Exception):                           # optional; before a tmpfs hides /tmp
             __import__(mod)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))     # -P left this file's dir off
     import toolenv  # noqa: F401 - the ToolEnv base class, for every worker (which cannot read it)
     del sys.path[0]
-    cfg["mountns"] = root and libc.unshare(0x00020000) == 0            # CLONE_NEWNS
+    cfg["mountns"] = root and _LIBC.unshare(0x00020000) == 0            # CLONE_NEWNS
     if cfg["mountns"]:
-        libc.mount(None, b"/", None, 0x4000 | 0x40000, None)           # MS_REC | MS_PRIVATE
+        _LIBC.mount(None, b"/", None, 0x4000 | 0x40000, None)           # MS_REC | MS_PRIVATE
         for path, size in (("/tmp", cfg["scratch_mb"]), ("/var/tmp", 16), ("/dev/shm", 16)):
             if os.path.isdir(path):                                    # MS_NOSUID | MS_NODEV
                 opts = f"size={size}m,mode=1777".encode()
-                cfg["mountns"] &= libc.mount(b"tmpfs", path.encode(), b"tmpfs", 0x2 | 0x4, opts) == 0
+                cfg["mountns"] &= _LIBC.mount(b"tmpfs", path.encode(), b"tmpfs", 0x2 | 0x4, opts) == 0
     gc.collect()
     gc.freeze()                                                        # children's GC skips (no COW)
     with open("/proc/self/statm") as f:                                # the preloaded interpreter's size
@@ -462,7 +451,7 @@ def _reap(pid: int, cfg: dict, free: list, live: dict, grace: float = 0.0) -> in
 
 def _zygote_main(sock_fd: int, cfg: dict):
     """Serve the trainer's spawn / reap / wait requests; a worker per spawn, `pool` forked ahead."""
-    _libc()[1].prctl(1, signal.SIGKILL, 0, 0, 0)                       # PR_SET_PDEATHSIG
+    _LIBC.prctl(1, signal.SIGKILL, 0, 0, 0)                            # PR_SET_PDEATHSIG
     if os.getppid() != cfg["parent"]:
         os._exit(0)
     sock = socket.socket(fileno=sock_fd)
@@ -779,7 +768,6 @@ class Sandbox:
         self._zlock, self._live, self._required, self._pool, self._proc = threading.RLock(), set(), [], 0, None
         # Request nonces come from a private generator seeded by the OS: workers never see it.
         self._nonce_bits = random.Random(os.urandom(32)).getrandbits
-        import resource                                                # each handle holds two pipe fds
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft != resource.RLIM_INFINITY and soft < 65536:
             target = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
