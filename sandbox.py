@@ -105,10 +105,6 @@ PRELOAD = tuple("math random re json itertools collections functools heapq strin
 
 # INFRA: the wire format: one JSON value per line, ASCII, no NaN/inf, never pickle. A request is
 # <op><nonce><JSON>, a reply <nonce>=<JSON result> or <nonce>!<JSON [failure, message]>.
-def _no_constant(name):
-    raise ValueError(f"non-finite constant {name}")
-
-
 def _jsonable(x):
     """Honest non-JSON values in results: numpy values as lists/numbers, sets sorted, else str()."""
     if type(x).__module__.split(".")[0] == "numpy" and hasattr(x, "tolist"):
@@ -118,7 +114,7 @@ def _jsonable(x):
 
 _dumps = json.JSONEncoder(allow_nan=False, separators=(",", ":"), default=_jsonable).encode
 _quote = json.encoder.encode_basestring_ascii                   # a str as a JSON string: json's C function
-_scan = json.JSONDecoder(parse_constant=_no_constant).scan_once  # json's C scanner (decode() adds 2 frames)
+_scan = json.JSONDecoder(parse_constant=int).scan_once  # C scanner (decode() adds 2 frames); int("NaN") raises
 
 
 def _loads(text: str):
@@ -432,6 +428,8 @@ def _fork_worker(cfg: dict, free: list, live: dict, required: list) -> tuple[int
         finally:
             os._exit(70)                                               # never fall back into the zygote
     list(map(os.close, (req_r, rep_w)))
+    for fd in (req_w, rep_r):                                          # the trainer's ends (O_NONBLOCK is
+        os.set_blocking(fd, False)                                     # shared with the fds it is sent)
     live[pid] = uid
     return pid, req_w, rep_r
 
@@ -701,20 +699,17 @@ class EnvHandle:
                     raise self._kill("resource_leak", f"{n - 1} thread(s) left running")
 
     # -- the parent's re-validation: type(), caps, text checks --------------------------------
-    def _check(self, r, n) -> list:
+    def _check(self, r, n) -> tuple:
+        """A reset's (n=2: obs, info) or a step's (n=5) reply, its obs capped; no thread left at a reset."""
         if type(r) is not list or len(r) != n:
             raise self._kill("protocol_violation", "malformed reply")
         if (m := "is not a str" if type(r[0]) is not str else _bad_text(r[0])):
             raise self._kill("invalid_observation", f"observation: {m}")
         if (m := "is not a dict" if type(r[-1]) is not dict else r[-1] and _bad_text(r[-1])):
             raise self._kill("invalid_result", f"info: {m}")
-        r[0] = r[0][:OBS_CAP]
-        return r
-
-    def _check_reset(self, r) -> tuple[str, dict]:
-        obs, info = self._check(r, 2)
-        self._leak_check()
-        return obs, info
+        if n == 2:
+            self._leak_check()
+        return r[0][:OBS_CAP], *r[1:]
 
     def _check_step(self, r) -> tuple:
         obs, reward, term, trunc, info = self._check(r, 5)
@@ -768,10 +763,9 @@ class Sandbox:
         self._zlock, self._live, self._required, self._pool, self._proc = threading.RLock(), set(), [], 0, None
         # Request nonces come from a private generator seeded by the OS: workers never see it.
         self._nonce_bits = random.Random(os.urandom(32)).getrandbits
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft != resource.RLIM_INFINITY and soft < 65536:
-            target = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
-            resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, target), hard))
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)        # each handle holds two pipe fds
+        if 0 <= soft < 65536:                                          # (RLIM_INFINITY is -1)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (65536 if hard < 0 else min(hard, 65536), hard))
         self._start_zygote()
         probe = EnvHandle(self, "class ProbeEnv:\n    pass\n")           # which layers hold here
         try:
@@ -818,7 +812,7 @@ class Sandbox:
                 self._zsock.send(json.dumps(msg).encode())
                 if not reply:
                     return {}
-                data, fds, _, _ = socket.recv_fds(self._zsock, 1 << 16, 2)
+                data, fds, _, _ = socket.recv_fds(self._zsock, 1 << 16, 2, socket.MSG_CMSG_CLOEXEC)
                 out = json.loads(data or b"{}")
                 if "error" in out:
                     raise OSError(out["error"])
@@ -838,9 +832,6 @@ class Sandbox:
         if len(out["fds"]) != 2:
             list(map(os.close, out["fds"]))
             raise SandboxInfraError("zygote sent no pipes")
-        for fd in out["fds"]:
-            os.set_inheritable(fd, False)
-            os.set_blocking(fd, False)
         req_w, rep_r = out["fds"]
         return out["pid"], rep_r, req_w
 
@@ -904,7 +895,7 @@ class Sandbox:
                 try:
                     if (line := h._pump()) is None:
                         continue
-                    out[i] = h._check_step(h._end(line)) if step else h._check_reset(h._end(line))
+                    out[i] = h._check_step(h._end(line)) if step else h._check(h._end(line), 2)
                 except _Fail as e:
                     out[i] = h._error(e, step)
                 poller.unregister(fd)
@@ -958,7 +949,7 @@ class Sandbox:
         out, over, times = [], False, {"reset": [], "step": []}
         for op, arg in script:
             if op == "reset":
-                obs, info = h._check_reset(h._roundtrip("R", _dumps(arg)))
+                obs, info = h._check(h._roundtrip("R", _dumps(arg)), 2)
                 if not obs.strip():
                     raise _Fail("invalid_observation", "empty observation from reset()")
                 out.append([obs, info])
