@@ -3,7 +3,10 @@
     python bench/sandbox.py          # < 2 minutes on 2 cores; last lines are JSON figures
 
 Baselines: a fresh `python -I` subprocess per episode (what human-eval / nanochat style harnesses
-do), a bare pipe echo between two processes, a bare fork()+exit from this (small) process.
+do), a bare pipe echo between two processes, a bare fork()+exit from this (small) process; and, to
+bound what any process-per-episode design can reach, a preloaded interpreter that forks a child per
+episode with no isolation and no IPC (`ceiling_ratio_fresh_process`: spawning's CPU per episode over
+that floor's).
 """
 import json
 import os
@@ -51,6 +54,39 @@ env.reset(seed=int(sys.argv[1]))
 for i in range(%d):
     env.step("\\boxed{%%d}" %% i)
 print("done")
+""" % STEPS
+
+# The floor of any process-per-episode design: an interpreter with the zygote's preloads that has
+# already run the source (a per-source template) forks a child per episode that plays it and exits;
+# no isolation layer, no IPC, no exec. CPU per episode, parent + children, after start-up.
+FLOOR = r"""
+import gc, os, resource, sys, time
+sys.path.insert(0, sys.argv[1])
+import sandbox
+for mod in sandbox.PRELOAD + ("numpy", "numpy.random", "numpy.linalg"):
+    try:
+        __import__(mod)
+    except ImportError:
+        pass
+gc.collect()
+gc.freeze()
+ns = {"__name__": "__environment__"}
+exec(compile(sys.stdin.read(), "<environment>", "exec"), ns)
+def cpu():
+    r, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime + c.ru_utime + c.ru_stime
+n, c0, t = 0, cpu(), time.perf_counter()
+while time.perf_counter() - t < float(sys.argv[2]):
+    pid = os.fork()
+    if pid == 0:
+        env = [v for k, v in ns.items() if k.endswith("Env")][-1]()
+        env.reset(seed=n)
+        for i in range(%d):
+            env.step("\\boxed{%%d}" %% i)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    n += 1
+print((cpu() - c0) / n)
 """ % STEPS
 
 HANG = {
@@ -200,8 +236,14 @@ def main():
         spawn = spawn_eps / (time.perf_counter() - t)
         k1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         spawn_cpu = (k1.ru_utime + k1.ru_stime - k0.ru_utime - k0.ru_stime) / spawn_eps
+        floor_cpu = float(subprocess.run([sys.executable, "-s", "-B", "-c", FLOOR, os.path.dirname(sandbox.__file__),
+                                          "4.0"], input=SRC, capture_output=True, text=True, check=True).stdout)
         print(f"# episodes/s: ours {ours:.1f} (8 concurrent), ours one at a time {ours_seq:.1f}, "
               f"fresh python -I per episode {spawn:.1f} (8 concurrent)")
+        print(f"# CPU per episode: ours {ours_cpu * 1e3:.2f} ms, spawning {spawn_cpu * 1e3:.2f} ms, bare fork of a "
+              f"preloaded interpreter that ran the source (no layers, no IPC) {floor_cpu * 1e3:.2f} ms: any "
+              f"process-per-episode design reaches at most {spawn_cpu / floor_cpu:.1f}x spawning's episodes per "
+              f"CPU second")
 
         # -- timeout overrun: deadline -> caller has control again
         overruns, named = {k: [] for k in HANG}, {}
@@ -231,7 +273,9 @@ def main():
     print(f"# total bench time {time.time() - t_start:.1f} s")
     figure("sandbox.episodes_per_s_ratio_vs_spawn", ours / spawn, ">= 10", ours=round(ours, 1),
            spawn=round(spawn, 1), ours_one_at_a_time=round(ours_seq, 1),
-           cpu_ms_per_episode_ours_spawn=[round(ours_cpu * 1e3, 2), round(spawn_cpu * 1e3, 2)])
+           cpu_ms_per_episode_ours_spawn=[round(ours_cpu * 1e3, 2), round(spawn_cpu * 1e3, 2)],
+           cpu_ms_per_episode_bare_fork=round(floor_cpu * 1e3, 2),
+           ceiling_ratio_fresh_process=round(spawn_cpu / floor_cpu, 2))
     figure("sandbox.step_rtt_ratio_vs_pipe", statistics.median(ratios), "<= 3", step_us=round(rtt * 1e6, 1),
            pipe_us=round(pipe * 1e6, 1), guessing_game_step_us=round(rtt_guess * 1e6, 1),
            round_ratios=[round(r, 2) for r in ratios],
