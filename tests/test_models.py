@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+import logprobs
 import models
 
 TOOLS = [{"type": "function", "function": {
@@ -21,12 +22,18 @@ def test_forward_and_generate_with_logprobs(request, fixture, arch):
     logits = model(ids).logits  # (1, T, V)
     assert logits.shape == (1, ids.shape[1], len(tok)) and torch.isfinite(logits).all()
     torch.manual_seed(0)
-    out = model.generate(ids, max_new_tokens=6, do_sample=True, output_scores=True,
+    out = model.generate(ids, max_new_tokens=6, do_sample=True, output_logits=True,
                          return_dict_in_generate=True)
-    new = out.sequences[0, ids.shape[1]:]
-    # per-token log-probs of the sampled tokens, from the scores generate hands back
-    lp = torch.stack([torch.log_softmax(s[0].float(), -1)[t] for s, t in zip(out.scores, new)])
-    assert lp.shape == (len(new),) and (lp <= 0).all() and torch.isfinite(lp).all()
+    seq = out.sequences                                                # (1, T + 6)
+    new = seq[0, ids.shape[1]:]
+    # the sampled tokens' log-probs under cached decoding (generate's raw logits, before its top-k /
+    # top-p warpers) equal the trainer's, from one uncached forward through logprobs.token_logprobs
+    sampled = torch.stack([torch.log_softmax(s[0].float(), -1)[t] for s, t in zip(out.logits, new)])
+    mask = torch.zeros_like(seq)
+    mask[0, ids.shape[1]:] = 1
+    with torch.no_grad():
+        trained = logprobs.token_logprobs(model, seq, torch.ones_like(seq), mask)[0, ids.shape[1]:]
+    assert len(new) == 6 and torch.allclose(sampled, trained, atol=1e-4), (sampled, trained)
 
 
 def test_same_seed_same_weights():
