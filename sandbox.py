@@ -198,7 +198,7 @@ def _apply_seccomp(pid: int) -> bool:
     code = _SECCOMP_HEAD + b"".join(struct.pack("HBBI", *ins) for ins in tail)
     buf = ctypes.create_string_buffer(code, len(code))
     prog = struct.pack("HxxxxxxP", len(code) // 8, ctypes.addressof(buf))  # struct sock_fprog
-    return _LIBC.prctl(22, 2, prog, 0, 0) == 0                          # PR_SET_SECCOMP, FILTER
+    return _LIBC.prctl(22, 2, prog, 0, 0) == 0                         # PR_SET_SECCOMP, FILTER
 
 
 def _apply_landlock(scratch: str, read_dirs: list[str]) -> bool:
@@ -240,7 +240,7 @@ def _worker_setup(req_fd, rep_fd, uid, cfg, required):
     if root:
         os.chown(scratch, uid, uid)
     os.chdir(scratch)
-    os.environ.update(HOME=scratch, TMPDIR=scratch)                   # the rest: the zygote's allow-list
+    os.environ.update(HOME=scratch, TMPDIR=scratch)                    # the rest: the zygote's allow-list
     for lim, v in ((resource.RLIMIT_AS, cfg["vsz"] + cfg["memory_mb"] * 2**20), (resource.RLIMIT_CORE, 0),
                    (resource.RLIMIT_CPU, cfg["cpu_seconds"]), (resource.RLIMIT_FSIZE, cfg["fsize_mb"] * 2**20),
                    (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_NPROC, 32 if root else 0)):
@@ -382,16 +382,16 @@ def _zygote_setup(cfg: dict):
     workers need (netns, mountns, vsz, scratch, read_dirs)."""
     import sysconfig
     root = os.geteuid() == 0
-    cfg["netns"] = root and _LIBC.unshare(0x40000000) == 0              # CLONE_NEWNET
+    cfg["netns"] = root and _LIBC.unshare(0x40000000) == 0             # CLONE_NEWNET
     for mod in PRELOAD + (("numpy", "numpy.random", "numpy.linalg") if cfg["numpy"] else ()):
         with contextlib.suppress(Exception):                           # optional; before a tmpfs hides /tmp
             __import__(mod)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))     # -P left this file's dir off
     import toolenv  # noqa: F401 - the ToolEnv base class, for every worker (which cannot read it)
     del sys.path[0]
-    cfg["mountns"] = root and _LIBC.unshare(0x00020000) == 0            # CLONE_NEWNS
+    cfg["mountns"] = root and _LIBC.unshare(0x00020000) == 0           # CLONE_NEWNS
     if cfg["mountns"]:
-        _LIBC.mount(None, b"/", None, 0x4000 | 0x40000, None)           # MS_REC | MS_PRIVATE
+        _LIBC.mount(None, b"/", None, 0x4000 | 0x40000, None)          # MS_REC | MS_PRIVATE
         for path, size in (("/tmp", cfg["scratch_mb"]), ("/var/tmp", 16), ("/dev/shm", 16)):
             if os.path.isdir(path):                                    # MS_NOSUID | MS_NODEV
                 opts = f"size={size}m,mode=1777".encode()
