@@ -831,6 +831,27 @@ def test_per_file_size_limit_holds():
     assert obs == f"errno 27 {1 << 20}", obs                           # EFBIG at exactly 1 MiB
 
 
+def test_scratch_tmpfs_caps_the_total():
+    """As root, scratch lives on a private tmpfs of scratch_mb: files each under the per-file limit
+    still stop at the cap (ENOSPC), so workers cannot fill the host's disk between them."""
+    with Sandbox(workers=1, scratch_mb=2, fsize_mb=16, numpy=False, pool=0) as s:
+        need(s, "mountns")
+        env = game("""
+            n = 0
+            try:
+                for i in range(8):
+                    with open(f'f{i}.bin', 'wb') as f:
+                        f.write(b'x' * (1 << 20))
+                    n += 1
+                out = 'wrote all'
+            except OSError as e:
+                out = f'errno {e.errno}'
+            return f'{out} after {n}', 0.0, False, False, {}
+        """)
+        obs = play(s, env)[0][0]
+    assert obs.startswith("errno 28 after ") and int(obs.split()[-1]) <= 2, obs   # ENOSPC near 2 MiB
+
+
 # ------------------------------------------------ whole programs (LiveCodeBench) under the same layers
 def test_run_program_honest_and_named_failures(sb):
     assert sb.run_program("print(int(input()) * 2)", "21\n") == ("ok", "42\n")
