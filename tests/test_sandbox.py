@@ -4,6 +4,7 @@
 Every hostile program is small and bounded (short deadlines, small bombs) so a broken sandbox cannot
 take the machine down. Tests that need a kernel layer skip when `Sandbox.layers` lacks it.
 """
+import contextlib
 import json
 import os
 import select
@@ -467,11 +468,13 @@ def test_writes_outside_scratch_blocked_and_scratch_removed(sb, tmp_path):
     victim = tmp_path / "victim.txt"
     victim.write_text("keep")
     victim.chmod(0o666)
-    project = os.path.join(os.path.dirname(os.path.abspath(sandbox.__file__)), "sbx_evil.txt")
+    tag = os.urandom(4).hex()                                          # a regression's files never meet a later run
+    project = os.path.join(os.path.dirname(os.path.abspath(sandbox.__file__)), f"sbx_evil_{tag}.txt")
+    root_file = f"/root/evil_{tag}"
     env = game(f"""
         import os
         out = []
-        for p in ({str(open_dir / 'evil')!r}, {project!r}, '/root/evil', '../evil', '/var/tmp/evil'):
+        for p in ({str(open_dir / 'evil')!r}, {project!r}, {root_file!r}, '../evil', '/var/tmp/evil'):
             try:
                 open(p, 'w').write('x'); out.append('wrote ' + p)
             except OSError as e:
@@ -487,11 +490,16 @@ def test_writes_outside_scratch_blocked_and_scratch_removed(sb, tmp_path):
     """)
     h = sb.open(env)
     h.reset(seed=0)
-    obs = h.step("x")[0]
+    try:
+        obs = h.step("x")[0]
+        assert not os.path.exists(project) and not os.path.exists(root_file)
+    finally:
+        for path in (project, root_file):
+            with contextlib.suppress(OSError):
+                os.remove(path)
     cwd = obs.split(" | ")[0]
     assert "wrote" not in obs and "deleted" not in obs and obs.endswith("scratch is fine"), obs
-    assert not (open_dir / "evil").exists() and not os.path.exists(project)
-    assert not os.path.exists("/root/evil") and victim.read_text() == "keep"
+    assert not (open_dir / "evil").exists() and victim.read_text() == "keep"
     view = f"/proc/{sb._proc.pid}/root{cwd}"                           # the zygote's mount namespace
     h.reset(seed=0)                                                    # the next episode: a fresh worker
     assert h.step("look")[0] == "empty"                                # with a fresh, empty scratch
