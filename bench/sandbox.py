@@ -6,7 +6,8 @@ Baselines: a fresh `python -I` subprocess per episode (what human-eval / nanocha
 do), a bare pipe echo between two processes, a bare fork()+exit from this (small) process; and, to
 bound what any process-per-episode design can reach, a preloaded interpreter that forks a child per
 episode with no isolation and no IPC (`ceiling_ratio_fresh_process`: spawning's CPU per episode over
-that floor's).
+that floor's; `ceiling_throughput_ratio`: the episodes/s of that floor with every core busy over
+spawning's measured episodes/s, which leaves cores idle).
 """
 import json
 import os
@@ -236,6 +237,7 @@ def main():
         spawn = spawn_eps / (time.perf_counter() - t)
         k1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         spawn_cpu = (k1.ru_utime + k1.ru_stime - k0.ru_utime - k0.ru_stime) / spawn_eps
+        cores = len(os.sched_getaffinity(0))
         floor_cpu = float(subprocess.run([sys.executable, "-s", "-B", "-c", FLOOR, os.path.dirname(sandbox.__file__),
                                           "4.0"], input=SRC, capture_output=True, text=True, check=True).stdout)
         print(f"# episodes/s: ours {ours:.1f} (8 concurrent), ours one at a time {ours_seq:.1f}, "
@@ -243,7 +245,7 @@ def main():
         print(f"# CPU per episode: ours {ours_cpu * 1e3:.2f} ms, spawning {spawn_cpu * 1e3:.2f} ms, bare fork of a "
               f"preloaded interpreter that ran the source (no layers, no IPC) {floor_cpu * 1e3:.2f} ms: any "
               f"process-per-episode design reaches at most {spawn_cpu / floor_cpu:.1f}x spawning's episodes per "
-              f"CPU second")
+              f"CPU second, and {cores / floor_cpu / spawn:.1f}x its episodes/s with all {cores} cores busy")
 
         # -- timeout overrun: deadline -> caller has control again
         overruns, named = {k: [] for k in HANG}, {}
@@ -275,7 +277,8 @@ def main():
            spawn=round(spawn, 1), ours_one_at_a_time=round(ours_seq, 1),
            cpu_ms_per_episode_ours_spawn=[round(ours_cpu * 1e3, 2), round(spawn_cpu * 1e3, 2)],
            cpu_ms_per_episode_bare_fork=round(floor_cpu * 1e3, 2),
-           ceiling_ratio_fresh_process=round(spawn_cpu / floor_cpu, 2))
+           ceiling_ratio_fresh_process=round(spawn_cpu / floor_cpu, 2),
+           ceiling_throughput_ratio=round(cores / floor_cpu / spawn, 2))
     figure("sandbox.step_rtt_ratio_vs_pipe", statistics.median(ratios), "<= 3", step_us=round(rtt * 1e6, 1),
            pipe_us=round(pipe * 1e6, 1), guessing_game_step_us=round(rtt_guess * 1e6, 1),
            round_ratios=[round(r, 2) for r in ratios],
