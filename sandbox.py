@@ -101,6 +101,7 @@ PRELOAD = tuple("math random re json itertools collections functools heapq strin
                 "dataclasses typing enum copy textwrap bisect operator datetime hashlib array struct time unicodedata "
                 "abc numbers pprint traceback types ast tempfile shutil ctypes resource fcntl threading calendar "
                 "cmath difflib uuid secrets io queue".split())
+NUMPY_PRELOAD = ("numpy", "numpy.random", "numpy.linalg")   # also, when installed and Sandbox(numpy=True)
 
 
 # INFRA: the wire format: one JSON value per line, ASCII, no NaN/inf, never pickle. A request is
@@ -383,7 +384,7 @@ def _zygote_setup(cfg: dict):
     import sysconfig
     root = os.geteuid() == 0
     cfg["netns"] = root and _LIBC.unshare(0x40000000) == 0             # CLONE_NEWNET
-    for mod in PRELOAD + (("numpy", "numpy.random", "numpy.linalg") if cfg["numpy"] else ()):
+    for mod in PRELOAD + (NUMPY_PRELOAD if cfg["numpy"] else ()):
         with contextlib.suppress(Exception):                           # optional; before a tmpfs hides /tmp
             __import__(mod)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))     # -P left this file's dir off

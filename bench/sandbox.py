@@ -64,7 +64,7 @@ FLOOR = r"""
 import gc, os, resource, sys, time
 sys.path.insert(0, sys.argv[1])
 import sandbox
-for mod in sandbox.PRELOAD + ("numpy", "numpy.random", "numpy.linalg"):
+for mod in sandbox.PRELOAD + sandbox.NUMPY_PRELOAD:                  # the bench's Sandbox preloads numpy
     try:
         __import__(mod)
     except ImportError:
