@@ -622,12 +622,12 @@ class EnvHandle:
         # A fresh nonce from the trainer's private RNG: a line written before this request (still in
         # the pipe) cannot carry it, so _end rejects stale and unsolicited lines without a poll().
         self._nonce = b"%08x" % self._sb._nonce_bits(32)
-        view = memoryview(b"%s%s%s\n" % (op.encode(), self._nonce, arg.encode()))
+        data = b"%s%s%s\n" % (op.encode(), self._nonce, arg.encode())
         self._t0 = time.monotonic()
         self._deadline = self._t0 + timeout
-        while view:                                                    # one write, unless the request is long
+        while data:                                                    # one write, unless the request is long
             try:
-                view = view[os.write(self._wfd, view):]
+                data = data[os.write(self._wfd, data):]
             except BlockingIOError:
                 left = self._deadline - time.monotonic()
                 if left <= 0 or not select.select([], [self._wfd], [], left)[1]:
@@ -661,12 +661,11 @@ class EnvHandle:
         return line
 
     def _wait(self) -> bytes:
-        while True:
-            if self._rpoll.poll(max(1, math.ceil((self._deadline - time.monotonic()) * 1000))):
-                if (line := self._pump()) is not None:
-                    return line
-            elif time.monotonic() >= self._deadline:
+        while (line := self._pump()) is None:                          # read first: a worker on this core
+            ms = max(1, math.ceil((self._deadline - time.monotonic()) * 1000))  # has often replied already
+            if not self._rpoll.poll(ms) and time.monotonic() >= self._deadline:
                 raise self._timeout()
+        return line
 
     def _end(self, line: bytes, episode=True):
         """The reply's result, once it answers this request (nonce) and is strict JSON."""

@@ -3,9 +3,10 @@
     python bench/sandbox.py          # < 2 minutes on 2 cores; last lines are JSON figures
 
 Baselines: a fresh `python -I` subprocess per episode (what human-eval / nanochat style harnesses
-do), a bare pipe echo between two processes, a bare fork()+exit from this (small) process; and, to
-bound what any process-per-episode design can reach, a preloaded interpreter that forks a child per
-episode with no isolation and no IPC (`ceiling_ratio_fresh_process`: spawning's CPU per episode over
+do), a bare pipe echo between two processes (placed as the trainer and the worker are: both on one
+core, the figure; on two cores, `two_cores_ratio`, for context), a bare fork()+exit from this
+(small) process; and, to bound what any process-per-episode design can reach, a preloaded
+interpreter that forks a child per episode with no isolation and no IPC (`ceiling_ratio_fresh_process`: spawning's CPU per episode over
 that floor's; `ceiling_throughput_ratio`: the episodes/s of that floor with every core busy over
 spawning's measured episodes/s, which leaves cores idle).
 """
@@ -45,6 +46,7 @@ STEPS = 20
 ECHO_ENV = ("class EchoEnv:\n    def reset(self, seed=None):\n        return 'ready', {}\n"
             "    def step(self, action):\n        return action, 0.0, False, False, {}\n")
 ACTIONS = [r"\boxed{%d}" % i for i in range(STEPS)]
+ALL_CORES = sorted(os.sched_getaffinity(0))
 
 RUNNER = r"""
 import sys
@@ -123,9 +125,19 @@ def tree_cpu_s(pid):
         return sum(map(int, f.read().rsplit(")", 1)[1].split()[11:15])) / os.sysconf("SC_CLK_TCK")
 
 
-def pipe_echo_rtt(n=2000, cpu=None):
-    p = subprocess.Popen([sys.executable, "-I", "-c", "import os\nwhile True:\n d = os.read(0, 65536)\n"
-                          " if not d: break\n os.write(1, d)"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+def pin(pid, core) -> bool:
+    """Pin a process to one core; False where the OS refuses (then the scheduler places it)."""
+    try:
+        os.sched_setaffinity(pid, {core})
+        return True
+    except OSError:
+        return False
+
+
+def pipe_echo_rtt(n=2000, cpu=None, core=None):
+    p = subprocess.Popen([sys.executable, "-I", "-c", "import os, sys\nif sys.argv[1] != 'None':\n"
+                          " os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n d = os.read(0, 65536)\n"
+                          " if not d: break\n os.write(1, d)", str(core)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     msg, out = b'{"op": "step", "action": "\\\\boxed{1}"}\n', []
     for _ in range(50):                                                # the child has started up
         os.write(p.stdin.fileno(), msg)
@@ -143,6 +155,38 @@ def pipe_echo_rtt(n=2000, cpu=None):
     return statistics.median(out)
 
 
+def rtt_rounds(h, hg, cores, rounds=9):
+    """Median step() RTT of the echo env (h) and the guessing game (hg) over a pipe echo's, with the
+    trainer pinned to cores[0] and the worker and the echo child to cores[1] in both arms. Short
+    adjacent rounds, ratio per round: the load of a shared machine hits both arms alike."""
+    tcore, wcore = cores
+    pinned = pin(0, tcore)
+    rtts, pipes, guess, ratios, pipe_cpu, step_cpu = [], [], [], [], [], []
+    for _ in range(rounds):
+        pipes.append(pipe_echo_rtt(500, pipe_cpu, wcore if pinned else None))
+        for handle, out in ((h, rtts), (hg, guess)):
+            pinned &= pin(handle.pid, wcore)
+            ts, c0, w0 = [], cpu_s(), cpu_s(h.pid)
+            for i in range(500):
+                if i % STEPS == 0 and handle is hg:                    # stay inside its turn budget; every
+                    handle.reset(seed=i)                               # reset starts a fresh worker
+                    pinned &= pin(handle.pid, wcore)
+                t = time.perf_counter()
+                handle.step(ACTIONS[i % STEPS])
+                ts.append(time.perf_counter() - t)
+            out.append(statistics.median(ts))
+            if handle is h:
+                step_cpu.append(((cpu_s() - c0) / 500, (cpu_s(h.pid) - w0) / 500))
+        ratios.append(rtts[-1] / pipes[-1])
+        time.sleep(0.3)                                                # the zygote refills its pool after
+                                                                       # the resets: not transport time
+    os.sched_setaffinity(0, ALL_CORES)
+    return dict(ratio=statistics.median(ratios), rtt=statistics.median(rtts), pipe=statistics.median(pipes),
+                guess=statistics.median(guess), ratios=ratios, pinned=pinned,
+                step_cpu=[min(c[i] for c in step_cpu) for i in (0, 1)],
+                pipe_cpu=[min(c[i] for c in pipe_cpu) for i in (0, 1)])
+
+
 def main():
     t_start = time.time()
     with sandbox.Sandbox(workers=2, step_timeout=5.0) as sb:
@@ -156,29 +200,18 @@ def main():
         for handle in (h, hg):                                         # steady state, as in training
             for i in range(STEPS):
                 handle.step(ACTIONS[i])
-        # Short adjacent rounds, ratio per round: the load of a shared machine hits both sides alike.
-        rtts, pipes, guess, ratios, pipe_cpu, step_cpu = [], [], [], [], [], []
-        for _ in range(9):
-            pipes.append(pipe_echo_rtt(500, pipe_cpu))
-            for handle, out in ((h, rtts), (hg, guess)):
-                ts, c0, w0 = [], cpu_s(), cpu_s(h.pid)
-                for i in range(500):
-                    if i % STEPS == 0 and handle is hg:                # stay inside its turn budget; every
-                        handle.reset(seed=i)                           # reset starts a fresh worker
-                    t = time.perf_counter()
-                    handle.step(ACTIONS[i % STEPS])
-                    ts.append(time.perf_counter() - t)
-                out.append(statistics.median(ts))
-                if handle is h:
-                    step_cpu.append(((cpu_s() - c0) / 500, (cpu_s(h.pid) - w0) / 500))
-            ratios.append(rtts[-1] / pipes[-1])
-            time.sleep(0.3)                                            # the zygote refills its pool after
-                                                                       # the resets: not transport time
+        # Placement decides a round trip, so both arms get the same one. On one core (trainer and
+        # worker pinned together) nothing waits for a wake-up: the RTT is the CPU both sides spend,
+        # the strict figure. On two cores every message wakes an idle core: the regime of training,
+        # whose workers run beside the trainer, where the wake-ups dominate (context).
+        same = rtt_rounds(h, hg, (ALL_CORES[0], ALL_CORES[0]))
+        cross = rtt_rounds(h, hg, ALL_CORES[:2]) if len(ALL_CORES) > 1 else None
         h.close()
         hg.close()
-        rtt, pipe, rtt_guess = statistics.median(rtts), statistics.median(pipes), statistics.median(guess)
-        print(f"# step rtt {rtt * 1e6:.1f} us (guessing-game env {rtt_guess * 1e6:.1f} us), "
-              f"pipe echo rtt {pipe * 1e6:.1f} us")
+        print(f"# step rtt, one core: {same['rtt'] * 1e6:.1f} us (guessing-game env {same['guess'] * 1e6:.1f} us), "
+              f"pipe echo {same['pipe'] * 1e6:.1f} us" + (" (pinning refused: unpinned)" if not same["pinned"] else ""))
+        if cross:
+            print(f"# step rtt, two cores: {cross['rtt'] * 1e6:.1f} us, pipe echo {cross['pipe'] * 1e6:.1f} us")
 
         # -- episode start: open + reset of a fresh isolated worker (what every episode gets), vs
         # re-executing the source in a fresh namespace of a live interpreter (the rejected option:
@@ -279,11 +312,14 @@ def main():
            cpu_ms_per_episode_bare_fork=round(floor_cpu * 1e3, 2),
            ceiling_ratio_fresh_process=round(spawn_cpu / floor_cpu, 2),
            ceiling_throughput_ratio=round(cores / floor_cpu / spawn, 2))
-    figure("sandbox.step_rtt_ratio_vs_pipe", statistics.median(ratios), "<= 3", step_us=round(rtt * 1e6, 1),
-           pipe_us=round(pipe * 1e6, 1), guessing_game_step_us=round(rtt_guess * 1e6, 1),
-           round_ratios=[round(r, 2) for r in ratios],
-           cpu_us_per_step_trainer_worker=[round(min(c[i] for c in step_cpu) * 1e6, 1) for i in (0, 1)],
-           cpu_us_per_echo_trainer_child=[round(min(c[i] for c in pipe_cpu) * 1e6, 1) for i in (0, 1)])
+    us = lambda xs: [round(x * 1e6, 1) for x in xs]                    # noqa: E731
+    figure("sandbox.step_rtt_ratio_vs_pipe", same["ratio"], "<= 3", placement="one core", pinned=same["pinned"],
+           step_us=round(same["rtt"] * 1e6, 1), pipe_us=round(same["pipe"] * 1e6, 1),
+           guessing_game_step_us=round(same["guess"] * 1e6, 1), round_ratios=[round(r, 2) for r in same["ratios"]],
+           cpu_us_per_step_trainer_worker=us(same["step_cpu"]), cpu_us_per_echo_trainer_child=us(same["pipe_cpu"]),
+           **({} if cross is None else dict(
+               two_cores_ratio=round(cross["ratio"], 2), two_cores_step_pipe_us=us([cross["rtt"], cross["pipe"]]),
+               two_cores_round_ratios=[round(r, 2) for r in cross["ratios"]])))
     figure("sandbox.episode_start_ms_p50", start * 1e3, "ratio <= 3", ratio_vs_fork=round(start / fork, 2),
            fork_ms=round(fork * 1e3, 3), reexec_in_fresh_namespace_ms=round(statistics.median(reexecs) * 1e3, 3))
     figure("sandbox.timeout_overrun_ms_p95", p95 * 1e3, "<= 100", failures=named)
