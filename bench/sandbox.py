@@ -6,9 +6,10 @@ Baselines: a fresh `python -I` subprocess per episode (what human-eval / nanocha
 do), a bare pipe echo between two processes (placed as the trainer and the worker are: both on one
 core, the figure; on two cores, `two_cores_ratio`, for context), a bare fork()+exit from this
 (small) process; and, to bound what any process-per-episode design can reach, a preloaded
-interpreter that forks a child per episode with no isolation and no IPC (`ceiling_ratio_fresh_process`: spawning's CPU per episode over
-that floor's; `ceiling_throughput_ratio`: the episodes/s of that floor with every core busy over
-spawning's measured episodes/s, which leaves cores idle).
+interpreter that forks a child per episode with no isolation and no IPC
+(`ceiling_ratio_fresh_process`: spawning's CPU per episode over that floor's;
+`ceiling_throughput_ratio`: the episodes/s of that floor with every core busy over spawning's
+measured episodes/s, which leaves cores idle).
 """
 import json
 import os
@@ -134,10 +135,21 @@ def pin(pid, core) -> bool:
         return False
 
 
+ECHO_CHILD = """
+import os, sys
+if sys.argv[1] != "None":
+    os.sched_setaffinity(0, {int(sys.argv[1])})
+while True:
+    d = os.read(0, 65536)
+    if not d:
+        break
+    os.write(1, d)
+"""
+
+
 def pipe_echo_rtt(n=2000, cpu=None, core=None):
-    p = subprocess.Popen([sys.executable, "-I", "-c", "import os, sys\nif sys.argv[1] != 'None':\n"
-                          " os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n d = os.read(0, 65536)\n"
-                          " if not d: break\n os.write(1, d)", str(core)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    p = subprocess.Popen([sys.executable, "-I", "-c", ECHO_CHILD, str(core)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE)
     msg, out = b'{"op": "step", "action": "\\\\boxed{1}"}\n', []
     for _ in range(50):                                                # the child has started up
         os.write(p.stdin.fileno(), msg)
