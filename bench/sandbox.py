@@ -282,7 +282,7 @@ def main():
         spawn = spawn_eps / (time.perf_counter() - t)
         k1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         spawn_cpu = (k1.ru_utime + k1.ru_stime - k0.ru_utime - k0.ru_stime) / spawn_eps
-        cores = len(os.sched_getaffinity(0))
+        cores = len(ALL_CORES)                                         # the affinity rtt_rounds restored
         floor_cpu = float(subprocess.run([sys.executable, "-s", "-B", "-c", FLOOR, os.path.dirname(sandbox.__file__),
                                           "4.0"], input=SRC, capture_output=True, text=True, check=True).stdout)
         print(f"# episodes/s: ours {ours:.1f} (8 concurrent), ours one at a time {ours_seq:.1f}, "
