@@ -40,7 +40,9 @@ Deviations from the paper and from the authors' code:
        faults; README, "Running model-written code safely"); a third failure propagates.
     9. The games prompts (the no-corpus ablation has its own, as the authors') demand all
        randomness from `random.Random(seed)`, since validation replays a seed (sandbox.py); the
-       no-corpus reference example is a short description, not the authors' full listing.
+       no-corpus reference example is a short description, not the authors' full listing. Their
+       outlines read the move from the LAST box, the one agent.parse_action keeps (the authors'
+       read the first; agent.py sends a single box, so both read the same move).
    10. Hint calls use the designer's top-p 0.95 / top-k 20 (the authors pass none: their
        adapter's top-p 0.9, top-k off).
 
@@ -206,15 +208,17 @@ TOOL_DOMAINS, TOOL_VARIANTS = tuple(_TASKS["domains"]), _TASKS["variants"]
 # The authors' rotation: the common variants more often, the rarer benchmark cases once each.
 TOOL_VARIANT_WEIGHTS = {"execute": 3, "read_then_write": 2, "missing_parameter": 1, "decline": 1}
 
-GAMES_SYSTEM = ("You are an expert Python programmer and game designer. You build interactive, "
-                "multi-turn text games in which the player takes a sequence of decisions and every "
-                "action changes the state of the game.")
+GAMES_SYSTEM = ("You write text games in Python for training reasoning agents. Each game you make "
+                "is interactive and multi-turn: the player decides something on every turn, and "
+                "each decision changes what the game looks like next.")
 
-# ALGO: the corpus-grounded games prompt: the authors' content (interactive contract, "do not"
-# rules, grounding, skeleton with max_turns=12 and solution(), robustness, self-verification).
+# ALGO: the corpus-grounded games prompt: the authors' content in our own words and order
+# (outline with max_turns=12 and solution(), the turn contract, design rules and rejected
+# designs, grounding, reward range, robustness, self-verification).
 GAMES_SPEC = _prompt("games_spec.txt")
-# ALGO: the no-corpus ablation's prompt: the authors' separate multi-turn prompt (per-skill
-# ideas, six archetypes, six failure modes, optimal play in max_turns/2 .. 3*max_turns/4 turns).
+# ALGO: the no-corpus ablation's prompt: the content of the authors' separate multi-turn prompt
+# (per-skill ideas, six archetypes, six failure modes, optimal play in max_turns/2 ..
+# 3*max_turns/4 turns), reworded and reordered.
 NO_CORPUS_SPEC = _prompt("no_corpus_spec.txt")
 
 
@@ -223,17 +227,18 @@ def games_prompt(skill: Skill, document: Document | None, rng: random.Random | N
     """The games designer's user message: corpus-grounded (the paper's runs) or the no-corpus
     ablation's own prompt, which alone carries game ideas (3 sampled from the skill's 4)."""
     if document is not None:
-        return ("Below is a reference document. Build an INTERACTIVE, MULTI-TURN Python game "
-                "environment grounded in a concept or technique from it.\n\n<REFERENCE_DOCUMENT>\n"
-                f"{document.text}\n</REFERENCE_DOCUMENT>\n\n{GAMES_SPEC}\n\nTarget skill: "
-                f"{skill.name} ({skill.description}). DIFFICULTY: medium: the goal should need 3 "
-                "or more interaction steps.\n\nWrite the complete Python code in a ```python block.")
+        return ("Design an interactive, multi-turn text game in Python whose play rests on an idea "
+                "or method taken from the reference document below.\nSkill to train: "
+                f"{skill.name} ({skill.description}). Difficulty: medium, so reaching the goal "
+                "takes at least 3 moves.\n\n"
+                f"<REFERENCE_DOCUMENT>\n{document.text}\n</REFERENCE_DOCUMENT>\n\n{GAMES_SPEC}\n\n"
+                f"Reply with the finished code of your {skill.name} game in one ```python block.")
     ideas = (rng or random.Random(0)).sample(skill.examples, min(3, len(skill.examples)))
-    return (f"Write an interactive multi-turn text game, as a Python class, that exercises "
-            f"{skill.name} ({skill.description}).\n\nGame ideas for {skill.name} (take one or "
-            "invent a similar one):\n" + "\n".join(f"- {e}" for e in ideas) + "\n\n"
+    return (f"Design a text game in Python, played over many turns, that trains {skill.name} "
+            f"({skill.description}).\n\nPossible themes (use one of them, or a close relative "
+            "of your own):\n" + "\n".join(f"- {e}" for e in ideas) + "\n\n"
             + NO_CORPUS_SPEC.format(max_turns=max_turns, lo=max_turns // 2, hi=max_turns * 3 // 4)
-            + "\n\nWrite the complete Python code in a ```python block.")
+            + f"\n\nReply with the finished code of your {skill.name} game in one ```python block.")
 
 
 # ALGO: the tool-use prompt's fixed part: interaction requirements, the ToolEnv interface and

@@ -151,33 +151,57 @@ AUTHORS_DESCRIPTIONS = {
 def test_games_prompt_per_skill(skill):
     """The corpus-grounded prompt carries each element of the authors' and no idea list."""
     messages = d.designer_messages(skill.name, setting="games", document=DOC, memory_block="MEMORY BLOCK")
-    assert "game designer" in messages[0]["content"] and "multi-turn" in messages[0]["content"]
+    system = messages[0]["content"]
+    assert "text games in Python" in system and "interactive and multi-turn" in system
     text = user_text(messages)
     assert skill.description == AUTHORS_DESCRIPTIONS[skill.name]
     assert f"<REFERENCE_DOCUMENT>\n{DOC.text}\n</REFERENCE_DOCUMENT>" in text
-    assert f"Target skill: {skill.name} ({skill.description}). DIFFICULTY: medium" in text
+    assert f"Skill to train: {skill.name} ({skill.description}). Difficulty: medium" in text
     assert not any(e in text for s in d.GAME_SKILLS for e in s.examples)  # no idea lists here
-    for needle in ("not a question-and-answer quiz", r"\boxed{<action>}",
-                   r"re.search(r'\\boxed\{(.+?)\}', action)", "COMMAND",       # boxed extraction
+    for needle in ("A quiz that poses one question and grades one reply", r"\boxed{<action>}",
+                   r"BOX = re.compile(r'\\boxed\{(.+?)\}')", "boxes[-1]",  # the last box is the move
+                   "COMMAND", "never a\n  final answer",
                    "Hidden state", "Partial reward", "terminated=True only once the goal",
-                   "Do NOT", "grade it and terminate", "whole problem at reset()",  # the "do not" rules
-                   "same static task every turn",
-                   "carrying out a concept or technique from the document, step by",  # grounding
-                   "EXECUTES it one step per turn", "OPERATES that system",
+                   "No single move wins", "chain of moves",
+                   "Rejected designs", "marks a single boxed answer and ends the episode",  # one-shot
+                   "reset() lays out the entire problem", "identical, unchanging task",
+                   "applying an idea or method from the document", "EXECUTES, one step per turn",
+                   "OPERATES over several turns", "never refers to the document",        # grounding
                    "def __init__(self, max_turns=12, **kwargs)", "def solution(self)",  # skeleton
-                   "def reset(self, seed=None)", "def step(self, action)",
-                   "never store data in self.solution", "Standard library only",
-                   "literal brace is doubled", "5-tuple",
-                   "Self-verification", "Trace two different action sequences from reset(seed=0)",
-                   "3 or more interaction steps", "```python block"):
+                   "def reset(self, seed=None)", "def step(self, action)", "random.Random(seed)",
+                   "Every reward lies in [0, 1]", "only full success pays 1.0",
+                   "Do not assign to self.solution", "self._solution", "Standard library only",
+                   "math.cos(x)", "literal brace is doubled", r"\boxed{{<action>}}",
+                   "five values of types str, float, bool, bool and dict", "reward 0.0,\n  never an",
+                   "Before you reply", "reset(seed=0) and follow two different move sequences",
+                   "at least 3 moves", "```python block"):
         assert needle in text, needle
-    order = [text.index(s) for s in ("<REFERENCE_DOCUMENT>", "How the agent acts", "Do NOT",
-                                     "Grounding", "Interface", "Robustness", "Self-verification",
-                                     "Target skill", "```python block", "MEMORY BLOCK")]
+    order = [text.index(s) for s in ("Skill to train", "<REFERENCE_DOCUMENT>", "## The class",
+                                     "## One turn", "## Design rules", "Rejected designs",
+                                     "## Tie to the document", "## Reward",
+                                     "## Code that loads and runs", "## Before you reply",
+                                     "```python block", "MEMORY BLOCK")]
     assert order == sorted(order) and text.endswith("MEMORY BLOCK")  # the memory block comes last
     assert "ToolEnv" not in text and "max_turns=20" not in text
     skeleton = text.split("```python\n", 1)[1].split("```", 1)[0].replace("...", "pass")
     ast.parse(skeleton)  # the interface skeleton is itself valid Python
+
+
+def test_games_outline_reads_the_move_the_agent_sends():
+    """The outline's step() takes its move from the LAST box, the one agent.parse_action keeps, so a
+    designer that copies it reads the move the agent meant (the first box may be a draft)."""
+    from agent import last_balanced_box, parse_action
+    outline = d.GAMES_SPEC.split("```python\n", 1)[1].split("```", 1)[0].splitlines()
+    code = [line.split("#")[0].strip() for line in outline
+            if line.startswith("BOX = ") or line.strip().startswith(("boxes = ", "move = "))]
+    assert len(code) == 3, code
+    for reply in ("<think>maybe \\boxed{west}</think>I go \\boxed{ north } now",
+                  "\\boxed{a} first, then \\boxed{b}", "no box at all"):
+        for action in (reply, parse_action(reply)):
+            scope = {"action": action}
+            exec("import re\n" + "\n".join(code), scope)
+            box = last_balanced_box(action)
+            assert scope["move"] == (action if box is None else box).strip(), action
 
 
 @pytest.mark.parametrize("skill", d.GAME_SKILLS, ids=lambda s: s.name)
@@ -189,11 +213,12 @@ def test_no_corpus_prompt_is_the_authors_separate_one(skill):
     assert shown == random.Random(3).sample(skill.examples, 3) or sorted(shown) == sorted(
         random.Random(3).sample(skill.examples, 3))  # 3 of the skill's 4 ideas
     for needle in ("exploration", "trading", "survival", "investigation", "tower defense", "crafting",
-                   "retries on failure", "linear search", "Only one sensible action", "won in 1-3 turns",
-                   "One-turn puzzles dressed up", "input(): never",
-                   "at most 25 turns", "optimal play wins in\n  about 12-18 turns",
-                   "def __init__(self, max_turns=25, **kwargs)", "A reference for the pattern",
-                   "DIFFERENT game", "1.0 with terminated=True", "0.0 with truncated=True"):
+                   "retries on failure", "linear search", "Only one sensible move", "won in 1-3 turns",
+                   "One-turn puzzles dressed up", "input(): never", "A player moving at random should usually lose",
+                   "at most 25 turns", "best line of\n  play wins in about 12-18 turns",
+                   "def __init__(self, max_turns=25, **kwargs)", "A sketch of the pattern",
+                   "DIFFERENT game", "1.0 with terminated=True", "0.0 with truncated=True",
+                   "random.Random(seed)", "boxes[-1]", "the game goes on"):
         assert needle in text, needle
     skeleton = text.split("```python\n", 1)[1].split("```", 1)[0].replace("...", "pass")
     ast.parse(skeleton)
