@@ -99,9 +99,9 @@ class EnvironmentMemory:
         parts = []
         if positives:
             lines = ["<REFERENCE_ENVIRONMENTS>",
-                     f"Environments written earlier for the skill {skill!r} that the agent found "
-                     "challenging but solvable. Use them as inspiration for structure and "
-                     "complexity only: write a DIFFERENT environment, not a variant of these."]
+                     f"Earlier environments for the skill {skill!r} that the agent won only some "
+                     "of the time. Borrow ideas about structure and complexity from them if they "
+                     "help, but build a DIFFERENT environment, not a variation on one of these."]
             for i, r in enumerate(positives, 1):
                 code = r.source[:CODE_CHARS]
                 if len(r.source) > CODE_CHARS:
