@@ -418,7 +418,7 @@ def test_write_hints_for_bare_proposals_is_batched_and_aligned():
     gen = ScriptedDesigner(['{"hint": "A."}', "Plain C."])
     assert d.write_hints(props, gen) == ["A.", None, "Plain C."]
     assert len(gen.batches) == 1 and len(gen.batches[0]) == 2
-    assert "cannot see the" in gen.batches[0][0][0]["content"] and "tools" in gen.batches[0][1][0]["content"]
+    assert "The code is hidden from it" in gen.batches[0][0][0]["content"] and "tools" in gen.batches[0][1][0]["content"]
     assert d.write_hints([], gen) == [] and len(gen.batches) == 1
 
 
@@ -426,18 +426,19 @@ def test_hint_prompts():
     games = d.hint_messages("class XEnv: pass", "games")
     assert games[1]["content"] == "Environment code:\n```python\nclass XEnv: pass\n```"  # code only
     system = games[0]["content"]
-    for needle in ("cannot see the", "appended to the player's first observation", "reset()",
-                   "step()", "answer format", "key insight or strategy", "1-3 sentences, under 100 words",
-                   "never code internals", "no generic advice", "Do not give away the exact answer",
-                   "Good:", "Bad:", "no JSON, no markdown, no labels"):
+    for needle in ("The code is hidden from it", "added to the\nend of the player's first observation",
+                   "reset()", "step()", "answer\nformat", "key insight or strategy",
+                   "1-3 sentences, under 100 words", "never code internals", "generic advice",
+                   "never state the answer itself", "Good:", "Bad:",
+                   "the bare hint text: no JSON, markdown or label"):
         assert needle in system, needle
     assert '{"hint"' not in system
     tool = d.hint_messages("class YEnv(ToolEnv): pass", "tool")
     assert tool[1]["content"] == "Environment code:\n```python\nclass YEnv(ToolEnv): pass\n```"
-    for rule in ("cannot see the code", "submit <answer>done</answer> only after the last one",
+    for rule in ("never sees the code", "<answer>done</answer> is sent only\n  once the last one",
                  "ask for it instead of guessing", "decline it", "Never write a concrete value",
                  "placeholders such as <order_id>", "distractors", "2-3 sentences", "Good:", "Bad",
-                 "no JSON, no markdown, no labels"):  # the authors' tool-use hint rules
+                 "the bare hint text: no JSON, markdown or label"):  # the authors' tool-use hint rules
         assert rule in tool[0]["content"], rule
 
 
