@@ -405,7 +405,9 @@ def score_epoch(designs, sargs, lp: dict | None = None) -> list[dict]:
         elif e.faulty or w is None or missing:
             score = 0.0  # deviation 2: a faulty environment scores 0
         else:
-            score = regret.designer_score(e.regret, w, mode=mode, r_hint=e.r_hint, baseline=baseline)
+            band = (sargs.plateau_lo, sargs.plateau_hi, sargs.plateau_ramp)
+            score = regret.designer_score(e.regret, w, mode=mode, r_hint=e.r_hint,
+                                          baseline=baseline, band=band)
         out.append({"prompt": d.prompt, "reply": d.reply, "logprobs": d.logprobs, "skill": e.skill,
                     "score": score, "env_id": e.env_id})
     return out

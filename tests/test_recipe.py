@@ -69,6 +69,9 @@ def test_hub_id_selects_the_same_preset(capsys):
     (["--kl_coef", "0"], "kl_coef", 0.0),
     (["--kl-coef=0.02"], "kl_coef", 0.02),
     (["--designer_max_tokens", "100"], "designer_max_tokens", 100),
+    (["--designer_max", "100"], "designer_max_tokens", 100),  # an abbreviation is a flag too
+    (["--designer-max=100"], "designer_max_tokens", 100),
+    (["--strip_thinking", "false"], "strip_thinking_history", False),
     (["--enable_thinking", "false"], "enable_thinking", False),
     (["--no_memory"], "no_memory", True),
     (["--logprob_temperature", "0.6"], "logprob_temperature", 0.6),
@@ -169,6 +172,26 @@ def test_record_plays_marks_timeouts():
     eps = [NS(env_id="a", ret=0.0, hinted=False, status="env_error", error="timeout", rewards=[])]
     train.record_plays([e], eps)
     assert e.faulty and e.timed_out
+
+
+def test_plateau_band_flags_for_the_later_4b_phase(capsys):
+    """The authors' later 4B phase: --max_context 49152 and plateau [0.2, 0.4], ramp 0.2. w = 0.5
+    sits 0.1 above that band: plateau 1 - 0.1 / 0.2 = 0.5 (the paper's band [0.4, 0.6]: 1); blend
+    with regret 0.15 and w 0.1: 0.4 * 1 + 0.6 * 0.5 = 0.7 (paper: 0.1 is 0.3 below 0.4, past the
+    ramp of 0.25: 0.4)."""
+    late = ["--plateau_lo", "0.2", "--plateau_hi", "0.4", "--plateau_ramp", "0.2"]
+    cfg = printed(capsys, "--model", "Qwen3-4B", "--max_context", "49152", *late)
+    assert [cfg[k] for k in ("plateau_lo", "plateau_hi", "plateau_ramp", "max_context")] == \
+        [0.2, 0.4, 0.2, 49152]
+    band = dict(plateau_lo=0.2, plateau_hi=0.4, plateau_ramp=0.2)
+    for kw, solve, blend in [(band, 0.5, 0.7), ({}, 1.0, 0.4)]:
+        solve_rate = config.SpadeArgs(designer_reward="solve_rate", **kw)
+        s = train.score_epoch(_designs(_env("a", [1, 0])), solve_rate)
+        b = train.score_epoch(_designs(_env("b", [0.1], regret=0.15)), config.SpadeArgs(**kw))
+        assert (s[0]["score"], b[0]["score"]) == (pytest.approx(solve), pytest.approx(blend))
+    with pytest.raises(SystemExit, match="--plateau_lo must be <= --plateau_hi"):
+        train.main(["--model", "tiny", "--plateau_lo", "0.5", "--plateau_hi", "0.4",
+                    "--print_config"])
 
 
 # ----------------------------------------------------------------------------------------------
