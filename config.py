@@ -23,7 +23,8 @@ class ModelArgs:
     gradient_checkpointing: bool = field(default=True, metadata={"help": "Activation checkpointing for real models."})
     tensor_parallel_size: int = field(default=1, metadata={"help": "vLLM tensor parallel size within a node (the ranks of a group share one engine; each plays its own environments)."})
     enable_thinking: bool | None = field(default=None, metadata={"help": "Passed to the chat template for agent turns (hybrid Qwen3 models); default: the template's."})
-    strip_thinking_history: bool = field(default=False, metadata={"help": "Agent: drop earlier turns' <think> blocks from the context (re-rendered each turn, one training sample per turn), as the authors' thinking 8B agent."})
+    hinted_thinking: bool | None = field(default=None, metadata={"help": "enable_thinking for the hinted plays of the regret arm (the authors' 8B games: off); default: as --enable_thinking."})
+    strip_thinking_history: bool = field(default=False, metadata={"help": "Agent: drop earlier turns' <think> blocks from the context (re-rendered each turn, one training sample per turn, the episode weighing as one in the loss), as the authors' thinking 8B games agent."})
     gpu_memory_utilization: float = field(default=0.35, metadata={"help": "vLLM KV-cache share of GPU memory when colocated with training."})
     batch_tokens: int = field(default=65536, metadata={"help": "Transformers engine: prompts batched by length up to rows x (longest prompt + reply cap) tokens, a bound on its KV cache."})
     micro_batch_tokens: int = field(default=16384, metadata={"help": "Tokens per forward/backward micro-batch (gradient accumulation over the step's samples)."})
@@ -102,15 +103,16 @@ class RunArgs:
 # The authors' launchers (github spade-rl/spade, cmd/), one per (model, setting), where they differ
 # from the defaults above (their G is the global batch over environments per step: 192 / 24,
 # 256 / 16). Log-prob temperature: their trainer's --rollout-temperature. Thinking: the 8B designer
-# and hint prompts are rendered non-thinking, its agent thinks and sees earlier turns without
-# their <think> blocks.
-_THINKING_8B = dict(designer_thinking=False, hint_thinking=False, enable_thinking=True,
-                    strip_thinking_history=True)
+# and hint prompts are rendered non-thinking and its agent thinks. In games the agent sees earlier
+# turns without their <think> blocks and its hinted plays do not think (they render with the
+# adapter's enable_thinking false); their tool path keeps one accumulated sequence, hinted or not.
+_THINKING_8B = dict(designer_thinking=False, hint_thinking=False, enable_thinking=True)
 _NO_THINKING = dict(designer_thinking=False, hint_thinking=False, enable_thinking=False)
 PRESETS = {
     ("Qwen3-4B", "games"): ("cmd/games/train_spade_4b.sh", dict(logprob_temperature=1.0)),
     ("Qwen3-8B", "games"): ("cmd/games/train_spade_8b.sh",
                             dict(logprob_temperature=1.0, designer_max_tokens=20000, kl_coef=0.005,
+                                 strip_thinking_history=True, hinted_thinking=False,
                                  **_THINKING_8B)),
     ("Qwen3-30B-A3B", "games"): ("cmd/games/train_spade_30b.sh",
                                  dict(logprob_temperature=1.0, **_NO_THINKING)),
