@@ -25,7 +25,8 @@ beta kl_coef; S role_scale(...); R interval (the regeneration interval).
 Deviations from the paper (and from the authors' code):
     1. k3 clamps the log-ratio to [-20, 20] and k3 to [0, 10] (as verl does): one token cannot
        blow up the loss; the paper states only "k3".
-    2. Samples without any completion token are left out of the mean over samples.
+    2. Without weights, samples without any completion token are left out of the mean over
+       samples (train.py passes weights: such a sample counts in its denominator with loss 0).
     3. role_scale is 0.0 when a step has no designer samples.
 The token log-probs logp, old_logp and ref_logp come from logprobs.token_logprobs (the trainer
 calls it; it never builds the (B, T, V) log-softmax). policy_loss returns the `losses/*` metrics
