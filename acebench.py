@@ -44,8 +44,10 @@ Departures from ACEBench's harness:
    turn ran all its calls).
 3. The user simulator's own turns are sent back to it as `assistant` messages (ACEBench: `system`,
    which many local chat templates refuse after the first message).
-4. The multi-step agent's prompt is in English, as ACEBench's local-model route sends it; its API-model
-   route, which the authors' run takes, leaves out the language and sends the Chinese one.
+4. The multi-step agent's prompt is in English by default, as ACEBench's local-model route sends it
+   with the English split; its API-model route, which the authors' run takes, builds that agent
+   without the run's language and so sends ACEBench's Chinese prompt (its other roles stay English):
+   --acebench_multi_step_language zh sends MULTI_STEP_PROMPT_ZH, the same content in our words.
 Agreement with ACEBench's own harness on its data: `python bench/acebench_upstream.py ACEBENCH_DIR`.
 Sampling as the authors' run: single-turn T 0.7, top-p 1, 16,384 tokens; the agent and the user
 simulator at ACEBench's role defaults (T 0.001, top-p 1, 1,000 tokens), at most 40 messages.
@@ -446,6 +448,21 @@ MULTI_STEP_PROMPT = (
     "execution returned. Call one function at a time as a rule.\nWhen you judge the task complete, reply "
     "\"finish conversation\" to end the dialogue.\n\nRoles:\nuser: the user\nagent: you, the AI system that "
     "calls APIs\nexecution: runs your calls and returns their results\n")
+# --acebench_multi_step_language zh: what the authors' route sends (ACEBench's API-model agent for
+# multi_step is built without the run's language and so speaks Chinese), in our words.
+MULTI_STEP_PROMPT_ZH = (
+    "你是一个通过调用API来完成任务的AI系统。请依据API说明和到目前为止的对话（第1..t步），写出第t+1步的消息。\n"
+    "需要调用API时，把调用写成一个Python风格的列表：[ApiName(key1='value1', key2='value2', ...)]，"
+    "其中ApiName、参数名和参数值都换成真实的内容；回复以“[”开头、以“]”结尾，多个调用之间用英文逗号隔开，"
+    "例如 [ApiName(key1='value1', ...), ApiName(key1='value1', ...)]。输出调用时不要再写任何解释、提示或调用结果。\n"
+    "除非参数说明另有规定，参数都是可选的：用户提到的参数要写上，没提到的不写；说明里没有规定取值格式时，"
+    "直接沿用用户的原话。\n"
+    "任务要分几步完成、且步骤之间有先后依赖时，就一步一步来，每一步都根据execution返回的结果决定下一步。"
+    "通常一次只调用一个函数，不要并行调用。\n"
+    "你认为任务已经完成时，回复\"finish conversation\"来结束对话。\n\n"
+    "角色：\nuser：用户\nagent：你，即调用API的AI系统\nexecution：执行你的调用并返回结果\n")
+MULTI_STEP_USER = {"en": "The APIs you can call (JSON): {functions}. Dialogue so far:\n{history}",
+                   "zh": "你可以调用的API（JSON格式）：{functions}。到目前为止的对话：\n{history}"}
 USER_RULES = {
     "Travel": "If the instruction asks for a round trip, say at the very start that you want to book a round-trip flight.",
     "phone": "Give everything the current step needs (a reminder needs its title, description and time, for example). "
@@ -503,8 +520,8 @@ def _jsonish(value):
 class Scenario:
     """One Agent item: its dialogue, the API instances it has touched, and the milestones."""
 
-    def __init__(self, entry: dict, classes: dict, kind: str):
-        self.entry, self.classes, self.kind = entry, classes, kind
+    def __init__(self, entry: dict, classes: dict, kind: str, language: str = "en"):
+        self.entry, self.classes, self.kind, self.language = entry, classes, kind, language
         self.instances: dict | None = None
         self.recorded = False  # ACEBench keeps the final state once an execution turn is recorded
         self.dialogue, self.history, self.milestones, self.steps, self.done = [], "", [], 0, False
@@ -566,8 +583,9 @@ class Scenario:
 def agent_messages(sc: Scenario) -> list[dict]:
     functions = sc.entry["function"]
     if sc.kind == "agent_multi_step":
-        return [{"role": "system", "content": MULTI_STEP_PROMPT},
-                {"role": "user", "content": f"The APIs you can call (JSON): {functions}. Dialogue so far:\n{sc.history}"}]
+        system = MULTI_STEP_PROMPT_ZH if sc.language == "zh" else MULTI_STEP_PROMPT
+        user = MULTI_STEP_USER[sc.language].format(functions=functions, history=sc.history)
+        return [{"role": "system", "content": system}, {"role": "user", "content": user}]
     classes = sc.entry["involved_classes"]
     policy = (TRAVEL_POLICY if "Travel" in classes else "") + (PHONE_POLICY if "BaseApi" in classes else "")
     return [{"role": "system", "content": MULTI_TURN_PROMPT + policy},
@@ -627,9 +645,11 @@ def _step_all(scenarios, role, sampler, sampling, batch_size):
                 _agent_turn(sc, reply)
 
 
-def play_scenarios(entries, kind, classes, *, sampler, user=None, batch_size=256, sampling=ROLE_SAMPLING) -> list[Scenario]:
-    """Run every Agent item of one category to its end; agent steps (and user steps) are batched."""
-    scenarios = [Scenario(e, classes, kind) for e in entries]
+def play_scenarios(entries, kind, classes, *, sampler, user=None, batch_size=256,
+                   sampling=ROLE_SAMPLING, language="en") -> list[Scenario]:
+    """Run every Agent item of one category to its end; agent steps (and user steps) are batched.
+    language: of the multi-step agent's prompt (en, or zh as the authors' route sends it)."""
+    scenarios = [Scenario(e, classes, kind, language) for e in entries]
     if kind == "agent_multi_turn":  # the user simulator opens the dialogue
         openings = user.chat([_user_prompt(e) for e in entries], n=1, **sampling)
         for sc, (text,) in zip(scenarios, openings):
@@ -707,9 +727,9 @@ def _single_turn(sampler, entries, category, sampling, batch_size):
     return {category: sum(valid) / max(len(valid), 1)}, records
 
 
-def _agent(sampler, user, entries, category, classes, batch_size, sampling):
+def _agent(sampler, user, entries, category, classes, batch_size, sampling, language):
     scenarios = play_scenarios(entries, category, classes, sampler=sampler, user=user, batch_size=batch_size,
-                               sampling=sampling)
+                               sampling=sampling, language=language)
     records, wins, process = [], [], []
     for sc in scenarios:
         error = state_error(sc.final_state(), sc.entry["answer"]["ground_truth"])
@@ -732,10 +752,11 @@ def summary(scores: dict) -> dict:
 
 
 def run_acebench(sampler, *, data_dir, sampling, categories="test_all", repo="", user=None, batch_size=256,
-                 limit=None, agent_max_new_tokens=1000):
+                 limit=None, agent_max_new_tokens=1000, multi_step_language="en"):
     """ACEBench's categories, its three group scores and its summary (formulas in the docstring).
-    `user`: a sampler for the Agent multi-turn user simulator. A group's score and the overall score
-    are reported only when all their categories ran."""
+    `user`: a sampler for the Agent multi-turn user simulator; multi_step_language: en or zh (the
+    multi-step agent's prompt, departure 4). A group's score and the overall score are reported
+    only when all their categories ran."""
     cats = expand_categories(categories)
     if any(c.startswith("agent") for c in cats):
         api_package(repo)
@@ -749,7 +770,8 @@ def run_acebench(sampler, *, data_dir, sampling, categories="test_all", repo="",
     for cat in cats:
         if cat.startswith("agent"):
             role = {**ROLE_SAMPLING, "max_new_tokens": agent_max_new_tokens, "seed": sampling.get("seed")}
-            got, recs = _agent(sampler, user, data[cat], cat, classes, batch_size, role)
+            got, recs = _agent(sampler, user, data[cat], cat, classes, batch_size, role,
+                               multi_step_language)
         else:
             got, recs = _single_turn(sampler, data[cat], cat, sampling, batch_size)
         scores.update(got)

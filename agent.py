@@ -459,21 +459,25 @@ def play(specs: list[EpisodeSpec], *, generate: Callable, tokenizer,
          setting: str = "games", max_turns: int = 25,
          max_context: int = 32768, max_new_tokens: int = 8192,
          enable_thinking: bool | None = None, strip_thinking_history: bool = False,
-         mask_malformed: bool = False) -> list[Episode]:
+         mask_malformed: bool = False, hinted_thinking: bool | None = None) -> list[Episode]:
     """Play every spec to its end; one `generate(prompts, max_new_tokens_list)` call per turn.
     Returns one Episode per spec, in order. Paper limits (its training setup): 25 turns,
     32,768-token context, 8,192 new tokens per turn (fewer when the context is nearly full).
     step_many(handles, actions) / reset_many(handles, seeds): one round trip for the batch (the
-    sandbox's; default: each handle's own). strip_thinking_history (the authors' thinking 8B
+    sandbox's; default: each handle's own). strip_thinking_history (the authors' thinking 8B games
     agent): each turn's context is re-rendered with earlier `<think>` blocks removed and is its own
-    training record (`Episode.turn_samples`, sharing the episode's advantage). mask_malformed (tool
-    use, the authors' filter): a reply whose `<tool_call>` does not parse gets mask 0, and the next
-    observation ends with FORMAT_HINT, the expected call format."""
+    training record (`Episode.turn_samples`, sharing the episode's advantage). hinted_thinking:
+    enable_thinking of the hinted plays (None: as the others; the authors' 8B games: False).
+    mask_malformed (tool use, the authors' filter): a reply whose `<tool_call>` does not parse gets
+    mask 0, and the next observation ends with FORMAT_HINT, the expected call format."""
     assert setting in ("games", "tool"), setting
     eot = turn_end(tokenizer)
     resets = reset_many([s.handle for s in specs], [s.seed for s in specs]) if reset_many and specs \
         else [s.handle.reset(seed=s.seed) for s in specs]
-    started = [_start(s, r, tokenizer, setting, enable_thinking, eot) for s, r in zip(specs, resets)]
+    thinking = {False: enable_thinking,
+                True: enable_thinking if hinted_thinking is None else hinted_thinking}
+    started = [_start(s, r, tokenizer, setting, thinking[bool(s.hint)], eot)
+               for s, r in zip(specs, resets)]
     episodes, renderers = [ep for ep, _ in started], [r for _, r in started]
     stops = {tokenizer.eos_token_id, eot[1]}  # the engine stops on either
     while live := [i for i, ep in enumerate(episodes) if not ep.status]:

@@ -23,7 +23,8 @@ class ModelArgs:
     gradient_checkpointing: bool = field(default=True, metadata={"help": "Activation checkpointing for real models."})
     tensor_parallel_size: int = field(default=1, metadata={"help": "vLLM tensor parallel size within a node (the ranks of a group share one engine; each plays its own environments)."})
     enable_thinking: bool | None = field(default=None, metadata={"help": "Passed to the chat template for agent turns (hybrid Qwen3 models); default: the template's."})
-    strip_thinking_history: bool = field(default=False, metadata={"help": "Agent: drop earlier turns' <think> blocks from the context (re-rendered each turn, one training sample per turn), as the authors' thinking 8B agent."})
+    hinted_thinking: bool | None = field(default=None, metadata={"help": "enable_thinking for the hinted plays of the regret arm (the authors' 8B games: off); default: as --enable_thinking."})
+    strip_thinking_history: bool = field(default=False, metadata={"help": "Agent: drop earlier turns' <think> blocks from the context (re-rendered each turn, one training sample per turn, the episode weighing as one in the loss), as the authors' thinking 8B games agent."})
     gpu_memory_utilization: float = field(default=0.35, metadata={"help": "vLLM KV-cache share of GPU memory when colocated with training."})
     batch_tokens: int = field(default=65536, metadata={"help": "Transformers engine: prompts batched by length up to rows x (longest prompt + reply cap) tokens, a bound on its KV cache."})
     micro_batch_tokens: int = field(default=16384, metadata={"help": "Tokens per forward/backward micro-batch (gradient accumulation over the step's samples)."})
@@ -55,6 +56,9 @@ class SpadeArgs:
     max_context: int = field(default=32768, metadata={"help": "Agent context in tokens (paper: 32,768)."})
     max_new_tokens: int = field(default=8192, metadata={"help": "Agent new tokens per turn (paper: 8,192)."})
     designer_reward: str = field(default="blend", metadata={"help": "blend (paper runs); ablations: regret (the authors' regret_based), solve_rate, learning_potential (regret.designer_score)."})
+    plateau_lo: float = field(default=0.4, metadata={"help": "plateau(w) is 1 from plateau_lo (paper: 0.4; the authors' later 4B phase: 0.2)."})
+    plateau_hi: float = field(default=0.6, metadata={"help": "... to plateau_hi (paper: 0.6; the authors' later 4B phase: 0.4)."})
+    plateau_ramp: float = field(default=0.25, metadata={"help": "... and falls to 0 over plateau_ramp on each side (paper: 0.25; the authors' later 4B phase: 0.2)."})
     role_scale_cap: float = field(default=50.0, metadata={"help": "Cap of the role-balancing scale S = min(cap, N_agent / N_designer * R) (paper: 50)."})
     no_corpus: bool = field(default=False, metadata={"help": "Ablation: designer prompts without a reference document."})
     no_memory: bool = field(default=False, metadata={"help": "Ablation: no environment memory."})
@@ -99,15 +103,16 @@ class RunArgs:
 # The authors' launchers (github spade-rl/spade, cmd/), one per (model, setting), where they differ
 # from the defaults above (their G is the global batch over environments per step: 192 / 24,
 # 256 / 16). Log-prob temperature: their trainer's --rollout-temperature. Thinking: the 8B designer
-# and hint prompts are rendered non-thinking, its agent thinks and sees earlier turns without
-# their <think> blocks.
-_THINKING_8B = dict(designer_thinking=False, hint_thinking=False, enable_thinking=True,
-                    strip_thinking_history=True)
+# and hint prompts are rendered non-thinking and its agent thinks. In games the agent sees earlier
+# turns without their <think> blocks and its hinted plays do not think (they render with the
+# adapter's enable_thinking false); their tool path keeps one accumulated sequence, hinted or not.
+_THINKING_8B = dict(designer_thinking=False, hint_thinking=False, enable_thinking=True)
 _NO_THINKING = dict(designer_thinking=False, hint_thinking=False, enable_thinking=False)
 PRESETS = {
     ("Qwen3-4B", "games"): ("cmd/games/train_spade_4b.sh", dict(logprob_temperature=1.0)),
     ("Qwen3-8B", "games"): ("cmd/games/train_spade_8b.sh",
                             dict(logprob_temperature=1.0, designer_max_tokens=20000, kl_coef=0.005,
+                                 strip_thinking_history=True, hinted_thinking=False,
                                  **_THINKING_8B)),
     ("Qwen3-30B-A3B", "games"): ("cmd/games/train_spade_30b.sh",
                                  dict(logprob_temperature=1.0, **_NO_THINKING)),
@@ -124,27 +129,17 @@ SETTING_DEFAULTS = {"games": dict(regen_interval=4, hint_max_tokens=4096, kl_coe
                     "tool": dict(regen_interval=8, hint_max_tokens=2048, kl_coef=0.005)}
 
 
-def explicit_fields(argv: list[str], names) -> set[str]:
-    """Config fields named on the command line (`--x v`, `--x=v`, dashed spellings, `--no_x`)."""
-    out = set()
-    for tok in argv:
-        if tok.startswith("--"):
-            name = tok[2:].split("=", 1)[0].replace("-", "_")
-            out.add(name if name in names or not name.startswith("no_") else name[3:])
-    return out
-
-
 def parse(argv: list[str], aliases: dict) -> tuple:
-    """(ModelArgs, SpadeArgs, OptimArgs, RunArgs) from the command line, with the authors' preset
-    for --model (an alias, or its hub id in `aliases`) + --setting under the explicit flags."""
+    """(ModelArgs, SpadeArgs, OptimArgs, RunArgs) from the command line. The authors' preset for
+    --model (an alias, or its hub id in `aliases`) + --setting becomes the parser's defaults, so
+    every flag given on the command line wins, however it is spelled (an argparse abbreviation
+    such as --designer_max included)."""
     from transformers import HfArgumentParser
-    args = HfArgumentParser((ModelArgs, SpadeArgs, OptimArgs, RunArgs)).parse_args_into_dataclasses(args=argv)
-    model = {hub: alias for alias, hub in aliases.items()}.get(args[0].model, args[0].model)
-    given = explicit_fields(argv, {f.name for a in args for f in dataclasses.fields(a)})
-    for key, value in PRESETS.get((model, args[1].setting), ("", {}))[1].items():
-        if key not in given:
-            setattr(next(a for a in args if hasattr(a, key)), key, value)
-    return args
+    parser = HfArgumentParser((ModelArgs, SpadeArgs, OptimArgs, RunArgs))
+    margs, sargs, *_ = parser.parse_args_into_dataclasses(args=argv)
+    model = {hub: alias for alias, hub in aliases.items()}.get(margs.model, margs.model)
+    parser.set_defaults(**PRESETS.get((model, sargs.setting), ("", {}))[1])
+    return tuple(parser.parse_args_into_dataclasses(args=argv))
 
 
 def resolve(margs: ModelArgs, sargs: SpadeArgs, oargs: OptimArgs, rargs: RunArgs, *, skills: int,
@@ -173,6 +168,8 @@ def resolve(margs: ModelArgs, sargs: SpadeArgs, oargs: OptimArgs, rargs: RunArgs
             raise SystemExit(f"--{name} must be > 0 (log-probs divide logits by it)")
     if oargs.logprob_temperature is not None and not oargs.logprob_temperature > 0:
         raise SystemExit("--logprob_temperature must be > 0 (log-probs divide logits by it)")
+    if not (sargs.plateau_lo <= sargs.plateau_hi and sargs.plateau_ramp > 0):
+        raise SystemExit("--plateau_lo must be <= --plateau_hi and --plateau_ramp > 0")
     if sargs.hint_plays == 0 and sargs.designer_reward in ("blend", "regret") and not sargs.fixed_envs:
         raise SystemExit("--hint_plays 0 leaves regret undefined: use --designer_reward solve_rate")
     if sargs.plays < 2:

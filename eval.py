@@ -1,8 +1,10 @@
 """Evaluation: the held-out benchmarks of SPADE's Table 1 and its tool-use result.
 
 SPADE (arXiv 2608.19197, Sec. 5 and Table 1) reports, for the games setting, eight cells: AIME 2025
-and AIME 2026 (avg@32, T 0.7, top-p 0.8; top-k 20 as the authors' harness), GPQA-Diamond (8 samples,
-T 0.7, boxed letter), LiveCodeBench v6 (pass@1, T 0.2, every test within 6 s) and four
+and AIME 2026 (avg@32, T 0.7, top-p 0.8; top-k 20 as the authors' harness; --aime_protocol offline:
+the authors' offline driver, avg@64 at T 1.0, top-p 0.95), GPQA-Diamond (8 samples, T 0.7, top-p
+0.95 and the authors' option order, boxed letter), LiveCodeBench v6 (pass@1, T 0.2, every test
+within 6 s) and four
 Reasoning-Gym cells. Reasoning-Gym is run as the authors' harness (spade-rl/spade) runs it: the 100
 tasks at the reasoning-gym paper's "hard" settings (table and cells in data/rg_hard.json; Math =
 algebra + arithmetic + geometry + graphs, Algorithmic = algorithmic + code, Cognition = arc + games +
@@ -43,9 +45,13 @@ Deviations (from the paper and the authors' harness, spade-rl/spade):
 1. Reasoning-Gym items: task t's episodes are items 0..7 of a dataset seeded by (seed, t's name),
    not the authors' draws from a 500-item dataset; same distribution, other items.
 2. The `<answer>` tag and the box are read after the reasoning (`</think>`), not over the whole reply.
-3. GPQA top-p 0.8 (as AIME); options are reshuffled per sample with a seeded RNG.
+3. GPQA: the options are shuffled once per question as the authors' offline suite does (one
+   Random(42) over the questions in order, options "A." to "D."); the instruction is ours; the
+   letter is read from the last box after the reasoning (`\boxed{(B)}` and `\boxed{\text{B}}`
+   too), else from the last "answer is X" / "Answer: X" there (authors: the first, anywhere).
 4. LiveCodeBench: as the authors' offline run, release_v6 whole (1,055 problems, 2023-05 .. 2025-04;
-   --lcb_start_date / --lcb_end_date narrow it) and 1 sample at T 0.2 / top-p 0.95; their in-loop
+   --lcb_start_date / --lcb_end_date narrow it) and 1 sample at T 0.2 / top-p 0.95 with 16,384
+   tokens; their in-loop
    run used the 2025-01 .. 2025-04 problems. Our own grader: tests stop at the first failure;
    outputs compared line by line, then token by token with numeric tokens compared as decimals;
    each test runs in a fresh sandbox.py worker (no network, files or processes of the host).
@@ -409,7 +415,8 @@ def run_aime(sampler, rows, *, name, n=32, sampling, batch_size=256, timeout=5):
 
 
 def gpqa_options(row: dict, rng: random.Random) -> tuple[list[str], int]:
-    """The four options in a seeded random order, and the index of the correct one."""
+    """The four options in the order `rng` draws (correct first, then the three wrong ones, as
+    the hub lists them, shuffled), and the index of the correct one."""
     correct = str(_first(row, "correct_answer", "Correct Answer")).strip()
     wrong = row.get("incorrect_answers") or [row[f"Incorrect Answer {i}"] for i in (1, 2, 3)]
     options = [correct] + [str(w).strip() for w in wrong]
@@ -428,27 +435,37 @@ def boxed_letter(reply: str) -> str | None:
     return m.group(1) if m else None
 
 
-def run_gpqa(sampler, rows, *, n=8, seed=0, sampling, batch_size=256):
-    """GPQA-Diamond avg@n: per sample a fresh seeded option order, the boxed letter must match."""
-    prompts, keys = [], []
-    for i, row in enumerate(rows):
-        for k in range(n):  # one conversation per sample: the option order differs per sample
-            options, key = gpqa_options(row, random.Random(f"{seed}-{i}-{k}"))
-            body = "\n".join(f"{'ABCD'[j]}) {o}" for j, o in enumerate(options))
-            prompts.append(f"{str(_first(row, 'question', 'Question')).strip()}\n\n{body}\n\n"
-                           "Please reason step by step, and put the letter of the correct option within \\boxed{}.")
-            keys.append("ABCD"[key])
-    replies = [r[0] for r in _sample_all(sampler, prompts, n=1, sampling=sampling, batch_size=batch_size,
-                                         desc="gpqa_diamond")]
+def gpqa_letter(reply: str) -> str | None:
+    """The chosen option: the boxed letter, else the last "answer is B" / "Answer: B" after the
+    reasoning (the authors' fallback reads the same two phrases)."""
+    said = re.findall(r"(?i:answer is|answer:)\s*\(?([A-D])\b", after_thinking(reply))
+    return boxed_letter(reply) or (said[-1] if said else None)
+
+
+GPQA_SHUFFLE_SEED = 42  # the authors' offline suite: one Random(42) shuffles the questions in order
+GPQA_INSTRUCTION = ("Please reason step by step, and put your final answer within \\boxed{}. The "
+                    "final answer is the letter of one option only: \\boxed{A}, \\boxed{B}, "
+                    "\\boxed{C} or \\boxed{D}.")
+
+
+def run_gpqa(sampler, rows, *, n=8, sampling, batch_size=256):
+    """GPQA-Diamond avg@n: each question's options in one order (GPQA_SHUFFLE_SEED, questions in
+    the given order, so a --limit run keeps them), n samples each; gpqa_letter must match."""
+    rng, prompts, keys = random.Random(GPQA_SHUFFLE_SEED), [], []
+    for row in rows:
+        options, key = gpqa_options(row, rng)
+        body = "\n".join(f"{'ABCD'[j]}. {o}" for j, o in enumerate(options))
+        question = str(_first(row, "question", "Question")).strip()
+        prompts.append(f"{question}\n\n{body}\n\n{GPQA_INSTRUCTION}")
+        keys.append("ABCD"[key])
+    replies = _sample_all(sampler, prompts, n=n, sampling=sampling, batch_size=batch_size,
+                          desc="gpqa_diamond")
     correct, records = [], []
-    for i, row in enumerate(rows):
-        scores = []
-        for k in range(n):
-            reply, key = replies[i * n + k], keys[i * n + k]
-            scores.append(float(boxed_letter(reply) == key))
-            records.append({"suite": "gpqa_diamond", "id": _first(row, "id", "Record ID", default=i), "sample": k,
-                            "reference": key, "reply": reply, "answer": boxed_letter(reply), "score": scores[-1]})
-        correct.append(scores)
+    for i, (row, samples, key) in enumerate(zip(rows, replies, keys)):
+        correct.append([float(gpqa_letter(reply) == key) for reply in samples])
+        records += [{"suite": "gpqa_diamond", "id": _first(row, "id", "Record ID", default=i),
+                     "sample": k, "reference": key, "reply": reply, "answer": gpqa_letter(reply),
+                     "score": score} for k, (reply, score) in enumerate(zip(samples, correct[-1]))]
     return {f"gpqa_diamond/avg@{n}": avg_at_n(correct), "gpqa_diamond/items": len(rows)}, records
 
 
@@ -613,7 +630,7 @@ class EvalConfig:
     data_dir: str = field(default="data/eval", metadata={"help": "Directory of the benchmark JSONL files (formats in eval.py's docstring)."})
     output_dir: str = field(default="runs/eval", metadata={"help": "Where results.json, samples/*.jsonl and table1.md are written."})
     checkpoints: str = field(default="", metadata={"help": "A training run directory: evaluate each policy export in <run>/exports (train.py --export_every), one row per export, and name the best (the paper's protocol)."})
-    seed: int = field(default=0, metadata={"help": "Seed of item selection, option shuffles and sampling."})
+    seed: int = field(default=0, metadata={"help": "Seed of Reasoning-Gym's items and of sampling (GPQA's option order is the authors': Random(42))."})
     limit: int | None = field(default=None, metadata={"help": "Use only the first N items of each dataset suite (smoke runs; not a paper number)."})
     batch_size: int = field(default=256, metadata={"help": "Prompts per sampler call, each sampled n times (the progress bar advances per call)."})
     max_new_tokens: int = field(default=32768, metadata={"help": "Token budget per reply (paper: 32,768-token context)."})
@@ -623,27 +640,30 @@ class EvalConfig:
     rg_top_p: float = field(default=0.8, metadata={"help": "Reasoning-Gym top-p (the authors' harness: 0.8)."})
     rg_top_k: int = field(default=20, metadata={"help": "Reasoning-Gym top-k (the authors' harness: 20)."})
     rg_max_new_tokens: int = field(default=8192, metadata={"help": "Reasoning-Gym token budget per reply (the authors' harness: 8,192)."})
-    aime_samples: int = field(default=32, metadata={"help": "Samples per AIME problem (paper: avg@32)."})
-    aime_temperature: float = field(default=0.7, metadata={"help": "AIME temperature (paper: 0.7)."})
-    aime_top_p: float = field(default=0.8, metadata={"help": "AIME top-p (paper: 0.8)."})
+    aime_protocol: str = field(default="paper", metadata={"help": "AIME defaults: paper (avg@32, T 0.7, top-p 0.8, as the paper and the authors' in-loop config) or offline (avg@64, T 1.0, top-p 0.95: the authors' offline driver, whose keys their table mapping reads); the three flags below override.", "choices": ["paper", "offline"]})
+    aime_samples: int | None = field(default=None, metadata={"help": "Samples per AIME problem (default: the protocol's, 32 or 64)."})
+    aime_temperature: float | None = field(default=None, metadata={"help": "AIME temperature (default: the protocol's, 0.7 or 1.0)."})
+    aime_top_p: float | None = field(default=None, metadata={"help": "AIME top-p (default: the protocol's, 0.8 or 0.95)."})
     aime_top_k: int = field(default=20, metadata={"help": "AIME top-k (the authors' harness: 20; -1 = off)."})
     math_verify_timeout: int = field(default=5, metadata={"help": "Seconds for math-verify's parse and verify per sample."})
     gpqa_samples: int = field(default=8, metadata={"help": "Samples per GPQA-Diamond question (paper: 8)."})
     gpqa_temperature: float = field(default=0.7, metadata={"help": "GPQA temperature (paper: 0.7)."})
-    gpqa_top_p: float = field(default=0.8, metadata={"help": "GPQA top-p (as AIME; the paper gives none)."})
+    gpqa_top_p: float = field(default=0.95, metadata={"help": "GPQA top-p (the paper gives none; the authors' offline suite: 0.95)."})
     lcb_samples: int = field(default=1, metadata={"help": "Samples per LiveCodeBench problem (the authors' offline run: 1)."})
     lcb_temperature: float = field(default=0.2, metadata={"help": "LiveCodeBench temperature (paper: 0.2)."})
     lcb_top_p: float = field(default=0.95, metadata={"help": "LiveCodeBench top-p (LCB runner default)."})
+    lcb_max_new_tokens: int = field(default=16384, metadata={"help": "LiveCodeBench token budget per reply (the authors' offline run: 16,384)."})
     lcb_test_timeout: float = field(default=6.0, metadata={"help": "Seconds per test case (paper: 6)."})
     lcb_memory_mb: int = field(default=4096, metadata={"help": "Address-space limit per test process, MiB."})
     lcb_start_date: str = field(default="", metadata={"help": "First contest date to keep, YYYY-MM-DD (inclusive); empty = no bound (release_v6 whole, as the authors)."})
     lcb_end_date: str = field(default="", metadata={"help": "Contest date to stop before, YYYY-MM-DD (exclusive); empty = no bound."})
     bfcl_categories: str = field(default=",".join(BFCL_CATEGORIES), metadata={"help": "BFCL v4 multi-turn categories."})
-    bfcl_temperature: float = field(default=0.001, metadata={"help": "BFCL temperature (BFCL default)."})
+    bfcl_temperature: float = field(default=0.0, metadata={"help": "BFCL temperature (the authors' `bfcl generate --temperature 0.0`; bfcl-eval's own default: 0.001)."})
     tau2_domains: str = field(default=",".join(TAU2_DOMAINS), metadata={"help": "tau2-bench domains (base split of each)."})
     tau2_trials: int = field(default=4, metadata={"help": "tau2-bench trials per task (the authors: 4); pass^1 and pass^trials."})
     tau2_max_steps: int = field(default=200, metadata={"help": "tau2-bench message limit per conversation (the authors: 200)."})
     tau2_temperature: float = field(default=0.0, metadata={"help": "tau2-bench agent temperature (the authors: 0; top-p 0.8, top-k 20)."})
+    tau2_max_new_tokens: int = field(default=16384, metadata={"help": "tau2-bench token budget per agent message (the authors: 16,384)."})
     tau2_user_endpoint: str = field(default="", metadata={"help": "OpenAI-compatible base URL serving tau2-bench's user simulator (required for suite tau2)."})
     tau2_user_model: str = field(default="gpt-4.1", metadata={"help": "Model name of the user simulator at --tau2_user_endpoint (the authors: gpt-4.1, T 0)."})
     tau2_user_api_key_env: str = field(default="OPENAI_API_KEY", metadata={"help": "Environment variable holding the user endpoint's API key."})
@@ -655,6 +675,17 @@ class EvalConfig:
     acebench_temperature: float = field(default=0.7, metadata={"help": "ACEBench single-turn temperature (the authors: 0.7, top-p 1.0)."})
     acebench_max_new_tokens: int = field(default=16384, metadata={"help": "ACEBench single-turn token budget (the authors: 16,384)."})
     acebench_agent_max_new_tokens: int = field(default=1000, metadata={"help": "ACEBench Agent-role token budget per message (ACEBench's default, kept by the authors' run: 1,000)."})
+    acebench_multi_step_language: str = field(default="en", metadata={"help": "Language of the agent_multi_step prompt: en (ACEBench's route for local models, and the English split's language) or zh (the Chinese prompt the authors' API-model route sends, in our words).", "choices": ["en", "zh"]})
+
+
+AIME_PROTOCOLS = {"paper": (0.7, 0.8, 32), "offline": (1.0, 0.95, 64)}  # (T, top-p, n); top-k 20
+
+
+def _aime_sampling(cfg: EvalConfig) -> tuple:
+    """AIME's (T, top-p, top-k, n, budget): the protocol's values under any flag given."""
+    given = (cfg.aime_temperature, cfg.aime_top_p, cfg.aime_samples)
+    t, p, n = (d if x is None else x for x, d in zip(given, AIME_PROTOCOLS[cfg.aime_protocol]))
+    return t, p, cfg.aime_top_k, n, cfg.max_new_tokens
 
 
 def suite_sampling(suite: str, cfg: EvalConfig) -> dict:
@@ -662,12 +693,12 @@ def suite_sampling(suite: str, cfg: EvalConfig) -> dict:
     t, p, k, n, budget = {
         "reasoning_gym": (cfg.rg_temperature, cfg.rg_top_p, cfg.rg_top_k, 1, cfg.rg_max_new_tokens),
         "gpqa_diamond": (cfg.gpqa_temperature, cfg.gpqa_top_p, -1, cfg.gpqa_samples, cfg.max_new_tokens),
-        "livecodebench_v6": (cfg.lcb_temperature, cfg.lcb_top_p, -1, cfg.lcb_samples, cfg.max_new_tokens),
+        "livecodebench_v6": (cfg.lcb_temperature, cfg.lcb_top_p, -1, cfg.lcb_samples, cfg.lcb_max_new_tokens),
         "bfcl_multi_turn": (cfg.bfcl_temperature, 1.0, -1, 1, cfg.max_new_tokens),
         "bfcl": (cfg.bfcl_temperature, 1.0, -1, 1, cfg.max_new_tokens),
-        "tau2": (cfg.tau2_temperature, 0.8, 20, cfg.tau2_trials, cfg.max_new_tokens),
+        "tau2": (cfg.tau2_temperature, 0.8, 20, cfg.tau2_trials, cfg.tau2_max_new_tokens),
         "acebench": (cfg.acebench_temperature, 1.0, -1, 1, cfg.acebench_max_new_tokens),
-    }.get(suite) or (cfg.aime_temperature, cfg.aime_top_p, cfg.aime_top_k, cfg.aime_samples, cfg.max_new_tokens)
+    }.get(suite) or _aime_sampling(cfg)
     return {"n": n, "temperature": t, "top_p": p, "top_k": k, "max_new_tokens": budget, "seed": cfg.seed}
 
 
@@ -698,14 +729,14 @@ def run_suite(suite: str, sampler, cfg: EvalConfig) -> tuple[dict, list[dict]]:
         data = data if data.exists() or not cfg.acebench_repo else Path(cfg.acebench_repo, "data_all", "data_en")
         return acebench.run_acebench(sampler, data_dir=data, categories=cfg.acebench_categories, repo=cfg.acebench_repo,
                                      user=user, limit=cfg.limit, agent_max_new_tokens=cfg.acebench_agent_max_new_tokens,
-                                     **common)
+                                     multi_step_language=cfg.acebench_multi_step_language, **common)
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}: use {', '.join(SUITES)}")
     rows = load_items(suite, cfg.data_dir)
     if suite.startswith("aime"):
         return run_aime(sampler, rows[:cfg.limit], name=suite, n=n, timeout=cfg.math_verify_timeout, **common)
     if suite == "gpqa_diamond":
-        return run_gpqa(sampler, rows[:cfg.limit], n=n, seed=cfg.seed, **common)
+        return run_gpqa(sampler, rows[:cfg.limit], n=n, **common)
     return run_livecodebench(sampler, rows, n=n, timeout=cfg.lcb_test_timeout, memory_mb=cfg.lcb_memory_mb,
                              start_date=cfg.lcb_start_date, end_date=cfg.lcb_end_date, limit=cfg.limit, **common)
 

@@ -15,6 +15,7 @@ importance weight against the rollout engine's log-probs:
     w_t   = min(exp(old_logp_t - rollout_logp_t), 2.0)
     l_t   = w_t * pg_t + beta * k3_t,   k3_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1
     loss  = mean_i [ sum_t mask_it * l_t / sum_t mask_it ]   (token-mean per sample, then samples)
+    or, given weights u_i:  sum_i u_i * [ sum_t mask_it * l_t / sum_t mask_it ]
 
 Symbols (paper -> code; shapes: B samples, G plays per group, T tokens, V vocabulary, H hidden):
 R_i returns (B,); A_i advantages (B,) or (B, T); pi_theta, pi_old, pi_rollout, pi_ref: logp,
@@ -24,7 +25,8 @@ beta kl_coef; S role_scale(...); R interval (the regeneration interval).
 Deviations from the paper (and from the authors' code):
     1. k3 clamps the log-ratio to [-20, 20] and k3 to [0, 10] (as verl does): one token cannot
        blow up the loss; the paper states only "k3".
-    2. Samples without any completion token are left out of the mean over samples.
+    2. Without weights, samples without any completion token are left out of the mean over
+       samples (train.py passes weights: such a sample counts in its denominator with loss 0).
     3. role_scale is 0.0 when a step has no designer samples.
 The token log-probs logp, old_logp and ref_logp come from logprobs.token_logprobs (the trainer
 calls it; it never builds the (B, T, V) log-softmax). policy_loss returns the `losses/*` metrics
@@ -97,11 +99,11 @@ def designer_advantages(scores: Sequence[float], skills: Sequence[Hashable],
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.Tensor,
                 advantages: torch.Tensor, mask: torch.Tensor, ref_logp: torch.Tensor | None = None,
                 kl_coef: float = 0.0, clip_low: float = CLIP_LOW, clip_high: float = CLIP_HIGH,
-                tis_cap: float = TIS_CAP) -> tuple[torch.Tensor, dict[str, float]]:
+                tis_cap: float = TIS_CAP, weights=None) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped (clip-higher) policy gradient with truncated importance weights. logp (B, T)
     carries the gradient; old_logp, rollout_logp, ref_logp (B, T) are constants; advantages (B,)
-    or (B, T); mask (B, T) 1 on trained tokens. Returns (loss, `losses/*` stats); the loss is a
-    mean over the B samples given (with gradient accumulation, scale it by B_micro / B_total)."""
+    or (B, T); mask (B, T) 1 on trained tokens. Returns (loss, `losses/*` stats): the mean of the
+    samples' token-means, or their sum weighted by weights (B,) (train.py: shares of its batch)."""
     if not (logp.shape == old_logp.shape == rollout_logp.shape == mask.shape):
         raise ValueError(f"logp, old_logp, rollout_logp and mask need one (B, T) shape, got "
                          f"{logp.shape}, {old_logp.shape}, {rollout_logp.shape}, {mask.shape}")
@@ -109,19 +111,19 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.
         raise ValueError("kl_coef > 0 needs ref_logp")
     on = mask > 0                                                            # (B, T)
     mask = on.to(logp.dtype)
-    adv = advantages.to(logp.dtype)
-    adv = adv[:, None] if adv.ndim == 1 else adv                             # (B, 1) or (B, T)
+    adv = advantages.to(logp.dtype).reshape(len(logp), -1)                   # (B, 1) or (B, T)
     # masked positions (prompt, observations, padding) may hold anything: zero them before any
     # exp() so an overflow there cannot turn into inf * 0 = NaN in the loss or its gradient
     logp = torch.where(on, logp, 0.0)
     old_logp = torch.where(on, old_logp.detach(), 0.0)
     rollout_logp = torch.where(on, rollout_logp.detach(), 0.0)
     n_tokens = mask.sum(dim=1)                                               # (B,)
-    has_tokens = n_tokens > 0
 
-    def sample_mean(x):  # token-mean within each sample, then over the samples that have tokens
-        per_sample = (x * mask).sum(dim=1) / n_tokens.clamp(min=1)           # (B,)
-        return per_sample[has_tokens].mean() if has_tokens.any() else (x * mask).sum()
+    def sample_mean(x, u=None):  # token-mean per sample; their mean (over those with tokens) or
+        per_sample = (x * mask).sum(dim=1) / n_tokens.clamp(min=1)           # (B,)  u-weighted sum
+        has = n_tokens.clamp(max=1)                                          # (B,) 1 or 0
+        u = has / has.sum().clamp(min=1) if u is None else u.to(x.dtype)
+        return (per_sample * u).sum()
 
     ratio = torch.exp(logp - old_logp)                                       # rho (B, T)
     # pg = max(-rho * A, -clip(rho, 1 - eps_low, 1 + eps_high) * A)
@@ -134,8 +136,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.
     if ref_logp is not None:  # k3 = exp(ref - logp) - (ref - logp) - 1, clamped (deviation 1)
         log_ratio = torch.clamp(torch.where(on, ref_logp.detach(), 0.0) - logp, -20.0, 20.0)
         kl = torch.clamp(torch.exp(log_ratio) - log_ratio - 1.0, 0.0, 10.0)   # (B, T)
-    # loss = mean_i token-mean_t (w * pg + beta * k3)
-    loss = sample_mean(policy_term + kl_coef * kl if kl_coef else policy_term)
+    # loss = mean_i token-mean_t (w * pg + beta * k3), or sum_i u_i token-mean_t (...)
+    loss = sample_mean(policy_term + kl_coef * kl if kl_coef else policy_term, weights)
     with torch.no_grad():
         total = on.sum().clamp(min=1)
 

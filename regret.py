@@ -7,16 +7,16 @@ environment with and without a privileged hint):
 
     regret(e) = mean_i R_hint(e, s_i) - mean_j R_nohint(e, s_j)                          # Eq. (3)
     score(e)  = 0.4 * clip(regret(e) / 0.15, 0, 1) + 0.6 * plateau(w(e))     (the paper's runs)
-    plateau(w) = 1 on [0.4, 0.6], falling linearly to 0 at 0.15 and 0.85
+    plateau(w) = 1 on [0.4, 0.6], falling linearly to 0 at 0.15 and 0.85  (--plateau_lo/hi/ramp)
 
 w(e) (code: mean_return) is the environment's mean unhinted return over its regeneration epoch;
 a "win rate", elsewhere, is the share of unhinted plays with return > 0. The ablations
 (--designer_reward) follow the authors' code: "regret" is their regret_based max(0, r_hint - w),
--0.5 for a step timeout; "learning_potential" is |w - mu_slow(skill)| with per-skill fast/slow EMAs
-of the epoch mean return; "solve_rate" is plateau(w). Also here: the logged environment
-statistics (learnable shares, reward granularity, zero-variance groups, the formula-reveal
-detector of Fig. 9, diversity). Inputs are validated (NaN / inf and empty arms of Eq. (3) raise
-ValueError); a statistic over no environments is 0.0, never NaN.
+-0.5 for a timeout at its regeneration step; "learning_potential" is |w - mu_slow(skill)| with
+per-skill fast/slow EMAs of the epoch mean return; "solve_rate" is plateau(w). Also here: the
+logged environment statistics (learnable shares, reward granularity, zero-variance groups, the
+formula-reveal detector of Fig. 9, diversity). Inputs are validated (NaN / inf and empty arms
+of Eq. (3) raise ValueError); a statistic over no environments is 0.0, never NaN.
 
 Deviations from the paper (and from the authors' code):
     1. An environment ended by an environment fault scores 0 (`faulty=True`); the authors give the
@@ -74,13 +74,13 @@ def plateau(w: float, lo: float = 0.4, hi: float = 0.6, ramp: float = 0.25) -> f
 
 def designer_score(regret: float | None, mean_return: float | None, mode: str = "blend",
                    faulty: bool = False, r_hint: float | None = None, timed_out: bool = False,
-                   baseline: float | None = None) -> float:
+                   baseline: float | None = None, band: tuple = (0.4, 0.6, 0.25)) -> float:
     """The designer's score of one environment: regret is Eq. (3) at its regeneration step,
     mean_return w its mean unhinted return over the epoch. Modes (the module docstring): "blend"
     (the paper's runs), and the ablations "regret" (max(0, r_hint - w), -0.5 if a step timed out),
-    "solve_rate" and "learning_potential" (baseline: the skill's slow EMA). An input the mode does
-    not use may be None. A faulty environment scores 0, below its skill's mean (except a timeout
-    under "regret")."""
+    "solve_rate" and "learning_potential" (baseline: the skill's slow EMA); band: plateau's (lo,
+    hi, ramp). An input the mode does not use may be None. A faulty environment scores 0, below
+    its skill's mean (except a timeout under "regret")."""
     if mode not in DESIGNER_MODES:
         raise ValueError(f"mode must be one of {DESIGNER_MODES}, got {mode!r}")
     if mode == "regret" and timed_out:
@@ -90,12 +90,12 @@ def designer_score(regret: float | None, mean_return: float | None, mode: str = 
     if mode == "regret":  # r_hint - mean of all epoch plays, floored at 0
         return max(0.0, _finite(r_hint, "r_hint") - _finite(mean_return, "mean_return"))
     if mode == "solve_rate":
-        return plateau(_finite(mean_return, "mean_return"))
+        return plateau(_finite(mean_return, "mean_return"), *band)
     if mode == "learning_potential":  # |w - mu_slow(skill)|
         return abs(_finite(mean_return, "mean_return") - _finite(baseline, "baseline"))
     regret, w = _finite(regret, "regret"), _finite(mean_return, "mean_return")
     # score = 0.4 * clip(regret / 0.15, 0, 1) + 0.6 * plateau(w)
-    return 0.4 * min(1.0, max(0.0, regret / 0.15)) + 0.6 * plateau(w)
+    return 0.4 * min(1.0, max(0.0, regret / 0.15)) + 0.6 * plateau(w, *band)
 
 
 def learning_potential_update(mu: Sequence[float] | None, r: float,

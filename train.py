@@ -175,12 +175,10 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
         # ALGO: 2. play: G unhinted plays per environment, H hinted ones of the fresh at a regeneration
         phase(step, "play", times)
         episodes = play_pool(step, st.pool, sargs, run.sampler, sb, run.tokenizer, seed=rargs.seed,
-                             hinted_arm=regen and sargs.hint_plays > 0,
-                             enable_thinking=margs.enable_thinking,
-                             strip_thinking_history=margs.strip_thinking_history)
+                             hinted_arm=regen and sargs.hint_plays > 0, margs=margs)
         # ALGO: 3. regret (Eq. 3) of the fresh environments, after the plays mark faults and returns
         phase(step, "score", times)
-        record_plays(st.pool, episodes)
+        record_plays(st.pool, episodes, regen)
         m.update(hint_regrets(st.pool, episodes) if regen else {})
         m.update(infra.env_metrics(st.pool, episodes), **infra.regen_figures(
             step, st.pool, regen, episodes, st.hist, sargs.steps, rargs.seed, run.gather))
@@ -191,8 +189,7 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
         scored = score_epoch(ended, sargs, st.lp)
         samples = agent_samples(episodes, grpo, compact=tool_filters(sargs))
         if (regen or last) and not (sargs.no_designer_training or sargs.fixed_envs):  # a collective
-            ds, dm = designer_samples(scored, sum(run.gather([len(samples)])), sargs, grpo,
-                                      run.gather, run.rank)
+            ds, dm = designer_samples(scored, samples, sargs, grpo, run.gather, run.rank)
             samples += ds
             m.update(dm)
         # ALGO: 5. one GRPO update over both roles
@@ -281,11 +278,11 @@ def load_env_dir(path: Path, setting: str, sb, origin: str) -> list[PoolEnv]:
     return envs
 
 
-def play_pool(step, pool, sargs, sampler, sb, tokenizer, hinted_arm: bool, seed: int,
-              enable_thinking=None, strip_thinking_history=False):
+def play_pool(step, pool, sargs, sampler, sb, tokenizer, hinted_arm: bool, seed: int, margs):
     """Alg. 1 line 7: G unhinted plays per environment, plus H hinted at a regeneration step for
     the freshly designed environments (the ones whose regret scores a designer sample). Both arms
-    draw their seeds from one list (common random numbers, our deviation)."""
+    draw their seeds from one list (common random numbers, our deviation). margs: the agent's
+    thinking switches (enable_thinking, hinted_thinking, strip_thinking_history)."""
     seeds = [derive_seed("play", seed, step, i) for i in range(max(sargs.plays, sargs.hint_plays))]
     jobs = []
     for e in pool:
@@ -303,7 +300,9 @@ def play_pool(step, pool, sargs, sampler, sb, tokenizer, hinted_arm: bool, seed:
         return agent.play(specs, generate=gen, tokenizer=tokenizer, step_many=sb.step_many,
                           reset_many=sb.reset_many, setting=sargs.setting, max_turns=sargs.max_turns,
                           max_context=sargs.max_context, max_new_tokens=sargs.max_new_tokens,
-                          enable_thinking=enable_thinking, strip_thinking_history=strip_thinking_history,
+                          enable_thinking=margs.enable_thinking,
+                          hinted_thinking=margs.hinted_thinking,
+                          strip_thinking_history=margs.strip_thinking_history,
                           mask_malformed=tool_filters(sargs))
     finally:
         sampler.drain()
@@ -342,15 +341,17 @@ def fixed_draws(sargs, sb, rank: int, world: int) -> list[list[PoolEnv]]:
             for draw in fixed_env_schedule(len(fixed), sargs.num_envs, sargs.steps)]
 
 
-def record_plays(pool, episodes) -> None:
+def record_plays(pool, episodes, regen: bool = False) -> None:
     """Extend each environment's epoch returns with this step's unhinted returns; mark the
-    environments whose code faulted (a fault of the sandbox itself, `infra: ...`, is not theirs)."""
+    environments whose code faulted (a fault of the sandbox itself, `infra: ...`, is not theirs),
+    and as timed out those whose plays, hinted or not, timed out at a regeneration step (the
+    authors stamp the regret ablation's -0.5 only at the regeneration rollout)."""
     by_env = {e.env_id: e for e in pool}
     for ep in episodes:
         e = by_env[ep.env_id]
         if ep.status == "env_error":
             e.faulty |= not str(ep.error).startswith("infra")
-            e.timed_out |= ep.error in ("timeout", "episode_timeout")
+            e.timed_out |= regen and ep.error in ("timeout", "episode_timeout")
         elif not ep.hinted:
             e.returns.append(ep.ret)
 
@@ -405,7 +406,9 @@ def score_epoch(designs, sargs, lp: dict | None = None) -> list[dict]:
         elif e.faulty or w is None or missing:
             score = 0.0  # deviation 2: a faulty environment scores 0
         else:
-            score = regret.designer_score(e.regret, w, mode=mode, r_hint=e.r_hint, baseline=baseline)
+            band = (sargs.plateau_lo, sargs.plateau_hi, sargs.plateau_ramp)
+            score = regret.designer_score(e.regret, w, mode=mode, r_hint=e.r_hint,
+                                          baseline=baseline, band=band)
         out.append({"prompt": d.prompt, "reply": d.reply, "logprobs": d.logprobs, "skill": e.skill,
                     "score": score, "env_id": e.env_id})
     return out
@@ -431,28 +434,39 @@ def tool_filters(sargs) -> bool:
 def agent_samples(episodes, grpo, compact: bool = False) -> list[dict]:
     """Unhinted, fault-free episodes -> training samples with group advantages (Eq. 1). compact
     (the authors' tool-use filter): an episode that did not terminate (token cap, context, budget,
-    turn limit) counts in its group's statistics with loss mask 0: no policy failure to push down."""
+    turn limit) counts in its group's statistics with loss mask 0: no policy failure to push down.
+    A stripped-history episode trains one sample per turn, all with the episode's advantage; a
+    sample's `weight` is its share of the episode's trained tokens, so each episode weighs 1 in
+    the loss whatever its turn count (the authors average an episode's turn samples as one)."""
     eps = [ep for ep in episodes if not ep.hinted and ep.status != "env_error"]
     adv = grpo.agent_advantages([ep.ret for ep in eps], [ep.env_id for ep in eps])
-    # A stripped-history episode trains one sample per turn, all with the episode's advantage.
-    return [{"tokens": t, "mask": [0] * len(m) if compact and ep.status != "terminated" else m,
-             "logprobs": lp, "advantage": a, "role": "agent"}
-            for ep, a in zip(eps, adv)
-            for t, m, lp in (ep.turn_samples or [(list(ep.token_ids), list(ep.mask), list(ep.logprobs))])]
+    out = []
+    for ep, a in zip(eps, adv):
+        turns = ep.turn_samples or [(list(ep.token_ids), list(ep.mask), list(ep.logprobs))]
+        if compact and ep.status != "terminated":
+            turns = [(t, [0] * len(m), lp) for t, m, lp in turns]
+        n = sum(sum(m) for _, m, _ in turns)  # the episode's trained tokens
+        out += [{"tokens": t, "mask": m, "logprobs": lp, "advantage": a, "role": "agent",
+                 "weight": sum(m) / n if n else 1 / len(turns)} for t, m, lp in turns]
+    return out
 
 
-def designer_samples(scored, n_agent_global, sargs, grpo, gather=list, rank=0) -> tuple[list[dict], dict]:
-    """Scored designer samples -> advantages A = S * (score - mean_skill) over all ranks
-    (`gather`: every rank's items; a collective)."""
+def designer_samples(scored, agent, sargs, grpo, gather=list, rank=0) -> tuple[list[dict], dict]:
+    """Scored designer samples -> advantages A = S * (score - mean_skill) over all ranks; S's
+    N_agent counts every rank's agent episodes (`agent`: this rank's agent samples, the turns of a
+    stripped-history episode weighing 1 together), as the authors count before their per-turn
+    fan-out (`gather`: every rank's items; a collective)."""
+    n_agent = sum(gather([round(sum(s["weight"] for s in agent))]))
     everyone = gather([(rank, i, s["skill"], s["score"]) for i, s in enumerate(scored)])
     if not everyone:
         return [], {}
-    scale = grpo.role_scale(n_agent_global, len(everyone), sargs.regen_interval,
+    scale = grpo.role_scale(n_agent, len(everyone), sargs.regen_interval,
                             cap=sargs.role_scale_cap)
     adv = grpo.designer_advantages([x[3] for x in everyone], [x[2] for x in everyone], scale)
     mine = {i: a for (r, i, _, _), a in zip(everyone, adv) if r == rank}
     out = [{"tokens": s["prompt"] + s["reply"], "mask": [0] * len(s["prompt"]) + [1] * len(s["reply"]),
-            "logprobs": [0.0] * len(s["prompt"]) + s["logprobs"], "advantage": mine[i], "role": "designer"}
+            "logprobs": [0.0] * len(s["prompt"]) + s["logprobs"], "advantage": mine[i],
+            "role": "designer", "weight": 1.0}
            for i, s in enumerate(scored)]
     scores = [x[3] for x in everyone]
     return out, {"designer/score_mean": sum(scores) / len(scores), "designer/samples": len(scores),
@@ -476,14 +490,17 @@ def micro_batches(samples, budget: int) -> list[list[dict]]:
 
 def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *, pad_id,
                 temperatures, oargs, margs, grpo, torch) -> dict:
-    """One GRPO step (Sec. 3.4): token-mean per sample, mean over all samples of all ranks.
+    """One GRPO step (Sec. 3.4): token-mean per sample, then a mean over all ranks' episodes and
+    designer samples, each sample weighted by its `weight` (a stripped-history turn: its share of
+    its episode's tokens, so an episode's turns pool into one token-mean; otherwise 1).
 
     Train mode only here (transformers checkpoints activations only in train mode; rollouts keep
     their KV cache in eval mode); gradients are freed right after the optimizer step. Without a KL
     term a sample with advantage exactly 0, or an all-zero loss mask, has zero gradient: counted
     in the mean over samples, never forwarded (zero-variance groups cost nothing)."""
     dev = accelerator.device
-    n_global = int(accelerator.gather(torch.tensor([len(samples)], device=dev)).sum())
+    n_global = float(accelerator.gather(torch.tensor([sum(s["weight"] for s in samples)],
+                                                     dtype=torch.float64, device=dev)).sum())
     if n_global == 0:
         return {}
     trained = [s for s in samples if any(s["mask"]) and (s["advantage"] != 0.0 or oargs.kl_coef > 0)]
@@ -493,7 +510,7 @@ def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *,
     # extras weigh 0.
     n_mb = max(1, int(accelerator.gather(torch.tensor([len(batches)], device=dev)).max()))
     filler = [{"tokens": [pad_id, pad_id], "mask": [0, 1], "logprobs": [0.0, 0.0], "role": "agent",
-               "advantage": 0.0}]
+               "advantage": 0.0, "weight": 0.0}]
     model.train()
     try:
         stats_acc, grad_norm = _update_epochs(
@@ -508,7 +525,7 @@ def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *,
         else:
             out[k] = sum(v * n for v, n in vals) / sum(n for _, n in vals)
     out["losses/grad_norm"] = float(grad_norm)
-    out["losses/samples"] = n_global
+    out["losses/samples"] = round(n_global)
     return out
 
 
@@ -536,14 +553,14 @@ def _update_epochs(model, ref_model, optimizer, scheduler, accelerator, batches,
                     ref = logprobs.token_logprobs(ref_model, t["input_ids"], t["attention_mask"],
                                                   t["completion_mask"], temperature=temp)
             adv = torch.tensor([s["advantage"] for s in mb], device=dev)
+            # sum_i w_i * token-mean_i / n_global: a mean over all ranks' episodes and designer
+            # samples (DDP/FSDP average gradients over ranks, hence the factor `world`)
+            w = torch.tensor([s["weight"] * world / n_global for s in mb], device=dev)
             loss, st = grpo.policy_loss(logp, old_cache[b], t["rollout_logp"], adv,
                                         t["completion_mask"], ref_logp=ref, kl_coef=oargs.kl_coef,
                                         clip_low=oargs.clip_low, clip_high=oargs.clip_high,
-                                        tis_cap=oargs.tis_cap)
-            # loss is a mean over this micro-batch; re-weight to a mean over all samples (DDP/FSDP
-            # average gradients over ranks, hence the factor `world`).
-            weight = len(mb) * world / n_global if mb is not filler else 0.0
-            accelerator.backward(loss * weight)
+                                        tis_cap=oargs.tis_cap, weights=w)
+            accelerator.backward(loss)
             if mb is not filler:
                 for k, v in st.items():
                     stats_acc.setdefault(k, []).append((float(v), len(mb)))

@@ -293,7 +293,8 @@ def update_samples(n, length, vocab, rng):
         # a random model's log-probs sit near -log V; the rollout engine's differ by noise
         logprobs = [-math.log(vocab) + rng.gauss(0.0, 0.05) if m else 0.0 for m in mask]
         samples.append({"tokens": [rng.randrange(vocab) for _ in range(length)], "mask": mask,
-                        "logprobs": logprobs, "advantage": rng.gauss(0.0, 1.0), "role": "agent"})
+                        "logprobs": logprobs, "advantage": rng.gauss(0.0, 1.0), "role": "agent",
+                        "weight": 1.0})
     return samples
 
 

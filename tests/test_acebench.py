@@ -201,6 +201,27 @@ def test_agent_multi_step_engine():
     assert records[0]["final_state"][0] == {"BaseApi": {"wifi": True, "logged_in": True}}
 
 
+def test_agent_multi_step_chinese_prompt_as_the_authors_route_sends_it():
+    """--acebench_multi_step_language zh: the multi-step agent's system and user messages are the
+    Chinese ones (the authors' API route), with the same call format, the 'finish conversation'
+    phrase and the three roles; the scene and the score are unchanged."""
+    entry = A.load_category(DATA, "agent_multi_step")[0]
+    stones, seen = entry["answer"]["mile_stone"], []
+    oracle = step_oracle(stones, seen)
+    systems = []
+    chat = oracle.chat
+    oracle.chat = lambda convs, **kw: systems.extend(c[0]["content"] for c in convs) or chat(convs, **kw)
+    cfg = E.EvalConfig(data_dir=str(FIXTURES), acebench_repo=str(REPO), acebench_categories="agent_multi_step",
+                       acebench_multi_step_language="zh")
+    metrics, _ = E.run_suite("acebench", oracle, cfg)
+    assert metrics["acebench/agent_multi_step"] == 1.0 and set(systems) == {A.MULTI_STEP_PROMPT_ZH}
+    for must in ("[ApiName(key1='value1', key2='value2', ...)]", "finish conversation", "user：",
+                 "agent：", "execution：", "一次只调用一个函数"):
+        assert must in A.MULTI_STEP_PROMPT_ZH, must
+    assert seen[0].startswith("你可以调用的API（JSON格式）：") and "到目前为止的对话：\nuser:I am Eve." in seen[0]
+    assert E.EvalConfig().acebench_multi_step_language == "en"  # the English split's language
+
+
 def multi_turn_agent(messages, k):
     history = messages[1]["content"]
     last = history.strip().splitlines()[-1]

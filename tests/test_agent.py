@@ -540,6 +540,22 @@ def test_stripped_thinking_history_one_sample_per_turn(tokenizer):
     assert last.count("<think>") == 1  # only the final reply's own reasoning
 
 
+def test_hinted_plays_can_render_without_thinking(tokenizer):
+    """The authors' 8B games run: the agent thinks, its hinted plays (the regret arm) render with
+    enable_thinking false (their hinted plays use the adapter's default); the unhinted ones, and
+    without hinted_thinking both arms, follow enable_thinking."""
+    empty_think = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    for hinted_thinking, hinted_off in [(False, True), (None, False)]:
+        eng = ScriptedEngine(tokenizer, binary_search_policy)
+        specs = specs_for([GuessEnv()], [4]) + specs_for([GuessEnv()], [4], hint="Try 5.")
+        plain, hinted = play(specs, generate=eng, tokenizer=tokenizer, enable_thinking=True,
+                             hinted_thinking=hinted_thinking, strip_thinking_history=True)
+        assert not plain.hinted and hinted.hinted and plain.turns >= 2 and hinted.turns >= 2
+        for ep, off in [(plain, False), (hinted, hinted_off)]:
+            for tokens, mask, _ in ep.turn_samples:  # every turn's re-rendered context
+                assert tokenizer.decode(tokens[:mask.index(1)]).endswith(empty_think) is off
+
+
 # ----------------------------------------------------------------------------------------------
 # the return at the call site, and a reply that stops on a second end-of-turn token
 

@@ -154,20 +154,39 @@ def gpqa_oracle(rows):
 
     def reply(messages, k):
         text = user_text(messages)
-        letter = next(line[0] for line in text.splitlines() if re.match(r"^[A-D]\) ", line) and line[3:] in correct)
+        letter = next(line[0] for line in text.splitlines() if re.match(r"^[A-D]\. ", line) and line[3:] in correct)
         return f"The answer is \\boxed{{{letter}}}"
     return reply
 
 
-def test_gpqa_oracle_garbage_and_seeded_shuffle():
+def test_gpqa_oracle_garbage_and_the_authors_option_order():
+    """One option order per question, as the authors' offline suite: a single Random(42) shuffles
+    [correct, wrong 1, wrong 2, wrong 3] question after question. Its first two shuffles are
+    [2, 1, 3, 0] and [3, 2, 0, 1], so the correct options sit at D and C."""
     rows = jsonl("gpqa_diamond.jsonl")
-    metrics, records = E.run_gpqa(ScriptedSampler(gpqa_oracle(rows)), rows, n=8, seed=0, sampling=SAMPLING)
+    sampler = ScriptedSampler(gpqa_oracle(rows))
+    metrics, records = E.run_gpqa(sampler, rows, n=8, sampling=SAMPLING)
     assert metrics["gpqa_diamond/avg@8"] == 1.0 and len(records) == 16
-    assert len({r["reference"] for r in records}) > 1  # the correct letter moves between samples
-    _, again = E.run_gpqa(ScriptedSampler(gpqa_oracle(rows)), rows, n=8, seed=0, sampling=SAMPLING)
-    assert [r["reference"] for r in again] == [r["reference"] for r in records]
-    metrics, _ = E.run_gpqa(GARBAGE, rows, n=8, seed=0, sampling=SAMPLING)
+    assert [r["reference"] for r in records] == ["D"] * 8 + ["C"] * 8
+    assert [c["n"] for c in sampler.calls] == [8] and sampler.calls[0]["prompts"] == 2  # 8 of one prompt
+    metrics, _ = E.run_gpqa(GARBAGE, rows, n=8, sampling=SAMPLING)
     assert metrics["gpqa_diamond/avg@8"] == 0.0
+
+
+def test_gpqa_prompt_and_letter_fallback():
+    rows = jsonl("gpqa_diamond.jsonl")[1:]
+    seen = []
+    E.run_gpqa(ScriptedSampler(lambda m, k: seen.append(user_text(m)) or "?"), rows, n=1, sampling=SAMPLING)
+    # alone, this question gets Random(42)'s first shuffle [2, 1, 3, 0] of Weber, Tesla, Henry, Gauss
+    assert seen == ["What is the SI unit of magnetic flux?\n\nA. Henry\nB. Tesla\nC. Gauss\nD. Weber\n\n"
+                    + E.GPQA_INSTRUCTION]
+    assert "\\boxed{}" in E.GPQA_INSTRUCTION and "\\boxed{D}" in E.GPQA_INSTRUCTION
+    # the box first, else the last "answer is X" / "Answer: X" after the reasoning
+    assert E.gpqa_letter("So the answer is C.") == "C" and E.gpqa_letter("Answer: (B)") == "B"
+    assert E.gpqa_letter("<think>the answer is A</think> The answer is D") == "D"
+    assert E.gpqa_letter("the answer is B, no: the answer is C") == "C"
+    assert E.gpqa_letter("the answer is B. \\boxed{A}") == "A"
+    assert E.gpqa_letter("The answer is a mixture") is None and E.gpqa_letter("no idea") is None
 
 
 # ----------------------------------------------------------------------------- LiveCodeBench
@@ -359,7 +378,7 @@ def test_evaluate_writes_results_samples_and_table(tmp_path):
             return "\\boxed{%s}" % gold[text.rsplit("\n", 1)[0]]
         if "```python" in text or "standard input" in text:
             return lcb(messages, k)
-        if "letter of the correct option" in text:
+        if "letter of one option" in text:
             return gpqa(messages, k)
         return rg(messages, k)
 
@@ -404,16 +423,34 @@ def test_table1_row_maps_every_cell_to_its_metric():
 def test_eval_defaults_are_the_papers_protocol():
     """Table 1's protocol (the paper, the authors' harness; eval.py's deviations)."""
     c = E.EvalConfig()
-    assert (c.aime_samples, c.aime_temperature, c.aime_top_p, c.aime_top_k) == (32, 0.7, 0.8, 20)
-    assert (c.gpqa_samples, c.gpqa_temperature, c.gpqa_top_p) == (8, 0.7, 0.8)
+    sampling = {s: E.suite_sampling(s, c) for s in ("aime2025", "gpqa_diamond", "livecodebench_v6", "tau2")}
+    assert {k: sampling["aime2025"][k] for k in ("n", "temperature", "top_p", "top_k", "max_new_tokens")} == \
+        {"n": 32, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "max_new_tokens": 32768}
+    # GPQA as the authors' offline suite (top-p 0.95, 32,768 tokens); LiveCodeBench and tau2 agent
+    # turns at their 16,384 tokens
+    assert (c.gpqa_samples, c.gpqa_temperature, c.gpqa_top_p) == (8, 0.7, 0.95)
     assert (c.lcb_samples, c.lcb_temperature, c.lcb_top_p, c.lcb_test_timeout) == (1, 0.2, 0.95, 6.0)
+    assert [sampling[s]["max_new_tokens"] for s in ("gpqa_diamond", "livecodebench_v6", "tau2")] == \
+        [32768, 16384, 16384]
     assert (c.rg_episodes, c.rg_temperature, c.rg_top_p, c.rg_top_k, c.rg_max_new_tokens) == (8, 0.6, 0.8, 20, 8192)
-    assert (c.bfcl_temperature, c.max_new_tokens) == (0.001, 32768)
+    assert (c.bfcl_temperature, c.max_new_tokens) == (0.0, 32768)
     # ACEBench as the authors ran it: all 17 categories, single-turn T 0.7 / top-p 1 / 16,384 tokens,
     # the Agent roles at ACEBench's defaults (T 0.001, 1,000 tokens), a gpt-4o user simulator
     assert (c.acebench_categories, c.acebench_temperature, c.acebench_max_new_tokens) == ("test_all", 0.7, 16384)
     assert E.suite_sampling("acebench", c)["top_p"] == 1.0 and c.acebench_user_model == "gpt-4o"
     assert c.acebench_agent_max_new_tokens == 1000 and acebench.ROLE_SAMPLING["temperature"] == 0.001
+    assert c.acebench_multi_step_language == "en"
+
+
+def test_aime_offline_protocol_and_explicit_flags_win():
+    """--aime_protocol offline: the authors' offline driver (eval_offline/configs/games.yaml):
+    64 samples at T 1.0, top-p 0.95, top-k 20; a flag given explicitly still wins."""
+    def aime(**kw):
+        got = E.suite_sampling("aime2026", E.EvalConfig(**kw))
+        return got["n"], got["temperature"], got["top_p"], got["top_k"]
+    assert aime(aime_protocol="offline") == (64, 1.0, 0.95, 20)
+    assert aime(aime_protocol="offline", aime_samples=8, aime_temperature=0.0) == (8, 0.0, 0.95, 20)
+    assert aime(aime_top_p=0.9) == (32, 0.7, 0.9, 20)
 
 
 def test_run_suite_passes_each_suites_own_sampling(tmp_path):
@@ -424,11 +461,12 @@ def test_run_suite_passes_each_suites_own_sampling(tmp_path):
                        rg_max_new_tokens=55, aime_samples=2, aime_temperature=0.72, aime_top_p=0.82, aime_top_k=22,
                        gpqa_samples=3, gpqa_temperature=0.73, gpqa_top_p=0.83,
                        lcb_samples=4, lcb_temperature=0.24, lcb_top_p=0.94, lcb_test_timeout=5.0,
+                       lcb_max_new_tokens=78,
                        bfcl_categories="multi_turn_base", bfcl_temperature=0.005)
     want = {"reasoning_gym": (1, 0.61, 0.91, 21, 55), "aime2025": (2, 0.72, 0.82, 22, 77),
-            "aime2026": (2, 0.72, 0.82, 22, 77), "gpqa_diamond": (1, 0.73, 0.83, -1, 77),
-            "livecodebench_v6": (4, 0.24, 0.94, -1, 77), "bfcl_multi_turn": (1, 0.005, 1.0, -1, 77)}
-    for suite, (n, t, p, k, budget) in want.items():  # GPQA: one conversation per sample (own shuffle)
+            "aime2026": (2, 0.72, 0.82, 22, 77), "gpqa_diamond": (3, 0.73, 0.83, -1, 77),
+            "livecodebench_v6": (4, 0.24, 0.94, -1, 78), "bfcl_multi_turn": (1, 0.005, 1.0, -1, 77)}
+    for suite, (n, t, p, k, budget) in want.items():
         sampler = ScriptedSampler(lambda messages, i: "no idea")
         E.run_suite(suite, sampler, cfg)
         assert sampler.calls, suite
@@ -437,7 +475,7 @@ def test_run_suite_passes_each_suites_own_sampling(tmp_path):
                 == {"n": n, "temperature": t, "top_p": p, "top_k": k, "max_new_tokens": budget, "seed": 3}, suite
     gpqa = ScriptedSampler(lambda messages, i: "no idea")
     E.run_suite("gpqa_diamond", gpqa, cfg)
-    assert sum(c["prompts"] for c in gpqa.calls) == 3  # 1 question x 3 samples
+    assert sum(c["prompts"] for c in gpqa.calls) == 1  # 1 question, its 3 samples in one call
 
 
 class RecordingSampler(ScriptedSampler):
@@ -458,12 +496,11 @@ def test_results_record_the_sampling_each_suite_received(tmp_path):
                        output_dir=str(tmp_path), rg_episodes=1, rg_tasks="basic_arithmetic", aime_samples=3,
                        gpqa_samples=2, lcb_test_timeout=5.0, seed=7)
     saved = E.evaluate(cfg, sampler=sampler)["sampling"]
-    kinds = {"reasoning_gym": "Given a problem", "gpqa_diamond": "letter of the correct option",
+    kinds = {"reasoning_gym": "Given a problem", "gpqa_diamond": "letter of one option",
              "livecodebench_v6": "python", "aime2025": ""}
     for suite, marker in kinds.items():
         got = next(kw for text, kw in sampler.seen if marker in text and (marker or "Problem:" not in text))
-        n = 2 if suite == "gpqa_diamond" else got["n"]  # GPQA: n conversations of one sample (fresh option order each)
-        assert saved[suite] == {**{k: v for k, v in got.items() if k != "tools"}, "n": n}, suite
+        assert saved[suite] == {k: v for k, v in got.items() if k != "tools"}, suite
     assert saved["reasoning_gym"] == {"n": 1, "temperature": 0.6, "top_p": 0.8, "top_k": 20, "max_new_tokens": 8192, "seed": 7}
     assert saved["aime2025"] == {"n": 3, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "max_new_tokens": 32768, "seed": 7}
     assert saved["livecodebench_v6"]["n"] == 1 and saved["livecodebench_v6"]["temperature"] == 0.2
@@ -481,7 +518,8 @@ def test_cli_help_on_every_field():
     parser = HfArgumentParser(E.EvalConfig)
     assert all(action.help for action in parser._actions)
     (cfg,) = parser.parse_args_into_dataclasses(args=["--suites", "aime2025", "--aime_samples", "4"])
-    assert cfg.aime_samples == 4 and cfg.aime_top_p == 0.8 and cfg.lcb_test_timeout == 6.0
+    aime = E.suite_sampling("aime2025", cfg)
+    assert (aime["n"], aime["top_p"], cfg.lcb_test_timeout) == (4, 0.8, 6.0)
 
 
 # --------------------------------------------------------------------------------- samplers

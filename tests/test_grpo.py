@@ -89,6 +89,17 @@ def test_policy_loss_hand_computed():
     assert logp.grad.flatten().tolist() == pytest.approx([-1.221403 / 4, 0.0, 0.0, 0.0], abs=1e-6)
 
 
+def test_policy_loss_weighted_sum_of_token_means():
+    """weights u (B,): loss = sum_i u_i * token-mean_i, the two samples above (-1.8907015, 0.4)
+    weighted 0.25 and 0.5: -0.47267538 + 0.2 = -0.27267538; the unweighted mean would be
+    -0.74535075."""
+    logp, old, rollout, adv, mask = _hand_batch()
+    loss, _ = policy_loss(logp, old, rollout, adv, mask, weights=torch.tensor([0.25, 0.5]))
+    assert loss.item() == pytest.approx(-0.27267538, abs=1e-6)
+    loss.backward()
+    assert logp.grad.flatten().tolist() == pytest.approx([-1.221403 / 8, 0.0, 0.0, 0.0], abs=1e-6)
+
+
 def test_policy_loss_k3_kl_hand_computed_and_clamped():
     logp = torch.tensor([[-1.5]], requires_grad=True)
     ref = torch.tensor([[-1.0]])

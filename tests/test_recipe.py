@@ -22,11 +22,12 @@ GAMES = {"steps": 400, "regen_interval": 4, "num_envs": 24, "plays": 8, "hint_pl
 LAUNCHERS = {
     # cmd/games/train_spade_4b.sh: batch 192 over 24 games, --rollout-temperature 1.0, KL 0.00
     ("Qwen3-4B", "games"): GAMES,
-    # cmd/games/train_spade_8b.sh: --spade-env-max-tokens 20000, KL 0.005, thinking agent,
-    # designer and hint rendered with the adapter's enable_thinking false
+    # cmd/games/train_spade_8b.sh: --spade-env-max-tokens 20000, KL 0.005, thinking agent with
+    # per-turn samples; designer, hint and hinted plays rendered with the adapter's
+    # enable_thinking false
     ("Qwen3-8B", "games"): dict(GAMES, designer_max_tokens=20000, kl_coef=0.005,
                                 designer_thinking=False, hint_thinking=False, enable_thinking=True,
-                                strip_thinking_history=True),
+                                strip_thinking_history=True, hinted_thinking=False),
     # cmd/games/train_spade_30b.sh: as 4B, chat template kwargs enable_thinking false
     ("Qwen3-30B-A3B", "games"): dict(GAMES, designer_thinking=False, hint_thinking=False,
                                      enable_thinking=False),
@@ -35,10 +36,13 @@ LAUNCHERS = {
     ("Qwen3-4B", "tool"): dict(GAMES, steps=500, regen_interval=32, num_envs=16, plays=16,
                                hint_plays=4, skills_per_regen=6, hint_max_tokens=512,
                                designer_reward="regret", kl_coef=0.005, logprob_temperature=0.7),
-    # cmd/tool_use/_train_spade_blend.sh with TOOL_MODEL_SIZE=8b: regen 8, hint 2048, 20000 tokens
+    # cmd/tool_use/_train_spade_blend.sh with TOOL_MODEL_SIZE=8b: regen 8, hint 2048, 20000 tokens;
+    # the tool path (orchestrator.py dispatches it before the thinking path) keeps one accumulated
+    # sequence per episode, earlier <think> blocks included, hinted plays as the others
     ("Qwen3-8B", "tool"): dict(GAMES, regen_interval=8, skills_per_regen=6, hint_max_tokens=2048,
                                kl_coef=0.005, designer_max_tokens=20000, designer_thinking=False,
-                               hint_thinking=False, enable_thinking=True, strip_thinking_history=True),
+                               hint_thinking=False, enable_thinking=True,
+                               strip_thinking_history=False, hinted_thinking=None),
     # ... with TOOL_MODEL_SIZE=30b: 16384 tokens, thinking off
     ("Qwen3-30B-A3B", "tool"): dict(GAMES, regen_interval=8, skills_per_regen=6,
                                     hint_max_tokens=2048, kl_coef=0.005, designer_thinking=False,
@@ -69,6 +73,9 @@ def test_hub_id_selects_the_same_preset(capsys):
     (["--kl_coef", "0"], "kl_coef", 0.0),
     (["--kl-coef=0.02"], "kl_coef", 0.02),
     (["--designer_max_tokens", "100"], "designer_max_tokens", 100),
+    (["--designer_max", "100"], "designer_max_tokens", 100),  # an abbreviation is a flag too
+    (["--designer-max=100"], "designer_max_tokens", 100),
+    (["--strip_thinking", "false"], "strip_thinking_history", False),
     (["--enable_thinking", "false"], "enable_thinking", False),
     (["--no_memory"], "no_memory", True),
     (["--logprob_temperature", "0.6"], "logprob_temperature", 0.6),
@@ -111,6 +118,75 @@ def test_stripped_history_episode_trains_one_sample_per_turn():
     # advantages: returns (1, 0), mean 0.5, population std 0.5 -> +1 / -1 (Eq. 1)
     assert [s["tokens"] for s in out] == [[1, 2, 3], [1, 4, 5, 6], [7, 8]]
     assert [s["advantage"] for s in out] == [pytest.approx(1.0), pytest.approx(1.0), pytest.approx(-1.0)]
+
+
+def test_each_episode_weighs_one_in_the_loss_whatever_its_turns(monkeypatch):
+    """Two episodes of one group, returns 1 and 0 (A = +1, -1): one of one turn, one stripped into
+    three turn samples. With logp = theta * token id at theta = 0 every ratio and importance weight
+    is 1, so d loss / d theta = mean over episodes of -A_e * (the token-mean of the episode's
+    trained ids): its turns pool into one token-mean (the authors' group), each episode weighs 1/2.
+        episode 1: ids 2, 3                      -> 2.5
+        episode 2: ids 4 | 8, 8 | 2 (three turns) -> 22 / 4 = 5.5
+        grad = (-(+1) * 2.5 - (-1) * 5.5) / 2 = 1.5;  one SGD step at lr 1: theta = -1.5
+    (every turn sample weighing 1/4, the old mean, gives (-2.5 + 4 + 8 + 2) / 4 = 2.875)."""
+    import grpo
+    import logprobs
+    import torch
+    from accelerate import Accelerator
+    from types import SimpleNamespace as NS
+    two = [([1, 4], [0, 1], [0.0] * 2), ([1, 6, 8, 8], [0, 0, 1, 1], [0.0] * 4),
+           ([1, 6, 2], [0, 0, 1], [0.0] * 3)]
+    eps = [NS(env_id="e", ret=1.0, hinted=False, status="terminated", turn_samples=[],
+              token_ids=[1, 2, 3], mask=[0, 1, 1], logprobs=[0.0] * 3),
+           NS(env_id="e", ret=0.0, hinted=False, status="terminated", turn_samples=two)]
+    samples = train.agent_samples(eps, grpo)
+    assert [s["weight"] for s in samples] == [1.0, 0.25, 0.5, 0.25]  # shares of 4 trained tokens
+
+    class Theta(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.theta = torch.nn.Parameter(torch.zeros(()))
+    monkeypatch.setattr(logprobs, "token_logprobs",
+                        lambda model, ids, *a, **k: model.theta * ids.float())  # (B, T)
+    model = Theta()
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    out = train.grpo_update(model, None, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0),
+                            Accelerator(cpu=True), samples, pad_id=0, temperatures={"agent": 1.0},
+                            oargs=config.OptimArgs(kl_coef=0.0, grad_clip=100.0),
+                            margs=config.ModelArgs(micro_batch_tokens=4), grpo=grpo, torch=torch)
+    assert model.theta.item() == pytest.approx(-1.5)
+    assert out["losses/samples"] == 2  # two episodes
+
+
+def test_role_scale_counts_episodes_not_turn_samples():
+    """S = min(50, N_agent / N_designer * R): 192 episodes of three turn samples each and 24
+    designer samples at R = 4 give 192 / 24 * 4 = 32 (the 576 turn samples would hit the cap)."""
+    import grpo
+    from types import SimpleNamespace as NS
+    turns = [([1, 2], [0, 1], [0.0, -0.1])] * 3
+    eps = [NS(env_id=f"e{i % 24}", ret=float(i % 2), hinted=False, status="terminated",
+              turn_samples=turns) for i in range(192)]
+    agent = train.agent_samples(eps, grpo)
+    scored = [{"prompt": [1], "reply": [2], "logprobs": [-0.5], "skill": "s", "score": i / 24}
+              for i in range(24)]
+    out, m = train.designer_samples(scored, agent, config.SpadeArgs(regen_interval=4), grpo)
+    assert len(agent) == 576 and m["designer/scale"] == 32.0
+    assert out[0]["advantage"] == pytest.approx(32.0 * (0 - 23 / 48))  # S (score - mean_skill)
+
+
+def test_play_pool_passes_the_hinted_arms_thinking(monkeypatch):
+    """The 8B games preset's hinted_thinking=False reaches agent.play with the agent's switches."""
+    from types import SimpleNamespace as NS
+    seen = {}
+    monkeypatch.setattr(train.agent, "play", lambda specs, **kw: seen.update(kw, n=len(specs)) or [])
+    sb = NS(open=lambda src, setting: NS(close=lambda: None), step_many=None, reset_many=None)
+    sampler = NS(at=lambda step, phase: NS(tokens=lambda **k: None), drain=lambda: None)
+    env = train.PoolEnv("a", "Math", "src", "AEnv", "designer", hint="Try 5.")
+    margs = config.parse(["--model", "Qwen3-8B"], {})[0]
+    train.play_pool(0, [env], config.SpadeArgs(plays=2, hint_plays=3), sampler, sb, None,
+                    hinted_arm=True, seed=0, margs=margs)
+    assert seen["n"] == 5 and (seen["enable_thinking"], seen["hinted_thinking"],
+                               seen["strip_thinking_history"]) == (True, False, True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -163,12 +239,60 @@ def test_score_epoch_regret_uses_the_window_mean_and_the_timeout_penalty():
     assert [s["score"] for s in train.score_epoch(_designs(*envs), sargs)] == [pytest.approx(0.75), 0.0, -0.5, 0.0]
 
 
-def test_record_plays_marks_timeouts():
+def test_regret_timeout_penalty_only_at_the_regeneration_step():
+    """The authors stamp -0.5 only on games whose plays (hinted or not) timed out during the
+    regeneration rollout; a later timeout is a fault like any other: 0 (deviation 2)."""
     from types import SimpleNamespace as NS
-    e = _env("a", [])
-    eps = [NS(env_id="a", ret=0.0, hinted=False, status="env_error", error="timeout", rewards=[])]
-    train.record_plays([e], eps)
-    assert e.faulty and e.timed_out
+    fresh, hinted, late = _env("a", []), _env("b", [0]), _env("c", [0])
+    eps = [NS(env_id=i, ret=0.0, hinted=h, status="env_error", error="timeout", rewards=[])
+           for i, h in [("a", False), ("b", True)]]
+    train.record_plays([fresh, hinted], eps, regen=True)
+    train.record_plays([late], [NS(env_id="c", ret=0.0, hinted=False, status="env_error",
+                                   error="episode_timeout", rewards=[])], regen=False)
+    assert fresh.timed_out and hinted.timed_out and late.faulty and not late.timed_out
+    regret_only = config.SpadeArgs(designer_reward="regret")
+    scored = train.score_epoch(_designs(fresh, hinted, late), regret_only)
+    assert [s["score"] for s in scored] == [-0.5, -0.5, 0.0]
+
+
+def test_plateau_band_flags_for_the_later_4b_phase(capsys):
+    """The authors' later 4B phase: --max_context 49152 and plateau [0.2, 0.4], ramp 0.2. w = 0.5
+    sits 0.1 above that band: plateau 1 - 0.1 / 0.2 = 0.5 (the paper's band [0.4, 0.6]: 1); blend
+    with regret 0.15 and w 0.1: 0.4 * 1 + 0.6 * 0.5 = 0.7 (paper: 0.1 is 0.3 below 0.4, past the
+    ramp of 0.25: 0.4)."""
+    late = ["--plateau_lo", "0.2", "--plateau_hi", "0.4", "--plateau_ramp", "0.2"]
+    cfg = printed(capsys, "--model", "Qwen3-4B", "--max_context", "49152", *late)
+    assert [cfg[k] for k in ("plateau_lo", "plateau_hi", "plateau_ramp", "max_context")] == \
+        [0.2, 0.4, 0.2, 49152]
+    band = dict(plateau_lo=0.2, plateau_hi=0.4, plateau_ramp=0.2)
+    for kw, solve, blend in [(band, 0.5, 0.7), ({}, 1.0, 0.4)]:
+        solve_rate = config.SpadeArgs(designer_reward="solve_rate", **kw)
+        s = train.score_epoch(_designs(_env("a", [1, 0])), solve_rate)
+        b = train.score_epoch(_designs(_env("b", [0.1], regret=0.15)), config.SpadeArgs(**kw))
+        assert (s[0]["score"], b[0]["score"]) == (pytest.approx(solve), pytest.approx(blend))
+    with pytest.raises(SystemExit, match="--plateau_lo must be <= --plateau_hi"):
+        train.main(["--model", "tiny", "--plateau_lo", "0.5", "--plateau_hi", "0.4",
+                    "--print_config"])
+
+
+def test_plateau_band_flags_for_the_later_4b_phase(capsys):
+    """The authors' later 4B phase: --max_context 49152 and plateau [0.2, 0.4], ramp 0.2. w = 0.5
+    sits 0.1 above that band: plateau 1 - 0.1 / 0.2 = 0.5 (the paper's band [0.4, 0.6]: 1); blend
+    with regret 0.15 and w 0.1: 0.4 * 1 + 0.6 * 0.5 = 0.7 (paper: 0.1 is 0.3 below 0.4, past the
+    ramp of 0.25: 0.4)."""
+    late = ["--plateau_lo", "0.2", "--plateau_hi", "0.4", "--plateau_ramp", "0.2"]
+    cfg = printed(capsys, "--model", "Qwen3-4B", "--max_context", "49152", *late)
+    assert [cfg[k] for k in ("plateau_lo", "plateau_hi", "plateau_ramp", "max_context")] == \
+        [0.2, 0.4, 0.2, 49152]
+    band = dict(plateau_lo=0.2, plateau_hi=0.4, plateau_ramp=0.2)
+    for kw, solve, blend in [(band, 0.5, 0.7), ({}, 1.0, 0.4)]:
+        solve_rate = config.SpadeArgs(designer_reward="solve_rate", **kw)
+        s = train.score_epoch(_designs(_env("a", [1, 0])), solve_rate)
+        b = train.score_epoch(_designs(_env("b", [0.1], regret=0.15)), config.SpadeArgs(**kw))
+        assert (s[0]["score"], b[0]["score"]) == (pytest.approx(solve), pytest.approx(blend))
+    with pytest.raises(SystemExit, match="--plateau_lo must be <= --plateau_hi"):
+        train.main(["--model", "tiny", "--plateau_lo", "0.5", "--plateau_hi", "0.4",
+                    "--print_config"])
 
 
 # ----------------------------------------------------------------------------------------------

@@ -279,7 +279,8 @@ def test_play_pool_wires_the_malformed_mask_from_the_setting(tokenizer, off):
             pass
     sargs = config.SpadeArgs(setting="tool", plays=1, hint_plays=0, no_tool_filters=off)
     pool = [train.PoolEnv("e0", "Tool Selection", "source", "DeskEnv", "fallback")]
-    [ep] = train.play_pool(0, pool, sargs, Sampler(), Box(), tokenizer, hinted_arm=False, seed=0)
+    [ep] = train.play_pool(0, pool, sargs, Sampler(), Box(), tokenizer, hinted_arm=False, seed=0,
+                           margs=config.ModelArgs())
     assert (ep.status, ep.ret, ep.masked_replies) == ("terminated", 1.0, 0 if off else 1)
 
 
@@ -299,7 +300,8 @@ def test_grpo_update_never_forwards_a_compact_filtered_sample(tiny, monkeypatch)
     ref = copy.deepcopy(model).requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     samples = [{"tokens": [5 + i] * 12, "mask": [0] * 4 + [1] * 8 if i != 1 else [0] * 12,
-                "logprobs": [-7.0] * 12, "advantage": a, "role": "agent"} for i, a in enumerate([1.0, -1.0])]
+                "logprobs": [-7.0] * 12, "advantage": a, "role": "agent", "weight": 1.0}
+               for i, a in enumerate([1.0, -1.0])]
     out = train.grpo_update(model, ref, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0),
                             Accelerator(cpu=True), samples, pad_id=tiny[1].pad_token_id,
                             temperatures={"agent": 1.0}, oargs=config.OptimArgs(kl_coef=0.1),

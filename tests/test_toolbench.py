@@ -88,7 +88,7 @@ def test_tau2_user_simulator_on_an_openai_endpoint(airline, tmp_path, openai_end
     assert results["metrics"]["tau2/airline/pass^1"] == pytest.approx(1 / 3)
     assert seen and {b["model"] for b in seen} == {"usersim"} and seen[0]["messages"][0]["role"] == "system"
     assert results["sampling"]["tau2"] == {"n": 1, "temperature": 0.0, "top_p": 0.8, "top_k": 20,
-                                           "max_new_tokens": 32768, "seed": 0}
+                                           "max_new_tokens": 16384, "seed": 0}
 
 
 def test_tau2_without_a_user_endpoint_says_what_is_missing(tmp_path):

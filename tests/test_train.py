@@ -433,7 +433,7 @@ def _update_setup(tiny, monkeypatch, kl_coef=0.0):
 
 def _samples(advantages, n=12):
     return [{"tokens": [5 + i] * n, "mask": [0] * 4 + [1] * (n - 4), "logprobs": [-7.0] * n,
-             "advantage": a, "role": "agent"} for i, a in enumerate(advantages)]
+             "advantage": a, "role": "agent", "weight": 1.0} for i, a in enumerate(advantages)]
 
 
 def test_grpo_update_checkpoints_in_train_mode_frees_grads_skips_zero_advantages(tiny, monkeypatch):

@@ -195,7 +195,8 @@ def run(tmp_path, policy, monkeypatch, extra=()):
     def policy_loss(*a, **kw):
         rec["loss_kw"].append(kw)
         loss, stats = real_loss(*a, **kw)
-        return loss - loss.detach() + 1.0, stats  # same gradient; value 1, so backward sees the weight
+        # same gradient; the value is the micro-batch's total sample weight, which backward records
+        return loss - loss.detach() + float(kw["weights"].sum()), stats
 
     def token_logprobs(*a, temperature, **kw):
         rec["temps"].append(temperature)
@@ -326,8 +327,9 @@ def test_memory_holds_fresh_fault_free_envs_with_win_rate_and_regret(scripted):
 @pytest.mark.slow
 def test_loss_weights_are_one_mean_over_samples(scripted):
     _, rows, rec, _ = scripted
-    """Each micro-batch's mean loss weighs len(mb) / n: with the zero-advantage samples (counted,
-    never forwarded: their gradient is exactly 0) the weights sum to one mean over all n samples."""
+    """Each sample of a micro-batch weighs 1 / n (one turn per episode here), len(mb) / n in all:
+    with the zero-advantage samples (counted, never forwarded: their gradient is exactly 0) the
+    weights sum to one mean over all n samples."""
     assert len(rec["weights"]) == sum(len(b) for b in rec["batches"])
     i = 0
     for samples, batches, row in zip(rec["samples"], rec["batches"], rows):
