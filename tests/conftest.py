@@ -22,7 +22,7 @@ import torch  # noqa: E402
 # 2-core machine, for every test alike.
 torch.set_num_threads(1)
 
-SHARED_FIXTURES = ROOT.parent / "shared" / "fixtures"
+FIXTURES = ROOT / "tests" / "fixtures"
 
 
 @pytest.fixture(scope="session")
@@ -46,11 +46,8 @@ def tokenizer(tiny):
 
 @pytest.fixture(scope="session")
 def qwen3_template():
-    """The public Qwen3 hybrid-thinking template from ../shared/fixtures (skips when absent)."""
-    path = SHARED_FIXTURES / "qwen3_hybrid_chat_template.jinja"
-    if not path.exists():
-        pytest.skip("../shared/fixtures/qwen3_hybrid_chat_template.jinja is not present")
-    return path.read_text(encoding="utf-8")
+    """The public Qwen3 hybrid-thinking template (tests/fixtures/README.md)."""
+    return (FIXTURES / "qwen3_hybrid_chat_template.jinja").read_text(encoding="utf-8")
 
 
 

@@ -1,11 +1,13 @@
 """The suite's skip policy, as pytest hooks that tests/conftest.py imports: every skip is listed
-with its reason at the end of the run, and a skip nobody expects fails the run (exit status 1), so
-CI cannot go green on tests that silently did not run (BFCL without bfcl-eval, the Qwen3 template
-tests without ../shared/fixtures, Chromium's report test, the sandbox's root-only layers as root).
+with its reason at the end of the run. Under CI (`CI=true`, which .ci/run sets) a skip nobody
+expects fails the run (exit status 1), so CI cannot go green on tests that silently did not run
+(BFCL without bfcl-eval, the Qwen3 template tests without their fixture, Chromium's report test,
+real vLLM, the sandbox's root-only layers as root). Elsewhere (a laptop, a fresh clone) the same
+skips are listed, plainly, and the run passes.
 
-Expected: a sandbox layer missing when not running as root (the layers need root).
+Expected everywhere: a sandbox layer missing when not running as root (the layers need root).
 `SPADE_ALLOW_SKIPS=substr1,substr2` allows skips whose test id contains one of the substrings (a
-machine that genuinely lacks something; say why where you set it). Standard library + pytest only.
+CI machine that genuinely lacks something; say why where you set it). Standard library + pytest.
 """
 import os
 
@@ -28,6 +30,11 @@ def pytest_runtest_logreport(report):
         _SKIPS.append((report.nodeid, reason.removeprefix("Skipped: ")))
 
 
+def strict() -> bool:
+    """Unexpected skips fail the run only under CI (the CI variable most CI services set)."""
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
 def _unexpected():
     is_root = hasattr(os, "geteuid") and os.geteuid() == 0
     allow = os.environ.get("SPADE_ALLOW_SKIPS", "")
@@ -37,16 +44,21 @@ def _unexpected():
 def pytest_terminal_summary(terminalreporter):
     if not _SKIPS:
         return
+    if not strict():
+        terminalreporter.section(f"skips: {len(_SKIPS)} (not run here; CI=true runs them all)")
+        for nodeid, reason in _SKIPS:
+            terminalreporter.write_line(f"skipped: {nodeid}: {reason}")
+        return
     bad = _unexpected()
     terminalreporter.section(f"skips: {len(_SKIPS)} ({len(bad)} unexpected)")
     for nodeid, reason in _SKIPS:
         tag = "UNEXPECTED" if (nodeid, reason) in bad else "expected"
         terminalreporter.write_line(f"{tag}: {nodeid}: {reason}")
     if bad:
-        terminalreporter.write_line("unexpected skips fail the run: install what they need, or set "
-                                    "SPADE_ALLOW_SKIPS (see tests/skip_policy.py)")
+        terminalreporter.write_line("unexpected skips fail the run under CI: install what they "
+                                    "need, or set SPADE_ALLOW_SKIPS (see tests/skip_policy.py)")
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if _unexpected() and exitstatus == pytest.ExitCode.OK:
+    if strict() and _unexpected() and exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
