@@ -1,4 +1,4 @@
-"""Plays an exported SPADE package the way a user of GEM or Gymnasium would, and prints a JSON report.
+"""Plays an exported SPADE package as a user of GEM or Gymnasium would; prints a JSON report.
 
 tests/test_export.py runs it with the export virtualenv's Python (gem-llm and gymnasium, nothing
 of this repository), as `python -P export_client.py FORMAT PACKAGE HOSTILE_CLASS` from an empty

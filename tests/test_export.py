@@ -324,19 +324,26 @@ def test_load_pools_from_ids_patterns_and_directories(echo_id, capsys):
 
 @pytest.mark.slow
 def test_gem_suite_trains_as_a_fixed_pool_with_memory_from_an_export(tmp_path, tiny, echo_id, exports,
-                                                                     tiny_run):
-    fixed = f"gem:rg:basic_arithmetic,gem:game:GuessTheNumber-v0-easy,{echo_id}"
-    run = train.main(TINY + ["--steps", "2", "--num_envs", "3", "--fixed_envs", fixed,
+                                                                     monkeypatch):
+    """Reasoning-Gym through GEM, a GEM game, a Gymnasium text env and an exported environment
+    (its package on the path; its code in its own sandbox) make one fixed pool."""
+    monkeypatch.syspath_prepend(str(exports / "gem"))
+    fixed = (f"gem:rg:basic_arithmetic,gem:game:GuessTheNumber-v0-easy,{echo_id},"
+             "gem:coins_gem/CoinEnv-s0-r0-e0-v0")
+    run = train.main(TINY + ["--steps", "2", "--num_envs", "4", "--fixed_envs", fixed, "--transcripts", "8",
                              "--memory_from", str(exports / "gem"), "--output_dir", str(tmp_path / "r")],
                      engines={"agent": agent_engine(tiny)})
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["charts/step"] for r in rows] == [0, 1]
-    assert all(r["agent/episodes"] == 6 and r["env/faulty"] == 0 and r["losses/samples"] > 0
+    assert all(r["agent/episodes"] == 8 and r["env/faulty"] == 0 and r["losses/samples"] > 0
                for r in rows)
-    assert {"env/win_rate/rg", "env/win_rate/game", "env/win_rate/SpadeTest"} <= set(rows[0])
+    assert {"env/win_rate/rg", "env/win_rate/game", "env/win_rate/SpadeTest",
+            "env/win_rate/coins_gem"} <= set(rows[0])
     plays = [json.loads(x) for f in sorted((run / "transcripts").glob("*.jsonl"))
              for x in f.read_text().splitlines()]
-    assert any("Guess The Number" in p["messages"][0]["content"] for p in plays)
+    firsts = [p["messages"][0]["content"] for p in plays]
+    assert len(plays) == 16 and all(any(k in f for f in firsts) for k in (
+        "Guess The Number", "Round 1 of 2 at table", "Guess my digit", "Calculate"))
     # --memory_from: the export's three environments are the new run's memory, sources included
     mem = json.loads((run / "memory.json").read_text())["records"]
     sources = [e.read_text() for e in sorted((exports / "gem" / "coins_gem" / "envs").glob("*.py"))]
