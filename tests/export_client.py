@@ -6,7 +6,8 @@ directory, so no file of ours can shadow a package. It makes every environment w
 gymnasium.make, checks the first observation at seed 0, replays every logged play of
 replays.jsonl and compares each step's result exactly, then attacks the hostile environment
 (`\\boxed{attack}` reports what it could read and write, `\\boxed{hang}` never returns) with
-step_timeout=1.0, and lists the child processes left after every environment is closed.
+step_timeout=1.0, and lists the child processes left after every environment is closed; it
+exits with one environment still open (tests/test_export.py looks for what outlives it).
 """
 import importlib
 import json
@@ -69,7 +70,8 @@ def main(fmt: str, package: str, hostile_class: str) -> None:
     report["children_after_close"] = children()
     report["modules"] = sorted(m for m in sys.modules if m.split(".")[0] in (
         "agent", "config", "train", "designer", "infra", "eval", "report"))
-    print(json.dumps(report))
+    print(json.dumps(report), flush=True)
+    lib.make(manifest["envs"][0]["id"]).reset(seed=0)    # left open: the exit must close it
 
 
 if __name__ == "__main__":

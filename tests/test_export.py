@@ -227,6 +227,13 @@ def play_in_export_venv(fmt: str, package: str, path: Path, cwd: Path) -> dict:
                           package, "SleeperEnv"], cwd=cwd, env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
+    left = []  # processes still running the package's sandbox.py after the interpreter exited
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            left += [pid] if str(path) in Path(f"/proc/{pid}/cmdline").read_text() else []
+        except OSError:
+            pass
+    assert left == [], "a sandbox outlived the interpreter that made it"
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
