@@ -204,6 +204,8 @@ def load(specs: str, setting: str, sb, origin: str) -> list[dict]:
             names = expand(spec)
         except ImportError as e:
             raise SystemExit(f"{spec}: {e} (pip install gem-llm / gymnasium)") from None
+        if not names:
+            raise SystemExit(f"{spec}: no registered id matches")
         out += [env for env in map(probe, names, [origin] * len(names)) if env is not None]
     unique = {}
     for e in out:                                                    # a source named twice: once

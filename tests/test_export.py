@@ -325,6 +325,8 @@ def test_load_pools_from_ids_patterns_and_directories(echo_id, capsys):
     assert envs[1]["class_name"] == "ReasoningGymEnv" and envs[1]["suite"] == "gem:rg:leg_counting"
     with pytest.raises(SystemExit, match="gem:rg:no_such_task: cannot make it"):
         suites.load("gem:rg:no_such_task", "games", sb=None, origin="fixed")
+    with pytest.raises(SystemExit, match="no registered id matches"):
+        suites.load("gem:rg:no_such_*", "games", sb=None, origin="fixed")
     with pytest.raises(SystemExit, match="text games"):
         suites.load("gem:rg:leg_counting", "tool", sb=None, origin="fixed")
 
