@@ -64,7 +64,9 @@ class SpadeArgs:
     no_memory: bool = field(default=False, metadata={"help": "Ablation: no environment memory."})
     no_designer_training: bool = field(default=False, metadata={"help": "Ablation: the designer role is never trained."})
     two_skills: bool = field(default=False, metadata={"help": "Ablation: two-skill curriculum {Math, Pattern}."})
-    fixed_envs: str | None = field(default=None, metadata={"help": "Fixed-env GRPO baseline: the agent trains on --num_envs environments per step drawn without replacement (seed 42) from the validated *.py in this directory."})
+    fixed_envs: str | None = field(default=None, metadata={"help": "Fixed-env GRPO baseline: the agent trains on --num_envs environments per step drawn without replacement (seed 42) from this pool: comma-separated directories of *.py (validated in the sandbox), gem:ID (e.g. gem:rg:basic_arithmetic) and gymnasium:ID text environments, or patterns such as gem:rg:* (suites.py)."})
+    fallback_envs: str | None = field(default=None, metadata={"help": "The pool that tops up a thin first regeneration (deviation 1), in --fixed_envs' form; default: the hand-written data/envs/."})
+    memory_from: str | None = field(default=None, metadata={"help": "Seed a new run's environment memory with another run's records (RUN_DIR/memory.json) or an export's environments (export.py's EXPORT_DIR/manifest.json)."})
     generate_pool: int | None = field(default=None, metadata={"help": "Write this many validated environments into --output_dir with the designer (memory off, no training; resumable) and exit: the Fixed-env GRPO pool."})
     no_tool_filters: bool = field(default=False, metadata={"help": "Tool use: keep episodes that did not terminate (reply cut by the token cap, turn limit, budget) and malformed tool-call replies in the loss (the authors mask them in every tool run)."})
 
@@ -183,8 +185,14 @@ def resolve(margs: ModelArgs, sargs: SpadeArgs, oargs: OptimArgs, rargs: RunArgs
     if margs.model not in ("tiny", "tiny-moe") and Path(sargs.corpus) == DEMO_CORPUS and not sargs.no_corpus:
         print("[spade] warning: --corpus is the 47-paragraph demo corpus; the paper grounds the "
               "designer in a large web corpus (see data/README.md)", file=sys.stderr)
-    if sargs.fixed_envs and not sorted(Path(sargs.fixed_envs).glob("*.py")):
-        raise SystemExit(f"--fixed_envs {sargs.fixed_envs}: no *.py environments there")
+    for flag in ("fixed_envs", "fallback_envs"):
+        for spec in (getattr(sargs, flag) or "").split(","):
+            spec = spec.strip()
+            if spec and not spec.startswith(("gem:", "gymnasium:")) and not sorted(Path(spec).glob("*.py")):
+                raise SystemExit(f"--{flag} {spec}: no *.py environments there")
+    if sargs.memory_from and (sargs.no_memory or not Path(sargs.memory_from).is_dir()):
+        raise SystemExit(f"--memory_from {sargs.memory_from}: " + (
+            "--no_memory keeps no memory to seed" if sargs.no_memory else "not a directory"))
 
 
 def role_temperatures(sargs: SpadeArgs, oargs: OptimArgs) -> dict:

@@ -496,7 +496,7 @@ def write_step_files(run_dir: Path, step: int, new_pool, episodes, n_transcripts
         atomic_write(d / "pool.json", json.dumps(
             [{"env_id": e.env_id, "skill": e.skill, "origin": e.origin, "class_name": e.class_name,
               "hint": e.hint, "regret": e.regret, "r_hint": e.r_hint, "r_nohint": e.r_nohint,
-              "returns": e.returns} for e in new_pool], indent=2))
+              "returns": e.returns, "faulty": e.faulty} for e in new_pool], indent=2))
         arms = [[[ep for ep in episodes if ep.env_id == e.env_id and ep.hinted == h] for h in (False, True)]
                 for e in new_pool]
         chosen = [ep for plain, hinted in arms for ep in

@@ -18,7 +18,7 @@ H hinted plays, w the environment's mean unhinted return over its epoch, S role-
 
 Deviations (README, "Deviations", has the reasons):
   1. Fewer than N valid environments: the pool is topped up from the previous pool and, at step
-     0, from the hand-written `data/envs/`; those carry no designer sample.
+     0, from --fallback_envs (the hand-written `data/envs/`); those carry no designer sample.
   2. An environment fault drops the episode from the agent batch, the environment from the pool
      for its epoch, and scores its designer sample 0 (authors: -1 to the agent).
   3. The last epoch's designer samples are trained at the final step (authors drop them).
@@ -53,6 +53,7 @@ import infra
 import memory as memory_lib
 import regret
 import sandbox
+import suites
 from infra import derive_seed
 
 HERE = Path(__file__).resolve().parent
@@ -89,6 +90,7 @@ class PoolEnv:
     regret: float | None = None
     r_hint: float | None = None
     r_nohint: float | None = None
+    suite: str | None = None  # an imported GEM / Gymnasium id (suites.py), played in-process
 
 
 @dataclass
@@ -144,6 +146,8 @@ def start_state(run, sargs, rargs) -> State:
     saved = run.resume()
     if saved is not None:
         st.restore(saved)
+    elif sargs.memory_from:  # another run's records as exemplars (text only, never executed)
+        suites.seed_memory(st.memory, sargs.memory_from, sargs.setting)
     return st
 
 
@@ -238,7 +242,9 @@ def regenerate(step, sargs, sampler, design_sampler, sb, mem, pool, corpus, rank
     carried = [dataclasses.replace(e, origin="carried", returns=[], regret=None, r_hint=None,
                                    r_nohint=None) for e in pool if not e.faulty]
     if step == 0 and len(fresh) + len(carried) < len(slots):
-        carried += load_env_dir(HERE / "data" / "envs", sargs.setting, sb, origin="fallback")[rank::world]
+        fallback = suites.load(sargs.fallback_envs or str(HERE / "data" / "envs"), sargs.setting, sb,
+                               "fallback")
+        carried += [PoolEnv(**e) for e in fallback][rank::world]
     new_pool = fresh + carried[: max(0, len(slots) - len(fresh))]
     hinted = fresh if sargs.hint_plays > 0 else []  # deviation 5: the fresh environments only
     hint_gen = sampler.at(step, "hint").chat(temperature=sargs.hint_temperature,
@@ -254,28 +260,6 @@ def regenerate(step, sargs, sampler, design_sampler, sb, mem, pool, corpus, rank
     stats = {**{f"designer/{k}": v for k, v in stats.items()}, "designer/accepted": len(fresh),
              "env/from_fallback": sum(e.origin == "fallback" for e in new_pool)}
     return new_pool, designs, stats, [p.to_log() for p in proposals]
-
-
-def load_env_dir(path: Path, setting: str, sb, origin: str) -> list[PoolEnv]:
-    """The environments (*.py) of one setting in a directory that pass validation; skills and
-    settings from its `manifest.json` (file -> {skill, setting}), else a first docstring line
-    `skill: <name>.`"""
-    manifest = Path(path) / "manifest.json"
-    meta = json.loads(manifest.read_text()) if manifest.exists() else {}
-    envs = []
-    for f in sorted(Path(path).glob("*.py")):
-        info = meta.get(f.name, {})
-        if info.get("setting", setting) != setting:
-            continue
-        src = f.read_text(encoding="utf-8")
-        report = sb.validate(src, setting=setting)
-        if not report.ok:
-            continue
-        first = src.lstrip().strip('"\' ').split("\n", 1)[0]
-        skill = info.get("skill") or (first.split(":", 1)[1].split(".")[0].strip()
-                                      if first.startswith("skill:") else "unknown")
-        envs.append(PoolEnv(f"{origin}:{f.stem}", skill, src, report.class_name, origin))
-    return envs
 
 
 def play_pool(step, pool, sargs, sampler, sb, tokenizer, hinted_arm: bool, seed: int, margs):
@@ -295,10 +279,12 @@ def play_pool(step, pool, sargs, sampler, sb, tokenizer, hinted_arm: bool, seed:
                                            top_p=sargs.top_p, top_k=sargs.top_k)
     specs = []
     try:  # an infrastructure fault (SandboxInfraError) propagates: it is never the env's fault
-        for e, s, hint in jobs:
-            specs.append(agent.EpisodeSpec(e.env_id, s, hint, sb.open(e.source, setting=sargs.setting)))
-        return agent.play(specs, generate=gen, tokenizer=tokenizer, step_many=sb.step_many,
-                          reset_many=sb.reset_many, setting=sargs.setting, max_turns=sargs.max_turns,
+        for e, s, hint in jobs:  # imported environments play in-process (suites.InProcessEnv)
+            handle = suites.open_env(sb, e, sargs.setting)
+            specs.append(agent.EpisodeSpec(e.env_id, s, hint, handle))
+        return agent.play(specs, generate=gen, tokenizer=tokenizer,
+                          step_many=suites.batched(sb, True), reset_many=suites.batched(sb, False),
+                          setting=sargs.setting, max_turns=sargs.max_turns,
                           max_context=sargs.max_context, max_new_tokens=sargs.max_new_tokens,
                           enable_thinking=margs.enable_thinking,
                           hinted_thinking=margs.hinted_thinking,
@@ -334,7 +320,7 @@ def fixed_draws(sargs, sb, rank: int, world: int) -> list[list[PoolEnv]]:
     the step's draw from the validated static pool); [] in a SPADE run."""
     if not sargs.fixed_envs:
         return []
-    fixed = load_env_dir(Path(sargs.fixed_envs), sargs.setting, sb, origin="fixed")
+    fixed = [PoolEnv(**e) for e in suites.load(sargs.fixed_envs, sargs.setting, sb, "fixed")]
     if not fixed:
         raise SystemExit(f"--fixed_envs {sargs.fixed_envs}: no environment passed validation")
     return [[fixed[i] for i in draw[rank::world]]

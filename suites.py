@@ -1,0 +1,316 @@
+"""Environments from elsewhere: pools of directories, GEM and Gymnasium ids; another run's memory.
+
+SPADE (arXiv 2608.19197, Sec. 4) compares against a Fixed-env GRPO baseline that trains the agent
+on a static pool, and train.py tops a thin regeneration up from a hand-written pool (deviation 1).
+Both pools take a comma-separated list of sources here (`--fixed_envs`, `--fallback_envs`):
+
+    DIR              *.py environments (skills from DIR/manifest.json or a `skill: <name>.` first
+                     docstring line), each validated in the sandbox
+    gem:ID           a GEM environment, e.g. gem:rg:basic_arithmetic (Reasoning-Gym through GEM's
+                     wrapper) or gem:game:GuessTheNumber-v0-easy; an id `PKG/...` imports PKG
+                     first (the ids of an export.py package)
+    gymnasium:ID     a Gymnasium environment with text observations and actions; gymnasium's own
+                     `module:Name-v0` form imports the module first
+    ID patterns      gem:rg:* and the like (fnmatch) take every registered id that matches
+
+An imported environment is trusted library code, not model-written: it is played in this process
+by `InProcessEnv`, which has EnvHandle's surface (reset, step, tools, close), so agent.play and the
+pool's statistics treat it as any other environment. Its semantics follow the sandbox's: a fresh
+instance per episode (an episode depends only on its seed), the global `random` / `numpy.random`
+states it sees are its own, seeded from the episode's seed and set aside between calls (GEM's reset
+seeds them), and an exception or a malformed result is an environment fault with a named kind.
+Unlike the sandbox there is no deadline: a hanging library call hangs the run.
+
+`seed_memory` (--memory_from) fills a new run's environment memory with another run's records
+(memory.json) or an export's manifest (export.py): exemplars for the designer's prompts, text only,
+never executed here. Test: `pytest tests/test_export.py`.
+"""
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import importlib
+import json
+import math
+import random
+import sys
+from pathlib import Path
+
+import memory as memory_lib
+import sandbox
+
+KINDS = ("gem:", "gymnasium:")
+
+
+def is_imported(spec: str) -> bool:
+    return spec.startswith(KINDS)
+
+
+def split(specs: str | None) -> list[str]:
+    return [s.strip() for s in (specs or "").split(",") if s.strip()]
+
+
+# INFRA: making GEM / Gymnasium environments by id
+def _registry(kind: str) -> dict:
+    if kind == "gem":
+        import gem  # noqa: F401 - registers GEM's own environments
+        from gem.envs.registration import ENV_REGISTRY
+        return ENV_REGISTRY
+    import gymnasium
+    return gymnasium.registry
+
+
+def make(spec: str):
+    """A new instance of `gem:ID` / `gymnasium:ID`."""
+    kind, env_id = spec.split(":", 1)
+    if kind == "gem":
+        import gem
+        if env_id not in _registry(kind) and "/" in env_id:
+            importlib.import_module(env_id.split("/")[0])  # a package that registers its ids
+        return gem.make(env_id)
+    import gymnasium
+    return gymnasium.make(env_id)
+
+
+def expand(spec: str) -> list[str]:
+    """The ids a spec names: itself, or every registered id matching its pattern."""
+    kind, env_id = spec.split(":", 1)
+    if not any(c in env_id for c in "*?["):
+        return [spec]
+    return [f"{kind}:{i}" for i in sorted(fnmatch.filter(list(_registry(kind)), env_id))]
+
+
+@contextlib.contextmanager
+def _rngs(state: dict):
+    """Run with the global random / numpy.random states in `state` (saved back on exit), then
+    restore the caller's: an imported environment neither sees nor moves the trainer's."""
+    np = sys.modules.get("numpy")
+    outer = (random.getstate(), np.random.get_state() if np else None)
+    random.setstate(state["random"])
+    if np and state.get("numpy") is not None:
+        np.random.set_state(state["numpy"])
+    try:
+        yield
+    finally:
+        state["random"], state["numpy"] = random.getstate(), np.random.get_state() if np else None
+        random.setstate(outer[0])
+        if np:
+            np.random.set_state(outer[1])
+
+
+class InProcessEnv:
+    """An imported environment behind EnvHandle's surface; faults come back as EnvHandle's do:
+    an error observation with info {"error": kind, "message": ...}, never a raise."""
+
+    def __init__(self, spec: str):
+        self.spec, self.env, self._state = spec, None, None
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict]:
+        self.close()
+        rng = random.Random(seed)                    # the episode's global RNG states: its seed
+        np = sys.modules.get("numpy")
+        self._state = {"random": rng.getstate(), "numpy": None if np is None else
+                       np.random.RandomState(rng.getrandbits(32)).get_state()}
+        try:
+            with _rngs(self._state):
+                self.env = make(self.spec)
+                obs, info = self.env.reset(seed=seed)
+            return _text(obs), _info(info)
+        except Exception as e:  # noqa: BLE001 - library failures are environment faults
+            obs, _, _, _, info = self._fault(getattr(e, "kind", "reset_error"), e)
+            return obs, info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        if self.env is None:
+            return self._fault("closed", "no episode is running")
+        try:
+            with _rngs(self._state):
+                obs, reward, terminated, truncated, info = self.env.step(action)
+            return _text(obs), _reward(reward), _flag(terminated), _flag(truncated), _info(info)
+        except Exception as e:  # noqa: BLE001
+            return self._fault(getattr(e, "kind", "step_error"), e)
+
+    def tools(self) -> list[dict]:
+        return []
+
+    def close(self) -> None:
+        if self.env is not None:
+            _close(self.env)
+            self.env = None
+
+    def _fault(self, kind: str, e) -> tuple:
+        self.close()
+        msg = f"{type(e).__name__}: {e}" if isinstance(e, Exception) else str(e)
+        return f"[environment error: {kind}] {msg[:300]}", 0.0, True, False, {"error": kind,
+                                                                               "message": msg[:300]}
+
+
+def _close(env) -> None:
+    with contextlib.suppress(Exception):                             # GEM envs have no close()
+        getattr(env, "close", lambda: None)()
+
+
+class _Invalid(ValueError):
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+# The checks the sandbox's parent applies to every reply (sandbox.EnvHandle._check_step).
+def _text(obs) -> str:
+    if not isinstance(obs, str):
+        raise _Invalid("invalid_observation", f"observation of type {type(obs).__name__}")
+    try:
+        obs.encode("utf-8")                                          # no lone surrogate
+    except UnicodeEncodeError:
+        raise _Invalid("invalid_observation", "observation: lone surrogate") from None
+    if "\x00" in obs:
+        raise _Invalid("invalid_observation", "observation: contains NUL")
+    return str(obs)[:sandbox.OBS_CAP]
+
+
+def _reward(r) -> float:
+    try:
+        r = float(r)
+    except (TypeError, ValueError):
+        raise _Invalid("invalid_reward", f"reward {r!r:.40} is not a number") from None
+    if not (math.isfinite(r) and -10 <= r <= 10):
+        raise _Invalid("invalid_reward", f"reward {r!r} is not a finite number in [-10, 10]")
+    return r
+
+
+def _flag(x) -> bool:
+    if type(x).__name__ not in ("bool", "bool_"):
+        raise _Invalid("invalid_result", "terminated/truncated are not bools")
+    return bool(x)
+
+
+def _info(info) -> dict:
+    return dict(info) if isinstance(info, dict) else {}
+
+
+# ALGO: the pools (Fixed-env baseline, fallback top-up)
+def load(specs: str, setting: str, sb, origin: str) -> list[dict]:
+    """The environments of a comma-separated list of sources that pass validation, as the fields
+    of train.PoolEnv. Bad ids or imports stop the run with a one-line message."""
+    out = []
+    for spec in split(specs):
+        if not is_imported(spec):
+            out += load_dir(Path(spec), setting, sb, origin)
+            continue
+        if setting != "games":
+            raise SystemExit(f"{spec}: imported environments are text games (--setting games)")
+        try:
+            names = expand(spec)
+        except ImportError as e:
+            raise SystemExit(f"{spec}: {e} (pip install gem-llm / gymnasium)") from None
+        if not names:
+            raise SystemExit(f"{spec}: no registered id matches")
+        out += [env for env in map(probe, names, [origin] * len(names)) if env is not None]
+    unique = {}
+    for e in out:                                                    # a source named twice: once
+        unique.setdefault(e["env_id"], e)
+    return list(unique.values())
+
+
+def probe(spec: str, origin: str) -> dict | None:
+    """An imported environment that makes, resets and takes the first probe action cleanly."""
+    try:
+        with _rngs({"random": random.Random(0).getstate()}):
+            _close(make(spec))
+    except Exception as e:  # noqa: BLE001 - an unknown id, a missing package: the user's to fix
+        raise SystemExit(f"{spec}: cannot make it: {type(e).__name__}: {e}") from None
+    h = InProcessEnv(spec)
+    _, result = h.reset(seed=0)
+    name = type(getattr(h.env, "unwrapped", h.env)).__name__
+    result = result if result.get("error") else h.step(sandbox.PROBE_ACTIONS[0])[4]
+    h.close()
+    if result.get("error"):
+        print(f"[spade] {spec} left out of the pool: {result['error']}: {result.get('message')}",
+              file=sys.stderr)
+        return None
+    return {"env_id": f"{origin}:{spec}".replace("/", "."), "skill": suite_skill(spec),
+            "class_name": name,
+            "source": f"# {spec}: an imported environment, played in-process\n", "origin": origin,
+            "suite": spec}
+
+
+def suite_skill(spec: str) -> str:
+    """The skill an imported environment is counted under: its id's family (gem:rg:x -> rg,
+    gem:game:y -> game, gymnasium:ns/Name-v0 -> ns), else gem / gymnasium."""
+    kind, env_id = spec.split(":", 1)
+    for sep in ("/", ":"):
+        if sep in env_id:
+            return env_id.split(sep)[0]
+    return kind
+
+
+def load_dir(path: Path, setting: str, sb, origin: str) -> list[dict]:
+    """The environments (*.py) of one setting in a directory that pass validation; skills and
+    settings from its `manifest.json` (file -> {skill, setting}), else a first docstring line
+    `skill: <name>.`"""
+    manifest = Path(path) / "manifest.json"
+    meta = json.loads(manifest.read_text()) if manifest.exists() else {}
+    envs = []
+    for f in sorted(Path(path).glob("*.py")):
+        info = meta.get(f.name, {})
+        if info.get("setting", setting) != setting:
+            continue
+        src = f.read_text(encoding="utf-8")
+        report = sb.validate(src, setting=setting)
+        if not report.ok:
+            continue
+        first = src.lstrip().strip('"\' ').split("\n", 1)[0]
+        skill = info.get("skill") or (first.split(":", 1)[1].split(".")[0].strip()
+                                      if first.startswith("skill:") else "unknown")
+        envs.append({"env_id": f"{origin}:{f.stem}", "skill": skill, "source": src,
+                     "class_name": report.class_name, "origin": origin})
+    return envs
+
+
+# INFRA: playing a pool that mixes sandbox handles and in-process environments
+def open_env(sb, env, setting: str):
+    """A handle for one episode of a pool entry: the sandbox's, or an InProcessEnv."""
+    return InProcessEnv(env.suite) if env.suite else sb.open(env.source, setting=setting)
+
+
+def batched(sb, step: bool):
+    """step_many / reset_many for agent.play: sandbox handles in one batch, the rest in turn."""
+    many = getattr(sb, "step_many" if step else "reset_many", None)   # None: one at a time
+
+    def run(handles, args):
+        direct = [many is None or isinstance(h, InProcessEnv) for h in handles]
+        out = [(h.step(a) if step else h.reset(a)) if d else None
+               for h, a, d in zip(handles, args, direct)]
+        rest = [i for i, d in enumerate(direct) if not d]
+        if rest:
+            for i, r in zip(rest, many([handles[i] for i in rest], [args[i] for i in rest])):
+                out[i] = r
+        return out
+    return run
+
+
+# ALGO: memory across runs
+def seed_memory(mem, path: str, setting: str) -> int:
+    """--memory_from: add another run's memory records (RUN_DIR/memory.json) or an export's
+    environments (EXPORT_DIR/manifest.json), oldest first; returns how many were added."""
+    p = Path(path)
+    try:
+        if (p / "memory.json").is_file():
+            data = json.loads((p / "memory.json").read_text(encoding="utf-8"))
+            records = list(memory_lib.EnvironmentMemory.from_dict(data).records)
+        elif (p / "manifest.json").is_file():
+            m = json.loads((p / "manifest.json").read_text(encoding="utf-8"))
+            records = [memory_lib.MemoryRecord(
+                skill=e["skill"], source=(p / m["package"] / e["source_file"]).read_text("utf-8"),
+                win_rate=e["win_rate"] or 0.0, regret=e["regret"] or 0.0, step=e["step"],
+                class_name=e["class_name"], setting=m["setting"]) for e in m["envs"]]
+        else:
+            raise SystemExit(f"--memory_from {path}: no memory.json (a run directory) or "
+                             "manifest.json (an export.py package) there")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"--memory_from {path}: unreadable ({type(e).__name__}: {e})") from None
+    kept = sorted((r for r in records if r.setting == setting), key=lambda r: r.step)
+    for r in kept:
+        mem.add(r)
+    return len(kept)

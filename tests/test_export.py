@@ -1,0 +1,385 @@
+"""The curriculum as an artifact: export.py, suites.py and --memory_from.
+
+A one-step scripted run writes three environments (a fair coin, a loaded coin, and a sleeper that
+plays honestly in training but reads secrets and hangs on actions nobody played). Its export is
+played through gem.make and gymnasium.make in a second virtualenv that has gem-llm and gymnasium
+but nothing of this repository (SPADE_EXPORT_PYTHON, else .venv-export/bin/python; .ci/run makes
+it: gem-llm pins reasoning-gym 0.1.23, the evaluation here uses 0.1.25), from an empty directory,
+and every logged play must replay exactly. GEM suites (Reasoning-Gym through GEM's wrapper, a GEM
+game) and a Gymnasium text environment train two steps as a fixed pool in this venv.
+"""
+import hashlib
+import json
+import os
+import random
+import shutil
+import string
+import subprocess
+from pathlib import Path
+
+import gymnasium
+import pytest
+import torch
+
+import config
+import engine
+import export
+import memory as memory_lib
+import suites
+import train
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT / "tests" / "fixtures" / "short_corpus.jsonl"
+EXPORT_PYTHON = Path(os.environ.get("SPADE_EXPORT_PYTHON") or ROOT / ".venv-export" / "bin" / "python")
+
+COIN = r'''
+import random
+
+
+class CoinEnv:
+    """Two calls of a coin; the second's text depends on the first."""
+
+    def reset(self, seed=None):
+        self.rng, self.turn = random.Random(seed), 0
+        self.coin = self.rng.choice(["heads", "tails"])
+        return "Round 1 of 2 at table %d. Call it: \\boxed{heads} or \\boxed{tails}." % (
+            self.rng.randrange(1000)), {}
+
+    def step(self, action):
+        self.turn += 1
+        won, self.coin = self.coin in action, self.rng.choice(["heads", "tails"])
+        if self.turn < 2:
+            return "Round 2. Last call %s, luck %r." % ("right" if won else "wrong",
+                                                       self.rng.random()), 0.0, False, False, {}
+        return "Game over.", PAYOUT * won, True, False, {}
+'''
+
+SLEEPER = r'''
+import random
+
+
+class SleeperEnv:
+    def reset(self, seed=None):
+        self.rng = random.Random(seed)
+        return "Say a word (%d)." % self.rng.randrange(100), {}
+
+    def step(self, action):
+        if "attack" in action:
+            seen = []
+            for path in (SECRET, "/etc/shadow"):
+                try:
+                    seen.append(open(path).read())
+                except Exception as e:
+                    seen.append(type(e).__name__)
+            try:
+                open(MARKER, "w").write("escaped")
+                seen.append("wrote")
+            except Exception as e:
+                seen.append(type(e).__name__)
+            return "attack: " + " | ".join(seen), 0.0, False, False, {}
+        if "hang" in action:
+            while True:
+                pass
+        return "Heard %s." % action[:20], float("heads" in action), True, False, {}
+'''
+
+
+class Scripted:
+    """Replies from a list (call c's i-th prompt gets reply c + i mod n), as engine Completions
+    with the tiny model's own log-probs, so the designer path trains as with a real engine."""
+
+    def __init__(self, model, tok, replies):
+        self.model, self.tok, self.replies, self.calls = model, tok, replies, 0
+
+    def generate(self, prompts, *, max_new_tokens, temperature, top_p, top_k, seed=None):
+        out, self.calls = [], self.calls + 1
+        for i, prompt in enumerate(prompts):
+            text = self.replies[(self.calls - 1 + i) % len(self.replies)]
+            ids = self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id]
+            with torch.no_grad():
+                logits = self.model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1]
+            lp = torch.log_softmax(logits.float() / temperature, -1).gather(-1, torch.tensor(ids)[:, None])
+            out.append(engine.Completion(token_ids=ids, logprobs=lp[:, 0].tolist(), text=text,
+                                         finish_reason="stop"))
+        return out
+
+
+def agent_engine(tiny):
+    return Scripted(*tiny, ["I call it. \\boxed{heads}", "Hmm. \\boxed{tails}"])
+
+
+TINY = ["--model", "tiny", "--plays", "2", "--max_attempts", "1", "--designer_max_tokens", "16",
+        "--hint_max_tokens", "8", "--max_turns", "3", "--max_new_tokens", "8",
+        "--sandbox_workers", "2", "--checkpoint_every", "1", "--corpus", str(CORPUS)]
+
+
+@pytest.fixture(scope="module")
+def secrets_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("secrets")
+    (d / "token.txt").write_text("hunter2-secret-token")
+    (d / "token.txt").chmod(0o600)
+    return d
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, tiny, secrets_dir):
+    """One regeneration of three designer environments, two plays each plus two hinted."""
+    sleeper = SLEEPER.replace("SECRET", repr(str(secrets_dir / "token.txt"))).replace(
+        "MARKER", repr(str(secrets_dir / "escaped.txt")))
+    replies = [f"```python\n{COIN.replace('PAYOUT', '1.0')}\n```",
+               f"```python\n{COIN.replace('PAYOUT', '0.0')}\n```", f"```python\n{sleeper}\n```"]
+    out = tmp_path_factory.mktemp("run") / "coins"
+    return train.main(TINY + ["--steps", "1", "--regen_interval", "1", "--num_envs", "3",
+                              "--skills_per_regen", "1", "--hint_plays", "2", "--transcripts", "2",
+                              "--output_dir", str(out)],
+                      engines={"designer": Scripted(*tiny, replies), "agent": agent_engine(tiny)})
+
+
+@pytest.fixture(scope="module")
+def exports(tiny_run, tmp_path_factory):
+    d = tmp_path_factory.mktemp("exports")
+    for fmt in ("gem", "gymnasium"):
+        export.main([str(tiny_run), "--format", fmt, "--out", str(d / fmt), "--name", f"coins_{fmt}"])
+    return d
+
+
+@pytest.mark.slow
+def test_manifest_describes_every_environment(tiny_run, exports):
+    m = json.loads((exports / "gem" / "manifest.json").read_text())
+    pool = json.loads((tiny_run / "envs" / "step-0000-rank-0" / "pool.json").read_text())
+    cfg = json.loads((tiny_run / "config.json").read_text())
+    assert m["package"] == "coins_gem" and m["format"] == "gem" and m["setting"] == "games"
+    assert m["config_hash"] == "sha256:" + hashlib.sha256(
+        json.dumps(cfg, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    assert [e["class_name"] for e in m["envs"]] == ["CoinEnv", "CoinEnv", "SleeperEnv"]
+    assert m["excluded"] == [] and m["sandbox_level"]
+    docs = [json.loads(x)["doc_id"] for x in
+            (tiny_run / "designer" / "step-0000-rank-0.jsonl").read_text().splitlines()]
+    for e, p in zip(m["envs"], pool):
+        assert e["id"] == f"coins_gem/{e['class_name']}-{p['env_id']}-v0"
+        assert (e["env_id"], e["skill"], e["hint"], e["regret"]) == (p["env_id"], p["skill"], p["hint"],
+                                                                    p["regret"])
+        assert e["win_rate"] == sum(r > 0 for r in p["returns"]) / len(p["returns"])
+        assert e["plays"] == 2 and e["validation"] == "ok" and e["seed_range"] == [0, 2**31 - 1]
+        assert e["first_observation"].startswith(("Round 1 of 2 at table", "Say a word"))
+        assert e["replays"] == 2  # the run logged two plays of each (one unhinted, one hinted)
+        assert (exports / "gem" / "coins_gem" / e["source_file"]).read_text() == \
+            (tiny_run / "envs" / "step-0000-rank-0" / f"{p['env_id']}.py").read_text()
+    assert [e["doc_id"] for e in m["envs"]] == docs and all(docs)
+    assert m["envs"][1]["win_rate"] == 0.0  # the loaded coin never pays
+    # the replays carry whole episodes: reset, then [observation, reward, terminated, truncated]
+    rep = [json.loads(x) for x in (exports / "gem" / "coins_gem" / "replays.jsonl").read_text().splitlines()]
+    coin = [r for r in rep if r["id"] == m["envs"][0]["id"]]
+    assert [len(r["steps"]) for r in coin] == [2, 2] and coin[0]["steps"][1][2] is True
+    assert {r["return"] for r in coin} <= {0.0, 1.0} and {r["hinted"] for r in coin} == {False, True}
+
+
+@pytest.mark.slow
+def test_filters_and_bad_input(tiny_run, exports, tmp_path, capsys):
+    m = export.export(tiny_run, "gymnasium", tmp_path / "f", "f", skills=["No Such Skill"])
+    assert m["envs"] == [] and len(m["excluded"]) == 3
+    assert all("not in --skills" in x["reason"] for x in m["excluded"])
+    regrets = sorted(e["regret"] for e in json.loads((exports / "gem" / "manifest.json").read_text())["envs"])
+    m = export.export(tiny_run, "gem", tmp_path / "g", "g", min_regret=regrets[-1])
+    assert len(m["envs"]) == sum(r >= regrets[-1] for r in regrets)
+    assert all("below --min_regret" in x["reason"] for x in m["excluded"])
+    with pytest.raises(SystemExit, match="not a SPADE run directory"):
+        export.main([str(tmp_path), "--format", "gem", "--out", str(tmp_path / "x")])
+    with pytest.raises(SystemExit, match="is not empty"):
+        export.main([str(tiny_run), "--format", "gem", "--out", str(exports / "gem")])
+    with pytest.raises(SystemExit, match="not a Python import name"):
+        export.main([str(tiny_run), "--format", "gem", "--out", str(tmp_path / "y"), "--name", "a-b"])
+
+
+@pytest.mark.slow
+def test_a_tool_use_run_exports_with_replays_of_its_tool_turns(tiny, tmp_path):
+    """Tool outputs come back as tool messages (and a malformed call as a reminder with the
+    format hint): the export reads them back and replays every logged play exactly."""
+    source = (ROOT / "data" / "envs" / "tool_smart_home.py").read_text()
+    replies = ['<tool_call>{"name": "list_devices", "arguments": {}}</tool_call>',
+               '<tool_call>{"name": "get_security_pin", "arguments": {}}</tool_call>'
+               '<tool_call>{"name": "list_devices", "arguments": {"room": "kitchen"}}</tool_call>',
+               "<tool_call>not json</tool_call>", "<answer>done</answer>"]
+    run = train.main(TINY + ["--setting", "tool", "--steps", "1", "--regen_interval", "1",
+                             "--num_envs", "1", "--skills_per_regen", "1", "--hint_plays", "2",
+                             "--max_turns", "4", "--transcripts", "2", "--output_dir", str(tmp_path / "t")],
+                     engines={"designer": Scripted(*tiny, [f"```python\n{source}\n```"]),
+                              "agent": Scripted(*tiny, replies)})
+    m = export.export(run, "gem", tmp_path / "out", "tools")
+    plays = [json.loads(x) for x in (run / "transcripts" / "step-0000-rank-0.jsonl").read_text().splitlines()]
+    assert [e["class_name"] for e in m["envs"]] == ["SmartHomeEnv"] and len(plays) == 2
+    assert {msg["role"] for p in plays for msg in p["messages"]} >= {"tool", "user", "assistant"}
+    assert m["envs"][0]["replays"] == 2, "a logged tool-use play did not replay the same"
+    rep = [json.loads(x) for x in (tmp_path / "out" / "tools" / "replays.jsonl").read_text().splitlines()]
+    assert any(s[0].startswith("Not finished") for r in rep for s in r["steps"])
+
+
+def export_python() -> Path:
+    if not EXPORT_PYTHON.exists():
+        pytest.skip(f"no export virtualenv at {EXPORT_PYTHON} (.ci/run makes it; README, "
+                    "'Using the environments elsewhere')")
+    return EXPORT_PYTHON
+
+
+def play_in_export_venv(fmt: str, package: str, path: Path, cwd: Path) -> dict:
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(path), "HOME": str(cwd)}
+    out = subprocess.run([str(export_python()), "-P", str(ROOT / "tests" / "export_client.py"), fmt,
+                          package, "SleeperEnv"], cwd=cwd, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    left = []  # processes still running the package's sandbox.py after the interpreter exited
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            left += [pid] if str(path) in Path(f"/proc/{pid}/cmdline").read_text() else []
+        except OSError:
+            pass
+    assert left == [], "a sandbox outlived the interpreter that made it"
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def check_played(report: dict, manifest: dict, secrets_dir: Path, proxy_class: str) -> None:
+    assert [x[0] for x in report["made"]] == [e["id"] for e in manifest["envs"]]
+    assert {x[1] for x in report["made"]} == {proxy_class}
+    assert all(report["first_observation_ok"])
+    assert report["replayed"] == sum(e["replays"] for e in manifest["envs"]) == 6
+    assert report["mismatches"] == []
+    # the hostile environment: contained, named, no hang, and the next episode starts cleanly
+    assert "hunter2" not in report["attack"] and report["attack"].startswith("attack: ")
+    assert not (secrets_dir / "escaped.txt").exists()
+    assert report["fault"][:2] == ["EnvironmentFault", "timeout"], report["fault"]
+    assert 0.9 < report["hang_seconds"] < 5.0
+    assert report["after_fault"].startswith("Say a word")
+    assert report["children_open"] >= 1 and report["children_after_close"] == []
+    assert report["modules"] == []  # nothing of this repository was imported
+
+
+@pytest.mark.slow
+def test_gem_make_replays_an_installed_export(exports, tmp_path, secrets_dir):
+    """pip install the package (its pyproject), then gem.make every environment."""
+    site, src = tmp_path / "site", shutil.copytree(exports / "gem", tmp_path / "src")
+    pip = subprocess.run([str(export_python()), "-m", "pip", "install", "-q", "--no-deps",
+                          "--no-build-isolation", "--target", str(site), str(src)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert pip.returncode == 0, pip.stderr[-3000:]
+    assert (site / "coins_gem" / "envs").is_dir() and (site / "coins_gem" / "sandbox.py").is_file()
+    (tmp_path / "cwd").mkdir()
+    report = play_in_export_venv("gem", "coins_gem", site, tmp_path / "cwd")
+    manifest = json.loads((exports / "gem" / "manifest.json").read_text())
+    check_played(report, manifest, secrets_dir, "SpadeGemEnv")
+
+
+@pytest.mark.slow
+def test_gymnasium_make_replays_an_export_from_its_path(exports, tmp_path, secrets_dir):
+    report = play_in_export_venv("gymnasium", "coins_gymnasium", exports / "gymnasium", tmp_path)
+    manifest = json.loads((exports / "gymnasium" / "manifest.json").read_text())
+    check_played(report, manifest, secrets_dir, "SpadeGymnasiumEnv")
+
+
+# ----------------------------------------------------------------------------------------------
+# Import: GEM and Gymnasium environments in the pool, played in-process
+
+class Echo(gymnasium.Env):
+    """A Gymnasium text environment (registered below as SpadeTest/Echo-v0) that also draws from
+    the global `random`."""
+    observation_space = action_space = gymnasium.spaces.Text(200, charset=string.printable)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.secret = int(self.np_random.integers(10))
+        return f"Guess my digit: \\boxed{{d}}, d in 0-9 (noise {random.random():.3f})", {}
+
+    def step(self, action):
+        return "done", float(str(self.secret) in action), True, False, {}
+
+
+@pytest.fixture(scope="module")
+def echo_id():
+    if "SpadeTest/Echo-v0" not in gymnasium.registry:
+        gymnasium.register("SpadeTest/Echo-v0", entry_point=Echo)
+    return "gymnasium:SpadeTest/Echo-v0"
+
+
+def test_in_process_env_replays_and_leaves_the_global_rngs_alone(echo_id):
+    random.seed(7)
+    before = random.getstate()
+    a, b = suites.InProcessEnv("gem:rg:basic_arithmetic"), suites.InProcessEnv("gem:rg:basic_arithmetic")
+    assert a.reset(seed=11) == b.reset(seed=11) and a.reset(seed=12)[0] != b.reset(seed=11)[0]
+    assert a.step("\\boxed{0}")[2] is True                    # one question, one answer
+    e = suites.InProcessEnv(echo_id)
+    first = e.reset(seed=3)
+    assert e.reset(seed=3) == first                          # its global random is seeded too
+    assert random.getstate() == before                       # the trainer's is untouched
+    assert e.step("\\boxed{5}")[1] in (0.0, 1.0)
+    bad = suites.InProcessEnv("gem:rg:no_such_task")
+    obs, info = bad.reset(seed=0)
+    assert info["error"] == "reset_error" and obs.startswith("[environment error: reset_error]")
+    assert bad.step("x")[4]["error"] == "closed"
+
+
+def test_load_pools_from_ids_patterns_and_directories(echo_id, capsys):
+    envs = suites.load(f"{echo_id},gem:rg:leg_count*,gem:game:GuessTheNumber-v0-easy", "games",
+                       sb=None, origin="fixed")
+    assert [e["env_id"] for e in envs] == ["fixed:gymnasium:SpadeTest.Echo-v0", "fixed:gem:rg:leg_counting",
+                                           "fixed:gem:game:GuessTheNumber-v0-easy"]
+    assert [e["skill"] for e in envs] == ["SpadeTest", "rg", "game"]
+    assert envs[1]["class_name"] == "ReasoningGymEnv" and envs[1]["suite"] == "gem:rg:leg_counting"
+    with pytest.raises(SystemExit, match="gem:rg:no_such_task: cannot make it"):
+        suites.load("gem:rg:no_such_task", "games", sb=None, origin="fixed")
+    with pytest.raises(SystemExit, match="no registered id matches"):
+        suites.load("gem:rg:no_such_*", "games", sb=None, origin="fixed")
+    with pytest.raises(SystemExit, match="text games"):
+        suites.load("gem:rg:leg_counting", "tool", sb=None, origin="fixed")
+
+
+@pytest.mark.slow
+def test_gem_suite_trains_as_a_fixed_pool_with_memory_from_an_export(tmp_path, tiny, echo_id, exports,
+                                                                     monkeypatch):
+    """Reasoning-Gym through GEM, a GEM game, a Gymnasium text env and an exported environment
+    (its package on the path; its code in its own sandbox) make one fixed pool."""
+    monkeypatch.syspath_prepend(str(exports / "gem"))
+    fixed = (f"gem:rg:basic_arithmetic,gem:game:GuessTheNumber-v0-easy,{echo_id},"
+             "gem:coins_gem/CoinEnv-s0-r0-e0-v0")
+    run = train.main(TINY + ["--steps", "2", "--num_envs", "4", "--fixed_envs", fixed, "--transcripts", "8",
+                             "--memory_from", str(exports / "gem"), "--output_dir", str(tmp_path / "r")],
+                     engines={"agent": agent_engine(tiny)})
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["charts/step"] for r in rows] == [0, 1]
+    assert all(r["agent/episodes"] == 8 and r["env/faulty"] == 0 and r["losses/samples"] > 0
+               for r in rows)
+    assert {"env/win_rate/rg", "env/win_rate/game", "env/win_rate/SpadeTest",
+            "env/win_rate/coins_gem"} <= set(rows[0])
+    plays = [json.loads(x) for f in sorted((run / "transcripts").glob("*.jsonl"))
+             for x in f.read_text().splitlines()]
+    firsts = [p["messages"][0]["content"] for p in plays]
+    assert len(plays) == 16 and all(any(k in f for f in firsts) for k in (
+        "Guess The Number", "Round 1 of 2 at table", "Guess my digit", "Calculate"))
+    # --memory_from: the export's three environments are the new run's memory, sources included
+    mem = json.loads((run / "memory.json").read_text())["records"]
+    sources = [e.read_text() for e in sorted((exports / "gem" / "coins_gem" / "envs").glob("*.py"))]
+    assert sorted(r["source"] for r in mem) == sorted(sources) and len(mem) == 3
+
+
+def test_memory_from_a_run_directory_and_bad_paths(tmp_path):
+    old = memory_lib.EnvironmentMemory(capacity=5, path=tmp_path / "memory.json")
+    for step, setting in ((0, "games"), (1, "tool"), (2, "games")):
+        old.add(memory_lib.MemoryRecord("Optimization", f"class E{step}Env: pass", 0.5, 0.1, step,
+                                        f"E{step}Env", setting))
+    old.save()
+    new = memory_lib.EnvironmentMemory(capacity=5)
+    assert suites.seed_memory(new, str(tmp_path), "games") == 2
+    assert [r.class_name for r in new.records] == ["E0Env", "E2Env"]
+    with pytest.raises(SystemExit, match="no memory.json"):
+        suites.seed_memory(new, str(tmp_path / "nothing"), "games")
+    (tmp_path / "memory.json").write_text("{not json")
+    with pytest.raises(SystemExit, match="unreadable"):
+        suites.seed_memory(new, str(tmp_path), "games")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--fixed_envs", "gem:rg:x,/nonexistent"], "--fixed_envs /nonexistent: no"),
+    (["--fallback_envs", "/nonexistent"], "--fallback_envs /nonexistent: no"),
+    (["--memory_from", "/nonexistent"], "not a directory"),
+    (["--memory_from", ".", "--no_memory"], "--no_memory keeps no memory")])
+def test_bad_import_flags_fail_fast(flags, message):
+    with pytest.raises(SystemExit, match=message):
+        train.resolve(*config.parse(["--model", "tiny"] + flags, aliases={}))
