@@ -82,11 +82,16 @@ def _strip_extra_braces(move: str, levels: int = 2) -> str:
     return move
 
 
+def after_thinking(text: str) -> str:
+    """The committed part of a reply: everything after the last `</think>` (all of it if none)."""
+    return text.rsplit("</think>", 1)[-1]
+
+
 def parse_action(text: str) -> str:
     r"""The move as the environment expects it, `\boxed{<move>}` (the paper's answer format): the
     last balanced box after the reasoning, stripped (`\boxed{{42}}` -> `\boxed{42}`); with no box
     the stripped reply goes through (the environment reminds the agent of the format)."""
-    answer = text.rsplit("</think>", 1)[-1]
+    answer = after_thinking(text)
     move = last_balanced_box(answer)
     return answer.strip() if move is None else "\\boxed{" + _strip_extra_braces(move) + "}"
 
@@ -109,9 +114,9 @@ def parse_tool_calls(text: str) -> list[dict]:
     JSON form `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Qwen3, Hermes; arguments
     may be a JSON string) and the XML form `<tool_call><function=NAME><parameter=KEY>VALUE
     </parameter>...</function></tool_call>` (Qwen3-Coder); a block that is neither is skipped.
-    The project's one tool-call parser (toolbench.py scores benchmark replies with it)."""
+    The project's one tool-call parser (suites/toolbench.py scores benchmark replies with it)."""
     calls = []
-    for block in _TOOL_CALL.findall(text.rsplit("</think>", 1)[-1]):
+    for block in _TOOL_CALL.findall(after_thinking(text)):
         functions = _XML_FUNCTION.findall(block)
         for name, params in functions:  # a parameter is JSON when it parses (numbers, lists), else text
             args = {k: v.strip("\n") for k, v in _XML_PARAMETER.findall(params)}
@@ -130,7 +135,7 @@ def tool_action(text: str) -> str:
     """Normalise a tool-use reply to the action text ToolEnv.step() expects: the last `<answer>`
     alone (it outranks tool calls, as in the authors' loop), else one canonical JSON block per
     tool call, else the stripped reply (the environment answers it with a format reminder)."""
-    body = text.rsplit("</think>", 1)[-1]
+    body = after_thinking(text)
     answers = _ANSWER.findall(body)
     if answers:
         return "<answer>" + answers[-1].strip() + "</answer>"
@@ -141,7 +146,7 @@ def tool_action(text: str) -> str:
 
 def malformed_tool_call(text: str) -> bool:
     """A reply that tries a `<tool_call>` but yields no call that parses and gives no answer."""
-    body = text.rsplit("</think>", 1)[-1]
+    body = after_thinking(text)
     return "<tool_call>" in body and not parse_tool_calls(text) and not _ANSWER.search(body)
 
 
@@ -418,7 +423,7 @@ def _add_reply(ep: Episode, completion, tokenizer, stops: set, check_calls: bool
 def _without_thinking(messages: list[dict]) -> list[dict]:
     """The conversation with the reasoning of earlier replies removed (what a thinking Qwen3
     sees of its own history: the text after the last </think>)."""
-    return [dict(m, content=m["content"].rsplit("</think>", 1)[-1].lstrip("\n"))
+    return [dict(m, content=after_thinking(m["content"]).lstrip("\n"))
             if m["role"] == "assistant" else m for m in messages]
 
 

@@ -64,9 +64,9 @@ class SpadeArgs:
     no_memory: bool = field(default=False, metadata={"help": "Ablation: no environment memory."})
     no_designer_training: bool = field(default=False, metadata={"help": "Ablation: the designer role is never trained."})
     two_skills: bool = field(default=False, metadata={"help": "Ablation: two-skill curriculum {Math, Pattern}."})
-    fixed_envs: str | None = field(default=None, metadata={"help": "Fixed-env GRPO baseline: the agent trains on --num_envs environments per step drawn without replacement (seed 42) from this pool: comma-separated directories of *.py (validated in the sandbox), gem:ID (e.g. gem:rg:basic_arithmetic) and gymnasium:ID text environments, or patterns such as gem:rg:* (suites.py)."})
+    fixed_envs: str | None = field(default=None, metadata={"help": "Fixed-env GRPO baseline: the agent trains on --num_envs environments per step drawn without replacement (seed 42) from this pool: comma-separated directories of *.py (validated in the sandbox), gem:ID (e.g. gem:rg:basic_arithmetic) and gymnasium:ID text environments, or patterns such as gem:rg:* (pools.py)."})
     fallback_envs: str | None = field(default=None, metadata={"help": "The pool that tops up a thin first regeneration (deviation 1), in --fixed_envs' form; default: the hand-written data/envs/."})
-    memory_from: str | None = field(default=None, metadata={"help": "Seed a new run's environment memory with another run's records (RUN_DIR/memory.json) or an export's environments (export.py's EXPORT_DIR/manifest.json)."})
+    memory_from: str | None = field(default=None, metadata={"help": "Seed a new run's environment memory with another run's records (RUN_DIR/memory.json) or an export's environments (tools/export.py's EXPORT_DIR/manifest.json)."})
     generate_pool: int | None = field(default=None, metadata={"help": "Write this many validated environments into --output_dir with the designer (memory off, no training; resumable) and exit: the Fixed-env GRPO pool."})
     no_tool_filters: bool = field(default=False, metadata={"help": "Tool use: keep episodes that did not terminate (reply cut by the token cap, turn limit, budget) and malformed tool-call replies in the loss (the authors mask them in every tool run)."})
 
@@ -98,7 +98,7 @@ class RunArgs:
     step_timeout: float = field(default=5.0, metadata={"help": "Seconds per environment call."})
     sandbox_memory_mb: int = field(default=1024, metadata={"help": "Address-space limit per environment process."})
     log_with: str | None = field(default=None, metadata={"help": "Accelerate tracker: tensorboard or wandb."})
-    transcripts: int = field(default=2, metadata={"help": "Sample transcripts written per step; at a regeneration, per new environment (report.py's cards)."})
+    transcripts: int = field(default=2, metadata={"help": "Sample transcripts written per step; at a regeneration, per new environment (tools/report.py's cards)."})
     print_config: bool = field(default=False, metadata={"help": "Print the resolved configuration (preset + flags) as one JSON object and exit."})
 
 

@@ -14,7 +14,7 @@ instruction with `<answer>` tags around "Problem: ..." and a box line, T 0.6 / t
 whose scorer raises is left out, and the cell is the pooled win rate. For the tool-use setting it
 reports BFCL v4 (suite `bfcl`: overall of non-live, live, irrelevance, multi-turn; `bfcl_multi_turn`
 alone) and tau2-bench (`tau2`, its user simulator on --tau2_user_endpoint), whose loops live in
-toolbench.py, and ACEBench (`acebench`: Normal, Special, Agent and its summary score; acebench.py).
+suites/toolbench.py, and ACEBench (`acebench`: Normal, Special, Agent and its summary score; suites/acebench.py).
 This file runs all of them against a checkpoint
 (engine.py: vLLM or transformers), an OpenAI-compatible endpoint, or a scripted sampler (tests).
 Every suite's sampling settings are written to results.json ("sampling").
@@ -34,7 +34,7 @@ Data (local JSONL, one object per line; see `load_items` for the accepted field 
                                       "tests": [{"input", "output", "testtype": "stdin"|"functional"}],
                                       "func_name" (functional only)}  (or raw hub rows)
     acebench/data_<category>.json, acebench/possible_answer/data_<category>.json
-                                     (ACEBench's data_all/data_en; formats in acebench.py's docstring)
+                                     (ACEBench's data_all/data_en; formats in suites/acebench.py's docstring)
 Reasoning-Gym items are generated offline; BFCL v4 multi-turn data and checker come from the
 `bfcl-eval` package (install it with `pip install --no-deps bfcl-eval`: its declared dependencies
 are API clients and pinned numpy, none of which the multi-turn checker imports).
@@ -55,7 +55,7 @@ Deviations (from the paper and the authors' harness, spade-rl/spade):
    run used the 2025-01 .. 2025-04 problems. Our own grader: tests stop at the first failure;
    outputs compared line by line, then token by token with numeric tokens compared as decimals;
    each test runs in a fresh sandbox.py worker (no network, files or processes of the host).
-5. Tool-use suites: toolbench.py's and acebench.py's docstrings.
+5. Tool-use suites: the docstrings of suites/toolbench.py and suites/acebench.py.
 
 Usage (multi-GPU tensor parallelism: serve the model with `vllm serve` and use --endpoint):
     python eval.py --model runs/spade/checkpoint-400 --engine vllm --output_dir runs/eval/spade
@@ -65,7 +65,7 @@ Usage (multi-GPU tensor parallelism: serve the model with `vllm serve` and use -
         --rg_tasks chain_sum --rg_episodes 2 --aime_samples 2 --max_new_tokens 16 --rg_max_new_tokens 16  # CPU smoke
 
 Dependencies: stdlib, tqdm, sandbox.py, transformers (CLI), reasoning-gym, math-verify; lazily: engine.py,
-models.py, `datasets`/`huggingface_hub` (hub loading), `bfcl_eval` (BFCL); acebench.py (ACEBench).
+models.py, `datasets`/`huggingface_hub` (hub loading), `bfcl_eval` (BFCL); suites/ (ACEBench, BFCL, tau2-bench).
 Test: `pytest tests/test_eval.py`.
 """
 from __future__ import annotations
@@ -88,11 +88,13 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-import acebench
 import agent
 import sandbox
-from toolbench import (BFCL_CATEGORIES, MissingDataset, _read_jsonl, bfcl_tool, call_string,  # noqa: F401
-                       TAU2_DOMAINS, after_thinking, load_bfcl, parse_tool_calls, run_bfcl, run_bfcl_overall, run_tau2)
+from suites import acebench
+from agent import after_thinking
+from suites import MissingDataset
+from suites.toolbench import (BFCL_CATEGORIES, TAU2_DOMAINS, load_bfcl, read_jsonl, run_bfcl,
+                              run_bfcl_overall, run_tau2)
 
 # ----------------------------------------------------------------------------------------------
 # ALGO: the Reasoning-Gym task table (100 tasks at hard settings, grouped into Table 1's 4 cells)
@@ -242,7 +244,7 @@ def _openai_messages(messages: list[dict]) -> list[dict]:
     out, pending = [], []
     for m in messages:
         if m["role"] == "assistant" and "<tool_call>" in m["content"]:
-            calls = parse_tool_calls(m["content"])
+            calls = agent.parse_tool_calls(m["content"])
             pending = [f"call_{len(out)}_{i}" for i in range(len(calls))]
             out.append({"role": "assistant", "content": m["content"].split("<tool_call>")[0],
                         "tool_calls": [{"id": cid, "type": "function", "function": {
@@ -305,7 +307,7 @@ def _from_hub(suite: str) -> list[dict]:
     from huggingface_hub import hf_hub_download
     rows = []
     for fname in source[2]:
-        rows += _read_jsonl(Path(hf_hub_download(source[1], fname, repo_type="dataset")))
+        rows += read_jsonl(Path(hf_hub_download(source[1], fname, repo_type="dataset")))
     return rows
 
 
@@ -313,7 +315,7 @@ def load_items(suite: str, data_dir: str | Path) -> list[dict]:
     """Rows of `suite` from `<data_dir>/<file>`; else from the hub (cached to that file)."""
     path = Path(data_dir) / HUB[suite][1]
     if path.exists():
-        return _read_jsonl(path)
+        return read_jsonl(path)
     try:
         rows = _from_hub(suite)
     except Exception as err:  # offline, `datasets` absent, gated repo, ...

@@ -1,6 +1,6 @@
 """train.py's infrastructure, none of it the paper's: Accelerate, the policy with its optimizer
 and frozen reference, the rollout engine, metrics, the run directory (atomic files, resumable
-checkpoints, policy exports, the per-step files report.py reads), the logged statistics, and the
+checkpoints, policy exports, the per-step files tools/report.py reads), the logged statistics, and the
 Fixed-env baseline's pool writer. A reader of Algorithm 1 may skip this file.
 
 Run directory (README, "Quick start"): config.json, metrics.jsonl, envs/, designer/,
@@ -390,13 +390,13 @@ def reduce_metrics(rows: list[dict]) -> dict:
 
 
 def write_report(run_dir: Path, final: bool = True) -> None:
-    """Refresh RUN_DIR/report.html (report.py), at most once a minute until the final one; a
+    """Refresh RUN_DIR/report.html (tools/report.py), at most once a minute until the final one; a
     failed report is logged, never fatal."""
     page = run_dir / "report.html"
     if not final and page.exists() and time.time() - page.stat().st_mtime < 60:
         return
     try:
-        import report
+        from tools import report
         report.write_report(run_dir)
     except Exception as e:  # the run matters more than its report
         print(f"[spade] report.html not written ({type(e).__name__}: {e})", file=sys.stderr)
@@ -485,7 +485,7 @@ def write_step_files(run_dir: Path, step: int, new_pool, episodes, n_transcripts
     """Per rank: the freshly designed environments with their hints and first returns, every
     designer attempt with its rejection reason and message, the designer scores of the finished
     epoch, and sample transcripts: at a regeneration up to `n_transcripts` per new environment
-    (unhinted and hinted alternately, for report.py's cards), else the step's first few."""
+    (unhinted and hinted alternately, for tools/report.py's cards), else the step's first few."""
     tag = f"step-{step:04d}-rank-{rank}"
     chosen = episodes[:n_transcripts]
     if new_pool:

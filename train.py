@@ -53,7 +53,7 @@ import infra
 import memory as memory_lib
 import regret
 import sandbox
-import suites
+import pools
 from infra import derive_seed
 
 HERE = Path(__file__).resolve().parent
@@ -90,7 +90,7 @@ class PoolEnv:
     regret: float | None = None
     r_hint: float | None = None
     r_nohint: float | None = None
-    suite: str | None = None  # an imported GEM / Gymnasium id (suites.py), played in-process
+    suite: str | None = None  # an imported GEM / Gymnasium id (pools.py), played in-process
 
 
 @dataclass
@@ -147,7 +147,7 @@ def start_state(run, sargs, rargs) -> State:
     if saved is not None:
         st.restore(saved)
     elif sargs.memory_from:  # another run's records as exemplars (text only, never executed)
-        suites.seed_memory(st.memory, sargs.memory_from, sargs.setting)
+        pools.seed_memory(st.memory, sargs.memory_from, sargs.setting)
     return st
 
 
@@ -242,7 +242,7 @@ def regenerate(step, sargs, sampler, design_sampler, sb, mem, pool, corpus, rank
     carried = [dataclasses.replace(e, origin="carried", returns=[], regret=None, r_hint=None,
                                    r_nohint=None) for e in pool if not e.faulty]
     if step == 0 and len(fresh) + len(carried) < len(slots):
-        fallback = suites.load(sargs.fallback_envs or str(HERE / "data" / "envs"), sargs.setting, sb,
+        fallback = pools.load(sargs.fallback_envs or str(HERE / "data" / "envs"), sargs.setting, sb,
                                "fallback")
         carried += [PoolEnv(**e) for e in fallback][rank::world]
     new_pool = fresh + carried[: max(0, len(slots) - len(fresh))]
@@ -279,11 +279,11 @@ def play_pool(step, pool, sargs, sampler, sb, tokenizer, hinted_arm: bool, seed:
                                            top_p=sargs.top_p, top_k=sargs.top_k)
     specs = []
     try:  # an infrastructure fault (SandboxInfraError) propagates: it is never the env's fault
-        for e, s, hint in jobs:  # imported environments play in-process (suites.InProcessEnv)
-            handle = suites.open_env(sb, e, sargs.setting)
+        for e, s, hint in jobs:  # imported environments play in-process (pools.InProcessEnv)
+            handle = pools.open_env(sb, e, sargs.setting)
             specs.append(agent.EpisodeSpec(e.env_id, s, hint, handle))
         return agent.play(specs, generate=gen, tokenizer=tokenizer,
-                          step_many=suites.batched(sb, True), reset_many=suites.batched(sb, False),
+                          step_many=pools.batched(sb, True), reset_many=pools.batched(sb, False),
                           setting=sargs.setting, max_turns=sargs.max_turns,
                           max_context=sargs.max_context, max_new_tokens=sargs.max_new_tokens,
                           enable_thinking=margs.enable_thinking,
@@ -320,7 +320,7 @@ def fixed_draws(sargs, sb, rank: int, world: int) -> list[list[PoolEnv]]:
     the step's draw from the validated static pool); [] in a SPADE run."""
     if not sargs.fixed_envs:
         return []
-    fixed = [PoolEnv(**e) for e in suites.load(sargs.fixed_envs, sargs.setting, sb, "fixed")]
+    fixed = [PoolEnv(**e) for e in pools.load(sargs.fixed_envs, sargs.setting, sb, "fixed")]
     if not fixed:
         raise SystemExit(f"--fixed_envs {sargs.fixed_envs}: no environment passed validation")
     return [[fixed[i] for i in draw[rank::world]]

@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import acebench as A  # noqa: E402
+from suites import acebench as A  # noqa: E402
 
 
 def render(answer: dict) -> str:

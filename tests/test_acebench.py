@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import acebench as A
+from suites import acebench as A
 import eval as E
 from scripted import ScriptedSampler
 

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-import acebench
+import agent
 import eval as E
+from suites import acebench
+from suites import toolbench as T
 from scripted import ScriptedSampler
 
 FIXTURES = Path(__file__).parent / "fixtures" / "eval"
@@ -323,7 +325,6 @@ def test_bfcl_overall_end_to_end_on_scripted_models(tmp_path):
     """suite bfcl: every single-turn category through bfcl-eval's AST checker plus multi-turn; an
     oracle is right everywhere (overall 0.6: the agentic 40 % is not run and counts 0, as bfcl-eval
     counts it), a model that never calls a tool is right only on irrelevance (overall 0.1)."""
-    import toolbench as T
     single = T.load_bfcl_single([c for g in T.BFCL_GROUPS.values() for c in g] + ["live_relevance"], 1)
     answers, multi = bfcl_single_oracle(single), bfcl_oracle(E.load_bfcl(("multi_turn_base",), 1)).fn
     oracle = ScriptedSampler(lambda m, k: answers.get(m[-1]["content"]) or multi(m, k))
@@ -342,7 +343,6 @@ def test_bfcl_overall_end_to_end_on_scripted_models(tmp_path):
 
 
 def test_bfcl_single_turn_scoring():
-    import toolbench as T
     (simple,) = T.load_bfcl_single(["simple_python"], 1)
     (irrelevant,) = T.load_bfcl_single(["irrelevance"], 1)
     call = lambda name, **args: f'<tool_call>{json.dumps({"name": name, "arguments": args})}</tool_call>'
@@ -358,11 +358,11 @@ def test_bfcl_single_turn_scoring():
 def test_tool_call_parsing_and_call_strings():
     text = ('<think><tool_call>{"name": "x", "arguments": {}}</tool_call></think>'
             '<tool_call>{"name": "cd", "arguments": {"folder": "doc"}}</tool_call><tool_call>{bad json}</tool_call>')
-    calls = E.parse_tool_calls(text)
+    calls = agent.parse_tool_calls(text)
     assert calls == [{"name": "cd", "arguments": {"folder": "doc"}}]
-    assert E.call_string(calls[0]) == "cd(folder='doc')"
-    assert E.call_string({"name": "__import__('os').system", "arguments": {}}) is None
-    assert E.call_string({"name": "f", "arguments": {"a=1, b": 2}}) is None
+    assert T.call_string(calls[0]) == "cd(folder='doc')"
+    assert T.call_string({"name": "__import__('os').system", "arguments": {}}) is None
+    assert T.call_string({"name": "f", "arguments": {"a=1, b": 2}}) is None
 
 
 # ------------------------------------------------------------------------------- the driver
@@ -531,7 +531,7 @@ def test_engine_sampler_renders_tools_and_groups_samples(tokenizer):
             return [type("C", (), {"text": f"r{i}"}) for i in range(len(prompts))]
 
     engine = FakeEngine()
-    tool = E.bfcl_tool({"name": "lookup", "description": "d", "parameters": {"type": "dict", "properties": {
+    tool = T.bfcl_tool({"name": "lookup", "description": "d", "parameters": {"type": "dict", "properties": {
         "x": {"type": "float"}}, "required": ["x"]}})
     assert tool["function"]["parameters"]["type"] == "object"
     assert tool["function"]["parameters"]["properties"]["x"]["type"] == "number"
@@ -558,7 +558,7 @@ def test_openai_sampler_round_trip_on_loopback(openai_endpoint):
                {"role": "assistant", "content": 'ok<tool_call>{"name": "ls", "arguments": {}}</tool_call>'},
                {"role": "tool", "content": "a.txt"}]
     out = sampler.chat([history], n=2, temperature=0.5, top_p=0.9, top_k=20, max_new_tokens=7, seed=1)
-    assert len(out[0]) == 2 and E.parse_tool_calls(out[0][0]) == [{"name": "cd", "arguments": {"folder": "x"}}]
+    assert len(out[0]) == 2 and agent.parse_tool_calls(out[0][0]) == [{"name": "cd", "arguments": {"folder": "x"}}]
     sent = seen[0]["messages"]
     assert sent[1]["tool_calls"][0]["function"]["name"] == "ls" and sent[1]["content"] == "ok"
     assert sent[2]["tool_call_id"] == sent[1]["tool_calls"][0]["id"]

@@ -1,4 +1,4 @@
-"""The curriculum as an artifact: export.py, suites.py and --memory_from.
+"""The curriculum as an artifact: export.py, pools.py and --memory_from.
 
 A one-step scripted run writes three environments (a fair coin, a loaded coin, and a sleeper that
 plays honestly in training but reads secrets and hangs on actions nobody played). Its export is
@@ -23,9 +23,9 @@ import torch
 
 import config
 import engine
-import export
+from tools import export
 import memory as memory_lib
-import suites
+import pools
 import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -302,33 +302,33 @@ def echo_id():
 def test_in_process_env_replays_and_leaves_the_global_rngs_alone(echo_id):
     random.seed(7)
     before = random.getstate()
-    a, b = suites.InProcessEnv("gem:rg:basic_arithmetic"), suites.InProcessEnv("gem:rg:basic_arithmetic")
+    a, b = pools.InProcessEnv("gem:rg:basic_arithmetic"), pools.InProcessEnv("gem:rg:basic_arithmetic")
     assert a.reset(seed=11) == b.reset(seed=11) and a.reset(seed=12)[0] != b.reset(seed=11)[0]
     assert a.step("\\boxed{0}")[2] is True                    # one question, one answer
-    e = suites.InProcessEnv(echo_id)
+    e = pools.InProcessEnv(echo_id)
     first = e.reset(seed=3)
     assert e.reset(seed=3) == first                          # its global random is seeded too
     assert random.getstate() == before                       # the trainer's is untouched
     assert e.step("\\boxed{5}")[1] in (0.0, 1.0)
-    bad = suites.InProcessEnv("gem:rg:no_such_task")
+    bad = pools.InProcessEnv("gem:rg:no_such_task")
     obs, info = bad.reset(seed=0)
     assert info["error"] == "reset_error" and obs.startswith("[environment error: reset_error]")
     assert bad.step("x")[4]["error"] == "closed"
 
 
 def test_load_pools_from_ids_patterns_and_directories(echo_id, capsys):
-    envs = suites.load(f"{echo_id},gem:rg:leg_count*,gem:game:GuessTheNumber-v0-easy", "games",
+    envs = pools.load(f"{echo_id},gem:rg:leg_count*,gem:game:GuessTheNumber-v0-easy", "games",
                        sb=None, origin="fixed")
     assert [e["env_id"] for e in envs] == ["fixed:gymnasium:SpadeTest.Echo-v0", "fixed:gem:rg:leg_counting",
                                            "fixed:gem:game:GuessTheNumber-v0-easy"]
     assert [e["skill"] for e in envs] == ["SpadeTest", "rg", "game"]
     assert envs[1]["class_name"] == "ReasoningGymEnv" and envs[1]["suite"] == "gem:rg:leg_counting"
     with pytest.raises(SystemExit, match="gem:rg:no_such_task: cannot make it"):
-        suites.load("gem:rg:no_such_task", "games", sb=None, origin="fixed")
+        pools.load("gem:rg:no_such_task", "games", sb=None, origin="fixed")
     with pytest.raises(SystemExit, match="no registered id matches"):
-        suites.load("gem:rg:no_such_*", "games", sb=None, origin="fixed")
+        pools.load("gem:rg:no_such_*", "games", sb=None, origin="fixed")
     with pytest.raises(SystemExit, match="text games"):
-        suites.load("gem:rg:leg_counting", "tool", sb=None, origin="fixed")
+        pools.load("gem:rg:leg_counting", "tool", sb=None, origin="fixed")
 
 
 @pytest.mark.slow
@@ -366,13 +366,13 @@ def test_memory_from_a_run_directory_and_bad_paths(tmp_path):
                                         f"E{step}Env", setting))
     old.save()
     new = memory_lib.EnvironmentMemory(capacity=5)
-    assert suites.seed_memory(new, str(tmp_path), "games") == 2
+    assert pools.seed_memory(new, str(tmp_path), "games") == 2
     assert [r.class_name for r in new.records] == ["E0Env", "E2Env"]
     with pytest.raises(SystemExit, match="no memory.json"):
-        suites.seed_memory(new, str(tmp_path / "nothing"), "games")
+        pools.seed_memory(new, str(tmp_path / "nothing"), "games")
     (tmp_path / "memory.json").write_text("{not json")
     with pytest.raises(SystemExit, match="unreadable"):
-        suites.seed_memory(new, str(tmp_path), "games")
+        pools.seed_memory(new, str(tmp_path), "games")
 
 
 @pytest.mark.parametrize("flags, message", [

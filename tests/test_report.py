@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import infra
-import report
+from tools import report
 import train
 from test_train import BASE, COIN, ScriptedDesigner
 

@@ -7,7 +7,7 @@ import pytest
 
 import eval as E
 from scripted import ScriptedSampler
-import toolbench as T
+from suites import toolbench as T
 
 SAMPLING = {"temperature": 0.0, "top_p": 1.0, "max_new_tokens": 16, "seed": 0}
 TASKS = {"8", "9"}  # airline tasks whose expected actions write the database (4 and 2 actions)

@@ -4,7 +4,7 @@ SPADE (arXiv 2608.19197) leaves, besides the policy, a curriculum: validated, se
 environments with hints, win rates and hint-based regrets (Eq. 3). This file packages them for
 other stacks:
 
-    python export.py RUN_DIR --format gem|gymnasium --out DIR [--min_regret X] [--skills S ...]
+    python tools/export.py RUN_DIR --format gem|gymnasium --out DIR [--min_regret X] [--skills S ...]
     pip install DIR        # then: import gem, PACKAGE; env = gem.make("PACKAGE/<Class>-<env>-v0")
 
 It reads what train.py wrote (through report.py's readers): each regeneration's pool
@@ -45,12 +45,14 @@ import shutil
 import sys
 from pathlib import Path
 
-import agent
-import report
-import sandbox
-import toolenv
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python tools/export.py`: the repo
 
-TEMPLATE = Path(sandbox.__file__).resolve().parent / "export_template"
+import agent  # noqa: E402
+import sandbox  # noqa: E402
+import toolenv  # noqa: E402
+from tools import report  # noqa: E402
+
+TEMPLATE = Path(__file__).resolve().parent / "export_template"
 SEED_RANGE = [0, 2**31 - 1]  # infra.derive_seed's play seeds are 31-bit
 FORMATS = {"gem": ("gem_env", "SpadeGemEnv", "gem-llm>=0.1.0"),
            "gymnasium": ("gymnasium_env", "SpadeGymnasiumEnv", "gymnasium>=1.0")}

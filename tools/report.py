@@ -26,7 +26,7 @@ Size: at most `--cards` cards per regeneration (designer-written environments fi
 first), sources cut at `--source_lines` lines and transcripts at `--transcript_chars` characters,
 each cut said on the page.
 
-Usage: `python report.py RUN_DIR [--out FILE] [--cards N]` (default RUN_DIR/report.html); train.py
+Usage: `python tools/report.py RUN_DIR [--out FILE] [--cards N]` (default RUN_DIR/report.html); train.py
 calls `write_report` after every checkpoint, the last one included.
 Dependencies: the standard library, matplotlib and pygments. Test: `pytest tests/test_report.py`.
 """

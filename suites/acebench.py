@@ -68,6 +68,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from agent import after_thinking
+from suites import MissingDataset
+
 CATEGORIES = {
     "normal": ("normal_single_turn_single_function", "normal_single_turn_parallel_function",
                "normal_multi_turn_user_adjust", "normal_multi_turn_user_switch", "normal_similar_api",
@@ -86,10 +89,6 @@ CLASS_MODULES = {"BaseApi": "phone_platform.base_api", "MessageApi": "phone_plat
                  "ReminderApi": "phone_platform.reminder", "FoodPlatform": "phone_platform.food_services",
                  "Travel": "travel"}
 CLASS_PACKAGE = "model_inference.multi_turn.scenariosen"
-
-
-class MissingDataset(FileNotFoundError):
-    """ACEBench's data or repository is not on disk; the message says how to provide it."""
 
 
 def expand_categories(spec: str) -> list[str]:
@@ -165,10 +164,6 @@ def single_turn_messages(entry: dict, category: str) -> list[dict]:
     else:
         system = NORMAL_PROMPT.format(source="user", context=entry.get("time", ""), functions=functions)
     return [{"role": "system", "content": system}, {"role": "user", "content": HISTORY_PROMPT.format(question=entry["question"])}]
-
-
-def after_thinking(text: str) -> str:
-    return text.rsplit("</think>", 1)[-1].strip()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -387,7 +382,7 @@ def score_normal(entry: dict, reply: str, category: str) -> tuple[bool, str | No
 
 def score_special(entry: dict, reply: str, category: str) -> tuple[bool, str | None]:
     """ACEBench's phrase checks on the reply text."""
-    text, truth = after_thinking(reply), entry["answer"]["ground_truth"]
+    text, truth = after_thinking(reply).strip(), entry["answer"]["ground_truth"]
     if category == "special_irrelevant":
         ok = "the limitations of the function" in text
         return ok, None if ok else "error_detection"
@@ -593,7 +588,7 @@ def agent_messages(sc: Scenario) -> list[dict]:
 
 
 def _agent_turn(sc: Scenario, reply: str):
-    text = after_thinking(reply)
+    text = after_thinking(reply).strip()
     if sc.kind == "agent_multi_step":
         return sc.add("agent", "execution", text)
     ok = re.search(r"\[.*\]", text) is not None  # ACEBench: a bracketed call on one line, then a clean decode

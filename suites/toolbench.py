@@ -45,20 +45,14 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from agent import parse_tool_calls  # the one tool-call parser: a benchmark reads replies as training does
+# the one tool-call parser: a benchmark reads replies as training does
+from agent import after_thinking, parse_tool_calls
+from suites import MissingDataset
 
 
-class MissingDataset(FileNotFoundError):
-    """A benchmark's data is neither on disk nor reachable; the message says how to provide it."""
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-def after_thinking(text: str) -> str:
-    """Everything after the last </think> (the committed answer), or the whole reply."""
-    return text.rsplit("</think>", 1)[-1]
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines()
+            if line.strip()]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -110,10 +104,10 @@ def load_bfcl(categories=BFCL_CATEGORIES, limit: int | None = None) -> list[dict
     root = Path(bfcl_eval.__file__).parent / "data"
     entries = []
     for cat in categories:
-        answers = {a["id"]: a["ground_truth"] for a in _read_jsonl(root / "possible_answer" / f"BFCL_v4_{cat}.json")}
-        rows = _read_jsonl(root / f"BFCL_v4_{cat}.json")[:limit]
+        answers = {a["id"]: a["ground_truth"] for a in read_jsonl(root / "possible_answer" / f"BFCL_v4_{cat}.json")}
+        rows = read_jsonl(root / f"BFCL_v4_{cat}.json")[:limit]
         for e in rows:
-            docs = [d for c in e["involved_classes"] for d in _read_jsonl(root / "multi_turn_func_doc" / MULTI_TURN_FUNC_DOC_FILE_MAPPING[c])]
+            docs = [d for c in e["involved_classes"] for d in read_jsonl(root / "multi_turn_func_doc" / MULTI_TURN_FUNC_DOC_FILE_MAPPING[c])]
             missed = {int(t): names for t, names in e.get("missed_function", {}).items()}
             entries.append({**e, "category": cat, "docs": docs, "missed": missed, "ground_truth": answers[e["id"]]})
     return entries

@@ -8,7 +8,7 @@ Both pools take a comma-separated list of sources here (`--fixed_envs`, `--fallb
                      docstring line), each validated in the sandbox
     gem:ID           a GEM environment, e.g. gem:rg:basic_arithmetic (Reasoning-Gym through GEM's
                      wrapper) or gem:game:GuessTheNumber-v0-easy; an id `PKG/...` imports PKG
-                     first (the ids of an export.py package)
+                     first (the ids of a tools/export.py package)
     gymnasium:ID     a Gymnasium environment with text observations and actions; gymnasium's own
                      `module:Name-v0` form imports the module first
     ID patterns      gem:rg:* and the like (fnmatch) take every registered id that matches
@@ -22,7 +22,7 @@ seeds them), and an exception or a malformed result is an environment fault with
 Unlike the sandbox there is no deadline: a hanging library call hangs the run.
 
 `seed_memory` (--memory_from) fills a new run's environment memory with another run's records
-(memory.json) or an export's manifest (export.py): exemplars for the designer's prompts, text only,
+(memory.json) or an export's manifest (tools/export.py): exemplars for the designer's prompts, text only,
 never executed here. Test: `pytest tests/test_export.py`.
 """
 from __future__ import annotations
@@ -307,7 +307,7 @@ def seed_memory(mem, path: str, setting: str) -> int:
                 class_name=e["class_name"], setting=m["setting"]) for e in m["envs"]]
         else:
             raise SystemExit(f"--memory_from {path}: no memory.json (a run directory) or "
-                             "manifest.json (an export.py package) there")
+                             "manifest.json (a tools/export.py package) there")
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise SystemExit(f"--memory_from {path}: unreadable ({type(e).__name__}: {e})") from None
     kept = sorted((r for r in records if r.setting == setting), key=lambda r: r.step)
