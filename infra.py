@@ -24,7 +24,7 @@ from pathlib import Path
 import agent
 import config
 import designer
-import regret
+import metrics
 
 
 def derive_seed(*parts) -> int:
@@ -167,7 +167,7 @@ class Run:
         reduced over the ranks."""
         write_step_files(self.run_dir, step, new_pool, episodes, self.rargs.transcripts, proposals,
                          self.rank, scored)
-        m.update(episode_metrics(episodes))
+        m.update(metrics.episode_metrics(episodes))
         m.update({"charts/lr": self.scheduler.get_last_lr()[0],
                   "time/generate_s": times["play"] - times["generate"],
                   "time/play_s": times["score"] - times["play"],
@@ -301,81 +301,6 @@ def fp32_gradient_reduce(accelerator, torch) -> None:
         param = getattr(plugin.mixed_precision_policy, "param_dtype", None) or torch.bfloat16
         plugin.mixed_precision_policy = MixedPrecisionPolicy(
             param_dtype=param, reduce_dtype=torch.float32, output_dtype=param)
-
-
-def episode_metrics(episodes) -> dict:
-    plain = [ep for ep in episodes if not ep.hinted]
-    m = {"agent/episodes": len(plain)}
-    if plain:
-        m["agent/return_mean"] = sum(ep.ret for ep in plain) / len(plain)
-        m["agent/turns_mean"] = sum(ep.turns for ep in plain) / len(plain)
-        m["agent/tokens_mean"] = sum(len(ep.token_ids) for ep in plain) / len(plain)
-        m["agent/masked_reply_share"] = sum(ep.masked_replies for ep in plain) / max(1, sum(ep.turns for ep in plain))
-        for status in sorted({ep.status for ep in plain}):
-            m[f"agent/status/{status}"] = sum(ep.status == status for ep in plain) / len(plain)
-    hinted = [ep.ret for ep in episodes if ep.hinted]
-    if hinted:
-        m["agent/hinted_return_mean"] = sum(hinted) / len(hinted)
-    return m
-
-
-def win_rate(returns) -> float:
-    """The share of plays with return > 0 (0 without plays)."""
-    return sum(r > 0 for r in returns) / len(returns) if returns else 0.0
-
-
-def env_metrics(pool, episodes) -> dict:
-    """This step's env/* metrics of the unhinted plays that did not fault (README, Metrics)."""
-    by_env, unhinted, rewards = {e.env_id: e for e in pool}, {}, {}
-    for ep in episodes:
-        if not ep.hinted:
-            rewards.setdefault(ep.env_id, []).extend(ep.rewards)
-            if ep.status != "env_error":
-                unhinted.setdefault(ep.env_id, []).append(ep.ret)
-    m = {"env/pool_size": len(pool), "env/faulty": sum(e.faulty for e in pool)}
-    if unhinted:
-        wins = {k: win_rate(v) for k, v in unhinted.items()}
-        m["env/learnable_share"] = regret.learnable_share([sum(v) / len(v) for v in unhinted.values()])
-        m["env/win_rate"] = sum(wins.values()) / len(wins)
-        m["env/zero_variance_share"] = regret.zero_variance_share(list(unhinted.values()))
-        m["env/reward_granularity"] = regret.reward_granularity([rewards[k] for k in unhinted])
-        for skill in sorted({by_env[k].skill for k in wins}):
-            ks = [k for k in wins if by_env[k].skill == skill]
-            m[f"env/win_rate/{skill}"] = sum(wins[k] for k in ks) / len(ks)
-    return m
-
-
-def epoch_learnable(hist: dict, pool, epoch_start: int, n_slots: int, window: int = 16) -> dict:
-    """Fig. 7's learnable share: a finished epoch adds the win rates of its designer environments
-    (share of its unhinted plays with return > 0) and its slot count; the share is over the
-    epochs of its 16-step window so far (complete at the window's last epoch)."""
-    rates = [win_rate(e.returns) for e in pool if e.origin == "designer"]
-    hist["epochs"] = [x for x in hist["epochs"] if x[0] // window == epoch_start // window]
-    hist["epochs"].append([epoch_start, rates, n_slots])
-    return {"env/learnable_slot_share": regret.learnable_slot_share([(r, n) for _, r, n in hist["epochs"]])}
-
-
-def regen_figures(step, pool, regen: bool, episodes, hist: dict, steps: int, seed: int, gather=list,
-                  window: int = 40) -> dict:
-    """At a regeneration, the Vendi diversity of the new environments of every rank (`gather`, a
-    collective) and Fig. 9's formula-reveal rate (their first observation); Fig. 19's diversity
-    over each 40-step window's new environments."""
-    m, fresh, first = {}, {}, {}
-    if regen:
-        fresh = {e.env_id: e for e in pool if e.origin == "designer"}
-        m["designer/diversity"] = regret.diversity(gather([e.source for e in fresh.values()]))
-    for ep in episodes:
-        if ep.env_id in fresh and not ep.hinted and ep.messages:
-            first.setdefault(ep.env_id, ep.messages[0]["content"])
-    if first:
-        m["designer/formula_reveal_rate"] = sum(map(regret.reveals_formula, first.values())) / len(first)
-    hist["sources"] += [e.source for e in fresh.values()]
-    if (step + 1) % window == 0 or step + 1 == steps:
-        if hist["sources"]:
-            rng = random.Random(derive_seed("vendi", seed, step))
-            m["designer/diversity_window"] = regret.windowed_diversity(hist["sources"], rng)
-        hist["sources"] = []
-    return m
 
 
 def reduce_metrics(rows: list[dict]) -> dict:

@@ -1,6 +1,6 @@
 """Rewards and regret: what the agent and the Environment Designer are scored by.
 
-SPADE (arXiv 2608.19197), Eq. (3) and the designer reward of the paper's runs. The agent is
+SPADE (arXiv 2608.19197, Sec. 3.3): Eq. (3) and the designer reward of the paper's runs. The agent is
 rewarded by its episode return (agent.episode_return); the designer for environments at the
 agent's learning frontier, measured by the hint-based regret (the policy plays each new
 environment with and without a privileged hint):
@@ -13,29 +13,22 @@ w(e) (code: mean_return) is the environment's mean unhinted return over its rege
 a "win rate", elsewhere, is the share of unhinted plays with return > 0. The ablations
 (--designer_reward) follow the authors' code: "regret" is their regret_based max(0, r_hint - w),
 -0.5 for a timeout at its regeneration step; "learning_potential" is |w - mu_slow(skill)| with
-per-skill fast/slow EMAs of the epoch mean return; "solve_rate" is plateau(w). Also here: the
-logged environment statistics (learnable shares, reward granularity, zero-variance groups, the
-formula-reveal detector of Fig. 9, diversity). Inputs are validated (NaN / inf and empty arms
-of Eq. (3) raise ValueError); a statistic over no environments is 0.0, never NaN.
+per-skill fast/slow EMAs of the epoch mean return; "solve_rate" is plateau(w). Inputs are
+validated (NaN / inf and empty arms of Eq. (3) raise ValueError). The logged statistics of a run
+(learnable shares, win rates, formula reveals, diversity) are metrics.py's.
 
 Deviations from the paper (and from the authors' code):
     1. An environment ended by an environment fault scores 0 (`faulty=True`); the authors give the
        agent -1 for a crash and silently drop timeouts (train.py drops faulty episodes).
     2. Regret uses common random numbers (both arms play one seed list; the caller's job).
-    3. Diversity (Vendi score over token-trigram cosine similarity of the sources) is our choice;
-       the paper reports diversity qualitatively.
 
-Dependencies: standard library + numpy only.
+Dependencies: standard library only.
 Test: `pytest tests/test_regret.py`
 """
 from __future__ import annotations
 
 import math
-import re
-from collections import Counter
 from collections.abc import Iterable, Sequence
-
-import numpy as np
 
 DESIGNER_MODES = ("blend", "regret", "solve_rate", "learning_potential")
 STEP_TIMEOUT_PENALTY = -0.5          # the authors' regret_based score of a game whose step timed out
@@ -104,97 +97,3 @@ def learning_potential_update(mu: Sequence[float] | None, r: float,
     learning-potential trackers): the first value sets both, then mu <- (1 - g) mu + g r."""
     r = _finite(r, "r")
     return [r, r] if mu is None else [(1 - g) * m + g * r for m, g in zip(mu, gammas)]
-
-
-# ALGO: environment statistics (logged, not trained on) -------------------------------------------
-
-def learnable_share(mean_returns: Sequence[float], lo: float = 0.2, hi: float = 0.8) -> float:
-    """Share of environments whose mean unhinted return is in [lo, hi]; 0.0 for no environments."""
-    rates = _finite_list(mean_returns, "mean_returns")
-    return sum(lo <= w <= hi for w in rates) / len(rates) if rates else 0.0
-
-
-def learnable_slot_share(epochs: Sequence[tuple[Sequence[float], int]], lo: float = 0.2,
-                         hi: float = 0.8) -> float:
-    """The paper's learnable share (Fig. 7) over a window of regeneration epochs, each given as
-    the win rates of its valid designer environments and its slot capacity N (unfilled slots
-    count as not learnable):  share = sum_e #{i : lo <= w_i <= hi} / sum_e N_e  (0.0 for no N)"""
-    slots = sum(n for _, n in epochs)
-    hits = sum(lo <= w <= hi for rates, _ in epochs for w in _finite_list(rates, "win_rates"))
-    return hits / slots if slots else 0.0
-
-
-# An explicit formula in an observation: a name set equal to an arithmetic expression
-# ("y = 3*x + 2", "score = a * b"), or words that announce one.
-_FORMULA = re.compile(r"[A-Za-z_]\w*(?:\([^)\n]*\))?\s*=\s*[^=\n]*?[\w)]\s*[-+*/^%]\s*[\w(]"
-                      r"|\b(?:formula|the rule is|is computed as|is calculated as)\b", re.I)
-
-
-def reveals_formula(observation: str) -> bool:
-    """Whether a first observation states the formula behind the game (Fig. 9's formula-reveal
-    rate is the share of a regeneration's new environments for which this holds)."""
-    return bool(_FORMULA.search(observation))
-
-
-def reward_granularity(env_rewards: Sequence[Sequence[float]]) -> float:
-    """Mean number of distinct reward values per environment (one list of observed rewards per
-    environment), compared after rounding to 9 decimals so float noise invents no level: a binary
-    win/lose environment scores 2 (1 if one outcome was seen), shaped rewards more; 0.0 for none."""
-    counts = [len({round(v, 9) for v in _finite_list(rewards, f"env_rewards[{i}]")})
-              for i, rewards in enumerate(env_rewards)]
-    return sum(counts) / len(counts) if counts else 0.0
-
-
-def zero_variance_share(groups: Sequence[Sequence[float]]) -> float:
-    """Share of GRPO groups whose returns are all equal (no gradient); 0.0 for none; max() of an
-    empty group raises ValueError."""
-    flat = [_finite_list(g, f"groups[{i}]") for i, g in enumerate(groups)]
-    return sum(max(g) == min(g) for g in flat) / len(flat) if flat else 0.0
-
-
-# ALGO: diversity of one regeneration (deviation 3) -------------------------------------------------
-# The Vendi score (Friedman & Dieng, 2023) under a token-trigram cosine kernel: a source is split
-# into words and single punctuation characters and becomes a bag of its token trigrams (one
-# whole-tuple "gram" when shorter); K[i, j] = cosine(counts_i, counts_j), lambda the eigenvalues
-# of K / n, Vendi = exp(-sum_k lambda_k log lambda_k): the "effective number of distinct
-# environments", 1 for identical sources, n when no two share a trigram. Cheap, deterministic, and
-# sensitive to copy-paste environments, the failure it exists to catch.
-
-_CODE_TOKEN = re.compile(r"\w+|[^\w\s]")
-
-
-def _trigram_counts(source: str, n: int = 3) -> Counter:
-    tokens = _CODE_TOKEN.findall(source)
-    if len(tokens) < n:
-        return Counter([tuple(tokens)])
-    return Counter(tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1))
-
-
-def similarity_matrix(sources: Sequence[str]) -> np.ndarray:
-    """K (n, n): cosine similarity of the sources' token-trigram count vectors."""
-    bags = [_trigram_counts(s) for s in sources]
-    vocab = {g: k for k, g in enumerate(set().union(*bags))}
-    counts = np.zeros((len(bags), len(vocab)))                 # (n, grams)
-    for i, bag in enumerate(bags):
-        counts[i, [vocab[g] for g in bag]] = list(bag.values())
-    unit = counts / np.linalg.norm(counts, axis=1, keepdims=True)
-    return np.clip(unit @ unit.T, 0.0, 1.0)                    # (n, n)
-
-
-def windowed_diversity(sources: Sequence[str], rng, size: int = 24, draws: int = 12) -> float:
-    """Fig. 19's diversity: the mean Vendi score of `draws` random subsamples of `size` sources
-    (without replacement) from one window's environments (all of them when there are fewer)."""
-    if len(sources) <= size:
-        return diversity(list(sources))
-    return sum(diversity(rng.sample(list(sources), size)) for _ in range(draws)) / draws
-
-
-def diversity(sources: Sequence[str]) -> float:
-    """Vendi score of one regeneration's environment sources, in [1, n]; 0.0 for no sources."""
-    if isinstance(sources, str) or not all(isinstance(s, str) for s in sources):
-        raise ValueError("diversity() takes a list of source strings")
-    if not sources:
-        return 0.0
-    lam = np.clip(np.linalg.eigvalsh(similarity_matrix(sources) / len(sources)), 0.0, None)
-    lam = lam[lam > 1e-12]
-    return float(np.exp(-(lam * np.log(lam)).sum()))  # Vendi = exp(-sum lambda log lambda)

@@ -51,6 +51,7 @@ import config
 import designer
 import infra
 import memory as memory_lib
+import metrics
 import regret
 import sandbox
 import pools
@@ -171,7 +172,7 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
         phase(step, "generate", times)
         if regen:
             if step > 0:  # Fig. 7 over the epoch that ends here
-                m.update(infra.epoch_learnable(st.hist, st.pool, step - sargs.regen_interval, run.n_slots))
+                m.update(metrics.epoch_learnable(st.hist, st.pool, step - sargs.regen_interval, run.n_slots))
             ended = st.designs  # the finished epoch's designer samples, scored in phase 4
             st.pool, st.designs, gm, logs = regenerate(step, sargs, run.sampler, run.design_sampler, sb,
                                                        st.memory, st.pool, st.corpus, run.rank, run.world)
@@ -184,12 +185,14 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
         phase(step, "score", times)
         record_plays(st.pool, episodes, regen)
         m.update(hint_regrets(st.pool, episodes) if regen else {})
-        m.update(infra.env_metrics(st.pool, episodes), **infra.regen_figures(
-            step, st.pool, regen, episodes, st.hist, sargs.steps, rargs.seed, run.gather))
+        m.update(metrics.env_metrics(st.pool, episodes))
+        m.update(metrics.regen_figures(step, st.pool, regen, episodes, st.hist, sargs.steps,
+                                       random.Random(derive_seed("vendi", rargs.seed, step)),
+                                       run.gather))
         # ALGO: 4. delayed designer scoring of the finished epoch (deviation 3: and of the last)
         if last and not sargs.fixed_envs:
             ended, st.designs = ended + st.designs, []
-            m.update(infra.epoch_learnable(st.hist, st.pool, step - step % sargs.regen_interval, run.n_slots))
+            m.update(metrics.epoch_learnable(st.hist, st.pool, step - step % sargs.regen_interval, run.n_slots))
         scored = score_epoch(ended, sargs, st.lp)
         samples = agent_samples(episodes, grpo, compact=tool_filters(sargs))
         if (regen or last) and not (sargs.no_designer_training or sargs.fixed_envs):  # a collective
@@ -405,7 +408,7 @@ def remember(step, pool, mem, setting: str, gather=None) -> None:
     its win rate (share of its unhinted plays, all of this regeneration step, with return > 0) and
     regret; `gather` collects every rank's records so all ranks hold the same memory."""
     recs = [memory_lib.MemoryRecord(skill=e.skill, source=e.source, regret=e.regret or 0.0, step=step,
-                                    win_rate=sum(r > 0 for r in e.returns) / max(1, len(e.returns)),
+                                    win_rate=metrics.win_rate(e.returns),
                                     class_name=e.class_name, setting=setting)
             for e in pool if e.origin == "designer" and not e.faulty]
     for r in (gather(recs) if gather else recs):

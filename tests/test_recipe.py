@@ -7,7 +7,6 @@ import dataclasses
 import pytest
 
 import config
-import infra
 import train
 
 # Written out from the launchers, one literal per value (not derived from config.PRESETS).
@@ -275,26 +274,6 @@ def test_plateau_band_flags_for_the_later_4b_phase(capsys):
                     "--print_config"])
 
 
-def test_plateau_band_flags_for_the_later_4b_phase(capsys):
-    """The authors' later 4B phase: --max_context 49152 and plateau [0.2, 0.4], ramp 0.2. w = 0.5
-    sits 0.1 above that band: plateau 1 - 0.1 / 0.2 = 0.5 (the paper's band [0.4, 0.6]: 1); blend
-    with regret 0.15 and w 0.1: 0.4 * 1 + 0.6 * 0.5 = 0.7 (paper: 0.1 is 0.3 below 0.4, past the
-    ramp of 0.25: 0.4)."""
-    late = ["--plateau_lo", "0.2", "--plateau_hi", "0.4", "--plateau_ramp", "0.2"]
-    cfg = printed(capsys, "--model", "Qwen3-4B", "--max_context", "49152", *late)
-    assert [cfg[k] for k in ("plateau_lo", "plateau_hi", "plateau_ramp", "max_context")] == \
-        [0.2, 0.4, 0.2, 49152]
-    band = dict(plateau_lo=0.2, plateau_hi=0.4, plateau_ramp=0.2)
-    for kw, solve, blend in [(band, 0.5, 0.7), ({}, 1.0, 0.4)]:
-        solve_rate = config.SpadeArgs(designer_reward="solve_rate", **kw)
-        s = train.score_epoch(_designs(_env("a", [1, 0])), solve_rate)
-        b = train.score_epoch(_designs(_env("b", [0.1], regret=0.15)), config.SpadeArgs(**kw))
-        assert (s[0]["score"], b[0]["score"]) == (pytest.approx(solve), pytest.approx(blend))
-    with pytest.raises(SystemExit, match="--plateau_lo must be <= --plateau_hi"):
-        train.main(["--model", "tiny", "--plateau_lo", "0.5", "--plateau_hi", "0.4",
-                    "--print_config"])
-
-
 # ----------------------------------------------------------------------------------------------
 # the Fixed-env GRPO baseline
 
@@ -331,67 +310,6 @@ def test_generate_pool_resumes_and_feeds_fixed_env_grpo(tmp_path):
                              "--output_dir", str(tmp_path / "run")], engines=scripted(*tiny))
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["env/pool_size"] for r in rows] == [2, 2] and "designer/attempts" not in rows[0]
-
-
-# ----------------------------------------------------------------------------------------------
-# the paper's figure metrics, hand-computed
-
-
-def test_learnable_slot_share_counts_unfilled_slots_as_zero():
-    import regret
-    # epoch 1: 24 slots, 20 valid, 6 of them in [0.2, 0.8]; epoch 2: 24 slots, 24 valid, 12 in band
-    e1 = ([0.5] * 6 + [0.0] * 10 + [1.0] * 4, 24)
-    e2 = ([0.2] * 6 + [0.8] * 6 + [0.9] * 12, 24)
-    assert regret.learnable_slot_share([e1, e2]) == pytest.approx(18 / 48)
-    assert regret.learnable_slot_share([]) == 0.0
-
-
-def test_epoch_learnable_keeps_one_16_step_window():
-    hist = {"epochs": [], "sources": []}
-    envs = [_env("a", [1, 0, 0, 0]), _env("b", [1, 1]), _env("c", [0, 0])]  # win 0.25, 1.0, 0.0
-    envs.append(train.PoolEnv("f", "Optimization", "src", "FEnv", "fallback", returns=[1, 0]))
-    assert infra.epoch_learnable(hist, envs, 0, 4) == {"env/learnable_slot_share": 0.25}  # 1 / 4
-    assert infra.epoch_learnable(hist, envs[:1], 12, 4)["env/learnable_slot_share"] == 2 / 8
-    assert infra.epoch_learnable(hist, envs[:1], 16, 4)["env/learnable_slot_share"] == 1 / 4  # new window
-
-
-def test_formula_reveal_detector():
-    import regret
-    for text in ("Hidden rule: y = 3*x + 2. Guess y for x = 4.", "f(n) = n^2 - 1", "Use the formula to win",
-                 "The price is computed as cost times 2"):
-        assert regret.reveals_formula(text), text
-    for text in ("Turn 3/12 | HP 7/10 | Items: key", "Gold = 100", "Guess the hidden number."):
-        assert not regret.reveals_formula(text), text
-
-
-def test_regen_figures_formula_rate_and_window_diversity():
-    from types import SimpleNamespace as NS
-    import regret
-    hist = {"epochs": [], "sources": []}
-    pool = [train.PoolEnv("a", "S", "x = 1\ny = 2\n", "AEnv", "designer"),
-            train.PoolEnv("b", "S", "class B: pass\n", "BEnv", "designer"),
-            train.PoolEnv("c", "S", "class C: pass\n", "CEnv", "carried")]
-    eps = [NS(env_id="a", hinted=False, messages=[{"content": "Observation: the rule is x + 1"}]),
-           NS(env_id="a", hinted=False, messages=[{"content": "later plays are not looked at"}]),
-           NS(env_id="b", hinted=True, messages=[{"content": "the formula (hinted)"}]),
-           NS(env_id="b", hinted=False, messages=[{"content": "Observation: pick a door"}]),
-           NS(env_id="c", hinted=False, messages=[{"content": "the formula"}])]
-    m = infra.regen_figures(0, pool, True, eps, hist, steps=400, seed=1)
-    assert m == {"designer/formula_reveal_rate": 0.5, "designer/diversity": pytest.approx(
-        regret.diversity(["x = 1\ny = 2\n", "class B: pass\n"]))} and len(hist["sources"]) == 2
-    m = infra.regen_figures(39, pool, False, [], hist, steps=400, seed=1)  # the 40-step window closes
-    assert m["designer/diversity_window"] == pytest.approx(regret.diversity(["x = 1\ny = 2\n", "class B: pass\n"]))
-    assert hist["sources"] == []
-
-
-def test_windowed_diversity_subsamples_24_twelve_times():
-    import random
-    import regret
-    sources = [f"class E{i}:\n    value = {i} * {i % 5}\n" for i in range(30)]
-    rng = random.Random(0)
-    expected = sum(regret.diversity(rng.sample(sources, 24)) for _ in range(12)) / 12
-    assert regret.windowed_diversity(sources, random.Random(0)) == pytest.approx(expected)
-    assert regret.windowed_diversity(sources[:5], random.Random(0)) == pytest.approx(regret.diversity(sources[:5]))
 
 
 def test_regret_ablation_reproduces_the_authors_case():

@@ -11,6 +11,7 @@ import config
 import engine
 import infra
 import logprobs as logprobs_lib
+import metrics as metrics_lib
 import models
 import train
 
@@ -248,7 +249,7 @@ def test_plays_regret_and_epoch_scores_by_hand():
            _ep("a", 0.0, status="env_error")]                                # infra: not a's fault
     eps[-1].error = "infra: worker could not start"
     train.record_plays([a, b], eps)
-    m = {**infra.env_metrics([a, b], eps), **train.hint_regrets([a, b], eps)}
+    m = {**metrics_lib.env_metrics([a, b], eps), **train.hint_regrets([a, b], eps)}
     assert a.regret == pytest.approx(0.5) and (a.returns, b.returns) == ([1.0, 0.0, 1.0, 0.0], [0.0, 0.0])
     assert b.faulty and b.regret is None  # a faulty environment gets no regret
     assert not a.faulty
@@ -637,7 +638,6 @@ def test_tensor_parallel_group_generates_once_and_trains_each_sample_once(tmp_pa
 
     import torch.multiprocessing as mp
 
-    import regret
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -658,6 +658,6 @@ def test_tensor_parallel_group_generates_once_and_trains_each_sample_once(tmp_pa
     rows = metrics(out)
     sources = [p.read_text() for p in sorted(Path(out, "envs").glob("step-0000-rank-*/*.py"))]
     assert len(sources) == 4
-    assert rows[0]["designer/diversity"] == pytest.approx(regret.diversity(sources))
+    assert rows[0]["designer/diversity"] == pytest.approx(metrics_lib.diversity(sources))
     assert rows[0]["designer/diversity"] != pytest.approx(
-        (regret.diversity(sources[:2]) + regret.diversity(sources[2:])) / 2)
+        (metrics_lib.diversity(sources[:2]) + metrics_lib.diversity(sources[2:])) / 2)

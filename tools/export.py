@@ -48,6 +48,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python tools/export.py`: the repo
 
 import agent  # noqa: E402
+import metrics  # noqa: E402
 import sandbox  # noqa: E402
 import toolenv  # noqa: E402
 from tools import report  # noqa: E402
@@ -170,7 +171,7 @@ def entry(sb, run: dict, e: dict, package: str, setting: str) -> tuple[dict, lis
             "class_name": verdict.class_name, "source_file": f"envs/{e['env_id']}.py",
             "doc_id": attempt.get("doc_id"), "doc_title": attempt.get("doc_title"),
             "hint": e.get("hint"), "first_observation": first, "seed_range": SEED_RANGE,
-            "validation": "ok", "win_rate": sum(r > 0 for r in rets) / len(rets) if rets else None,
+            "validation": "ok", "win_rate": metrics.win_rate(rets) if rets else None,
             "plays": len(rets), "regret": e.get("regret"), "r_hint": e.get("r_hint"),
             "r_nohint": e.get("r_nohint"), "replays": len(replays)}
     return item, [dict(r, id=rid) for r in replays]

@@ -43,6 +43,10 @@ import sys
 from itertools import zip_longest
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python tools/report.py`: the repo
+
+import metrics  # noqa: E402
+
 CARDS = 2               # cards per regeneration
 SOURCE_LINES = 150      # lines of an environment's source shown on its card
 TRANSCRIPT_CHARS = 3000  # characters of one transcript shown
@@ -463,7 +467,7 @@ def card_html(run: dict, env: dict, cid: str, opts: dict, logged: list[dict]) ->
     rets = [v for v in (num(x) for x in listof(env.get("returns"))) if v is not None]
     r_nohint = env.get("r_nohint") if num(env.get("r_nohint")) is not None else (
         sum(rets) / len(rets) if rets else None)
-    win = sum(r > 0 for r in rets) / len(rets) if rets else None
+    win = metrics.win_rate(rets) if rets else None
     read_source(env, run["notes"])
     att = attempt_of(run, env)
     plays = pick_transcripts(logged)
