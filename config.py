@@ -185,14 +185,7 @@ def resolve(margs: ModelArgs, sargs: SpadeArgs, oargs: OptimArgs, rargs: RunArgs
     if margs.model not in ("tiny", "tiny-moe") and Path(sargs.corpus) == DEMO_CORPUS and not sargs.no_corpus:
         print("[spade] warning: --corpus is the 47-paragraph demo corpus; the paper grounds the "
               "designer in a large web corpus (see data/README.md)", file=sys.stderr)
-    for flag in ("fixed_envs", "fallback_envs"):
-        for spec in (getattr(sargs, flag) or "").split(","):
-            spec = spec.strip()
-            if spec and not spec.startswith(("gem:", "gymnasium:")) and not sorted(Path(spec).glob("*.py")):
-                raise SystemExit(f"--{flag} {spec}: no *.py environments there")
-    if sargs.memory_from and (sargs.no_memory or not Path(sargs.memory_from).is_dir()):
-        raise SystemExit(f"--memory_from {sargs.memory_from}: " + (
-            "--no_memory keeps no memory to seed" if sargs.no_memory else "not a directory"))
+
 
 
 def role_temperatures(sargs: SpadeArgs, oargs: OptimArgs) -> dict:

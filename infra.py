@@ -1,7 +1,8 @@
 """train.py's infrastructure, none of it the paper's: Accelerate, the policy with its optimizer
-and frozen reference, the rollout engine, metrics, the run directory (atomic files, resumable
-checkpoints, policy exports, the per-step files tools/report.py reads), the logged statistics, and the
-Fixed-env baseline's pool writer. A reader of Algorithm 1 may skip this file.
+and frozen reference, the rollout engine and the samplers bound to it, and the run directory
+(metrics.jsonl rows reduced over ranks, atomic files, resumable checkpoints, policy exports, the
+per-step files tools/report.py reads). A reader of Algorithm 1 may skip this file: what the
+paper logs is computed in metrics.py, what it trains in train.py.
 
 Run directory (README, "Quick start"): config.json, metrics.jsonl, envs/, designer/,
 transcripts/, memory.json, report.html, checkpoint-<step>/ (Accelerate state plus one
@@ -14,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 import shutil
 import sys
 import time
@@ -23,7 +23,6 @@ from pathlib import Path
 
 import agent
 import config
-import designer
 import metrics
 
 
@@ -210,53 +209,6 @@ class Run:
             print(f"[spade] done: metrics {self.run_dir / 'metrics.jsonl'}, policy {self.run_dir / 'final_model'}")
         self.accelerator.end_training()
         return self.run_dir
-
-
-def generate_pool(margs, sargs, oargs, rargs, *, sb, engines, skills: list[str]) -> Path:
-    """The Fixed-env GRPO baseline's pool (Sec. 4): the untrained policy designs environments
-    with the same prompts (memory off, skills in turn) until --generate_pool of them validate.
-    Each one is written as it validates, with manifest.json (file -> skill, setting) and the
-    generator's state, so a killed run continues where it stopped; then `--fixed_envs DIR`.
-    `skills`: the setting's skill names, designed in turn."""
-    import torch
-    from tqdm.auto import tqdm
-
-    import models
-    out, n = Path(rargs.output_dir), sargs.generate_pool
-    out.mkdir(parents=True, exist_ok=True)
-    manifest = json.loads((out / "manifest.json").read_text()) if (out / "manifest.json").exists() else {}
-    state = json.loads((out / "pool_state.json").read_text()) if (out / "pool_state.json").exists() else {}
-    model, tok = models.load_model_and_tokenizer(margs.model, dtype=torch.bfloat16 if torch.cuda.is_available()
-                                                 else torch.float32, seed=rargs.seed)
-    sampler = Sampler(engines.get("designer") or make_engine(margs, sargs, model, tok, rargs.seed, False),
-                      tok, rargs.seed)
-    corpus = None if sargs.no_corpus else designer.Corpus(
-        sargs.corpus, max_words=designer.CORPUS_MAX_WORDS[sargs.setting], seed=sargs.corpus_seed)
-    if corpus is not None and state.get("corpus"):
-        corpus.load_state_dict(state["corpus"])
-    rnd = state.get("round", 0)
-    bar, dry = tqdm(total=n, initial=min(len(manifest), n), desc="pool"), 0
-    while len(manifest) < n:
-        if dry == 10:
-            raise SystemExit(f"--generate_pool: 10 rounds without a valid environment ({len(manifest)} of {n} in {out})")
-        batch = min(sargs.num_envs, n - len(manifest))
-        slots = [skills[(rnd * sargs.num_envs + i) % len(skills)] for i in range(batch)]
-        proposals, _ = designer.regenerate(
-            slots, generate=designer_generate(sampler, rnd, "pool", sargs),
-            validate=lambda src: sb.validate(src, setting=sargs.setting), corpus=corpus, memory_block=None,
-            setting=sargs.setting, rng=random.Random(derive_seed("pool", rargs.seed, rnd)),
-            max_attempts=sargs.max_attempts)
-        for p in (p for p in proposals if p.ok):
-            name = f"env_{len(manifest):05d}.py"
-            atomic_write(out / name, p.source)
-            manifest[name] = {"skill": p.skill, "setting": sargs.setting, "class_name": p.class_name}
-            bar.update(1)
-        rnd, dry = rnd + 1, 0 if any(p.ok for p in proposals) else dry + 1
-        atomic_write(out / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
-        atomic_write(out / "pool_state.json", json.dumps(
-            {"round": rnd, "corpus": corpus.state_dict() if corpus is not None else None}))
-    bar.close()
-    return out
 
 
 def make_engine(margs, sargs, model, tokenizer, seed: int, sharded: bool):

@@ -1,8 +1,13 @@
-"""Environments from elsewhere: pools of directories, GEM and Gymnasium ids; another run's memory.
+"""Pools of environments that this run's designer did not write: the Fixed-env GRPO baseline,
+the fallback top-up, environments from GEM and Gymnasium, and another run's memory.
 
 SPADE (arXiv 2608.19197, Sec. 4) compares against a Fixed-env GRPO baseline that trains the agent
-on a static pool, and train.py tops a thin regeneration up from a hand-written pool (deviation 1).
-Both pools take a comma-separated list of sources here (`--fixed_envs`, `--fallback_envs`):
+on a static pool; everything of that baseline is here: its pool, written once by the untrained
+policy with the designer's prompts (`generate_pool`, --generate_pool), the per-step draws without
+replacement from it (`fixed_env_schedule`, `fixed_draws`, the authors' seed 42), and the checks of
+its flags (`check`). train.py also tops a thin regeneration up from a hand-written pool (its
+deviation 1). Both pools take a comma-separated list of sources (`--fixed_envs`,
+`--fallback_envs`):
 
     DIR              *.py environments (skills from DIR/manifest.json or a `skill: <name>.` first
                      docstring line), each validated in the sandbox
@@ -22,8 +27,8 @@ seeds them), and an exception or a malformed result is an environment fault with
 Unlike the sandbox there is no deadline: a hanging library call hangs the run.
 
 `seed_memory` (--memory_from) fills a new run's environment memory with another run's records
-(memory.json) or an export's manifest (tools/export.py): exemplars for the designer's prompts, text only,
-never executed here. Test: `pytest tests/test_export.py`.
+(memory.json) or an export's manifest (tools/export.py): exemplars for the designer's prompts,
+text only, never executed here. Test: `pytest tests/test_export.py tests/test_recipe.py`.
 """
 from __future__ import annotations
 
@@ -36,6 +41,8 @@ import random
 import sys
 from pathlib import Path
 
+import designer
+import infra
 import memory as memory_lib
 import sandbox
 
@@ -48,6 +55,17 @@ def is_imported(spec: str) -> bool:
 
 def split(specs: str | None) -> list[str]:
     return [s.strip() for s in (specs or "").split(",") if s.strip()]
+
+
+def check(sargs) -> None:
+    """Fail fast, before any model loads, on pool flags that cannot work."""
+    for flag in ("fixed_envs", "fallback_envs"):
+        for spec in split(getattr(sargs, flag)):
+            if not is_imported(spec) and not sorted(Path(spec).glob("*.py")):
+                raise SystemExit(f"--{flag} {spec}: no *.py environments there")
+    if sargs.memory_from and (sargs.no_memory or not Path(sargs.memory_from).is_dir()):
+        raise SystemExit(f"--memory_from {sargs.memory_from}: " + (
+            "--no_memory keeps no memory to seed" if sargs.no_memory else "not a directory"))
 
 
 # INFRA: making GEM / Gymnasium environments by id
@@ -189,7 +207,88 @@ def _info(info) -> dict:
     return dict(info) if isinstance(info, dict) else {}
 
 
-# ALGO: the pools (Fixed-env baseline, fallback top-up)
+# ALGO: the Fixed-env GRPO baseline (Sec. 4): its pool, written by the untrained policy, and the
+# per-step draws from it
+
+def generate_pool(margs, sargs, oargs, rargs, *, sb, engines, skills: list[str]) -> Path:
+    """The Fixed-env GRPO baseline's pool (Sec. 4): the untrained policy designs environments
+    with the same prompts (memory off, skills in turn) until --generate_pool of them validate.
+    Each one is written as it validates, with manifest.json (file -> skill, setting) and the
+    generator's state, so a killed run continues where it stopped; then `--fixed_envs DIR`.
+    `skills`: the setting's skill names, designed in turn."""
+    import torch
+    from tqdm.auto import tqdm
+
+    import models
+    out, n = Path(rargs.output_dir), sargs.generate_pool
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = json.loads((out / "manifest.json").read_text()) if (out / "manifest.json").exists() else {}
+    state = json.loads((out / "pool_state.json").read_text()) if (out / "pool_state.json").exists() else {}
+    model, tok = models.load_model_and_tokenizer(margs.model, dtype=torch.bfloat16 if torch.cuda.is_available()
+                                                 else torch.float32, seed=rargs.seed)
+    sampler = infra.Sampler(engines.get("designer") or infra.make_engine(margs, sargs, model, tok, rargs.seed, False),
+                      tok, rargs.seed)
+    corpus = None if sargs.no_corpus else designer.Corpus(
+        sargs.corpus, max_words=designer.CORPUS_MAX_WORDS[sargs.setting], seed=sargs.corpus_seed)
+    if corpus is not None and state.get("corpus"):
+        corpus.load_state_dict(state["corpus"])
+    rnd = state.get("round", 0)
+    bar, dry = tqdm(total=n, initial=min(len(manifest), n), desc="pool"), 0
+    while len(manifest) < n:
+        if dry == 10:
+            raise SystemExit(f"--generate_pool: 10 rounds without a valid environment ({len(manifest)} of {n} in {out})")
+        batch = min(sargs.num_envs, n - len(manifest))
+        slots = [skills[(rnd * sargs.num_envs + i) % len(skills)] for i in range(batch)]
+        proposals, _ = designer.regenerate(
+            slots, generate=infra.designer_generate(sampler, rnd, "pool", sargs),
+            validate=lambda src: sb.validate(src, setting=sargs.setting), corpus=corpus, memory_block=None,
+            setting=sargs.setting, rng=random.Random(infra.derive_seed("pool", rargs.seed, rnd)),
+            max_attempts=sargs.max_attempts)
+        for p in (p for p in proposals if p.ok):
+            name = f"env_{len(manifest):05d}.py"
+            infra.atomic_write(out / name, p.source)
+            manifest[name] = {"skill": p.skill, "setting": sargs.setting, "class_name": p.class_name}
+            bar.update(1)
+        rnd, dry = rnd + 1, 0 if any(p.ok for p in proposals) else dry + 1
+        infra.atomic_write(out / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
+        infra.atomic_write(out / "pool_state.json", json.dumps(
+            {"round": rnd, "corpus": corpus.state_dict() if corpus is not None else None}))
+    bar.close()
+    return out
+
+
+def fixed_env_schedule(n: int, k: int, steps: int, seed: int = 42) -> list[list[int]]:
+    """The Fixed-env GRPO draw (the authors' static pool without replacement, seed 42): the
+    pool's indices shuffled once, k taken per step; when fewer than k remain, the rest are taken
+    and the step is filled from a fresh shuffle without repeating them, which then continues."""
+    rng, k = random.Random(seed), min(k, n)
+    remaining = list(range(n))
+    rng.shuffle(remaining)
+    out = []
+    for _ in range(steps):
+        chosen, remaining = remaining[:k], remaining[k:]
+        if len(chosen) < k:
+            refill = list(range(n))
+            rng.shuffle(refill)
+            refill = [i for i in refill if i not in set(chosen)]
+            chosen, remaining = chosen + refill[:k - len(chosen)], refill[k - len(chosen):]
+        out.append(chosen)
+    return out
+
+
+def fixed_draws(sargs, sb, rank: int, world: int) -> list[list[dict]]:
+    """The Fixed-env GRPO baseline (--fixed_envs): each step's environments (this rank's share of
+    the step's draw from the validated static pool, as train.PoolEnv fields); [] in a SPADE run."""
+    if not sargs.fixed_envs:
+        return []
+    fixed = load(sargs.fixed_envs, sargs.setting, sb, "fixed")
+    if not fixed:
+        raise SystemExit(f"--fixed_envs {sargs.fixed_envs}: no environment passed validation")
+    return [[fixed[i] for i in draw[rank::world]]
+            for draw in fixed_env_schedule(len(fixed), sargs.num_envs, sargs.steps)]
+
+
+# ALGO: the pools' sources (the Fixed-env pool, the fallback top-up)
 def load(specs: str, setting: str, sb, origin: str) -> list[dict]:
     """The environments of a comma-separated list of sources that pass validation, as the fields
     of train.PoolEnv. Bad ids or imports stop the run with a one-line message."""

@@ -161,13 +161,13 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
     import torch
     run = infra.Run(margs, sargs, oargs, rargs, engines)  # INFRA: Accelerate, policy, engine, run dir
     st = start_state(run, sargs, rargs)
-    draws = fixed_draws(sargs, sb, run.rank, run.world)  # the Fixed-env GRPO baseline's pools
+    draws = pools.fixed_draws(sargs, sb, run.rank, run.world)  # the Fixed-env GRPO baseline's pools
     for step in run.steps(st.step, sb.level):
         m, times, logs, ended = {}, {}, [], []
         regen = step % sargs.regen_interval == 0 and not sargs.fixed_envs
         last = step + 1 == sargs.steps
         if draws:
-            st.pool = [dataclasses.replace(e) for e in draws[step]]
+            st.pool = [PoolEnv(**e) for e in draws[step]]
         # ALGO: 1. regenerate: designer proposals, sandbox validation, hints (Alg. 1 lines 3-6)
         phase(step, "generate", times)
         if regen:
@@ -297,37 +297,6 @@ def play_pool(step, pool, sargs, sampler, sb, tokenizer, hinted_arm: bool, seed:
         sampler.drain()
         for spec in specs:
             spec.handle.close()
-
-
-def fixed_env_schedule(n: int, k: int, steps: int, seed: int = 42) -> list[list[int]]:
-    """The Fixed-env GRPO draw (the authors' static pool without replacement, seed 42): the
-    pool's indices shuffled once, k taken per step; when fewer than k remain, the rest are taken
-    and the step is filled from a fresh shuffle without repeating them, which then continues."""
-    rng, k = random.Random(seed), min(k, n)
-    remaining = list(range(n))
-    rng.shuffle(remaining)
-    out = []
-    for _ in range(steps):
-        chosen, remaining = remaining[:k], remaining[k:]
-        if len(chosen) < k:
-            refill = list(range(n))
-            rng.shuffle(refill)
-            refill = [i for i in refill if i not in set(chosen)]
-            chosen, remaining = chosen + refill[:k - len(chosen)], refill[k - len(chosen):]
-        out.append(chosen)
-    return out
-
-
-def fixed_draws(sargs, sb, rank: int, world: int) -> list[list[PoolEnv]]:
-    """The Fixed-env GRPO baseline (--fixed_envs): each step's environments (this rank's share of
-    the step's draw from the validated static pool); [] in a SPADE run."""
-    if not sargs.fixed_envs:
-        return []
-    fixed = [PoolEnv(**e) for e in pools.load(sargs.fixed_envs, sargs.setting, sb, "fixed")]
-    if not fixed:
-        raise SystemExit(f"--fixed_envs {sargs.fixed_envs}: no environment passed validation")
-    return [[fixed[i] for i in draw[rank::world]]
-            for draw in fixed_env_schedule(len(fixed), sargs.num_envs, sargs.steps)]
 
 
 def record_plays(pool, episodes, regen: bool = False) -> None:
@@ -581,7 +550,7 @@ def main(argv=None, *, engines: dict | None = None) -> Path | None:
     try:
         resolve(*args)
         if args[1].generate_pool:
-            return infra.generate_pool(*args, sb=sb, engines=engines or {}, skills=skill_list(args[1]))
+            return pools.generate_pool(*args, sb=sb, engines=engines or {}, skills=skill_list(args[1]))
         return train(*args, sb=sb, engines=engines or {})
     finally:  # never leave the zygote and its workers behind, even on a crash
         sb.close()
@@ -592,6 +561,7 @@ def resolve(margs, sargs, oargs, rargs) -> None:
     import models
     config.resolve(margs, sargs, oargs, rargs, skills=len(skill_list(sargs)),
                    designer_modes=regret.DESIGNER_MODES)
+    pools.check(sargs)
     try:
         models.resolve_model_name(margs.model)
     except ValueError as e:

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 import config
+import pools
 import train
 
 # Written out from the launchers, one literal per value (not derived from config.PRESETS).
@@ -281,12 +282,12 @@ def test_plateau_band_flags_for_the_later_4b_phase(capsys):
 def test_fixed_env_schedule_by_hand():
     # Random(42) shuffles [0..4] to [3, 1, 2, 4, 0]; the pool is used up before any repeat, then a
     # fresh shuffle [3, 2, 0, 4, 1] fills the third step without repeating 0 and continues.
-    assert train.fixed_env_schedule(5, 2, 4) == [[3, 1], [2, 4], [0, 3], [2, 4]]
-    many = train.fixed_env_schedule(100, 24, 5)
+    assert pools.fixed_env_schedule(5, 2, 4) == [[3, 1], [2, 4], [0, 3], [2, 4]]
+    many = pools.fixed_env_schedule(100, 24, 5)
     assert all(len(set(d)) == 24 for d in many)
     assert len(set(sum(many[:4], []))) == 96  # no repeat before the pool of 100 is used up
     assert set(range(100)) - set(sum(many[:4], [])) <= set(many[4])  # the 4 left over come first
-    assert all(sorted(d) == [0, 1, 2] for d in train.fixed_env_schedule(3, 24, 2))  # k capped at n
+    assert all(sorted(d) == [0, 1, 2] for d in pools.fixed_env_schedule(3, 24, 2))  # k capped at n
 
 
 @pytest.mark.slow
