@@ -12,7 +12,9 @@ Test: `pytest tests/test_train.py`.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -21,9 +23,17 @@ import time
 from itertools import zip_longest
 from pathlib import Path
 
+import torch
+from accelerate import Accelerator
+from accelerate.utils import gather_object, set_seed
+from tqdm.auto import tqdm
+
 import agent
 import config
+import engine
+import grpo
 import metrics
+import models
 
 
 def derive_seed(*parts) -> int:
@@ -81,15 +91,7 @@ class Run:
     """The infrastructure around the loop: Accelerate, the policy with its optimizer and frozen
     reference, the rollout engine and the samplers bound to it, the run directory."""
 
-    def __init__(self, margs, sargs, oargs, rargs, engines: dict):
-        import copy
-
-        import grpo
-        import torch
-        from accelerate import Accelerator
-        from accelerate.utils import set_seed
-
-        import models
+    def __init__(self, margs, sargs, oargs, rargs):
         self.sargs, self.rargs = sargs, rargs
         self.accelerator = acc = Accelerator(log_with=rargs.log_with, project_dir=rargs.output_dir)
         self.run_dir, self.cfg = Path(rargs.output_dir), config.config_dict(margs, sargs, oargs, rargs)
@@ -100,7 +102,7 @@ class Run:
         if self.world % margs.tensor_parallel_size:
             raise SystemExit(f"--tensor_parallel_size {margs.tensor_parallel_size} does not divide "
                              f"the {self.world} processes")
-        fp32_gradient_reduce(acc, torch)
+        fp32_gradient_reduce(acc)
         # fp32 master weights (bf16 compute comes from Accelerate's mixed precision); the
         # shipped dtype (bf16 for the paper's models) for the reference model and the exports
         self.shipped = models.shipped_dtype(margs.model)
@@ -125,8 +127,8 @@ class Run:
         self.temperatures = config.role_temperatures(sargs, oargs)
         # the samplers of the agent and hint calls and of the designer (tests may script either)
         seed = rargs.seed + 7919 * self.rank
-        self.sampler = Sampler(engines.get("agent", self.engine), self.tokenizer, seed)
-        self.design_sampler = Sampler(engines.get("designer", self.engine), self.tokenizer, seed)
+        self.sampler = Sampler(self.engine, self.tokenizer, seed)
+        self.design_sampler = Sampler(self.engine, self.tokenizer, seed)
 
     def resume(self) -> dict | None:
         """With --resume: the checkpoint's weights and optimizer, the engine synced to them, and
@@ -145,7 +147,6 @@ class Run:
 
     def steps(self, start: int, sandbox_level: str):
         """The steps still to run, as the main process's progress bar."""
-        from tqdm.auto import tqdm
         if self.main:
             self.accelerator.init_trackers("spade", config=self.cfg)
             print(f"[spade] run dir {self.run_dir.resolve()}  sandbox level: {sandbox_level}  world {self.world}")
@@ -157,7 +158,6 @@ class Run:
         """Every rank's items, rank after rank (a collective: every rank calls it)."""
         if self.world == 1:
             return list(items)
-        from accelerate.utils import gather_object
         return gather_object(items)
 
     def log(self, step: int, m: dict, times: dict, episodes, sandbox_level: str, new_pool, proposals,
@@ -213,12 +213,6 @@ class Run:
 
 def make_engine(margs, sargs, model, tokenizer, seed: int, sharded: bool):
     """vLLM colocated on GPU when installed (or asked for); the transformers engine otherwise."""
-    import importlib.util
-
-    import torch
-
-    import engine
-    import models
     want_vllm = margs.engine == "vllm" or (
         margs.engine == "auto" and torch.cuda.is_available() and importlib.util.find_spec("vllm"))
     stops = [agent.turn_end(tokenizer)[1]]  # a base model's EOS is not its end of turn
@@ -244,7 +238,7 @@ def make_engine(margs, sargs, model, tokenizer, seed: int, sharded: bool):
 PREFIX_CACHE_BYTES = 1 << 30  # the transformers engine's prefix KV cache bound (tiny models)
 
 
-def fp32_gradient_reduce(accelerator, torch) -> None:
+def fp32_gradient_reduce(accelerator) -> None:
     """FSDP2 computes in bf16 but reduce-scatters gradients in fp32 (Accelerate's default policy
     reduces in bf16, too coarse for lr 1e-6 updates); applied before prepare()."""
     plugin = getattr(accelerator.state, "fsdp_plugin", None)

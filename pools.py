@@ -41,9 +41,13 @@ import random
 import sys
 from pathlib import Path
 
+import torch
+from tqdm.auto import tqdm
+
 import designer
 import infra
 import memory as memory_lib
+import models
 import sandbox
 
 KINDS = ("gem:", "gymnasium:")
@@ -210,23 +214,19 @@ def _info(info) -> dict:
 # ALGO: the Fixed-env GRPO baseline (Sec. 4): its pool, written by the untrained policy, and the
 # per-step draws from it
 
-def generate_pool(margs, sargs, oargs, rargs, *, sb, engines, skills: list[str]) -> Path:
+def generate_pool(margs, sargs, oargs, rargs, *, sb, skills: list[str]) -> Path:
     """The Fixed-env GRPO baseline's pool (Sec. 4): the untrained policy designs environments
     with the same prompts (memory off, skills in turn) until --generate_pool of them validate.
     Each one is written as it validates, with manifest.json (file -> skill, setting) and the
     generator's state, so a killed run continues where it stopped; then `--fixed_envs DIR`.
     `skills`: the setting's skill names, designed in turn."""
-    import torch
-    from tqdm.auto import tqdm
-
-    import models
     out, n = Path(rargs.output_dir), sargs.generate_pool
     out.mkdir(parents=True, exist_ok=True)
     manifest = json.loads((out / "manifest.json").read_text()) if (out / "manifest.json").exists() else {}
     state = json.loads((out / "pool_state.json").read_text()) if (out / "pool_state.json").exists() else {}
     model, tok = models.load_model_and_tokenizer(margs.model, dtype=torch.bfloat16 if torch.cuda.is_available()
                                                  else torch.float32, seed=rargs.seed)
-    sampler = infra.Sampler(engines.get("designer") or infra.make_engine(margs, sargs, model, tok, rargs.seed, False),
+    sampler = infra.Sampler(infra.make_engine(margs, sargs, model, tok, rargs.seed, False),
                       tok, rargs.seed)
     corpus = None if sargs.no_corpus else designer.Corpus(
         sargs.corpus, max_words=designer.CORPUS_MAX_WORDS[sargs.setting], seed=sargs.corpus_seed)

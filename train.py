@@ -46,27 +46,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 import agent
 import config
 import designer
+import grpo
 import infra
+import logprobs
 import memory as memory_lib
 import metrics
+import models
+import pools
 import regret
 import sandbox
-import pools
 from infra import derive_seed
 
 HERE = Path(__file__).resolve().parent
 
 
-def on_phase(step: int, phase: str) -> None:
-    """Called at the start of every phase; a no-op hook that tests use to simulate a crash."""
-
-
 def phase(step: int, name: str, times: dict) -> None:
     times[name] = time.perf_counter()  # the step's time/* metrics
-    on_phase(step, name)
 
 
 def skill_list(sargs) -> list[str]:
@@ -155,11 +155,9 @@ def start_state(run, sargs, rargs) -> State:
 # ----------------------------------------------------------------------------------------------
 # ALGO: Algorithm 1, one call per phase
 
-def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
+def train(margs, sargs, oargs, rargs, *, sb) -> Path:
     """Algorithm 1; every rank runs it on its own share of the pool (deviation 6)."""
-    import grpo
-    import torch
-    run = infra.Run(margs, sargs, oargs, rargs, engines)  # INFRA: Accelerate, policy, engine, run dir
+    run = infra.Run(margs, sargs, oargs, rargs)  # INFRA: Accelerate, policy, engine, run dir
     st = start_state(run, sargs, rargs)
     draws = pools.fixed_draws(sargs, sb, run.rank, run.world)  # the Fixed-env GRPO baseline's pools
     for step in run.steps(st.step, sb.level):
@@ -194,9 +192,9 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
             ended, st.designs = ended + st.designs, []
             m.update(metrics.epoch_learnable(st.hist, st.pool, step - step % sargs.regen_interval, run.n_slots))
         scored = score_epoch(ended, sargs, st.lp)
-        samples = agent_samples(episodes, grpo, compact=tool_filters(sargs))
+        samples = agent_samples(episodes, compact=tool_filters(sargs))
         if (regen or last) and not (sargs.no_designer_training or sargs.fixed_envs):  # a collective
-            ds, dm = designer_samples(scored, samples, sargs, grpo, run.gather, run.rank)
+            ds, dm = designer_samples(scored, samples, sargs, run.gather, run.rank)
             samples += ds
             m.update(dm)
         # ALGO: 5. one GRPO update over both roles
@@ -204,7 +202,7 @@ def train(margs, sargs, oargs, rargs, *, sb, engines) -> Path:
         run.engine.sleep()  # INFRA: colocated vLLM frees its memory for training; sync wakes it
         m.update(grpo_update(run.model, run.ref_model, run.optimizer, run.scheduler, run.accelerator,
                              samples, pad_id=run.tokenizer.pad_token_id, temperatures=run.temperatures,
-                             oargs=oargs, margs=margs, grpo=grpo, torch=torch))
+                             oargs=oargs, margs=margs))
         # ALGO: 6. weight sync into the rollout engine
         phase(step, "sync", times)
         run.engine.sync_weights(run.accelerator.unwrap_model(run.model))
@@ -389,7 +387,7 @@ def tool_filters(sargs) -> bool:
     return sargs.setting == "tool" and not sargs.no_tool_filters
 
 
-def agent_samples(episodes, grpo, compact: bool = False) -> list[dict]:
+def agent_samples(episodes, compact: bool = False) -> list[dict]:
     """Unhinted, fault-free episodes -> training samples with group advantages (Eq. 1). compact
     (the authors' tool-use filter): an episode that did not terminate (token cap, context, budget,
     turn limit) counts in its group's statistics with loss mask 0: no policy failure to push down.
@@ -409,7 +407,7 @@ def agent_samples(episodes, grpo, compact: bool = False) -> list[dict]:
     return out
 
 
-def designer_samples(scored, agent, sargs, grpo, gather=list, rank=0) -> tuple[list[dict], dict]:
+def designer_samples(scored, agent, sargs, gather=list, rank=0) -> tuple[list[dict], dict]:
     """Scored designer samples -> advantages A = S * (score - mean_skill) over all ranks; S's
     N_agent counts every rank's agent episodes (`agent`: this rank's agent samples, the turns of a
     stripped-history episode weighing 1 together), as the authors count before their per-turn
@@ -447,7 +445,7 @@ def micro_batches(samples, budget: int) -> list[list[dict]]:
 
 
 def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *, pad_id,
-                temperatures, oargs, margs, grpo, torch) -> dict:
+                temperatures, oargs, margs) -> dict:
     """One GRPO step (Sec. 3.4): token-mean per sample, then a mean over all ranks' episodes and
     designer samples, each sample weighted by its `weight` (a stripped-history turn: its share of
     its episode's tokens, so an episode's turns pool into one token-mean; otherwise 1).
@@ -473,7 +471,7 @@ def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *,
     try:
         stats_acc, grad_norm = _update_epochs(
             model, ref_model, optimizer, scheduler, accelerator, batches, n_mb, filler, n_global,
-            temperatures=temperatures, oargs=oargs, grpo=grpo, torch=torch)
+            temperatures=temperatures, oargs=oargs)
     finally:
         model.eval()
     out = {}
@@ -488,9 +486,8 @@ def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *,
 
 
 def _update_epochs(model, ref_model, optimizer, scheduler, accelerator, batches, n_mb, filler,
-                   n_global, *, temperatures, oargs, grpo, torch):
+                   n_global, *, temperatures, oargs):
     """The optimizer passes of grpo_update; returns (per-micro-batch stats, last grad norm)."""
-    import logprobs  # torch-heavy like grpo: imported where the update runs
     dev, world = accelerator.device, accelerator.num_processes
     stats_acc, old_cache, grad_norm = {}, {}, 0.0
     for epoch in range(oargs.ppo_epochs):
@@ -533,10 +530,9 @@ def _update_epochs(model, ref_model, optimizer, scheduler, accelerator, batches,
 # ----------------------------------------------------------------------------------------------
 # INFRA: the command line, Accelerate, the policy and its rollout engine, logging, checkpoints
 
-def main(argv=None, *, engines: dict | None = None) -> Path | None:
-    """Run SPADE; returns the run directory. `engines` (tests) may replace the rollout engine for
-    the "designer" or the "agent" role, e.g. a scripted designer that returns known environments."""
-    import models
+def main(argv=None) -> Path | None:
+    """Run SPADE (or, with --generate_pool, write the Fixed-env baseline's pool); returns the run
+    directory."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args = config.parse(argv, aliases=models.MODEL_ALIASES)
     if args[3].print_config:  # the resolved configuration, without loading a model
@@ -550,15 +546,14 @@ def main(argv=None, *, engines: dict | None = None) -> Path | None:
     try:
         resolve(*args)
         if args[1].generate_pool:
-            return pools.generate_pool(*args, sb=sb, engines=engines or {}, skills=skill_list(args[1]))
-        return train(*args, sb=sb, engines=engines or {})
+            return pools.generate_pool(*args, sb=sb, skills=skill_list(args[1]))
+        return train(*args, sb=sb)
     finally:  # never leave the zygote and its workers behind, even on a crash
         sb.close()
 
 
 def resolve(margs, sargs, oargs, rargs) -> None:
     """config.resolve with this code's skills and designer rewards; an unknown model fails here."""
-    import models
     config.resolve(margs, sargs, oargs, rargs, skills=len(skill_list(sargs)),
                    designer_modes=regret.DESIGNER_MODES)
     pools.check(sargs)

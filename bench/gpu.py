@@ -324,8 +324,7 @@ def section_update(s, device):
         model, opt, sched = accelerator.prepare(model, opt, sched)
         samples = update_samples(s.seqs, s.seq_len, s.model["vocab_size"], random.Random(0))
         kw = dict(pad_id=0, temperatures={"agent": 1.0}, oargs=config.OptimArgs(kl_coef=0.0),
-                  margs=config.ModelArgs(micro_batch_tokens=s.micro_batch_tokens), grpo=grpo,
-                  torch=torch)
+                  margs=config.ModelArgs(micro_batch_tokens=s.micro_batch_tokens))
         times = []
         with PeakMemory(device) as mem:
             for i in range(1 + s.timed_updates):  # update 0: warm-up, allocates AdamW state

@@ -11,3 +11,26 @@ class ScriptedSampler:
     def chat(self, conversations, *, n=1, tools=None, **sampling):
         self.calls.append({"n": n, "prompts": len(conversations), **sampling})
         return [[self.fn(messages, k) for k in range(n)] for messages in conversations]
+
+
+def main_with(engines: dict, argv):
+    """train.main(argv) with scripted engines in place of the policy's own: "designer" answers the
+    designer calls (and --generate_pool's), "agent" the agent turns and hints. Monkeypatched for
+    the call's duration; the library has no hook for it."""
+    import pytest
+
+    import infra
+    import train
+    argv = list(argv)
+    run_init = infra.Run.__init__
+
+    def init(self, *args, **kwargs):
+        run_init(self, *args, **kwargs)
+        self.sampler.eng = engines.get("agent", self.sampler.eng)
+        self.design_sampler.eng = engines.get("designer", self.design_sampler.eng)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(infra.Run, "__init__", init)
+        if "--generate_pool" in argv and "designer" in engines:
+            mp.setattr(infra, "make_engine", lambda *args, **kwargs: engines["designer"])
+        return train.main(argv)

@@ -23,10 +23,11 @@ import torch
 
 import config
 import engine
-from tools import export
 import memory as memory_lib
 import pools
 import train
+from scripted import main_with
+from tools import export
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "fixtures" / "short_corpus.jsonl"
@@ -129,10 +130,9 @@ def tiny_run(tmp_path_factory, tiny, secrets_dir):
     replies = [f"```python\n{COIN.replace('PAYOUT', '1.0')}\n```",
                f"```python\n{COIN.replace('PAYOUT', '0.0')}\n```", f"```python\n{sleeper}\n```"]
     out = tmp_path_factory.mktemp("run") / "coins"
-    return train.main(TINY + ["--steps", "1", "--regen_interval", "1", "--num_envs", "3",
+    return main_with({"designer": Scripted(*tiny, replies), "agent": agent_engine(tiny)}, TINY + ["--steps", "1", "--regen_interval", "1", "--num_envs", "3",
                               "--skills_per_regen", "1", "--hint_plays", "2", "--transcripts", "2",
-                              "--output_dir", str(out)],
-                      engines={"designer": Scripted(*tiny, replies), "agent": agent_engine(tiny)})
+                              "--output_dir", str(out)])
 
 
 @pytest.fixture(scope="module")
@@ -200,11 +200,10 @@ def test_a_tool_use_run_exports_with_replays_of_its_tool_turns(tiny, tmp_path):
                '<tool_call>{"name": "get_security_pin", "arguments": {}}</tool_call>'
                '<tool_call>{"name": "list_devices", "arguments": {"room": "kitchen"}}</tool_call>',
                "<tool_call>not json</tool_call>", "<answer>done</answer>"]
-    run = train.main(TINY + ["--setting", "tool", "--steps", "1", "--regen_interval", "1",
+    run = main_with({"designer": Scripted(*tiny, [f"```python\n{source}\n```"]),
+                              "agent": Scripted(*tiny, replies)}, TINY + ["--setting", "tool", "--steps", "1", "--regen_interval", "1",
                              "--num_envs", "1", "--skills_per_regen", "1", "--hint_plays", "2",
-                             "--max_turns", "4", "--transcripts", "2", "--output_dir", str(tmp_path / "t")],
-                     engines={"designer": Scripted(*tiny, [f"```python\n{source}\n```"]),
-                              "agent": Scripted(*tiny, replies)})
+                             "--max_turns", "4", "--transcripts", "2", "--output_dir", str(tmp_path / "t")])
     m = export.export(run, "gem", tmp_path / "out", "tools")
     plays = [json.loads(x) for x in (run / "transcripts" / "step-0000-rank-0.jsonl").read_text().splitlines()]
     assert [e["class_name"] for e in m["envs"]] == ["SmartHomeEnv"] and len(plays) == 2
@@ -339,9 +338,8 @@ def test_gem_suite_trains_as_a_fixed_pool_with_memory_from_an_export(tmp_path, t
     monkeypatch.syspath_prepend(str(exports / "gem"))
     fixed = (f"gem:rg:basic_arithmetic,gem:game:GuessTheNumber-v0-easy,{echo_id},"
              "gem:coins_gem/CoinEnv-s0-r0-e0-v0")
-    run = train.main(TINY + ["--steps", "2", "--num_envs", "4", "--fixed_envs", fixed, "--transcripts", "8",
-                             "--memory_from", str(exports / "gem"), "--output_dir", str(tmp_path / "r")],
-                     engines={"agent": agent_engine(tiny)})
+    run = main_with({"agent": agent_engine(tiny)}, TINY + ["--steps", "2", "--num_envs", "4", "--fixed_envs", fixed, "--transcripts", "8",
+                             "--memory_from", str(exports / "gem"), "--output_dir", str(tmp_path / "r")])
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["charts/step"] for r in rows] == [0, 1]
     assert all(r["agent/episodes"] == 8 and r["env/faulty"] == 0 and r["losses/samples"] > 0

@@ -9,6 +9,7 @@ import pytest
 import config
 import pools
 import train
+from scripted import main_with
 
 # Written out from the launchers, one literal per value (not derived from config.PRESETS).
 GAMES = {"steps": 400, "regen_interval": 4, "num_envs": 24, "plays": 8, "hint_plays": 16,
@@ -107,14 +108,13 @@ def test_logprob_temperature_per_role():
 
 
 def test_stripped_history_episode_trains_one_sample_per_turn():
-    import grpo
     from types import SimpleNamespace as NS
     turns = [([1, 2, 3], [0, 0, 1], [0.0, 0.0, -0.5]), ([1, 4, 5, 6], [0, 0, 1, 1], [0.0, 0.0, -0.1, -0.2])]
     eps = [NS(env_id="e", ret=1.0, hinted=False, status="terminated", turn_samples=turns,
               token_ids=[1, 4, 5, 6], mask=[0, 0, 1, 1], logprobs=[0.0, 0.0, -0.1, -0.2]),
            NS(env_id="e", ret=0.0, hinted=False, status="terminated", turn_samples=[],
               token_ids=[7, 8], mask=[0, 1], logprobs=[0.0, -0.3])]
-    out = train.agent_samples(eps, grpo)
+    out = train.agent_samples(eps)
     # advantages: returns (1, 0), mean 0.5, population std 0.5 -> +1 / -1 (Eq. 1)
     assert [s["tokens"] for s in out] == [[1, 2, 3], [1, 4, 5, 6], [7, 8]]
     assert [s["advantage"] for s in out] == [pytest.approx(1.0), pytest.approx(1.0), pytest.approx(-1.0)]
@@ -129,7 +129,6 @@ def test_each_episode_weighs_one_in_the_loss_whatever_its_turns(monkeypatch):
         episode 2: ids 4 | 8, 8 | 2 (three turns) -> 22 / 4 = 5.5
         grad = (-(+1) * 2.5 - (-1) * 5.5) / 2 = 1.5;  one SGD step at lr 1: theta = -1.5
     (every turn sample weighing 1/4, the old mean, gives (-2.5 + 4 + 8 + 2) / 4 = 2.875)."""
-    import grpo
     import logprobs
     import torch
     from accelerate import Accelerator
@@ -139,7 +138,7 @@ def test_each_episode_weighs_one_in_the_loss_whatever_its_turns(monkeypatch):
     eps = [NS(env_id="e", ret=1.0, hinted=False, status="terminated", turn_samples=[],
               token_ids=[1, 2, 3], mask=[0, 1, 1], logprobs=[0.0] * 3),
            NS(env_id="e", ret=0.0, hinted=False, status="terminated", turn_samples=two)]
-    samples = train.agent_samples(eps, grpo)
+    samples = train.agent_samples(eps)
     assert [s["weight"] for s in samples] == [1.0, 0.25, 0.5, 0.25]  # shares of 4 trained tokens
 
     class Theta(torch.nn.Module):
@@ -153,7 +152,7 @@ def test_each_episode_weighs_one_in_the_loss_whatever_its_turns(monkeypatch):
     out = train.grpo_update(model, None, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0),
                             Accelerator(cpu=True), samples, pad_id=0, temperatures={"agent": 1.0},
                             oargs=config.OptimArgs(kl_coef=0.0, grad_clip=100.0),
-                            margs=config.ModelArgs(micro_batch_tokens=4), grpo=grpo, torch=torch)
+                            margs=config.ModelArgs(micro_batch_tokens=4))
     assert model.theta.item() == pytest.approx(-1.5)
     assert out["losses/samples"] == 2  # two episodes
 
@@ -161,15 +160,14 @@ def test_each_episode_weighs_one_in_the_loss_whatever_its_turns(monkeypatch):
 def test_role_scale_counts_episodes_not_turn_samples():
     """S = min(50, N_agent / N_designer * R): 192 episodes of three turn samples each and 24
     designer samples at R = 4 give 192 / 24 * 4 = 32 (the 576 turn samples would hit the cap)."""
-    import grpo
     from types import SimpleNamespace as NS
     turns = [([1, 2], [0, 1], [0.0, -0.1])] * 3
     eps = [NS(env_id=f"e{i % 24}", ret=float(i % 2), hinted=False, status="terminated",
               turn_samples=turns) for i in range(192)]
-    agent = train.agent_samples(eps, grpo)
+    agent = train.agent_samples(eps)
     scored = [{"prompt": [1], "reply": [2], "logprobs": [-0.5], "skill": "s", "score": i / 24}
               for i in range(24)]
-    out, m = train.designer_samples(scored, agent, config.SpadeArgs(regen_interval=4), grpo)
+    out, m = train.designer_samples(scored, agent, config.SpadeArgs(regen_interval=4))
     assert len(agent) == 576 and m["designer/scale"] == 32.0
     assert out[0]["advantage"] == pytest.approx(32.0 * (0 - 23 / 48))  # S (score - mean_skill)
 
@@ -297,18 +295,18 @@ def test_generate_pool_resumes_and_feeds_fixed_env_grpo(tmp_path):
     tiny = models.build_tiny("tiny", seed=0)
     pool = tmp_path / "pool"
     flags = BASE + ["--num_envs", "2", "--output_dir", str(pool)]
-    assert train.main(flags + ["--generate_pool", "2"], engines=scripted(*tiny)) == pool
+    assert main_with(scripted(*tiny), flags + ["--generate_pool", "2"]) == pool
     manifest = json.loads((pool / "manifest.json").read_text())
     assert sorted(manifest) == ["env_00000.py", "env_00001.py"]
     assert all(v["setting"] == "games" and v["class_name"] == "CoinEnv" for v in manifest.values())
     first = (pool / "env_00000.py").read_text()
-    train.main(flags + ["--generate_pool", "3"], engines=scripted(*tiny))  # continues, keeps the two
+    main_with(scripted(*tiny), flags + ["--generate_pool", "3"])  # continues, keeps the two
     assert len(json.loads((pool / "manifest.json").read_text())) == 3
     assert (pool / "env_00000.py").read_text() == first
     assert json.loads((pool / "pool_state.json").read_text())["round"] >= 2
     # the baseline draws --num_envs of them per step
-    run = train.main(BASE + ["--fixed_envs", str(pool), "--num_envs", "2", "--steps", "2", "--plays", "2",
-                             "--output_dir", str(tmp_path / "run")], engines=scripted(*tiny))
+    run = main_with(scripted(*tiny), BASE + ["--fixed_envs", str(pool), "--num_envs", "2", "--steps", "2", "--plays", "2",
+                             "--output_dir", str(tmp_path / "run")])
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["env/pool_size"] for r in rows] == [2, 2] and "designer/attempts" not in rows[0]
 

@@ -14,6 +14,7 @@ import infra
 from tools import report
 import train
 from test_train import BASE, COIN, ScriptedDesigner
+from scripted import main_with
 
 # Model-written text that would break the page if it were not escaped.
 HOSTILE = "<script>alert(1)</script></div></pre></details>"
@@ -100,8 +101,7 @@ def scripted_hostile(model, tok):
 def tiny_run(tmp_path_factory, tiny):
     """Two regenerations (steps 0 and 2), a checkpoint (and so a report) after every step."""
     out = tmp_path_factory.mktemp("report") / "run"
-    return train.main(BASE + ["--transcripts", "2", "--output_dir", str(out)],
-                      engines=scripted_hostile(*tiny))
+    return main_with(scripted_hostile(*tiny), BASE + ["--transcripts", "2", "--output_dir", str(out)])
 
 
 def pools(run):

@@ -11,7 +11,6 @@ import torch
 import agent
 import config
 import designer
-import grpo
 import logprobs as logprobs_lib
 import toolenv
 import train
@@ -217,8 +216,8 @@ def test_compact_filter_zeroes_non_terminated_episodes_after_normalisation():
            episode("a", 0.0, "turn_limit"), episode("a", 0.0, "context"),
            episode("b", 0.0, "terminated"), episode("b", 1.0, "terminated"),
            episode("a", 1.0, "terminated", hinted=True), episode("b", 0.0, "env_error")]
-    on = train.agent_samples(eps, grpo, compact=True)
-    off = train.agent_samples(eps, grpo, compact=False)
+    on = train.agent_samples(eps, compact=True)
+    off = train.agent_samples(eps, compact=False)
     assert len(on) == len(off) == 6                               # hinted and env_error left out
     # group a: returns (1, 0, 0, 0): mean 0.25, population std sqrt(0.1875) = 0.4330127
     assert [float(s["advantage"]) for s in on] == pytest.approx(
@@ -244,7 +243,7 @@ def test_compact_filter_on_played_episodes_cut_by_the_token_cap(tokenizer):
                generate=Scripted(tokenizer, [call(c["name"]) for c in DeskEnv().solution()] + [DONE]))[0]
     assert (cut.status, won.status, won.ret) == ("truncated", "terminated", 1.0)
     assert any(cut.mask)                                          # play itself keeps the cut reply
-    on = train.agent_samples([cut, won], grpo, compact=True)
+    on = train.agent_samples([cut, won], compact=True)
     assert not any(on[0]["mask"]) and on[1]["mask"] == won.mask
     assert [float(s["advantage"]) for s in on] == pytest.approx([-1.0, 1.0])
 
@@ -253,7 +252,7 @@ def test_compact_filter_covers_every_turn_record_of_a_stripped_history_episode()
     ep = episode("a", 0.0, "turn_limit")
     ep.turn_samples = [([1, 2, 3], [0, 1, 1], [0.0, -0.1, -0.1]), ([1, 2, 3, 4], [0, 0, 0, 1], [0.0] * 3 + [-0.1])]
     won = episode("a", 1.0, "terminated")
-    on = train.agent_samples([ep, won], grpo, compact=True)
+    on = train.agent_samples([ep, won], compact=True)
     assert [s["mask"] for s in on] == [[0, 0, 0], [0, 0, 0, 0], won.mask]
     assert [float(s["advantage"]) for s in on] == pytest.approx([-1.0, -1.0, 1.0])
 
@@ -305,5 +304,5 @@ def test_grpo_update_never_forwards_a_compact_filtered_sample(tiny, monkeypatch)
     out = train.grpo_update(model, ref, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0),
                             Accelerator(cpu=True), samples, pad_id=tiny[1].pad_token_id,
                             temperatures={"agent": 1.0}, oargs=config.OptimArgs(kl_coef=0.1),
-                            margs=config.ModelArgs(), grpo=grpo, torch=torch)
+                            margs=config.ModelArgs())
     assert out["losses/samples"] == 2 and seen == [12, 12]      # policy + reference: sample 0 only

@@ -14,6 +14,7 @@ import logprobs as logprobs_lib
 import metrics as metrics_lib
 import models
 import train
+from scripted import main_with
 
 ENVS = Path(__file__).resolve().parents[1] / "data" / "envs"
 # Short documents keep the designer's prompts (and so the designer update) small on CPU.
@@ -95,8 +96,8 @@ def designer_model():
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory, designer_model):
     """One uninterrupted run, shared by the end-to-end checks and the resume comparisons."""
-    return train.main(BASE + ["--output_dir", str(tmp_path_factory.mktemp("ref") / "run"), "--export_every", "2",
-                              "--keep_checkpoints", "all"], engines=scripted(*designer_model))
+    return main_with(scripted(*designer_model), BASE + ["--output_dir", str(tmp_path_factory.mktemp("ref") / "run"), "--export_every", "2",
+                              "--keep_checkpoints", "all"])
 
 
 @pytest.mark.slow
@@ -151,17 +152,19 @@ def test_tiny_moe_runs(tmp_path):
 def test_resume_after_crash_is_exact(tmp_path, monkeypatch, designer_model, reference_run, phase):
     crash_step = 2 if phase == "generate" else 1
 
-    def crash(step, name):
+    def crash(step, name, times):
         if step == crash_step and name == phase:
             raise RuntimeError("simulated kill")
+        enter(step, name, times)
 
     # one scripted designer across the kill, as a real engine's output depends only on its seed
     engines = scripted(*designer_model)
-    monkeypatch.setattr(train, "on_phase", crash)
+    enter = train.phase
+    monkeypatch.setattr(train, "phase", crash)
     with pytest.raises(RuntimeError, match="simulated kill"):
-        train.main(BASE + ["--output_dir", str(tmp_path / "b")], engines=engines)
-    monkeypatch.setattr(train, "on_phase", lambda step, name: None)
-    resumed = train.main(BASE + ["--output_dir", str(tmp_path / "b"), "--resume"], engines=engines)
+        main_with(engines, BASE + ["--output_dir", str(tmp_path / "b")])
+    monkeypatch.setattr(train, "phase", enter)
+    resumed = main_with(engines, BASE + ["--output_dir", str(tmp_path / "b"), "--resume"])
     assert metrics(resumed) == metrics(reference_run)
 
 
@@ -172,8 +175,7 @@ def test_resume_after_crash_is_exact(tmp_path, monkeypatch, designer_model, refe
                                    ["--designer_reward", "learning_potential"],
                                    ["--fixed_envs", str(ENVS)]])
 def test_every_ablation_runs(tmp_path, flags, designer_model):
-    run = train.main(BASE + ["--steps", "2", "--plays", "2", "--output_dir", str(tmp_path / "a")] + flags,
-                     engines=scripted(*designer_model))
+    run = main_with(scripted(*designer_model), BASE + ["--steps", "2", "--plays", "2", "--output_dir", str(tmp_path / "a")] + flags)
     rows = metrics(run)
     assert len(rows) == 2 and all(r["losses/samples"] > 0 for r in rows)
     if "--fixed_envs" in flags:
@@ -412,7 +414,6 @@ def _update_setup(tiny, monkeypatch, kl_coef=0.0):
 
     from accelerate import Accelerator
 
-    import grpo
     calls = {"checkpoint": 0, "tokens": []}
     _count_checkpoints(monkeypatch, calls)
     model = copy.deepcopy(tiny[0]).eval()
@@ -427,8 +428,7 @@ def _update_setup(tiny, monkeypatch, kl_coef=0.0):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
     kw = dict(pad_id=tiny[1].pad_token_id, temperatures={"agent": 1.0, "designer": 1.0},
-              oargs=config.OptimArgs(kl_coef=kl_coef), margs=config.ModelArgs(), grpo=grpo,
-              torch=torch)
+              oargs=config.OptimArgs(kl_coef=kl_coef), margs=config.ModelArgs())
     return model, opt, sched, Accelerator(cpu=True), calls, kw
 
 
@@ -487,7 +487,7 @@ def test_fsdp2_reduces_gradients_in_fp32():
     plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
     plugin.set_mixed_precision("bf16")  # what Accelerator(mixed_precision="bf16") sets
     assert plugin.mixed_precision_policy.reduce_dtype == torch.bfloat16
-    infra.fp32_gradient_reduce(SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin)), torch)
+    infra.fp32_gradient_reduce(SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin)))
     policy = plugin.mixed_precision_policy
     assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
 
@@ -535,9 +535,8 @@ def test_local_bf16_model_trains_checkpointed_with_bf16_reference_and_export(
         seen.append((next(m.parameters()).dtype, m.training)), logprobs(m, *a, **k))[1])
     engines, make_engine = [], infra.make_engine
     monkeypatch.setattr(infra, "make_engine", lambda *a: engines.append(make_engine(*a)) or engines[-1])
-    run = train.main(BASE + ["--model", str(src), "--steps", "1", "--kl_coef", "0.01",
-                             "--output_dir", str(tmp_path / "run")],
-                     engines=scripted(*designer_model))
+    run = main_with(scripted(*designer_model), BASE + ["--model", str(src), "--steps", "1", "--kl_coef", "0.01",
+                             "--output_dir", str(tmp_path / "run")])
     assert counts["checkpoint"] > 0 and not engines[0].prefix_cache
     assert (torch.float32, True) in seen and (torch.bfloat16, False) in seen  # policy, reference
     final = load_file(str(run / "final_model" / "model.safetensors"))
@@ -615,8 +614,8 @@ def _tp_train_worker(rank, port, out_dir):
     logprobs_lib.token_logprobs = lambda m, ids, attn, *a, **k: (
         forwarded.append(int(attn.sum())), logprobs(m, ids, attn, *a, **k))[1]
 
-    def agent_samples(episodes, g, **kw):   # one sample per episode in the games setting
-        out = samples(episodes, g, **kw)
+    def agent_samples(episodes, **kw):   # one sample per episode in the games setting
+        out = samples(episodes, **kw)
         trained.extend((ep.env_id, ep.seed, len(ep.token_ids), s["advantage"]) for ep, s in
                        zip([e for e in episodes if not e.hinted and e.status != "env_error"], out))
         return out

@@ -27,6 +27,7 @@ import infra
 import logprobs as logprobs_lib
 import models
 import train
+from scripted import main_with
 
 CORPUS = Path(__file__).resolve().parent / "fixtures" / "short_corpus.jsonl"
 ENVS = Path(__file__).resolve().parents[1] / "data" / "envs"
@@ -224,7 +225,7 @@ def run(tmp_path, policy, monkeypatch, extra=()):
     model, tok = policy
     engines = {"designer": Scripted(model, tok, lambda c, i, text, cap: DESIGNS[c][i]),
                "agent": Scripted(model, tok, agent_reply)}
-    out = train.main(ARGS + ["--output_dir", str(tmp_path / "run")] + list(extra), engines=engines)
+    out = main_with(engines, ARGS + ["--output_dir", str(tmp_path / "run")] + list(extra))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return out, rows, rec, engines
 
