@@ -18,7 +18,7 @@ Symbols (paper -> code):
     R (regeneration interval)  interval   (4 for games, 8 for tool use)
     N (environments per regen) len(skills_for_slots) (24 in the paper)
     d (corpus document)        Document
-    h(e) (privileged hint)     Proposal.hint
+    h(e) (privileged hint)     write_hints(...)[i]
 
 Deviations from the paper and from the authors' code:
     1. The environment class is the LAST module-level class whose name ends in "Env" (the
@@ -183,9 +183,6 @@ class Corpus:
         if not self.documents:
             raise ValueError(f"corpus {path} has no usable documents ({self.skipped} lines skipped)")
         self.rng = random.Random(seed)
-
-    def __len__(self) -> int:
-        return len(self.documents)
 
     def sample(self) -> Document:
         return self.rng.choice(self.documents)
@@ -439,7 +436,6 @@ class Proposal:
     ok: bool = False
     reason: str | None = None       # rejection kind: no_code, truncated, syntax, no_class, or the sandbox's
     error: str | None = None        # rejection message
-    hint: str | None = None
     doc_title: str | None = None    # the document's title (run logs only; never in a prompt)
 
     def to_log(self) -> dict:
@@ -448,7 +444,7 @@ class Proposal:
                 "doc_id": self.doc_id, "doc_title": self.doc_title,
                 "task": list(self.task) if self.task else None, "ok": self.ok,
                 "reason": self.reason, "error": self.error, "class_name": self.class_name,
-                "repaired": self.repaired, "hint": self.hint, "source": self.source,
+                "repaired": self.repaired, "source": self.source,
                 "finish_reason": getattr(self.reply, "finish_reason", None)}
 
 
@@ -576,17 +572,12 @@ def parse_hint(reply: Any) -> str | None:
     return hint.strip() or None
 
 
-def write_hints(proposals: Sequence[Proposal], generate: Callable) -> list[str | None]:
-    """Hints for every proposal that has a source and was not rejected, in one generate call.
-
-    Sets each such proposal's `.hint`; returns one entry per input proposal (None where skipped).
-    A bare `Proposal(skill=..., setting=..., source=...)` also works (e.g. a carried environment).
-    """
-    todo = [p for p in proposals if p.source and p.reason is None]
-    if todo:
-        replies = generate([hint_messages(p.source, p.setting) for p in todo])
-        if len(replies) != len(todo):
-            raise ValueError(f"generate returned {len(replies)} replies for {len(todo)} prompts")
-        for p, reply in zip(todo, replies):
-            p.hint = parse_hint(reply)
-    return [p.hint if p.source and p.reason is None else None for p in proposals]
+def write_hints(sources: Sequence[str], setting: str, generate: Callable) -> list[str | None]:
+    """The privileged hint h(e) of each environment source, in one generate call (None where the
+    reply holds no hint)."""
+    if not sources:
+        return []
+    replies = generate([hint_messages(src, setting) for src in sources])
+    if len(replies) != len(sources):
+        raise ValueError(f"generate returned {len(replies)} replies for {len(sources)} prompts")
+    return [parse_hint(reply) for reply in replies]

@@ -123,9 +123,6 @@ class State:
                 "metrics_lines": metrics_lines}
 
     def restore(self, d: dict) -> None:
-        if "designs" not in d:  # its designer samples rode on the pool entries, which no longer can
-            raise SystemExit("--resume: this checkpoint predates the designer buffer; resume it with "
-                             "the release that wrote it")
         self.step, self.lp, self.hist = d["step"], d["learning_potential"], d["figures"]
         self.pool = [PoolEnv(**e) for e in d["pool"]]
         by_id = {e.env_id: e for e in self.pool}  # a buffered sample's environment is in the pool
@@ -252,8 +249,7 @@ def regenerate(step, sargs, sampler, design_sampler, sb, mem, pool, corpus, rank
                                              max_new_tokens=sargs.hint_max_tokens, top_p=sargs.top_p,
                                              top_k=sargs.top_k, enable_thinking=sargs.hint_thinking)
     try:
-        hints = designer.write_hints([designer.Proposal(skill=e.skill, setting=sargs.setting,
-                                                        source=e.source) for e in hinted], hint_gen)
+        hints = designer.write_hints([e.source for e in hinted], sargs.setting, hint_gen)
     finally:
         sampler.drain()
     for e, h in zip(hinted, hints):
@@ -357,14 +353,10 @@ def score_epoch(designs, sargs, lp: dict | None = None) -> list[dict]:
         w = sum(e.returns) / len(e.returns) if e.returns else None
         baseline = (lp or {}).get(e.skill, [None, None])[1]
         missing = {"blend": e.regret, "regret": e.r_hint, "learning_potential": baseline}.get(mode, w) is None
-        if mode == "regret" and e.timed_out:
-            score = regret.STEP_TIMEOUT_PENALTY  # the authors' regret_based penalty
-        elif e.faulty or w is None or missing:
-            score = 0.0  # deviation 2: a faulty environment scores 0
-        else:
-            band = (sargs.plateau_lo, sargs.plateau_hi, sargs.plateau_ramp)
-            score = regret.designer_score(e.regret, w, mode=mode, r_hint=e.r_hint,
-                                          baseline=baseline, band=band)
+        # no plays or no regret to score scores as a fault: 0 (deviation 2)
+        score = regret.designer_score(e.regret, w, mode=mode, faulty=e.faulty or w is None or missing,
+                                      timed_out=e.timed_out, r_hint=e.r_hint, baseline=baseline,
+                                      band=(sargs.plateau_lo, sargs.plateau_hi, sargs.plateau_ramp))
         out.append({"prompt": d.prompt, "reply": d.reply, "logprobs": d.logprobs, "skill": e.skill,
                     "score": score, "env_id": e.env_id})
     return out

@@ -84,7 +84,7 @@ def test_corpus_reads_text_and_orig_doc_and_counts_skipped(tmp_path, caplog):
     ])
     with caplog.at_level("WARNING"):
         corpus = d.Corpus(path)
-    assert len(corpus) == 2 and corpus.skipped == 4
+    assert len(corpus.documents) == 2 and corpus.skipped == 4
     assert [doc.doc_id for doc in corpus.documents] == ["line 1", "doc-7"]
     assert corpus.documents[1].text == "Tides follow the moon."
     assert "skipped 4" in caplog.text
@@ -411,15 +411,17 @@ def test_parse_hint_json_plain_and_caps():
     assert len(long.split()) == d.HINT_MAX_WORDS + 1 and long.endswith("...")
 
 
-def test_write_hints_for_bare_proposals_is_batched_and_aligned():
-    props = [d.Proposal(skill=MATH, setting="games", source="class AEnv: pass"),
-             d.Proposal(skill=MATH, setting="games", source="class BEnv: pass", reason="syntax"),
-             d.Proposal(skill="Data Retrieval", setting="tool", source="class CEnv(ToolEnv): pass")]
-    gen = ScriptedDesigner(['{"hint": "A."}', "Plain C."])
-    assert d.write_hints(props, gen) == ["A.", None, "Plain C."]
-    assert len(gen.batches) == 1 and len(gen.batches[0]) == 2
-    assert "The code is hidden from it" in gen.batches[0][0][0]["content"] and "tools" in gen.batches[0][1][0]["content"]
-    assert d.write_hints([], gen) == [] and len(gen.batches) == 1
+def test_write_hints_is_one_batched_call_aligned_with_its_sources():
+    gen = ScriptedDesigner(['{"hint": "A."}', "   ", "Plain C."])
+    sources = ["class AEnv: pass", "class BEnv: pass", "class CEnv: pass"]
+    assert d.write_hints(sources, "games", gen) == ["A.", None, "Plain C."]  # empty reply: None
+    assert len(gen.batches) == 1 and len(gen.batches[0]) == 3
+    assert "The code is hidden from it" in gen.batches[0][0][0]["content"]
+    assert "class BEnv" in gen.batches[0][1][1]["content"]
+    tool = ScriptedDesigner(["Ask for the id first."])
+    assert d.write_hints(["class CEnv(ToolEnv): pass"], "tool", tool) == ["Ask for the id first."]
+    assert "never sees the code" in tool.batches[0][0][0]["content"]
+    assert d.write_hints([], "games", gen) == [] and len(gen.batches) == 1
 
 
 def test_hint_prompts():
@@ -612,11 +614,9 @@ def test_end_to_end_regeneration(tmp_path, corpus):
 
     # hints for the accepted environments, in one batched call
     hint_gen = ScriptedDesigner([json.dumps({"hint": f"Hint {i}."}) for i in range(4)])
-    hints = d.write_hints(proposals, hint_gen)
-    assert [h for h in hints if h] == ["Hint 0.", "Hint 1.", "Hint 2.", "Hint 3."]
-    assert [h is not None for h in hints] == [p.ok for p in proposals]
+    hints = d.write_hints([p.source for p in accepted], "games", hint_gen)
+    assert hints == ["Hint 0.", "Hint 1.", "Hint 2.", "Hint 3."]
     assert len(hint_gen.batches) == 1 and "class DialEnv" in hint_gen.batches[0][0][1]["content"]
-    assert by[(2, 1)].hint == "Hint 1." and by[(1, 1)].hint is None
 
     # record how the agent fared; the next Math prompt's memory block reflects it
     outcome = {"DialEnv": (0.5, 0.25), "VaultEnv": (0.95, 0.0), "CompassEnv": (0.3, 0.5), "LogicEnv": (0.05, 0.0)}
