@@ -189,7 +189,10 @@ class Episode:
     ret: float = 0.0
     status: str = ""  # terminated | truncated | turn_limit | context | env_error
     error: str | None = None
-    messages: list[dict] = field(default_factory=list)
+    messages: list[dict] = field(default_factory=list)  # the environment's and the agent's turns
+    # the first prompt as the agent read it, decoded from its tokens: the chat template's system
+    # message (with the tool block a template that ignores tools= gets) and the first observation
+    rendered_prompt: str = ""
     # strip_thinking_history: one (token_ids, mask, logprobs) per turn, each its own context
     turn_samples: list[tuple] = field(default_factory=list)
     masked_replies: int = 0  # replies masked out of the loss as malformed tool calls
@@ -400,6 +403,7 @@ def _start(spec: EpisodeSpec, reset: tuple, tokenizer, setting: str, enable_thin
     renderer = _Renderer(tokenizer, tools, enable_thinking, eot)
     ep.extend(renderer.prompt(ep.messages))
     ep.prompt_len = len(ep.token_ids)
+    ep.rendered_prompt = tokenizer.decode(ep.token_ids)
     return ep, renderer
 
 

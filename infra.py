@@ -374,7 +374,8 @@ def write_step_files(run_dir: Path, step: int, new_pool, episodes, n_transcripts
                   [x for pair in zip_longest(plain, hinted) for x in pair if x][:n_transcripts]]
     for sub, rows in (("designer", proposals), ("transcripts", [
             {"env_id": ep.env_id, "seed": ep.seed, "hinted": ep.hinted, "return": ep.ret,
-             "status": ep.status, "error": ep.error, "actions": ep.actions, "messages": ep.messages}
+             "status": ep.status, "error": ep.error, "actions": ep.actions,
+             "rendered_prompt": ep.rendered_prompt, "messages": ep.messages}
             for ep in chosen])):
         if rows:
             (run_dir / sub).mkdir(exist_ok=True)

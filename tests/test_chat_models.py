@@ -188,6 +188,11 @@ def test_tools_reach_the_agent_whatever_the_template(request, families, monkeypa
     assert ep.status == "terminated" and ep.turns == 3
     assert ep.actions[0] == '<tool_call>{"name": "lookup", "arguments": {"key": "a"}}</tool_call>'
     assert json.dumps(TOOL["function"]["name"]) in text  # the agent was shown its tool
+    # the episode records its first prompt as rendered: the tools are in it, not in messages
+    assert text.startswith(ep.rendered_prompt) and ep.rendered_prompt.endswith(
+        tok.decode(ep.token_ids[:ep.prompt_len]))
+    assert "Look a key up." in ep.rendered_prompt  # the tool's description
+    assert not any("Look a key up." in m["content"] for m in ep.messages)
     warned = [r.getMessage() for r in caplog.records if "ignores tools=" in r.getMessage()]
     if native:
         assert not warned and agent.TOOL_BLOCK[:40] not in text  # the template's own block

@@ -134,6 +134,11 @@ def test_report_has_every_section_and_card(tiny_run):
     assert any(i.endswith("-t1") for i in ids)  # a designer card shows its hinted play too
     assert page.having(**{"class": "turn err"}) == [] or "env_error" in text
     assert "syntax" in {a.get("data-reason") for a in page.having()}
+    # each play shows the first prompt the agent read (chat template and all), as the run logged it
+    plays = [json.loads(x) for x in (tiny_run / "transcripts" / "step-0000-rank-0.jsonl").open()]
+    assert plays and all(p["rendered_prompt"].startswith("<|im_start|>") for p in plays)
+    assert plays[0]["messages"][0]["content"] in plays[0]["rendered_prompt"]
+    assert len(page.having(**{"class": "prompt"})) == len(ids & {i for i in ids if "-t" in (i or "")})
 
 
 @pytest.mark.slow

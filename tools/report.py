@@ -412,6 +412,10 @@ def transcript_html(t: dict, tid: str, limit: int) -> str:
             f"{'hinted' if t.get('hinted') else 'unhinted'} · return "
             f"<span data-field=\"return\">{fmt(t.get('return'))}</span> · status {esc(t.get('status'))}")
     out, budget, n_reply = [], limit, 0
+    if t.get("rendered_prompt"):  # what the agent read first: system message, tools, observation
+        shown, _ = cut(t["rendered_prompt"], max(200, limit))
+        out.append('<details class="prompt"><summary>first prompt as the agent read it (chat '
+                   f'template, system message, tools)</summary><pre>{esc(shown)}</pre></details>')
     for i, m in enumerate(msgs):
         if budget <= 0:
             out.append(f'<p class="note">{len(msgs) - i} more message(s) not shown (--transcript_chars '
