@@ -841,13 +841,26 @@ def sweep_checkpoints(cfg: EvalConfig, sampler=None) -> dict:
 
 
 def main(argv=None):
+    """The command line; a user's mistake (an unknown suite, a missing data file, a model that is
+    neither on disk nor cached offline) ends it with one line, not a traceback."""
     from transformers import HfArgumentParser
     (cfg,) = HfArgumentParser(EvalConfig).parse_args_into_dataclasses(args=argv)
-    if cfg.checkpoints:
-        summary = sweep_checkpoints(cfg)
-        print((Path(cfg.output_dir) / "checkpoints.md").read_text(encoding="utf-8"))
-        return summary
-    results = evaluate(cfg)
+    unknown = [s.strip() for s in cfg.suites.split(",") if s.strip() and s.strip() not in SUITES]
+    if unknown:
+        raise SystemExit(f"eval.py: unknown suite {', '.join(unknown)}: use {', '.join(SUITES)}")
+    try:
+        if cfg.checkpoints:
+            summary = sweep_checkpoints(cfg)
+            print((Path(cfg.output_dir) / "checkpoints.md").read_text(encoding="utf-8"))
+            return summary
+        try:
+            sampler = build_sampler(cfg)
+        except (OSError, ValueError) as e:  # a hub id not cached offline, a dir without a model
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise SystemExit(f"eval.py: cannot load --model {cfg.model}: {first}") from None
+        results = evaluate(cfg, sampler)
+    except MissingDataset as e:
+        raise SystemExit(f"eval.py: {e}") from None
     print(json.dumps(results["metrics"], indent=2))
     print(results["table1_markdown"])
 

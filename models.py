@@ -33,6 +33,8 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</t
 def resolve_model_name(name: str) -> str:
     """Map a short alias to its hub id; pass tiny names, hub ids and local paths through (a hub id
     that is not cached fails when loaded with the network off)."""
+    if os.path.isdir(name) and not os.path.isfile(os.path.join(name, "config.json")):
+        raise ValueError(f"the directory {name} holds no model (no config.json)")
     if name in TINY_MODELS or "/" in name or os.path.isdir(name):
         return name
     if name in MODEL_ALIASES:

@@ -513,6 +513,21 @@ def test_missing_dataset_names_the_file_and_the_fix(tmp_path):
         E.evaluate(cfg, sampler=GARBAGE)
 
 
+@pytest.mark.parametrize("flags,said", [
+    (["--suites", "aime2025,nosuch"], "eval.py: unknown suite nosuch: use reasoning_gym, aime2025"),
+    (["--model", "tiny", "--engine", "transformers", "--suites", "aime2026", "--data_dir", "{tmp}"],
+     r"eval.py: aime2026: no .*aime2026\.jsonl"),
+    (["--model", "{tmp}", "--suites", "aime2025"],
+     "eval.py: cannot load --model .*: the directory .* holds no model \\(no config.json\\)"),
+])
+def test_user_errors_end_the_cli_in_one_line(tmp_path, flags, said):
+    """A mistake of the user's is one line on exit, not a traceback."""
+    argv = [f.format(tmp=tmp_path) for f in flags] + ["--output_dir", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as e:
+        E.main(argv)
+    assert re.match(said, str(e.value)) and "\n" not in str(e.value)
+
+
 def test_cli_help_on_every_field():
     from transformers import HfArgumentParser
     parser = HfArgumentParser(E.EvalConfig)

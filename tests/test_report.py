@@ -212,6 +212,10 @@ def test_a_directory_that_is_not_a_run_is_a_clear_error(tmp_path, capsys):
     assert report.main([str(tmp_path / "nowhere")]) == 2
     assert "is not a directory" in capsys.readouterr().err
     assert not (tmp_path / "report.html").exists()
+    (tmp_path / "metrics.jsonl").write_text("")  # a run, but --out points nowhere
+    assert report.main([str(tmp_path), "--out", str(tmp_path / "no" / "such" / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("report.py: cannot write ") and err.count("\n") == 1
 
 
 def test_a_failing_report_never_stops_training(tmp_path, monkeypatch, capsys):

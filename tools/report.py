@@ -674,6 +674,9 @@ def main(argv=None) -> int:
     except NotARun as e:
         print(f"report.py: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # the page cannot be written where --out points
+        print(f"report.py: cannot write {a.out or a.run_dir}: {e.strerror or e}", file=sys.stderr)
+        return 2
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
     return 0
 
