@@ -108,7 +108,7 @@ def build_tiny(kind: str = "tiny", seed: int = 0, dtype: torch.dtype = torch.flo
 
 def shipped_dtype(name: str) -> torch.dtype:
     """The dtype a model's checkpoint ships in (bf16 for the paper's models; fp32 for tiny):
-    train.py keeps the KL reference model in it and exports the final policy in it."""
+    infra.Run keeps the KL reference model in it and exports the policy in it."""
     resolved = resolve_model_name(name)
     if resolved in TINY_MODELS:
         return torch.float32

@@ -3,7 +3,7 @@
     python bench/gpu.py                              # GPU: writes $OUT/bench_gpu.json (or --out)
     python bench/gpu.py --smoke --out /tmp/g.json    # CPU, tiny shapes, seconds (CI keeps it alive)
 
-Figures (BENCH.md, "On a lent GPU"), all on random-initialised weights:
+Figures, all on random-initialised weights:
 1. gpu.logprob.peak_mem_ratio_vs_naive: peak extra memory of one forward + backward of token
    log-probs in bf16, 16,384 completion tokens, V = 151,936, hidden 4,096 (the Qwen3-8B head):
    ours (logprobs.chunked_logprobs, what logprobs.token_logprobs runs after the model body) over the

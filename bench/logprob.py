@@ -1,6 +1,6 @@
 """Benchmark: memory of logprobs.chunked_logprobs (forward + backward) against the naive log-softmax.
 
-Shape (BENCH.md): V = 151,936 (Qwen3), 2,048 completion tokens, hidden 1,024, fp32 on CPU.
+Shape: V = 151,936 (Qwen3), 2,048 completion tokens, hidden 1,024, fp32 on CPU.
 The naive baseline is what a trainer does without care: logits = head(hidden) (N, V), full
 log_softmax (N, V), gather the targets, backward.
 

@@ -37,7 +37,7 @@ Runtime: a step of the definition trains 32 sequences of ~955 tokens and decodes
 batch 32 with a 10.7M model; on the shared 2-core machine (load ~5) the warm-up step took 540 s and
 the measured one 361 s (generation 214 s, fwd/bwd 146 s, overhead 0.88 s: chat template 0.63,
 sandbox 0.13, update bookkeeping 0.09; 5.5 ms per episode-turn; share 0.0024), so the definition
-does NOT fit the two-minute budget of BENCH.md; `--plays 1 --turns 2 --steps 1` does (~115 s,
+does NOT fit the two-minute budget of a benchmark; `--plays 1 --turns 2 --steps 1` does (~115 s,
 share 0.0024). Only plain (fixed-pool) steps are measured: a regeneration step adds
 designer and hint generation (more model time) and hinted plays (the same per-turn overhead).
 """
