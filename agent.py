@@ -1,8 +1,9 @@
 """The Reasoning Agent: batched multi-turn play of designer-written environments.
 
-SPADE (arXiv 2608.19197) trains one policy that, as the Reasoning Agent, plays the environments it
-designed, turn by turn, with and without the privileged hint. `play` turns a batch of
-(environment, seed, hint) triples into token-exact training records:
+SPADE (arXiv 2608.19197; Algorithm 1 line 7, the games of Sec. 4.1 and the tools of Sec. 4.2)
+trains one policy that, as the Reasoning Agent, plays the environments it designed, turn by turn,
+with and without the privileged hint. `play` turns a batch of (environment, seed, hint) triples
+into token-exact training records:
 
     sequence = prompt, reply_1 (mask 1), observation_1 (mask 0), reply_2 (mask 1), ...
     return   = the last step's reward clipped to [-1, 1] if that step terminated, else 0

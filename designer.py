@@ -1,12 +1,13 @@
 """The Environment Designer: skills, corpus grounding, designer prompts, reply parsing, hints.
 
-SPADE (arXiv 2608.19197; the designer role, Algorithm 1 step 1) makes the policy write complete
-multi-turn environments as Python classes. Each regeneration picks the active skills by round
-robin, grounds every attempt in a document sampled from a corpus, shows the environment memory
-(memory.py), extracts the code from the reply, validates it in the sandbox (up to 5 attempts per
-slot, a fresh document each time; invalid attempts are rejection-sampled away, never trained on),
-and then asks the same policy for a privileged hint used by the hint-based regret, Eq. (3). The
-prompt texts and skill tables live in prompts/ beside this file (copy it along).
+SPADE (arXiv 2608.19197; Algorithm 1 lines 3-6: skills in Sec. 3.1, grounding in Sec. 3.2, the
+tool-use designer in Sec. 4.2) makes the policy write complete multi-turn environments as Python
+classes. Each regeneration picks the active skills by round robin, grounds every attempt in a
+document sampled from a corpus, shows the environment memory (memory.py), extracts the code from
+the reply, validates it in the sandbox (up to 5 attempts per slot, a fresh document each time;
+invalid attempts are rejection-sampled away, never trained on), and then asks the same policy for a
+privileged hint used by the hint-based regret, Eq. (3). The prompt texts and skill tables live in
+prompts/ beside this file (copy it along).
 
     round robin:  e = step // R,  start = (e * k) mod n,  active = S[start], ..., S[start + k - 1]
     slot i of a regeneration gets skill active[i mod k]

@@ -1,9 +1,10 @@
 """GRPO for both roles of one policy: per-role advantages and the clipped policy-gradient loss.
 
-SPADE (arXiv 2608.19197), the policy update: one policy is both the Environment Designer and the
+SPADE (arXiv 2608.19197, Sec. 3.4), the policy update: one policy is both the Environment Designer and the
 Reasoning Agent, and both roles update it with GRPO. Per role:
 
     agent:     A_i = (R_i - mean_g(R)) / (std_g(R) + 1e-8)     g = the G plays of one environment
+                                                               (Eq. 1)
     designer:  A_i = S * (score_i - mean_k(score))             k = the designer samples of one skill
                S   = min(50, N_agent / N_designer * R)         role balance (~32 in the paper)
 
@@ -68,7 +69,7 @@ def agent_advantages(returns: Sequence[float], group_ids: Sequence[Hashable]) ->
     for idx in _groups(group_ids):
         g = r[idx]                                                          # (G,)
         if g.max() > g.min():  # a zero-variance group says nothing about what is better
-            adv[idx] = (g - g.mean()) / (g.std(correction=0) + 1e-8)       # population std
+            adv[idx] = (g - g.mean()) / (g.std(correction=0) + 1e-8)       # Eq. (1); population std
     return adv.float()
 
 

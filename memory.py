@@ -1,10 +1,11 @@
 """Environment memory: what the designer remembers about the environments it wrote before.
 
-SPADE (arXiv 2608.19197; the environment memory) keeps a bounded FIFO record of past environments
-with the agent's win rate w(e) (share of unhinted plays with return > 0) and the regret (Eq. (3))
-each earned. A designer prompt for a skill shows up to two positive exemplars (at the learning
-frontier, ranked by regret; the first 2,000 characters of their code) as inspiration, and one
-negative example (far too easy or too hard), so the designer drifts towards the frontier:
+SPADE (arXiv 2608.19197; the environment memory of the designer's grounding, Sec. 3.2, updated at
+Algorithm 1's last step) keeps a bounded FIFO record of past environments with the agent's win rate
+w(e) (share of unhinted plays with return > 0) and the regret (Eq. (3)) each earned. A designer
+prompt for a skill shows up to two positive exemplars (at the learning frontier, ranked by regret;
+the first 2,000 characters of their code) as inspiration, and one negative example (far too easy or
+too hard), so the designer drifts towards the frontier:
 
     positive(skill) = sample_2( top_10_by_regret({r : r.skill = skill, 0.15 <= r.win_rate <= 0.85}) )
     negative(skill) = sample_1({r : r.skill = skill, r.win_rate > 0.9 or r.win_rate < 0.1})
