@@ -402,11 +402,10 @@ def _zygote_setup(cfg: dict):
     cfg["mountns"] = root and _LIBC.unshare(0x00020000) == 0           # CLONE_NEWNS
     if cfg["mountns"]:
         _LIBC.mount(None, b"/", None, 0x4000 | 0x40000, None)          # MS_REC | MS_PRIVATE
-        for path, size in (("/tmp", cfg["scratch_mb"]), ("/var/tmp", 16), ("/dev/shm", 16)):
+        for path, size in ((b"/tmp", cfg["scratch_mb"]), (b"/var/tmp", 16), (b"/dev/shm", 16)):
             if os.path.isdir(path):
-                opts = f"size={size}m,mode=1777".encode()
-                flags = 0x2 | 0x4                                      # MS_NOSUID | MS_NODEV
-                cfg["mountns"] &= _LIBC.mount(b"tmpfs", path.encode(), b"tmpfs", flags, opts) == 0
+                opts = f"size={size}m,mode=1777".encode()              # MS_NOSUID | MS_NODEV:
+                cfg["mountns"] &= _LIBC.mount(b"tmpfs", path, b"tmpfs", 0x2 | 0x4, opts) == 0
     gc.collect()
     gc.freeze()                                                        # the children's GC skips it
     with open("/proc/self/statm") as f:                                # the preloaded interpreter
@@ -646,9 +645,10 @@ class EnvHandle:
         while data:                                                    # one write, unless long
             try:
                 data = data[os.write(self._wfd, data):]
-            except BlockingIOError:
-                left = self._deadline - time.monotonic()
-                if left <= 0 or not select.select([], [self._wfd], [], left)[1]:
+            except BlockingIOError:                                    # wait for room: poll,
+                room = select.poll()                                   # as select() cannot
+                room.register(self._wfd, select.POLLOUT)               # take fds over 1023
+                if not room.poll(max(0, (self._deadline - time.monotonic()) * 1000)):
                     raise self._timeout() from None
             except BrokenPipeError:
                 raise self._kill(None, wait=True) from None
