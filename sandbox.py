@@ -1,68 +1,65 @@
-r"""Sandbox: run designer-written environments, and model-written programs, in locked-down processes.
+r"""Sandbox: run designer-written environments and model-written programs in locked-down processes.
 
-SPADE (arXiv 2608.19197, Sec. 3): the Environment Designer writes a Python class with reset()/step()
-(games) or a ToolEnv subclass (tool use, toolenv.py) for the Reasoning Agent to play; eval runs
+SPADE (arXiv 2608.19197, Sec. 3): the Environment Designer writes a Python class with reset() and
+step() (games) or a ToolEnv subclass (tool use, Sec. 4.2) for the Reasoning Agent to play; eval runs
 model-written LiveCodeBench solutions: untrusted code, run by the thousand next to weights and keys.
 
     with Sandbox(workers=8, step_timeout=5.0, memory_mb=1024) as sb:
-        report = sb.validate(source, setting="games")  # ValidationReport(.ok, .error, .class_name, .kind)
-        env = sb.open(source)                          # EnvHandle: .reset(seed) .step(action) .tools .close
-        sb.reset_many(handles, seeds); sb.step_many(handles, actions)   # batches: handles run concurrently
+        report = sb.validate(source, setting="games")  # ValidationReport: ok error class_name kind
+        env = sb.open(source)                 # EnvHandle: reset(seed) step(action) tools() close()
+        sb.reset_many(handles, seeds); sb.step_many(handles, actions)  # handles run concurrently
         status, stdout = sb.run_program(code, stdin, timeout=6.0)
 
-THREAT MODEL. The code may hang, ignore signals, bomb memory, processes or threads, flood output, read
-env vars, home secrets or project files, write anywhere, open sockets, signal or ptrace the trainer,
-forge or add reply lines, return lying objects (float/str subclasses, NaN, a faked __class__, lone
-surrogates), exit or segfault, keep state for its next episode, and behave well only while validated.
-None of that may crash or stall the caller, leak a secret, leave a side effect, or change another episode.
+Needs: sandbox.py alone for games and programs; + toolenv.py beside it for tool use (the zygote
+preloads it when present; without it the "tool" setting raises SandboxInfraError). Stdlib only.
 
-DESIGN. A zygote (`python -s -B -P sandbox.py --zygote`, clean env, never a fork of the trainer, never
-runs untrusted code; it preloads toolenv.py) forks one worker per EPISODE (`pool` of them ahead); a
-worker locks itself down before it reads its first request, then executes the source afresh. Requests
-and replies are JSON lines on two private pipes, one request outstanding, each with a fresh nonce;
-the PARENT re-checks every reply field with type(), caps and text checks.
+THREAT MODEL. The code may hang, ignore signals, bomb memory, processes or threads, flood output,
+read env vars, home secrets or project files, write anywhere, open sockets, signal or ptrace the
+trainer, forge or add reply lines, return lying objects (float/str subclasses, NaN, a faked
+__class__, lone surrogates), exit or segfault, keep state for its next episode, and behave well
+only while validated. None of that may crash or stall the caller, leak a secret, leave a side
+effect, or change another episode.
+
+DESIGN. A zygote (`python -s -B -P sandbox.py --zygote`, clean env, never a fork of the trainer,
+never runs untrusted code) forks one worker per EPISODE (`pool` of them ahead); a worker locks
+itself down before it reads its first request, then executes the source afresh. Requests and
+replies are JSON lines on two private pipes, one request outstanding, each with a fresh nonce; the
+PARENT re-checks every reply field with type(), caps and text checks. Environment faults are named
+(FAILURES: info["error"], ValidationReport.kind); faults of the sandbox raise SandboxInfraError.
 LAYERS (`Sandbox.layers` lists those achieved; a later worker missing one exits unused):
-  always    allow-listed env (PYTHONHASHSEED=0), setsid, fds 0-2 on /dev/null, pipes on 3/4, no other
-            fd, scratch cwd; rlimits AS (memory_mb above the preloaded zygote), CPU, FSIZE, NOFILE,
-            NPROC, CORE=0; parent deadlines per call and per episode, SIGKILL of the process group;
-            JSON only (never pickle), 1 MiB reply lines; a fresh worker per episode.
-  netns     (root) one empty network namespace for the zygote's workers: no interface but loopback.
-            Workers cannot reach each other in it: Landlock denies TCP bind/connect, seccomp allows
-            AF_UNIX sockets only, and Landlock (ABI >= 6) scopes abstract unix sockets to the worker.
+  always    allow-listed env (PYTHONHASHSEED=0), setsid, fds 0-2 on /dev/null, pipes on 3/4, no
+            other fd, scratch cwd; rlimits AS (memory_mb above the preloaded zygote), CPU, FSIZE,
+            NOFILE, NPROC, CORE=0; parent deadlines per call and per episode, SIGKILL of the
+            process group; JSON only (never pickle), 1 MiB reply lines; a fresh worker per episode.
+  netns     (root) one empty network namespace for the zygote's workers, only loopback; workers
+            cannot reach each other there (no TCP/UDP: see landlock and seccomp).
   mountns   (root) private size-capped tmpfs on /tmp, /var/tmp, /dev/shm (scratch lives there).
   uid       (root) one unprivileged uid per worker: no signal, ptrace, renice or /proc read across
             workers or towards the trainer; the trainer user's files stay closed.
   pdeathsig, nondumpable, no_new_privs   set after the uid drop.
-  landlock  reads only below the Python install and system libraries, writes only in its scratch dir,
-            no TCP bind/connect; abstract unix sockets and signals scoped to the worker (ABI >= 6).
-  seccomp   BPF (x86_64, aarch64; syscalls by name in _SYSCALLS): EPERM for each "deny" call (fork,
-            exec, ptrace, mount, namespaces, bpf, io_uring, modules, pidfd, setpriority, ...); clone
-            only with CLONE_THREAD; kill/sigqueue only of itself; sockets only AF_UNIX.
-NOT COVERED. Kernel exploits (a process sandbox is not a VM); GPU device nodes are visible (Landlock
-forbids opening them); no cgroups (workers share CPU and memory within their rlimits); below Landlock
-ABI 6 (Linux 6.12) abstract unix sockets are not scoped, so workers of one zygote could meet there.
-Without root, scratch is the host's /tmp under the per-file limit and workers share the trainer's
-uid, relying on Landlock and seccomp; without those too, only "always" holds and world-readable files
-and the network are reachable. A worker may read the nonce from its own serve loop and answer for
-itself: that only changes its own reply. Modules outside PRELOAD may be unimportable when the Python
-install lies below a directory the worker uid cannot traverse (e.g. /root/.pyenv).
+  landlock  reads only below the Python install and system libraries, writes only in its scratch
+            dir, no TCP bind/connect; abstract unix sockets and signals scoped to it (ABI >= 6).
+  seccomp   BPF (x86_64, aarch64; _DENY by name): EPERM for fork, exec, ptrace, mount, namespaces,
+            bpf, io_uring, modules, pidfd, setpriority, ...; clone only with CLONE_THREAD;
+            kill/sigqueue only of itself; sockets only AF_UNIX.
+NOT COVERED. Kernel exploits (a process sandbox is not a VM); GPU device nodes are visible
+(Landlock forbids opening them); no cgroups (workers share CPU and memory within their rlimits);
+below Landlock ABI 6 (Linux 6.12) abstract unix sockets are not scoped, so workers of one zygote
+could meet there. Without root, scratch is the host's /tmp under the per-file limit and workers
+share the trainer's uid, relying on Landlock and seccomp; without those too, only "always" holds
+and world-readable files and the network are reachable. A worker may read the nonce from its own
+serve loop and answer for itself: that only changes its own reply.
 
-NAMED FAILURES: FAILURES, in info["error"] and ValidationReport.kind. Faults of the sandbox itself
-raise SandboxInfraError.
-
-DEVIATIONS (the authors exec() environments inside the trainer with thread timeouts):
-  1. The process per episode above: module globals, class attributes, `random` and stdlib state
-     never carry over; one netns per zygote, not per worker (~2 ms per start); `-s -B -P`, not
-     `-I` (which drops PYTHONHASHSEED=0).
-  2. Validation adds an unpredictable probe (random seed and actions) under the play-time limits,
-     replays a tool environment's solution() from seeds 0, 1, 2, and rejects `too_slow`: a median
-     reset or step call over SLOW_SHARE x step_timeout, as that stalls every batched turn.
-  3. Threads are allowed; one still running at reset, episode end or in validation: `resource_leak`.
-  4. Conveniences: a bare-str reset() means (obs, {}); numpy values are converted in the worker;
-     observations over OBS_CAP characters are truncated.
-
-The environment is the LAST module-level class whose name ends in "Env". Stdlib only (numpy is
-preloaded in workers when installed). Test: python -m pytest -q tests/test_sandbox.py
+DEVIATIONS: 1. A process per episode (authors: exec() inside the trainer, thread timeouts): module
+globals, class attributes, `random` and stdlib state never carry over. 2. Validation adds an
+unpredictable probe (random seed and actions) under the play-time limits, runs toolenv.self_check
+from seeds 0, 1, 2 for a tool environment, and rejects `too_slow`: a median reset or step call
+over SLOW_SHARE x step_timeout (it would stall every batched turn). 3. Threads are allowed; one
+still running at reset, episode end or in validation is a `resource_leak`. 4. Conveniences: a
+bare-str reset() means (obs, {}); numpy values are converted in the worker; observations over
+OBS_CAP characters are truncated.
+The environment is the LAST module-level class whose name ends in "Env".
+Test: python -m pytest -q tests/test_sandbox.py tests/test_sandbox_alone.py
 """
 from __future__ import annotations
 
@@ -87,21 +84,22 @@ import threading
 import time
 from dataclasses import dataclass
 
-OBS_CAP = 32_000          # characters; honest observations up to this pass unchanged
-LINE_CAP = 1 << 20        # bytes per reply line (environments)
-SLOW_SHARE = 0.25         # validation: the largest median reset/step time, as a share of step_timeout
-PROBE_ACTIONS = (r"\boxed{1}", r"\boxed{test}", r"\boxed{42}")      # the paper's fixed probe actions
-FAILURES = ("load_error", "reset_error", "step_error", "timeout", "episode_timeout", "memory_limit",
-            "cpu_limit", "worker_exited", "worker_crashed", "protocol_violation", "output_too_large",
-            "invalid_observation", "invalid_reward", "invalid_result", "resource_leak",
-            "nondeterministic", "unsolvable", "too_slow", "closed")
-UIDS = 0x400               # worker uids per zygote (live + pre-forked workers)
+OBS_CAP = 32_000        # characters; honest observations up to this pass unchanged
+LINE_CAP = 1 << 20      # bytes per reply line (environments)
+SLOW_SHARE = 0.25       # validation: the largest median reset/step time, a share of step_timeout
+PROBE_ACTIONS = (r"\boxed{1}", r"\boxed{test}", r"\boxed{42}")  # the paper's fixed probe actions
+FAILURES = ("load_error", "reset_error", "step_error", "timeout", "episode_timeout",
+            "memory_limit", "cpu_limit", "worker_exited", "worker_crashed", "protocol_violation",
+            "output_too_large", "invalid_observation", "invalid_reward", "invalid_result",
+            "resource_leak", "nondeterministic", "unsolvable", "too_slow", "closed")
+UIDS = 0x400            # worker uids per zygote (live + pre-forked workers)
 FULL = ("rlimits", "netns", "uid", "pdeathsig", "nondumpable", "no_new_privs", "seccomp")
-PRELOAD = tuple("math random re json itertools collections functools heapq string fractions decimal statistics "
-                "dataclasses typing enum copy textwrap bisect operator datetime hashlib array struct time unicodedata "
-                "abc numbers pprint traceback types ast tempfile shutil ctypes resource fcntl threading calendar "
-                "cmath difflib uuid secrets io queue".split())
-NUMPY_PRELOAD = ("numpy", "numpy.random", "numpy.linalg")   # also, when installed and Sandbox(numpy=True)
+PRELOAD = tuple(        # imported by the zygote: workers have them even without read access
+    "math random re json itertools collections functools heapq string fractions decimal "
+    "statistics dataclasses typing enum copy textwrap bisect operator datetime hashlib array "
+    "struct time unicodedata abc numbers pprint traceback types ast tempfile shutil ctypes "
+    "resource fcntl threading calendar cmath difflib uuid secrets io queue".split())
+NUMPY_PRELOAD = ("numpy", "numpy.random", "numpy.linalg")  # also, if installed and numpy=True
 
 
 # INFRA: the wire format: one JSON value per line, ASCII, no NaN/inf, never pickle. A request is
@@ -114,8 +112,9 @@ def _jsonable(x):
 
 
 _dumps = json.JSONEncoder(allow_nan=False, separators=(",", ":"), default=_jsonable).encode
-_quote = json.encoder.encode_basestring_ascii                   # a str as a JSON string: json's C function
-_scan = json.JSONDecoder(parse_constant=int).scan_once  # C scanner (decode() adds 2 frames); int("NaN") raises
+_quote = json.encoder.encode_basestring_ascii    # a str as a JSON string: json's C function
+# json's C scanner (decode() adds 2 frames); parse_constant=int: int("NaN") raises
+_scan = json.JSONDecoder(parse_constant=int).scan_once
 
 
 def _loads(text: str):
@@ -127,7 +126,7 @@ def _loads(text: str):
 
 
 class SandboxInfraError(RuntimeError):
-    """The sandbox itself failed (never the environment's fault): the caller should retry."""
+    """The sandbox itself failed or cannot serve the request (never the environment's fault)."""
 
 
 @dataclass
@@ -138,64 +137,69 @@ class ValidationReport:
     kind: str | None = None           # the named failure when not ok (see FAILURES), else None
 
 
-# INFRA: kernel layers applied in the worker (ctypes + stdlib only)
-_NEW = dict(pidfd_send_signal=424, io_uring_setup=425, io_uring_enter=426, io_uring_register=427, open_tree=428,
-            move_mount=429, fsopen=430, fsconfig=431, fsmount=432, pidfd_open=434, pidfd_getfd=438,
-            process_madvise=440, mount_setattr=442)            # since Linux 5.1: one number on every arch
-_SYSCALLS = {  # numbers from asm/unistd_64.h (x86_64) and asm-generic/unistd.h (aarch64: no fork, vfork, iopl, ioperm)
-    "x86_64": dict(audit=0xC000003E, clone=56, clone3=435, kill=62, tgkill=234, rt_sigqueueinfo=129,
-                   rt_tgsigqueueinfo=297, socket=41, socketpair=53, deny=dict(_NEW,  # EPERM, whatever the arguments
-        ptrace=101, process_vm_readv=310, process_vm_writev=311, fork=57, vfork=58, tkill=200, execve=59,
-        execveat=322, unshare=272, setns=308, mount=165, umount2=166, pivot_root=155, chroot=161, bpf=321,
-        perf_event_open=298, userfaultfd=323, keyctl=250, add_key=248, request_key=249, kexec_load=246,
-        kexec_file_load=320, init_module=175, finit_module=313, delete_module=176, reboot=169, swapon=167,
-        swapoff=168, acct=163, personality=135, open_by_handle_at=304, name_to_handle_at=303, sethostname=170,
-        setdomainname=171, quotactl=179, kcmp=312, iopl=172, ioperm=173, setpriority=141)),
-    "aarch64": dict(audit=0xC00000B7, clone=220, clone3=435, kill=129, tgkill=131, rt_sigqueueinfo=138,
-                    rt_tgsigqueueinfo=240, socket=198, socketpair=199, deny=dict(_NEW,
-        ptrace=117, process_vm_readv=270, process_vm_writev=271, tkill=130, execve=221, execveat=281,
-        unshare=97, setns=268, mount=40, umount2=39, pivot_root=41, chroot=51, bpf=280, perf_event_open=241,
-        userfaultfd=282, keyctl=219, add_key=217, request_key=218, kexec_load=104, kexec_file_load=294,
-        init_module=105, finit_module=273, delete_module=106, reboot=142, swapon=224, swapoff=225, acct=89,
-        personality=92, open_by_handle_at=265, name_to_handle_at=264, sethostname=161, setdomainname=162,
-        quotactl=60, kcmp=272, setpriority=140)),
-}
-_ARCH = {"arm64": "aarch64"}.get(os.uname().machine, os.uname().machine)
-_LD, _JEQ, _JSET, _JGE, _RET, _ALLOW, _EPERM = 0x20, 0x15, 0x45, 0x35, 0x06, 0x7FFF0000, 0x50001  # BPF; RET_*
+# INFRA: kernel layers applied in the worker (ctypes + stdlib only). Syscall numbers as
+# (x86_64, aarch64) from asm/unistd_64.h and asm-generic/unistd.h; None: the arch has no such call.
+_ARGS = dict(clone=(56, 220), clone3=(435, 435), kill=(62, 129), tgkill=(234, 131),   # checked
+             rt_sigqueueinfo=(129, 138), rt_tgsigqueueinfo=(297, 240), socket=(41, 198),
+             socketpair=(53, 199), audit=(0xC000003E, 0xC00000B7))   # AUDIT_ARCH_*, not a call
+_DENY = dict(  # EPERM whatever the arguments
+    ptrace=(101, 117), process_vm_readv=(310, 270), process_vm_writev=(311, 271), fork=(57, None),
+    vfork=(58, None), tkill=(200, 130), execve=(59, 221), execveat=(322, 281), unshare=(272, 97),
+    setns=(308, 268), mount=(165, 40), umount2=(166, 39), pivot_root=(155, 41), chroot=(161, 51),
+    bpf=(321, 280), perf_event_open=(298, 241), userfaultfd=(323, 282), keyctl=(250, 219),
+    add_key=(248, 217), request_key=(249, 218), kexec_load=(246, 104), init_module=(175, 105),
+    kexec_file_load=(320, 294), finit_module=(313, 273), delete_module=(176, 106),
+    reboot=(169, 142), swapon=(167, 224), swapoff=(168, 225), acct=(163, 89),
+    personality=(135, 92), open_by_handle_at=(304, 265), name_to_handle_at=(303, 264),
+    sethostname=(170, 161), setdomainname=(171, 162), quotactl=(179, 60), kcmp=(312, 272),
+    iopl=(172, None), ioperm=(173, None), setpriority=(141, 140),  # then: since Linux 5.1, shared
+    pidfd_send_signal=(424, 424), io_uring_setup=(425, 425), io_uring_enter=(426, 426),
+    io_uring_register=(427, 427), open_tree=(428, 428), move_mount=(429, 429),
+    fsopen=(430, 430), fsconfig=(431, 431), fsmount=(432, 432), pidfd_open=(434, 434),
+    pidfd_getfd=(438, 438), process_madvise=(440, 440), mount_setattr=(442, 442))
+_SYSCALLS = {arch: dict({k: v[i] for k, v in _ARGS.items()},
+                        deny={k: v[i] for k, v in _DENY.items() if v[i] is not None})
+             for i, arch in enumerate(("x86_64", "aarch64"))}
+_ARCH = os.uname().machine
+_LD, _JEQ, _JSET, _JGE, _RET = 0x20, 0x15, 0x45, 0x35, 0x06       # classic BPF: LD|W|ABS, JMP|...
+_ALLOW, _EPERM, _ENOSYS, _KILL = 0x7FFF0000, 0x50001, 0x50026, 0x80000000  # SECCOMP_RET_*
 
 
 def _only(nr, values) -> list:
     """Allow syscall `nr` iff the low 32 bits of its first argument are in `values`, else EPERM."""
-    body = [(_LD, 0, 0, 16)] + [(_JEQ, len(values) - j, 0, v & 0xFFFFFFFF) for j, v in enumerate(values)]
+    body = [(_LD, 0, 0, 16)]                                           # args[0], low half
+    body += [(_JEQ, len(values) - j, 0, v & 0xFFFFFFFF) for j, v in enumerate(values)]
     return [(_JEQ, 0, len(body) + 2, nr)] + body + [(_RET, 0, 0, _EPERM), (_RET, 0, 0, _ALLOW)]
 
 
 def _seccomp_head(arch: str) -> bytes:
-    """Classic BPF over seccomp_data {nr@0, arch@4, ip@8, args@16+8i}, all but the pid-specific tail."""
+    """BPF over seccomp_data {nr@0, arch@4, args@16+8i} but the pid tail; another arch is killed."""
     nr = _SYSCALLS[arch]
-    prog = [(_LD, 0, 0, 4), (_JEQ, 1, 0, nr["audit"]), (_RET, 0, 0, 0x80000000), (_LD, 0, 0, 0)]  # else KILL
-    prog += [(_JGE, 0, 1, 0x40000000), (_RET, 0, 0, _EPERM)] if arch == "x86_64" else []  # the x32 ABI
+    prog = [(_LD, 0, 0, 4), (_JEQ, 1, 0, nr["audit"]), (_RET, 0, 0, _KILL), (_LD, 0, 0, 0)]
+    if arch == "x86_64":
+        prog += [(_JGE, 0, 1, 0x40000000), (_RET, 0, 0, _EPERM)]      # the x32 ABI
     for number in nr["deny"].values():
         prog += [(_JEQ, 0, 1, number), (_RET, 0, 0, _EPERM)]
-    prog += [(_JEQ, 0, 1, nr["clone3"]), (_RET, 0, 0, 0x50026)]        # ENOSYS: glibc falls back to clone
+    prog += [(_JEQ, 0, 1, nr["clone3"]), (_RET, 0, 0, _ENOSYS)]       # glibc falls back to clone
     prog += _only(nr["socket"], [1]) + _only(nr["socketpair"], [1])   # AF_UNIX
     prog += [(_JEQ, 0, 4, nr["clone"]), (_LD, 0, 0, 16), (_JSET, 1, 0, 0x10000),  # CLONE_THREAD
              (_RET, 0, 0, _EPERM), (_RET, 0, 0, _ALLOW)]
-    return b"".join(struct.pack("HBBI", *ins) for ins in prog)
+    return b"".join(struct.pack("HBBI", *ins) for ins in prog)         # struct sock_filter[]
 
 
-_SECCOMP_HEAD = _seccomp_head(_ARCH) if _ARCH in _SYSCALLS else b""  # built at import: once in the zygote
-_LIBC = ctypes.CDLL(None, use_errno=True)                            # loaded at import: workers inherit it
+_SECCOMP_HEAD = _seccomp_head(_ARCH) if _ARCH in _SYSCALLS else b""  # built once, in the zygote
+_LIBC = ctypes.CDLL(None, use_errno=True)                            # workers inherit it
 _LIBC.syscall.restype = ctypes.c_long
 
 
 def _apply_seccomp(pid: int) -> bool:
-    """The head, then signals (kill, tgkill, sigqueue) only to this worker itself; PR_SET_SECCOMP."""
+    """The head, then signals (kill, tgkill, sigqueue) only to the worker itself: PR_SET_SECCOMP."""
     if _ARCH not in _SYSCALLS:
         return False
     nr = _SYSCALLS[_ARCH]
-    tail = _only(nr["kill"], [pid, 0, -pid]) + _only(nr["tgkill"], [pid]) + _only(nr["rt_sigqueueinfo"], [pid])
-    tail += _only(nr["rt_tgsigqueueinfo"], [pid]) + [(_RET, 0, 0, _ALLOW)]
+    tail = _only(nr["kill"], [pid, 0, -pid]) + _only(nr["tgkill"], [pid])
+    tail += _only(nr["rt_sigqueueinfo"], [pid]) + _only(nr["rt_tgsigqueueinfo"], [pid])
+    tail += [(_RET, 0, 0, _ALLOW)]
     code = _SECCOMP_HEAD + b"".join(struct.pack("HBBI", *ins) for ins in tail)
     buf = ctypes.create_string_buffer(code, len(code))
     prog = struct.pack("HxxxxxxP", len(code) // 8, ctypes.addressof(buf))  # struct sock_fprog
@@ -204,22 +208,21 @@ def _apply_seccomp(pid: int) -> bool:
 
 def _apply_landlock(scratch: str, read_dirs: list[str]) -> bool:
     sysc = _LIBC.syscall
-    abi = sysc(444, None, 0, 1)                                        # LANDLOCK_CREATE_RULESET_VERSION
+    abi = sysc(444, None, 0, 1)                                        # RULESET_VERSION
     if abi < 1:
         return False
     fs = {1: 0x1FFF, 2: 0x3FFF, 3: 0x7FFF, 4: 0x7FFF}.get(abi, 0xFFFF)
-    attr = struct.pack("QQQ", fs, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)  # fs, net, scope rights
+    attr = struct.pack("QQQ", fs, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)  # fs, net, scope
     attr = attr[: 24 if abi >= 6 else 16 if abi >= 4 else 8]
     rfd = sysc(444, attr, len(attr), 0)                                # landlock_create_ruleset
     if rfd < 0:
         return False
-    for path, rights in [(d, 0x1 | 0x4 | 0x8) for d in read_dirs] + [("/dev/urandom", 0x4), (scratch, fs)]:
-        try:                                                           # EXECUTE|READ_FILE|READ_DIR
+    rules = [(d, 0x1 | 0x4 | 0x8) for d in read_dirs]                 # EXECUTE|READ_FILE|READ_DIR
+    for path, rights in rules + [("/dev/urandom", 0x4), (scratch, fs)]:
+        try:
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
         except OSError:
             continue
-        if not os.path.isdir(path):
-            rights &= 0x1 | 0x2 | 0x4 | 0x4000 | 0x8000                 # file-only rights
         sysc(445, rfd, 1, struct.pack("=Qi", rights & fs, fd), 0)      # RULE_PATH_BENEATH
         os.close(fd)
     ok = sysc(446, rfd, 0) == 0                                        # landlock_restrict_self
@@ -229,7 +232,8 @@ def _apply_landlock(scratch: str, read_dirs: list[str]) -> bool:
 
 # INFRA: the worker (a child of the zygote: it locks itself down, then serves one episode)
 def _worker_setup(req_fd, rep_fd, uid, cfg, required):
-    layers, zygote, root = [], os.getppid(), os.geteuid() == 0
+    root = os.geteuid() == 0
+    zygote = os.getppid()
     os.setsid()
     r, w = fcntl.fcntl(req_fd, fcntl.F_DUPFD, 10), fcntl.fcntl(rep_fd, fcntl.F_DUPFD, 10)
     null = os.open("/dev/null", os.O_RDWR)
@@ -241,27 +245,29 @@ def _worker_setup(req_fd, rep_fd, uid, cfg, required):
     if root:
         os.chown(scratch, uid, uid)
     os.chdir(scratch)
-    os.environ.update(HOME=scratch, TMPDIR=scratch)                    # the rest: the zygote's allow-list
-    for lim, v in ((resource.RLIMIT_AS, cfg["vsz"] + cfg["memory_mb"] * 2**20), (resource.RLIMIT_CORE, 0),
-                   (resource.RLIMIT_CPU, cfg["cpu_seconds"]), (resource.RLIMIT_FSIZE, cfg["fsize_mb"] * 2**20),
-                   (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_NPROC, 32 if root else 0)):
-        resource.setrlimit(lim, (v, v + 1 if lim == resource.RLIMIT_CPU else v))  # SIGXCPU, then SIGKILL
-    layers += ["rlimits"] + [x for x in ("netns", "mountns") if cfg[x]]
+    os.environ.update(HOME=scratch, TMPDIR=scratch)          # the rest: the zygote's allow-list
+    limits = {resource.RLIMIT_AS: cfg["vsz"] + cfg["memory_mb"] * 2**20, resource.RLIMIT_CORE: 0,
+              resource.RLIMIT_CPU: cfg["cpu_seconds"], resource.RLIMIT_FSIZE: cfg["fsize_mb"] << 20,
+              resource.RLIMIT_NOFILE: 64, resource.RLIMIT_NPROC: 32 if root else 0}
+    for lim, v in limits.items():                            # CPU: SIGXCPU first, then SIGKILL
+        resource.setrlimit(lim, (v, v + 1 if lim == resource.RLIMIT_CPU else v))
+    layers = ["rlimits"] + [x for x in ("netns", "mountns") if cfg[x]]
     if root:
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
         layers.append("uid")
-    if _LIBC.prctl(1, signal.SIGKILL, 0, 0, 0) == 0 and os.getppid() == zygote:  # PR_SET_PDEATHSIG
-        layers.append("pdeathsig")
-    layers += ["nondumpable"] if _LIBC.prctl(4, 0, 0, 0, 0) == 0 else []         # PR_SET_DUMPABLE 0
-    layers += ["no_new_privs"] if _LIBC.prctl(38, 1, 0, 0, 0) == 0 else []       # PR_SET_NO_NEW_PRIVS
-    layers += ["landlock"] if cfg["landlock"] and _apply_landlock(scratch, cfg["read_dirs"]) else []
-    layers += ["seccomp"] if cfg["seccomp"] and _apply_seccomp(os.getpid()) else []
+    applied = {  # in this order, seccomp last; the parent death signal only while the zygote lives
+        "pdeathsig": _LIBC.prctl(1, signal.SIGKILL, 0, 0, 0) == 0 and os.getppid() == zygote,
+        "nondumpable": _LIBC.prctl(4, 0, 0, 0, 0) == 0,                # PR_SET_DUMPABLE 0
+        "no_new_privs": _LIBC.prctl(38, 1, 0, 0, 0) == 0,              # PR_SET_NO_NEW_PRIVS 1
+        "landlock": cfg["landlock"] and _apply_landlock(scratch, cfg["read_dirs"]),
+        "seccomp": cfg["seccomp"] and _apply_seccomp(os.getpid())}
+    layers += [layer for layer, ok in applied.items() if ok]
     if not set(required) <= set(layers):
         os._exit(71)                                                   # fail closed
     random.seed()                                                      # not the zygote's state
-    if "numpy.random" in sys.modules:                                  # 32 bits: 200x cheaper than seed()
+    if "numpy.random" in sys.modules:                                  # 32 bits: 200x cheaper
         sys.modules["numpy.random"].seed(random.getrandbits(32))
     return layers
 
@@ -269,13 +275,13 @@ def _worker_setup(req_fd, rep_fd, uid, cfg, required):
 # Worker-side conversion is friendliness only: the parent re-checks everything. The json encoder
 # writes float and str subclasses by their real value whatever their overrides say.
 def _w_obs(x) -> str:
-    if not issubclass(type(x), str):                                   # type(): __class__ can be faked
+    if not issubclass(type(x), str):                                   # type(): __class__ can lie
         raise _Fail("invalid_observation", f"observation of type {type(x).__name__}")
     return str.__str__(x)[:OBS_CAP]
 
 
 def _w_encode(x) -> str:
-    """JSON text of a result; exact bools, finite ints/floats and {} directly (the step reply's fields)."""
+    """JSON text of a result; exact bools, finite ints/floats and {} directly (a step's fields)."""
     if (t := type(x)) is bool or t is int or t is float and math.isfinite(x):
         return ("true" if x else "false") if t is bool else repr(x)
     if t is dict and not x:
@@ -288,47 +294,47 @@ def _w_encode(x) -> str:
 
 def _w_step(box, action) -> str:
     out = box["env"].step(action)
-    if not isinstance(out, (tuple, list)) or len(out) != 5:          # a namedtuple is honest too
-        raise _Fail("invalid_result", "step() must return (observation, reward, terminated, truncated, info)")
+    if not isinstance(out, (tuple, list)) or len(out) != 5:           # a namedtuple is honest too
+        raise _Fail("invalid_result", "step() must return obs, reward, terminated, truncated, info")
     obs, reward, term, trunc, info = out
     if issubclass(type(reward), float) and not math.isfinite(reward):
         raise _Fail("invalid_reward", f"reward {float.__repr__(reward)} is not finite")
-    return f"[{_quote(_w_obs(obs))},{_w_encode(reward)},{_w_encode(term)},{_w_encode(trunc)},{_w_encode(info)}]"
+    head = f"[{_quote(_w_obs(obs))},{_w_encode(reward)},"
+    return head + f"{_w_encode(term)},{_w_encode(trunc)},{_w_encode(info)}]"
 
 
 def _w_reset(box, seed) -> str:
     out = box["env"].reset(seed=seed)
-    out = (out, {}) if issubclass(type(out), str) else out             # a bare str: the common slip
+    out = (out, {}) if issubclass(type(out), str) else out             # a bare str: a common slip
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         raise _Fail("invalid_result", "reset() must return (observation, info)")
     return _w_encode([_w_obs(out[0]), out[1]])
 
 
 def _w_load(box, arg) -> str:
-    from toolenv import ToolEnv                                        # preloaded by the zygote
     source, setting = arg
-    ns = {"__name__": "__environment__", "ToolEnv": ToolEnv}
+    ns = {"__name__": "__environment__"}
+    if setting == "tool":
+        from toolenv import ToolEnv                                    # preloaded by the zygote
+        ns["ToolEnv"] = ToolEnv
     exec(compile(source, "<environment>", "exec"), ns)
     cls = [v for v in ns.values() if isinstance(v, type) and v.__name__.endswith("Env")
            and v.__module__ == "__environment__"]
-    if not cls or (setting == "tool" and not issubclass(cls[-1], ToolEnv)):
-        raise _Fail("load_error", f"{cls[-1].__name__} does not subclass ToolEnv" if cls
-                   else "no class whose name ends in 'Env'")
+    if not cls:
+        raise _Fail("load_error", "no class whose name ends in 'Env'")
+    if setting == "tool" and not issubclass(cls[-1], ToolEnv):
+        raise _Fail("load_error", f"{cls[-1].__name__} does not subclass ToolEnv")
     box["env"] = env = cls[-1]()
-    tools = env.tools() if isinstance(env, ToolEnv) else []
+    tools = env.tools() if setting == "tool" else []
     return _w_encode({"class_name": cls[-1].__name__, "tools": tools, "layers": box["layers"]})
 
 
-def _w_tool_probe(box, seed) -> str:
-    """reset(seed), then which predicates hold or raise already, and the reference solution."""
-    env, held, raised = box["env"], [], []
-    obs, _ = env.reset(seed=seed)
-    for i, (_, pred) in enumerate(env.instructions):
-        try:
-            held += [i] if pred(env.state) else []
-        except Exception:  # noqa: BLE001
-            raised.append(i)
-    return _w_encode([_w_obs(obs), len(env.instructions), held, raised, list(env.solution())])
+def _w_contract(box, seed) -> str:
+    import toolenv                                                     # preloaded by the zygote
+    try:
+        return _w_encode(toolenv.self_check(box["env"], seed))
+    except toolenv.ContractError as e:
+        raise _Fail("unsolvable", str(e)) from None
 
 
 def _w_program(box, arg) -> str:
@@ -336,42 +342,45 @@ def _w_program(box, arg) -> str:
     code, stdin, out_cap = arg
     with open("stdin.txt", "w", encoding="utf-8") as f:
         f.write(stdin)
-    os.dup2(os.open("stdin.txt", os.O_RDONLY), 0)
-    os.dup2(os.open("stdout.txt", os.O_WRONLY | os.O_CREAT, 0o600), 1)
-    sys.stdin = open(0, encoding="utf-8", closefd=False)
-    sys.stdout, sys.argv, status = open(1, "w", encoding="utf-8", closefd=False), ["solution.py"], "ok"
+    os.dup2(os.open("stdin.txt", os.O_RDONLY), 0)                      # sys.stdin and sys.stdout
+    os.dup2(os.open("stdout.txt", os.O_WRONLY | os.O_CREAT, 0o600), 1)  # (UTF-8, unused so far)
+    sys.argv = ["solution.py"]
+    status = "ok"
     try:
         exec(compile(code, "solution.py", "exec"), {"__name__": "__main__"})
-        for t in threading.enumerate():                                # as the interpreter does at exit
-            if t is not threading.current_thread() and not t.daemon:
+        for t in threading.enumerate():                                # as the interpreter does
+            if t is not threading.current_thread() and not t.daemon:  # at exit
                 t.join()
     except SystemExit as e:
         status = "ok" if e.code in (None, 0) else "error"
     except BaseException:  # noqa: BLE001 - the program's own failure
         status = "error"
-    with contextlib.suppress(BaseException):                           # the program's own stdout may raise
+    with contextlib.suppress(BaseException):                           # its stdout may raise
         sys.stdout.flush()
     with open("stdout.txt", "rb") as f:
         return _dumps([status, f.read(out_cap).decode("utf-8", "replace")])
+
+
+def _w_failure(e: BaseException, op: bytes) -> str:
+    """[failure, message] of a request that raised (a raising __str__ ends the worker instead)."""
+    if isinstance(e, _Fail):
+        return _dumps([e.kind, e.message])
+    kind = {b"L": "load_error", b"R": "reset_error"}.get(op, "step_error")
+    kind = "memory_limit" if isinstance(e, MemoryError) else kind
+    return _dumps([kind, f"{type(e).__name__}: {e}"[:300]])
 
 
 def _w_serve(layers):
     """One request line in, one reply line out, until the trainer closes the pipe. The trainer sends
     only these ops; a line it did not send can only come from this worker itself."""
     box = {"layers": layers}
-    ops = {b"S": _w_step, b"R": _w_reset, b"L": _w_load, b"T": _w_tool_probe, b"P": _w_program}
+    ops = {b"S": _w_step, b"R": _w_reset, b"L": _w_load, b"T": _w_contract, b"P": _w_program}
     for line in open(3, "rb", buffering=1 << 16):
         op, nonce = line[:1], line[1:9]
         try:
             out = b"%s=%s\n" % (nonce, ops[op](box, _loads(line[9:-1].decode())).encode())
-        except BaseException as e:  # noqa: BLE001 - SystemExit, custom BaseException, MemoryError...
-            kind = e.kind if isinstance(e, _Fail) else "memory_limit" if isinstance(e, MemoryError) \
-                else {b"L": "load_error", b"R": "reset_error"}.get(op, "step_error")
-            try:
-                msg = e.message if isinstance(e, _Fail) else f"{type(e).__name__}: {e}"
-            except BaseException:  # noqa: BLE001
-                msg = "unprintable exception"
-            out = b"%s!%s\n" % (nonce, _dumps([kind, msg[:300]]).encode())
+        except BaseException as e:  # noqa: BLE001 - SystemExit, custom BaseException, MemoryError
+            out = b"%s!%s\n" % (nonce, _w_failure(e, op).encode())
         while out:
             out = out[os.write(4, out):]
     os._exit(0)                                                        # the trainer closed the pipe
@@ -379,27 +388,27 @@ def _w_serve(layers):
 
 # INFRA: the zygote (`python sandbox.py --zygote <fd> <json cfg>`; it never runs untrusted code)
 def _zygote_setup(cfg: dict):
-    """Once, before any worker: the namespaces, the preloads, a frozen GC; records in cfg what the
-    workers need (netns, mountns, vsz, scratch, read_dirs)."""
+    """Once, before any worker: namespaces, preloads, a frozen GC; in cfg, what workers need."""
     import sysconfig
     root = os.geteuid() == 0
     cfg["netns"] = root and _LIBC.unshare(0x40000000) == 0             # CLONE_NEWNET
     for mod in PRELOAD + (NUMPY_PRELOAD if cfg["numpy"] else ()):
-        with contextlib.suppress(Exception):                           # optional; before a tmpfs hides /tmp
-            __import__(mod)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))     # -P left this file's dir off
-    import toolenv  # noqa: F401 - the ToolEnv base class, for every worker (which cannot read it)
+        with contextlib.suppress(Exception):                           # optional; before a tmpfs
+            __import__(mod)                                            # hides /tmp
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))     # -P left this dir off
+    with contextlib.suppress(Exception):   # ToolEnv for tool-setting workers, which cannot read
+        import toolenv  # noqa: F401       # this dir; without it the trainer refuses "tool"
     del sys.path[0]
     cfg["mountns"] = root and _LIBC.unshare(0x00020000) == 0           # CLONE_NEWNS
     if cfg["mountns"]:
         _LIBC.mount(None, b"/", None, 0x4000 | 0x40000, None)          # MS_REC | MS_PRIVATE
-        for path, size in (("/tmp", cfg["scratch_mb"]), ("/var/tmp", 16), ("/dev/shm", 16)):
-            if os.path.isdir(path):                                    # MS_NOSUID | MS_NODEV
-                opts = f"size={size}m,mode=1777".encode()
-                cfg["mountns"] &= _LIBC.mount(b"tmpfs", path.encode(), b"tmpfs", 0x2 | 0x4, opts) == 0
+        for path, size in ((b"/tmp", cfg["scratch_mb"]), (b"/var/tmp", 16), (b"/dev/shm", 16)):
+            if os.path.isdir(path):
+                opts = f"size={size}m,mode=1777".encode()              # MS_NOSUID | MS_NODEV:
+                cfg["mountns"] &= _LIBC.mount(b"tmpfs", path, b"tmpfs", 0x2 | 0x4, opts) == 0
     gc.collect()
-    gc.freeze()                                                        # children's GC skips (no COW)
-    with open("/proc/self/statm") as f:                                # the preloaded interpreter's size
+    gc.freeze()                                                        # the children's GC skips it
+    with open("/proc/self/statm") as f:                                # the preloaded interpreter
         cfg["vsz"] = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE") + (16 << 20)
     cfg["scratch"] = tempfile.mkdtemp(prefix="spade-sbx-")
     os.chmod(cfg["scratch"], 0o711)
@@ -409,8 +418,9 @@ def _zygote_setup(cfg: dict):
 
 
 def _fork_worker(cfg: dict, free: list, live: dict, required: list) -> tuple[int, int, int]:
-    """One locked-down worker with a free uid; it blocks on its request pipe until the first request."""
-    (req_r, req_w), (rep_r, rep_w), uid = os.pipe(), os.pipe(), free.pop()
+    """One locked-down worker with a free uid; it blocks on its request pipe until the first one."""
+    (req_r, req_w), (rep_r, rep_w) = os.pipe(), os.pipe()
+    uid = free.pop()
     try:
         pid = os.fork()
     except OSError:
@@ -421,31 +431,27 @@ def _fork_worker(cfg: dict, free: list, live: dict, required: list) -> tuple[int
         try:
             try:
                 layers = _worker_setup(req_r, rep_w, uid, cfg, required)
-                os.write(4, b"+")                                      # set up: a later death is the code's
+                os.write(4, b"+")                            # set up: a later death is the code's
             except BaseException as e:  # noqa: BLE001 - say why on the reply pipe if it is there
                 os.write(4, f"{type(e).__name__}: {e}".encode())
                 raise
             _w_serve(layers)
         finally:
-            os._exit(70)                                               # never fall back into the zygote
+            os._exit(70)                                     # never fall back into the zygote
     list(map(os.close, (req_r, rep_w)))
-    for fd in (req_w, rep_r):                                          # the trainer's ends (O_NONBLOCK is
-        os.set_blocking(fd, False)                                     # shared with the fds it is sent)
+    for fd in (req_w, rep_r):                                # the trainer's ends (O_NONBLOCK is
+        os.set_blocking(fd, False)                           # shared with the fds it is sent)
     live[pid] = uid
     return pid, req_w, rep_r
 
 
-def _reap(pid: int, cfg: dict, free: list, live: dict, grace: float = 0.0) -> int:
-    """The worker's wait status (SIGKILL after `grace` seconds); its scratch dir and uid are freed."""
-    end = time.monotonic() + grace
-    while not (got := os.waitpid(pid, os.WNOHANG))[0] and time.monotonic() < end:
-        time.sleep(0.002)
-    if not got[0]:
-        _killall(pid)
-        got = os.waitpid(pid, 0)
+def _reap(pid: int, cfg: dict, free: list, live: dict) -> int:
+    """SIGKILL (again: an exit under way keeps its cause); free scratch dir and uid; the status."""
+    _killall(pid)
+    status = os.waitpid(pid, 0)[1]
     shutil.rmtree(os.path.join(cfg["scratch"], f"w{pid}"), ignore_errors=True)
     free.append(live.pop(pid))
-    return got[1]
+    return status
 
 
 def _zygote_main(sock_fd: int, cfg: dict):
@@ -456,23 +462,25 @@ def _zygote_main(sock_fd: int, cfg: dict):
     sock = socket.socket(fileno=sock_fd)
     _zygote_setup(cfg)
     base = 0x10000000 + (os.getpid() % 0x100000) * UIDS
-    free, live, pool, want, required = list(range(base + UIDS - 1, base, -1)), {}, [], 0, []
-    sock.send(b'{"ready": 1}')
+    free, live = list(range(base + UIDS - 1, base, -1)), {}   # the uids: unused; pid -> uid
+    pool, want = [], 0                                        # workers forked ahead; how many
+    required = []                                             # layers every worker must have
+    sock.send(json.dumps({"ready": 1, "toolenv": "toolenv" in sys.modules}).encode())
     while True:
         if len(pool) < want and len(free) > 1 and not select.select([sock], [], [], 0)[0]:
-            try:
-                pool.append(_fork_worker(cfg, free, live, required))   # refill while the trainer is busy
+            try:                                                       # refill while the trainer
+                pool.append(_fork_worker(cfg, free, live, required))   # is busy
             except OSError:
                 want = 0
             continue
-        if not (msg := sock.recv(1 << 16)):                            # the trainer closed the socket
+        if not (msg := sock.recv(1 << 16)):                            # the trainer closed it
             for pid in list(live):
                 _reap(pid, cfg, free, live)
             shutil.rmtree(cfg["scratch"], ignore_errors=True)
             os._exit(0)
         req = json.loads(msg)
-        if req["op"] == "spawn":                                       # `required` is set once, before any
-            required, want = req["required"], req["pool"]              # pool exists (the probe asks pool=0)
+        if req["op"] == "spawn":              # `required` is set once, before any pool exists
+            required, want = req["required"], req["pool"]              # (the probe asks pool=0)
             try:
                 pid, req_w, rep_r = pool.pop(0) if pool else _fork_worker(cfg, free, live, required)
             except (OSError, IndexError) as e:                         # no process, or no free uid
@@ -483,7 +491,7 @@ def _zygote_main(sock_fd: int, cfg: dict):
         elif req["op"] == "reap" and req["pid"] in live:               # no reply
             _reap(req["pid"], cfg, free, live)
         elif req["op"] == "wait":
-            status = _reap(req["pid"], cfg, free, live, 0.2) if req["pid"] in live else -1
+            status = _reap(req["pid"], cfg, free, live) if req["pid"] in live else -1
             sock.send(json.dumps({"status": status}).encode())
 
 
@@ -496,11 +504,13 @@ def _killall(pid: int):
 
 
 def _exit_cause(status: int) -> tuple[str, str]:
-    if status >= 0 and os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        return ("cpu_limit", "CPU time limit exceeded") if sig == signal.SIGXCPU else \
-            ("worker_crashed", f"killed by {signal.Signals(sig).name}")
-    return "worker_exited", f"worker exited with status {os.WEXITSTATUS(status)}" if status >= 0 else "worker gone"
+    if status < 0:                                                     # the zygote has no such pid
+        return "worker_exited", "worker gone"
+    if not os.WIFSIGNALED(status):
+        return "worker_exited", f"worker exited with status {os.WEXITSTATUS(status)}"
+    if (sig := os.WTERMSIG(status)) == signal.SIGXCPU:
+        return "cpu_limit", "CPU time limit exceeded"
+    return "worker_crashed", f"killed by {signal.Signals(sig).name}"
 
 
 def _bad_text(x, depth=0) -> str | None:
@@ -511,13 +521,15 @@ def _bad_text(x, depth=0) -> str | None:
         if "\x00" in x:
             return "contains NUL"
         try:
-            x.isascii() or x.encode("utf-8")                           # ASCII has no surrogates: O(1)
+            x.isascii() or x.encode("utf-8")                           # ASCII has no surrogates
         except UnicodeEncodeError:
             return "lone surrogate"
         return None
     if type(x) is dict:
         x = [*x.keys(), *x.values()]
-    return next((m for v in x if (m := _bad_text(v, depth + 1))), None) if type(x) is list else None
+    if type(x) is not list:
+        return None
+    return next((m for v in x if (m := _bad_text(v, depth + 1))), None)
 
 
 def _clean(msg: str) -> str:
@@ -536,40 +548,45 @@ class EnvHandle:
     misbehaviour: an environment fault becomes an error observation with info["error"]."""
 
     def __init__(self, sb: "Sandbox", source: str | None, setting: str = "games"):
+        if setting == "tool" and not sb._has_toolenv:                 # the caller's set-up
+            raise SandboxInfraError(f"the tool setting needs toolenv.py, importable, beside "
+                                    f"{os.path.abspath(__file__)}")
         self._sb, self.source, self.setting = sb, source, setting
-        self.pid = self.class_name = self.layers = None               # names: set once loaded
-        self._tools, self._failure, self._closed, self._cap = [], None, False, LINE_CAP
+        self.pid = self.class_name = self.layers = None               # set once loaded
+        self._closed = False
+        self._cap = LINE_CAP                                           # bytes per reply line
         self._start()
 
     # -- INFRA: lifecycle --------------------------------------------------------------------
     def _start(self):
         """A fresh worker from the zygote. The load request goes out now and its reply is read at
         first use (_ready), so handles opened one after another load in parallel."""
-        self.pid, self._rfd, self._wfd = self._sb._spawn()
-        self._buf, self._failure, self._used, self._loading, self._dirty, self._acked = b"", None, 0.0, False, False, False
+        self.pid, self._wfd, self._rfd = self._sb._spawn()
+        self._buf, self._acked = b"", False  # reply bytes not yet a line; the set-up's "+" came
+        self._loading = False          # the load reply is still to be read
+        self._dirty = False            # the worker has run more than the load: no new episode
+        self._failure = None           # (kind, message) once the worker is gone
+        self._used = 0.0               # worker seconds of this episode
         self._rpoll = select.poll()
         self._rpoll.register(self._rfd, select.POLLIN)
         self._sb._live.add(self)
         if self.source is not None:
             with contextlib.suppress(_Fail):                           # recorded in self._failure
-                self._begin("L", _dumps([self.source, self.setting]), self._sb.step_timeout, episode=False)
+                load = _dumps([self.source, self.setting])
+                self._begin("L", load, self._sb.step_timeout, episode=False)
                 self._loading = True
 
     def _ready(self):
-        """Read the load reply, once; raises _Fail (the environment's fault) or SandboxInfraError."""
-        try:
-            if self._loading:
-                self._loading = False
-                r = self._end(self._wait(), episode=False)
-                if type(r) is not dict or type(r.get("class_name")) is not str or type(r.get("tools")) is not list:
-                    raise self._kill("protocol_violation", "malformed load reply")
-                self.class_name, self._tools, self.layers = r["class_name"], r["tools"], r.get("layers")
-            if self.pid is None:
-                raise _Fail(*self._failure)
-        except _Fail as e:
-            if e.kind == "infra":
-                raise SandboxInfraError(e.message) from None
-            raise
+        """Read the load reply, once; raises _Fail (the environment's fault), SandboxInfraError."""
+        if self._loading:
+            self._loading = False
+            r = self._end(self._wait(), episode=False)
+            if (type(r) is not dict or type(r.get("class_name")) is not str
+                    or type(r.get("tools")) is not list):
+                raise self._kill("protocol_violation", "malformed load reply")
+            self.class_name, self._tools, self.layers = r["class_name"], r["tools"], r.get("layers")
+        if self.pid is None:
+            raise self._kill(None)                                     # why the worker is gone
 
     def _prepare(self):
         """Before an episode: a fresh worker, unless this one has only loaded the source."""
@@ -579,14 +596,16 @@ class EnvHandle:
             self._kill("closed")
             self._start()
 
-    def _kill(self, kind, message="", wait=False):
-        """SIGKILL the worker's process group, reap it through the zygote, remember why."""
+    def _kill(self, kind, message="", wait=False) -> Exception:
+        """SIGKILL the worker's process group, reap it through the zygote, remember why; the error
+        to raise: _Fail, or SandboxInfraError when the worker's set-up failed (kind "infra")."""
         if self.pid is not None:
             _killall(self.pid)
             try:
-                if wait:                                               # the exit status names the cause
-                    kind, message = _exit_cause(self._sb._zygote({"op": "wait", "pid": self.pid})["status"])
-                    if not (self._acked or self._buf.startswith(b"+")):  # died before its set-up said "+"
+                if wait:                                               # the exit status names why
+                    status = self._sb._zygote({"op": "wait", "pid": self.pid})["status"]
+                    kind, message = _exit_cause(status)
+                    if not (self._acked or self._buf.startswith(b"+")):  # died before its "+"
                         kind, message = "infra", f"worker set-up failed: {self._buf[:200]!r}"
                 else:
                     self._sb._zygote({"op": "reap", "pid": self.pid}, reply=False)
@@ -597,7 +616,8 @@ class EnvHandle:
                 os.close(fd)
             self.pid = None
         self._failure = self._failure or (kind, _clean(message))
-        return _Fail(kind, message)
+        kind, message = self._failure                                  # the first reason stays
+        return SandboxInfraError(message) if kind == "infra" else _Fail(kind, message)
 
     def close(self):
         """End the instance: its worker is killed and its scratch dir removed."""
@@ -607,13 +627,10 @@ class EnvHandle:
 
     # -- INFRA: one request, one reply (step_many interleaves _begin / _pump / _end) -----------
     def _begin(self, op: str, arg: str, timeout: float, episode=True):
-        if op in ("R", "T"):                                           # an episode: fresh worker and budget
+        if op in ("R", "T"):                           # a new episode: a fresh worker and budget
             self._prepare()
             self._used = 0.0
-        if self._loading:
-            self._ready()
-        if self.pid is None:
-            raise _Fail(*self._failure)
+        self._ready()                                                  # the load reply, if unread
         self._dirty |= op != "L"
         left = self._sb.episode_timeout - self._used if episode else math.inf
         if left <= 0:
@@ -625,12 +642,13 @@ class EnvHandle:
         data = b"%s%s%s\n" % (op.encode(), self._nonce, arg.encode())
         self._t0 = time.monotonic()
         self._deadline = self._t0 + timeout
-        while data:                                                    # one write, unless the request is long
+        while data:                                                    # one write, unless long
             try:
                 data = data[os.write(self._wfd, data):]
-            except BlockingIOError:
-                left = self._deadline - time.monotonic()
-                if left <= 0 or not select.select([], [self._wfd], [], left)[1]:
+            except BlockingIOError:                                    # wait for room: poll,
+                room = select.poll()                                   # as select() cannot
+                room.register(self._wfd, select.POLLOUT)               # take fds over 1023
+                if not room.poll(max(0, (self._deadline - time.monotonic()) * 1000)):
                     raise self._timeout() from None
             except BrokenPipeError:
                 raise self._kill(None, wait=True) from None
@@ -641,8 +659,7 @@ class EnvHandle:
         return self._kill("timeout", f"no reply within {self._deadline - self._t0:g} s")
 
     def _pump(self) -> bytes | None:
-        """Read what is there; the reply line once complete. The worker's exit, an oversized line or
-        bytes after the line end the worker."""
+        """The reply line once complete; an exit, a line over the cap or bytes after it: killed."""
         try:
             chunk = os.read(self._rfd, 1 << 16)
         except BlockingIOError:
@@ -661,15 +678,16 @@ class EnvHandle:
         return line
 
     def _wait(self) -> bytes:
-        while (line := self._pump()) is None:                          # read first: a worker on this core
-            ms = max(1, math.ceil((self._deadline - time.monotonic()) * 1000))  # has often replied already
+        # Read before polling: a worker on this core has often replied by the time the write ends.
+        while (line := self._pump()) is None:
+            ms = max(1, math.ceil((self._deadline - time.monotonic()) * 1000))
             if not self._rpoll.poll(ms) and time.monotonic() >= self._deadline:
                 raise self._timeout()
         return line
 
     def _end(self, line: bytes, episode=True):
         """The reply's result, once it answers this request (nonce) and is strict JSON."""
-        if not self._acked:                                            # a fresh worker's "+" comes first
+        if not self._acked:                                            # a fresh worker's "+" first
             if line[:1] != b"+":
                 raise self._kill("infra", f"worker set-up failed: {line[:200]!r}")
             self._acked, line = True, line[1:]
@@ -683,24 +701,26 @@ class EnvHandle:
             raise self._kill("protocol_violation", f"reply is not JSON: {e!r}") from None
         if line[8] == 61:                                              # b"="
             return r
-        if line[8] != 33 or type(r) is not list or len(r) != 2 or type(r[0]) is not str:   # b"!"
+        if line[8] != 33 or type(r) is not list or len(r) != 2 or type(r[0]) is not str:  # b"!"
             raise self._kill("protocol_violation", "reply is not a protocol line")
-        raise self._kill(r[0] if r[0] in FAILURES else "protocol_violation", r[1] if type(r[1]) is str else "")
+        kind = r[0] if r[0] in FAILURES else "protocol_violation"
+        raise self._kill(kind, r[1] if type(r[1]) is str else "")
 
     def _roundtrip(self, op: str, arg: str, timeout: float | None = None, episode=True):
         self._begin(op, arg, self._sb.step_timeout if timeout is None else timeout, episode)
         return self._end(self._wait(), episode)
 
     def _leak_check(self):
-        with contextlib.suppress(OSError):                             # the worker is gone: nothing leaks
+        """A thread still running in the worker is a resource_leak; a worker that is gone is not."""
+        with contextlib.suppress(OSError):
             if len(os.listdir(f"/proc/{self.pid}/task")) > 1:
-                time.sleep(0.005)                                      # a just-joined thread may linger
+                time.sleep(0.005)                                      # a just-joined one lingers
                 if (n := len(os.listdir(f"/proc/{self.pid}/task"))) > 1:
                     raise self._kill("resource_leak", f"{n - 1} thread(s) left running")
 
     # -- the parent's re-validation: type(), caps, text checks --------------------------------
     def _check(self, r, n) -> tuple:
-        """A reset's (n=2: obs, info) or a step's (n=5) reply, its obs capped; no thread left at a reset."""
+        """A reset's (n=2: obs, info) or step's (n=5) reply, obs capped; no thread left at reset."""
         if type(r) is not list or len(r) != n:
             raise self._kill("protocol_violation", "malformed reply")
         if (m := "is not a str" if type(r[0]) is not str else _bad_text(r[0])):
@@ -714,7 +734,7 @@ class EnvHandle:
     def _check_step(self, r) -> tuple:
         obs, reward, term, trunc, info = self._check(r, 5)
         if type(reward) not in (float, int) or not -10 <= reward <= 10:  # inf fails the compare
-            raise self._kill("invalid_reward", f"reward {reward!r:.40} is not a finite number in [-10, 10]")
+            raise self._kill("invalid_reward", f"reward {reward!r:.40} is not in [-10, 10]")
         if type(term) is not bool or type(trunc) is not bool:
             raise self._kill("invalid_result", "terminated/truncated are not bools")
         if term or trunc:
@@ -724,12 +744,12 @@ class EnvHandle:
     @staticmethod
     def _error(e: _Fail, step=True) -> tuple:
         """What the caller gets for an environment fault: an error observation, never a raise."""
-        obs, info = f"[environment error: {e.kind}] {e.message}", {"error": e.kind, "message": e.message}
+        obs = f"[environment error: {e.kind}] {e.message}"
+        info = {"error": e.kind, "message": e.message}
         return (obs, 0.0, True, False, info) if step else (obs, info)
 
-    # -- public ------------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> tuple[str, dict]:
-        return self._sb.reset_many([self], [seed])[0]                 # a worker start dwarfs the batch code
+        return self._sb.reset_many([self], [seed])[0]      # a worker start dwarfs the batch code
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         try:
@@ -741,31 +761,35 @@ class EnvHandle:
         """OpenAI function schemas of a ToolEnv ([] for games)."""
         with contextlib.suppress(_Fail):
             self._ready()
-            return json.loads(_dumps(self._tools))                     # a copy the caller may change
+            return json.loads(_dumps(self._tools))                     # a copy for the caller
         return []
 
 
-class Sandbox:
-    """Runs untrusted environments and programs; a context manager. workers: how many validations
-    the caller runs at once (train.py's designer); step_timeout: seconds per call (load, reset, step);
-    memory_mb: address space per worker above the preloaded zygote; episode_timeout: worker seconds
-    per episode; cpu_seconds / fsize_mb: RLIMIT_CPU / RLIMIT_FSIZE per worker; scratch_mb: the tmpfs
-    for all scratch dirs (root); numpy: preload it; landlock / seccomp: False only to debug; pool:
-    idle pre-forked workers the zygote keeps ready (every episode takes a fresh one)."""
+class Sandbox(contextlib.AbstractContextManager):
+    """Runs untrusted environments and programs; a context manager. workers: validations the caller
+    runs at once; step_timeout: seconds per call (load, reset, step); memory_mb: address space per
+    worker above the preloaded zygote; episode_timeout: worker seconds per episode; cpu_seconds /
+    fsize_mb: RLIMIT_CPU / RLIMIT_FSIZE per worker; scratch_mb: one tmpfs for all scratch (root);
+    numpy: preload it; landlock / seccomp: False only to debug; pool: pre-forked idle workers."""
 
     def __init__(self, workers: int = 8, step_timeout: float = 5.0, memory_mb: int = 1024,
                  episode_timeout: float = 120.0, cpu_seconds: int = 300, fsize_mb: int = 16,
-                 scratch_mb: int = 256, numpy: bool = True, landlock: bool = True, seccomp: bool = True,
-                 pool: int = 8):
-        self.workers, self.step_timeout, self.episode_timeout = workers, step_timeout, episode_timeout
+                 scratch_mb: int = 256, numpy: bool = True, landlock: bool = True,
+                 seccomp: bool = True, pool: int = 8):
+        self.workers, self.step_timeout = workers, step_timeout
+        self.episode_timeout = episode_timeout
         self._cfg = dict(memory_mb=memory_mb, cpu_seconds=cpu_seconds, fsize_mb=fsize_mb,
                          scratch_mb=scratch_mb, numpy=numpy, landlock=landlock, seccomp=seccomp)
-        self._zlock, self._live, self._required, self._pool, self._proc = threading.RLock(), set(), [], 0, None
+        self._zlock = threading.RLock()        # one message to the zygote at a time
+        self._live = set()                     # handles holding a worker
+        self._required, self._pool = [], 0     # sent with each spawn; set after the probe
+        self._proc = None                      # the zygote (_start_zygote: _has_toolenv)
         # Request nonces come from a private generator seeded by the OS: workers never see it.
         self._nonce_bits = random.Random(os.urandom(32)).getrandbits
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)        # each handle holds two pipe fds
-        if 0 <= soft < 65536:                                          # (RLIM_INFINITY is -1)
-            resource.setrlimit(resource.RLIMIT_NOFILE, (65536 if hard < 0 else min(hard, 65536), hard))
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # each handle holds two pipe fds
+        if 0 <= soft < 65536:                                    # (RLIM_INFINITY is -1)
+            want = 65536 if hard < 0 else min(hard, 65536)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
         self._start_zygote()
         probe = EnvHandle(self, "class ProbeEnv:\n    pass\n")           # which layers hold here
         try:
@@ -773,33 +797,36 @@ class Sandbox:
         except _Fail:
             raise SandboxInfraError(f"probe worker failed: {probe._failure}") from None
         probe.close()
-        self.layers, self._required, self._pool = tuple(probe.layers), list(probe.layers), pool
-        missing = [x for x in FULL if x not in self.layers]            # later workers fail closed
-        self.level = ("full" if not missing else "reduced (missing " + ", ".join(missing) + ")") + \
-            "".join("+" + x for x in ("landlock", "mountns") if x in self.layers)
+        self.layers = tuple(probe.layers)
+        self._required, self._pool = list(probe.layers), pool          # later workers fail closed
+        missing = [x for x in FULL if x not in self.layers]
+        self.level = "full" if not missing else f"reduced (missing {', '.join(missing)})"
+        self.level += "".join("+" + x for x in ("landlock", "mountns") if x in self.layers)
 
     # -- INFRA: zygote ------------------------------------------------------------------------
     def _start_zygote(self):
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONHASHSEED": "0",
-               "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        argv = [sys.executable, "-s", "-B"] + (["-P"] if sys.version_info >= (3, 11) else []) + [
-            os.path.abspath(__file__), "--zygote", str(theirs.fileno()), json.dumps(dict(self._cfg, parent=os.getpid()))]
+        self._zsock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = dict(PATH="/usr/bin:/bin", LANG="C.UTF-8", LC_ALL="C.UTF-8", PYTHONHASHSEED="0",
+                   OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        argv = [sys.executable, "-s", "-B", *(["-P"] if sys.version_info >= (3, 11) else []),
+                os.path.abspath(__file__), "--zygote", str(theirs.fileno()),  # not -I: its -E
+                json.dumps(dict(self._cfg, parent=os.getpid()))]              # drops PYTHONHASHSEED
         try:
-            self._proc = subprocess.Popen(argv, env=env, close_fds=True, pass_fds=(theirs.fileno(),), cwd="/",
-                                          start_new_session=True, stdin=subprocess.DEVNULL,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            self._proc = subprocess.Popen(
+                argv, env=env, close_fds=True, pass_fds=(theirs.fileno(),), cwd="/",
+                start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL)
         except OSError as e:
             raise SandboxInfraError(f"cannot start the zygote: {e}") from None
         theirs.close()
-        self._zsock = ours
         self._zsock.settimeout(60.0)
         try:
             ready = self._zsock.recv(1 << 16)
         except OSError as e:
             ready = str(e).encode()
-        if ready != b'{"ready": 1}':
+        if not ready.startswith(b'{"ready": 1, '):
             raise SandboxInfraError(f"zygote did not start: {ready[:200]!r}")
+        self._has_toolenv = json.loads(ready)["toolenv"]
         self._zsock.settimeout(10.0)
 
     def _zygote(self, msg: dict, reply=True):
@@ -816,6 +843,8 @@ class Sandbox:
                 out = json.loads(data or b"{}")
                 if "error" in out:
                     raise OSError(out["error"])
+                if msg["op"] == "spawn" and len(fds) != 2:                 # out of fds here
+                    raise OSError("no pipes came with the worker")
             except (OSError, ValueError) as e:
                 list(map(os.close, fds))
                 raise SandboxInfraError(f"zygote: {e}") from None
@@ -825,15 +854,11 @@ class Sandbox:
         if self._proc is None:
             raise SandboxInfraError("sandbox is closed")
         with self._zlock:
-            if self._proc.poll() is not None:                          # zygote died: start a new one
+            if self._proc.poll() is not None:                          # zygote died: a new one
                 self._zsock.close()
                 self._start_zygote()
         out = self._zygote({"op": "spawn", "required": self._required, "pool": self._pool})
-        if len(out["fds"]) != 2:
-            list(map(os.close, out["fds"]))
-            raise SandboxInfraError("zygote sent no pipes")
-        req_w, rep_r = out["fds"]
-        return out["pid"], rep_r, req_w
+        return out["pid"], *out["fds"]                                 # pid, request w, reply r
 
     def close(self):
         for h in list(self._live):
@@ -847,13 +872,9 @@ class Sandbox:
                 self._proc.wait()
             self._proc = None
 
-    def __enter__(self):
-        return self
-
     def __exit__(self, *exc):
         self.close()
 
-    # -- public ------------------------------------------------------------------------------
     def open(self, source: str, setting: str = "games") -> EnvHandle:
         """A handle to one instance; an environment fault shows up at reset/step, not here."""
         return EnvHandle(self, source, setting)
@@ -868,22 +889,22 @@ class Sandbox:
     def _many(self, handles, args, step):
         if len(set(map(id, handles))) != len(handles):                 # duplicates: one at a time
             return [h.step(a) if step else h.reset(a) for h, a in zip(handles, args)]
-        out, pending, poller = [None] * len(handles), {}, select.poll()
-        for i, h in enumerate(() if step else handles):               # fresh workers first: they load in parallel
-            try:
-                h._prepare()
-            except _Fail as e:
-                out[i] = h._error(e, step)
+        out = [None] * len(handles)
+        pending = {}                                                   # fd -> (index, handle)
+        poller = select.poll()
+        for h in [h for h in handles if not (step or h._closed)]:     # fresh workers first: they
+            h._prepare()                                               # load in parallel
         for i, (h, a) in enumerate(zip(handles, args)):
             try:
                 if out[i] is None:
-                    h._begin("S" if step else "R", _quote(str(a)) if step else _dumps(a), self.step_timeout)
+                    arg = _quote(str(a)) if step else _dumps(a)
+                    h._begin("S" if step else "R", arg, self.step_timeout)
                     pending[h._rfd] = (i, h)
                     poller.register(h._rfd, select.POLLIN)
             except _Fail as e:
                 out[i] = h._error(e, step)
-        while pending:                                                 # replies as they come: one that fills
-            now = time.monotonic()                                     # its pipe never waits behind a hung one
+        while pending:                       # replies as they come: one that fills its pipe never
+            now = time.monotonic()           # waits behind a hung one
             for fd, (i, h) in list(pending.items()):
                 if h._deadline <= now:
                     poller.unregister(fd)
@@ -904,19 +925,19 @@ class Sandbox:
 
     def run_program(self, code: str, stdin: str = "", timeout: float | None = None,
                     out_cap: int = 8 << 20) -> tuple[str, str]:
-        """Run `code` as __main__ in a fresh worker under every layer: `stdin` on fd 0, at most `out_cap`
-        bytes of stdout back as (status, stdout); status "ok" (exit 0), "error" (an exception, exit != 0)
-        or the failure that ended the worker ("timeout", "cpu_limit", "worker_crashed", ...)."""
+        """Run `code` as __main__ in a fresh worker under every layer: `stdin` on fd 0, at most
+        `out_cap` bytes of stdout back as (status, stdout); status "ok" (exit 0), "error" (an
+        exception, exit != 0) or the failure that ended the worker ("timeout", "cpu_limit", ...)."""
         h = EnvHandle(self, None)
-        h._cap = 8 * out_cap + 4096                                    # JSON escapes: <= 6 bytes per byte
+        h._cap = 8 * out_cap + 4096                                    # JSON: <= 6 bytes per byte
         try:
-            r = h._roundtrip("P", _dumps([code, stdin, out_cap]), timeout or self.step_timeout, episode=False)
-            if type(r) is not list or len(r) != 2 or r[0] not in ("ok", "error") or type(r[1]) is not str:
+            arg = _dumps([code, stdin, out_cap])
+            r = h._roundtrip("P", arg, timeout or self.step_timeout, episode=False)
+            if (type(r) is not list or len(r) != 2 or r[0] not in ("ok", "error")
+                    or type(r[1]) is not str):
                 raise h._kill("protocol_violation", "malformed program reply")
             return r[0], r[1]
         except _Fail as e:
-            if e.kind == "infra":
-                raise SandboxInfraError(e.message) from None
             return e.kind, ""
         finally:
             h.close()
@@ -926,7 +947,8 @@ class Sandbox:
         """Probe in two fresh instances with one script; ok only if both pass and agree exactly."""
         rng = random.SystemRandom()                                    # not predictable constants
         words = ("a", "up", "left", "yes", "no", "7", "x", "reset", "0", "-1", "hint", "e4")
-        extra = [r"\boxed{%s}" % rng.choice((str(rng.randrange(1000)), rng.choice(words))) for _ in range(2)]
+        extra = [r"\boxed{%s}" % rng.choice((str(rng.randrange(1000)), rng.choice(words)))
+                 for _ in range(2)]
         script = ([("reset", 42)] + [("step", a) for a in PROBE_ACTIONS] + [("reset", 123)]
                   + [("reset", rng.randrange(1, 2**31 - 1))] + [("step", a) for a in extra])
         transcripts, name = [], None
@@ -937,8 +959,9 @@ class Sandbox:
                 name = h.class_name or name
                 transcripts.append(self._probe(h, script, setting))
                 if transcripts[0] != transcripts[-1]:
-                    at = [i for i, (a, b) in enumerate(zip(*transcripts)) if a != b] + [len(transcripts[0])]
-                    raise _Fail("nondeterministic", f"fresh instances differ at probe call {at[0]}")
+                    pairs = enumerate(zip(*transcripts))
+                    at = next((i for i, (a, b) in pairs if a != b), len(transcripts[0]))
+                    raise _Fail("nondeterministic", f"fresh instances differ at probe call {at}")
             except _Fail as e:
                 return ValidationReport(False, f"{e.kind}: {e.message}", name, e.kind)
             finally:
@@ -953,44 +976,24 @@ class Sandbox:
                 if not obs.strip():
                     raise _Fail("invalid_observation", "empty observation from reset()")
                 out.append([obs, info])
-            elif not over:                                             # stop early on a terminal flag
+            elif not over:                                             # stop at a terminal flag
                 out.append(list(h._check_step(h._roundtrip("S", _dumps(arg)))))
                 h._leak_check()
             else:
                 continue
             over = op == "step" and (out[-1][2] or out[-1][3])
             times[op].append(h._last)
-        for op, ts in times.items():                                   # slow calls hold the whole batch
+        for op, ts in times.items():                                   # slow calls hold the batch
             if ts and (median := sorted(ts)[len(ts) // 2]) > SLOW_SHARE * self.step_timeout:
-                raise _Fail("too_slow", f"median {op} call took {median:.3f} s, over {SLOW_SHARE:g} x "
-                                        f"step_timeout = {SLOW_SHARE * self.step_timeout:.3f} s")
-        return out + [self._solvable(h, seed) for seed in (0, 1, 2)] if setting == "tool" else out
-
-    def _solvable(self, h: EnvHandle, seed: int) -> list:
-        """Replay solution() one call per step from reset(seed); <answer>done</answer> must pay 1.0."""
-        r = h._roundtrip("T", _dumps(seed))
-        if type(r) is not list or len(r) != 5 or type(r[1]) is not int or type(r[4]) is not list:
-            raise h._kill("protocol_violation", "malformed tool probe reply")
-        obs, n, held, raised, sol = r
-        trace = [h._check([obs, {}], 2)[0]]
-        if not 3 <= n <= 5:
-            raise _Fail("unsolvable", f"seed {seed}: {n} instructions (need 3-5)")
-        if held or raised:
-            raise _Fail("unsolvable", f"seed {seed}: predicates true {held} / raising {raised} at reset")
-        for call in sol:
-            if type(call) is not dict or type(call.get("name")) is not str:
-                raise _Fail("unsolvable", f"seed {seed}: solution() step {call!r:.60} is not a call")
-            action = "<tool_call>" + json.dumps({"name": call["name"],
-                                                 "arguments": call.get("arguments", {})}) + "</tool_call>"
-            o, rew, term, _, _ = h._check_step(h._roundtrip("S", _dumps(action)))
-            trace.append([o, rew])
-            if term:
-                raise _Fail("unsolvable", f"seed {seed}: episode ended during the solution replay")
-        o, rew, term, _, _ = h._check_step(h._roundtrip("S", _dumps("<answer>done</answer>")))
-        if not term or rew != 1.0:
-            raise _Fail("unsolvable", f"seed {seed}: replaying solution() ends with reward {rew}")
-        h._leak_check()
-        return trace + [[o, rew]]
+                raise _Fail("too_slow", f"median {op} call took {median:.3f} s, over {SLOW_SHARE:g}"
+                                        f" x step_timeout = {SLOW_SHARE * self.step_timeout:.3f} s")
+        for seed in (0, 1, 2) if setting == "tool" else ():           # toolenv.self_check, each
+            r = h._roundtrip("T", _dumps(seed))                        # in a fresh worker
+            if (m := "is not a list" if type(r) is not list else _bad_text(r)):
+                raise h._kill("invalid_result", f"tool contract transcript: {m}")
+            h._leak_check()
+            out.append(r)
+        return out
 
 
 if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "--zygote":

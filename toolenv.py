@@ -13,12 +13,21 @@ an `<answer>` turn and a malformed turn (no answer, no call that parses) each us
 answer gets feedback naming the pending instruction, reward 0, and play continues. When the last
 instruction completes, the tool output says so and asks for `<answer>done</answer>`.
 
-Deviation from the authors' code: 1. after every tool call the base class checks the instructions'
-predicates in order and appends the next instruction (or the completion marker) to the tool output
-(authors: each tool method calls its own `_advance_if_done`).
+The contract's self-check, `self_check(env, seed)`, is what validation requires of a tool
+environment (sandbox.Sandbox.validate calls it in a fresh worker for seeds 0, 1, 2): reset(seed)
+gives 3-5 instructions whose predicates are all False; replaying solution() one call per step
+completes them without ending the episode; `<answer>done</answer>` then ends it with reward 1.0.
+It runs in the worker beside the environment's own code, so it is a check of the designer's work,
+not a security check (the environment's step() decides its reward anyway); the sandbox re-checks
+its reply like any other and compares the transcripts of two fresh instances.
 
-Stdlib only (the sandbox's zygote preloads it; a worker cannot read the repository).
-Test: python -m pytest -q tests/test_tool_use.py
+Deviations from the authors' code: 1. after every tool call the base class checks the
+instructions' predicates in order and appends the next instruction (or the completion marker) to
+the tool output (authors: each tool method calls its own `_advance_if_done`). 2. Solvability is
+this executable replay (authors: an LLM self-audit).
+
+Copy it beside sandbox.py for tool use (the sandbox's zygote preloads it; a worker cannot read the
+repository). Stdlib only. Test: python -m pytest -q tests/test_tool_use.py tests/test_sandbox.py
 """
 import json
 import random
@@ -50,8 +59,10 @@ class ToolEnv:
 
     def tools(self) -> list[dict]:
         fns = [t.get("function", t) if isinstance(t, dict) else {} for t in self.TOOLS]
-        return [{"type": "function", "function": {"name": f.get("name"), "description": f.get("description", ""),
-                 "parameters": f.get("parameters", {"type": "object", "properties": {}})}} for f in fns]
+        empty = {"type": "object", "properties": {}}
+        return [{"type": "function",
+                 "function": {"name": f.get("name"), "description": f.get("description", ""),
+                              "parameters": f.get("parameters", empty)}} for f in fns]
 
     def reset(self, seed=None):
         self.state, self.instructions, self._done, self._turn = {}, [], 0, 0
@@ -97,7 +108,7 @@ class ToolEnv:
                 "before submitting <answer>done</answer>.")
 
     def step(self, action):
-        self._turn = getattr(self, "_turn", 0)                         # tolerate a missing super().__init__
+        self._turn = getattr(self, "_turn", 0)             # tolerate a missing super().__init__
         answers, outputs = _ANSWER_RE.findall(action), []
         for raw in [] if answers else _CALL_RE.findall(action):        # an answer outranks calls
             try:
@@ -115,3 +126,39 @@ class ToolEnv:
         if answers[-1].strip().lower() == "done" and self._done >= len(self.instructions):
             return "All instructions completed.", 1.0, True, False, {"tool_outputs": []}
         return self._pending(), 0.0, False, truncated, {"tool_outputs": []}
+
+
+class ContractError(ValueError):
+    """A tool environment breaks the contract (validation's `unsolvable`)."""
+
+
+def self_check(env: ToolEnv, seed: int) -> list:
+    """The contract from reset(seed), by replaying solution(): the transcript [first observation,
+    [observation, reward] per step]; raises ContractError on a breach. Errors of the environment's
+    own code (a raising reset, step or solution) propagate as they are."""
+    obs, _ = env.reset(seed=seed)
+    n = len(env.instructions)
+    if not 3 <= n <= 5:
+        raise ContractError(f"seed {seed}: {n} instructions (need 3-5)")
+    held, raised = [], []
+    for i, (_, pred) in enumerate(env.instructions):
+        try:
+            if pred(env.state):
+                held.append(i)
+        except Exception:  # noqa: BLE001 - a predicate must not raise at reset
+            raised.append(i)
+    if held or raised:
+        raise ContractError(f"seed {seed}: predicates true {held} / raising {raised} at reset")
+    trace = [obs]
+    for call in list(env.solution()):                                  # one call per step
+        if type(call) is not dict or type(call.get("name")) is not str:
+            raise ContractError(f"seed {seed}: solution() step {call!r:.60} is not a call")
+        payload = {"name": call["name"], "arguments": call.get("arguments", {})}
+        o, reward, terminated, _, _ = env.step(f"<tool_call>{json.dumps(payload)}</tool_call>")
+        trace.append([o, reward])
+        if terminated:
+            raise ContractError(f"seed {seed}: episode ended during the solution replay")
+    o, reward, terminated, _, _ = env.step("<answer>done</answer>")
+    if not terminated or reward != 1.0:
+        raise ContractError(f"seed {seed}: replaying solution() ends with reward {reward}")
+    return trace + [[o, reward]]

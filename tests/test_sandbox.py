@@ -712,6 +712,20 @@ def test_oversized_reply_line(sb):
     assert err(play(sb, game("return 'o', 0.0, False, False, {'big': 'y' * (2 << 20)}"))[0]) == "output_too_large"
 
 
+def test_long_request_on_a_pipe_numbered_over_1023(sb):
+    """A request longer than the pipe holds waits for room with poll(), which select() could not do
+    for the pipe fds of a trainer holding over a thousand of them."""
+    src = f"BLOB = {'y' * 300_000!r}\n" + HONEST                      # the load request: ~300 kB
+    held = [os.pipe() for _ in range(520)]                              # push new fds past 1023
+    try:
+        h = sb.open(src)
+        assert h._wfd > 1023 and h.reset(seed=3)[0].startswith("Guess my number")
+        h.close()
+    finally:
+        for fds in held:
+            list(map(os.close, fds))
+
+
 # ------------------------------------------------------------ 6. time of check is not time of use
 def test_hostile_after_validation_caught_at_play_time(sb):
     env = game("""

@@ -3,6 +3,7 @@ training filters (compact filter, malformed tool-call masking), on scripted agen
 hand-built episodes. Offline and in-process (the sandbox round trip is in test_sandbox.py)."""
 import json
 import random
+import re
 from collections import Counter
 
 import pytest
@@ -117,6 +118,44 @@ def test_shipped_tool_envs_end_with_the_marker_under_the_contract():
         outs = [env.step(test_data.as_call(c))[0] for c in env.solution()]
         assert outs[-1].endswith(toolenv.ALL_DONE) and not any(toolenv.ALL_DONE in o for o in outs[:-1])
         assert env.step(DONE)[1:3] == (1.0, True)
+
+
+def test_self_check_replays_the_solution_and_names_each_breach():
+    """toolenv.self_check, what validation runs in the worker: the transcript of a sound
+    environment, a ContractError naming the first breach otherwise."""
+    trace = toolenv.self_check(DeskEnv(), seed=0)
+    assert trace[0] == "Find order 17." and len(trace) == 1 + 3 + 1
+    assert trace[3] == [f"noted\n\n{toolenv.ALL_DONE}", 0.0]
+    assert trace[-1] == ["All instructions completed.", 1.0]
+
+    class Short(DeskEnv):                                              # 2 instructions
+        def setup(self, rng):
+            super().setup(rng)
+            self.instructions = self.instructions[:2]
+
+    class DoneAtReset(DeskEnv):                                        # a predicate already holds
+        def setup(self, rng):
+            super().setup(rng)
+            self.state["seen"] = True
+
+    class Raising(DeskEnv):                                            # a predicate raises
+        def setup(self, rng):
+            super().setup(rng)
+            self.instructions[2] = ("Note it.", lambda s: s["missing"])
+
+    class Incomplete(DeskEnv):                                         # the note is never added
+        def solution(self):
+            return super().solution()[:2]
+
+    class NotACall(DeskEnv):
+        def solution(self):
+            return ["lookup_order"]
+
+    for cls, why in [(Short, "2 instructions (need 3-5)"), (DoneAtReset, "predicates true [0]"),
+                     (Raising, "raising [2] at reset"), (Incomplete, "ends with reward 0.0"),
+                     (NotACall, "is not a call")]:
+        with pytest.raises(toolenv.ContractError, match=re.escape(why)):
+            toolenv.self_check(cls(), seed=1)
 
 
 # ----------------------------------------------------------------------------------------------
