@@ -209,8 +209,8 @@ class Episode:
 
 
 def episode_return(rewards: list[float], terminated: bool) -> float:
-    """The return Eq. (3) averages: the last reward clipped to [-1, 1] if that step terminated,
-    else 0."""
+    """The return Eq. (3) averages: the last reward clipped to [-1, 1] if that step
+    terminated, else 0."""
     if not terminated or not rewards:
         return 0.0
     return max(-1.0, min(1.0, float(rewards[-1])))
