@@ -39,7 +39,8 @@ from typing import Any, Callable
 PREAMBLE = "You are playing a language game. Make valid actions to win."
 ANSWER_FORMAT = "Please reason step by step, and put your final answer within \\boxed{}."  # Fig. 5
 FORMAT_HINT = ("[FORMAT] Your last <tool_call> could not be parsed. Write each call exactly as "
-               '<tool_call>{"name": "<tool name>", "arguments": {<arguments as JSON>}}</tool_call>.')
+               '<tool_call>{"name": "<tool name>", "arguments": {<arguments as JSON>}}'
+               "</tool_call>.")
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,8 @@ def parse_tool_calls(text: str) -> list[dict]:
     calls = []
     for block in _TOOL_CALL.findall(after_thinking(text)):
         functions = _XML_FUNCTION.findall(block)
-        for name, params in functions:  # a parameter is JSON when it parses (numbers, lists), else text
+        # a parameter is JSON when it parses (numbers, lists), else text
+        for name, params in functions:
             args = {k: v.strip("\n") for k, v in _XML_PARAMETER.findall(params)}
             calls.append({"name": name, "arguments": {k: _json(v, v) for k, v in args.items()}})
         call = None if functions else _json(block.strip())
@@ -199,14 +201,16 @@ class Episode:
     masked_replies: int = 0  # replies masked out of the loss as malformed tool calls
 
     def extend(self, ids: list[int], logprobs: list[float] | None = None) -> None:
-        """Append a reply (mask 1, the engine's log-probs) or, without log-probs, template tokens."""
+        """Append a reply (mask 1, the engine's log-probs) or, without log-probs, template
+        tokens."""
         self.token_ids += ids
         self.mask += [0 if logprobs is None else 1] * len(ids)
         self.logprobs += [0.0] * len(ids) if logprobs is None else [float(x) for x in logprobs]
 
 
 def episode_return(rewards: list[float], terminated: bool) -> float:
-    """The return Eq. (3) averages: the last reward clipped to [-1, 1] if that step terminated, else 0."""
+    """The return Eq. (3) averages: the last reward clipped to [-1, 1] if that step
+    terminated, else 0."""
     if not terminated or not rewards:
         return 0.0
     return max(-1.0, min(1.0, float(rewards[-1])))
@@ -260,7 +264,8 @@ def _with_tool_block(messages: list[dict], tools: list[dict], place: str) -> lis
     if place == "system" and not (out and out[0]["role"] == "system"):
         out.insert(0, {"role": "system", "content": block})
     else:
-        first = 0 if place == "system" else next(i for i, m in enumerate(out) if m["role"] == "user")
+        first = 0 if place == "system" else next(i for i, m in enumerate(out)
+                                                 if m["role"] == "user")
         out[first]["content"] = block + "\n\n" + out[first]["content"]
     return out
 
@@ -345,7 +350,8 @@ class _Renderer:
 
     def prompt(self, messages: list[dict]) -> list[int]:
         """Tokens of a whole prompt (the conversation so far plus the generation prompt)."""
-        return self.encode(self.render(self.marked(messages), True), [m["content"] for m in messages])
+        text = self.render(self.marked(messages), True)
+        return self.encode(text, [m["content"] for m in messages])
 
     def _tails(self, history: list[dict], new: list[dict]) -> tuple[str, str]:
         """The rendered text after the last reply, without and with the new messages."""
@@ -482,8 +488,10 @@ def play(specs: list[EpisodeSpec], *, generate: Callable, tokenizer,
     mask 0, and the next observation ends with FORMAT_HINT, the expected call format."""
     assert setting in ("games", "tool"), setting
     eot = turn_end(tokenizer)
-    resets = reset_many([s.handle for s in specs], [s.seed for s in specs]) if reset_many and specs \
-        else [s.handle.reset(seed=s.seed) for s in specs]
+    if reset_many and specs:
+        resets = reset_many([s.handle for s in specs], [s.seed for s in specs])
+    else:
+        resets = [s.handle.reset(seed=s.seed) for s in specs]
     thinking = {False: enable_thinking,
                 True: enable_thinking if hinted_thinking is None else hinted_thinking}
     started = [_start(s, r, tokenizer, setting, thinking[bool(s.hint)], eot)

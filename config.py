@@ -18,88 +18,174 @@ DEMO_CORPUS = Path(__file__).resolve().parent / "data" / "corpus.jsonl"
 
 @dataclass
 class ModelArgs:
-    model: str = field(default="tiny", metadata={"help": "Alias (Qwen3-4B, Qwen3-8B, Qwen3-30B-A3B), hub id, local dir, or tiny / tiny-moe (random, offline)."})
-    engine: str = field(default="auto", metadata={"help": "Rollout engine: auto (vLLM on GPU when installed, else transformers), vllm, transformers."})
-    gradient_checkpointing: bool = field(default=True, metadata={"help": "Activation checkpointing for real models."})
-    tensor_parallel_size: int = field(default=1, metadata={"help": "vLLM tensor parallel size within a node (the ranks of a group share one engine; each plays its own environments)."})
-    enable_thinking: bool | None = field(default=None, metadata={"help": "Passed to the chat template for agent turns (hybrid Qwen3 models); default: the template's."})
-    hinted_thinking: bool | None = field(default=None, metadata={"help": "enable_thinking for the hinted plays of the regret arm (the authors' 8B games: off); default: as --enable_thinking."})
-    strip_thinking_history: bool = field(default=False, metadata={"help": "Agent: drop earlier turns' <think> blocks from the context (re-rendered each turn, one training sample per turn, the episode weighing as one in the loss), as the authors' thinking 8B games agent."})
-    gpu_memory_utilization: float = field(default=0.35, metadata={"help": "vLLM KV-cache share of GPU memory when colocated with training."})
-    batch_tokens: int = field(default=65536, metadata={"help": "Transformers engine: prompts batched by length up to rows x (longest prompt + reply cap) tokens, a bound on its KV cache."})
-    micro_batch_tokens: int = field(default=16384, metadata={"help": "Tokens per forward/backward micro-batch (gradient accumulation over the step's samples)."})
+    model: str = field(default="tiny", metadata={
+        "help": "Alias (Qwen3-4B, Qwen3-8B, Qwen3-30B-A3B), hub id, local dir, or tiny / tiny-moe "
+                "(random, offline)."})
+    engine: str = field(default="auto", metadata={
+        "help": "Rollout engine: auto (vLLM on GPU when installed, else transformers), vllm, "
+                "transformers."})
+    gradient_checkpointing: bool = field(default=True, metadata={
+        "help": "Activation checkpointing for real models."})
+    tensor_parallel_size: int = field(default=1, metadata={
+        "help": "vLLM tensor parallel size within a node (the ranks of a group share one engine; "
+                "each plays its own environments)."})
+    enable_thinking: bool | None = field(default=None, metadata={
+        "help": "Passed to the chat template for agent turns (hybrid Qwen3 models); default: the "
+                "template's."})
+    hinted_thinking: bool | None = field(default=None, metadata={
+        "help": "enable_thinking for the hinted plays of the regret arm (the authors' 8B games: "
+                "off); default: as --enable_thinking."})
+    strip_thinking_history: bool = field(default=False, metadata={
+        "help": "Agent: drop earlier turns' <think> blocks from the context (re-rendered each "
+                "turn, one training sample per turn, the episode weighing as one in the loss), as "
+                "the authors' thinking 8B games agent."})
+    gpu_memory_utilization: float = field(default=0.35, metadata={
+        "help": "vLLM KV-cache share of GPU memory when colocated with training."})
+    batch_tokens: int = field(default=65536, metadata={
+        "help": "Transformers engine: prompts batched by length up to rows x (longest prompt + "
+                "reply cap) tokens, a bound on its KV cache."})
+    micro_batch_tokens: int = field(default=16384, metadata={
+        "help": "Tokens per forward/backward micro-batch (gradient accumulation over the step's "
+                "samples)."})
 
 
 @dataclass
 class SpadeArgs:
-    setting: str = field(default="games", metadata={"help": "games (cognitive games, Sec. 4.1) or tool (multi-turn tool use, Sec. 4.2)."})
+    setting: str = field(default="games", metadata={
+        "help": "games (cognitive games, Sec. 4.1) or tool (multi-turn tool use, Sec. 4.2)."})
     steps: int = field(default=400, metadata={"help": "Training steps (paper: 400)."})
-    regen_interval: int | None = field(default=None, metadata={"help": "R, steps between regenerations (paper: 4 games, 8 tool use)."})
-    num_envs: int = field(default=24, metadata={"help": "N, environments per regeneration (paper: 24)."})
-    plays: int = field(default=8, metadata={"help": "G, unhinted plays per environment per step (paper: 8)."})
-    hint_plays: int = field(default=16, metadata={"help": "H, hinted plays per environment at a regeneration step (paper: 16)."})
-    skills_per_regen: int | None = field(default=None, metadata={"help": "k, active skills per regeneration (paper: 3 of 6 games, all 6 tool use)."})
-    max_attempts: int = field(default=5, metadata={"help": "Designer attempts per slot (paper: 5)."})
-    corpus: str = field(default=str(DEMO_CORPUS), metadata={"help": "Grounding corpus, JSONL with `text` (or `orig_doc`) per line."})
-    corpus_seed: int = field(default=42, metadata={"help": "Seed of the document sampler (paper: 42)."})
-    memory_capacity: int = field(default=200, metadata={"help": "Environment memory FIFO capacity (paper: 200)."})
-    designer_temperature: float = field(default=0.6, metadata={"help": "Designer sampling temperature (paper: 0.6)."})
-    designer_thinking: bool | None = field(default=None, metadata={"help": "enable_thinking for designer prompts (authors' 8B: off); default: the template's."})
-    hint_thinking: bool | None = field(default=None, metadata={"help": "enable_thinking for hint prompts (authors' 8B: off); default: the template's."})
-    designer_max_tokens: int = field(default=16384, metadata={"help": "Designer max new tokens (paper: 16,384)."})
-    hint_temperature: float = field(default=0.3, metadata={"help": "Hint sampling temperature (paper: 0.3)."})
-    hint_max_tokens: int | None = field(default=None, metadata={"help": "Hint max new tokens (paper: 4,096 games, 2,048 tool use)."})
-    agent_temperature: float = field(default=0.6, metadata={"help": "Agent sampling temperature (paper: 0.6)."})
-    top_p: float = field(default=0.95, metadata={"help": "Top-p for designer and agent (paper: 0.95)."})
+    regen_interval: int | None = field(default=None, metadata={
+        "help": "R, steps between regenerations (paper: 4 games, 8 tool use)."})
+    num_envs: int = field(default=24, metadata={
+        "help": "N, environments per regeneration (paper: 24)."})
+    plays: int = field(default=8, metadata={
+        "help": "G, unhinted plays per environment per step (paper: 8)."})
+    hint_plays: int = field(default=16, metadata={
+        "help": "H, hinted plays per environment at a regeneration step (paper: 16)."})
+    skills_per_regen: int | None = field(default=None, metadata={
+        "help": "k, active skills per regeneration (paper: 3 of 6 games, all 6 tool use)."})
+    max_attempts: int = field(default=5, metadata={
+        "help": "Designer attempts per slot (paper: 5)."})
+    corpus: str = field(default=str(DEMO_CORPUS), metadata={
+        "help": "Grounding corpus, JSONL with `text` (or `orig_doc`) per line."})
+    corpus_seed: int = field(default=42, metadata={
+        "help": "Seed of the document sampler (paper: 42)."})
+    memory_capacity: int = field(default=200, metadata={
+        "help": "Environment memory FIFO capacity (paper: 200)."})
+    designer_temperature: float = field(default=0.6, metadata={
+        "help": "Designer sampling temperature (paper: 0.6)."})
+    designer_thinking: bool | None = field(default=None, metadata={
+        "help": "enable_thinking for designer prompts (authors' 8B: off); default: the "
+                "template's."})
+    hint_thinking: bool | None = field(default=None, metadata={
+        "help": "enable_thinking for hint prompts (authors' 8B: off); default: the template's."})
+    designer_max_tokens: int = field(default=16384, metadata={
+        "help": "Designer max new tokens (paper: 16,384)."})
+    hint_temperature: float = field(default=0.3, metadata={
+        "help": "Hint sampling temperature (paper: 0.3)."})
+    hint_max_tokens: int | None = field(default=None, metadata={
+        "help": "Hint max new tokens (paper: 4,096 games, 2,048 tool use)."})
+    agent_temperature: float = field(default=0.6, metadata={
+        "help": "Agent sampling temperature (paper: 0.6)."})
+    top_p: float = field(default=0.95, metadata={
+        "help": "Top-p for designer and agent (paper: 0.95)."})
     top_k: int = field(default=20, metadata={"help": "Top-k for designer and agent (paper: 20)."})
     max_turns: int = field(default=25, metadata={"help": "Agent turns per episode (paper: 25)."})
-    max_context: int = field(default=32768, metadata={"help": "Agent context in tokens (paper: 32,768)."})
-    max_new_tokens: int = field(default=8192, metadata={"help": "Agent new tokens per turn (paper: 8,192)."})
-    designer_reward: str = field(default="blend", metadata={"help": "blend (paper runs); ablations: regret (the authors' regret_based), solve_rate, learning_potential (regret.designer_score)."})
-    plateau_lo: float = field(default=0.4, metadata={"help": "plateau(w) is 1 from plateau_lo (paper: 0.4; the authors' later 4B phase: 0.2)."})
-    plateau_hi: float = field(default=0.6, metadata={"help": "... to plateau_hi (paper: 0.6; the authors' later 4B phase: 0.4)."})
-    plateau_ramp: float = field(default=0.25, metadata={"help": "... and falls to 0 over plateau_ramp on each side (paper: 0.25; the authors' later 4B phase: 0.2)."})
-    role_scale_cap: float = field(default=50.0, metadata={"help": "Cap of the role-balancing scale S = min(cap, N_agent / N_designer * R) (paper: 50)."})
-    no_corpus: bool = field(default=False, metadata={"help": "Ablation: designer prompts without a reference document."})
+    max_context: int = field(default=32768, metadata={
+        "help": "Agent context in tokens (paper: 32,768)."})
+    max_new_tokens: int = field(default=8192, metadata={
+        "help": "Agent new tokens per turn (paper: 8,192)."})
+    designer_reward: str = field(default="blend", metadata={
+        "help": "blend (paper runs); ablations: regret (the authors' regret_based), solve_rate, "
+                "learning_potential (regret.designer_score)."})
+    plateau_lo: float = field(default=0.4, metadata={
+        "help": "plateau(w) is 1 from plateau_lo (paper: 0.4; the authors' later 4B phase: 0.2)."})
+    plateau_hi: float = field(default=0.6, metadata={
+        "help": "... to plateau_hi (paper: 0.6; the authors' later 4B phase: 0.4)."})
+    plateau_ramp: float = field(default=0.25, metadata={
+        "help": "... and falls to 0 over plateau_ramp on each side (paper: 0.25; the authors' "
+                "later 4B phase: 0.2)."})
+    role_scale_cap: float = field(default=50.0, metadata={
+        "help": "Cap of the role-balancing scale S = min(cap, N_agent / N_designer * R) (paper: "
+                "50)."})
+    no_corpus: bool = field(default=False, metadata={
+        "help": "Ablation: designer prompts without a reference document."})
     no_memory: bool = field(default=False, metadata={"help": "Ablation: no environment memory."})
-    no_designer_training: bool = field(default=False, metadata={"help": "Ablation: the designer role is never trained."})
-    two_skills: bool = field(default=False, metadata={"help": "Ablation: two-skill curriculum {Math, Pattern}."})
-    fixed_envs: str | None = field(default=None, metadata={"help": "Fixed-env GRPO baseline: the agent trains on --num_envs environments per step drawn without replacement (seed 42) from this pool: comma-separated directories of *.py (validated in the sandbox), gem:ID (e.g. gem:rg:basic_arithmetic) and gymnasium:ID text environments, or patterns such as gem:rg:* (pools.py)."})
-    fallback_envs: str | None = field(default=None, metadata={"help": "The pool that tops up a thin first regeneration (deviation 1), in --fixed_envs' form; default: the hand-written data/envs/."})
-    memory_from: str | None = field(default=None, metadata={"help": "Seed a new run's environment memory with another run's records (RUN_DIR/memory.json) or an export's environments (tools/export.py's EXPORT_DIR/manifest.json)."})
-    generate_pool: int | None = field(default=None, metadata={"help": "Write this many validated environments into --output_dir with the designer (memory off, no training; resumable) and exit: the Fixed-env GRPO pool."})
-    no_tool_filters: bool = field(default=False, metadata={"help": "Tool use: keep episodes that did not terminate (reply cut by the token cap, turn limit, budget) and malformed tool-call replies in the loss (the authors mask them in every tool run)."})
+    no_designer_training: bool = field(default=False, metadata={
+        "help": "Ablation: the designer role is never trained."})
+    two_skills: bool = field(default=False, metadata={
+        "help": "Ablation: two-skill curriculum {Math, Pattern}."})
+    fixed_envs: str | None = field(default=None, metadata={
+        "help": "Fixed-env GRPO baseline: the agent trains on --num_envs environments per step "
+                "drawn without replacement (seed 42) from this pool: comma-separated directories "
+                "of *.py (validated in the sandbox), gem:ID (e.g. gem:rg:basic_arithmetic) and "
+                "gymnasium:ID text environments, or patterns such as gem:rg:* (pools.py)."})
+    fallback_envs: str | None = field(default=None, metadata={
+        "help": "The pool that tops up a thin first regeneration (deviation 1), in --fixed_envs' "
+                "form; default: the hand-written data/envs/."})
+    memory_from: str | None = field(default=None, metadata={
+        "help": "Seed a new run's environment memory with another run's records "
+                "(RUN_DIR/memory.json) or an export's environments (tools/export.py's "
+                "EXPORT_DIR/manifest.json)."})
+    generate_pool: int | None = field(default=None, metadata={
+        "help": "Write this many validated environments into --output_dir with the designer "
+                "(memory off, no training; resumable) and exit: the Fixed-env GRPO pool."})
+    no_tool_filters: bool = field(default=False, metadata={
+        "help": "Tool use: keep episodes that did not terminate (reply cut by the token cap, turn "
+                "limit, budget) and malformed tool-call replies in the loss (the authors mask them "
+                "in every tool run)."})
 
 
 @dataclass
 class OptimArgs:
-    lr: float = field(default=1e-6, metadata={"help": "AdamW learning rate, constant (paper: 1e-6)."})
+    lr: float = field(default=1e-6, metadata={
+        "help": "AdamW learning rate, constant (paper: 1e-6)."})
     weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay (paper: 0.1)."})
     grad_clip: float = field(default=1.0, metadata={"help": "Gradient norm clip (paper: 1.0)."})
     clip_low: float = field(default=0.2, metadata={"help": "PPO clip epsilon low (paper: 0.2)."})
-    clip_high: float = field(default=0.28, metadata={"help": "PPO clip epsilon high, clip-higher (paper: 0.28)."})
-    tis_cap: float = field(default=2.0, metadata={"help": "Truncated importance-sampling cap (paper: 2)."})
-    kl_coef: float | None = field(default=None, metadata={"help": "k3 KL to the initial policy (paper: 0 games, 0.005 tool use)."})
+    clip_high: float = field(default=0.28, metadata={
+        "help": "PPO clip epsilon high, clip-higher (paper: 0.28)."})
+    tis_cap: float = field(default=2.0, metadata={
+        "help": "Truncated importance-sampling cap (paper: 2)."})
+    kl_coef: float | None = field(default=None, metadata={
+        "help": "k3 KL to the initial policy (paper: 0 games, 0.005 tool use)."})
     ppo_epochs: int = field(default=1, metadata={"help": "Optimizer passes per step (paper: 1)."})
-    logprob_temperature: float | None = field(default=None, metadata={"help": "Temperature of the trained, old and reference log-probs; default: each role's sampling temperature (the authors' trainer: 1.0, 0.7 for tool-use 4B; the presets use theirs)."})
+    logprob_temperature: float | None = field(default=None, metadata={
+        "help": "Temperature of the trained, old and reference log-probs; default: each role's "
+                "sampling temperature (the authors' trainer: 1.0, 0.7 for tool-use 4B; the presets "
+                "use theirs)."})
 
 
 @dataclass
 class RunArgs:
-    output_dir: str = field(default="runs/spade", metadata={"help": "Run directory: metrics.jsonl, environments, memory, checkpoints."})
+    output_dir: str = field(default="runs/spade", metadata={
+        "help": "Run directory: metrics.jsonl, environments, memory, checkpoints."})
     seed: int = field(default=0, metadata={"help": "Seed of models, play seeds and sampling."})
-    resume: bool = field(default=False, metadata={"help": "Continue from the latest checkpoint in output_dir."})
-    allow_config_change: bool = field(default=False, metadata={"help": "Resume even if the config differs from the run's."})
-    overwrite: bool = field(default=False, metadata={"help": "Start afresh even if output_dir holds a run."})
-    checkpoint_every: int = field(default=16, metadata={"help": "Steps between checkpoints (and one at the end)."})
-    keep_checkpoints: str = field(default="2", metadata={"help": "Newest resumable checkpoints, and newest policy exports, to keep: N or all."})
-    export_every: int = field(default=0, metadata={"help": "Steps between Hugging Face exports of the policy to exports/step-<k> (and one at the end); 0 = none. For the paper's best-checkpoint protocol: eval.py --checkpoints <run>."})
+    resume: bool = field(default=False, metadata={
+        "help": "Continue from the latest checkpoint in output_dir."})
+    allow_config_change: bool = field(default=False, metadata={
+        "help": "Resume even if the config differs from the run's."})
+    overwrite: bool = field(default=False, metadata={
+        "help": "Start afresh even if output_dir holds a run."})
+    checkpoint_every: int = field(default=16, metadata={
+        "help": "Steps between checkpoints (and one at the end)."})
+    keep_checkpoints: str = field(default="2", metadata={
+        "help": "Newest resumable checkpoints, and newest policy exports, to keep: N or all."})
+    export_every: int = field(default=0, metadata={
+        "help": "Steps between Hugging Face exports of the policy to exports/step-<k> (and one at "
+                "the end); 0 = none. For the paper's best-checkpoint protocol: eval.py "
+                "--checkpoints <run>."})
     sandbox_workers: int = field(default=8, metadata={"help": "Sandbox worker concurrency."})
     step_timeout: float = field(default=5.0, metadata={"help": "Seconds per environment call."})
-    sandbox_memory_mb: int = field(default=1024, metadata={"help": "Address-space limit per environment process."})
-    log_with: str | None = field(default=None, metadata={"help": "Accelerate tracker: tensorboard or wandb."})
-    transcripts: int = field(default=2, metadata={"help": "Sample transcripts written per step; at a regeneration, per new environment (tools/report.py's cards)."})
-    print_config: bool = field(default=False, metadata={"help": "Print the resolved configuration (preset + flags) as one JSON object and exit."})
+    sandbox_memory_mb: int = field(default=1024, metadata={
+        "help": "Address-space limit per environment process."})
+    log_with: str | None = field(default=None, metadata={
+        "help": "Accelerate tracker: tensorboard or wandb."})
+    transcripts: int = field(default=2, metadata={
+        "help": "Sample transcripts written per step; at a regeneration, per new environment "
+                "(tools/report.py's cards)."})
+    print_config: bool = field(default=False, metadata={
+        "help": "Print the resolved configuration (preset + flags) as one JSON object and exit."})
 
 
 # The authors' launchers (github spade-rl/spade, cmd/), one per (model, setting), where they differ
@@ -120,9 +206,11 @@ PRESETS = {
                                  dict(logprob_temperature=1.0, **_NO_THINKING)),
     ("Qwen3-4B", "tool"): ("cmd/tool_use/train_spade_4b.sh",
                            dict(logprob_temperature=0.7, steps=500, regen_interval=32, num_envs=16,
-                                plays=16, hint_plays=4, hint_max_tokens=512, designer_reward="regret")),
+                                plays=16, hint_plays=4, hint_max_tokens=512,
+                                designer_reward="regret")),
     ("Qwen3-8B", "tool"): ("cmd/tool_use/_train_spade_blend.sh (8b)",
-                           dict(logprob_temperature=1.0, designer_max_tokens=20000, **_THINKING_8B)),
+                           dict(logprob_temperature=1.0, designer_max_tokens=20000,
+                                **_THINKING_8B)),
     ("Qwen3-30B-A3B", "tool"): ("cmd/tool_use/_train_spade_blend.sh (30b)",
                                 dict(logprob_temperature=1.0, **_NO_THINKING)),
 }
@@ -150,8 +238,8 @@ def resolve(margs: ModelArgs, sargs: SpadeArgs, oargs: OptimArgs, rargs: RunArgs
     the number of skills of the setting, `designer_modes` the --designer_reward choices."""
     if sargs.setting not in SETTING_DEFAULTS:
         raise SystemExit(f"--setting must be games or tool, not {sargs.setting!r}")
-    games = sargs.setting == "games"
-    defaults = dict(SETTING_DEFAULTS[sargs.setting], skills_per_regen=min(3, skills) if games else skills)
+    skills_per_regen = min(3, skills) if sargs.setting == "games" else skills
+    defaults = dict(SETTING_DEFAULTS[sargs.setting], skills_per_regen=skills_per_regen)
     for name, value in defaults.items():  # the setting's paper value unless given explicitly
         args = oargs if name == "kl_coef" else sargs
         if getattr(args, name) is None:
@@ -161,10 +249,13 @@ def resolve(margs: ModelArgs, sargs: SpadeArgs, oargs: OptimArgs, rargs: RunArgs
                  "skills_per_regen", "memory_capacity"):
         if getattr(sargs, name) <= 0:
             raise SystemExit(f"--{name} must be positive, got {getattr(sargs, name)}")
-    if sargs.hint_plays < 0 or oargs.ppo_epochs <= 0 or rargs.checkpoint_every <= 0 or rargs.export_every < 0:
-        raise SystemExit("--hint_plays and --export_every must be >= 0, --ppo_epochs and --checkpoint_every > 0")
-    if not (rargs.keep_checkpoints == "all" or rargs.keep_checkpoints.isdigit() and int(rargs.keep_checkpoints) > 0):
-        raise SystemExit(f"--keep_checkpoints must be a positive number or all, not {rargs.keep_checkpoints!r}")
+    negative = sargs.hint_plays < 0 or rargs.export_every < 0
+    if negative or oargs.ppo_epochs <= 0 or rargs.checkpoint_every <= 0:
+        raise SystemExit("--hint_plays and --export_every must be >= 0, --ppo_epochs and "
+                         "--checkpoint_every > 0")
+    keep = rargs.keep_checkpoints
+    if not (keep == "all" or keep.isdigit() and int(keep) > 0):
+        raise SystemExit(f"--keep_checkpoints must be a positive number or all, not {keep!r}")
     for name in ("agent_temperature", "designer_temperature", "hint_temperature"):
         if not getattr(sargs, name) > 0:
             raise SystemExit(f"--{name} must be > 0 (log-probs divide logits by it)")
@@ -172,20 +263,22 @@ def resolve(margs: ModelArgs, sargs: SpadeArgs, oargs: OptimArgs, rargs: RunArgs
         raise SystemExit("--logprob_temperature must be > 0 (log-probs divide logits by it)")
     if not (sargs.plateau_lo <= sargs.plateau_hi and sargs.plateau_ramp > 0):
         raise SystemExit("--plateau_lo must be <= --plateau_hi and --plateau_ramp > 0")
-    if sargs.hint_plays == 0 and sargs.designer_reward in ("blend", "regret") and not sargs.fixed_envs:
+    needs_regret = sargs.designer_reward in ("blend", "regret") and not sargs.fixed_envs
+    if sargs.hint_plays == 0 and needs_regret:
         raise SystemExit("--hint_plays 0 leaves regret undefined: use --designer_reward solve_rate")
     if sargs.plays < 2:
-        print("[spade] warning: --plays < 2 makes every agent group zero-variance (no agent gradient)")
+        print("[spade] warning: --plays < 2 makes every agent group zero-variance "
+              "(no agent gradient)")
     if sargs.skills_per_regen > skills:
         raise SystemExit(f"--skills_per_regen {sargs.skills_per_regen} exceeds the {skills} skills")
     if sargs.designer_reward not in designer_modes:
         raise SystemExit(f"--designer_reward must be one of {', '.join(designer_modes)}")
     if not sargs.no_corpus and not sargs.fixed_envs and not Path(sargs.corpus).is_file():
         raise SystemExit(f"corpus file not found: {sargs.corpus} (see data/README.md)")
-    if margs.model not in ("tiny", "tiny-moe") and Path(sargs.corpus) == DEMO_CORPUS and not sargs.no_corpus:
+    demo_corpus = Path(sargs.corpus) == DEMO_CORPUS and not sargs.no_corpus
+    if margs.model not in ("tiny", "tiny-moe") and demo_corpus:
         print("[spade] warning: --corpus is the 47-paragraph demo corpus; the paper grounds the "
               "designer in a large web corpus (see data/README.md)", file=sys.stderr)
-
 
 
 def role_temperatures(sargs: SpadeArgs, oargs: OptimArgs) -> dict:
@@ -197,6 +290,7 @@ def role_temperatures(sargs: SpadeArgs, oargs: OptimArgs) -> dict:
 def config_dict(*args) -> dict:
     """The run's configuration as saved in config.json (a resume compares against it)."""
     out = {k: v for a in args for k, v in dataclasses.asdict(a).items()}
-    for k in ("resume", "allow_config_change", "overwrite", "output_dir", "log_with", "print_config"):
+    for k in ("resume", "allow_config_change", "overwrite", "output_dir", "log_with",
+              "print_config"):
         out.pop(k, None)
     return out

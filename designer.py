@@ -73,8 +73,8 @@ MAX_ATTEMPTS = 5                                  # attempts per slot (paper)
 CORPUS_SEED = 42                                  # document sampler seed (paper)
 CORPUS_MAX_WORDS = {"games": 6000, "tool": 4000}  # words kept per document (paper)
 REPAIR_ROUNDS = 3                                 # deviation 3
-MAX_FIELD_CHARS = 400        # longer "fields" are left alone
-REPAIR_BUDGET = 200_000      # characters of field probing per round; beyond it a reply is not repaired
+MAX_FIELD_CHARS = 400    # longer "fields" are left alone
+REPAIR_BUDGET = 200_000  # characters of field probing per round; beyond it a reply is not repaired
 VALIDATE_RETRIES = 2                              # deviation 8
 
 # INFRA: the texts the designer reads (the authors' content in our words) live in prompts/.
@@ -105,11 +105,13 @@ def _skills(setting: str) -> tuple[Skill, ...]:
 # skill's `examples` are the ideas the NO-CORPUS prompt samples three of (the corpus-grounded one
 # shows only name and description); a tool skill's are its example tasks, all shown.
 GAME_SKILLS, TOOL_SKILLS = _skills("games"), _skills("tool")
-TWO_SKILLS = tuple(s for s in GAME_SKILLS if s.name in ("Mathematical Reasoning", "Pattern Recognition"))
+TWO_SKILLS = tuple(s for s in GAME_SKILLS
+                   if s.name in ("Mathematical Reasoning", "Pattern Recognition"))
 SKILLS = {s.name: s for s in GAME_SKILLS + TOOL_SKILLS}
 
 
-def active_skills(step: int, skills: Sequence[Skill | str], per_regen: int, interval: int) -> list[str]:
+def active_skills(step: int, skills: Sequence[Skill | str], per_regen: int,
+                  interval: int) -> list[str]:
     """Names of the k skills active at `step` (round robin)."""
     names = [s.name if isinstance(s, Skill) else s for s in skills]
     n, k = len(names), per_regen
@@ -179,11 +181,13 @@ class Corpus:
                 words = text.split()
                 title = str(row.get("title") or row.get("url")
                             or " ".join(words[:12]) + (" ..." if len(words) > 12 else ""))[:200]
-                self.documents.append(Document(doc_id, *truncate_words(text.strip(), self.max_words), title))
+                kept, truncated = truncate_words(text.strip(), self.max_words)
+                self.documents.append(Document(doc_id, kept, truncated, title))
         if self.skipped:
             log.warning("corpus %s: skipped %d unreadable or empty lines", path, self.skipped)
         if not self.documents:
-            raise ValueError(f"corpus {path} has no usable documents ({self.skipped} lines skipped)")
+            raise ValueError(f"corpus {path} has no usable documents "
+                             f"({self.skipped} lines skipped)")
         self.rng = random.Random(seed)
 
     def sample(self) -> Document:
@@ -258,8 +262,9 @@ def _skill_section(skill: Skill) -> str:
             f"your own):\n{ideas}\nDifficulty: medium, the goal needs 3 or more interaction steps.")
 
 
-def designer_messages(skill: str | Skill, *, setting: str = "games", document: Document | None = None,
-                      memory_block: str = "", task: tuple[str, str] | None = None,
+def designer_messages(skill: str | Skill, *, setting: str = "games",
+                      document: Document | None = None, memory_block: str = "",
+                      task: tuple[str, str] | None = None,
                       rng: random.Random | None = None) -> list[dict]:
     """The designer chat for one attempt; `task` = (domain, variant) is required for tool use;
     `rng` samples the no-corpus prompt's game ideas. The memory block comes last."""
@@ -273,7 +278,8 @@ def designer_messages(skill: str | Skill, *, setting: str = "games", document: D
         raise ValueError("tool-use prompts need task=(domain, variant); see tool_task(rng)")
     domain, variant = task
     intro = (f"Design a new multi-turn tool-use environment in Python: a simulated backend for "
-             f"{domain} that an assistant operates through tools.\nTask variant: {TOOL_VARIANTS[variant]}")
+             f"{domain} that an assistant operates through tools.\n"
+             f"Task variant: {TOOL_VARIANTS[variant]}")
     flavour = ("Optional flavour: you may borrow names, products or figures from the reference "
                "document below, but the domain above is fixed; never make the task about the "
                "document, and never mention it in an instruction.\n<REFERENCE_DOCUMENT>\n"
@@ -294,7 +300,8 @@ def reply_text(reply: Any) -> str:
 
 
 def strip_thinking(text: str) -> str:
-    """Remove reasoning: closed <think> blocks, anything before a stray </think>, an unclosed <think> tail."""
+    """Remove reasoning: closed <think> blocks, anything before a stray </think>,
+    an unclosed <think> tail."""
     text = re.sub(r"<think>.*?</think>", "", text, flags=re.S)
     if "</think>" in text:  # the chat template opened the block inside the prompt
         text = text.rsplit("</think>", 1)[1]
@@ -302,7 +309,8 @@ def strip_thinking(text: str) -> str:
 
 
 def code_block(text: str) -> str:
-    """First ```python fence, else first untagged fence, else the whole text; unclosed runs to the end."""
+    """First ```python fence, else first untagged fence, else the whole text;
+    unclosed runs to the end."""
     for opener in (r"```(?:python3?|py)[ \t]*\n", r"```[ \t]*\n"):
         m = re.search(opener, text, flags=re.I)
         if m:
@@ -315,7 +323,8 @@ def _parse(source: str) -> ast.Module | str:
     """The module's syntax tree, or the parser's error message."""
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # invalid escapes like "\d" in designer code are not our concern
+            # invalid escapes like "\d" in designer code are not our concern
+            warnings.simplefilter("ignore")
             return ast.parse(source)
     except SyntaxError as e:
         return f"{e.msg} (line {e.lineno})"
@@ -374,7 +383,8 @@ def _fstring_edits(src: str) -> list[tuple[int, str]]:
 
 
 def _field_end(src: str, i: int, delim: str) -> int | None:
-    """Index of the '}' closing an f-string field starting at i; None if it never closes; -1 if too long."""
+    """Index of the '}' closing an f-string field starting at i; None if it never
+    closes; -1 if too long."""
     depth, n = 0, min(len(src), i + MAX_FIELD_CHARS)
     while i < n:
         c = src[i]
@@ -397,7 +407,8 @@ def _field_end(src: str, i: int, delim: str) -> int | None:
 
 
 def repair_fstring_braces(source: str, rounds: int = REPAIR_ROUNDS) -> str | None:
-    """Return `source` if it parses, else a version with broken f-string fields' braces doubled, else None."""
+    """Return `source` if it parses, else a version with broken f-string fields' braces
+    doubled, else None."""
     for _ in range(rounds + 1):
         if _parses(source):
             return source
@@ -413,7 +424,8 @@ def find_env_class(source: str) -> str | None:
     """Name of the last module-level class whose name ends in 'Env' (deviation 1)."""
     tree = _parse(source)
     names = [] if isinstance(tree, str) else [
-        node.name for node in tree.body if isinstance(node, ast.ClassDef) and node.name.endswith("Env")]
+        node.name for node in tree.body
+        if isinstance(node, ast.ClassDef) and node.name.endswith("Env")]
     return names[-1] if names else None
 
 
@@ -429,21 +441,23 @@ class Proposal:
     slot: int = 0                   # index into skills_for_slots
     attempt: int = 1                # 1-based attempt number of this slot
     doc_id: str | None = None       # corpus document the prompt was grounded in
-    messages: list[dict] = field(default_factory=list)  # the designer chat (train renders it to tokens)
+    # the designer chat (train renders it to tokens)
+    messages: list[dict] = field(default_factory=list)
     task: tuple[str, str] | None = None  # (domain, variant) for tool use
     reply: Any = None               # the engine's Completion (token_ids, logprobs) or a str
     source: str | None = None       # extracted (and repaired) code; raw code when it did not parse
     class_name: str | None = None
     repaired: bool = False          # brace repair changed the code
     ok: bool = False
-    reason: str | None = None       # rejection kind: no_code, truncated, syntax, no_class, or the sandbox's
+    reason: str | None = None       # rejection kind: no_code, truncated, syntax, no_class,
+                                    # or the sandbox's
     error: str | None = None        # rejection message
     doc_title: str | None = None    # the document's title (run logs only; never in a prompt)
 
     def to_log(self) -> dict:
         """JSON-friendly summary for the run's logs (the reply object itself is not serialised)."""
-        return {"skill": self.skill, "setting": self.setting, "slot": self.slot, "attempt": self.attempt,
-                "doc_id": self.doc_id, "doc_title": self.doc_title,
+        return {"skill": self.skill, "setting": self.setting, "slot": self.slot,
+                "attempt": self.attempt, "doc_id": self.doc_id, "doc_title": self.doc_title,
                 "task": list(self.task) if self.task else None, "ok": self.ok,
                 "reason": self.reason, "error": self.error, "class_name": self.class_name,
                 "repaired": self.repaired, "source": self.source,
@@ -458,7 +472,8 @@ def _judge(p: Proposal, validate: Callable) -> None:
         p.reason, p.error = "no_code", "the reply contains no code"
         return
     source = repair_fstring_braces(code)
-    if source is None and "```" not in text and not re.search(r"^\s*(class|def|import)\s", text, re.M):
+    python_lines = re.search(r"^\s*(class|def|import)\s", text, re.M)
+    if source is None and "```" not in text and not python_lines:
         p.reason, p.error = "no_code", "no ```python block, and the reply is not Python"
         return
     if source is None:  # deviation 4: a reply cut at the token cap is "truncated"
@@ -510,8 +525,8 @@ def regenerate(skills_for_slots: Sequence[str], *, generate: Callable, validate:
             block = memory_block(skill) if memory_block is not None else ""
             messages = designer_messages(skill, setting=setting, document=doc, memory_block=block,
                                          task=task, rng=rng)
-            batch.append(Proposal(skill, setting, slot, attempt, doc.doc_id if doc else None, messages, task,
-                                  doc_title=doc.title if doc else None))
+            batch.append(Proposal(skill, setting, slot, attempt, doc.doc_id if doc else None,
+                                  messages, task, doc_title=doc.title if doc else None))
         replies = generate([p.messages for p in batch])
         if len(replies) != len(batch):
             raise ValueError(f"generate returned {len(replies)} replies for {len(batch)} prompts")
@@ -554,7 +569,8 @@ def hint_messages(source: str, setting: str) -> list[dict]:
 
 
 def parse_hint(reply: Any) -> str | None:
-    """The value of a JSON object's "hint" key if the reply holds one, else the stripped text; capped."""
+    """The value of a JSON object's "hint" key if the reply holds one, else the
+    stripped text; capped."""
     text = strip_thinking(reply_text(reply)).strip()
     hint = None
     decoder = json.JSONDecoder()

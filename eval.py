@@ -4,20 +4,19 @@ SPADE (arXiv 2608.19197, Sec. 5 and Table 1) reports, for the games setting, eig
 and AIME 2026 (avg@32, T 0.7, top-p 0.8; top-k 20 as the authors' harness; --aime_protocol offline:
 the authors' offline driver, avg@64 at T 1.0, top-p 0.95), GPQA-Diamond (8 samples, T 0.7, top-p
 0.95 and the authors' option order, boxed letter), LiveCodeBench v6 (pass@1, T 0.2, every test
-within 6 s) and four
-Reasoning-Gym cells. Reasoning-Gym is run as the authors' harness (spade-rl/spade) runs it: the 100
-tasks at the reasoning-gym paper's "hard" settings (table and cells in data/rg_hard.json; Math =
-algebra + arithmetic + geometry + graphs, Algorithmic = algorithmic + code, Cognition = arc + games +
-cognition, Logic = logic + induction), 8 single-turn episodes per task, reasoning-gym's default
-instruction with `<answer>` tags around "Problem: ..." and a box line, T 0.6 / top-p 0.8 / top-k 20,
-8,192 tokens, the last `<answer>` tag read before the last box, a win is a score of 1.0, an episode
-whose scorer raises is left out, and the cell is the pooled win rate. For the tool-use setting it
-reports BFCL v4 (suite `bfcl`: overall of non-live, live, irrelevance, multi-turn; `bfcl_multi_turn`
-alone) and tau2-bench (`tau2`, its user simulator on --tau2_user_endpoint), whose loops live in
-suites/toolbench.py, and ACEBench (`acebench`: Normal, Special, Agent and its summary score; suites/acebench.py).
-This file runs all of them against a checkpoint
-(engine.py: vLLM or transformers), an OpenAI-compatible endpoint, or a scripted sampler (tests).
-Every suite's sampling settings are written to results.json ("sampling").
+within 6 s) and four Reasoning-Gym cells. Reasoning-Gym is run as the authors' harness
+(spade-rl/spade) runs it: the 100 tasks at the reasoning-gym paper's "hard" settings (table and
+cells in data/rg_hard.json; Math = algebra + arithmetic + geometry + graphs, Algorithmic =
+algorithmic + code, Cognition = arc + games + cognition, Logic = logic + induction), 8 single-turn
+episodes per task, reasoning-gym's default instruction with `<answer>` tags around "Problem: ..."
+and a box line, T 0.6 / top-p 0.8 / top-k 20, 8,192 tokens, the last `<answer>` tag read before the
+last box, a win is a score of 1.0, an episode whose scorer raises is left out, and the cell is the
+pooled win rate. For the tool-use setting it reports BFCL v4 (suite `bfcl`: overall of non-live,
+live, irrelevance, multi-turn; `bfcl_multi_turn` alone) and tau2-bench (`tau2`, its user simulator
+on --tau2_user_endpoint), whose loops live in suites/toolbench.py, and ACEBench (`acebench`: Normal,
+Special, Agent and its summary score; suites/acebench.py). This file runs all of them against a
+checkpoint (engine.py: vLLM or transformers), an OpenAI-compatible endpoint, or a scripted sampler
+(tests). Every suite's sampling settings are written to results.json ("sampling").
 
 Formulas:
     avg@n   = mean_i ( c_i / n )                       (c_i correct samples of item i, n samples)
@@ -29,12 +28,15 @@ Symbols: n samples per item, c correct samples, k the pass@k budget.
 Data (local JSONL, one object per line; see `load_items` for the accepted field names):
     aime2025.jsonl / aime2026.jsonl  {"id", "problem", "answer"}
     gpqa_diamond.jsonl               {"id", "question", "correct_answer", "incorrect_answers": [3]}
-                                     (or the hub's "Question", "Correct Answer", "Incorrect Answer 1..3")
-    livecodebench_v6.jsonl           {"question_id", "question_content", "starter_code", "contest_date",
-                                      "tests": [{"input", "output", "testtype": "stdin"|"functional"}],
+                                     (or the hub's "Question", "Correct Answer",
+                                     "Incorrect Answer 1..3")
+    livecodebench_v6.jsonl           {"question_id", "question_content", "starter_code",
+                                      "contest_date", "tests": [{"input", "output",
+                                      "testtype": "stdin"|"functional"}],
                                       "func_name" (functional only)}  (or raw hub rows)
     acebench/data_<category>.json, acebench/possible_answer/data_<category>.json
-                                     (ACEBench's data_all/data_en; formats in suites/acebench.py's docstring)
+                                     (ACEBench's data_all/data_en; formats in
+                                     suites/acebench.py's docstring)
 Reasoning-Gym items are generated offline; BFCL v4 multi-turn data and checker come from the
 `bfcl-eval` package (install it with `pip install --no-deps bfcl-eval`: its declared dependencies
 are API clients and pinned numpy, none of which the multi-turn checker imports).
@@ -44,28 +46,34 @@ loaded and cached as that JSONL file.
 Deviations (from the paper and the authors' harness, spade-rl/spade):
 1. Reasoning-Gym items: task t's episodes are items 0..7 of a dataset seeded by (seed, t's name),
    not the authors' draws from a 500-item dataset; same distribution, other items.
-2. The `<answer>` tag and the box are read after the reasoning (`</think>`), not over the whole reply.
+2. The `<answer>` tag and the box are read after the reasoning (`</think>`), not over the whole
+   reply.
 3. GPQA: the options are shuffled once per question as the authors' offline suite does (one
    Random(42) over the questions in order, options "A." to "D."); the instruction is ours; the
    letter is read from the last box after the reasoning (`\boxed{(B)}` and `\boxed{\text{B}}`
    too), else from the last "answer is X" / "Answer: X" there (authors: the first, anywhere).
-4. LiveCodeBench: as the authors' offline run, release_v6 whole (1,055 problems, 2023-05 .. 2025-04;
-   --lcb_start_date / --lcb_end_date narrow it) and 1 sample at T 0.2 / top-p 0.95 with 16,384
-   tokens; their in-loop
-   run used the 2025-01 .. 2025-04 problems. Our own grader: tests stop at the first failure;
-   outputs compared line by line, then token by token with numeric tokens compared as decimals;
-   each test runs in a fresh sandbox.py worker (no network, files or processes of the host).
+4. LiveCodeBench: as the authors' offline run, release_v6 whole (1,055 problems, 2023-05 ..
+   2025-04; --lcb_start_date / --lcb_end_date narrow it) and 1 sample at T 0.2 / top-p 0.95 with
+   16,384 tokens; their in-loop run used the 2025-01 .. 2025-04 problems. Our own grader: tests
+   stop at the first failure; outputs compared line by line, then token by token with numeric
+   tokens compared as decimals; each test runs in a fresh sandbox.py worker (no network, files or
+   processes of the host).
 5. Tool-use suites: the docstrings of suites/toolbench.py and suites/acebench.py.
 
 Usage (multi-GPU tensor parallelism: serve the model with `vllm serve` and use --endpoint):
     python eval.py --model runs/spade/checkpoint-400 --engine vllm --output_dir runs/eval/spade
-    python eval.py --endpoint http://localhost:8000/v1 --model Qwen/Qwen3-8B --suites aime2025,gpqa_diamond
-    python eval.py --checkpoints runs/spade --engine vllm --output_dir runs/eval/sweep  # every export, best named
+    python eval.py --endpoint http://localhost:8000/v1 --model Qwen/Qwen3-8B \
+        --suites aime2025,gpqa_diamond
+    # every export, best named:
+    python eval.py --checkpoints runs/spade --engine vllm --output_dir runs/eval/sweep
+    # CPU smoke:
     python eval.py --model tiny --engine transformers --data_dir tests/fixtures/eval --limit 1 \
-        --rg_tasks chain_sum --rg_episodes 2 --aime_samples 2 --max_new_tokens 16 --rg_max_new_tokens 16  # CPU smoke
+        --rg_tasks chain_sum --rg_episodes 2 --aime_samples 2 --max_new_tokens 16 \
+        --rg_max_new_tokens 16
 
-Dependencies: stdlib, tqdm, sandbox.py, transformers (CLI), reasoning-gym, math-verify; lazily: engine.py,
-models.py, `datasets`/`huggingface_hub` (hub loading), `bfcl_eval` (BFCL); suites/ (ACEBench, BFCL, tau2-bench).
+Dependencies: stdlib, tqdm, sandbox.py, transformers (CLI), reasoning-gym, math-verify; lazily:
+engine.py, models.py, `datasets`/`huggingface_hub` (hub loading), `bfcl_eval` (BFCL); suites/
+(ACEBench, BFCL, tau2-bench).
 Test: `pytest tests/test_eval.py`.
 """
 from __future__ import annotations
@@ -99,24 +107,31 @@ from suites.toolbench import (BFCL_CATEGORIES, TAU2_DOMAINS, load_bfcl, read_jso
 # ----------------------------------------------------------------------------------------------
 # ALGO: the Reasoning-Gym task table (100 tasks at hard settings, grouped into Table 1's 4 cells)
 
-RG_TABLE = json.loads((Path(__file__).resolve().parent / "data" / "rg_hard.json").read_text(encoding="utf-8"))
+RG_FILE = Path(__file__).resolve().parent / "data" / "rg_hard.json"
+RG_TABLE = json.loads(RG_FILE.read_text(encoding="utf-8"))
 RG_CELLS = {cell: tuple(packages) for cell, packages in RG_TABLE["cells"].items()}
-RG_HARD_TASKS = {pkg: list(tasks.items()) for pkg, tasks in RG_TABLE["tasks"].items()}  # package -> [(task, params)]
+# package -> [(task, params)]
+RG_HARD_TASKS = {pkg: list(tasks.items()) for pkg, tasks in RG_TABLE["tasks"].items()}
 
 # Known upstream quirks, copied into results.json so a reader of a low cell knows why.
 SCORER_NOTES = {
-    "reasoning_gym": "graph_color, rubiks_cube, rush_hour and propositional_logic verify a submitted "
-                     "solution; their stored reference answer does not score 1.0 (an oracle that echoes it "
-                     "loses), a model's valid solution does. An episode whose scorer raises is left out of "
-                     "its cell (as the authors do) and counted in reasoning_gym/scorer_errors.",
-    "aime": "math-verify runs under a per-sample timeout (parse and verify); a timeout counts as wrong.",
-    "livecodebench": "stdout compared line by line, then token-wise with decimal-aware numbers; tests stop "
-                     "at the first failure; a test past the time limit fails the sample.",
-    "acebench": "ACEBench's checker as written: top-level numbers and booleans are type-checked only, strings "
-                "lose their whitespace before decoding, an answer class absent from the state is not checked; the "
-                "Agent roles sample at T 0.001, top-p 1 (ACEBench's defaults), --acebench_agent_max_new_tokens each.",
-    "bfcl_multi_turn": "bfcl-eval's checker compares environment state and call outputs per turn; an "
-                       "entry that hits 20 steps in a turn is force-terminated and fails.",
+    "reasoning_gym": "graph_color, rubiks_cube, rush_hour and propositional_logic verify a "
+                     "submitted solution; their stored reference answer does not score 1.0 (an "
+                     "oracle that echoes it loses), a model's valid solution does. An episode "
+                     "whose scorer raises is left out of its cell (as the authors do) and "
+                     "counted in reasoning_gym/scorer_errors.",
+    "aime": "math-verify runs under a per-sample timeout (parse and verify); a timeout counts "
+            "as wrong.",
+    "livecodebench": "stdout compared line by line, then token-wise with decimal-aware numbers; "
+                     "tests stop at the first failure; a test past the time limit fails the "
+                     "sample.",
+    "acebench": "ACEBench's checker as written: top-level numbers and booleans are type-checked "
+                "only, strings lose their whitespace before decoding, an answer class absent "
+                "from the state is not checked; the Agent roles sample at T 0.001, top-p 1 "
+                "(ACEBench's defaults), --acebench_agent_max_new_tokens each.",
+    "bfcl_multi_turn": "bfcl-eval's checker compares environment state and call outputs per "
+                       "turn; an entry that hits 20 steps in a turn is force-terminated and "
+                       "fails.",
 }
 
 ANSWER_FORMAT = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -159,22 +174,27 @@ def rg_answer(text: str) -> str | None:
 
 def rg_prompt(question: str) -> str:
     """The authors' Reasoning-Gym prompt: reasoning-gym's default instruction (its first sentence,
-    then the problem, then its answer-format lines), the problem carrying a line asking for a box."""
+    then the problem, then its answer-format lines), the problem carrying a line asking for a
+    box."""
     from reasoning_gym.utils import SYSTEM_PROMPTS
     head, rest = SYSTEM_PROMPTS["default"].split("\n", 1)
-    return f"{head}\nProblem: {question}\n\nPut your final answer within \\boxed{{}}.\n{rest.strip()}"
+    return (f"{head}\nProblem: {question}\n\nPut your final answer within \\boxed{{}}.\n"
+            f"{rest.strip()}")
 
 
 # ----------------------------------------------------------------------------------------------
 # INFRA: samplers. A sampler maps conversations to n reply texts each:
-#   sampler.chat(conversations, n=, temperature=, top_p=, max_new_tokens=, seed=, tools=) -> list[list[str]]
+#   sampler.chat(conversations, n=, temperature=, top_p=, max_new_tokens=, seed=, tools=)
+#       -> list[list[str]]
 
 
 class EngineSampler:
     """Renders conversations with the tokenizer's chat template and samples through engine.py.
-    A reply's budget shrinks to fit `max_context`; a prompt that leaves no room gets an empty reply."""
+    A reply's budget shrinks to fit `max_context`; a prompt that leaves no room gets an empty
+    reply."""
 
-    def __init__(self, engine, tokenizer, *, enable_thinking: bool | None = None, max_context: int = 40960):
+    def __init__(self, engine, tokenizer, *, enable_thinking: bool | None = None,
+                 max_context: int = 40960):
         self.engine, self.tokenizer, self.enable_thinking = engine, tokenizer, enable_thinking
         self.max_context = max_context
 
@@ -182,16 +202,19 @@ class EngineSampler:
         extra = {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
         from agent import render_chat  # sibling: shows the tools even to a template that drops them
         text = render_chat(self.tokenizer, messages, tools=tools, **extra)
-        # The whole rendered text, tokenized as vLLM's chat endpoint and the benchmarks' own harnesses
-        # do, so scores compare with published ones (training prompts go through agent.prompt_ids).
+        # The whole rendered text, tokenized as vLLM's chat endpoint and the benchmarks' own
+        # harnesses do, so scores compare with published ones (training prompts go through
+        # agent.prompt_ids).
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def chat(self, conversations, *, n=1, temperature, top_p, top_k=-1, max_new_tokens, seed=None, tools=None):
+    def chat(self, conversations, *, n=1, temperature, top_p, top_k=-1, max_new_tokens, seed=None,
+             tools=None):
         tools = tools or [None] * len(conversations)
         prompts = [self._prompt(m, t) for m, t in zip(conversations, tools) for _ in range(n)]
         caps = [min(max_new_tokens, self.max_context - len(p)) for p in prompts]
         fits = [i for i, cap in enumerate(caps) if cap > 0]
-        outs = self.engine.generate([prompts[i] for i in fits], max_new_tokens=[caps[i] for i in fits],
+        outs = self.engine.generate([prompts[i] for i in fits],
+                                    max_new_tokens=[caps[i] for i in fits],
                                     temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         texts = [""] * len(prompts)
         for i, out in zip(fits, outs):
@@ -202,7 +225,8 @@ class EngineSampler:
 class OpenAISampler:
     """An OpenAI-compatible /chat/completions endpoint (vLLM serve, SGLang, ...) over urllib."""
 
-    def __init__(self, base_url: str, model: str, api_key: str = "", workers: int = 16, timeout: float = 3600):
+    def __init__(self, base_url: str, model: str, api_key: str = "", workers: int = 16,
+                 timeout: float = 3600):
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model, self.api_key, self.workers, self.timeout = model, api_key, workers, timeout
 
@@ -217,7 +241,8 @@ class OpenAISampler:
             choices = json.loads(resp.read())["choices"]
         return [_choice_text(c["message"]) for c in choices]
 
-    def chat(self, conversations, *, n=1, temperature, top_p, top_k=-1, max_new_tokens, seed=None, tools=None):
+    def chat(self, conversations, *, n=1, temperature, top_p, top_k=-1, max_new_tokens, seed=None,
+             tools=None):
         tools = tools or [None] * len(conversations)
         sampling = {"temperature": temperature, "top_p": top_p, "max_tokens": max_new_tokens}
         if top_k > 0:
@@ -225,17 +250,20 @@ class OpenAISampler:
         if seed is not None:
             sampling["seed"] = seed
         with ThreadPoolExecutor(self.workers) as pool:
-            return list(pool.map(lambda mt: self._one(mt[0], mt[1], n, sampling), zip(conversations, tools)))
+            return list(pool.map(lambda mt: self._one(mt[0], mt[1], n, sampling),
+                                 zip(conversations, tools)))
 
 
 def _choice_text(message: dict) -> str:
-    """Endpoint reply as text; structured tool calls become <tool_call> blocks like a raw model's."""
+    """Endpoint reply as text; structured tool calls become <tool_call> blocks like
+    a raw model's."""
     text = message.get("content") or ""
     for call in message.get("tool_calls") or []:
         fn = call["function"]
         args = fn.get("arguments") or "{}"
         args = json.loads(args) if isinstance(args, str) else args
-        text += f"\n<tool_call>\n{json.dumps({'name': fn['name'], 'arguments': args})}\n</tool_call>"
+        payload = json.dumps({"name": fn["name"], "arguments": args})
+        text += f"\n<tool_call>\n{payload}\n</tool_call>"
     return text
 
 
@@ -289,10 +317,13 @@ def build_sampler(cfg: "EvalConfig"):
 HUB = {  # suite -> (how to fetch, local file name)
     "aime2025": (("datasets", "MathArena/aime_2025", None, "train"), "aime2025.jsonl"),
     "aime2026": (("datasets", "MathArena/aime_2026", None, "train"), "aime2026.jsonl"),
-    "gpqa_diamond": (("datasets", "Idavidrein/gpqa", "gpqa_diamond", "train"), "gpqa_diamond.jsonl"),
-    # release_v6 is cumulative (1,055 problems, 2023-05 .. 2025-04): release_v1's file plus the five added since
+    "gpqa_diamond": (("datasets", "Idavidrein/gpqa", "gpqa_diamond", "train"),
+                     "gpqa_diamond.jsonl"),
+    # release_v6 is cumulative (1,055 problems, 2023-05 .. 2025-04): release_v1's file plus the
+    # five added since
     "livecodebench_v6": (("files", "livecodebench/code_generation_lite",
-                          ["test.jsonl", *(f"test{i}.jsonl" for i in range(2, 7))]), "livecodebench_v6.jsonl"),
+                          ["test.jsonl", *(f"test{i}.jsonl" for i in range(2, 7))]),
+                         "livecodebench_v6.jsonl"),
 }
 
 
@@ -320,9 +351,10 @@ def load_items(suite: str, data_dir: str | Path) -> list[dict]:
         rows = _from_hub(suite)
     except Exception as err:  # offline, `datasets` absent, gated repo, ...
         raise MissingDataset(
-            f"{suite}: no {path} and the hub copy ({HUB[suite][0][1]}) could not be loaded ({err!r}). "
-            f"Write the benchmark as JSONL to {path} (formats in eval.py's docstring), or go online "
-            f"with `pip install datasets` (GPQA is gated: accept its terms and `huggingface-cli login`).")
+            f"{suite}: no {path} and the hub copy ({HUB[suite][0][1]}) could not be loaded "
+            f"({err!r}). Write the benchmark as JSONL to {path} (formats in eval.py's docstring), "
+            "or go online with `pip install datasets` (GPQA is gated: accept its terms and "
+            "`huggingface-cli login`).")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows), encoding="utf-8")
     return rows
@@ -342,7 +374,8 @@ def _sample_all(sampler, prompts, *, n, sampling, batch_size, desc):
     with tqdm(total=len(prompts), desc=desc, unit="item") as bar:
         for i in range(0, len(prompts), batch_size):
             chunk = prompts[i:i + batch_size]
-            replies += sampler.chat([[{"role": "user", "content": p}] for p in chunk], n=n, **sampling)
+            chats = [[{"role": "user", "content": p}] for p in chunk]
+            replies += sampler.chat(chats, n=n, **sampling)
             bar.update(len(chunk))
     return replies
 
@@ -353,13 +386,16 @@ def rg_items(tasks: list[tuple[str, str, dict]], episodes: int, seed: int):
     import reasoning_gym
     out = []
     for pkg, name, params in tasks:
-        ds = reasoning_gym.create_dataset(name, size=episodes, seed=seed * 1_000_003 + zlib.crc32(name.encode()), **params)
+        task_seed = seed * 1_000_003 + zlib.crc32(name.encode())
+        ds = reasoning_gym.create_dataset(name, size=episodes, seed=task_seed, **params)
         out += [(pkg, name, ds, ds[i]) for i in range(episodes)]
     return out
 
 
-def run_reasoning_gym(sampler, *, cells=tuple(RG_CELLS), episodes=8, seed=0, sampling, batch_size=256, tasks=None):
-    """Table 1's Reasoning-Gym cells: one sample per item, win = score_answer == 1.0, pooled per cell."""
+def run_reasoning_gym(sampler, *, cells=tuple(RG_CELLS), episodes=8, seed=0, sampling,
+                      batch_size=256, tasks=None):
+    """Table 1's Reasoning-Gym cells: one sample per item, win = score_answer == 1.0, pooled per
+    cell."""
     metrics, records, scorer_errors = {}, [], 0
     for cell in cells:
         table = [t for t in cell_tasks(cell) if tasks is None or t[1] in tasks]
@@ -367,7 +403,8 @@ def run_reasoning_gym(sampler, *, cells=tuple(RG_CELLS), episodes=8, seed=0, sam
             continue
         items = rg_items(table, episodes, seed)
         replies = _sample_all(sampler, [rg_prompt(it["question"]) for *_, it in items],
-                              n=1, sampling=sampling, batch_size=batch_size, desc=f"reasoning_gym/{cell}")
+                              n=1, sampling=sampling, batch_size=batch_size,
+                              desc=f"reasoning_gym/{cell}")
         wins = played = 0
         for (pkg, name, ds, item), (reply,) in zip(items, replies):
             answer, error, score = rg_answer(reply), None, None
@@ -378,8 +415,9 @@ def run_reasoning_gym(sampler, *, cells=tuple(RG_CELLS), episodes=8, seed=0, sam
             played += error is None
             wins += score is not None and score >= 1.0 - 1e-9
             records.append({"suite": "reasoning_gym", "cell": cell, "task": name, "package": pkg,
-                            "question": item["question"], "reference": item["answer"], "reply": reply,
-                            "answer": answer, "score": score, "win": bool(score and score >= 1.0 - 1e-9), "scorer_error": error})
+                            "question": item["question"], "reference": item["answer"],
+                            "reply": reply, "answer": answer, "score": score,
+                            "win": bool(score and score >= 1.0 - 1e-9), "scorer_error": error})
         metrics[f"reasoning_gym/{cell}"] = wins / played if played else 0.0
         metrics[f"reasoning_gym/{cell}_episodes"] = played
         scorer_errors += len(items) - played
@@ -403,15 +441,18 @@ def math_equal(reply: str, gold: str, timeout: int = 5) -> bool:
 
 def run_aime(sampler, rows, *, name, n=32, sampling, batch_size=256, timeout=5):
     """avg@n on AIME: each of n samples correct iff math-verify finds it equal to the answer."""
-    prompts = [str(_first(r, "problem", "question", "Problem")) + "\n" + ANSWER_FORMAT for r in rows]
-    replies = _sample_all(sampler, prompts, n=n, sampling=sampling, batch_size=batch_size, desc=name)
+    prompts = [str(_first(r, "problem", "question", "Problem")) + "\n" + ANSWER_FORMAT
+               for r in rows]
+    replies = _sample_all(sampler, prompts, n=n, sampling=sampling, batch_size=batch_size,
+                          desc=name)
     correct, records = [], []
     for i, (row, samples) in enumerate(zip(rows, replies)):
         gold = str(_first(row, "answer", "Answer"))
         scores = [float(math_equal(s, gold, timeout)) for s in samples]
         correct.append(scores)
-        records += [{"suite": name, "id": _first(row, "id", "problem_idx", "ID", default=i), "sample": k,
-                     "reference": gold, "reply": s, "answer": last_boxed(s), "score": sc}
+        records += [{"suite": name, "id": _first(row, "id", "problem_idx", "ID", default=i),
+                     "sample": k, "reference": gold, "reply": s, "answer": last_boxed(s),
+                     "score": sc}
                     for k, (s, sc) in enumerate(zip(samples, scores))]
     return {f"{name}/avg@{n}": avg_at_n(correct), f"{name}/items": len(rows)}, records
 
@@ -428,7 +469,8 @@ def gpqa_options(row: dict, rng: random.Random) -> tuple[list[str], int]:
 
 
 def boxed_letter(reply: str) -> str | None:
-    """The option letter in the last box: \\boxed{B}, \\boxed{(B)}, \\boxed{\\text{B}}, \\boxed{B) ...}."""
+    """The option letter in the last box: \\boxed{B}, \\boxed{(B)}, \\boxed{\\text{B}},
+    \\boxed{B) ...}."""
     boxed = last_boxed(reply)
     if boxed is None:
         return None
@@ -483,7 +525,8 @@ sys.setrecursionlimit(100000)
 job = json.load(sys.stdin)
 src, func, args = job["src"], job["func"], job["args"]
 ns = {"__name__": "__solution__"}
-exec("from typing import *\nimport collections, heapq, itertools, math, bisect, functools\n" + src, ns)
+exec("from typing import *\n"
+     "import collections, heapq, itertools, math, bisect, functools\n" + src, ns)
 target = getattr(ns["Solution"](), func) if "Solution" in ns else ns[func]
 result = target(*[json.loads(line) for line in args.split("\n") if line.strip()])
 print(json.dumps(result))
@@ -493,7 +536,8 @@ print(json.dumps(result))
 def extract_code(reply: str) -> str | None:
     """The last fenced code block after the reasoning (```python preferred)."""
     text = after_thinking(reply)
-    blocks = re.findall(r"```python\s*\n(.*?)```", text, flags=re.S) or re.findall(r"```\w*\s*\n(.*?)```", text, flags=re.S)
+    blocks = (re.findall(r"```python\s*\n(.*?)```", text, flags=re.S)
+              or re.findall(r"```\w*\s*\n(.*?)```", text, flags=re.S))
     return blocks[-1] if blocks else None
 
 
@@ -518,14 +562,15 @@ def stdout_matches(got: str, expected: str) -> bool:
     return True
 
 
-def grade_code(code: str | None, tests: list[dict], *, func_name: str | None = None, timeout: float = 6.0,
-               memory_mb: int = 4096, sb=None) -> tuple[bool, str]:
-    """All tests pass? Returns (passed, reason of the first failure or "ok"). `sb`: the sandbox.Sandbox
-    to run in (None: one is started for this call)."""
+def grade_code(code: str | None, tests: list[dict], *, func_name: str | None = None,
+               timeout: float = 6.0, memory_mb: int = 4096, sb=None) -> tuple[bool, str]:
+    """All tests pass? Returns (passed, reason of the first failure or "ok"). `sb`: the
+    sandbox.Sandbox to run in (None: one is started for this call)."""
     if not code:
         return False, "no_code"
     if sb is None:
-        with sandbox.Sandbox(workers=1, step_timeout=timeout, memory_mb=memory_mb, fsize_mb=64, pool=1) as own:
+        with sandbox.Sandbox(workers=1, step_timeout=timeout, memory_mb=memory_mb, fsize_mb=64,
+                             pool=1) as own:
             return grade_code(code, tests, func_name=func_name, timeout=timeout, sb=own)
     for t, test in enumerate(tests):
         functional = test.get("testtype", "stdin") == "functional"
@@ -534,10 +579,12 @@ def grade_code(code: str | None, tests: list[dict], *, func_name: str | None = N
             status, out = sb.run_program(FUNCTIONAL_RUNNER, job, timeout=timeout)
         else:
             status, out = sb.run_program(code, test["input"], timeout=timeout)
-        status = status if status in ("ok", "timeout") else "error"  # exception, exit != 0, memory, crash
+        # exception, exit != 0, memory, crash
+        status = status if status in ("ok", "timeout") else "error"
         try:
-            ok = status == "ok" and (json.loads(out.strip().splitlines()[-1]) == json.loads(test["output"])
-                                     if functional else stdout_matches(out, test["output"]))
+            ok = status == "ok" and (
+                json.loads(out.strip().splitlines()[-1]) == json.loads(test["output"])
+                if functional else stdout_matches(out, test["output"]))
         except (ValueError, IndexError):
             ok = False
         if not ok:
@@ -565,43 +612,53 @@ def lcb_tests(row: dict) -> list[dict]:
     private = row.get("private_test_cases") or "[]"
     try:
         tests += json.loads(private)
-    except ValueError:  # the hub packs large test sets as base64(zlib(pickle(json))), as LCB's own loader reads them
+    except ValueError:
+        # the hub packs large test sets as base64(zlib(pickle(json))), as LCB's own loader
+        # reads them
         tests += json.loads(_plain_unpickle(zlib.decompress(base64.b64decode(private.encode()))))
     return tests
 
 
 def lcb_prompt(row: dict) -> str:
     starter = (row.get("starter_code") or "").strip()
-    how = (f"Complete the following starter code; the solution is called as a method of `Solution`:\n"
-           f"```python\n{starter}\n```" if starter else
+    how = ("Complete the following starter code; the solution is called as a method of "
+           f"`Solution`:\n```python\n{starter}\n```" if starter else
            "Read the input from standard input and write the answer to standard output.")
-    return (f"{row['question_content'].strip()}\n\n{how}\n\nReason about the problem, then give your complete "
-            "Python solution in a single ```python code block at the end of your reply.")
+    return (f"{row['question_content'].strip()}\n\n{how}\n\nReason about the problem, then give "
+            "your complete Python solution in a single ```python code block at the end of your "
+            "reply.")
 
 
 def run_livecodebench(sampler, rows, *, n=10, sampling, batch_size=256, timeout=6.0, memory_mb=4096,
                       workers=None, start_date="", end_date="", limit=None):
-    """pass@1 on LiveCodeBench problems dated in [start_date, end_date) (empty: unbounded; the first `limit`)."""
-    rows = [r for r in rows if start_date <= str(r.get("contest_date", start_date))[:10] < (end_date or "9")][:limit]
-    replies = _sample_all(sampler, [lcb_prompt(r) for r in rows], n=n, sampling=sampling, batch_size=batch_size,
-                          desc="livecodebench_v6")
+    """pass@1 on LiveCodeBench problems dated in [start_date, end_date) (empty: unbounded; the
+    first `limit`)."""
+    end = end_date or "9"  # after every date
+    dated = [r for r in rows if start_date <= str(r.get("contest_date", start_date))[:10] < end]
+    rows = dated[:limit]
+    replies = _sample_all(sampler, [lcb_prompt(r) for r in rows], n=n, sampling=sampling,
+                          batch_size=batch_size, desc="livecodebench_v6")
     jobs = [(i, k) for i in range(len(rows)) for k in range(n)]
     tests = [lcb_tests(r) for r in rows]  # decoded once per problem, not per sample
-    funcs = [r.get("func_name") or json.loads(r.get("metadata") or "{}").get("func_name") for r in rows]
+    funcs = [r.get("func_name") or json.loads(r.get("metadata") or "{}").get("func_name")
+             for r in rows]
 
     def grade(job):
         i, k = job
-        return grade_code(extract_code(replies[i][k]), tests[i], func_name=funcs[i], timeout=timeout, sb=sb)
+        return grade_code(extract_code(replies[i][k]), tests[i], func_name=funcs[i],
+                          timeout=timeout, sb=sb)
 
     workers = workers or os.cpu_count() or 1
     with sandbox.Sandbox(workers=workers, step_timeout=timeout, memory_mb=memory_mb, fsize_mb=64,
                          scratch_mb=2048, pool=workers) as sb, ThreadPoolExecutor(workers) as pool:
-        results = list(tqdm(pool.map(grade, jobs), total=len(jobs), desc="livecodebench_v6 grading"))
+        results = list(tqdm(pool.map(grade, jobs), total=len(jobs),
+                            desc="livecodebench_v6 grading"))
     correct, records = [[0.0] * n for _ in rows], []
     for (i, k), (passed, reason) in zip(jobs, results):
         correct[i][k] = float(passed)
-        records.append({"suite": "livecodebench_v6", "id": rows[i].get("question_id", i), "sample": k,
-                        "reply": replies[i][k], "score": float(passed), "reason": reason})
+        records.append({"suite": "livecodebench_v6", "id": rows[i].get("question_id", i),
+                        "sample": k, "reply": replies[i][k], "score": float(passed),
+                        "reason": reason})
     pass1 = sum(pass_at_k(n, int(sum(c)), 1) for c in correct) / max(len(rows), 1)
     return {"livecodebench_v6/pass@1": pass1, "livecodebench_v6/items": len(rows)}, records
 
@@ -609,75 +666,158 @@ def run_livecodebench(sampler, rows, *, n=10, sampling, batch_size=256, timeout=
 # ----------------------------------------------------------------------------------------------
 # INFRA: config, the driver, outputs, CLI
 
-SUITES = ("reasoning_gym", "aime2025", "aime2026", "gpqa_diamond", "livecodebench_v6", "bfcl_multi_turn", "bfcl", "tau2",
-          "acebench")
+SUITES = ("reasoning_gym", "aime2025", "aime2026", "gpqa_diamond", "livecodebench_v6",
+          "bfcl_multi_turn", "bfcl", "tau2", "acebench")
 TABLE1 = (("AIME25", "aime2025/avg@"), ("AIME26", "aime2026/avg@"), ("GPQA-D", "gpqa_diamond/avg@"),
           ("LCB-v6", "livecodebench_v6/pass@1"), ("RG-Math", "reasoning_gym/math"),
-          ("RG-Algo", "reasoning_gym/algorithmic"), ("RG-Cog", "reasoning_gym/cognition"), ("RG-Logic", "reasoning_gym/logic"))
+          ("RG-Algo", "reasoning_gym/algorithmic"), ("RG-Cog", "reasoning_gym/cognition"),
+          ("RG-Logic", "reasoning_gym/logic"))
 
 
 @dataclass
 class EvalConfig:
-    model: str = field(default="tiny", metadata={"help": "Checkpoint directory, hub id or alias (Qwen3-4B, Qwen3-8B, Qwen3-30B-A3B), or tiny; with --endpoint, the served model name."})
-    endpoint: str = field(default="", metadata={"help": "Base URL of an OpenAI-compatible server (e.g. http://localhost:8000/v1); empty = load --model through engine.py."})
-    served_model: str = field(default="", metadata={"help": "Model name to send to --endpoint (default: --model)."})
-    api_key_env: str = field(default="OPENAI_API_KEY", metadata={"help": "Environment variable holding the endpoint's API key."})
-    engine: str = field(default="vllm", metadata={"help": "Engine for --model: vllm (GPU) or transformers (CPU / small GPU)."})
+    model: str = field(default="tiny", metadata={
+        "help": "Checkpoint directory, hub id or alias (Qwen3-4B, Qwen3-8B, Qwen3-30B-A3B), or "
+                "tiny; with --endpoint, the served model name."})
+    endpoint: str = field(default="", metadata={
+        "help": "Base URL of an OpenAI-compatible server (e.g. http://localhost:8000/v1); empty = "
+                "load --model through engine.py."})
+    served_model: str = field(default="", metadata={
+        "help": "Model name to send to --endpoint (default: --model)."})
+    api_key_env: str = field(default="OPENAI_API_KEY", metadata={
+        "help": "Environment variable holding the endpoint's API key."})
+    engine: str = field(default="vllm", metadata={
+        "help": "Engine for --model: vllm (GPU) or transformers (CPU / small GPU)."})
     tensor_parallel_size: int = field(default=1, metadata={"help": "vLLM tensor-parallel size."})
-    max_model_len: int = field(default=40960, metadata={"help": "Context length (prompt + reply); replies are cut to fit it."})
-    batch_tokens: int = field(default=65536, metadata={"help": "Transformers engine: prompts batched by length up to rows x (longest prompt + reply cap) tokens, a bound on its KV cache."})
-    gpu_memory_utilization: float = field(default=0.85, metadata={"help": "vLLM's share of GPU memory (no trainer shares the GPU here)."})
-    enable_thinking: bool | None = field(default=None, metadata={"help": "Pass enable_thinking to the chat template (hybrid Qwen3); unset = template default."})
-    suites: str = field(default=",".join(SUITES[:5]), metadata={"help": f"Comma-separated suites to run, from {', '.join(SUITES)} (default: Table 1's; the tool-use setting: bfcl,tau2)."})
-    data_dir: str = field(default="data/eval", metadata={"help": "Directory of the benchmark JSONL files (formats in eval.py's docstring)."})
-    output_dir: str = field(default="runs/eval", metadata={"help": "Where results.json, samples/*.jsonl and table1.md are written."})
-    checkpoints: str = field(default="", metadata={"help": "A training run directory: evaluate each policy export in <run>/exports (train.py --export_every), one row per export, and name the best (the paper's protocol)."})
-    seed: int = field(default=0, metadata={"help": "Seed of Reasoning-Gym's items and of sampling (GPQA's option order is the authors': Random(42))."})
-    limit: int | None = field(default=None, metadata={"help": "Use only the first N items of each dataset suite (smoke runs; not a paper number)."})
-    batch_size: int = field(default=256, metadata={"help": "Prompts per sampler call, each sampled n times (the progress bar advances per call)."})
-    max_new_tokens: int = field(default=32768, metadata={"help": "Token budget per reply (paper: 32,768-token context)."})
-    rg_episodes: int = field(default=8, metadata={"help": "Episodes per Reasoning-Gym task (paper: 8)."})
-    rg_tasks: str = field(default="", metadata={"help": "Comma-separated subset of the 100-task table (smoke runs); empty = all."})
-    rg_temperature: float = field(default=0.6, metadata={"help": "Reasoning-Gym temperature (the authors' harness: 0.6)."})
-    rg_top_p: float = field(default=0.8, metadata={"help": "Reasoning-Gym top-p (the authors' harness: 0.8)."})
-    rg_top_k: int = field(default=20, metadata={"help": "Reasoning-Gym top-k (the authors' harness: 20)."})
-    rg_max_new_tokens: int = field(default=8192, metadata={"help": "Reasoning-Gym token budget per reply (the authors' harness: 8,192)."})
-    aime_protocol: str = field(default="paper", metadata={"help": "AIME defaults: paper (avg@32, T 0.7, top-p 0.8, as the paper and the authors' in-loop config) or offline (avg@64, T 1.0, top-p 0.95: the authors' offline driver, whose keys their table mapping reads); the three flags below override.", "choices": ["paper", "offline"]})
-    aime_samples: int | None = field(default=None, metadata={"help": "Samples per AIME problem (default: the protocol's, 32 or 64)."})
-    aime_temperature: float | None = field(default=None, metadata={"help": "AIME temperature (default: the protocol's, 0.7 or 1.0)."})
-    aime_top_p: float | None = field(default=None, metadata={"help": "AIME top-p (default: the protocol's, 0.8 or 0.95)."})
-    aime_top_k: int = field(default=20, metadata={"help": "AIME top-k (the authors' harness: 20; -1 = off)."})
-    math_verify_timeout: int = field(default=5, metadata={"help": "Seconds for math-verify's parse and verify per sample."})
-    gpqa_samples: int = field(default=8, metadata={"help": "Samples per GPQA-Diamond question (paper: 8)."})
-    gpqa_temperature: float = field(default=0.7, metadata={"help": "GPQA temperature (paper: 0.7)."})
-    gpqa_top_p: float = field(default=0.95, metadata={"help": "GPQA top-p (the paper gives none; the authors' offline suite: 0.95)."})
-    lcb_samples: int = field(default=1, metadata={"help": "Samples per LiveCodeBench problem (the authors' offline run: 1)."})
-    lcb_temperature: float = field(default=0.2, metadata={"help": "LiveCodeBench temperature (paper: 0.2)."})
-    lcb_top_p: float = field(default=0.95, metadata={"help": "LiveCodeBench top-p (LCB runner default)."})
-    lcb_max_new_tokens: int = field(default=16384, metadata={"help": "LiveCodeBench token budget per reply (the authors' offline run: 16,384)."})
-    lcb_test_timeout: float = field(default=6.0, metadata={"help": "Seconds per test case (paper: 6)."})
-    lcb_memory_mb: int = field(default=4096, metadata={"help": "Address-space limit per test process, MiB."})
-    lcb_start_date: str = field(default="", metadata={"help": "First contest date to keep, YYYY-MM-DD (inclusive); empty = no bound (release_v6 whole, as the authors)."})
-    lcb_end_date: str = field(default="", metadata={"help": "Contest date to stop before, YYYY-MM-DD (exclusive); empty = no bound."})
-    bfcl_categories: str = field(default=",".join(BFCL_CATEGORIES), metadata={"help": "BFCL v4 multi-turn categories."})
-    bfcl_temperature: float = field(default=0.0, metadata={"help": "BFCL temperature (the authors' `bfcl generate --temperature 0.0`; bfcl-eval's own default: 0.001)."})
-    tau2_domains: str = field(default=",".join(TAU2_DOMAINS), metadata={"help": "tau2-bench domains (base split of each)."})
-    tau2_trials: int = field(default=4, metadata={"help": "tau2-bench trials per task (the authors: 4); pass^1 and pass^trials."})
-    tau2_max_steps: int = field(default=200, metadata={"help": "tau2-bench message limit per conversation (the authors: 200)."})
-    tau2_temperature: float = field(default=0.0, metadata={"help": "tau2-bench agent temperature (the authors: 0; top-p 0.8, top-k 20)."})
-    tau2_max_new_tokens: int = field(default=16384, metadata={"help": "tau2-bench token budget per agent message (the authors: 16,384)."})
-    tau2_user_endpoint: str = field(default="", metadata={"help": "OpenAI-compatible base URL serving tau2-bench's user simulator (required for suite tau2)."})
-    tau2_user_model: str = field(default="gpt-4.1", metadata={"help": "Model name of the user simulator at --tau2_user_endpoint (the authors: gpt-4.1, T 0)."})
-    tau2_user_api_key_env: str = field(default="OPENAI_API_KEY", metadata={"help": "Environment variable holding the user endpoint's API key."})
-    acebench_categories: str = field(default="test_all", metadata={"help": "ACEBench categories: test_all, groups (normal, special, agent) or category names, comma-separated."})
-    acebench_repo: str = field(default="", metadata={"help": "A checkout of github.com/ACEBench/ACEBench: the Agent categories load its API classes (and its data_all/data_en when <data_dir>/acebench is absent)."})
-    acebench_user_endpoint: str = field(default="", metadata={"help": "OpenAI-compatible base URL serving ACEBench's user simulator (required for agent_multi_turn)."})
-    acebench_user_model: str = field(default="gpt-4o", metadata={"help": "Model name of the ACEBench user simulator (the authors: gpt-4o)."})
-    acebench_user_api_key_env: str = field(default="OPENAI_API_KEY", metadata={"help": "Environment variable holding the ACEBench user endpoint's API key."})
-    acebench_temperature: float = field(default=0.7, metadata={"help": "ACEBench single-turn temperature (the authors: 0.7, top-p 1.0)."})
-    acebench_max_new_tokens: int = field(default=16384, metadata={"help": "ACEBench single-turn token budget (the authors: 16,384)."})
-    acebench_agent_max_new_tokens: int = field(default=1000, metadata={"help": "ACEBench Agent-role token budget per message (ACEBench's default, kept by the authors' run: 1,000)."})
-    acebench_multi_step_language: str = field(default="en", metadata={"help": "Language of the agent_multi_step prompt: en (ACEBench's route for local models, and the English split's language) or zh (the Chinese prompt the authors' API-model route sends, in our words).", "choices": ["en", "zh"]})
+    max_model_len: int = field(default=40960, metadata={
+        "help": "Context length (prompt + reply); replies are cut to fit it."})
+    batch_tokens: int = field(default=65536, metadata={
+        "help": "Transformers engine: prompts batched by length up to rows x (longest prompt + "
+                "reply cap) tokens, a bound on its KV cache."})
+    gpu_memory_utilization: float = field(default=0.85, metadata={
+        "help": "vLLM's share of GPU memory (no trainer shares the GPU here)."})
+    enable_thinking: bool | None = field(default=None, metadata={
+        "help": "Pass enable_thinking to the chat template (hybrid Qwen3); unset = template "
+                "default."})
+    suites: str = field(default=",".join(SUITES[:5]), metadata={
+        "help": f"Comma-separated suites to run, from {', '.join(SUITES)} (default: Table 1's; "
+                "the tool-use setting: bfcl,tau2)."})
+    data_dir: str = field(default="data/eval", metadata={
+        "help": "Directory of the benchmark JSONL files (formats in eval.py's docstring)."})
+    output_dir: str = field(default="runs/eval", metadata={
+        "help": "Where results.json, samples/*.jsonl and table1.md are written."})
+    checkpoints: str = field(default="", metadata={
+        "help": "A training run directory: evaluate each policy export in <run>/exports (train.py "
+                "--export_every), one row per export, and name the best (the paper's protocol)."})
+    seed: int = field(default=0, metadata={
+        "help": "Seed of Reasoning-Gym's items and of sampling (GPQA's option order is the "
+                "authors': Random(42))."})
+    limit: int | None = field(default=None, metadata={
+        "help": "Use only the first N items of each dataset suite (smoke runs; not a paper "
+                "number)."})
+    batch_size: int = field(default=256, metadata={
+        "help": "Prompts per sampler call, each sampled n times (the progress bar advances per "
+                "call)."})
+    max_new_tokens: int = field(default=32768, metadata={
+        "help": "Token budget per reply (paper: 32,768-token context)."})
+    rg_episodes: int = field(default=8, metadata={
+        "help": "Episodes per Reasoning-Gym task (paper: 8)."})
+    rg_tasks: str = field(default="", metadata={
+        "help": "Comma-separated subset of the 100-task table (smoke runs); empty = all."})
+    rg_temperature: float = field(default=0.6, metadata={
+        "help": "Reasoning-Gym temperature (the authors' harness: 0.6)."})
+    rg_top_p: float = field(default=0.8, metadata={
+        "help": "Reasoning-Gym top-p (the authors' harness: 0.8)."})
+    rg_top_k: int = field(default=20, metadata={
+        "help": "Reasoning-Gym top-k (the authors' harness: 20)."})
+    rg_max_new_tokens: int = field(default=8192, metadata={
+        "help": "Reasoning-Gym token budget per reply (the authors' harness: 8,192)."})
+    aime_protocol: str = field(default="paper", metadata={
+        "help": "AIME defaults: paper (avg@32, T 0.7, top-p 0.8, as the paper and the authors' "
+                "in-loop config) or offline (avg@64, T 1.0, top-p 0.95: the authors' offline "
+                "driver, whose keys their table mapping reads); the three flags below override.",
+        "choices": ["paper", "offline"]})
+    aime_samples: int | None = field(default=None, metadata={
+        "help": "Samples per AIME problem (default: the protocol's, 32 or 64)."})
+    aime_temperature: float | None = field(default=None, metadata={
+        "help": "AIME temperature (default: the protocol's, 0.7 or 1.0)."})
+    aime_top_p: float | None = field(default=None, metadata={
+        "help": "AIME top-p (default: the protocol's, 0.8 or 0.95)."})
+    aime_top_k: int = field(default=20, metadata={
+        "help": "AIME top-k (the authors' harness: 20; -1 = off)."})
+    math_verify_timeout: int = field(default=5, metadata={
+        "help": "Seconds for math-verify's parse and verify per sample."})
+    gpqa_samples: int = field(default=8, metadata={
+        "help": "Samples per GPQA-Diamond question (paper: 8)."})
+    gpqa_temperature: float = field(default=0.7, metadata={
+        "help": "GPQA temperature (paper: 0.7)."})
+    gpqa_top_p: float = field(default=0.95, metadata={
+        "help": "GPQA top-p (the paper gives none; the authors' offline suite: 0.95)."})
+    lcb_samples: int = field(default=1, metadata={
+        "help": "Samples per LiveCodeBench problem (the authors' offline run: 1)."})
+    lcb_temperature: float = field(default=0.2, metadata={
+        "help": "LiveCodeBench temperature (paper: 0.2)."})
+    lcb_top_p: float = field(default=0.95, metadata={
+        "help": "LiveCodeBench top-p (LCB runner default)."})
+    lcb_max_new_tokens: int = field(default=16384, metadata={
+        "help": "LiveCodeBench token budget per reply (the authors' offline run: 16,384)."})
+    lcb_test_timeout: float = field(default=6.0, metadata={
+        "help": "Seconds per test case (paper: 6)."})
+    lcb_memory_mb: int = field(default=4096, metadata={
+        "help": "Address-space limit per test process, MiB."})
+    lcb_start_date: str = field(default="", metadata={
+        "help": "First contest date to keep, YYYY-MM-DD (inclusive); empty = no bound (release_v6 "
+                "whole, as the authors)."})
+    lcb_end_date: str = field(default="", metadata={
+        "help": "Contest date to stop before, YYYY-MM-DD (exclusive); empty = no bound."})
+    bfcl_categories: str = field(default=",".join(BFCL_CATEGORIES), metadata={
+        "help": "BFCL v4 multi-turn categories."})
+    bfcl_temperature: float = field(default=0.0, metadata={
+        "help": "BFCL temperature (the authors' `bfcl generate --temperature 0.0`; bfcl-eval's own "
+                "default: 0.001)."})
+    tau2_domains: str = field(default=",".join(TAU2_DOMAINS), metadata={
+        "help": "tau2-bench domains (base split of each)."})
+    tau2_trials: int = field(default=4, metadata={
+        "help": "tau2-bench trials per task (the authors: 4); pass^1 and pass^trials."})
+    tau2_max_steps: int = field(default=200, metadata={
+        "help": "tau2-bench message limit per conversation (the authors: 200)."})
+    tau2_temperature: float = field(default=0.0, metadata={
+        "help": "tau2-bench agent temperature (the authors: 0; top-p 0.8, top-k 20)."})
+    tau2_max_new_tokens: int = field(default=16384, metadata={
+        "help": "tau2-bench token budget per agent message (the authors: 16,384)."})
+    tau2_user_endpoint: str = field(default="", metadata={
+        "help": "OpenAI-compatible base URL serving tau2-bench's user simulator (required for "
+                "suite tau2)."})
+    tau2_user_model: str = field(default="gpt-4.1", metadata={
+        "help": "Model name of the user simulator at --tau2_user_endpoint (the authors: gpt-4.1, T "
+                "0)."})
+    tau2_user_api_key_env: str = field(default="OPENAI_API_KEY", metadata={
+        "help": "Environment variable holding the user endpoint's API key."})
+    acebench_categories: str = field(default="test_all", metadata={
+        "help": "ACEBench categories: test_all, groups (normal, special, agent) or category names, "
+                "comma-separated."})
+    acebench_repo: str = field(default="", metadata={
+        "help": "A checkout of github.com/ACEBench/ACEBench: the Agent categories load its API "
+                "classes (and its data_all/data_en when <data_dir>/acebench is absent)."})
+    acebench_user_endpoint: str = field(default="", metadata={
+        "help": "OpenAI-compatible base URL serving ACEBench's user simulator (required for "
+                "agent_multi_turn)."})
+    acebench_user_model: str = field(default="gpt-4o", metadata={
+        "help": "Model name of the ACEBench user simulator (the authors: gpt-4o)."})
+    acebench_user_api_key_env: str = field(default="OPENAI_API_KEY", metadata={
+        "help": "Environment variable holding the ACEBench user endpoint's API key."})
+    acebench_temperature: float = field(default=0.7, metadata={
+        "help": "ACEBench single-turn temperature (the authors: 0.7, top-p 1.0)."})
+    acebench_max_new_tokens: int = field(default=16384, metadata={
+        "help": "ACEBench single-turn token budget (the authors: 16,384)."})
+    acebench_agent_max_new_tokens: int = field(default=1000, metadata={
+        "help": "ACEBench Agent-role token budget per message (ACEBench's default, kept by the "
+                "authors' run: 1,000)."})
+    acebench_multi_step_language: str = field(default="en", metadata={
+        "help": "Language of the agent_multi_step prompt: en (ACEBench's route for local models, "
+                "and the English split's language) or zh (the Chinese prompt the authors' "
+                "API-model route sends, in our words).",
+        "choices": ["en", "zh"]})
 
 
 AIME_PROTOCOLS = {"paper": (0.7, 0.8, 32), "offline": (1.0, 0.95, 64)}  # (T, top-p, n); top-k 20
@@ -691,17 +831,21 @@ def _aime_sampling(cfg: EvalConfig) -> tuple:
 
 
 def suite_sampling(suite: str, cfg: EvalConfig) -> dict:
-    """Samples per item and sampling settings of one suite (top_k -1: off); written to results.json."""
+    """Samples per item and sampling settings of one suite (top_k -1: off); written to
+    results.json."""
     t, p, k, n, budget = {
         "reasoning_gym": (cfg.rg_temperature, cfg.rg_top_p, cfg.rg_top_k, 1, cfg.rg_max_new_tokens),
-        "gpqa_diamond": (cfg.gpqa_temperature, cfg.gpqa_top_p, -1, cfg.gpqa_samples, cfg.max_new_tokens),
-        "livecodebench_v6": (cfg.lcb_temperature, cfg.lcb_top_p, -1, cfg.lcb_samples, cfg.lcb_max_new_tokens),
+        "gpqa_diamond": (cfg.gpqa_temperature, cfg.gpqa_top_p, -1, cfg.gpqa_samples,
+                         cfg.max_new_tokens),
+        "livecodebench_v6": (cfg.lcb_temperature, cfg.lcb_top_p, -1, cfg.lcb_samples,
+                             cfg.lcb_max_new_tokens),
         "bfcl_multi_turn": (cfg.bfcl_temperature, 1.0, -1, 1, cfg.max_new_tokens),
         "bfcl": (cfg.bfcl_temperature, 1.0, -1, 1, cfg.max_new_tokens),
         "tau2": (cfg.tau2_temperature, 0.8, 20, cfg.tau2_trials, cfg.tau2_max_new_tokens),
         "acebench": (cfg.acebench_temperature, 1.0, -1, 1, cfg.acebench_max_new_tokens),
     }.get(suite) or _aime_sampling(cfg)
-    return {"n": n, "temperature": t, "top_p": p, "top_k": k, "max_new_tokens": budget, "seed": cfg.seed}
+    return {"n": n, "temperature": t, "top_p": p, "top_k": k, "max_new_tokens": budget,
+            "seed": cfg.seed}
 
 
 def run_suite(suite: str, sampler, cfg: EvalConfig) -> tuple[dict, list[dict]]:
@@ -711,41 +855,50 @@ def run_suite(suite: str, sampler, cfg: EvalConfig) -> tuple[dict, list[dict]]:
     common = {"batch_size": cfg.batch_size, "sampling": sampling}
     if suite == "reasoning_gym":
         tasks = set(cfg.rg_tasks.split(",")) if cfg.rg_tasks else None
-        return run_reasoning_gym(sampler, episodes=cfg.rg_episodes, seed=cfg.seed, tasks=tasks, **common)
+        return run_reasoning_gym(sampler, episodes=cfg.rg_episodes, seed=cfg.seed, tasks=tasks,
+                                 **common)
     if suite == "bfcl_multi_turn":
         return run_bfcl(sampler, load_bfcl(cfg.bfcl_categories.split(","), cfg.limit), **common)
     if suite == "bfcl":
-        return run_bfcl_overall(sampler, limit=cfg.limit, multi_turn=cfg.bfcl_categories.split(","), **common)
+        return run_bfcl_overall(sampler, limit=cfg.limit,
+                                multi_turn=cfg.bfcl_categories.split(","), **common)
     if suite == "tau2":
         if not cfg.tau2_user_endpoint:
-            raise MissingDataset("tau2: its user simulator is an LLM: pass --tau2_user_endpoint URL (an "
-                                 "OpenAI-compatible server) and --tau2_user_model NAME (the authors: gpt-4.1)")
+            raise MissingDataset("tau2: its user simulator is an LLM: pass --tau2_user_endpoint "
+                                 "URL (an OpenAI-compatible server) and --tau2_user_model NAME "
+                                 "(the authors: gpt-4.1)")
         user = {"endpoint": cfg.tau2_user_endpoint, "model": cfg.tau2_user_model,
                 "api_key": os.environ.get(cfg.tau2_user_api_key_env, "")}
-        return run_tau2(sampler, user=user, domains=cfg.tau2_domains.split(","), trials=n, max_steps=cfg.tau2_max_steps,
-                        limit=cfg.limit, seed=cfg.seed, **common)
+        return run_tau2(sampler, user=user, domains=cfg.tau2_domains.split(","), trials=n,
+                        max_steps=cfg.tau2_max_steps, limit=cfg.limit, seed=cfg.seed, **common)
     if suite == "acebench":
         user = OpenAISampler(cfg.acebench_user_endpoint, cfg.acebench_user_model, os.environ.get(
             cfg.acebench_user_api_key_env, "")) if cfg.acebench_user_endpoint else None
         data = Path(cfg.data_dir, "acebench")
-        data = data if data.exists() or not cfg.acebench_repo else Path(cfg.acebench_repo, "data_all", "data_en")
-        return acebench.run_acebench(sampler, data_dir=data, categories=cfg.acebench_categories, repo=cfg.acebench_repo,
-                                     user=user, limit=cfg.limit, agent_max_new_tokens=cfg.acebench_agent_max_new_tokens,
-                                     multi_step_language=cfg.acebench_multi_step_language, **common)
+        if not data.exists() and cfg.acebench_repo:  # the checkout's own copy
+            data = Path(cfg.acebench_repo, "data_all", "data_en")
+        return acebench.run_acebench(
+            sampler, data_dir=data, categories=cfg.acebench_categories, repo=cfg.acebench_repo,
+            user=user, limit=cfg.limit, agent_max_new_tokens=cfg.acebench_agent_max_new_tokens,
+            multi_step_language=cfg.acebench_multi_step_language, **common)
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}: use {', '.join(SUITES)}")
     rows = load_items(suite, cfg.data_dir)
     if suite.startswith("aime"):
-        return run_aime(sampler, rows[:cfg.limit], name=suite, n=n, timeout=cfg.math_verify_timeout, **common)
+        return run_aime(sampler, rows[:cfg.limit], name=suite, n=n,
+                        timeout=cfg.math_verify_timeout, **common)
     if suite == "gpqa_diamond":
         return run_gpqa(sampler, rows[:cfg.limit], n=n, **common)
-    return run_livecodebench(sampler, rows, n=n, timeout=cfg.lcb_test_timeout, memory_mb=cfg.lcb_memory_mb,
-                             start_date=cfg.lcb_start_date, end_date=cfg.lcb_end_date, limit=cfg.limit, **common)
+    return run_livecodebench(sampler, rows, n=n, timeout=cfg.lcb_test_timeout,
+                             memory_mb=cfg.lcb_memory_mb, start_date=cfg.lcb_start_date,
+                             end_date=cfg.lcb_end_date, limit=cfg.limit, **common)
 
 
 def table1_cells(metrics: dict) -> list[float | None]:
-    """The eight Table-1 cells (None where a suite was not run) and, last, the mean of those present."""
-    cells = [next((v for k, v in metrics.items() if k.startswith(key) and not k.endswith(("items", "episodes"))), None)
+    """The eight Table-1 cells (None where a suite was not run) and, last, the mean of those
+    present."""
+    cells = [next((v for k, v in metrics.items()
+                   if k.startswith(key) and not k.endswith(("items", "episodes"))), None)
              for _, key in TABLE1]
     present = [c for c in cells if c is not None]
     return cells + [sum(present) / len(present) if present else None]
@@ -754,13 +907,15 @@ def table1_cells(metrics: dict) -> list[float | None]:
 def table1_markdown(rows: list[tuple[str, list]]) -> str:
     """Markdown header + one row per (label, eight cells + average), in percent."""
     head = ["Model", *(name for name, _ in TABLE1), "Avg"]
-    lines = [head, ["---"] * len(head)] + [[label, *(f"{100 * c:.1f}" if c is not None else "-" for c in cells)]
-                                           for label, cells in rows]
+    body = [[label, *(f"{100 * c:.1f}" if c is not None else "-" for c in cells)]
+            for label, cells in rows]
+    lines = [head, ["---"] * len(head)] + body
     return "".join("| " + " | ".join(line) + " |\n" for line in lines)
 
 
 def table1_row(metrics: dict, label: str) -> str:
-    """The Table-1 row of one evaluation; the average only when all eight cells were run (the paper's)."""
+    """The Table-1 row of one evaluation; the average only when all eight cells were run (the
+    paper's)."""
     cells = table1_cells(metrics)
     return table1_markdown([(label, cells if None not in cells[:-1] else cells[:-1] + [None])])
 
@@ -810,10 +965,12 @@ def sweep_checkpoints(cfg: EvalConfig, sampler=None) -> dict:
     of the cells run (the eight-benchmark average when all suites run). One engine serves every
     export: the next export's weights are loaded into it."""
     import csv
-    exports = sorted(Path(cfg.checkpoints, "exports").glob("step-*[0-9]"), key=lambda p: int(p.name[5:]))
+    exports = sorted(Path(cfg.checkpoints, "exports").glob("step-*[0-9]"),
+                     key=lambda p: int(p.name[5:]))
     if not exports:
-        raise MissingDataset(f"--checkpoints: no policy exports in {Path(cfg.checkpoints, 'exports')}; "
-                             "train with --export_every K (and --keep_checkpoints all) to keep them")
+        raise MissingDataset("--checkpoints: no policy exports in "
+                             f"{Path(cfg.checkpoints, 'exports')}; train with --export_every K "
+                             "(and --keep_checkpoints all) to keep them")
     if cfg.endpoint and sampler is None:
         raise ValueError("--checkpoints loads each export itself: drop --endpoint")
     out, rows = Path(cfg.output_dir), []
@@ -825,15 +982,18 @@ def sweep_checkpoints(cfg: EvalConfig, sampler=None) -> dict:
             import models
             sampler.engine.sync_weights(models.load_model_and_tokenizer(str(path))[0])
         *cells, avg = table1_cells(evaluate(sub, sampler)["metrics"])
-        rows.append({"checkpoint": path.name, "step": int(path.name[5:]), **dict(zip([n for n, _ in TABLE1], cells)),
-                     "Avg": avg, "cells": sum(c is not None for c in cells)})
+        rows.append({"checkpoint": path.name, "step": int(path.name[5:]),
+                     **dict(zip([n for n, _ in TABLE1], cells)), "Avg": avg,
+                     "cells": sum(c is not None for c in cells)})
     best = max(rows, key=lambda r: -1.0 if r["Avg"] is None else r["Avg"])
     with open(out / "checkpoints.csv", "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    table = table1_markdown([(r["checkpoint"], [r[n] for n, _ in TABLE1] + [r["Avg"]]) for r in rows])
-    note = f"\nBest: {best['checkpoint']} (mean of {best['cells']} Table-1 cells: {100 * (best['Avg'] or 0):.1f})\n"
+    table = table1_markdown([(r["checkpoint"], [r[n] for n, _ in TABLE1] + [r["Avg"]])
+                             for r in rows])
+    note = (f"\nBest: {best['checkpoint']} (mean of {best['cells']} Table-1 cells: "
+            f"{100 * (best['Avg'] or 0):.1f})\n")
     (out / "checkpoints.md").write_text(table + note, encoding="utf-8")
     summary = {"run": cfg.checkpoints, "rows": rows, "best": best["checkpoint"]}
     (out / "checkpoints.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")

@@ -1,7 +1,7 @@
 """GRPO for both roles of one policy: per-role advantages and the clipped policy-gradient loss.
 
-SPADE (arXiv 2608.19197, Sec. 3.4), the policy update: one policy is both the Environment Designer and the
-Reasoning Agent, and both roles update it with GRPO. Per role:
+SPADE (arXiv 2608.19197, Sec. 3.4), the policy update: one policy is both the Environment Designer
+and the Reasoning Agent, and both roles update it with GRPO. Per role:
 
     agent:     A_i = (R_i - mean_g(R)) / (std_g(R) + 1e-8)     g = the G plays of one environment
                                                                (Eq. 1)

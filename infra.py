@@ -56,14 +56,15 @@ class Sampler:
              enable_thinking: bool | None = None):
         """list of chat messages lists -> list[Completion] (designer and hint calls)."""
         generate = self.tokens(temperature=temperature, top_p=top_p, top_k=top_k)
-        return lambda chats: generate([self.prompt_ids(m, enable_thinking) for m in chats], max_new_tokens)
+        return lambda chats: generate([self.prompt_ids(m, enable_thinking) for m in chats],
+                                      max_new_tokens)
 
     def tokens(self, *, temperature: float, top_p: float, top_k: int):
         """token prompts -> list[Completion] (agent turns)."""
         def generate(prompts, max_new_tokens):
             self.calls += 1
-            return self.eng.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
-                                     top_p=top_p, top_k=top_k,
+            return self.eng.generate(prompts, max_new_tokens=max_new_tokens,
+                                     temperature=temperature, top_p=top_p, top_k=top_k,
                                      seed=derive_seed(self.seed, self.step, self.phase, self.calls))
         return generate
 
@@ -86,7 +87,6 @@ def designer_generate(sampler: Sampler, step: int, phase: str, sargs):
                                         enable_thinking=sargs.designer_thinking)
 
 
-
 class Run:
     """The infrastructure around the loop: Accelerate, the policy with its optimizer and frozen
     reference, the rollout engine and the samplers bound to it, the run directory."""
@@ -94,11 +94,13 @@ class Run:
     def __init__(self, margs, sargs, oargs, rargs):
         self.sargs, self.rargs = sargs, rargs
         self.accelerator = acc = Accelerator(log_with=rargs.log_with, project_dir=rargs.output_dir)
-        self.run_dir, self.cfg = Path(rargs.output_dir), config.config_dict(margs, sargs, oargs, rargs)
+        self.run_dir = Path(rargs.output_dir)
+        self.cfg = config.config_dict(margs, sargs, oargs, rargs)
         self.resume_from = prepare_run_dir(self.run_dir, self.cfg, rargs, acc)
         set_seed(rargs.seed)
         self.rank, self.world, self.main = acc.process_index, acc.num_processes, acc.is_main_process
-        self.n_slots = len(range(self.rank, sargs.num_envs, self.world))  # this rank's designer slots
+        # this rank's designer slots
+        self.n_slots = len(range(self.rank, sargs.num_envs, self.world))
         if self.world % margs.tensor_parallel_size:
             raise SystemExit(f"--tensor_parallel_size {margs.tensor_parallel_size} does not divide "
                              f"the {self.world} processes")
@@ -111,9 +113,11 @@ class Run:
         model.eval()  # rollouts run in eval mode; grpo_update switches to train mode and back
         fsdp = getattr(acc.state, "fsdp_plugin", None)
         tiny = models.resolve_model_name(margs.model) in models.TINY_MODELS
-        if margs.gradient_checkpointing and not tiny and not getattr(fsdp, "activation_checkpointing", False):
+        fsdp_checkpoints = getattr(fsdp, "activation_checkpointing", False)
+        if margs.gradient_checkpointing and not tiny and not fsdp_checkpoints:
             model.gradient_checkpointing_enable()  # FSDP configs checkpoint layers themselves
-        ref = copy.deepcopy(model).to(self.shipped).eval().requires_grad_(False) if oargs.kl_coef > 0 else None
+        ref = (copy.deepcopy(model).to(self.shipped).eval().requires_grad_(False)
+               if oargs.kl_coef > 0 else None)
         optimizer = torch.optim.AdamW(model.parameters(), lr=oargs.lr, betas=grpo.BETAS,
                                       weight_decay=oargs.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)  # constant (paper)
@@ -138,7 +142,8 @@ class Run:
         self.accelerator.load_state(str(self.resume_from))
         st = json.loads((self.resume_from / f"spade_state-{self.rank}.json").read_text())
         if st["world"] != self.world:
-            raise SystemExit(f"--resume: the run used {st['world']} processes, this launch has {self.world}")
+            raise SystemExit(f"--resume: the run used {st['world']} processes, this launch has "
+                             f"{self.world}")
         if self.main:
             lines = (self.run_dir / "metrics.jsonl").read_text().splitlines()[: st["metrics_lines"]]
             atomic_write(self.run_dir / "metrics.jsonl", "".join(line + "\n" for line in lines))
@@ -149,7 +154,8 @@ class Run:
         """The steps still to run, as the main process's progress bar."""
         if self.main:
             self.accelerator.init_trackers("spade", config=self.cfg)
-            print(f"[spade] run dir {self.run_dir.resolve()}  sandbox level: {sandbox_level}  world {self.world}")
+            print(f"[spade] run dir {self.run_dir.resolve()}  sandbox level: {sandbox_level}  "
+                  f"world {self.world}")
         self.bar = tqdm(range(start, self.sargs.steps), initial=start, total=self.sargs.steps,
                         desc="spade", disable=not self.main)
         return self.bar
@@ -160,8 +166,8 @@ class Run:
             return list(items)
         return gather_object(items)
 
-    def log(self, step: int, m: dict, times: dict, episodes, sandbox_level: str, new_pool, proposals,
-            scored) -> None:
+    def log(self, step: int, m: dict, times: dict, episodes, sandbox_level: str, new_pool,
+            proposals, scored) -> None:
         """The step's files (write_step_files) and one metrics.jsonl row (and the trackers),
         reduced over the ranks."""
         write_step_files(self.run_dir, step, new_pool, episodes, self.rargs.transcripts, proposals,
@@ -187,9 +193,10 @@ class Run:
         if self.main and not self.sargs.no_memory:
             st.memory.save()
         if done % rargs.checkpoint_every == 0 or end:
-            n_lines = len((self.run_dir / "metrics.jsonl").read_text().splitlines()) if self.main else 0
-            save_checkpoint(self.accelerator, self.run_dir, done, st.to_dict(done, self.world, n_lines),
-                            rargs.keep_checkpoints)
+            metrics_path = self.run_dir / "metrics.jsonl"
+            n_lines = len(metrics_path.read_text().splitlines()) if self.main else 0
+            save_checkpoint(self.accelerator, self.run_dir, done,
+                            st.to_dict(done, self.world, n_lines), rargs.keep_checkpoints)
             if self.main:  # a live run always has a recent report.html
                 write_report(self.run_dir, final=end)
         if rargs.export_every and (done % rargs.export_every == 0 or end):
@@ -307,7 +314,8 @@ def export_policy(accelerator, model, tokenizer, dest: Path, dtype) -> None:
 
 
 def save_checkpoint(accelerator, run_dir: Path, step: int, state: dict, keep: str = "2") -> None:
-    """Write checkpoint-<step> atomically: save into a temp dir, then rename and repoint `latest`."""
+    """Write checkpoint-<step> atomically: save into a temp dir, then rename and
+    repoint `latest`."""
     tmp, final = run_dir / f"checkpoint-{step}.tmp", run_dir / f"checkpoint-{step}"
     if accelerator.is_main_process and tmp.exists():
         shutil.rmtree(tmp)
@@ -321,8 +329,9 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, state: dict, keep: st
             shutil.rmtree(final)
         os.replace(tmp, final)
         atomic_write(run_dir / "latest", final.name)
-        prune([p for p in run_dir.glob("checkpoint-*") if p.name != final.name and not p.name.endswith(".tmp")],
-              "all" if keep == "all" else str(int(keep) - 1))
+        older = [p for p in run_dir.glob("checkpoint-*")
+                 if p.name != final.name and not p.name.endswith(".tmp")]
+        prune(older, "all" if keep == "all" else str(int(keep) - 1))
     accelerator.wait_for_everyone()
 
 
@@ -335,13 +344,14 @@ def prepare_run_dir(run_dir: Path, cfg: dict, rargs, accelerator) -> Path | None
         old = json.loads(saved.read_text())
         diff = sorted(k for k in set(old) | set(cfg) if old.get(k) != cfg.get(k))
         if diff and not rargs.allow_config_change:
-            raise SystemExit(f"--resume: {run_dir} was run with a different config ({', '.join(diff)}); "
-                             "pass --allow_config_change to continue anyway")
+            raise SystemExit(f"--resume: {run_dir} was run with a different config "
+                             f"({', '.join(diff)}); pass --allow_config_change to continue anyway")
         return run_dir / (run_dir / "latest").read_text().strip()
     exists = saved.exists()
     accelerator.wait_for_everyone()  # every rank looked before the main one writes
     if exists and not rargs.overwrite:
-        raise SystemExit(f"{run_dir} already holds a run: pass --resume to continue it or --overwrite")
+        raise SystemExit(f"{run_dir} already holds a run: pass --resume to continue it or "
+                         "--overwrite")
     if accelerator.is_main_process:
         if run_dir.exists() and rargs.overwrite:
             shutil.rmtree(run_dir)
@@ -368,8 +378,8 @@ def write_step_files(run_dir: Path, step: int, new_pool, episodes, n_transcripts
             [{"env_id": e.env_id, "skill": e.skill, "origin": e.origin, "class_name": e.class_name,
               "hint": e.hint, "regret": e.regret, "r_hint": e.r_hint, "r_nohint": e.r_nohint,
               "returns": e.returns, "faulty": e.faulty} for e in new_pool], indent=2))
-        arms = [[[ep for ep in episodes if ep.env_id == e.env_id and ep.hinted == h] for h in (False, True)]
-                for e in new_pool]
+        arms = [[[ep for ep in episodes if ep.env_id == e.env_id and ep.hinted == h]
+                 for h in (False, True)] for e in new_pool]
         chosen = [ep for plain, hinted in arms for ep in
                   [x for pair in zip_longest(plain, hinted) for x in pair if x][:n_transcripts]]
     for sub, rows in (("designer", proposals), ("transcripts", [
@@ -379,7 +389,8 @@ def write_step_files(run_dir: Path, step: int, new_pool, episodes, n_transcripts
             for ep in chosen])):
         if rows:
             (run_dir / sub).mkdir(exist_ok=True)
-            atomic_write(run_dir / sub / f"{tag}.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+            text = "".join(json.dumps(r) + "\n" for r in rows)
+            atomic_write(run_dir / sub / f"{tag}.jsonl", text)
     if scored:
         (run_dir / "designer").mkdir(exist_ok=True)
         atomic_write(run_dir / "designer" / f"scores-{tag}.json",

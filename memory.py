@@ -7,7 +7,7 @@ prompt for a skill shows up to two positive exemplars (at the learning frontier,
 the first 2,000 characters of their code) as inspiration, and one negative example (far too easy or
 too hard), so the designer drifts towards the frontier:
 
-    positive(skill) = sample_2( top_10_by_regret({r : r.skill = skill, 0.15 <= r.win_rate <= 0.85}) )
+    positive(skill) = sample_2(top_10_by_regret({r : r.skill = skill, 0.15 <= r.win_rate <= 0.85}))
     negative(skill) = sample_1({r : r.skill = skill, r.win_rate > 0.9 or r.win_rate < 0.1})
 
 As in the authors' code: the ranking is stable (among equal regrets the OLDER record first), both
@@ -59,17 +59,22 @@ class MemoryRecord:
     setting: str = "games"  # "games" or "tool"
 
     def __post_init__(self):
-        if not all(isinstance(x, str) for x in (self.skill, self.source, self.class_name, self.setting)):
-            raise ValueError("MemoryRecord.skill, .source, .class_name and .setting must be strings")
-        self.win_rate, self.regret, self.step = float(self.win_rate), float(self.regret), int(self.step)
+        texts = (self.skill, self.source, self.class_name, self.setting)
+        if not all(isinstance(x, str) for x in texts):
+            raise ValueError("MemoryRecord.skill, .source, .class_name and .setting must be "
+                             "strings")
+        self.win_rate, self.regret = float(self.win_rate), float(self.regret)
+        self.step = int(self.step)
         if not (0.0 <= self.win_rate <= 1.0 and math.isfinite(self.regret)):
-            raise ValueError(f"MemoryRecord: win_rate {self.win_rate} not in [0, 1] or regret not finite")
+            raise ValueError(f"MemoryRecord: win_rate {self.win_rate} not in [0, 1] or regret "
+                             "not finite")
 
 
 class EnvironmentMemory:
     """FIFO memory of past environments that renders the designer prompt's memory block."""
 
-    def __init__(self, capacity: int = CAPACITY, path: str | os.PathLike | None = None, seed: int = 0):
+    def __init__(self, capacity: int = CAPACITY, path: str | os.PathLike | None = None,
+                 seed: int = 0):
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
@@ -91,7 +96,8 @@ class EnvironmentMemory:
 
     def negative(self, skill: str, rng: random.Random | None = None) -> MemoryRecord | None:
         """A record of `skill` that was too easy (> 0.9) or too hard (< 0.1), drawn uniformly."""
-        bad = [r for r in self.records if r.skill == skill and (r.win_rate > TOO_EASY or r.win_rate < TOO_HARD)]
+        bad = [r for r in self.records
+               if r.skill == skill and (r.win_rate > TOO_EASY or r.win_rate < TOO_HARD)]
         return (rng or self.rng).sample(bad, 1)[0] if bad else None
 
     def prompt_block(self, skill: str, rng: random.Random | None = None) -> str:
@@ -123,7 +129,8 @@ class EnvironmentMemory:
     def to_dict(self) -> dict:
         version, internal, gauss = self.rng.getstate()
         return {"version": FORMAT_VERSION, "capacity": self.capacity,
-                "rng": [version, list(internal), gauss], "records": [asdict(r) for r in self.records]}
+                "rng": [version, list(internal), gauss],
+                "records": [asdict(r) for r in self.records]}
 
     @classmethod
     def from_dict(cls, data: dict, path: str | os.PathLike | None = None) -> "EnvironmentMemory":
@@ -132,7 +139,8 @@ class EnvironmentMemory:
             raise MemoryFileError(f"not an environment memory of format version {FORMAT_VERSION}")
         capacity, records = data.get("capacity"), data.get("records")
         if type(capacity) is not int or capacity < 1 or not isinstance(records, list):
-            raise MemoryFileError("environment memory needs an int 'capacity' >= 1 and a list 'records'")
+            raise MemoryFileError("environment memory needs an int 'capacity' >= 1 and a list "
+                                  "'records'")
         memory = cls(capacity=capacity, path=path)
         try:
             version, internal, gauss = data["rng"]

@@ -222,10 +222,11 @@ def generate_pool(margs, sargs, oargs, rargs, *, sb, skills: list[str]) -> Path:
     `skills`: the setting's skill names, designed in turn."""
     out, n = Path(rargs.output_dir), sargs.generate_pool
     out.mkdir(parents=True, exist_ok=True)
-    manifest = json.loads((out / "manifest.json").read_text()) if (out / "manifest.json").exists() else {}
-    state = json.loads((out / "pool_state.json").read_text()) if (out / "pool_state.json").exists() else {}
-    model, tok = models.load_model_and_tokenizer(margs.model, dtype=torch.bfloat16 if torch.cuda.is_available()
-                                                 else torch.float32, seed=rargs.seed)
+    manifest_path, state_path = out / "manifest.json", out / "pool_state.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    state = json.loads(state_path.read_text()) if state_path.exists() else {}
+    dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    model, tok = models.load_model_and_tokenizer(margs.model, dtype=dtype, seed=rargs.seed)
     sampler = infra.Sampler(infra.make_engine(margs, sargs, model, tok, rargs.seed, False),
                       tok, rargs.seed)
     corpus = None if sargs.no_corpus else designer.Corpus(
@@ -236,22 +237,25 @@ def generate_pool(margs, sargs, oargs, rargs, *, sb, skills: list[str]) -> Path:
     bar, dry = tqdm(total=n, initial=min(len(manifest), n), desc="pool"), 0
     while len(manifest) < n:
         if dry == 10:
-            raise SystemExit(f"--generate_pool: 10 rounds without a valid environment ({len(manifest)} of {n} in {out})")
+            raise SystemExit(f"--generate_pool: 10 rounds without a valid environment "
+                             f"({len(manifest)} of {n} in {out})")
         batch = min(sargs.num_envs, n - len(manifest))
         slots = [skills[(rnd * sargs.num_envs + i) % len(skills)] for i in range(batch)]
         proposals, _ = designer.regenerate(
             slots, generate=infra.designer_generate(sampler, rnd, "pool", sargs),
-            validate=lambda src: sb.validate(src, setting=sargs.setting), corpus=corpus, memory_block=None,
-            setting=sargs.setting, rng=random.Random(infra.derive_seed("pool", rargs.seed, rnd)),
+            validate=lambda src: sb.validate(src, setting=sargs.setting), corpus=corpus,
+            memory_block=None, setting=sargs.setting,
+            rng=random.Random(infra.derive_seed("pool", rargs.seed, rnd)),
             max_attempts=sargs.max_attempts)
         for p in (p for p in proposals if p.ok):
             name = f"env_{len(manifest):05d}.py"
             infra.atomic_write(out / name, p.source)
-            manifest[name] = {"skill": p.skill, "setting": sargs.setting, "class_name": p.class_name}
+            manifest[name] = {"skill": p.skill, "setting": sargs.setting,
+                              "class_name": p.class_name}
             bar.update(1)
         rnd, dry = rnd + 1, 0 if any(p.ok for p in proposals) else dry + 1
-        infra.atomic_write(out / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
-        infra.atomic_write(out / "pool_state.json", json.dumps(
+        infra.atomic_write(manifest_path, json.dumps(manifest, indent=1, sort_keys=True))
+        infra.atomic_write(state_path, json.dumps(
             {"round": rnd, "corpus": corpus.state_dict() if corpus is not None else None}))
     bar.close()
     return out

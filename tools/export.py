@@ -4,7 +4,8 @@ SPADE (arXiv 2608.19197) leaves, besides the policy, a curriculum: validated, se
 environments with hints, win rates and hint-based regrets (Eq. 3). This file packages them for
 other stacks:
 
-    python tools/export.py RUN_DIR --format gem|gymnasium --out DIR [--min_regret X] [--skills S ...]
+    python tools/export.py RUN_DIR --format gem|gymnasium --out DIR [--min_regret X]
+                           [--skills S ...]
     pip install DIR        # then: import gem, PACKAGE; env = gem.make("PACKAGE/<Class>-<env>-v0")
 
 It reads what train.py wrote (through report.py's readers): each regeneration's pool

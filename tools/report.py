@@ -11,8 +11,8 @@ replies, sources, hints, error messages) is HTML-escaped, so a model that writes
 
 Reads only the run directory:
     config.json                          model, setting, the resolved configuration
-    metrics.jsonl                        one row per step (keys as named in the README's metric table)
-    envs/step-S-rank-R/pool.json, *.py   each regeneration's pool: origin, hint, regret, returns, code
+    metrics.jsonl                        one row per step (keys as in the README's metric table)
+    envs/step-S-rank-R/pool.json, *.py   a regeneration's pool: origin, hint, regret, returns, code
     designer/step-S-rank-R.jsonl         every designer attempt with its rejection reason
     designer/scores-step-S-rank-R.json   designer scores of the epoch that ended at step S
     transcripts/step-S-rank-R.jsonl      sample plays (at a regeneration: per new environment)
@@ -26,8 +26,8 @@ Size: at most `--cards` cards per regeneration (designer-written environments fi
 first), sources cut at `--source_lines` lines and transcripts at `--transcript_chars` characters,
 each cut said on the page.
 
-Usage: `python tools/report.py RUN_DIR [--out FILE] [--cards N]` (default RUN_DIR/report.html); train.py
-calls `write_report` after every checkpoint, the last one included.
+Usage: `python tools/report.py RUN_DIR [--out FILE] [--cards N]` (default RUN_DIR/report.html);
+train.py calls `write_report` after every checkpoint, the last one included.
 Dependencies: the standard library, matplotlib and pygments. Test: `pytest tests/test_report.py`.
 """
 from __future__ import annotations
@@ -109,7 +109,8 @@ def read_json(path: Path, notes: list, default=None):
 def read_jsonl(path: Path, notes: list) -> list[dict]:
     """The JSON-object lines of a file; unreadable lines (a run still writing leaves a partial last
     line) are skipped and counted in the notes."""
-    name = f"{path.parent.name}/{path.name}" if path.parent.name in ("designer", "transcripts") else path.name
+    folder = path.parent.name
+    name = f"{folder}/{path.name}" if folder in ("designer", "transcripts") else path.name
     try:
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError as e:
@@ -205,13 +206,15 @@ def load_run(run_dir: Path) -> dict:
     run = {"dir": run_dir, "notes": notes, "config": read_json(run_dir / "config.json", notes, {})}
     if not isinstance(run["config"], dict):
         run["config"] = {}
-    run["rows"] = read_jsonl(run_dir / "metrics.jsonl", notes) if (run_dir / "metrics.jsonl").exists() else []
-    if not (run_dir / "metrics.jsonl").exists():
+    metrics_path = run_dir / "metrics.jsonl"
+    run["rows"] = read_jsonl(metrics_path, notes) if metrics_path.exists() else []
+    if not metrics_path.exists():
         notes.append("metrics.jsonl is missing: no curves")
     run["pools"] = load_pools(run_dir, notes)
     run["attempts"] = {}
     for step, rank, p in tagged(run_dir / "designer", "step-*-rank-*.jsonl"):
-        run["attempts"].setdefault(step, []).extend(dict(a, rank=rank) for a in read_jsonl(p, notes))
+        attempts = (dict(a, rank=rank) for a in read_jsonl(p, notes))
+        run["attempts"].setdefault(step, []).extend(attempts)
     run["scores"] = {}
     for _, _, p in tagged(run_dir / "designer", "scores-step-*-rank-*.json"):
         for s in read_json(p, notes, []) or []:
@@ -232,16 +235,19 @@ def load_run(run_dir: Path) -> dict:
 # Curves: metric series over steps, drawn with matplotlib as inline SVG.
 
 # (title, [(label, README key)], y limits). Keys as in the README's metric table.
+SHARE = (-0.02, 1.02)  # the y limits of a share in [0, 1]
 CURVES = [
-    ("Agent return", [("unhinted", "agent/return_mean"), ("hinted", "agent/hinted_return_mean")], (-1.05, 1.05)),
-    ("Regret (Eq. 3)", [("mean", "regret/mean"), ("positive share", "regret/positive_share")], None),
+    ("Agent return", [("unhinted", "agent/return_mean"),
+                      ("hinted", "agent/hinted_return_mean")], (-1.05, 1.05)),
+    ("Regret (Eq. 3)", [("mean", "regret/mean"),
+                        ("positive share", "regret/positive_share")], None),
     ("Learnable share", [("pool, per step", "env/learnable_share"),
-                         ("slots, 16-step window (Fig. 7)", "env/learnable_slot_share")], (-0.02, 1.02)),
+                         ("slots, 16-step window (Fig. 7)", "env/learnable_slot_share")], SHARE),
     ("Designer validity", [("per attempt", "designer/validity_rate"),
-                           ("first attempt", "designer/first_attempt_validity_rate")], (-0.02, 1.02)),
+                           ("first attempt", "designer/first_attempt_validity_rate")], SHARE),
     ("Diversity (Vendi score)", [("new sources", "designer/diversity"),
                                  ("40-step window (Fig. 19)", "designer/diversity_window")], None),
-    ("Formula-reveal rate (Fig. 9)", [("new environments", "designer/formula_reveal_rate")], (-0.02, 1.02)),
+    ("Formula-reveal rate (Fig. 9)", [("new environments", "designer/formula_reveal_rate")], SHARE),
 ]
 
 
@@ -262,7 +268,8 @@ def series(rows: list[dict], key: str | None) -> tuple[list[int], list[float]]:
     for i, r in enumerate(rows):
         v = num(r.get(key)) if key else None
         if v is not None:
-            xs.append(int(num(r.get("charts/step")) if num(r.get("charts/step")) is not None else i))
+            step = num(r.get("charts/step"))
+            xs.append(int(step if step is not None else i))
             ys.append(v)
     return xs, ys
 
@@ -314,7 +321,8 @@ def line_chart(rows: list[dict], title: str, lines, ylim) -> str:
     if len(lines) > 1 and drawn:
         legend(ax)
     elif not drawn:
-        ax.text(0.5, 0.5, "no data in metrics.jsonl", ha="center", va="center", transform=ax.transAxes)
+        ax.text(0.5, 0.5, "no data in metrics.jsonl", ha="center", va="center",
+                transform=ax.transAxes)
     keys = ", ".join(find_key(rows, k) or k for _, k in lines)
     return chart_box(title, svg(fig, title), f"metrics.jsonl: {keys}")
 
@@ -341,9 +349,10 @@ def chart_box(title: str, svg_text: str, source: str) -> str:
 def rejection_chart(run: dict) -> str:
     """Rejected designer attempts per regeneration, stacked by reason (designer/*.jsonl)."""
     steps = sorted(run["attempts"])
-    reasons = sorted({str(a.get("reason")) for s in steps for a in run["attempts"][s] if not a.get("ok")})
-    stacks = {r: [float(sum(not a.get("ok") and str(a.get("reason")) == r for a in run["attempts"][s]))
-                  for s in steps] for r in reasons}
+    failed = {s: [a for a in run["attempts"][s] if not a.get("ok")] for s in steps}
+    reasons = sorted({str(a.get("reason")) for s in steps for a in failed[s]})
+    stacks = {r: [float(sum(str(a.get("reason")) == r for a in failed[s])) for s in steps]
+              for r in reasons}
     if not steps:  # no designer logs: the metrics' designer/rejected/<kind> counts
         rows = [r for r in run["rows"] if any("/rejected/" in k for k in r)]
         steps = [int(num(r.get("charts/step")) or 0) for r in rows]
@@ -368,7 +377,8 @@ def curves_section(run: dict) -> str:
     rows = run["rows"]
     charts = [line_chart(rows, t, lines, ylim) for t, lines, ylim in CURVES]
     charts += [rejection_chart(run), composition_chart(run)]
-    return f'<section id="curves"><h2>Curves</h2><div class="charts">{"".join(charts)}</div></section>'
+    return (f'<section id="curves"><h2>Curves</h2><div class="charts">{"".join(charts)}</div>'
+            "</section>")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -410,7 +420,8 @@ def transcript_html(t: dict, tid: str, limit: int) -> str:
     actions = [a if isinstance(a, str) else json.dumps(a) for a in listof(t.get("actions"))]
     head = (f"step {esc(t.get('step'))} · seed {esc(t.get('seed'))} · "
             f"{'hinted' if t.get('hinted') else 'unhinted'} · return "
-            f"<span data-field=\"return\">{fmt(t.get('return'))}</span> · status {esc(t.get('status'))}")
+            f"<span data-field=\"return\">{fmt(t.get('return'))}</span> · "
+            f"status {esc(t.get('status'))}")
     out, budget, n_reply = [], limit, 0
     if t.get("rendered_prompt"):  # what the agent read first: system message, tools, observation
         shown, _ = cut(t["rendered_prompt"], max(200, limit))
@@ -418,8 +429,9 @@ def transcript_html(t: dict, tid: str, limit: int) -> str:
                    f'template, system message, tools)</summary><pre>{esc(shown)}</pre></details>')
     for i, m in enumerate(msgs):
         if budget <= 0:
-            out.append(f'<p class="note">{len(msgs) - i} more message(s) not shown (--transcript_chars '
-                       f"{limit}; the whole play is in transcripts/step-{int(t.get('step') or 0):04d}-rank-*.jsonl).</p>")
+            out.append(f'<p class="note">{len(msgs) - i} more message(s) not shown '
+                       f"(--transcript_chars {limit}; the whole play is in transcripts/"
+                       f"step-{int(t.get('step') or 0):04d}-rank-*.jsonl).</p>")
             break
         text, _ = cut(m.get("content"), max(200, budget))
         budget -= len(text)
@@ -431,7 +443,8 @@ def transcript_html(t: dict, tid: str, limit: int) -> str:
                        f"<pre>{mark_action(text, action)}</pre>{act}</div>")
         else:
             role = "environment" if m.get("role") in ("user", "tool") else esc(m.get("role"))
-            out.append(f'<div class="turn obs"><span class="role">{role}</span><pre>{esc(text)}</pre></div>')
+            out.append(f'<div class="turn obs"><span class="role">{role}</span>'
+                       f"<pre>{esc(text)}</pre></div>")
     if t.get("error") or t.get("status") == "env_error":
         out.append(f'<div class="turn err"><span class="role">environment error</span>'
                    f"<pre>{esc(cut(t.get('error'), TEXT_CHARS)[0])}</pre></div>")
@@ -448,7 +461,8 @@ def pick_transcripts(at: list[dict]) -> list[dict]:
 def attempt_of(run: dict, env: dict) -> dict:
     """The designer attempt that became this environment (same step, rank and source)."""
     for a in run["attempts"].get(env["step"], []):
-        if a.get("ok") and a.get("rank") == env.get("rank") and a.get("source") == env.get("source"):
+        same_env = a.get("rank") == env.get("rank") and a.get("source") == env.get("source")
+        if a.get("ok") and same_env:
             return a
     return {}
 
@@ -460,8 +474,8 @@ def memory_line(run: dict, env: dict, win_rate) -> str:
         return "none (--no_memory)"
     for r in run["memory"]:
         if r.get("step") == env["step"] and r.get("source") == env.get("source"):
-            return (f"win rate <span data-field=\"memory_win_rate\">{fmt(r.get('win_rate'))}</span>, "
-                    f"regret {fmt(r.get('regret'))} (in memory.json now)")
+            return (f"win rate <span data-field=\"memory_win_rate\">{fmt(r.get('win_rate'))}"
+                    f"</span>, regret {fmt(r.get('regret'))} (in memory.json now)")
     return (f"win rate {fmt(win_rate)}, regret {fmt(env.get('regret'))} when entered; no longer in "
             "memory.json (evicted, or faulted before it could enter)")
 
@@ -478,9 +492,11 @@ def card_html(run: dict, env: dict, cid: str, opts: dict, logged: list[dict]) ->
     first = next((p for p in plays if not p.get("hinted")), plays[0] if plays else None)
     msgs = [m for m in listof(first.get("messages")) if isinstance(m, dict)] if first else []
     obs = msgs[0].get("content") if msgs else None
+    score = run["scores"].get(str(env.get("env_id")))
+    no_doc = "none (--no_corpus)" if run["config"].get("no_corpus") else "n/a"
     doc = (f'<span data-field="doc_title">{esc(att.get("doc_title") or att.get("doc_id"))}</span> '
            f'<small class="note">(id {esc(att.get("doc_id"))})</small>'
-           if att.get("doc_id") else "none (--no_corpus)" if run["config"].get("no_corpus") else "n/a")
+           if att.get("doc_id") else no_doc)
     fields = [("skill", esc(env.get("skill"))), ("origin", esc(env.get("origin"))),
               ("document", doc), ("attempt", esc(att.get("attempt", "n/a"))
                                        + (" (brace-repaired)" if att.get("repaired") else "")),
@@ -488,7 +504,7 @@ def card_html(run: dict, env: dict, cid: str, opts: dict, logged: list[dict]) ->
                                   f" (win rate {fmt(win)}, {len(rets)} plays)"),
               ("hinted return", f'<span data-field="r_hint">{fmt(env.get("r_hint"))}</span>'),
               ("regret", f'<span data-field="regret">{fmt(env.get("regret"))}</span>'),
-              ("designer score", f'<span data-field="score">{fmt(run["scores"].get(str(env.get("env_id"))))}</span>'),
+              ("designer score", f'<span data-field="score">{fmt(score)}</span>'),
               ("memory", memory_line(run, env, win))]
     dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in fields)
     links = " ".join(f'<a href="#{cid}-t{j}">{"hinted" if p.get("hinted") else "unhinted"} play</a>'
@@ -498,16 +514,18 @@ def card_html(run: dict, env: dict, cid: str, opts: dict, logged: list[dict]) ->
     code = (highlight(env["source"], opts["source_lines"]) if env.get("source") is not None
             else '<p class="note">source file missing</p>')
     hint = env.get("hint")
-    hint_html = f"<pre>{esc(cut(hint, TEXT_CHARS)[0])}</pre>" if hint else '<p class="note">no hint</p>'
+    hint_html = (f"<pre>{esc(cut(hint, TEXT_CHARS)[0])}</pre>" if hint
+                 else '<p class="note">no hint</p>')
     plays_html = "".join(transcript_html(p, f"{cid}-t{j}", opts["transcript_chars"])
                          for j, p in enumerate(plays))
-    return (f'<article class="card" id="{cid}" data-env="{esc(env.get("env_id"))}" data-step="{env["step"]}">'
+    return (f'<article class="card" id="{cid}" data-env="{esc(env.get("env_id"))}" '
+            f'data-step="{env["step"]}">'
             f'<h3>{esc(env.get("class_name") or "?")} <small>{esc(env.get("env_id"))}</small></h3>'
             f'<div class="cols"><div><dl>{dl}</dl><p>Transcripts: {links}</p>'
             f"<h4>First observation</h4>{obs_html}<h4>Hint</h4>{hint_html}</div>"
             f"<div><h4>Source</h4>{code}</div></div>"
-            f'<details class="plays"{" open" if plays else ""}><summary>Transcripts</summary>{plays_html}</details>'
-            f"</article>")
+            f'<details class="plays"{" open" if plays else ""}><summary>Transcripts</summary>'
+            f"{plays_html}</details></article>")
 
 
 def order_key(env: dict):
@@ -520,7 +538,8 @@ def order_key(env: dict):
 def cards_section(run: dict, opts: dict) -> str:
     steps = sorted(run["pools"], reverse=True)
     if not steps:
-        return '<section id="cards"><h2>Environments</h2><p class="note">no envs/ pools logged yet</p></section>'
+        return ('<section id="cards"><h2>Environments</h2><p class="note">no envs/ pools logged '
+                'yet</p></section>')
     toc = " · ".join(f'<a href="#regen-{s}">step {s}</a>' for s in steps)
     parts = [f'<section id="cards"><h2>Environments, newest regeneration first</h2><p>{toc}</p>']
     for s in steps:
@@ -528,7 +547,8 @@ def cards_section(run: dict, opts: dict) -> str:
         shown = pool[: opts["cards"]]
         counts = ", ".join(f"{sum(e.get('origin') == o for e in pool)} {o}"
                            for o in sorted({str(e.get("origin")) for e in pool}))
-        more = (f' <span class="note">{len(pool) - len(shown)} more not shown (--cards {opts["cards"]}):'
+        more = (f' <span class="note">{len(pool) - len(shown)} more not shown '
+                f'(--cards {opts["cards"]}):'
                 f' {esc(", ".join(str(e.get("env_id")) for e in pool[len(shown):]))}</span>'
                 if len(pool) > len(shown) else "")
         logged = read_transcripts(run, s, {str(e.get("env_id")) for e in shown})
@@ -548,7 +568,8 @@ def header_section(run: dict) -> str:
     steps_done = len({num(r.get("charts/step")) if num(r.get("charts/step")) is not None else -1 - i
                       for i, r in enumerate(rows)})
     total = cfg.get("steps")
-    level = next((r["sandbox/level"] for r in reversed(rows) if isinstance(r.get("sandbox/level"), str)), "n/a")
+    level = next((r["sandbox/level"] for r in reversed(rows)
+                  if isinstance(r.get("sandbox/level"), str)), "n/a")
     t = {k: sum(v for v in (num(r.get(f"time/{k}_s")) for r in rows) if v is not None)
          for k in ("step", "generate", "play", "update")}
     other = t["step"] - t["generate"] - t["play"] - t["update"]
@@ -558,13 +579,17 @@ def header_section(run: dict) -> str:
               else "in progress, or stopped before its end")
     facts = [("model", esc(cfg.get("model", "n/a"))), ("setting", esc(cfg.get("setting", "n/a"))),
              ("sandbox level", esc(level)),
-             ("steps done", f'<span data-field="steps_done">{steps_done}</span> of {esc(total or "?")} ({status})'),
+             ("steps done", f'<span data-field="steps_done">{steps_done}</span> of '
+                            f'{esc(total or "?")} ({status})'),
              ("wall time", f'<span data-field="time_step">{fmt(t["step"], 1)}</span> s: {split}')]
     dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts)
-    conf = "".join(f"<tr><td>{esc(k)}</td><td>{esc(json.dumps(v))}</td></tr>" for k, v in sorted(cfg.items()))
+    conf = "".join(f"<tr><td>{esc(k)}</td><td>{esc(json.dumps(v))}</td></tr>"
+                   for k, v in sorted(cfg.items()))
     notes = "".join(f"<li>{esc(n)}</li>" for n in run["notes"])
-    missing = f'<div class="notes"><h3>Not in this report</h3><ul>{notes}</ul></div>' if notes else ""
-    return (f'<header id="header"><h1>SPADE run: {esc(run["dir"].name)}</h1><dl class="facts">{dl}</dl>'
+    missing = (f'<div class="notes"><h3>Not in this report</h3><ul>{notes}</ul></div>' if notes
+               else "")
+    return (f'<header id="header"><h1>SPADE run: {esc(run["dir"].name)}</h1>'
+            f'<dl class="facts">{dl}</dl>'
             f"<details><summary>Resolved configuration ({len(cfg)} fields, config.json)</summary>"
             f'<table class="config">{conf}</table></details>{missing}</header>')
 
@@ -577,8 +602,9 @@ def designer_section(run: dict) -> str:
         f"<td>{sum(bool(x.get('ok')) and x.get('attempt') == 1 for x in a)}</td>"
         f"<td>{sum(bool(x.get('ok') and x.get('repaired')) for x in a)}</td></tr>"
         for s, a in sorted(att.items()))
-    table = ("<table><tr><th>step</th><th>attempts</th><th>valid</th><th>valid at first attempt</th>"
-             f"<th>repaired</th></tr>{rows}</table>" if att else '<p class="note">no designer/ logs</p>')
+    table = ("<table><tr><th>step</th><th>attempts</th><th>valid</th>"
+             f"<th>valid at first attempt</th><th>repaired</th></tr>{rows}</table>" if att
+             else '<p class="note">no designer/ logs</p>')
     examples = {}
     for s, a in sorted(att.items(), reverse=True):
         for x in a:
@@ -586,40 +612,54 @@ def designer_section(run: dict) -> str:
                 examples.setdefault(str(x.get("reason")), []).append(dict(x, step=s))
     reasons = "".join(
         f'<div class="reason" data-reason="{esc(r)}"><h4>{esc(r)}: {len(xs)} attempt(s)</h4>'
-        f"<p>example: step {xs[0]['step']}, {esc(xs[0].get('skill'))}, attempt {esc(xs[0].get('attempt'))}"
+        f"<p>example: step {xs[0]['step']}, {esc(xs[0].get('skill'))}, "
+        f"attempt {esc(xs[0].get('attempt'))}"
         f"{', reply cut at the token limit' if xs[0].get('finish_reason') == 'length' else ''}</p>"
         f"<pre>{esc(cut(xs[0].get('error'), TEXT_CHARS)[0])}</pre>"
-        + (f"<details><summary>its code</summary><pre>{esc(cut(xs[0]['source'], TEXT_CHARS)[0])}</pre></details>"
+        + ("<details><summary>its code</summary>"
+           f"<pre>{esc(cut(xs[0]['source'], TEXT_CHARS)[0])}</pre></details>"
            if xs[0].get("source") else "") + "</div>"
         for r, xs in sorted(examples.items(), key=lambda kv: -len(kv[1])))
-    repaired = [dict(x, step=s) for s, a in att.items() for x in a if x.get("ok") and x.get("repaired")]
+    repaired = [dict(x, step=s) for s, a in att.items() for x in a
+                if x.get("ok") and x.get("repaired")]
     rep = "".join(f"<li>step {x['step']}: {esc(x.get('class_name'))} ({esc(x.get('skill'))})</li>"
                   for x in repaired) or "<li>none</li>"
-    return (f'<section id="designer"><h2>Designer</h2>{table}<h3>Rejection reasons, one example each</h3>'
+    return (f'<section id="designer"><h2>Designer</h2>{table}'
+            "<h3>Rejection reasons, one example each</h3>"
             f'{reasons or "<p>no rejected attempts</p>"}<h3>Repaired designs (f-string braces)</h3>'
             f"<ul>{rep}</ul></section>")
 
 
 CSS = """
-body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;color:#1d1d1f;margin:0 auto;max-width:1200px;padding:16px}
-h1{font-size:22px}h2{font-size:18px;border-bottom:1px solid #ddd;padding-bottom:4px}h3{font-size:15px}h4{font-size:13px;margin:10px 0 4px}
-dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 12px;margin:0}dt{color:#666}dd{margin:0}
-pre{white-space:pre-wrap;word-break:break-word;background:#f6f6f8;padding:6px 8px;border-radius:4px;margin:2px 0;font-size:12px}
+body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;color:#1d1d1f;margin:0 auto;
+max-width:1200px;padding:16px}
+h1{font-size:22px}h2{font-size:18px;border-bottom:1px solid #ddd;padding-bottom:4px}
+h3{font-size:15px}h4{font-size:13px;margin:10px 0 4px}
+dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 12px;margin:0}
+dt{color:#666}dd{margin:0}
+pre{white-space:pre-wrap;word-break:break-word;background:#f6f6f8;padding:6px 8px;
+border-radius:4px;margin:2px 0;font-size:12px}
 .charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(380px,1fr));gap:12px}
-.chart{margin:0;border:1px solid #e3e3e3;border-radius:6px;padding:6px}.chart svg{width:100%;height:auto}
+.chart{margin:0;border:1px solid #e3e3e3;border-radius:6px;padding:6px}
+.chart svg{width:100%;height:auto}
 figcaption,.note{color:#777;font-size:12px}
 .card{border:1px solid #ccc;border-radius:8px;padding:10px 14px;margin:14px 0;background:#fff}
 .card h3 small{color:#777;font-weight:normal}
 .cols{display:grid;grid-template-columns:minmax(0,2fr) minmax(0,3fr);gap:16px}
 .code{background:#fbfbfd;border:1px solid #eee;max-height:520px;overflow:auto}
-.turn{border-left:4px solid #bbb;padding-left:8px;margin:6px 0}.role{font-size:11px;text-transform:uppercase;color:#666}
-.obs{border-color:#7a9cc6}.obs pre{background:#eef3fa}.reply{border-color:#6aa56a}.reply pre{background:#eff7ef}
+.turn{border-left:4px solid #bbb;padding-left:8px;margin:6px 0}
+.role{font-size:11px;text-transform:uppercase;color:#666}
+.obs{border-color:#7a9cc6}.obs pre{background:#eef3fa}
+.reply{border-color:#6aa56a}.reply pre{background:#eff7ef}
 .err{border-color:#c0392b}.err pre{background:#fbeaea;color:#8e1b10}
 mark.action{background:#ffe066;font-weight:bold}.act{font-size:12px}
-table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ddd;padding:2px 6px;text-align:left}
-.notes{border:1px solid #e0b400;background:#fffaf0;padding:4px 12px;border-radius:6px;margin-top:8px}
+table{border-collapse:collapse;font-size:12px}
+td,th{border:1px solid #ddd;padding:2px 6px;text-align:left}
+.notes{border:1px solid #e0b400;background:#fffaf0;
+padding:4px 12px;border-radius:6px;margin-top:8px}
 details summary{cursor:pointer;color:#2255aa}
-@media print{.regen{break-before:page}.card{break-inside:avoid}.code{max-height:none;overflow:visible}}
+@media print{.regen{break-before:page}.card{break-inside:avoid}
+.code{max-height:none;overflow:visible}}
 """
 
 
@@ -629,8 +669,8 @@ def guarded(title: str, draw, *args) -> str:
     try:
         return draw(*args)
     except Exception as e:  # any failure becomes a note on the page
-        return (f'<div class="notes"><h3>{esc(title)}</h3><p>could not be drawn from this run\'s files '
-                f"({esc(type(e).__name__)}: {esc(cut(e, 300)[0])})</p></div>")
+        return (f'<div class="notes"><h3>{esc(title)}</h3><p>could not be drawn from this '
+                f"run's files ({esc(type(e).__name__)}: {esc(cut(e, 300)[0])})</p></div>")
 
 
 def render(run_dir, *, cards: int = CARDS, source_lines: int = SOURCE_LINES,
@@ -639,7 +679,8 @@ def render(run_dir, *, cards: int = CARDS, source_lines: int = SOURCE_LINES,
     from pygments.formatters import HtmlFormatter
     run = load_run(Path(run_dir))
     opts = {"cards": cards, "source_lines": source_lines, "transcript_chars": transcript_chars}
-    body = (guarded("Curves", curves_section, run) + guarded("Environments", cards_section, run, opts)
+    body = (guarded("Curves", curves_section, run)
+            + guarded("Environments", cards_section, run, opts)
             + guarded("Designer", designer_section, run))
     body = guarded("Header", header_section, run) + body  # last: the sections above add notes
     css = CSS + HtmlFormatter(style="default").get_style_defs(".code")
@@ -660,7 +701,8 @@ def write_report(run_dir, out=None, **opts) -> Path:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="One self-contained HTML page of a SPADE run directory.")
+    ap = argparse.ArgumentParser(
+        description="One self-contained HTML page of a SPADE run directory.")
     ap.add_argument("run_dir", help="the run directory (train.py --output_dir)")
     ap.add_argument("--out", help="output file (default RUN_DIR/report.html)")
     ap.add_argument("--cards", type=int, default=CARDS, help="environment cards per regeneration")
