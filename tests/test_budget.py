@@ -6,7 +6,7 @@ longer than 60 lines (a function counts from its `def` line to its last line). T
 the same table and pins the budgets that hold today; a budget that does not hold yet is printed
 with its excess, not pinned, so the suite stays green while the code shrinks toward it.
 
-Budgets: designer + agent + regret + grpo + memory + train <= 2,300 lines; engine.py <= 450;
+Budgets: designer + agent + regret + grpo + memory + train <= 2,300 lines; engine.py <= 500;
 eval.py <= 900; sandbox.py <= 1,000; no function over 60 lines outside named infrastructure, and
 none over 100 anywhere.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONCEPTS = ("designer", "agent", "regret", "grpo", "memory", "train")
-BUDGETS = {"concepts": 2300, "engine": 450, "eval": 900, "sandbox": 1000}
+BUDGETS = {"concepts": 2300, "engine": 500, "eval": 900, "sandbox": 1000}
 # Each concept module's share of the 2,300 (they sum to 2,290): a module that grows must take its
 # lines from another's share. (After issue 16 the log-prob kernel left grpo.py for logprobs.py, and
 # agent.py kept its chat-template code; the shares moved with them.)
