@@ -73,7 +73,8 @@ def build_tiny_tokenizer(vocab_size: int = 1024):
 
 
 def tiny_config(kind: str, vocab_size: int, eos_id: int, pad_id: int):
-    """Configs of the tiny models: real Qwen3 / Qwen3-MoE architectures, a few 100k parameters."""
+    """Configs of the tiny models: real Qwen3 / Qwen3-MoE architectures, a few 100k parameters.
+    head_dim 32: vLLM's CPU attention refuses 16 (tests/test_vllm.py runs these models on it)."""
     from transformers import Qwen3Config, Qwen3MoeConfig
 
     common = dict(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2,
