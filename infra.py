@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 from itertools import zip_longest
 from pathlib import Path
@@ -214,6 +215,7 @@ class Run:
                       self.shipped)
         if self.main:
             print(f"[spade] done: metrics {self.run_dir / 'metrics.jsonl'}, policy {self.run_dir / 'final_model'}")
+        self.engine.close()  # before end_training: vLLM tears its process groups down first
         self.accelerator.end_training()
         return self.run_dir
 
@@ -225,10 +227,8 @@ def make_engine(margs, sargs, model, tokenizer, seed: int, sharded: bool):
     stops = [agent.turn_end(tokenizer)[1]]  # a base model's EOS is not its end of turn
     if want_vllm:
         longest = max(sargs.max_context, 16384 + sargs.designer_max_tokens)  # designer prompt + reply
-        return engine.VLLMEngine(models.resolve_model_name(margs.model),
-                                 tensor_parallel_size=margs.tensor_parallel_size,
-                                 gpu_memory_utilization=margs.gpu_memory_utilization,
-                                 max_model_len=longest, seed=seed, stop_ids=stops)
+        return vllm_engine(margs, model, tokenizer, max_model_len=longest, seed=seed,
+                           stop_ids=stops)
     if sharded:  # ranks would generate different token counts through one sharded model
         raise SystemExit("DeepSpeed / FSDP1 runs need the vLLM engine (pip install -r "
                          "requirements-gpu.txt); FSDP2 runs can use either engine")
@@ -243,6 +243,21 @@ def make_engine(margs, sargs, model, tokenizer, seed: int, sharded: bool):
 
 
 PREFIX_CACHE_BYTES = 1 << 30  # the transformers engine's prefix KV cache bound (tiny models)
+
+
+def vllm_engine(margs, model, tokenizer, **kwargs):
+    """engine.VLLMEngine on margs.model, in its shipped dtype; a tiny model (built in memory, not
+    on disk) is saved to a temporary directory for vLLM to load."""
+    name = models.resolve_model_name(margs.model)
+    dtype = str(models.shipped_dtype(name)).removeprefix("torch.")
+    with tempfile.TemporaryDirectory(prefix="spade-vllm-") as tmp:
+        if name in models.TINY_MODELS:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            name = tmp
+        return engine.VLLMEngine(name, tensor_parallel_size=margs.tensor_parallel_size,
+                                 gpu_memory_utilization=margs.gpu_memory_utilization,
+                                 dtype=dtype, **kwargs)
 
 
 def fp32_gradient_reduce(accelerator) -> None:

