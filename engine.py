@@ -6,9 +6,10 @@ SPADE (arXiv 2608.19197) trains one policy that both writes environments (design
 1. `TransformersEngine`: length-sorted, token-budgeted, left-padded batches with a KV cache, on CPU
    or on GPUs under FSDP2 (ranks decode in lockstep). It returns log p(token) under
    softmax(logits / T), NOT renormalised after top-k / top-p: exactly what the trainer recomputes
-   (logprobs.token_logprobs), so the truncated importance weight sees only numeric drift. An optional
-   prefix KV cache, bounded in bytes, lets each agent turn prefill only its new tokens (train.py
-   keeps one for the tiny models: a 4B model's 32k-token episode holds ~9.6 GB of fp32 KV).
+   (logprobs.token_logprobs), so the truncated importance weight sees only numeric drift. An
+   optional prefix KV cache, bounded in bytes, lets each agent turn prefill only its new tokens
+   (infra.make_engine keeps one for the tiny models: a 4B model's 32k-token episode holds ~9.6 GB
+   of fp32 KV).
 2. `VLLMEngine`: vLLM colocated in the training processes (one engine per rank, tensor parallel
    within the node, sleep mode between generation and training on GPUs), token in, token out.
 3. Weight sync after each update: `vllm_weight_plan` maps trainer names and shapes to the checkpoint
@@ -261,9 +262,9 @@ class TransformersEngine:
 
     def sleep(self) -> None:
         """Nothing to free, restore or shut down: the transformers engine shares the trainer's
-        model (wake_up and close are this no-op too)."""
+        model (close is this no-op too; sync_weights is the wake-up of both engines)."""
 
-    wake_up = close = sleep
+    close = sleep
 
 
 # ----------------------------------------------------------------------------------------------
@@ -474,11 +475,6 @@ class VLLMEngine:
         if self.can_sleep and not self.asleep:
             self.llm.sleep(level=self.sleep_level)
             self.asleep = True
-
-    def wake_up(self) -> None:
-        if self.asleep:
-            self.llm.wake_up()
-            self.asleep = False
 
     def sync_weights(self, model) -> None:
         """The trainer's weights into vLLM's layerwise in-place reload, one decoder layer's full

@@ -288,23 +288,28 @@ def _openai_messages(messages: list[dict]) -> list[dict]:
 def build_sampler(cfg: "EvalConfig"):
     """The sampler the config asks for: an endpoint, or an engine on a checkpoint directory."""
     if cfg.endpoint:
-        return OpenAISampler(cfg.endpoint, cfg.served_model or cfg.model, os.environ.get(cfg.api_key_env, ""))
+        key = os.environ.get(cfg.api_key_env, "")
+        return OpenAISampler(cfg.endpoint, cfg.served_model or cfg.model, key)
     import models  # siblings; heavy imports stay out of the test path
     from agent import turn_end  # the chat's end of turn stops a reply, whatever the EOS is
-    if cfg.engine == "vllm" and cfg.model not in models.TINY_MODELS:  # tiny models always run on transformers
-        from engine import VLLMEngine
+    # tiny models (built in memory) always run on transformers; a saved one can run on vLLM
+    if cfg.engine == "vllm" and cfg.model not in models.TINY_MODELS:
         from transformers import AutoTokenizer
+
+        from engine import VLLMEngine
         path = models.resolve_model_name(cfg.model)
         tokenizer = AutoTokenizer.from_pretrained(path)
-        gen = VLLMEngine(path, tensor_parallel_size=cfg.tensor_parallel_size, max_model_len=cfg.max_model_len,
-                         gpu_memory_utilization=cfg.gpu_memory_utilization, seed=cfg.seed,
+        gen = VLLMEngine(path, tensor_parallel_size=cfg.tensor_parallel_size,
+                         max_model_len=cfg.max_model_len, seed=cfg.seed,
+                         gpu_memory_utilization=cfg.gpu_memory_utilization,
                          stop_ids=[turn_end(tokenizer)[1]])
     else:
         from engine import TransformersEngine
         model, tokenizer = models.load_model_and_tokenizer(cfg.model)
         gen = TransformersEngine(model, tokenizer, stop_ids=[turn_end(tokenizer)[1]],
                                  max_batch_tokens=cfg.batch_tokens, progress=True)
-    return EngineSampler(gen, tokenizer, enable_thinking=cfg.enable_thinking, max_context=cfg.max_model_len)
+    return EngineSampler(gen, tokenizer, enable_thinking=cfg.enable_thinking,
+                         max_context=cfg.max_model_len)
 
 
 # ----------------------------------------------------------------------------------------------

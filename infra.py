@@ -124,7 +124,8 @@ class Run:
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)  # constant (paper)
         self.model, self.optimizer, self.scheduler = acc.prepare(model, optimizer, scheduler)
         self.ref_model = None if ref is None else acc.prepare_model(ref, evaluation_mode=True)
-        # FSDP2 runs the transformers engine too (ranks decode in lockstep); ZeRO-3 / FSDP1 need vLLM
+        # FSDP2 runs the transformers engine too (ranks decode in lockstep); ZeRO-3 and FSDP1
+        # need vLLM
         sharded = acc.distributed_type.value == "DEEPSPEED" or (
             fsdp is not None and getattr(fsdp, "fsdp_version", 1) != 2)
         self.engine = make_engine(margs, sargs, acc.unwrap_model(self.model), self.tokenizer,
@@ -214,7 +215,8 @@ class Run:
         export_policy(self.accelerator, self.model, self.tokenizer, self.run_dir / "final_model",
                       self.shipped)
         if self.main:
-            print(f"[spade] done: metrics {self.run_dir / 'metrics.jsonl'}, policy {self.run_dir / 'final_model'}")
+            print(f"[spade] done: metrics {self.run_dir / 'metrics.jsonl'}, "
+                  f"policy {self.run_dir / 'final_model'}")
         self.engine.close()  # before end_training: vLLM tears its process groups down first
         self.accelerator.end_training()
         return self.run_dir
@@ -226,7 +228,8 @@ def make_engine(margs, sargs, model, tokenizer, seed: int, sharded: bool):
         margs.engine == "auto" and torch.cuda.is_available() and importlib.util.find_spec("vllm"))
     stops = [agent.turn_end(tokenizer)[1]]  # a base model's EOS is not its end of turn
     if want_vllm:
-        longest = max(sargs.max_context, 16384 + sargs.designer_max_tokens)  # designer prompt + reply
+        # the longest sequence: an agent's context, or a designer prompt and its reply
+        longest = max(sargs.max_context, 16384 + sargs.designer_max_tokens)
         return vllm_engine(margs, model, tokenizer, max_model_len=longest, seed=seed,
                            stop_ids=stops)
     if sharded:  # ranks would generate different token counts through one sharded model

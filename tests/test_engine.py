@@ -166,9 +166,9 @@ def test_transformers_sync_weights_copies_and_strips_wrappers(tiny):
         trained.model.norm.weight.add_(1.0)
     eng.sync_weights(Wrapped(trained))
     assert torch.equal(twin.model.norm.weight, trained.model.norm.weight)
-    # the transformers engine shares the trainer's model: sleep and wake leave it in place, untouched
+    # the transformers engine shares the trainer's model: sleep leaves it in place, untouched
     before = {n: t.clone() for n, t in twin.state_dict().items()}
-    eng.sleep(), eng.wake_up()
+    eng.sleep()
     assert eng.model is twin
     assert all(torch.equal(before[n], t) for n, t in twin.state_dict().items())
 
@@ -391,7 +391,7 @@ def test_vllm_engine_on_cpu_platform(caplog):
     assert kwargs["enable_sleep_mode"] is False and kwargs["enforce_eager"] is True
     assert kwargs["kv_cache_memory_bytes"] == int(1.5 * 2**30)
     assert kwargs["max_num_batched_tokens"] == kwargs["max_model_len"] == 5000
-    eng.sleep(), eng.wake_up()
+    eng.sleep()
     assert len(fake.log) == 1 and not eng.asleep
     assert engine.VLLMEngine("m", enforce_eager=False, vllm_module=fake).llm.log[-1][1][
         "enforce_eager"] is False
@@ -417,9 +417,6 @@ def test_vllm_engine_sleep_wake_and_sync_order(tiny_moe, tmp_path):
     fake.log.clear()
     eng.sync_weights(model)  # awake: push, then reset the prefix cache; no wake-ups
     assert [c[0] for c in fake.log] == ["collective_rpc", "reload_weights", "reset_prefix_cache"]
-    fake.log.clear()
-    eng.sleep(), eng.wake_up(), eng.wake_up()
-    assert fake.log == [("sleep", 1), ("wake_up", None)]
 
 
 def test_engine_generate_signature_matches_contract(tiny):
