@@ -209,8 +209,8 @@ class CountingPattern:
 def test_box_extraction_is_linear(monkeypatch, reply):
     """The agent's parser and eval's extraction scan a reply once: one pass over the pattern,
     at most one match per character (re-scanning from every box made this quadratic)."""
-    import eval as E
-    for parse in (parse_action, E.last_boxed):
+    from suites import table1 as T1
+    for parse in (parse_action, T1.last_boxed):
         counter = CountingPattern(agent._BRACES)
         monkeypatch.setattr(agent, "_BRACES", counter)
         parse(reply)

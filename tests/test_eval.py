@@ -13,6 +13,7 @@ import pytest
 
 import agent
 import eval as E
+from suites import table1 as T1
 from suites import acebench
 from suites import toolbench as T
 from scripted import ScriptedSampler
@@ -35,27 +36,27 @@ def user_text(messages):
 
 def test_avg_at_n_hand_computed():
     # item 1: 2 of 4 correct -> 0.5; item 2: 4 of 4 -> 1.0; mean 0.75
-    assert E.avg_at_n([[1, 0, 0, 1], [1, 1, 1, 1]]) == pytest.approx(0.75)
-    assert E.avg_at_n([[0.0] * 32]) == 0.0
+    assert T1.avg_at_n([[1, 0, 0, 1], [1, 1, 1, 1]]) == pytest.approx(0.75)
+    assert T1.avg_at_n([[0.0] * 32]) == 0.0
 
 
 def test_pass_at_k_hand_computed():
-    assert E.pass_at_k(4, 2, 1) == pytest.approx(0.5)            # 1 - C(2,1)/C(4,1) = 1 - 2/4
-    assert E.pass_at_k(4, 2, 2) == pytest.approx(1 - 1 / 6)      # 1 - C(2,2)/C(4,2)
-    assert E.pass_at_k(10, 3, 1) == pytest.approx(0.3)           # pass@1 = c/n
-    assert E.pass_at_k(4, 0, 1) == 0.0
-    assert E.pass_at_k(4, 3, 2) == 1.0                           # fewer than k wrong samples
+    assert T1.pass_at_k(4, 2, 1) == pytest.approx(0.5)            # 1 - C(2,1)/C(4,1) = 1 - 2/4
+    assert T1.pass_at_k(4, 2, 2) == pytest.approx(1 - 1 / 6)      # 1 - C(2,2)/C(4,2)
+    assert T1.pass_at_k(10, 3, 1) == pytest.approx(0.3)           # pass@1 = c/n
+    assert T1.pass_at_k(4, 0, 1) == 0.0
+    assert T1.pass_at_k(4, 3, 2) == 1.0                           # fewer than k wrong samples
 
 
 def test_answer_extraction():
-    assert E.last_boxed("<think>\\boxed{1}</think> so \\boxed{\\frac{1}{2}} and \\boxed{3}") == "3"
-    assert E.last_boxed("<think>\\boxed{7}</think> no box") is None
-    assert E.last_boxed("\\boxed{a {b} c} then \\boxed{broken") == "a {b} c"
-    assert E.rg_answer("<answer>north</answer>") == "north"
-    assert E.boxed_letter("\\boxed{\\text{C}}") == "C" and E.boxed_letter("\\boxed{(B)}") == "B"
-    assert E.boxed_letter("\\boxed{B) Weber}") == "B" and E.boxed_letter("\\boxed{Both}") is None
-    assert E.math_equal("\\boxed{\\frac{1}{2}}", "0.5") and not E.math_equal("\\boxed{3}", "0.5")
-    assert E.extract_code("```python\nx=1\n```\ntext\n```python\nprint(2)\n```") == "print(2)\n"
+    assert T1.last_boxed("<think>\\boxed{1}</think> so \\boxed{\\frac{1}{2}} and \\boxed{3}") == "3"
+    assert T1.last_boxed("<think>\\boxed{7}</think> no box") is None
+    assert T1.last_boxed("\\boxed{a {b} c} then \\boxed{broken") == "a {b} c"
+    assert T1.rg_answer("<answer>north</answer>") == "north"
+    assert T1.boxed_letter("\\boxed{\\text{C}}") == "C" and T1.boxed_letter("\\boxed{(B)}") == "B"
+    assert T1.boxed_letter("\\boxed{B) Weber}") == "B" and T1.boxed_letter("\\boxed{Both}") is None
+    assert T1.math_equal("\\boxed{\\frac{1}{2}}", "0.5") and not T1.math_equal("\\boxed{3}", "0.5")
+    assert T1.extract_code("```python\nx=1\n```\ntext\n```python\nprint(2)\n```") == "print(2)\n"
 
 
 # ------------------------------------------------------------------------- Reasoning-Gym table
@@ -63,16 +64,16 @@ def test_answer_extraction():
 def test_task_table_integrity():
     import dataclasses
     from reasoning_gym.factory import DATASETS
-    names = [name for tasks in E.RG_HARD_TASKS.values() for name, _ in tasks]
+    names = [name for tasks in T1.RG_HARD_TASKS.values() for name, _ in tasks]
     assert len(names) == 100 and len(set(names)) == 100
-    for tasks in E.RG_HARD_TASKS.values():
+    for tasks in T1.RG_HARD_TASKS.values():
         for name, params in tasks:
             assert name in DATASETS, name
             fields = {f.name for f in dataclasses.fields(DATASETS[name][1])}
             assert set(params) <= fields, (name, set(params) - fields)
-    packages = [p for cell in E.RG_CELLS.values() for p in cell]
-    assert sorted(packages) == sorted(E.RG_HARD_TASKS)  # every package in exactly one cell
-    counts = {cell: len(E.cell_tasks(cell)) for cell in E.RG_CELLS}
+    packages = [p for cell in T1.RG_CELLS.values() for p in cell]
+    assert sorted(packages) == sorted(T1.RG_HARD_TASKS)  # every package in exactly one cell
+    counts = {cell: len(T1.cell_tasks(cell)) for cell in T1.RG_CELLS}
     assert counts == {"math": 31, "algorithmic": 36, "cognition": 24, "logic": 9}  # the authors' split
 
 
@@ -80,50 +81,50 @@ def test_task_table_and_cells_are_the_authors():
     """data/rg_hard.json against a copy of the authors' table (spade-rl/spade, rg_a3_hard.py) and
     their task -> cell map (gem_tasks.py): every parameter of every task, and every task's cell."""
     authors = json.loads((FIXTURES / "rg_authors.json").read_text())
-    ours = {name: params for tasks in E.RG_HARD_TASKS.values() for name, params in tasks}
+    ours = {name: params for tasks in T1.RG_HARD_TASKS.values() for name, params in tasks}
     assert ours == authors["hard_configs"]
-    assert {name: cell for cell in E.RG_CELLS for _, name, _ in E.cell_tasks(cell)} == authors["cells"]
-    assert dict(E.RG_HARD_TASKS["games"])["countdown"] == {"max_numbers": 9, "max_target": 1000, "max_value": 100,
+    assert {name: cell for cell in T1.RG_CELLS for _, name, _ in T1.cell_tasks(cell)} == authors["cells"]
+    assert dict(T1.RG_HARD_TASKS["games"])["countdown"] == {"max_numbers": 9, "max_target": 1000, "max_value": 100,
                                                             "min_numbers": 3, "min_target": 100, "min_value": 1}
 
 
 def test_rg_prompt_and_answer_as_the_authors():
-    prompt = E.rg_prompt("What is 2 + 3?")
+    prompt = T1.rg_prompt("What is 2 + 3?")
     assert prompt.startswith("Given a problem, your task is to answer the question by thinking step-by-step")
     assert "\nProblem: What is 2 + 3?\n\nPut your final answer within \\boxed{}.\n" in prompt
     assert prompt.index("Problem:") < prompt.index("<answer>answer here</answer>")
-    assert E.rg_answer("\\boxed{4} <ANSWER> 5 </ANSWER>") == "5"  # the tag wins over a later-read box
-    assert E.rg_answer("<answer>1</answer> then <answer>2</answer>") == "2"
-    assert E.rg_answer("<think><answer>9</answer></think> so \\boxed{7}") == "7"  # no tag after thinking
-    assert E.rg_answer("nothing") is None
+    assert T1.rg_answer("\\boxed{4} <ANSWER> 5 </ANSWER>") == "5"  # the tag wins over a later-read box
+    assert T1.rg_answer("<answer>1</answer> then <answer>2</answer>") == "2"
+    assert T1.rg_answer("<think><answer>9</answer></think> so \\boxed{7}") == "7"  # no tag after thinking
+    assert T1.rg_answer("nothing") is None
 
 
 def test_item_selection_is_deterministic_and_per_task():
-    table = [t for t in E.cell_tasks("math") if t[1] in ("basic_arithmetic", "chain_sum")]
-    a = [it["question"] for *_, it in E.rg_items(table, 3, seed=0)]
-    assert a == [it["question"] for *_, it in E.rg_items(table, 3, seed=0)]
-    assert a != [it["question"] for *_, it in E.rg_items(table, 3, seed=1)]
-    alone = [it["question"] for *_, it in E.rg_items(table[1:], 3, seed=0)]
+    table = [t for t in T1.cell_tasks("math") if t[1] in ("basic_arithmetic", "chain_sum")]
+    a = [it["question"] for *_, it in T1.rg_items(table, 3, seed=0)]
+    assert a == [it["question"] for *_, it in T1.rg_items(table, 3, seed=0)]
+    assert a != [it["question"] for *_, it in T1.rg_items(table, 3, seed=1)]
+    alone = [it["question"] for *_, it in T1.rg_items(table[1:], 3, seed=0)]
     assert alone == a[3:]  # dropping a task leaves the other's items unchanged
 
 
 def rg_oracle(episodes, seed):
     answers = {}
-    for cell in E.RG_CELLS:
-        table = [t for t in E.cell_tasks(cell) if t[1] in QUICK_RG | {"chain_sum"}]
-        answers.update({it["question"]: it["answer"] for *_, it in E.rg_items(table, episodes, seed)})
+    for cell in T1.RG_CELLS:
+        table = [t for t in T1.cell_tasks(cell) if t[1] in QUICK_RG | {"chain_sum"}]
+        answers.update({it["question"]: it["answer"] for *_, it in T1.rg_items(table, episodes, seed)})
     return lambda messages, k: "<think><answer>wrong</answer></think> Final: <answer>%s</answer>" % answers[
         user_text(messages).split("Problem: ", 1)[1].split("\n\nPut your final answer", 1)[0]]
 
 
 def test_reasoning_gym_oracle_wins_garbage_loses():
     oracle = ScriptedSampler(rg_oracle(2, 0))
-    metrics, records = E.run_reasoning_gym(oracle, episodes=2, seed=0, tasks=QUICK_RG, sampling=SAMPLING)
-    assert all(metrics[f"reasoning_gym/{c}"] == 1.0 for c in E.RG_CELLS)
+    metrics, records = T1.run_reasoning_gym(oracle, episodes=2, seed=0, tasks=QUICK_RG, sampling=SAMPLING)
+    assert all(metrics[f"reasoning_gym/{c}"] == 1.0 for c in T1.RG_CELLS)
     assert len(records) == 8 and metrics["reasoning_gym/scorer_errors"] == 0
-    metrics, _ = E.run_reasoning_gym(GARBAGE, episodes=2, seed=0, tasks=QUICK_RG, sampling=SAMPLING)
-    assert all(metrics[f"reasoning_gym/{c}"] == 0.0 for c in E.RG_CELLS)
-    metrics, _ = E.run_reasoning_gym(GARBAGE, episodes=1, seed=0, tasks={"basic_arithmetic"}, sampling=SAMPLING)
+    metrics, _ = T1.run_reasoning_gym(GARBAGE, episodes=2, seed=0, tasks=QUICK_RG, sampling=SAMPLING)
+    assert all(metrics[f"reasoning_gym/{c}"] == 0.0 for c in T1.RG_CELLS)
+    metrics, _ = T1.run_reasoning_gym(GARBAGE, episodes=1, seed=0, tasks={"basic_arithmetic"}, sampling=SAMPLING)
     assert "reasoning_gym/math" in metrics and "reasoning_gym/logic" not in metrics  # empty cell: no number
 
 
@@ -131,7 +132,7 @@ def test_scorer_exception_drops_the_episode_and_is_counted(monkeypatch):
     from reasoning_gym.factory import DATASETS
     cls = DATASETS["basic_arithmetic"][0]
     monkeypatch.setattr(cls, "score_answer", lambda self, answer, entry: 1 / 0)
-    metrics, records = E.run_reasoning_gym(ScriptedSampler(rg_oracle(2, 0)), cells=("math",), episodes=2,
+    metrics, records = T1.run_reasoning_gym(ScriptedSampler(rg_oracle(2, 0)), cells=("math",), episodes=2,
                                            seed=0, tasks={"basic_arithmetic", "chain_sum"}, sampling=SAMPLING)
     # basic_arithmetic's 2 episodes leave the cell; chain_sum's 2 wins are the cell: 2 / 2, not 2 / 4
     assert metrics["reasoning_gym/math"] == 1.0 and metrics["reasoning_gym/math_episodes"] == 2
@@ -145,9 +146,9 @@ def test_aime_oracle_and_garbage():
     rows = jsonl("aime2025.jsonl")
     gold = {r["problem"]: r["answer"] for r in rows}
     oracle = ScriptedSampler(lambda m, k: "\\boxed{%s}" % gold[user_text(m).rsplit("\n", 1)[0]])
-    metrics, records = E.run_aime(oracle, rows, name="aime2025", n=3, sampling=SAMPLING)
+    metrics, records = T1.run_aime(oracle, rows, name="aime2025", n=3, sampling=SAMPLING)
     assert metrics["aime2025/avg@3"] == 1.0 and len(records) == 9
-    metrics, _ = E.run_aime(GARBAGE, rows, name="aime2025", n=3, sampling=SAMPLING)
+    metrics, _ = T1.run_aime(GARBAGE, rows, name="aime2025", n=3, sampling=SAMPLING)
     assert metrics["aime2025/avg@3"] == 0.0
 
 
@@ -167,47 +168,47 @@ def test_gpqa_oracle_garbage_and_the_authors_option_order():
     [2, 1, 3, 0] and [3, 2, 0, 1], so the correct options sit at D and C."""
     rows = jsonl("gpqa_diamond.jsonl")
     sampler = ScriptedSampler(gpqa_oracle(rows))
-    metrics, records = E.run_gpqa(sampler, rows, n=8, sampling=SAMPLING)
+    metrics, records = T1.run_gpqa(sampler, rows, n=8, sampling=SAMPLING)
     assert metrics["gpqa_diamond/avg@8"] == 1.0 and len(records) == 16
     assert [r["reference"] for r in records] == ["D"] * 8 + ["C"] * 8
     assert [c["n"] for c in sampler.calls] == [8] and sampler.calls[0]["prompts"] == 2  # 8 of one prompt
-    metrics, _ = E.run_gpqa(GARBAGE, rows, n=8, sampling=SAMPLING)
+    metrics, _ = T1.run_gpqa(GARBAGE, rows, n=8, sampling=SAMPLING)
     assert metrics["gpqa_diamond/avg@8"] == 0.0
 
 
 def test_gpqa_prompt_and_letter_fallback():
     rows = jsonl("gpqa_diamond.jsonl")[1:]
     seen = []
-    E.run_gpqa(ScriptedSampler(lambda m, k: seen.append(user_text(m)) or "?"), rows, n=1, sampling=SAMPLING)
+    T1.run_gpqa(ScriptedSampler(lambda m, k: seen.append(user_text(m)) or "?"), rows, n=1, sampling=SAMPLING)
     # alone, this question gets Random(42)'s first shuffle [2, 1, 3, 0] of Weber, Tesla, Henry, Gauss
     assert seen == ["What is the SI unit of magnetic flux?\n\nA. Henry\nB. Tesla\nC. Gauss\nD. Weber\n\n"
-                    + E.GPQA_INSTRUCTION]
-    assert "\\boxed{}" in E.GPQA_INSTRUCTION and "\\boxed{D}" in E.GPQA_INSTRUCTION
+                    + T1.GPQA_INSTRUCTION]
+    assert "\\boxed{}" in T1.GPQA_INSTRUCTION and "\\boxed{D}" in T1.GPQA_INSTRUCTION
     # the box first, else the last "answer is X" / "Answer: X" after the reasoning
-    assert E.gpqa_letter("So the answer is C.") == "C" and E.gpqa_letter("Answer: (B)") == "B"
-    assert E.gpqa_letter("<think>the answer is A</think> The answer is D") == "D"
-    assert E.gpqa_letter("the answer is B, no: the answer is C") == "C"
-    assert E.gpqa_letter("the answer is B. \\boxed{A}") == "A"
-    assert E.gpqa_letter("The answer is a mixture") is None and E.gpqa_letter("no idea") is None
+    assert T1.gpqa_letter("So the answer is C.") == "C" and T1.gpqa_letter("Answer: (B)") == "B"
+    assert T1.gpqa_letter("<think>the answer is A</think> The answer is D") == "D"
+    assert T1.gpqa_letter("the answer is B, no: the answer is C") == "C"
+    assert T1.gpqa_letter("the answer is B. \\boxed{A}") == "A"
+    assert T1.gpqa_letter("The answer is a mixture") is None and T1.gpqa_letter("no idea") is None
 
 
 # ----------------------------------------------------------------------------- LiveCodeBench
 
 def lcb_oracle(rows):
-    sols = {E.lcb_prompt(r): r["solution"] for r in rows}
+    sols = {T1.lcb_prompt(r): r["solution"] for r in rows}
     return ScriptedSampler(lambda m, k: "Here it is.\n```python\n%s```" % sols[user_text(m)])
 
 
 def test_livecodebench_oracle_garbage_and_window():
     rows = jsonl("livecodebench_v6.jsonl")
-    metrics, records = E.run_livecodebench(lcb_oracle(rows), rows, n=2, sampling=SAMPLING, timeout=5.0, workers=2)
+    metrics, records = T1.run_livecodebench(lcb_oracle(rows), rows, n=2, sampling=SAMPLING, timeout=5.0, workers=2)
     assert metrics["livecodebench_v6/pass@1"] == 1.0
     assert metrics["livecodebench_v6/items"] == 3  # release_v6 whole by default, as the authors' offline run
-    metrics, _ = E.run_livecodebench(lcb_oracle(rows), rows, n=1, sampling=SAMPLING, timeout=5.0, workers=2,
+    metrics, _ = T1.run_livecodebench(lcb_oracle(rows), rows, n=1, sampling=SAMPLING, timeout=5.0, workers=2,
                                      start_date="2025-02-01", end_date="2025-05-01")
     assert metrics["livecodebench_v6/items"] == 2  # a window drops the 2024 problem
     garbage = ScriptedSampler(lambda m, k: "```python\nprint('no')\n```")
-    metrics, records = E.run_livecodebench(garbage, rows, n=1, sampling=SAMPLING, timeout=5.0, workers=2)
+    metrics, records = T1.run_livecodebench(garbage, rows, n=1, sampling=SAMPLING, timeout=5.0, workers=2)
     assert metrics["livecodebench_v6/pass@1"] == 0.0 and all(r["reason"] != "ok" for r in records)
 
 
@@ -234,32 +235,32 @@ def test_hostile_solution_graded_in_the_sandbox(tmp_path):
     try:
         for code, would_print in attacks.items():
             tests = [{"input": "", "output": would_print + "\n", "testtype": "stdin"}]
-            assert E.grade_code(code, tests, timeout=5.0)[0] is False, code
+            assert T1.grade_code(code, tests, timeout=5.0)[0] is False, code
         assert not select.select([listener], [], [], 0.2)[0]              # no connection attempt arrived
     finally:
         listener.close()
     t0 = time.monotonic()
     hang = "import os, time\ntry:\n    os.fork()\nexcept OSError:\n    pass\nwhile True:\n    time.sleep(1)\n"
-    assert E.grade_code(hang, STDIN_TEST, timeout=1.0) == (False, "test 0: timeout")
+    assert T1.grade_code(hang, STDIN_TEST, timeout=1.0) == (False, "test 0: timeout")
     assert time.monotonic() - t0 < 1.0 + 10.0                          # deadline + a shared CI box's slack
 
 
 def test_grader_catches_wrong_answers_crashes_and_memory():
-    assert E.grade_code("a, b = map(int, input().split())\nprint(a + b)", STDIN_TEST, timeout=5.0) == (True, "ok")
-    assert E.grade_code("print(6)", STDIN_TEST, timeout=5.0) == (False, "test 0: wrong_answer")
-    assert E.grade_code("raise SystemExit(3)", STDIN_TEST, timeout=5.0) == (False, "test 0: error")
-    assert E.grade_code("x = bytearray(8 << 30)", STDIN_TEST, timeout=5.0, memory_mb=512) == (False, "test 0: error")
-    assert E.grade_code(None, STDIN_TEST) == (False, "no_code")
+    assert T1.grade_code("a, b = map(int, input().split())\nprint(a + b)", STDIN_TEST, timeout=5.0) == (True, "ok")
+    assert T1.grade_code("print(6)", STDIN_TEST, timeout=5.0) == (False, "test 0: wrong_answer")
+    assert T1.grade_code("raise SystemExit(3)", STDIN_TEST, timeout=5.0) == (False, "test 0: error")
+    assert T1.grade_code("x = bytearray(8 << 30)", STDIN_TEST, timeout=5.0, memory_mb=512) == (False, "test 0: error")
+    assert T1.grade_code(None, STDIN_TEST) == (False, "no_code")
     functional = [{"input": "[1, 2]\n3", "output": "[1, 2, 3]", "testtype": "functional"}]
     good = "class Solution:\n    def push(self, xs: List[int], x: int) -> List[int]:\n        return xs + [x]\n"
-    assert E.grade_code(good, functional, func_name="push", timeout=5.0) == (True, "ok")
-    assert E.grade_code(good.replace("+ [x]", ""), functional, func_name="push", timeout=5.0)[0] is False
+    assert T1.grade_code(good, functional, func_name="push", timeout=5.0) == (True, "ok")
+    assert T1.grade_code(good.replace("+ [x]", ""), functional, func_name="push", timeout=5.0)[0] is False
 
 
 def test_stdout_comparison():
-    assert E.stdout_matches("1 2\n3.50\n", "1  2\n3.5")
-    assert not E.stdout_matches("1 2\n3\n", "1 2\n")
-    assert not E.stdout_matches("abc", "abd")
+    assert T1.stdout_matches("1 2\n3.50\n", "1  2\n3.5")
+    assert not T1.stdout_matches("1 2\n3\n", "1 2\n")
+    assert not T1.stdout_matches("abc", "abd")
 
 
 # -------------------------------------------------------------------------- BFCL multi-turn
@@ -587,7 +588,7 @@ def test_lcb_hub_row_decoding():
     private = [{"input": "1\n", "output": "2\n", "testtype": "stdin"}]
     packed = base64.b64encode(zlib.compress(pickle.dumps(json.dumps(private)))).decode()
     row = {"public_test_cases": json.dumps(STDIN_TEST), "private_test_cases": packed}
-    assert E.lcb_tests(row) == STDIN_TEST + private
+    assert T1.lcb_tests(row) == STDIN_TEST + private
 
 
 def test_lcb_packed_tests_never_unpickle_code():
@@ -596,8 +597,7 @@ def test_lcb_packed_tests_never_unpickle_code():
     import os
     import pickle
 
-    import eval as ev
-    assert ev._plain_unpickle(pickle.dumps('[{"input": "1", "output": "2"}]')) == \
+    assert T1._plain_unpickle(pickle.dumps('[{"input": "1", "output": "2"}]')) == \
         '[{"input": "1", "output": "2"}]'
 
     class Evil:
@@ -605,4 +605,4 @@ def test_lcb_packed_tests_never_unpickle_code():
             return (os.system, ("echo pwned",))
 
     with pytest.raises(pickle.UnpicklingError, match="refusing"):
-        ev._plain_unpickle(pickle.dumps(Evil()))
+        T1._plain_unpickle(pickle.dumps(Evil()))

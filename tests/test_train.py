@@ -362,6 +362,7 @@ def test_checkpoint_sweep_evaluates_every_export(reference_run, tmp_path):
     import csv
 
     import eval as E
+    from suites import table1 as T1
     from scripted import ScriptedSampler
     flags = ["--checkpoints", str(reference_run), "--engine", "transformers", "--suites", "reasoning_gym",
              "--rg_tasks", "basic_arithmetic", "--rg_episodes", "1", "--rg_max_new_tokens", "4"]
@@ -371,7 +372,7 @@ def test_checkpoint_sweep_evaluates_every_export(reference_run, tmp_path):
         saved = json.loads((tmp_path / "real" / name / "results.json").read_text())
         assert saved["config"]["model"] == str(reference_run / "exports" / name)
 
-    item = E.rg_items([t for t in E.cell_tasks("math") if t[1] == "basic_arithmetic"], 1, 0)[0][3]
+    item = T1.rg_items([t for t in T1.cell_tasks("math") if t[1] == "basic_arithmetic"], 1, 0)[0][3]
     loaded = []
 
     class Engine:
