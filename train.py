@@ -1,20 +1,22 @@
 """SPADE training: Algorithm 1 of arXiv 2608.19197, one policy as designer and agent, GRPO.
 
     for step in 0 .. S-1:                                          (train(): one call per phase)
-      1. if step % R == 0, regenerate (Sec. 3, Alg. 1 lines 3-6): skills round robin; N
+      1. if step % R == 0, regenerate (Alg. 1 lines 3-6, Sec. 3.1-3.2): skills round robin; N
          environments <- designer(corpus doc, memory), validated; hint(e) <- the same policy
       2. play every environment G times unhinted (seeded); at regeneration the fresh ones H hinted
       3. regret(e) = mean R_hint - mean R_nohint                                     # Eq. (3)
       4. at regeneration the finished epoch's designer samples (the buffer `State.designs`) get
          score = 0.4 * clip(regret / 0.15, 0, 1) + 0.6 * plateau(w), A = S * (score - mean_skill);
          agent samples: A = (R - mean_e) / (std_e + 1e-8)                            # Eq. (1)
-      5. one GRPO step over both roles' samples  6. weight sync  7. fresh environments -> memory
+      5. one GRPO step over both roles' samples (Sec. 3.4)  6. weight sync
+      7. fresh environments -> memory
     (tool use, the authors' filters: episodes that did not terminate and malformed tool-call
     replies keep their place in the group statistics but get loss mask 0)
 
 Symbols: S steps, R regeneration interval, N environments per regeneration, G unhinted plays,
 H hinted plays, w the environment's mean unhinted return over its epoch, S role-balancing scale
-(`scale`). Arguments, presets, checks: config.py; Accelerate, engine, checkpoints: infra.py.
+(`scale`). Arguments, presets, checks: config.py; the logged statistics (Figs. 7, 9, 19):
+metrics.py; the Fixed-env baseline's pools: pools.py; Accelerate, engine, checkpoints: infra.py.
 
 Deviations (README, "Deviations", has the reasons):
   1. Fewer than N valid environments: the pool is topped up from the previous pool and, at step
