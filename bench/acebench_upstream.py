@@ -1,4 +1,4 @@
-"""acebench.py against ACEBench's own harness, on ACEBench's data: the Normal checker and the
+"""suites/acebench.py against ACEBench's own harness, on ACEBench's data: the Normal checker and the
 Agent engine.
 
     git clone https://github.com/ACEBench/ACEBench /tmp/ACEBench
