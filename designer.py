@@ -136,7 +136,7 @@ class Document:
     doc_id: str       # the line's "id" field if it has one, else "line <n>" (1-based)
     text: str         # possibly truncated, with a note saying so
     truncated: bool
-    title: str = ""   # the line's "title" or "url" field, else its first words (tools/report.py's cards)
+    title: str = ""   # the line's "title" or "url" field, else its first words (the report's cards)
 
 
 def truncate_words(text: str, max_words: int) -> tuple[str, bool]:
