@@ -65,9 +65,8 @@ from typing import Any, Callable, Sequence
 
 log = logging.getLogger(__name__)
 
-# The sampling settings of both designer calls (temperature, top-p, top-k, token caps) are
-# config.SpadeArgs fields citing the paper; infra.designer_generate and train.regenerate bind them
-# into the generate callables this module takes.
+# Both designer calls' sampling settings are config.SpadeArgs fields citing the paper, bound into
+# the generate callables this module takes by infra.designer_generate and train.regenerate.
 HINT_MAX_WORDS = 100                              # deviation 7
 MAX_ATTEMPTS = 5                                  # attempts per slot (paper)
 CORPUS_SEED = 42                                  # document sampler seed (paper)
