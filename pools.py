@@ -227,8 +227,8 @@ def generate_pool(margs, sargs, oargs, rargs, *, sb, skills: list[str]) -> Path:
     state = json.loads(state_path.read_text()) if state_path.exists() else {}
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
     model, tok = models.load_model_and_tokenizer(margs.model, dtype=dtype, seed=rargs.seed)
-    sampler = infra.Sampler(infra.make_engine(margs, sargs, model, tok, rargs.seed, False),
-                      tok, rargs.seed)
+    eng = infra.make_engine(margs, sargs, model, tok, rargs.seed, False)
+    sampler = infra.Sampler(eng, tok, rargs.seed)
     corpus = None if sargs.no_corpus else designer.Corpus(
         sargs.corpus, max_words=designer.CORPUS_MAX_WORDS[sargs.setting], seed=sargs.corpus_seed)
     if corpus is not None and state.get("corpus"):

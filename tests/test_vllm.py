@@ -184,19 +184,6 @@ def test_sync_exact_tied(live):
     assert_sync_exact(eng, model, prompts_of(tok))
 
 
-def test_tied_sync_without_the_head_refresh_is_wrong(live, monkeypatch):
-    """The tied head's CPU prepack is what _refresh_tied_heads renews: without it the engine
-    keeps sampling from the old head."""
-    eng, model, tok = live("tied")
-    monkeypatch.setattr(engine, "_refresh_tied_heads", lambda model: None)
-    new = perturbed(model)
-    eng.sync_weights(new)
-    assert max_error(eng, new, prompts_of(tok), seed=5) > 1e-2
-    monkeypatch.undo()
-    eng.sync_weights(model)
-    assert max_error(eng, model, prompts_of(tok), seed=6) <= TOL
-
-
 # ----------------------------------------------------------------------------------------------
 # dense, untied embeddings, a base-model tokenizer (EOS != end of turn)
 
@@ -248,9 +235,13 @@ def test_sync_exact_moe(live):
     assert_sync_exact(eng, model, prompts_of(tok))
 
 
-def test_moe_sync_without_the_expert_prepack_is_wrong(live, monkeypatch):
-    eng, model, tok = live("moe")
-    monkeypatch.setattr(engine, "_refresh_moe_experts", lambda model: None)
+@pytest.mark.parametrize("kind,repack", [("tied", "_refresh_tied_heads"),
+                                         ("moe", "_refresh_moe_experts")])
+def test_sync_without_a_cpu_repack_is_wrong(live, monkeypatch, kind, repack):
+    """The CPU prepacks the reload leaves stale (the tied head's copy, the fused experts' layout)
+    are what the two refreshes renew: without one the engine keeps sampling from old weights."""
+    eng, model, tok = live(kind)
+    monkeypatch.setattr(engine, repack, lambda model: None)
     new = perturbed(model)
     eng.sync_weights(new)
     assert max_error(eng, new, prompts_of(tok), seed=5) > 1e-2
