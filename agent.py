@@ -8,10 +8,11 @@ into token-exact training records:
     sequence = prompt, reply_1 (mask 1), observation_1 (mask 0), reply_2 (mask 1), ...
     return   = the last step's reward clipped to [-1, 1] if that step terminated, else 0
 
-(the return is what Eq. (3) averages). Each turn, every live episode's tokens go to the engine in
-ONE generate call; the sampled tokens and log-probs are appended verbatim (the trained sequence is
-exactly what the model saw and produced), and observation tokens are only what the chat template
-puts after the last reply (`_Renderer`). Tool calls are normalised for ToolEnv.step() and their
+(the return is what Eq. (3) averages). Each episode's next turn goes to the engine as soon as its
+environment has answered (no turn barrier; the environments of the replies that come back together
+step in one batched call); the sampled tokens and log-probs are appended verbatim (the trained
+sequence is exactly what the model saw and produced), and observation tokens are only what the
+chat template puts after the last reply (`_Renderer`). Tool calls are normalised for ToolEnv.step() and their
 outputs come back as tool messages. Symbols: T tokens of one episode; mask[t] = 1 on replies.
 
 Deviations from the paper / the authors' code:
@@ -414,6 +415,19 @@ def _start(spec: EpisodeSpec, reset: tuple, tokenizer, setting: str, enable_thin
     return ep, renderer
 
 
+def _start_all(specs: list[EpisodeSpec], reset_many: Callable | None, tokenizer, setting: str,
+               thinking: dict, eot) -> tuple[list[Episode], list]:
+    """Every spec's environment reset (one round trip with reset_many) and its episode started;
+    thinking[hinted] is the enable_thinking of its prompts."""
+    if reset_many and specs:
+        resets = reset_many([s.handle for s in specs], [s.seed for s in specs])
+    else:
+        resets = [s.handle.reset(seed=s.seed) for s in specs]
+    started = [_start(s, r, tokenizer, setting, thinking[bool(s.hint)], eot)
+               for s, r in zip(specs, resets)]
+    return [ep for ep, _ in started], [r for _, r in started]
+
+
 def _add_reply(ep: Episode, completion, tokenizer, stops: set, check_calls: bool) -> tuple:
     """Append one sampled reply (tokens, mask 1, log-probs) and its message; returns (its stop
     token or None, its text, whether it is a malformed tool call, then masked out)."""
@@ -470,15 +484,38 @@ def _observe(ep: Episode, renderer: _Renderer, result: tuple, stop: int | None, 
     ep.messages += new
 
 
-def play(specs: list[EpisodeSpec], *, generate: Callable, tokenizer,
+class _Batched:
+    """submit/collect over a batched `generate(prompts, caps)`: each collect is one call for all
+    pending requests (a turn barrier: scripted models, engines without submit/collect)."""
+
+    def __init__(self, generate: Callable):
+        self.generate, self.queue = generate, []
+
+    @property
+    def pending(self) -> int:
+        return len(self.queue)
+
+    def submit(self, key, prompt: list[int], max_new_tokens: int) -> None:
+        self.queue.append((key, prompt, max_new_tokens))
+
+    def collect(self) -> list[tuple]:
+        batch, self.queue = self.queue, []
+        replies = self.generate([p for _, p, _ in batch], [c for _, _, c in batch])
+        return [(key, reply) for (key, _, _), reply in zip(batch, replies)]
+
+
+def play(specs: list[EpisodeSpec], *, generate, tokenizer,
          step_many: Callable | None = None, reset_many: Callable | None = None,
          setting: str = "games", max_turns: int = 25,
          max_context: int = 32768, max_new_tokens: int = 8192,
          enable_thinking: bool | None = None, strip_thinking_history: bool = False,
          mask_malformed: bool = False, hinted_thinking: bool | None = None) -> list[Episode]:
-    """Play every spec to its end; one `generate(prompts, max_new_tokens_list)` call per turn.
-    Returns one Episode per spec, in order. Paper limits (its training setup): 25 turns,
-    32,768-token context, 8,192 new tokens per turn (fewer when the context is nearly full).
+    """Play every spec to its end. Returns one Episode per spec, in order. Paper limits (its
+    training setup): 25 turns, 32,768-token context, 8,192 new tokens per turn (fewer when the
+    context is nearly full). `generate`: a request stream (submit(key, prompt, max_new_tokens),
+    collect() -> [(key, Completion)], pending; infra.Requests), so an episode's next turn goes in
+    as soon as its environment answers, while others decode (its key (episode, turn) fixes its
+    seed); or a batched `generate(prompts, max_new_tokens_list)`, one call per turn.
     step_many(handles, actions) / reset_many(handles, seeds): one round trip for the batch (the
     sandbox's; default: each handle's own). strip_thinking_history (the authors' thinking 8B games
     agent): each turn's context is re-rendered with earlier `<think>` blocks removed and is its own
@@ -488,24 +525,22 @@ def play(specs: list[EpisodeSpec], *, generate: Callable, tokenizer,
     mask 0, and the next observation ends with FORMAT_HINT, the expected call format."""
     assert setting in ("games", "tool"), setting
     eot = turn_end(tokenizer)
-    if reset_many and specs:
-        resets = reset_many([s.handle for s in specs], [s.seed for s in specs])
-    else:
-        resets = [s.handle.reset(seed=s.seed) for s in specs]
     thinking = {False: enable_thinking,
                 True: enable_thinking if hinted_thinking is None else hinted_thinking}
-    started = [_start(s, r, tokenizer, setting, thinking[bool(s.hint)], eot)
-               for s, r in zip(specs, resets)]
-    episodes, renderers = [ep for ep, _ in started], [r for _, r in started]
+    episodes, renderers = _start_all(specs, reset_many, tokenizer, setting, thinking, eot)
     stops = {tokenizer.eos_token_id, eot[1]}  # the engine stops on either
-    while live := [i for i, ep in enumerate(episodes) if not ep.status]:
-        caps = {i: min(max_new_tokens, max_context - len(episodes[i].token_ids)) for i in live}
-        for i in [i for i in live if caps[i] <= 0]:
-            _finish(episodes[i], "context")
-        live = [i for i in live if caps[i] > 0]
+    requests, caps = generate if hasattr(generate, "submit") else _Batched(generate), {}
+
+    def ask(i: int) -> None:  # INFRA: the episode's next reply, unless no room is left for one
+        caps[i] = min(max_new_tokens, max_context - len(episodes[i].token_ids))
+        if caps[i] <= 0:
+            return _finish(episodes[i], "context")
+        requests.submit((i, episodes[i].turns + 1), episodes[i].token_ids, caps[i])
+    for i in [i for i, ep in enumerate(episodes) if not ep.status]:
+        ask(i)
+    while requests.pending:  # ALGO: each episode: reply, step its environment, observe
         stepping = []
-        for i, completion in zip(live, generate([episodes[i].token_ids for i in live],
-                                                [caps[i] for i in live]) if live else []):
+        for (i, _), completion in requests.collect():
             ep = episodes[i]
             stop, text, malformed = _add_reply(ep, completion, tokenizer, stops,
                                                mask_malformed and setting == "tool")
@@ -513,9 +548,9 @@ def play(specs: list[EpisodeSpec], *, generate: Callable, tokenizer,
                 ep.turn_samples.append((list(ep.token_ids), list(ep.mask), list(ep.logprobs)))
             if completion.finish_reason != "stop":  # EOS-less: no action from a cut-off thought
                 _finish(ep, "context" if caps[i] < max_new_tokens else "truncated")
-                continue
-            ep.actions.append(tool_action(text) if setting == "tool" else parse_action(text))
-            stepping.append((i, stop, malformed))
+            else:
+                ep.actions.append(tool_action(text) if setting == "tool" else parse_action(text))
+                stepping.append((i, stop, malformed))
         handles = [specs[i].handle for i, _, _ in stepping]
         actions = [episodes[i].actions[-1] for i, _, _ in stepping]
         results = step_many(handles, actions) if step_many else \
@@ -524,4 +559,6 @@ def play(specs: list[EpisodeSpec], *, generate: Callable, tokenizer,
             _observe(episodes[i], renderers[i], result, stop, malformed, setting=setting,
                      max_turns=max_turns, max_context=max_context,
                      strip_thinking_history=strip_thinking_history)
+            if not episodes[i].status:
+                ask(i)
     return episodes

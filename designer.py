@@ -58,7 +58,7 @@ import logging
 import random
 import re
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -498,44 +498,93 @@ def _judge(p: Proposal, validate: Callable) -> None:
         p.error = getattr(report, "error", None)
 
 
-def regenerate(skills_for_slots: Sequence[str], *, generate: Callable, validate: Callable,
+class _Batched:
+    """submit/collect over a batched `generate(chats)`: each collect is one call for all pending
+    chats (attempt rounds: scripted designers, engines without submit/collect)."""
+    continuous = False  # collect(wait=False) would decode nothing: validate, then collect
+
+    def __init__(self, generate: Callable):
+        self.generate, self.queue = generate, []
+
+    @property
+    def pending(self) -> int:
+        return len(self.queue)
+
+    def submit(self, key, chat: list[dict]) -> None:
+        self.queue.append((key, chat))
+
+    def collect(self, wait: bool = True) -> list[tuple]:
+        batch, self.queue = self.queue, []
+        replies = self.generate([chat for _, chat in batch]) if batch else []
+        if len(replies) != len(batch):
+            raise ValueError(f"generate returned {len(replies)} replies for {len(batch)} prompts")
+        return [(key, reply) for (key, _), reply in zip(batch, replies)]
+
+
+def regenerate(skills_for_slots: Sequence[str], *, generate, validate: Callable,
                corpus: Corpus | None, memory_block: Callable[[str], str] | None, setting: str,
                rng: random.Random, max_attempts: int = MAX_ATTEMPTS,
                concurrency: int = 1) -> tuple[list[Proposal], dict]:
     """Write one environment per slot, with up to `max_attempts` attempts per slot.
 
-    generate(list of chats) -> list of replies (str or Completion); validate(source) -> report
+    generate: a request stream (submit(key, chat), collect(wait) -> [(key, reply)], pending,
+    continuous; infra.Requests) or a batched generate(list of chats) -> list of replies (str or
+    Completion), then called once per round of still-failing slots. validate(source) -> report
     with .ok, .error, .class_name, .kind (the caller binds the setting, e.g.
     `lambda src: sb.validate(src, setting=setting)`); memory_block(skill) -> str (None: no memory).
-    Each round batches every still-failing slot into one generate call and judges the replies
-    `concurrency` at a time (validate must then be thread-safe, as `Sandbox.validate` is, one fresh
-    pair of workers per call); every attempt gets a fresh document. Returns all proposals
-    (accepted and rejected, in attempt order) and statistics.
+    Replies are judged `concurrency` at a time (validate must then be thread-safe, as
+    `Sandbox.validate` is, one fresh pair of workers per call). With a continuous stream there are
+    no rounds: validation runs while other attempts decode and a rejected attempt's retry is
+    submitted as soon as its validation fails. Every attempt gets a fresh document; the prompts of
+    attempt n are drawn for every slot when the first slot needs one (so which document a retry
+    gets never depends on when validations finish). Returns all proposals (accepted and
+    rejected, in attempt order) and statistics.
     """
-    proposals, pending = [], list(range(len(skills_for_slots)))
-    for attempt in range(1, max_attempts + 1):
-        if not pending:
-            break
-        batch = []
-        for slot in pending:
-            skill = skills_for_slots[slot]
-            doc = corpus.sample() if corpus is not None else None
-            task = tool_task(rng) if setting == "tool" else None
-            block = memory_block(skill) if memory_block is not None else ""
-            messages = designer_messages(skill, setting=setting, document=doc, memory_block=block,
-                                         task=task, rng=rng)
-            batch.append(Proposal(skill, setting, slot, attempt, doc.doc_id if doc else None,
-                                  messages, task, doc_title=doc.title if doc else None))
-        replies = generate([p.messages for p in batch])
-        if len(replies) != len(batch):
-            raise ValueError(f"generate returned {len(replies)} replies for {len(batch)} prompts")
-        for p, reply in zip(batch, replies):
-            p.reply = reply
-        with ThreadPoolExecutor(max(1, concurrency)) as pool:  # sandbox probes wait, not compute
-            list(pool.map(lambda p: _judge(p, validate), batch))
-        proposals += batch
-        pending = [p.slot for p in batch if not p.ok]
+    requests = generate if hasattr(generate, "submit") else _Batched(generate)
+    drawn: list[list[Proposal]] = []  # drawn[n - 1][slot]: that slot's attempt n
+
+    def ask(slot: int, attempt: int) -> Proposal:  # INFRA: submit the slot's attempt
+        while len(drawn) < attempt:
+            drawn.append([_attempt(skill, slot, len(drawn) + 1, corpus, memory_block, setting, rng)
+                          for slot, skill in enumerate(skills_for_slots)])
+        requests.submit((slot, attempt), drawn[attempt - 1][slot].messages)
+        return drawn[attempt - 1][slot]
+    proposals, asked, judging = [], {}, {}
+    with ThreadPoolExecutor(max(1, concurrency)) as pool:  # sandbox probes wait, not compute
+        for slot in range(len(skills_for_slots)):
+            asked[slot, 1] = ask(slot, 1)
+        while asked or judging:  # ALGO: generate -> judge -> retry the rejected (Algorithm 1)
+            if asked and (requests.continuous or not judging):
+                for key, reply in requests.collect(wait=not judging):
+                    p = asked.pop(key)
+                    p.reply = reply
+                    judging[pool.submit(_judge, p, validate)] = p
+            if not judging:
+                continue
+            busy = bool(asked) and requests.continuous  # decode on while validations run
+            finished, _ = wait(judging, timeout=0 if busy else None, return_when=(
+                FIRST_COMPLETED if requests.continuous else ALL_COMPLETED))
+            for f in sorted(finished, key=lambda f: judging[f].slot):
+                f.result()  # a validate that kept raising propagates
+                p = judging.pop(f)
+                proposals.append(p)
+                if not p.ok and p.attempt < max_attempts:
+                    asked[p.slot, p.attempt + 1] = ask(p.slot, p.attempt + 1)
+    proposals.sort(key=lambda p: (p.attempt, p.slot))
     return proposals, regeneration_stats(proposals, len(skills_for_slots))
+
+
+def _attempt(skill: str, slot: int, attempt: int, corpus: Corpus | None,
+             memory_block: Callable[[str], str] | None, setting: str,
+             rng: random.Random) -> Proposal:
+    """A slot's attempt with its prompt: a fresh document, the skill's memory block, a task."""
+    doc = corpus.sample() if corpus is not None else None
+    task = tool_task(rng) if setting == "tool" else None
+    block = memory_block(skill) if memory_block is not None else ""
+    messages = designer_messages(skill, setting=setting, document=doc, memory_block=block,
+                                 task=task, rng=rng)
+    return Proposal(skill, setting, slot, attempt, doc.doc_id if doc else None, messages, task,
+                    doc_title=doc.title if doc else None)
 
 
 def regeneration_stats(proposals: Sequence[Proposal], n_slots: int) -> dict:
@@ -589,12 +638,16 @@ def parse_hint(reply: Any) -> str | None:
     return hint.strip() or None
 
 
-def write_hints(sources: Sequence[str], setting: str, generate: Callable) -> list[str | None]:
-    """The privileged hint h(e) of each environment source, in one generate call (None where the
-    reply holds no hint)."""
+def write_hints(sources: Sequence[str], setting: str, generate) -> list[str | None]:
+    """The privileged hint h(e) of each environment source (None where the reply holds no hint):
+    one batched generate call, or, on a request stream, every hint submitted at once and parsed
+    as it comes back."""
     if not sources:
         return []
-    replies = generate([hint_messages(src, setting) for src in sources])
-    if len(replies) != len(sources):
-        raise ValueError(f"generate returned {len(replies)} replies for {len(sources)} prompts")
-    return [parse_hint(reply) for reply in replies]
+    requests = generate if hasattr(generate, "submit") else _Batched(generate)
+    for i, src in enumerate(sources):
+        requests.submit((i, 1), hint_messages(src, setting))
+    hints: dict[int, str | None] = {}
+    while requests.pending:
+        hints.update({i: parse_hint(reply) for (i, _), reply in requests.collect()})
+    return [hints[i] for i in range(len(sources))]

@@ -425,6 +425,8 @@ class VLLMEngine:
             kwargs.update(kv_cache_memory_bytes=int(cpu_kv_cache_gib * 2**30),
                           max_num_batched_tokens=max_model_len)
         self.llm = llm if llm is not None else vllm_module.LLM(**kwargs)
+        # submit / collect: the next id, requests not yet in the engine, in flight, finished
+        self._next_id, self._outbox, self._flying, self._done = 0, [], set(), {}
 
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int | list[int],
                  temperature: float = 0.6, top_p: float = 0.95, top_k: int = 20,
@@ -468,6 +470,73 @@ class VLLMEngine:
             reason = "stop" if o.finish_reason == "stop" else "length"
             completions.append(Completion(list(o.token_ids), logps, o.text, reason))
         return completions[mine]
+
+    # INFRA: requests in flight across turns. submit() queues one request; collect() drives
+    # vLLM's own step loop (LLMEngine.add_request / step) until one of the caller's requests has
+    # finished, so a caller submits an episode's next turn while the others are still decoding.
+    # Under tensor parallelism the group's members are one program: each engine step starts with
+    # one all_gather_object of the members' new requests, which every member adds in rank order.
+
+    def submit(self, prompt: list[int], *, max_new_tokens: int, temperature: float = 0.6,
+               top_p: float = 0.95, top_k: int = 20, seed: int | None = None) -> int:
+        """Queue one request for the next engine step; returns its id (for collect)."""
+        rid, self._next_id = self._next_id, self._next_id + 1
+        self._outbox.append((rid, list(prompt), max_new_tokens, temperature, top_p, top_k, seed))
+        self._flying.add(rid)
+        return rid
+
+    def collect(self, ids, wait: bool = True) -> list[tuple[int, Completion]]:
+        """The finished requests among `ids`, as (id, Completion) in id order, after engine steps
+        until one of them has finished (wait) or after one step (not wait). Finished requests of
+        other ids stay for their own collect."""
+        ids, done = set(ids), self._done
+        while not ids & done.keys() and ids & self._flying:
+            self._step(done=False)
+            if not wait:
+                break
+        return [(rid, done.pop(rid)) for rid in sorted(ids & done.keys())]
+
+    def drain_steps(self) -> None:
+        """drain() for callers of submit/collect: a member with nothing left to submit keeps
+        taking part in the group's engine steps until every member is done."""
+        while self.tp_group is not None and self._step(done=True):
+            pass
+
+    def _step(self, done: bool) -> bool:
+        """One engine step of the group: every member's new requests enter the engine (the same
+        ones in the same order on every member), then one LLMEngine.step. False, without a step,
+        once every member is done."""
+        new, self._outbox = self._outbox, []
+        rank, members = 0, [new]
+        if self.tp_group is not None:
+            gathered = [None] * self.tp
+            dist.all_gather_object(gathered, (done, new), group=self.tp_group)
+            if all(d for d, _ in gathered):
+                return False
+            rank, members = dist.get_rank(self.tp_group), [r for _, r in gathered]
+        core, final = self.llm.llm_engine, self.vllm.sampling_params.RequestOutputKind.FINAL_ONLY
+        for member, requests in enumerate(members):
+            for rid, prompt, cap, t, p, k, sd in requests:
+                params = self.vllm.SamplingParams(
+                    n=1, temperature=t, top_p=p, top_k=k, max_tokens=cap, logprobs=0, seed=sd,
+                    stop_token_ids=self.stop_ids, detokenize=False, output_kind=final)
+                core.add_request(f"spade-{member}-{rid}",
+                                 self.vllm.TokensPrompt(prompt_token_ids=prompt), params)
+        if not core.has_unfinished_requests():
+            return True
+        for request in core.step():
+            member, rid = map(int, request.request_id.split("-")[1:3])
+            if request.finished and member == rank:
+                self._done[rid] = self._completion(request.outputs[0])
+                self._flying.discard(rid)
+        return True
+
+    def _completion(self, o) -> Completion:
+        """A finished vLLM output as a Completion, its text decoded once (detokenize=False)."""
+        logps = [float(step[t].logprob) for step, t in zip(o.logprobs, o.token_ids)]
+        text = self.llm.get_tokenizer().decode(list(o.token_ids), skip_special_tokens=True)
+        return Completion(list(o.token_ids), logps, text,
+                          "stop" if o.finish_reason == "stop" else "length")
 
     def sleep(self) -> None:
         """Free the GPU for training: level 1 offloads weights to CPU, level 2 discards them (a

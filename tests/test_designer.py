@@ -582,9 +582,10 @@ def test_end_to_end_regeneration(tmp_path, corpus):
     assert [len(b) for b in generate.batches] == [6, 4, 3]
     assert [(p.slot, p.attempt) for p in proposals] == [
         (0, 1), (1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (1, 2), (3, 2), (4, 2), (5, 2), (3, 3), (4, 3), (5, 3)]
-    # a fresh document per attempt, in sampler order, and it is in that attempt's prompt
-    want_docs = [reference.sample().doc_id for _ in proposals]
-    assert [p.doc_id for p in proposals] == want_docs
+    # a fresh document per attempt, drawn a round at a time for every slot (so a retry's document
+    # never depends on when validations finish), and it is in that attempt's prompt
+    draws = [reference.sample().doc_id for _ in range(3 * 6)]
+    assert [p.doc_id for p in proposals] == [draws[6 * (p.attempt - 1) + p.slot] for p in proposals]
     assert all(f"An essay about {p.doc_id}." in p.messages[1]["content"] for p in proposals)
     assert all(p.skill == skills[p.slot] and p.skill in p.messages[1]["content"] for p in proposals)
 
