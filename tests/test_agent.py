@@ -622,3 +622,50 @@ def test_reply_stopped_on_a_second_eos_gets_the_templates_end_of_turn(tokenizer)
     delta = ep.token_ids[first + 1:second]
     assert all(m == 0 for m in ep.mask[first + 1:second])
     assert tokenizer.decode(delta).startswith("<|im_end|>\n<|im_start|>user\n")
+
+
+class StepStream:
+    """A request stream over ScriptedEngine with continuous batching: a reply takes one engine
+    step per token, and collect() steps until one reply has finished. Logs submits and collects."""
+
+    def __init__(self, eng):
+        self.eng, self.running, self.log = eng, {}, []
+
+    @property
+    def pending(self):
+        return len(self.running)
+
+    def submit(self, key, prompt, cap):
+        [reply] = self.eng([prompt], [cap])
+        self.running[key] = [len(reply.token_ids), reply]
+        self.log.append(("submit", key))
+
+    def collect(self):
+        done = []
+        while not done:
+            for key, r in list(self.running.items()):
+                r[0] -= 1
+                if r[0] <= 0:
+                    done.append((key, self.running.pop(key)[1]))
+        self.log += [("reply", key) for key, _ in done]
+        return done
+
+
+def test_no_turn_barrier_an_episode_moves_on_while_another_decodes(tokenizer):
+    """With a request stream, an episode whose reply is short plays its next turns while a long
+    reply is still decoding, and every episode ends exactly as under a per-turn barrier."""
+    def policy(text, turn):  # game 0 thinks at length; game 1 answers at once
+        pad = "hmm " * 60 if "Game 0:" in text else ""
+        return pad + binary_search_policy(text, turn)
+    plays = {}
+    for name in ("barrier", "stream"):
+        eng = ScriptedEngine(tokenizer, policy)
+        stream = StepStream(eng) if name == "stream" else eng
+        plays[name] = play(specs_for([GuessEnv(), GuessEnv()], [0, 1]), generate=stream,
+                           tokenizer=tokenizer, max_new_tokens=400)
+    log = stream.log
+    assert plays["stream"][1].turns >= 3
+    assert log.index(("submit", (1, 3))) < log.index(("reply", (0, 1)))  # no waiting for game 0
+    fields = ("token_ids", "mask", "logprobs", "actions", "rewards", "ret", "status", "turns")
+    for barrier, streamed in zip(plays["barrier"], plays["stream"]):
+        assert [getattr(barrier, f) for f in fields] == [getattr(streamed, f) for f in fields]

@@ -712,3 +712,61 @@ def test_corpus_document_titles_for_the_run_logs(tmp_path):
         json.dumps({"text": words})])
     assert [doc.title for doc in d.Corpus(path).documents] == [
         "Bee dances", "https://example.org/tides", " ".join(f"w{i}" for i in range(12)) + " ..."]
+
+
+class SteppingDesigner:
+    """A continuous request stream (as infra.Requests on vLLM): `replies[(slot, attempt)]` is
+    (text, engine steps it takes); collect(wait=False) runs one engine step. Logs events."""
+    continuous = True
+
+    def __init__(self, replies):
+        self.replies, self.running, self.steps, self.log = replies, {}, 0, []
+
+    @property
+    def pending(self):
+        return len(self.running)
+
+    def submit(self, key, chat):
+        text, steps = self.replies[key]
+        self.running[key] = [steps, text]
+        self.log.append(("submit", key, self.steps))
+
+    def collect(self, wait=True):
+        import time
+        done = []
+        while self.running and not done:
+            time.sleep(0.002)
+            self.steps += 1
+            for key, r in list(self.running.items()):
+                r[0] -= 1
+                if r[0] == 0:
+                    done.append((key, FakeCompletion(self.running.pop(key)[1])))
+            if not wait:
+                break
+        self.log += [("reply", key, self.steps) for key, _ in done]
+        return done
+
+
+def test_a_rejected_attempt_is_retried_while_other_attempts_decode():
+    """No rounds on a continuous stream: slot 0's short first reply is validated while slot 1's
+    long one decodes (the validation waits for engine step 5 to go by), and its retry is
+    submitted, decoded and accepted before slot 1's first reply is back."""
+    import time
+    stream = SteppingDesigner({(0, 1): (fenced(env("Bad")), 2), (0, 2): (fenced(env("Good")), 2),
+                               (1, 1): (fenced(env("Slow")), 600)})
+
+    def validate(source):
+        if "BadEnv" in source:
+            deadline = time.monotonic() + 10
+            while stream.steps < 5:  # returns only once the engine has stepped on meanwhile
+                assert time.monotonic() < deadline, "decoding waited for the validation"
+                time.sleep(0.001)
+            return Report(False, "invalid_reward", "reward out of range", None)
+        return Report(True, None, None, None)
+    props, stats = d.regenerate([MATH, LOGIC], generate=stream, validate=validate, corpus=None,
+                                memory_block=None, setting="games", rng=random.Random(0),
+                                concurrency=2)
+    assert [(p.slot, p.attempt, p.ok) for p in props] == [(0, 1, False), (1, 1, True), (0, 2, True)]
+    at = {(kind, key): step for kind, key, step in stream.log}
+    assert at["submit", (0, 2)] < at["reply", (0, 2)] < at["reply", (1, 1)] == 600
+    assert stats["valid"] == 2 and stats["attempts"] == 3

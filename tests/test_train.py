@@ -543,9 +543,11 @@ def test_local_bf16_model_trains_checkpointed_with_bf16_reference_and_export(
 
 
 class FakeTPLLM:
-    """A vLLM stand-in for one rank of a tensor-parallel group (the `vllm` module and its LLM):
-    designer prompts get a coin environment (a different comment each), hint prompts a hint, and
-    agent prompts alternate heads / tails; it records every generate call."""
+    """A vLLM stand-in for one rank of a tensor-parallel group (the `vllm` module, its LLM and
+    its LLMEngine's step loop): designer prompts get a coin environment (a different comment
+    each), hint prompts a hint, and agent prompts alternate heads / tails. A request finishes
+    1-3 engine steps after it enters (by its seed); it records the requests that enter before
+    every engine step (and every generate call)."""
     WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi pi rho".split()
 
     def __init__(self, tok):
@@ -555,7 +557,31 @@ class FakeTPLLM:
                                               is_sleep_mode_available=lambda: True))
         self.worker = N(model_runner=N(reload_weights=lambda weights_iterator: setattr(
             self, "loaded", self.loaded + len(list(weights_iterator)))))
-        self.llm_engine = N(engine_core=N(shutdown=lambda: None))
+        self.sampling_params = N(RequestOutputKind=N(FINAL_ONLY="final"))
+        self.running, self.entered, self.added = [], [], 0  # [steps left, id, output]; this step's
+        self.llm_engine = N(engine_core=N(shutdown=lambda: None), add_request=self._add,
+                            has_unfinished_requests=lambda: bool(self.running), step=self._step)
+
+    def get_tokenizer(self):
+        return self.tok
+
+    def _add(self, request_id, prompt, params):
+        assert params.detokenize is False and params.output_kind == "final"
+        self.entered.append((tuple(prompt["prompt_token_ids"]), params.seed))
+        [out] = self._outputs([prompt], self.added)  # the group's n-th request: its comment
+        self.added += 1
+        self.running.append([1 + params.seed % 3, request_id, out])
+
+    def _step(self):
+        from types import SimpleNamespace
+        self.calls.append(self.entered)
+        self.entered, finished = [], []
+        for r in self.running:
+            r[0] -= 1
+            if r[0] == 0:
+                finished.append(SimpleNamespace(request_id=r[1], finished=True, outputs=r[2].outputs))
+        self.running = [r for r in self.running if r[0] > 0]
+        return finished
 
     def collective_rpc(self, method, args=()):
         return [method(self.worker, *args)]
@@ -590,11 +616,14 @@ class FakeTPLLM:
         return f"```python\n# {comment}\n{COIN.replace('FAIR', 'True')}\n```"
 
     def generate(self, prompts, sampling_params, use_tqdm):
-        from types import SimpleNamespace
         self.calls.append([(tuple(p["prompt_token_ids"]), sp.seed) for p, sp in
                            zip(prompts, sampling_params)])
+        return self._outputs(prompts)
+
+    def _outputs(self, prompts, first=0):
+        from types import SimpleNamespace
         outs = []
-        for i, p in enumerate(prompts):
+        for i, p in enumerate(prompts, first):
             text = self._reply(i, self.tok.decode(p["prompt_token_ids"]))
             ids = self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id]
             outs.append(SimpleNamespace(outputs=[SimpleNamespace(
@@ -632,8 +661,8 @@ def _tp_train_worker(rank, port, out_dir):
 @pytest.mark.slow
 def test_tensor_parallel_group_generates_once_and_trains_each_sample_once(tmp_path):
     """--tensor_parallel_size 2 on 2 ranks: one vLLM engine across the group. Each rank designs
-    and plays its own half of the pool; every generate call runs the group's distinct requests
-    once (the same call on both ranks, as vLLM's SPMD mode needs), and every agent sample is
+    and plays its own half of the pool; every engine step adds the same requests on both ranks
+    (vLLM's SPMD mode needs one program), each distinct request once, and every agent sample is
     forwarded on exactly one rank. Diversity is the Vendi score of the whole pool's sources."""
     import pickle
     import socket
@@ -648,8 +677,8 @@ def test_tensor_parallel_group_generates_once_and_trains_each_sample_once(tmp_pa
                        start_method="spawn")
     r0, r1 = (pickle.loads(Path(f"{out}-rank{r}.pkl").read_bytes()) for r in (0, 1))
     assert r0["calls"] == r1["calls"] and r0["calls"]          # one engine program per group
-    for call in r0["calls"]:
-        assert len(set(call)) == len(call), "a request was generated twice"
+    entered = [q for call in r0["calls"] for q in call]
+    assert len(set(entered)) == len(entered), "a request was generated twice"
     # 4 environments x 2 plays, split over the ranks: each sample trained on one rank only
     assert len(r0["trained"]) == len(r1["trained"]) == 4
     assert {t[0] for t in r0["trained"]}.isdisjoint({t[0] for t in r1["trained"]})
