@@ -170,6 +170,65 @@ def test_same_seed_same_tokens(live):
     assert [o.token_ids for o in a] != [o.token_ids for o in c]
 
 
+class EchoEnv:
+    """Never ends by itself (the turn limit ends its episodes); its observations vary by seed."""
+
+    def reset(self, seed=None):
+        self.seed, self.t = seed, 0
+        return f"Stones in row {seed}.", {}
+
+    def step(self, action):
+        self.t += 1
+        return f"Row {self.seed}, move {self.t}.", 0.0, False, False, {}
+
+    def tools(self):
+        return []
+
+
+def test_episodes_replay_alone_in_a_mixed_batch_and_under_a_barrier(live):
+    """Exact replay without a turn barrier: an episode's tokens are the same played alone, in a
+    batch whose other replies have other lengths (so its turns enter the engine while others
+    decode), and under the per-turn barrier (one generate call per turn). Every reply is taken
+    as ended by the model (EOS-less replies would end the episodes)."""
+    import dataclasses
+
+    import infra
+    eng, _, tok = live("tied")
+    kw = dict(temperature=0.8, top_p=0.95, top_k=20)
+    caps = [6 + 9 * i for i in range(4)]  # episode i's replies run to caps[i] tokens
+
+    class Stream:  # the engine's request stream, each episode with its own reply length
+        def __init__(self):
+            self.inner, self.in_flight = infra.Sampler(eng, tok, 0).at(0, "agent").tokens(**kw), []
+            self.pending = 0
+
+        def submit(self, key, prompt, cap):
+            self.inner.submit(key, prompt, caps[key[0]])
+            self.pending += 1
+            self.in_flight.append(eng.llm.llm_engine.get_num_unfinished_requests())
+
+        def collect(self):
+            done = self.inner.collect()
+            self.pending -= len(done)
+            return [(k, dataclasses.replace(c, finish_reason="stop")) for k, c in done]
+    calls = []
+
+    def barrier(prompts, _caps):  # one call per turn, seeded as the Sampler seeds its n-th call
+        calls.append(len(prompts))
+        outs = eng.generate(prompts, max_new_tokens=caps[:len(prompts)],
+                            seed=infra.derive_seed(0, 0, "agent", len(calls)), **kw)
+        return [dataclasses.replace(c, finish_reason="stop") for c in outs]
+
+    def run(n, generate):
+        specs = [agent.EpisodeSpec("echo", s, None, EchoEnv()) for s in range(n)]
+        return agent.play(specs, generate=generate, tokenizer=tok, max_turns=3, max_new_tokens=64)
+    alone, mixed = run(1, Stream()), run(4, stream := Stream())
+    assert max(stream.in_flight) >= 2 and min(stream.in_flight[4:]) >= 1  # turns overlapped
+    assert alone[0].token_ids == mixed[0].token_ids and alone[0].turns == 3
+    assert [ep.token_ids for ep in run(4, barrier)] == [ep.token_ids for ep in mixed]
+    assert calls == [4, 4, 4]
+
+
 def test_long_seeded_prompt_is_one_prefill_chunk(live):
     """A prompt past vLLM's CPU default of 4096 tokens per step, sampled with a seed (the
     designer's case): vLLM 0.32's CPU runner crashes when it prefills such a prompt in chunks
