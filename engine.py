@@ -380,10 +380,12 @@ class VLLMEngine:
     """vLLM rollouts colocated with training: token in, token out, log-probs, sleep, weight sync.
 
     With tensor parallelism every rank of a TP group must submit the same requests: generate()
-    gathers the group's prompts, generates them all on every rank, returns this rank's share. On
-    CPU: no sleep mode (logged), a KV cache of cpu_kv_cache_gib (vLLM's default takes most of the
-    RAM; VLLM_CPU_KVCACHE_SPACE, in GiB, wins), eager unless enforce_eager=False, one prefill
-    chunk per prompt (vLLM 0.32's CPU runner crashes on chunked prefill with per-request seeds).
+    gathers the group's prompts, generates them all on every rank, returns this rank's share;
+    submit/collect gather the members' new requests once per engine step instead. On CPU: no
+    sleep mode (logged), a KV cache of cpu_kv_cache_gib (vLLM's default takes most of the RAM;
+    VLLM_CPU_KVCACHE_SPACE, in GiB, wins), eager unless enforce_eager=False, one prefill chunk
+    per prompt (vLLM 0.32's CPU runner crashes on chunked prefill with per-request seeds; a
+    prompt that does not fit a step's remaining token budget waits for the next step).
     `llm` / `vllm_module` let tests inject fakes; by default vllm is imported here, lazily."""
 
     def __init__(self, model_name: str, *, tensor_parallel_size: int = 1,
@@ -423,7 +425,7 @@ class VLLMEngine:
             enforce_eager=self.cpu if enforce_eager is None else enforce_eager)
         if self.cpu:
             kwargs.update(kv_cache_memory_bytes=int(cpu_kv_cache_gib * 2**30),
-                          max_num_batched_tokens=max_model_len)
+                          max_num_batched_tokens=max_model_len, enable_chunked_prefill=False)
         self.llm = llm if llm is not None else vllm_module.LLM(**kwargs)
         # submit / collect: the next id, requests not yet in the engine, in flight, finished
         self._next_id, self._outbox, self._flying, self._done = 0, [], set(), {}

@@ -256,7 +256,7 @@ LLM_ARGS = {"model", "runner", "convert", "tokenizer", "tokenizer_mode", "skip_t
             "attention_config", "kv_cache_memory_bytes", "compilation_config", "quantization_config",
             "logits_processors", "spec_method", "spec_model", "spec_tokens"}
 ENGINE_ARGS_USED = {"max_model_len", "distributed_executor_backend", "enable_prefix_caching", "logprobs_mode",
-                    "enable_sleep_mode", "max_num_batched_tokens"}
+                    "enable_sleep_mode", "max_num_batched_tokens", "enable_chunked_prefill"}
 SAMPLING_FIELDS = {"n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "watermarking",
                    "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "max_tokens",
                    "min_tokens", "logprobs", "prompt_logprobs", "prompt_logprob_token_ids", "prompt_logprob_start",
@@ -391,6 +391,7 @@ def test_vllm_engine_on_cpu_platform(caplog):
     assert kwargs["enable_sleep_mode"] is False and kwargs["enforce_eager"] is True
     assert kwargs["kv_cache_memory_bytes"] == int(1.5 * 2**30)
     assert kwargs["max_num_batched_tokens"] == kwargs["max_model_len"] == 5000
+    assert kwargs["enable_chunked_prefill"] is False  # several long prompts in one step
     eng.sleep()
     assert len(fake.log) == 1 and not eng.asleep
     assert engine.VLLMEngine("m", enforce_eager=False, vllm_module=fake).llm.log[-1][1][

