@@ -24,12 +24,12 @@ Deviations (README, "Deviations", has the reasons):
   2. An environment fault drops the episode from the agent batch, the environment from the pool
      for its epoch, and scores its designer sample 0 (authors: -1 to the agent).
   3. The last epoch's designer samples are trained at the final step (authors drop them).
-  4. Every sampling call's seed derives from (seed, step, phase, call) and the corpus sampler is
-     checkpointed, so a resumed run replays exactly.
+  4. Every sampling request's seed derives from (seed, step, phase, turn or attempt) and its
+     episode or slot, and the corpus sampler is checkpointed, so a resumed run replays exactly.
   5. Hinted plays (so regret and hints) only for freshly designed environments; an empty hint:
      regret 0.
   6. The N slots are split over the ranks, so each GRPO group stays on one rank; one vLLM
-     tensor-parallel group serves its ranks' prompts in one generate call.
+     tensor-parallel group serves its ranks' requests, gathered before every engine step.
   7. Without a preset, log-probs at each role's sampling temperature (--logprob_temperature); one
      batch of all agent and designer samples (authors: trimmed to 192); weight decay on every
      parameter (README deviations 18, 21-25).

@@ -11,8 +11,8 @@ fp32, no activation checkpointing), 8 environments x 4 plays x up to 5 turns of 
 played on the shipped `data/envs` games (`--fixed_envs data/envs`; the two tool environments fail
 games validation and are skipped, leaving exactly 8). Nothing in train.py is changed: the bench
 wraps, from outside,
-  generation    TransformersEngine.generate or VLLMEngine.generate (prefill + decode + sampling,
-                incl. decoding text)
+  generation    TransformersEngine.generate, or VLLMEngine.generate and .collect (prefill +
+                decode + sampling, incl. decoding text)
   fwd/bwd       logprobs.token_logprobs, grpo.policy_loss, Accelerator.backward,
                 Accelerator.clip_grad_norm_, AcceleratedOptimizer.step
 and everything else inside the step's wall time is overhead, itemised where it is wrapped:
@@ -128,17 +128,20 @@ def build_model(out_dir: Path) -> int:
 
 def force_vllm_eos(tok) -> None:
     """vLLM's model cannot take the forward hook: its replies that reach 48 tokens get EOS as the
-    48th token afterwards (the same replies, prompts and episode lengths as the hook gives)."""
-    original = engine.VLLMEngine.generate
+    48th token afterwards (the same replies, prompts and episode lengths as the hook gives), in
+    generate() and in the completions collect() hands train.py's request streams."""
+    original, completion = engine.VLLMEngine.generate, engine.VLLMEngine._completion
+
+    def eos_at_cap(o):
+        if o.finish_reason == "length" and len(o.token_ids) == REPLY_TOKENS:
+            o.token_ids[-1], o.finish_reason = tok.eos_token_id, "stop"
+            o.text = tok.decode(o.token_ids, skip_special_tokens=True)
+        return o
 
     def generate(self, *args, **kwargs):
-        outs = original(self, *args, **kwargs)
-        for o in outs:
-            if o.finish_reason == "length" and len(o.token_ids) == REPLY_TOKENS:
-                o.token_ids[-1], o.finish_reason = tok.eos_token_id, "stop"
-                o.text = tok.decode(o.token_ids, skip_special_tokens=True)
-        return outs
+        return [eos_at_cap(o) for o in original(self, *args, **kwargs)]
     engine.VLLMEngine.generate = generate
+    engine.VLLMEngine._completion = lambda self, o: eos_at_cap(completion(self, o))
 
 
 def instrument(clock: Clock) -> None:
@@ -175,6 +178,7 @@ def instrument(clock: Clock) -> None:
     force_vllm_eos(models.build_tiny_tokenizer())
     clock.wrap(engine.TransformersEngine, "generate", "generation")
     clock.wrap(engine.VLLMEngine, "generate", "generation")
+    clock.wrap(engine.VLLMEngine, "collect", "generation")  # train.py's request streams
     clock.wrap(engine.VLLMEngine, "sync_weights", SYNC)  # vLLM only: transformers shares the model
     for owner, name in ((logprobs, "token_logprobs"), (grpo, "policy_loss"), (Accelerator, "backward"),
                         (Accelerator, "clip_grad_norm_"), (AcceleratedOptimizer, "step")):
