@@ -12,8 +12,9 @@ into token-exact training records:
 environment has answered (no turn barrier; the environments of the replies that come back together
 step in one batched call); the sampled tokens and log-probs are appended verbatim (the trained
 sequence is exactly what the model saw and produced), and observation tokens are only what the
-chat template puts after the last reply (`_Renderer`). Tool calls are normalised for ToolEnv.step() and their
-outputs come back as tool messages. Symbols: T tokens of one episode; mask[t] = 1 on replies.
+chat template puts after the last reply (`_Renderer`). Tool calls are normalised for
+ToolEnv.step() and their outputs come back as tool messages. Symbols: T tokens of one episode;
+mask[t] = 1 on replies.
 
 Deviations from the paper / the authors' code:
 1. The action is the LAST balanced `\\boxed{...}` after the last `</think>` (authors: the first);
