@@ -216,6 +216,41 @@ def test_derive_seed_is_stable():
     assert 0 <= infra.derive_seed("x") < 2**31
 
 
+
+def test_request_seeds_are_what_the_per_turn_calls_gave():
+    """infra.Requests: the request of item i in round n (episode i's turn n) is seeded
+    derive_seed(seed, step, phase, n) + i, what the n-th generate call gives its i-th prompt, so
+    its tokens do not depend on what else is in flight; chats are rendered before they go in."""
+    class Engine:  # submit / collect, finishing every request at once
+        def __init__(self):
+            self.asked, self.calls = [], []
+
+        def submit(self, prompt, *, max_new_tokens, seed, **sampling):
+            self.asked.append((prompt, max_new_tokens, seed, sampling))
+            return len(self.asked) - 1
+
+        def collect(self, ids, wait=True):
+            return [(rid, f"reply {rid}") for rid in sorted(ids)]
+
+        def generate(self, prompts, *, seed, **kw):
+            self.calls.append(seed)
+            return ["x"] * len(prompts)
+    eng = Engine()
+    sampler = infra.Sampler(eng, models.build_tiny_tokenizer(), seed=3).at(5, "agent")
+    stream = sampler.tokens(temperature=0.7, top_p=0.9, top_k=5)
+    stream.submit((2, 4), [1, 2], 8)
+    stream.submit((0, 1), [3], 6)
+    # sha256("3:5:agent:4")[:8] = 0xafe2164a, >> 1 = 1475414821
+    assert [a[2] for a in eng.asked] == [1475414821 + 2, infra.derive_seed(3, 5, "agent", 1)]
+    assert eng.asked[0][:2] == ([1, 2], 8) and eng.asked[0][3] == dict(temperature=0.7, top_p=0.9,
+                                                                       top_k=5)
+    assert stream.pending == 2 and stream.collect() == [((2, 4), "reply 0"), ((0, 1), "reply 1")]
+    assert stream.pending == 0
+    chats = sampler.chat(temperature=0.6, max_new_tokens=16, top_p=0.95, top_k=20)
+    chats.submit((1, 1), [{"role": "user", "content": "design"}])
+    assert eng.asked[-1][0] == sampler.prompt_ids([{"role": "user", "content": "design"}])
+    assert eng.asked[-1][1] == 16 and not eng.calls
+
 @pytest.mark.slow
 def test_tool_setting_runs_with_kl(tmp_path):
     """Tool use: R = 8, six tool skills, KL 0.005 to a frozen reference; hand-written ToolEnvs."""
