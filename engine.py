@@ -478,6 +478,8 @@ class VLLMEngine:
     # finished, so a caller submits an episode's next turn while the others are still decoding.
     # Under tensor parallelism the group's members are one program: each engine step starts with
     # one all_gather_object of the members' new requests, which every member adds in rank order.
+    # A member busy between collects (stepping its environments, validating designs with nothing
+    # in flight) holds the others at that gather until it collects again or drains.
 
     def submit(self, prompt: list[int], *, max_new_tokens: int, temperature: float = 0.6,
                top_p: float = 0.95, top_k: int = 20, seed: int | None = None) -> int:
