@@ -638,16 +638,18 @@ def parse_hint(reply: Any) -> str | None:
     return hint.strip() or None
 
 
-def write_hints(sources: Sequence[str], setting: str, generate) -> list[str | None]:
-    """The privileged hint h(e) of each environment source (None where the reply holds no hint):
-    one batched generate call, or, on a request stream, every hint submitted at once and parsed
-    as it comes back."""
-    if not sources:
-        return []
+def write_hints(sources: Sequence[str], setting: str, generate,
+                attempts: int = 1) -> list[str | None]:
+    """The privileged hint h(e) of each environment source (None where no reply held one). Every
+    hint request goes in at once; a reply with no hint is asked again as soon as it comes back,
+    up to `attempts` requests per environment (a batched generate: one call per attempt)."""
     requests = generate if hasattr(generate, "submit") else _Batched(generate)
     for i, src in enumerate(sources):
         requests.submit((i, 1), hint_messages(src, setting))
-    hints: dict[int, str | None] = {}
+    hints: list[str | None] = [None] * len(sources)
     while requests.pending:
-        hints.update({i: parse_hint(reply) for (i, _), reply in requests.collect()})
-    return [hints[i] for i in range(len(sources))]
+        for (i, n), reply in requests.collect():
+            hints[i] = parse_hint(reply)
+            if hints[i] is None and n < attempts:
+                requests.submit((i, n + 1), hint_messages(sources[i], setting))
+    return hints

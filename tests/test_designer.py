@@ -770,3 +770,21 @@ def test_a_rejected_attempt_is_retried_while_other_attempts_decode():
     at = {(kind, key): step for kind, key, step in stream.log}
     assert at["submit", (0, 2)] < at["reply", (0, 2)] < at["reply", (1, 1)] == 600
     assert stats["valid"] == 2 and stats["attempts"] == 3
+
+
+def test_an_empty_hint_is_asked_again_as_soon_as_it_comes_back():
+    """A hint reply with no hint goes back in at once, up to `attempts` requests per environment;
+    a batched generate gets one call per attempt."""
+    gen = ScriptedDesigner(["", json.dumps({"hint": "B."}), "", "A.", ""])
+    assert d.write_hints(["class AEnv: pass", "class BEnv: pass", "class CEnv: pass"], "games",
+                         gen, attempts=2) == ["A.", "B.", None]
+    assert [len(b) for b in gen.batches] == [3, 2]
+    assert ["class CEnv" in c[1]["content"] for c in gen.batches[1]] == [False, True]
+
+
+def test_a_retried_hint_does_not_wait_for_the_other_hints():
+    stream = SteppingDesigner({(0, 1): ("", 2), (0, 2): ("Go left.", 2), (1, 1): ("Go up.", 50)})
+    assert d.write_hints(["class AEnv: pass", "class BEnv: pass"], "games", stream,
+                         attempts=3) == ["Go left.", "Go up."]
+    at = {(kind, key): step for kind, key, step in stream.log}
+    assert at["submit", (0, 2)] == 2 and at["reply", (0, 2)] == 4 < at["reply", (1, 1)] == 50
