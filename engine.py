@@ -390,7 +390,7 @@ class VLLMEngine:
                  gpu_memory_utilization: float = 0.4, max_model_len: int = 40960,
                  dtype: str = "bfloat16", seed: int = 0, sleep_level: int = 1, stop_ids=(),
                  enforce_eager: bool | None = None, cpu_kv_cache_gib: float = 2.0,
-                 llm=None, vllm_module=None):
+                 llm=None, vllm_module=None, group_timeout=None):
         if vllm_module is None:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
             import vllm as vllm_module
@@ -410,7 +410,8 @@ class VLLMEngine:
             world = dist.get_world_size()
             assert world % self.tp == 0, f"world size {world} is not a multiple of TP {self.tp}"
             self.tp_group, _ = dist.new_subgroups_by_enumeration(
-                [list(range(i, i + self.tp)) for i in range(0, world, self.tp)])
+                [list(range(i, i + self.tp)) for i in range(0, world, self.tp)],
+                timeout=group_timeout)  # a timedelta; None: the backend's default (NCCL: 10 min)
         # external_launcher reads RANK etc., which plain `python` and a one-process Accelerate
         # launch do not set: there the single-process executor
         world = dist.get_world_size() if dist.is_initialized() else int(os.getenv("WORLD_SIZE", 1))

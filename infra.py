@@ -13,6 +13,7 @@ Test: `pytest tests/test_train.py`.
 from __future__ import annotations
 
 import copy
+import datetime
 import hashlib
 import importlib.util
 import json
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import gather_object, set_seed
+from accelerate.utils import InitProcessGroupKwargs, gather_object, set_seed
 from tqdm.auto import tqdm
 
 import agent
@@ -94,7 +95,11 @@ class Run:
 
     def __init__(self, margs, sargs, oargs, rargs):
         self.sargs, self.rargs = sargs, rargs
-        self.accelerator = acc = Accelerator(log_with=rargs.log_with, project_dir=rargs.output_dir)
+        # INFRA: collectives wait for the slowest rank (16k-token designer rounds, uneven
+        # tensor-parallel groups): NCCL's 10-minute default would abort a healthy run
+        timeout = [InitProcessGroupKwargs(timeout=pg_timeout(margs))]
+        self.accelerator = acc = Accelerator(log_with=rargs.log_with, project_dir=rargs.output_dir,
+                                             kwargs_handlers=timeout)
         self.run_dir = Path(rargs.output_dir)
         self.cfg = config.config_dict(margs, sargs, oargs, rargs)
         self.resume_from = prepare_run_dir(self.run_dir, self.cfg, rargs, acc)
@@ -260,7 +265,13 @@ def vllm_engine(margs, model, tokenizer, **kwargs):
             name = tmp
         return engine.VLLMEngine(name, tensor_parallel_size=margs.tensor_parallel_size,
                                  gpu_memory_utilization=margs.gpu_memory_utilization,
-                                 dtype=dtype, **kwargs)
+                                 dtype=dtype, group_timeout=pg_timeout(margs), **kwargs)
+
+
+def pg_timeout(margs) -> datetime.timedelta:
+    """How long a collective may wait for the slowest rank (the default process group and the
+    tensor-parallel subgroups) before the run fails."""
+    return datetime.timedelta(seconds=margs.process_group_timeout)
 
 
 def fp32_gradient_reduce(accelerator) -> None:

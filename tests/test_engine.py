@@ -397,6 +397,21 @@ def test_vllm_engine_on_cpu_platform(caplog):
         "enforce_eager"] is False
 
 
+def test_vllm_tensor_parallel_groups_wait_as_long_as_the_run(monkeypatch):
+    """The TP subgroups get the run's collective timeout: torch gives a new group its backend's
+    default instead (NCCL: 10 minutes), not the default group's."""
+    import datetime
+    seen = []
+    monkeypatch.setattr(engine.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(engine.dist, "get_world_size", lambda: 4)
+    monkeypatch.setattr(engine.dist, "new_subgroups_by_enumeration",
+                        lambda groups, **kw: seen.append((groups, kw)) or ("tp group", []))
+    fake, timeout = FakeVLLM(), datetime.timedelta(hours=2)
+    eng = engine.VLLMEngine("m", tensor_parallel_size=2, llm=fake, vllm_module=fake,
+                            group_timeout=timeout)
+    assert eng.tp_group == "tp group" and seen == [([[0, 1], [2, 3]], {"timeout": timeout})]
+
+
 def test_vllm_engine_sleep_wake_and_sync_order(tiny_moe, tmp_path):
     model, _ = tiny_moe
     fake = FakeVLLM()

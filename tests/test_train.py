@@ -210,6 +210,17 @@ def test_refuses_foreign_run_dir(tmp_path, designer_model):
         train.main(BASE + ["--output_dir", str(out), "--resume"])
 
 
+def test_process_group_timeout_reaches_the_tensor_parallel_groups(tiny, monkeypatch):
+    """--process_group_timeout is what vLLM's tensor-parallel groups wait (the default group gets
+    it through Accelerate: tests/test_fsdp2.py); a longer one resumes a run unchanged."""
+    import datetime
+    seen = {}
+    monkeypatch.setattr(engine, "VLLMEngine", lambda name, **kw: seen.update(kw))
+    infra.vllm_engine(config.ModelArgs(process_group_timeout=90.0), *tiny, max_model_len=64)
+    assert seen["group_timeout"] == datetime.timedelta(seconds=90)
+    assert "process_group_timeout" not in config.config_dict(config.ModelArgs())
+
+
 def test_derive_seed_is_stable():
     assert infra.derive_seed("play", 3, 1) == infra.derive_seed("play", 3, 1)
     assert infra.derive_seed("play", 3, 1) != infra.derive_seed("play", 3, 2)
