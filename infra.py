@@ -12,7 +12,6 @@ Test: `pytest tests/test_train.py`.
 """
 from __future__ import annotations
 
-import copy
 import datetime
 import hashlib
 import importlib.util
@@ -114,21 +113,25 @@ class Run:
         # fp32 master weights (bf16 compute comes from Accelerate's mixed precision); the
         # shipped dtype (bf16 for the paper's models) for the reference model and the exports
         self.shipped = models.shipped_dtype(margs.model)
-        model, self.tokenizer = models.load_model_and_tokenizer(margs.model, dtype=torch.float32,
-                                                                seed=rargs.seed)
-        model.eval()  # rollouts run in eval mode; grpo_update switches to train mode and back
+        # INFRA: with FSDP2's cpu_ram_efficient_loading Accelerate's prepare fills every rank's
+        # shards from the main process: only it reads the weights, the others build on `meta`
         fsdp = getattr(acc.state, "fsdp_plugin", None)
+        empty = bool(fsdp2(acc) and fsdp.cpu_ram_efficient_loading and not self.main)
+        model, self.tokenizer = models.load_model_and_tokenizer(margs.model, dtype=torch.float32,
+                                                                seed=rargs.seed, empty=empty)
+        if empty:
+            unwritten_storage(model)
+        model.eval()  # rollouts run in eval mode; grpo_update switches to train mode and back
         tiny = models.resolve_model_name(margs.model) in models.TINY_MODELS
         fsdp_checkpoints = getattr(fsdp, "activation_checkpointing", False)
         if margs.gradient_checkpointing and not tiny and not fsdp_checkpoints:
             model.gradient_checkpointing_enable()  # FSDP configs checkpoint layers themselves
-        ref = (copy.deepcopy(model).to(self.shipped).eval().requires_grad_(False)
-               if oargs.kl_coef > 0 else None)
         optimizer = torch.optim.AdamW(model.parameters(), lr=oargs.lr, betas=grpo.BETAS,
                                       weight_decay=oargs.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)  # constant (paper)
         self.model, self.optimizer, self.scheduler = acc.prepare(model, optimizer, scheduler)
-        self.ref_model = None if ref is None else acc.prepare_model(ref, evaluation_mode=True)
+        self.ref_model = (reference_model(acc, margs.model, self.shipped, rargs.seed, empty)
+                          if oargs.kl_coef > 0 else None)
         # FSDP2 runs the transformers engine too (ranks decode in lockstep); ZeRO-3 and FSDP1
         # need vLLM
         sharded = acc.distributed_type.value == "DEEPSPEED" or (
@@ -272,6 +275,47 @@ def pg_timeout(margs) -> datetime.timedelta:
     """How long a collective may wait for the slowest rank (the default process group and the
     tensor-parallel subgroups) before the run fails."""
     return datetime.timedelta(seconds=margs.process_group_timeout)
+
+
+def fsdp2(accelerator) -> bool:
+    """Whether Accelerate runs this process under FSDP2."""
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    return accelerator.distributed_type.value == "FSDP" and getattr(plugin, "fsdp_version", 1) == 2
+
+
+def unwritten_storage(model) -> None:
+    """Give every `meta` parameter of `model` CPU storage that is allocated and never written.
+    Its own address: Accelerate 1.15's FSDP2 prepare maps the optimizer's parameters to the
+    sharded ones by data_ptr(), which is 0 for every meta tensor (all would map to one). No host
+    RAM: the OS backs a page only once it is written, and prepare writes none (it moves the model
+    back to `meta` and fills the shards from the main process)."""
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None and p.is_meta:
+                module._parameters[name] = torch.nn.Parameter(
+                    torch.empty_like(p, device="cpu"), requires_grad=p.requires_grad)
+    model.tie_weights()  # the loop gave a tied head storage of its own
+
+
+def reference_model(accelerator, name: str, dtype, seed: int, empty: bool):
+    """The frozen KL reference pi_ref of grpo.policy_loss: the starting policy, loaded as the
+    policy was (`empty`: on `meta`, see Run) in `dtype` (the shipped one, bf16 for the paper's
+    models). Under FSDP2 it is prepared as the policy is, by Accelerate's own fsdp2_prepare_model:
+    the same units and mixed precision, sharded, every shard filled from the main process;
+    otherwise moved to the device. It is rebuilt from the same source on every start, a resume
+    included, so checkpoints never hold it. (A copy of the policy made before prepare would hold
+    the zeros or `meta` tensors of the ranks Accelerate fills, unsharded, on the host.)"""
+    kind = accelerator.distributed_type.value
+    if kind in ("DEEPSPEED", "FSDP") and not fsdp2(accelerator):
+        raise SystemExit("--kl_coef > 0 builds its reference model under FSDP2, DDP or one "
+                         "process, not DeepSpeed or FSDP1: use configs/fsdp2_8gpu.yaml")
+    ref, _ = models.load_model_and_tokenizer(name, dtype=dtype, seed=seed, empty=empty)
+    # frozen before prepare: Accelerate upcasts only trainable parameters to fp32
+    ref.eval().requires_grad_(False)
+    if not fsdp2(accelerator):
+        return ref.to(accelerator.device)
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+    return fsdp2_prepare_model(accelerator, ref)
 
 
 def fp32_gradient_reduce(accelerator) -> None:

@@ -98,3 +98,23 @@ def test_aliases_resolve_without_network():
     assert models.resolve_model_name("tiny-moe") == "tiny-moe"
     with pytest.raises(ValueError, match="unknown model"):
         models.resolve_model_name("Qwen3-5B")
+
+
+def test_empty_model_reads_no_weights(tmp_path):
+    """empty=True, what the ranks that Accelerate's FSDP2 prepare fills hold: every parameter on
+    `meta`, the rotary buffers real (prepare keeps them), the head still tied, and the
+    checkpoint's generation config (the transformers engine's EOS ids)."""
+    model, tok = models.build_tiny("tiny", seed=0)
+    model.generation_config.eos_token_id = [5, 7]
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    for name in (str(tmp_path), "tiny-moe"):
+        empty, _ = models.load_model_and_tokenizer(name, dtype=torch.float32, empty=True)
+        assert all(p.is_meta for p in empty.parameters()), name
+        assert empty.lm_head.weight is empty.model.embed_tokens.weight, name
+        real = dict(models.load_model_and_tokenizer(name, dtype=torch.float32)[0].named_buffers())
+        assert {n: b for n, b in empty.named_buffers()}.keys() == real.keys()
+        assert all(torch.equal(b, real[n]) for n, b in empty.named_buffers()), name
+        if name == str(tmp_path):
+            assert empty.generation_config.eos_token_id == [5, 7]
+

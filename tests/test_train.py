@@ -221,6 +221,15 @@ def test_process_group_timeout_reaches_the_tensor_parallel_groups(tiny, monkeypa
     assert "process_group_timeout" not in config.config_dict(config.ModelArgs())
 
 
+def test_unwritten_storage_gives_every_meta_parameter_its_own_address():
+    """Accelerate's FSDP2 prepare maps optimizer parameters by data_ptr(), 0 on `meta`."""
+    model, _ = models.load_model_and_tokenizer("tiny", empty=True)
+    infra.unwritten_storage(model)
+    params = list(model.parameters())
+    assert not any(p.is_meta for p in params) and len({p.data_ptr() for p in params}) == len(params)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
 def test_derive_seed_is_stable():
     assert infra.derive_seed("play", 3, 1) == infra.derive_seed("play", 3, 1)
     assert infra.derive_seed("play", 3, 1) != infra.derive_seed("play", 3, 2)
