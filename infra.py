@@ -315,7 +315,17 @@ def reference_model(accelerator, name: str, dtype, seed: int, empty: bool):
     if not fsdp2(accelerator):
         return ref.to(accelerator.device)
     from accelerate.utils.fsdp_utils import fsdp2_prepare_model
-    return fsdp2_prepare_model(accelerator, ref)
+    from torch.distributed.fsdp import FSDPModule
+    ref = fsdp2_prepare_model(accelerator, ref)
+    # Accelerate's [norm, head] unit stays gathered after a forward, for the backward that
+    # follows; a frozen model runs none, so it is resharded after each forward instead
+    units = [m for m in ref.modules() if isinstance(m, FSDPModule)]
+
+    def reshard(*_):
+        for unit in units:
+            unit.reshard()
+    ref.register_forward_hook(reshard)
+    return ref
 
 
 def fp32_gradient_reduce(accelerator) -> None:

@@ -84,6 +84,14 @@ def spy():
                          for (n, p), s in zip(params, sharded)}
     infra.Run.__init__ = init
 
+    finish = infra.Run.finish
+
+    def finish_spy(self):  # after the last update: which reference weights are still gathered
+        SEEN["ref_gathered_at_end"] = [n for n, p in self.ref_model.named_parameters()
+                                       if not isinstance(p, DTensor)]
+        return finish(self)
+    infra.Run.finish = finish_spy
+
 
 if __name__ == "__main__":
     choose_fsdp_on_cpu()

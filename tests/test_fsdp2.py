@@ -89,6 +89,7 @@ def test_fsdp2_two_ranks_kl_reference_meta_loading_and_exact_resume(tmp_path):
         assert seen["loaded_on_meta"] == [r == 1, r == 1]
         assert seen["init_timeout"].total_seconds() == 5400
         assert seen["policy_sharded"] and seen["ref_sharded"]
+        assert seen["ref_gathered_at_end"] == []  # no full copy of its head kept between steps
     policy = {plain(n): t for n, t in first[0]["policy"].items()}
     assert all(torch.equal(first[1]["policy"][n], t) for n, t in first[0]["policy"].items())
     assert {t.dtype for t in policy.values()} == {torch.float32}  # fp32 masters
