@@ -230,6 +230,18 @@ def test_unwritten_storage_gives_every_meta_parameter_its_own_address():
     assert model.lm_head.weight is model.model.embed_tokens.weight
 
 
+def test_kl_reference_refuses_deepspeed_and_fsdp1():
+    """Only FSDP2 (Accelerate's fsdp2_prepare_model), DDP and one process build a reference that
+    is filled and placed like the policy; the others stop before loading it."""
+    from accelerate.utils import DistributedType
+    for kind, plugin in ((DistributedType.DEEPSPEED, None),
+                         (DistributedType.FSDP, types.SimpleNamespace(fsdp_version=1))):
+        acc = types.SimpleNamespace(distributed_type=kind,
+                                    state=types.SimpleNamespace(fsdp_plugin=plugin))
+        with pytest.raises(SystemExit, match="not DeepSpeed or FSDP1"):
+            infra.reference_model(acc, "tiny", torch.float32, 0, False)
+
+
 def test_derive_seed_is_stable():
     assert infra.derive_seed("play", 3, 1) == infra.derive_seed("play", 3, 1)
     assert infra.derive_seed("play", 3, 1) != infra.derive_seed("play", 3, 2)
