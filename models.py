@@ -108,14 +108,30 @@ def build_tiny(kind: str = "tiny", seed: int = 0, dtype: torch.dtype = torch.flo
     return model, tokenizer
 
 
+def architecture(name: str):
+    """The transformers config of a model, without its weights and offline for the paper's models:
+    their `config.json` ships in configs/models/<alias>.json (architecture numbers are facts), so a
+    full-size model can be built on the meta device or sized on a laptop. Tiny models: their
+    config; a local directory: its config.json; another hub id: the cached config."""
+    from transformers import AutoConfig
+    resolved = resolve_model_name(name)
+    if resolved in TINY_MODELS:
+        return tiny_config(resolved, 1024, 2, 0)  # sizes as build_tiny's tokenizer makes them
+    alias = {hub: alias for alias, hub in MODEL_ALIASES.items()}.get(resolved, name)
+    shipped = HERE / "configs" / "models" / f"{alias}.json"
+    if shipped.is_file():
+        fields = json.loads(shipped.read_text(encoding="utf-8"))
+        return AutoConfig.for_model(fields.pop("model_type"), **fields)
+    return AutoConfig.from_pretrained(resolved)
+
+
 def shipped_dtype(name: str) -> torch.dtype:
     """The dtype a model's checkpoint ships in (bf16 for the paper's models; fp32 for tiny):
     infra.Run keeps the KL reference model in it and exports the policy in it."""
     resolved = resolve_model_name(name)
     if resolved in TINY_MODELS:
         return torch.float32
-    from transformers import AutoConfig
-    dtype = getattr(AutoConfig.from_pretrained(resolved), "dtype", None) or torch.bfloat16
+    dtype = getattr(architecture(name), "dtype", None) or torch.bfloat16
     return getattr(torch, dtype) if isinstance(dtype, str) else dtype
 
 

@@ -118,3 +118,18 @@ def test_empty_model_reads_no_weights(tmp_path):
         if name == str(tmp_path):
             assert empty.generation_config.eos_token_id == [5, 7]
 
+
+@pytest.mark.parametrize("alias,billions,hub", [("Qwen3-4B", 4.02, "Qwen/Qwen3-4B-Instruct-2507"),
+                                                ("Qwen3-8B", 8.19, "Qwen/Qwen3-8B"),
+                                                ("Qwen3-30B-A3B", 30.53, None)])
+def test_paper_architectures_ship_offline(alias, billions, hub, tmp_path, monkeypatch):
+    """The paper models' configs ship in configs/models/: a full-size model builds on the meta
+    device with no hub access (an empty HF cache), with the published parameter counts."""
+    from transformers import AutoModelForCausalLM
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    config = models.architecture(hub or alias)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    assert sum(p.numel() for p in model.parameters()) / 1e9 == pytest.approx(billions, abs=0.005)
+    assert models.shipped_dtype(alias) == torch.bfloat16
+    assert config.tie_word_embeddings == (alias == "Qwen3-4B")
