@@ -143,8 +143,9 @@ class OpenEnvRemote:
         if "message" not in names and len(names) != 1:
             raise ValueError(f"its action has no single string field to put a reply in: {props}")
         self.field = "message" if "message" in names else names[0]
-        self.ws = connect(url.replace("http://", "ws://") + "/ws", max_size=None,
-                          open_timeout=30)
+        self._stack = contextlib.ExitStack()  # websockets 17: a connection is a context
+        self.ws = self._stack.enter_context(connect(url.replace("http://", "ws://") + "/ws",
+                                                    max_size=None, open_timeout=30))
 
     def _call(self, kind: str, data: dict) -> dict:
         self.ws.send(json.dumps({"type": kind, "data": data}))
@@ -175,7 +176,7 @@ class OpenEnvRemote:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.ws.send(json.dumps({"type": "close", "data": {}}))
-        self.ws.close()
+        self._stack.close()
 
 
 @contextlib.contextmanager

@@ -1,6 +1,6 @@
 """Plays an exported SPADE package's OpenEnv server as an OpenEnv user would; prints a JSON report.
 
-tests/test_export.py starts the server (`python -m PACKAGE.openenv_env --port P --step_timeout 1`)
+tests/test_export.py starts the server (`python -m PACKAGE.openenv_env --port P --step_timeout 2`)
 and runs this file with the export virtualenv's Python (openenv 0.10, nothing of this repository)
 as `python -P openenv_client.py URL PACKAGE_DIR HOSTILE_CLASS`, from an empty directory. Through
 openenv's own GenericEnvClient it replays every logged play of replays.jsonl and compares each
