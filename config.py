@@ -183,7 +183,7 @@ class RunArgs:
     sandbox_memory_mb: int = field(default=1024, metadata={
         "help": "Address-space limit per environment process."})
     log_with: str | None = field(default=None, metadata={
-        "help": "Accelerate tracker: tensorboard or wandb."})
+        "help": "Accelerate tracker: tensorboard (tested), wandb or trackio (untested)."})
     transcripts: int = field(default=2, metadata={
         "help": "Sample transcripts written per step; at a regeneration, per new environment "
                 "(tools/report.py's cards)."})

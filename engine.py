@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -403,6 +404,7 @@ class VLLMEngine:
         if not self.can_sleep:
             log.warning("vLLM has no sleep mode here: its weights and KV cache stay while training")
         self.vllm, self.sleep_level, self.asleep = vllm_module, sleep_level, False
+        self.seconds = {}  # the last sleep's and wake's seconds: time/sleep_s, time/wake_s
         self.stop_ids = list(stop_ids)  # the chat's end of turn, when it is not the EOS
         self.dtype = getattr(torch, dtype)  # weights are gathered in it (bf16: half of fp32)
         self.tp, self.tp_group = tensor_parallel_size, None
@@ -474,20 +476,26 @@ class VLLMEngine:
         """Free the GPU for training: level 1 offloads weights to CPU, level 2 discards them (a
         no-op where the platform has no sleep mode)."""
         if self.can_sleep and not self.asleep:
+            start = time.perf_counter()
             self.llm.sleep(level=self.sleep_level)
             self.asleep = True
+            self.seconds["sleep"] = time.perf_counter() - start  # time/sleep_s (telemetry.py)
 
     def sync_weights(self, model) -> None:
         """The trainer's weights into vLLM's layerwise in-place reload, one decoder layer's full
         tensors in flight at a time. Weights wake first (the KV cache stays released meanwhile),
         then the KV cache; the prefix cache is reset (its KV came from the old weights)."""
-        if self.asleep:
+        asleep, start = self.asleep, time.perf_counter()
+        if asleep:
             self.llm.wake_up(tags=["weights"])
+        woken = time.perf_counter()
         weights = (pair for group in stream_weights(model, self.dtype) for pair in group)
         self.llm.collective_rpc(_reload_in_place, args=(weights, self.cpu))
-        if self.asleep:
+        if asleep:
+            reloaded = time.perf_counter()
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
+            self.seconds["wake"] = woken - start + time.perf_counter() - reloaded  # time/wake_s
         self.llm.reset_prefix_cache()
 
     def close(self) -> None:

@@ -35,6 +35,7 @@ import engine
 import grpo
 import metrics
 import models
+import telemetry
 
 
 def derive_seed(*parts) -> int:
@@ -48,6 +49,7 @@ class Sampler:
     def __init__(self, eng, tokenizer, seed: int):
         self.eng, self.tok, self.seed, self.calls = eng, tokenizer, seed, 0
         self.step, self.phase = 0, ""
+        self.generated = 0  # sampled tokens since the last step's log (perf/generated_tokens)
 
     def at(self, step: int, phase: str) -> "Sampler":
         self.step, self.phase, self.calls = step, phase, 0
@@ -64,9 +66,11 @@ class Sampler:
         """token prompts -> list[Completion] (agent turns)."""
         def generate(prompts, max_new_tokens):
             self.calls += 1
-            return self.eng.generate(prompts, max_new_tokens=max_new_tokens,
-                                     temperature=temperature, top_p=top_p, top_k=top_k,
-                                     seed=derive_seed(self.seed, self.step, self.phase, self.calls))
+            out = self.eng.generate(prompts, max_new_tokens=max_new_tokens,
+                                    temperature=temperature, top_p=top_p, top_k=top_k,
+                                    seed=derive_seed(self.seed, self.step, self.phase, self.calls))
+            self.generated += sum(len(c.token_ids) for c in out)
+            return out
         return generate
 
     def drain(self) -> None:
@@ -139,6 +143,11 @@ class Run:
         self.engine = make_engine(margs, sargs, acc.unwrap_model(self.model), self.tokenizer,
                                   rargs.seed, sharded)
         self.temperatures = config.role_temperatures(sargs, oargs)
+        # the update's MFU needs the device's peak: none on CPU (telemetry.py, deviation 2)
+        device = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+        self.peak = telemetry.peak_flops(device)
+        if self.main:
+            print(telemetry.describe(telemetry.model_flops(model.config), self.peak, device))
         # the samplers of the agent and hint calls and of the designer (tests may script either)
         seed = rargs.seed + 7919 * self.rank
         self.sampler = Sampler(self.engine, self.tokenizer, seed)
@@ -183,11 +192,18 @@ class Run:
         write_step_files(self.run_dir, step, new_pool, episodes, self.rargs.transcripts, proposals,
                          self.rank, scored)
         m.update(metrics.episode_metrics(episodes))
+        seconds = telemetry.phase_seconds(times, time.perf_counter())
+        engine_s = getattr(self.engine, "seconds", {})  # vLLM's sleep and wake (engine.py)
         m.update({"charts/lr": self.scheduler.get_last_lr()[0],
-                  "time/generate_s": times["play"] - times["generate"],
-                  "time/play_s": times["score"] - times["play"],
-                  "time/update_s": times["sync"] - times["update"],
-                  "time/step_s": time.perf_counter() - times["generate"]})
+                  **{f"time/{k}_s": v for k, v in {**seconds, **engine_s}.items()},
+                  "time/step_s": sum(seconds.values())})
+        generated = self.sampler.generated + self.design_sampler.generated
+        self.sampler.generated = self.design_sampler.generated = 0
+        m.update(telemetry.step_telemetry(
+            seconds, generated_tokens=generated, batch_tokens=m.get("perf/batch_tokens", 0),
+            update_tokens=m.get("perf/update_tokens", 0),
+            update_flops=m.get("perf/update_flops", 0.0), peak=self.peak,
+            sleep_s=engine_s.get("sleep", 0.0)))
         m = {**(reduce_metrics(self.gather([m])) if self.world > 1 else m), "charts/step": step}
         if self.main:
             with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:

@@ -434,6 +434,23 @@ def test_vllm_engine_sleep_wake_and_sync_order(tiny_moe, tmp_path):
     assert [c[0] for c in fake.log] == ["collective_rpc", "reload_weights", "reset_prefix_cache"]
 
 
+def test_vllm_engine_times_its_sleep_and_wake_not_the_reload(tiny, monkeypatch):
+    """time/sleep_s, time/wake_s: on a fake clock, sleep takes 2 s, each wake 0.5 s, the reload
+    10 s; the wake's figure is the two wakes, without the reload between them."""
+    model, _ = tiny
+    clock, fake = [0.0], FakeVLLM()
+    monkeypatch.setattr(engine.time, "perf_counter", lambda: clock[0])
+    for name, cost in (("sleep", 2.0), ("wake_up", 0.5), ("collective_rpc", 10.0)):
+        def timed(*a, _do=getattr(fake, name), _cost=cost, **k):
+            clock[0] += _cost
+            return _do(*a, **k)
+        monkeypatch.setattr(fake, name, timed)
+    eng = engine.VLLMEngine("tiny", llm=fake, vllm_module=fake)
+    eng.sleep()
+    eng.sync_weights(model)
+    assert eng.seconds == {"sleep": 2.0, "wake": 1.0}
+
+
 def test_engine_generate_signature_matches_contract(tiny):
     """Both engines take the same keyword-only sampling arguments."""
     a = inspect.signature(engine.TransformersEngine.generate).parameters
