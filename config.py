@@ -47,6 +47,9 @@ class ModelArgs:
     micro_batch_tokens: int = field(default=16384, metadata={
         "help": "Tokens per forward/backward micro-batch (gradient accumulation over the step's "
                 "samples)."})
+    process_group_timeout: float = field(default=7200.0, metadata={
+        "help": "Seconds a collective waits for the slowest rank (default process group and vLLM "
+                "tensor-parallel groups) before the run fails; NCCL's own default is 600."})
 
 
 @dataclass
@@ -180,7 +183,7 @@ class RunArgs:
     sandbox_memory_mb: int = field(default=1024, metadata={
         "help": "Address-space limit per environment process."})
     log_with: str | None = field(default=None, metadata={
-        "help": "Accelerate tracker: tensorboard or wandb."})
+        "help": "Accelerate tracker: tensorboard (tested), wandb or trackio (untested)."})
     transcripts: int = field(default=2, metadata={
         "help": "Sample transcripts written per step; at a regeneration, per new environment "
                 "(tools/report.py's cards)."})
@@ -291,6 +294,6 @@ def config_dict(*args) -> dict:
     """The run's configuration as saved in config.json (a resume compares against it)."""
     out = {k: v for a in args for k, v in dataclasses.asdict(a).items()}
     for k in ("resume", "allow_config_change", "overwrite", "output_dir", "log_with",
-              "print_config"):
+              "print_config", "process_group_timeout"):
         out.pop(k, None)
     return out

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -392,7 +393,7 @@ class VLLMEngine:
                  gpu_memory_utilization: float = 0.4, max_model_len: int = 40960,
                  dtype: str = "bfloat16", seed: int = 0, sleep_level: int = 1, stop_ids=(),
                  enforce_eager: bool | None = None, cpu_kv_cache_gib: float = 2.0,
-                 llm=None, vllm_module=None):
+                 llm=None, vllm_module=None, group_timeout=None):
         if vllm_module is None:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
             import vllm as vllm_module
@@ -405,6 +406,7 @@ class VLLMEngine:
         if not self.can_sleep:
             log.warning("vLLM has no sleep mode here: its weights and KV cache stay while training")
         self.vllm, self.sleep_level, self.asleep = vllm_module, sleep_level, False
+        self.seconds = {}  # the last sleep's and wake's seconds: time/sleep_s, time/wake_s
         self.stop_ids = list(stop_ids)  # the chat's end of turn, when it is not the EOS
         self.dtype = getattr(torch, dtype)  # weights are gathered in it (bf16: half of fp32)
         self.tp, self.tp_group = tensor_parallel_size, None
@@ -412,7 +414,8 @@ class VLLMEngine:
             world = dist.get_world_size()
             assert world % self.tp == 0, f"world size {world} is not a multiple of TP {self.tp}"
             self.tp_group, _ = dist.new_subgroups_by_enumeration(
-                [list(range(i, i + self.tp)) for i in range(0, world, self.tp)])
+                [list(range(i, i + self.tp)) for i in range(0, world, self.tp)],
+                timeout=group_timeout)  # a timedelta; None: the backend's default (NCCL: 10 min)
         # external_launcher reads RANK etc., which plain `python` and a one-process Accelerate
         # launch do not set: there the single-process executor
         world = dist.get_world_size() if dist.is_initialized() else int(os.getenv("WORLD_SIZE", 1))
@@ -546,20 +549,26 @@ class VLLMEngine:
         """Free the GPU for training: level 1 offloads weights to CPU, level 2 discards them (a
         no-op where the platform has no sleep mode)."""
         if self.can_sleep and not self.asleep:
+            start = time.perf_counter()
             self.llm.sleep(level=self.sleep_level)
             self.asleep = True
+            self.seconds["sleep"] = time.perf_counter() - start  # time/sleep_s (telemetry.py)
 
     def sync_weights(self, model) -> None:
         """The trainer's weights into vLLM's layerwise in-place reload, one decoder layer's full
         tensors in flight at a time. Weights wake first (the KV cache stays released meanwhile),
         then the KV cache; the prefix cache is reset (its KV came from the old weights)."""
-        if self.asleep:
+        asleep, start = self.asleep, time.perf_counter()
+        if asleep:
             self.llm.wake_up(tags=["weights"])
+        woken = time.perf_counter()
         weights = (pair for group in stream_weights(model, self.dtype) for pair in group)
         self.llm.collective_rpc(_reload_in_place, args=(weights, self.cpu))
-        if self.asleep:
+        if asleep:
+            reloaded = time.perf_counter()
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
+            self.seconds["wake"] = woken - start + time.perf_counter() - reloaded  # time/wake_s
         self.llm.reset_prefix_cache()
 
     def close(self) -> None:

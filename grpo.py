@@ -31,7 +31,8 @@ Deviations from the paper (and from the authors' code):
     3. role_scale is 0.0 when a step has no designer samples.
 The token log-probs logp, old_logp and ref_logp come from logprobs.token_logprobs (the trainer
 calls it; it never builds the (B, T, V) log-softmax). policy_loss returns the `losses/*` metrics
-of the README's metric list.
+of the README's metric list, and the rollout/trainer mismatch (`mismatch/*`): the token-means of
+|old_logp - rollout_logp| and of its k3, exp(d) - d - 1 with d = old_logp - rollout_logp.
 
 Dependencies: torch only.
 Test: `pytest tests/test_grpo.py`
@@ -141,7 +142,6 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.
     loss = sample_mean(policy_term + kl_coef * kl if kl_coef else policy_term, weights)
     with torch.no_grad():
         total = on.sum().clamp(min=1)
-
         def token_mean(x):
             return float(x[on].sum() / total)
 
@@ -156,7 +156,21 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.
                  "losses/tokens": float(mask.sum())}
         if kl is not None:
             stats["losses/kl"] = token_mean(kl)
+        stats.update(rollout_mismatch(old_logp, rollout_logp, on))
     return loss, stats
+
+
+def rollout_mismatch(old_logp: torch.Tensor, rollout_logp: torch.Tensor,
+                     on: torch.Tensor) -> dict[str, float]:
+    """The rollout/trainer mismatch on the sampled tokens (what the TIS weight corrects), over
+    the mask-1 tokens `on` (B, T): d = log p_trainer - log p_rollout, the token-means of |d| and
+    of k3 = exp(d) - d - 1 (KL(rollout || trainer), samples from the rollout engine); d is clamped
+    as the reference KL's log-ratio is (deviation 1)."""
+    d = torch.clamp(old_logp - rollout_logp, -20.0, 20.0)[on]                 # (tokens,)
+    if d.numel() == 0:
+        return {"mismatch/logp_abs_diff": 0.0, "mismatch/k3": 0.0}
+    return {"mismatch/logp_abs_diff": float(d.abs().mean()),
+            "mismatch/k3": float((torch.exp(d) - d - 1.0).mean())}
 
 
 # INFRA: batching ---------------------------------------------------------------------------------

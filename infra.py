@@ -12,7 +12,7 @@ Test: `pytest tests/test_train.py`.
 """
 from __future__ import annotations
 
-import copy
+import datetime
 import hashlib
 import importlib.util
 import json
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import gather_object, set_seed
+from accelerate.utils import InitProcessGroupKwargs, gather_object, set_seed
 from tqdm.auto import tqdm
 
 import agent
@@ -35,6 +35,7 @@ import engine
 import grpo
 import metrics
 import models
+import telemetry
 
 
 def derive_seed(*parts) -> int:
@@ -48,6 +49,7 @@ class Sampler:
     def __init__(self, eng, tokenizer, seed: int):
         self.eng, self.tok, self.seed, self.calls = eng, tokenizer, seed, 0
         self.step, self.phase = 0, ""
+        self.generated = 0  # sampled tokens since the last step's log (perf/generated_tokens)
 
     def at(self, step: int, phase: str) -> "Sampler":
         self.step, self.phase, self.calls = step, phase, 0
@@ -72,9 +74,11 @@ class Sampler:
 
         def generate(prompts, max_new_tokens):
             self.calls += 1
-            return self.eng.generate(prompts, max_new_tokens=max_new_tokens,
-                                     temperature=temperature, top_p=top_p, top_k=top_k,
-                                     seed=derive_seed(self.seed, self.step, self.phase, self.calls))
+            out = self.eng.generate(prompts, max_new_tokens=max_new_tokens,
+                                    temperature=temperature, top_p=top_p, top_k=top_k,
+                                    seed=derive_seed(self.seed, self.step, self.phase, self.calls))
+            self.generated += sum(len(c.token_ids) for c in out)
+            return out
         return generate
 
     def drain(self) -> None:
@@ -136,7 +140,11 @@ class Run:
 
     def __init__(self, margs, sargs, oargs, rargs):
         self.sargs, self.rargs = sargs, rargs
-        self.accelerator = acc = Accelerator(log_with=rargs.log_with, project_dir=rargs.output_dir)
+        # INFRA: collectives wait for the slowest rank (16k-token designer rounds, uneven
+        # tensor-parallel groups): NCCL's 10-minute default would abort a healthy run
+        timeout = [InitProcessGroupKwargs(timeout=pg_timeout(margs))]
+        self.accelerator = acc = Accelerator(log_with=rargs.log_with, project_dir=rargs.output_dir,
+                                             kwargs_handlers=timeout)
         self.run_dir = Path(rargs.output_dir)
         self.cfg = config.config_dict(margs, sargs, oargs, rargs)
         self.resume_from = prepare_run_dir(self.run_dir, self.cfg, rargs, acc)
@@ -151,21 +159,25 @@ class Run:
         # fp32 master weights (bf16 compute comes from Accelerate's mixed precision); the
         # shipped dtype (bf16 for the paper's models) for the reference model and the exports
         self.shipped = models.shipped_dtype(margs.model)
-        model, self.tokenizer = models.load_model_and_tokenizer(margs.model, dtype=torch.float32,
-                                                                seed=rargs.seed)
-        model.eval()  # rollouts run in eval mode; grpo_update switches to train mode and back
+        # INFRA: with FSDP2's cpu_ram_efficient_loading Accelerate's prepare fills every rank's
+        # shards from the main process: only it reads the weights, the others build on `meta`
         fsdp = getattr(acc.state, "fsdp_plugin", None)
+        empty = bool(fsdp2(acc) and fsdp.cpu_ram_efficient_loading and not self.main)
+        model, self.tokenizer = models.load_model_and_tokenizer(margs.model, dtype=torch.float32,
+                                                                seed=rargs.seed, empty=empty)
+        if empty:
+            unwritten_storage(model)
+        model.eval()  # rollouts run in eval mode; grpo_update switches to train mode and back
         tiny = models.resolve_model_name(margs.model) in models.TINY_MODELS
         fsdp_checkpoints = getattr(fsdp, "activation_checkpointing", False)
         if margs.gradient_checkpointing and not tiny and not fsdp_checkpoints:
             model.gradient_checkpointing_enable()  # FSDP configs checkpoint layers themselves
-        ref = (copy.deepcopy(model).to(self.shipped).eval().requires_grad_(False)
-               if oargs.kl_coef > 0 else None)
         optimizer = torch.optim.AdamW(model.parameters(), lr=oargs.lr, betas=grpo.BETAS,
                                       weight_decay=oargs.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)  # constant (paper)
         self.model, self.optimizer, self.scheduler = acc.prepare(model, optimizer, scheduler)
-        self.ref_model = None if ref is None else acc.prepare_model(ref, evaluation_mode=True)
+        self.ref_model = (reference_model(acc, margs.model, self.shipped, rargs.seed, empty)
+                          if oargs.kl_coef > 0 else None)
         # FSDP2 runs the transformers engine too (ranks decode in lockstep); ZeRO-3 and FSDP1
         # need vLLM
         sharded = acc.distributed_type.value == "DEEPSPEED" or (
@@ -173,6 +185,11 @@ class Run:
         self.engine = make_engine(margs, sargs, acc.unwrap_model(self.model), self.tokenizer,
                                   rargs.seed, sharded)
         self.temperatures = config.role_temperatures(sargs, oargs)
+        # the update's MFU needs the device's peak: none on CPU (telemetry.py, deviation 2)
+        device = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+        self.peak = telemetry.peak_flops(device)
+        if self.main:
+            print(telemetry.describe(telemetry.model_flops(model.config), self.peak, device))
         # the samplers of the agent and hint calls and of the designer (tests may script either)
         seed = rargs.seed + 7919 * self.rank
         self.sampler = Sampler(self.engine, self.tokenizer, seed)
@@ -217,11 +234,18 @@ class Run:
         write_step_files(self.run_dir, step, new_pool, episodes, self.rargs.transcripts, proposals,
                          self.rank, scored)
         m.update(metrics.episode_metrics(episodes))
+        seconds = telemetry.phase_seconds(times, time.perf_counter())
+        engine_s = getattr(self.engine, "seconds", {})  # vLLM's sleep and wake (engine.py)
         m.update({"charts/lr": self.scheduler.get_last_lr()[0],
-                  "time/generate_s": times["play"] - times["generate"],
-                  "time/play_s": times["score"] - times["play"],
-                  "time/update_s": times["sync"] - times["update"],
-                  "time/step_s": time.perf_counter() - times["generate"]})
+                  **{f"time/{k}_s": v for k, v in {**seconds, **engine_s}.items()},
+                  "time/step_s": sum(seconds.values())})
+        generated = self.sampler.generated + self.design_sampler.generated
+        self.sampler.generated = self.design_sampler.generated = 0
+        m.update(telemetry.step_telemetry(
+            seconds, generated_tokens=generated, batch_tokens=m.get("perf/batch_tokens", 0),
+            update_tokens=m.get("perf/update_tokens", 0),
+            update_flops=m.get("perf/update_flops", 0.0), peak=self.peak,
+            sleep_s=engine_s.get("sleep", 0.0)))
         m = {**(reduce_metrics(self.gather([m])) if self.world > 1 else m), "charts/step": step}
         if self.main:
             with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
@@ -302,7 +326,64 @@ def vllm_engine(margs, model, tokenizer, **kwargs):
             name = tmp
         return engine.VLLMEngine(name, tensor_parallel_size=margs.tensor_parallel_size,
                                  gpu_memory_utilization=margs.gpu_memory_utilization,
-                                 dtype=dtype, **kwargs)
+                                 dtype=dtype, group_timeout=pg_timeout(margs), **kwargs)
+
+
+def pg_timeout(margs) -> datetime.timedelta:
+    """How long a collective may wait for the slowest rank (the default process group and the
+    tensor-parallel subgroups) before the run fails."""
+    return datetime.timedelta(seconds=margs.process_group_timeout)
+
+
+def fsdp2(accelerator) -> bool:
+    """Whether Accelerate runs this process under FSDP2."""
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    return accelerator.distributed_type.value == "FSDP" and getattr(plugin, "fsdp_version", 1) == 2
+
+
+def unwritten_storage(model) -> None:
+    """Give every `meta` parameter of `model` CPU storage that is allocated and never written.
+    Its own address: Accelerate 1.15's FSDP2 prepare maps the optimizer's parameters to the
+    sharded ones by data_ptr(), which is 0 for every meta tensor (all would map to one). No host
+    RAM: the OS backs a page only once it is written, and prepare writes none (it moves the model
+    back to `meta` and fills the shards from the main process)."""
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None and p.is_meta:
+                module._parameters[name] = torch.nn.Parameter(
+                    torch.empty_like(p, device="cpu"), requires_grad=p.requires_grad)
+    model.tie_weights()  # the loop gave a tied head storage of its own
+
+
+def reference_model(accelerator, name: str, dtype, seed: int, empty: bool):
+    """The frozen KL reference pi_ref of grpo.policy_loss: the starting policy, loaded as the
+    policy was (`empty`: on `meta`, see Run) in `dtype` (the shipped one, bf16 for the paper's
+    models). Under FSDP2 it is prepared as the policy is, by Accelerate's own fsdp2_prepare_model:
+    the same units and mixed precision, sharded, every shard filled from the main process;
+    otherwise moved to the device. It is rebuilt from the same source on every start, a resume
+    included, so checkpoints never hold it. (A copy of the policy made before prepare would hold
+    the zeros or `meta` tensors of the ranks Accelerate fills, unsharded, on the host.)"""
+    kind = accelerator.distributed_type.value
+    if kind in ("DEEPSPEED", "FSDP") and not fsdp2(accelerator):
+        raise SystemExit("--kl_coef > 0 builds its reference model under FSDP2, DDP or one "
+                         "process, not DeepSpeed or FSDP1: use configs/fsdp2_8gpu.yaml")
+    ref, _ = models.load_model_and_tokenizer(name, dtype=dtype, seed=seed, empty=empty)
+    # frozen before prepare: Accelerate upcasts only trainable parameters to fp32
+    ref.eval().requires_grad_(False)
+    if not fsdp2(accelerator):
+        return ref.to(accelerator.device)
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+    from torch.distributed.fsdp import FSDPModule
+    ref = fsdp2_prepare_model(accelerator, ref)
+    # Accelerate's [norm, head] unit stays gathered after a forward, for the backward that
+    # follows; a frozen model runs none, so it is resharded after each forward instead
+    units = [m for m in ref.modules() if isinstance(m, FSDPModule)]
+
+    def reshard(*_):
+        for unit in units:
+            unit.reshard()
+    ref.register_forward_hook(reshard)
+    return ref
 
 
 def fp32_gradient_reduce(accelerator) -> None:

@@ -7,7 +7,8 @@ Qwen3 / Qwen3-MoE models of a few 100k parameters with a byte-level BPE tokenize
 offline, on the shipped corpus and environments, under a Qwen3-style chat template
 (`data/chat_template.jinja`), so tests, benchmarks and the CPU quick-start need no network.
 
-Dependencies: torch, transformers, tokenizers. Test: `pytest tests/test_models.py`.
+Dependencies: torch, transformers, tokenizers (and accelerate for an empty model, see
+load_model_and_tokenizer). Test: `pytest tests/test_models.py`.
 """
 from __future__ import annotations
 
@@ -107,31 +108,79 @@ def build_tiny(kind: str = "tiny", seed: int = 0, dtype: torch.dtype = torch.flo
     return model, tokenizer
 
 
+def architecture(name: str):
+    """The transformers config of a model, without its weights and offline for the paper's models:
+    their `config.json` ships in configs/models/<alias>.json (architecture numbers are facts), so a
+    full-size model can be built on the meta device or sized on a laptop. Tiny models: their
+    config; a local directory: its config.json; another hub id: the cached config."""
+    from transformers import AutoConfig
+    resolved = resolve_model_name(name)
+    if resolved in TINY_MODELS:
+        return tiny_config(resolved, 1024, 2, 0)  # sizes as build_tiny's tokenizer makes them
+    alias = {hub: alias for alias, hub in MODEL_ALIASES.items()}.get(resolved, name)
+    shipped = HERE / "configs" / "models" / f"{alias}.json"
+    if shipped.is_file():
+        fields = json.loads(shipped.read_text(encoding="utf-8"))
+        return AutoConfig.for_model(fields.pop("model_type"), **fields)
+    return AutoConfig.from_pretrained(resolved)
+
+
 def shipped_dtype(name: str) -> torch.dtype:
     """The dtype a model's checkpoint ships in (bf16 for the paper's models; fp32 for tiny):
     infra.Run keeps the KL reference model in it and exports the policy in it."""
     resolved = resolve_model_name(name)
     if resolved in TINY_MODELS:
         return torch.float32
-    from transformers import AutoConfig
-    dtype = getattr(AutoConfig.from_pretrained(resolved), "dtype", None) or torch.bfloat16
+    dtype = getattr(architecture(name), "dtype", None) or torch.bfloat16
     return getattr(torch, dtype) if isinstance(dtype, str) else dtype
 
 
-def load_model_and_tokenizer(name: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0):
-    """(model, tokenizer) for an alias, hub id, local dir, or tiny (fp32, for CPU kernels)."""
+def load_model_and_tokenizer(name: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0, *,
+                             empty: bool = False):
+    """(model, tokenizer) for an alias, hub id, local dir, or tiny (fp32, for CPU kernels).
+
+    empty=True reads no weights: the architecture with every parameter on `meta` (no memory) and
+    real buffers (rotary tables, which are computed, not loaded). It is what the ranks but the
+    main one hold under FSDP2 with cpu_ram_efficient_loading: Accelerate's prepare shards the
+    model on `meta` and fills every shard from the main process's weights, so loading them on
+    each of 8 ranks would only cost host RAM (8 fp32 copies of a 30B model, about 1 TB)."""
     import importlib.util
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     resolved = resolve_model_name(name)
     if resolved in TINY_MODELS:
-        return build_tiny(resolved, seed=seed)
+        with _empty_weights(empty):
+            model, tokenizer = build_tiny(resolved, seed=seed)
+        model.tie_weights()  # see _empty_weights
+        return model, tokenizer
     tokenizer = AutoTokenizer.from_pretrained(resolved)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     flash = torch.cuda.is_available() and importlib.util.find_spec("flash_attn")
-    model = AutoModelForCausalLM.from_pretrained(
-        resolved, dtype=dtype, attn_implementation="flash_attention_2" if flash else "sdpa")
+    attn = "flash_attention_2" if flash else "sdpa"
+    if not empty:
+        model = AutoModelForCausalLM.from_pretrained(resolved, dtype=dtype,
+                                                     attn_implementation=attn)
+        return model, tokenizer
+    from transformers import AutoConfig, GenerationConfig
+    config = AutoConfig.from_pretrained(resolved)
+    with _empty_weights(True):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
+    model.tie_weights()  # see _empty_weights
+    try:  # the main process's model has it (the transformers engine reads its EOS ids)
+        model.generation_config = GenerationConfig.from_pretrained(resolved)
+    except OSError:
+        pass
     return model, tokenizer
+
+
+def _empty_weights(empty: bool):
+    """Parameters created on `meta` inside the block (when `empty`), buffers real. The model
+    built inside must be tied again (`tie_weights()`): accelerate's init_empty_weights
+    re-registers every parameter after transformers tied the head to the embedding."""
+    from contextlib import nullcontext
+
+    from accelerate import init_empty_weights
+    return init_empty_weights(include_buffers=False) if empty else nullcontext()

@@ -16,6 +16,9 @@ deviation 1). Both pools take a comma-separated list of sources (`--fixed_envs`,
                      first (the ids of a tools/export.py package)
     gymnasium:ID     a Gymnasium environment with text observations and actions; gymnasium's own
                      `module:Name-v0` form imports the module first
+    openenv:URL      an OpenEnv server on this machine (http://127.0.0.1:PORT), e.g. a
+                     tools/export.py --format openenv package's; `#k=v&...` after the URL are
+                     its reset() arguments (`#index=2`: the package's third environment)
     ID patterns      gem:rg:* and the like (fnmatch) take every registered id that matches
 
 An imported environment is trusted library code, not model-written: it is played in this process
@@ -24,7 +27,9 @@ pool's statistics treat it as any other environment. Its semantics follow the sa
 instance per episode (an episode depends only on its seed), the global `random` / `numpy.random`
 states it sees are its own, seeded from the episode's seed and set aside between calls (GEM's reset
 seeds them), and an exception or a malformed result is an environment fault with a named kind.
-Unlike the sandbox there is no deadline: a hanging library call hangs the run.
+Unlike the sandbox there is no deadline: a hanging library call hangs the run. An OpenEnv server
+is played over its WebSocket protocol (`OpenEnvRemote`: one session per episode, a reply that
+takes over REMOTE_TIMEOUT seconds is a `timeout` fault); its code runs in the server's process.
 
 `seed_memory` (--memory_from) fills a new run's environment memory with another run's records
 (memory.json) or an export's manifest (tools/export.py): exemplars for the designer's prompts,
@@ -50,7 +55,8 @@ import memory as memory_lib
 import models
 import sandbox
 
-KINDS = ("gem:", "gymnasium:")
+KINDS = ("gem:", "gymnasium:", "openenv:")
+LOCAL = ("127.0.0.1", "localhost", "::1")
 
 
 def is_imported(spec: str) -> bool:
@@ -65,6 +71,8 @@ def check(sargs) -> None:
     """Fail fast, before any model loads, on pool flags that cannot work."""
     for flag in ("fixed_envs", "fallback_envs"):
         for spec in split(getattr(sargs, flag)):
+            if spec.startswith("openenv:"):
+                remote_url(spec)  # a one-line error for a URL that is not on this machine
             if not is_imported(spec) and not sorted(Path(spec).glob("*.py")):
                 raise SystemExit(f"--{flag} {spec}: no *.py environments there")
     if sargs.memory_from and (sargs.no_memory or not Path(sargs.memory_from).is_dir()):
@@ -83,8 +91,10 @@ def _registry(kind: str) -> dict:
 
 
 def make(spec: str):
-    """A new instance of `gem:ID` / `gymnasium:ID`."""
+    """A new instance of `gem:ID` / `gymnasium:ID` / `openenv:URL`."""
     kind, env_id = spec.split(":", 1)
+    if kind == "openenv":
+        return OpenEnvRemote(spec)
     if kind == "gem":
         import gem
         if env_id not in _registry(kind) and "/" in env_id:
@@ -97,9 +107,76 @@ def make(spec: str):
 def expand(spec: str) -> list[str]:
     """The ids a spec names: itself, or every registered id matching its pattern."""
     kind, env_id = spec.split(":", 1)
-    if not any(c in env_id for c in "*?["):
+    if kind == "openenv" or not any(c in env_id for c in "*?["):
         return [spec]
     return [f"{kind}:{i}" for i in sorted(fnmatch.filter(list(_registry(kind)), env_id))]
+
+
+REMOTE_TIMEOUT = 120.0  # seconds an OpenEnv server may take to answer one reset or step
+
+
+def remote_url(spec: str) -> tuple[str, dict]:
+    """`openenv:URL#k=v&...` -> (URL, reset arguments; numbers parsed); refuses a remote host."""
+    from urllib.parse import parse_qsl, urlsplit
+    url, _, frag = spec.split(":", 1)[1].partition("#")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "ws") or parts.hostname not in LOCAL:
+        raise SystemExit(f"{spec}: an OpenEnv server on this machine, http://127.0.0.1:PORT")
+    kwargs = {k: json.loads(v) if v.lstrip("-").isdigit() else v for k, v in parse_qsl(frag)}
+    return url.rstrip("/"), kwargs
+
+
+class OpenEnvRemote:
+    """An OpenEnv server's environment as a text game, over openenv 0.10's WebSocket protocol:
+    {"type": "reset" | "step" | "close", "data": {...}} frames answered by {"type":
+    "observation", "data": {"observation", "reward", "done"}} or {"type": "error"}. The reply
+    fills the action's `message` field, else its only string field (from GET /schema); the text
+    is the observation's `text` field, else its only string one; an `error` it names is a fault."""
+
+    def __init__(self, spec: str):
+        from urllib.request import urlopen
+        from websockets.sync.client import connect
+        url, self.kwargs = remote_url(spec)
+        with urlopen(url.replace("ws://", "http://") + "/schema", timeout=30) as f:
+            props = json.loads(f.read())["action"].get("properties", {})
+        names = [k for k, v in props.items() if v.get("type") == "string"]
+        if "message" not in names and len(names) != 1:
+            raise ValueError(f"its action has no single string field to put a reply in: {props}")
+        self.field = "message" if "message" in names else names[0]
+        self._stack = contextlib.ExitStack()  # websockets 17: a connection is a context
+        self.ws = self._stack.enter_context(connect(url.replace("http://", "ws://") + "/ws",
+                                                    max_size=None, open_timeout=30))
+
+    def _call(self, kind: str, data: dict) -> dict:
+        self.ws.send(json.dumps({"type": kind, "data": data}))
+        try:
+            reply = json.loads(self.ws.recv(timeout=REMOTE_TIMEOUT))
+        except TimeoutError:
+            raise _Invalid("timeout", f"no answer in {REMOTE_TIMEOUT} s") from None
+        if reply.get("type") == "error":
+            raise _Invalid("step_error", str(reply.get("data", {}).get("message"))[:300])
+        obs = reply["data"].get("observation") or {}
+        if obs.get("error"):
+            raise _Invalid(str(obs["error"]), str(reply["data"].get("metadata") or "")[:300])
+        return reply["data"]
+
+    def _say(self, obs: dict):
+        strings = [v for v in obs.values() if isinstance(v, str)]
+        return obs["text"] if "text" in obs else strings[0] if len(strings) == 1 else obs
+
+    def reset(self, seed: int | None = None) -> tuple:
+        return self._say(self._call("reset", {"seed": seed, **self.kwargs})["observation"]), {}
+
+    def step(self, action: str) -> tuple:
+        d = self._call("step", {self.field: action})
+        truncated = d["observation"].get("truncated", False)
+        return (self._say(d["observation"]), d.get("reward") or 0.0, bool(d["done"]) and not
+                truncated, truncated, {})
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.ws.send(json.dumps({"type": "close", "data": {}}))
+        self._stack.close()
 
 
 @contextlib.contextmanager
@@ -342,6 +419,8 @@ def suite_skill(spec: str) -> str:
     """The skill an imported environment is counted under: its id's family (gem:rg:x -> rg,
     gem:game:y -> game, gymnasium:ns/Name-v0 -> ns), else gem / gymnasium."""
     kind, env_id = spec.split(":", 1)
+    if kind == "openenv":
+        return kind
     for sep in ("/", ":"):
         if sep in env_id:
             return env_id.split(sep)[0]

@@ -62,6 +62,7 @@ import models
 import pools
 import regret
 import sandbox
+import telemetry
 from infra import derive_seed
 
 HERE = Path(__file__).resolve().parent
@@ -166,7 +167,7 @@ def train(margs, sargs, oargs, rargs, *, sb) -> Path:
         if draws:
             st.pool = [PoolEnv(**e) for e in draws[step]]
         # ALGO: 1. regenerate: designer proposals, sandbox validation, hints (Alg. 1 lines 3-6)
-        phase(step, "generate", times)
+        phase(step, "regenerate", times)
         if regen:
             if step > 0:  # Fig. 7 over the epoch that ends here
                 m.update(metrics.epoch_learnable(st.hist, st.pool, step - sargs.regen_interval,
@@ -181,9 +182,10 @@ def train(margs, sargs, oargs, rargs, *, sb) -> Path:
         episodes = play_pool(step, st.pool, sargs, run.sampler, sb, run.tokenizer, seed=rargs.seed,
                              hinted_arm=regen and sargs.hint_plays > 0, margs=margs)
         # ALGO: 3. regret (Eq. 3) of the fresh environments, after the plays mark faults and returns
-        phase(step, "score", times)
+        phase(step, "regret", times)
         record_plays(st.pool, episodes, regen)
         m.update(hint_regrets(st.pool, episodes) if regen else {})
+        phase(step, "score", times)
         m.update(metrics.env_metrics(st.pool, episodes))
         m.update(metrics.regen_figures(step, st.pool, regen, episodes, st.hist, sargs.steps,
                                        random.Random(derive_seed("vendi", rargs.seed, step)),
@@ -209,6 +211,7 @@ def train(margs, sargs, oargs, rargs, *, sb) -> Path:
         phase(step, "sync", times)
         run.engine.sync_weights(run.accelerator.unwrap_model(run.model))
         # ALGO: 7. memory update: a record for every freshly designed environment
+        phase(step, "memory", times)
         if regen and not sargs.no_memory:
             remember(step, st.pool, st.memory, sargs.setting, run.gather)
         # INFRA: step files, metrics, checkpoint, export
@@ -486,6 +489,13 @@ def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *,
             out[k] = sum(v * n for v, n in vals) / sum(n for _, n in vals)
     out["losses/grad_norm"] = float(grad_norm)
     out["losses/samples"] = round(n_global)
+    # INFRA: the token counts and model FLOPs of step telemetry (telemetry.py; padding not counted)
+    lengths = [len(s["tokens"]) for s in trained] * oargs.ppo_epochs
+    out["perf/batch_tokens"] = sum(len(s["tokens"]) for s in samples)
+    out["perf/update_tokens"] = sum(lengths)
+    out["perf/update_flops"] = telemetry.sequence_flops(
+        telemetry.model_flops(accelerator.unwrap_model(model).config), lengths,
+        passes=3 + (ref_model is not None))
     return out
 
 

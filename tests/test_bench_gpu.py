@@ -52,7 +52,7 @@ def test_smoke_reports_every_figure_finite(tmp_path):
     assert update["checkpointed_layer_calls"] > 0 and update["grads_freed"]
     assert update["training_after"] is False
     step = next(f for f in figures if f["metric"] == "gpu.train_step.step_s")
-    assert {"time/generate_s", "time/play_s", "time/update_s"} <= set(step)
+    assert {"time/regenerate_s", "time/play_s", "time/update_s"} <= set(step)
 
 
 def test_memory_table_parameter_counts_and_a_row_by_hand():

@@ -398,6 +398,21 @@ def test_vllm_engine_on_cpu_platform(caplog):
         "enforce_eager"] is False
 
 
+def test_vllm_tensor_parallel_groups_wait_as_long_as_the_run(monkeypatch):
+    """The TP subgroups get the run's collective timeout: torch gives a new group its backend's
+    default instead (NCCL: 10 minutes), not the default group's."""
+    import datetime
+    seen = []
+    monkeypatch.setattr(engine.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(engine.dist, "get_world_size", lambda: 4)
+    monkeypatch.setattr(engine.dist, "new_subgroups_by_enumeration",
+                        lambda groups, **kw: seen.append((groups, kw)) or ("tp group", []))
+    fake, timeout = FakeVLLM(), datetime.timedelta(hours=2)
+    eng = engine.VLLMEngine("m", tensor_parallel_size=2, llm=fake, vllm_module=fake,
+                            group_timeout=timeout)
+    assert eng.tp_group == "tp group" and seen == [([[0, 1], [2, 3]], {"timeout": timeout})]
+
+
 def test_vllm_engine_sleep_wake_and_sync_order(tiny_moe, tmp_path):
     model, _ = tiny_moe
     fake = FakeVLLM()
@@ -418,6 +433,23 @@ def test_vllm_engine_sleep_wake_and_sync_order(tiny_moe, tmp_path):
     fake.log.clear()
     eng.sync_weights(model)  # awake: push, then reset the prefix cache; no wake-ups
     assert [c[0] for c in fake.log] == ["collective_rpc", "reload_weights", "reset_prefix_cache"]
+
+
+def test_vllm_engine_times_its_sleep_and_wake_not_the_reload(tiny, monkeypatch):
+    """time/sleep_s, time/wake_s: on a fake clock, sleep takes 2 s, each wake 0.5 s, the reload
+    10 s; the wake's figure is the two wakes, without the reload between them."""
+    model, _ = tiny
+    clock, fake = [0.0], FakeVLLM()
+    monkeypatch.setattr(engine.time, "perf_counter", lambda: clock[0])
+    for name, cost in (("sleep", 2.0), ("wake_up", 0.5), ("collective_rpc", 10.0)):
+        def timed(*a, _do=getattr(fake, name), _cost=cost, **k):
+            clock[0] += _cost
+            return _do(*a, **k)
+        monkeypatch.setattr(fake, name, timed)
+    eng = engine.VLLMEngine("tiny", llm=fake, vllm_module=fake)
+    eng.sleep()
+    eng.sync_weights(model)
+    assert eng.seconds == {"sleep": 2.0, "wake": 1.0}
 
 
 def test_engine_generate_signature_matches_contract(tiny):

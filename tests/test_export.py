@@ -8,13 +8,17 @@ it: gem-llm pins reasoning-gym 0.1.23, the evaluation here uses 0.1.25), from an
 and every logged play must replay exactly. GEM suites (Reasoning-Gym through GEM's wrapper, a GEM
 game) and a Gymnasium text environment train two steps as a fixed pool in this venv.
 """
+import contextlib
 import hashlib
 import json
 import os
 import random
 import shutil
+import socket
 import string
 import subprocess
+import time
+import urllib.request
 from pathlib import Path
 
 import gymnasium
@@ -138,7 +142,7 @@ def tiny_run(tmp_path_factory, tiny, secrets_dir):
 @pytest.fixture(scope="module")
 def exports(tiny_run, tmp_path_factory):
     d = tmp_path_factory.mktemp("exports")
-    for fmt in ("gem", "gymnasium"):
+    for fmt in ("gem", "gymnasium", "openenv"):
         export.main([str(tiny_run), "--format", fmt, "--out", str(d / fmt), "--name", f"coins_{fmt}"])
     return d
 
@@ -272,6 +276,129 @@ def test_gymnasium_make_replays_an_export_from_its_path(exports, tmp_path, secre
     report = play_in_export_venv("gymnasium", "coins_gymnasium", exports / "gymnasium", tmp_path)
     manifest = json.loads((exports / "gymnasium" / "manifest.json").read_text())
     check_played(report, manifest, secrets_dir, "SpadeGymnasiumEnv")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def healthy(url: str, server, seconds: float = 120.0) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and server.poll() is None:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as f:
+                return json.loads(f.read())["status"] == "healthy"
+        except OSError:
+            time.sleep(0.25)
+    return False
+
+
+@contextlib.contextmanager
+def serving(pkg: Path, tmp_path: Path, step_timeout: float = 5.0):
+    """The package's OpenEnv server on a free local port, in the export venv (stopped on exit)."""
+    python = export_python()
+    if subprocess.run([str(python), "-c", "import openenv.core"], capture_output=True).returncode:
+        pytest.skip(f"no openenv in {python} (pip install -r requirements-export.txt)")
+    (tmp_path / "cwd").mkdir(exist_ok=True)
+    port, log = free_port(), open(tmp_path / "server.log", "w")
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([str(python), "-P", "-m", "coins_openenv.openenv_env", "--port",
+                               str(port), "--step_timeout", str(step_timeout)], cwd=tmp_path / "cwd",
+                              env={"PATH": os.environ["PATH"], "HOME": str(tmp_path / "cwd"),
+                                   "PYTHONPATH": str(pkg)}, stdout=log, stderr=log)
+    try:
+        assert healthy(url, server), (tmp_path / "server.log").read_text()[-3000:]
+        yield url
+        assert healthy(url, server, 10.0), "the server stopped serving"
+    finally:
+        server.terminate()
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+
+
+@pytest.mark.slow
+def test_openenv_server_replays_contains_the_sleeper_and_survives_bad_clients(exports, tmp_path,
+                                                                              secrets_dir):
+    """openenv's own server (create_app) and client, in the export venv, on a free local port."""
+    pkg = exports / "openenv"
+    with serving(pkg, tmp_path, step_timeout=2.0) as url:  # 1 s is tight for a fresh worker
+        out = subprocess.run([str(export_python()), "-P", str(ROOT / "tests" / "openenv_client.py"),
+                              url, str(pkg / "coins_openenv"), "SleeperEnv"], cwd=tmp_path / "cwd",
+                             env={"PATH": os.environ["PATH"], "HOME": str(tmp_path / "cwd")},
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    manifest = json.loads((pkg / "manifest.json").read_text())
+    assert all(report["first_observation_ok"]) and report["tasks_same"]
+    assert report["replayed"] == sum(e["replays"] for e in manifest["envs"]) == 6
+    assert report["mismatches"] == [] and report["after_all"] == []
+    # the sleeper: no secret, no file, its hang ended by the 2 s step deadline, then a fresh episode
+    assert "hunter2" not in report["attack"] and report["attack"].startswith("attack: ")
+    assert not (secrets_dir / "escaped.txt").exists()
+    assert report["fault"] == ["timeout", True, 0.0] and 1.9 < report["hang_seconds"] < 6.0
+    assert report["after_fault"].startswith("Say a word")
+    bad = report["malformed"]
+    assert "VALIDATION_ERROR" in bad["number"]
+    assert "2097152 characters; at most 1048576" in bad["megabytes"]
+    assert "not valid UTF-8" in bad["surrogate"] and bad["then"].startswith("Round 2")
+    assert bad["invalid_utf8"] == ["ConnectionClosedError", 1007]  # the frame is refused
+    assert report["two"]["a_same"] and report["two"]["b_same"]
+    assert report["two"]["differ"]  # two episodes, not one seen twice
+    assert report["modules"] == []
+    left = [pid for pid in filter(str.isdigit, os.listdir("/proc"))
+            if str(pkg) in _cmdline(pid)]
+    assert left == [], "a sandbox outlived the server"
+
+
+@pytest.mark.slow
+def test_openenv_server_plays_as_a_fixed_pool(exports, tmp_path, tiny):
+    """--fixed_envs openenv:URL#index=i: pools.py's client replays what openenv's does, a fault
+    on the server is a named environment fault here, and a run trains on the server's games."""
+    pkg = exports / "openenv"
+    manifest = json.loads((pkg / "manifest.json").read_text())
+    replays = [json.loads(x) for x in (pkg / "coins_openenv" / "replays.jsonl").read_text().splitlines()]
+    with serving(pkg, tmp_path) as url:
+        for i, e in enumerate(manifest["envs"]):
+            for r in (r for r in replays if r["id"] == e["id"]):
+                h = pools.InProcessEnv(f"openenv:{url}#index={i}")
+                got = [h.reset(seed=r["seed"])[0]] + [list(h.step(a)[:4]) for a in r["actions"]]
+                h.close()
+                assert got == [r["reset"]] + r["steps"]
+        h = pools.InProcessEnv(f"openenv:{url}#index=2")  # the sleeper
+        h.reset(seed=1)
+        obs, reward, terminated, _, info = h.step(r"\boxed{hang}")
+        assert info["error"] == "timeout" and terminated and reward == 0.0
+        run = main_with({"agent": agent_engine(tiny)}, TINY + [
+            "--steps", "1", "--num_envs", "2", "--output_dir", str(tmp_path / "r"),
+            "--fixed_envs", f"openenv:{url}#index=0,openenv:{url}#index=1"])
+    (row,) = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert row["agent/episodes"] == 4 and row["env/faulty"] == 0 and row["losses/samples"] > 0
+    assert "env/win_rate/openenv" in row
+    plays = [json.loads(x) for x in (run / "transcripts" / "step-0000-rank-0.jsonl").open()]
+    assert plays and all("Round 1 of 2 at table" in p["messages"][0]["content"] for p in plays)
+    with pytest.raises(SystemExit, match="cannot make it"):
+        pools.load(f"openenv:http://127.0.0.1:{free_port()}", "games", sb=None, origin="fixed")
+
+
+def test_openenv_spec_is_local_only_and_parses_reset_arguments():
+    assert pools.remote_url("openenv:http://127.0.0.1:8000/#index=2&split=curriculum") == (
+        "http://127.0.0.1:8000", {"index": 2, "split": "curriculum"})
+    for spec in ("openenv:http://example.com:8000", "openenv:file:///etc/passwd"):
+        with pytest.raises(SystemExit, match="on this machine"):
+            train.resolve(*config.parse(["--model", "tiny", "--fixed_envs", spec], aliases={}))
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:
+        return ""
 
 
 # ----------------------------------------------------------------------------------------------

@@ -135,6 +135,18 @@ def _naive_loss(logp, old, rollout, adv, mask, ref, kl_coef, cl, ch, cap):
             per_sample.append(total / n)
     return sum(per_sample) / len(per_sample)
 
+def test_policy_loss_rollout_trainer_mismatch_hand_computed():
+    """mismatch/*: d = old - rollout on mask-1 tokens; mean |d| and mean exp(d) - d - 1."""
+    old = torch.tensor([[-1.0, -2.0, -3.0]])
+    rollout = torch.tensor([[-1.5, -2.0, 9.0]])  # the last token is masked: anything goes
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    _, st = policy_loss(old.clone(), old, rollout, torch.tensor([1.0]), mask)
+    assert st["mismatch/logp_abs_diff"] == pytest.approx((0.5 + 0.0) / 2)
+    assert st["mismatch/k3"] == pytest.approx((math.exp(0.5) - 1.5 + 0.0) / 2)
+    _, same = policy_loss(old.clone(), old, old, torch.tensor([1.0]), mask)
+    assert same["mismatch/logp_abs_diff"] == 0.0 and same["mismatch/k3"] == 0.0
+
+
 
 @pytest.mark.parametrize("seed", range(4))
 def test_policy_loss_matches_naive_loop(seed):

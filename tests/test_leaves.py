@@ -28,8 +28,10 @@ LEAVES = {
                  "torch.nn.Linear(4, 5), torch.tensor([0, 1, 2])); assert lp.shape == (3,)"),
     "engine": ([], "assert engine.checkpoint_name('model.layers.0.mlp.gate.weight')"),
     "toolenv": ([], "assert toolenv.ToolEnv().max_turns == 10"),
-    "models": (["data/chat_template.jinja", "data/corpus.jsonl", "data/envs"],
-               "m, tok = models.build_tiny('tiny'); assert tok.chat_template"),
+    "telemetry": ([], "assert telemetry.phase_seconds({'a': 1.0}, 3.5) == {'a': 2.5}"),
+    "models": (["data/chat_template.jinja", "data/corpus.jsonl", "data/envs", "configs/models"],
+               "m, tok = models.build_tiny('tiny'); assert tok.chat_template; "
+               "assert models.architecture('Qwen3-30B-A3B').num_experts == 128"),
     "sandbox": ([], "sb = sandbox.Sandbox(workers=1); "
                 "r = sb.run_program('print(6 * 7)'); sb.close(); assert r == ('ok', '42\\n'), r"),
 }

@@ -98,3 +98,38 @@ def test_aliases_resolve_without_network():
     assert models.resolve_model_name("tiny-moe") == "tiny-moe"
     with pytest.raises(ValueError, match="unknown model"):
         models.resolve_model_name("Qwen3-5B")
+
+
+def test_empty_model_reads_no_weights(tmp_path):
+    """empty=True, what the ranks that Accelerate's FSDP2 prepare fills hold: every parameter on
+    `meta`, the rotary buffers real (prepare keeps them), the head still tied, and the
+    checkpoint's generation config (the transformers engine's EOS ids)."""
+    model, tok = models.build_tiny("tiny", seed=0)
+    model.generation_config.eos_token_id = [5, 7]
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    for name in (str(tmp_path), "tiny-moe"):
+        empty, _ = models.load_model_and_tokenizer(name, dtype=torch.float32, empty=True)
+        assert all(p.is_meta for p in empty.parameters()), name
+        assert empty.lm_head.weight is empty.model.embed_tokens.weight, name
+        real = dict(models.load_model_and_tokenizer(name, dtype=torch.float32)[0].named_buffers())
+        assert {n: b for n, b in empty.named_buffers()}.keys() == real.keys()
+        assert all(torch.equal(b, real[n]) for n, b in empty.named_buffers()), name
+        if name == str(tmp_path):
+            assert empty.generation_config.eos_token_id == [5, 7]
+
+
+@pytest.mark.parametrize("alias,billions,hub", [("Qwen3-4B", 4.02, "Qwen/Qwen3-4B-Instruct-2507"),
+                                                ("Qwen3-8B", 8.19, "Qwen/Qwen3-8B"),
+                                                ("Qwen3-30B-A3B", 30.53, None)])
+def test_paper_architectures_ship_offline(alias, billions, hub, tmp_path, monkeypatch):
+    """The paper models' configs ship in configs/models/: a full-size model builds on the meta
+    device with no hub access (an empty HF cache), with the published parameter counts."""
+    from transformers import AutoModelForCausalLM
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    config = models.architecture(hub or alias)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    assert sum(p.numel() for p in model.parameters()) / 1e9 == pytest.approx(billions, abs=0.005)
+    assert models.shipped_dtype(alias) == torch.bfloat16
+    assert config.tie_word_embeddings == (alias == "Qwen3-4B")

@@ -20,7 +20,7 @@ from scripted import main_with
 HOSTILE = "<script>alert(1)</script></div></pre></details>"
 VOID = {"meta", "br", "img", "hr", "input", "link", "path", "use", "rect", "circle", "line",
         "polyline", "polygon", "stop", "image", "col"}
-SECTIONS = ["header", "curves", "cards", "designer"]
+SECTIONS = ["header", "curves", "telemetry", "cards", "designer"]
 
 
 class Page(HTMLParser):
@@ -119,7 +119,7 @@ def test_report_has_every_section_and_card(tiny_run):
     for sid in SECTIONS:
         assert page.having(id=sid), sid
     charts = {a["data-chart"] for a in page.having() if "data-chart" in a}
-    assert len(charts) == 8 and text.count("<svg") == 8
+    assert len(charts) == 11 and text.count("<svg") == 11
     for step, pool in pools(tiny_run).items():
         assert page.having(id=f"regen-{step}")
         cards = [a for a in page.having(**{"class": "card"}) if a["data-step"] == str(step)]
@@ -282,7 +282,7 @@ def fake_run(root: Path, *, regens: int, n_envs: int, interval: int, source: str
     (run / "config.json").write_text(json.dumps({"model": "Qwen3-8B", "setting": "games",
                                                  "steps": regens * interval}))
     rows = [{"charts/step": s, "agent/return_mean": s / (regens * interval), "env/learnable_share": 0.4,
-             "time/step_s": 60.0, "time/generate_s": 20.0, "time/play_s": 30.0, "time/update_s": 9.0,
+             "time/step_s": 60.0, "time/regenerate_s": 20.0, "time/play_s": 30.0, "time/update_s": 9.0,
              **({"designer/validity_rate": 0.7, "designer/first_attempt_validity_rate": 0.5,
                  "designer/diversity": 12.0, "regret/mean": 0.1, "regret/positive_share": 0.6,
                  "agent/hinted_return_mean": 0.5} if s % interval == 0 else {})}
@@ -371,3 +371,22 @@ def test_report_renders_in_headless_chromium(tiny_run, tmp_path):
     if os.environ.get("REPORT_SCREENSHOT"):  # small enough to check in: 960 px, 64 colours
         small = img.resize((960, 1275), Image.LANCZOS).quantize(64)
         small.save(os.environ["REPORT_SCREENSHOT"], optimize=True)
+
+
+def test_telemetry_panel_draws_the_step_telemetry(tmp_path):
+    run = fake_run(tmp_path, regens=1, n_envs=1, interval=2, source="class E: pass", turns=1,
+                   reply_chars=10)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for r, mfu in zip(rows, (0.3, 0.5)):
+        r.update({"perf/mfu": mfu, "perf/update_tokens_per_s": 900.0, "mismatch/k3": 1e-3,
+                  "time/sync_s": 2.0})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = parse(report.render(run))
+    assert float(page.fields("telemetry")["mfu"]) == pytest.approx(0.4)
+    charts = {a["data-chart"] for a in page.having() if "data-chart" in a}
+    assert {t for t, _, _ in report.TELEMETRY} <= charts
+    text = "".join(page.text)
+    assert "perf/update_tokens_per_s" in text and "mismatch/k3" in text and "time/sync_s" in text
+    rows[0].pop("perf/mfu"), rows[1].pop("perf/mfu")
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert "no perf/mfu" in "".join(parse(report.render(run)).text)  # a CPU run: said, not drawn

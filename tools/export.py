@@ -1,12 +1,15 @@
-"""Export a SPADE run's curriculum: its designer-written environments as a GEM or Gymnasium package.
+"""Export a SPADE run's curriculum: its designer-written environments as a GEM, Gymnasium or
+OpenEnv package.
 
 SPADE (arXiv 2608.19197) leaves, besides the policy, a curriculum: validated, seeded, multi-turn
 environments with hints, win rates and hint-based regrets (Eq. 3). This file packages them for
 other stacks:
 
-    python tools/export.py RUN_DIR --format gem|gymnasium --out DIR [--min_regret X]
+    python tools/export.py RUN_DIR --format gem|gymnasium|openenv --out DIR [--min_regret X]
                            [--skills S ...]
     pip install DIR        # then: import gem, PACKAGE; env = gem.make("PACKAGE/<Class>-<env>-v0")
+                           # openenv: python -m PACKAGE.openenv_env --port 8000, and any OpenEnv
+                           # client (openenv_env.py: reset(seed, index), step({"message": ...}))
 
 It reads what train.py wrote (through report.py's readers): each regeneration's pool
 (envs/step-S-rank-R/pool.json and sources), the designer attempts with their grounding documents
@@ -19,10 +22,11 @@ into replays.jsonl with every step's observation, reward and flags, so a user ca
 package plays as training did.
 
 DIR/pyproject.toml, DIR/manifest.json, and DIR/PACKAGE/: __init__.py (one registration per
-environment; importing the package registers them all), proxy.py and gem_env.py or
-gymnasium_env.py (from export_template/: the class gem.make / gymnasium.make return, which runs the
-code only inside a sandbox.Sandbox), copies of sandbox.py and toolenv.py, envs/<env>.py (the
-sources), manifest.json and replays.jsonl. The package needs only gem-llm or gymnasium.
+environment; importing the package registers them all), proxy.py and gem_env.py, gymnasium_env.py
+or openenv_env.py (from export_template/: the class gem.make / gymnasium.make return, or the
+OpenEnv Environment openenv's create_app serves, which runs the code only inside a
+sandbox.Sandbox), copies of sandbox.py and toolenv.py, envs/<env>.py (the sources), manifest.json
+and replays.jsonl. The package needs only gem-llm, gymnasium or openenv (pinned: 0.10.0).
 
 manifest.json: package (the import name), format, run, config_hash (sha256 of the run's
 config.json), model, setting, sandbox_level (where the export validated), filters, and `envs`,
@@ -57,7 +61,8 @@ from tools import report  # noqa: E402
 TEMPLATE = Path(__file__).resolve().parent / "export_template"
 SEED_RANGE = [0, 2**31 - 1]  # infra.derive_seed's play seeds are 31-bit
 FORMATS = {"gem": ("gem_env", "SpadeGemEnv", "gem-llm>=0.1.0"),
-           "gymnasium": ("gymnasium_env", "SpadeGymnasiumEnv", "gymnasium>=1.0")}
+           "gymnasium": ("gymnasium_env", "SpadeGymnasiumEnv", "gymnasium>=1.0"),
+           "openenv": ("openenv_env", "SpadeEnvironment", "openenv==0.10.0")}
 
 
 def candidates(run: dict) -> tuple[list[dict], list[dict]]:
@@ -183,9 +188,14 @@ def init_text(manifest: dict) -> str:
     fmt, pkg, n = manifest["format"], manifest["package"], len(manifest["envs"])
     module, cls, _ = FORMATS[fmt]
     q = functools.partial(json.dumps, ensure_ascii=False)      # ids and paths as "..." literals
-    lines = [f'"""{n} environments that {manifest["model"]} wrote while training with SPADE '
-             f'(arXiv 2608.19197),\nexported from run {q(manifest["run"])} (config '
-             f'{manifest["config_hash"][:19]}). Importing this package registers each one\n'
+    head = (f'"""{n} environments that {manifest["model"]} wrote while training with SPADE '
+            f'(arXiv 2608.19197),\nexported from run {q(manifest["run"])} (config '
+            f'{manifest["config_hash"][:19]}). ')
+    if fmt == "openenv":  # nothing to register: a server serves them (openenv_env.py)
+        return (head + f"Serve them all with `python -m {pkg}.{module} --port 8000`\n(OpenEnv's "
+                "server; manifest.json lists them). Their code runs only in sandbox workers "
+                '(proxy.py)."""\n')
+    lines = [head + f'Importing this package registers each one\n'
              f'with {fmt}.make(id); manifest.json lists them. Their code runs only in sandbox '
              'workers (proxy.py)."""',
              "from gem.envs.registration import register" if fmt == "gem" else

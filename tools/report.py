@@ -373,6 +373,29 @@ def composition_chart(run: dict) -> str:
                      "envs/step-*/pool.json: origin of each environment")
 
 
+TELEMETRY = [  # telemetry.py and grpo.py's mismatch/*: one chart per question
+    ("Tokens/s per rank", [("generation", "perf/generate_tokens_per_s"),
+                           ("update", "perf/update_tokens_per_s"),
+                           ("whole step", "perf/step_tokens_per_s")], None),
+    ("Weight sync and engine sleep / wake (s)", [("sync", "time/sync_s"), ("sleep", "time/sleep_s"),
+                                                 ("wake", "time/wake_s")], None),
+    ("Rollout / trainer mismatch", [("mean |d log p|", "mismatch/logp_abs_diff"),
+                                    ("k3", "mismatch/k3"),
+                                    ("TIS capped", "losses/is_weight_capped_frac")], None),
+]
+
+
+def telemetry_section(run: dict) -> str:
+    """Step telemetry: rates, sync seconds, the mismatch, and the update's mean MFU."""
+    mfu = [v for v in (num(r.get("perf/mfu")) for r in run["rows"]) if v is not None]
+    line = (f'update MFU, mean over {len(mfu)} steps: <span data-field="mfu">'
+            f"{fmt(sum(mfu) / len(mfu))}</span>" if mfu else "no perf/mfu (no known device peak)")
+    charts = "".join(line_chart(run["rows"], t, lines, ylim) for t, lines, ylim in TELEMETRY
+                     if any(find_key(run["rows"], k) for _, k in lines))  # older runs: none
+    return (f'<section id="telemetry"><h2>Step telemetry</h2><p>{line}</p>'
+            f'<div class="charts">{charts}</div></section>')
+
+
 def curves_section(run: dict) -> str:
     rows = run["rows"]
     charts = [line_chart(rows, t, lines, ylim) for t, lines, ylim in CURVES]
@@ -571,10 +594,10 @@ def header_section(run: dict) -> str:
     level = next((r["sandbox/level"] for r in reversed(rows)
                   if isinstance(r.get("sandbox/level"), str)), "n/a")
     t = {k: sum(v for v in (num(r.get(f"time/{k}_s")) for r in rows) if v is not None)
-         for k in ("step", "generate", "play", "update")}
-    other = t["step"] - t["generate"] - t["play"] - t["update"]
+         for k in ("step", "regenerate", "play", "update")}
+    other = t["step"] - t["regenerate"] - t["play"] - t["update"]
     split = " · ".join(f'{k} <span data-field="time_{k}">{fmt(t[k], 1)}</span> s'
-                       for k in ("generate", "play", "update")) + f" · other {fmt(other, 1)} s"
+                       for k in ("regenerate", "play", "update")) + f" · other {fmt(other, 1)} s"
     status = ("finished" if isinstance(total, int) and steps_done >= total
               else "in progress, or stopped before its end")
     facts = [("model", esc(cfg.get("model", "n/a"))), ("setting", esc(cfg.get("setting", "n/a"))),
@@ -679,7 +702,7 @@ def render(run_dir, *, cards: int = CARDS, source_lines: int = SOURCE_LINES,
     from pygments.formatters import HtmlFormatter
     run = load_run(Path(run_dir))
     opts = {"cards": cards, "source_lines": source_lines, "transcript_chars": transcript_chars}
-    body = (guarded("Curves", curves_section, run)
+    body = (guarded("Curves", curves_section, run) + guarded("Telemetry", telemetry_section, run)
             + guarded("Environments", cards_section, run, opts)
             + guarded("Designer", designer_section, run))
     body = guarded("Header", header_section, run) + body  # last: the sections above add notes

@@ -1,0 +1,114 @@
+"""train.py under `accelerate launch --config_file configs/fsdp2_8gpu.yaml` on 2 CPU ranks (gloo),
+through Accelerate's own FSDP2 prepare (tests/fsdp2_rank.py changes only its choice of distributed
+type on CPU): the KL reference, `meta` models on the ranks Accelerate fills, the process-group
+timeout, and a checkpoint that resumes exactly."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import models
+
+ROOT = Path(__file__).resolve().parents[1]
+ARGS = ["--steps", "2", "--regen_interval", "2", "--num_envs", "2", "--skills_per_regen", "1",
+        "--plays", "4", "--hint_plays", "2", "--max_attempts", "1", "--designer_max_tokens", "8",
+        "--hint_max_tokens", "4", "--max_turns", "1", "--max_new_tokens", "6",
+        "--sandbox_workers", "1", "--checkpoint_every", "1", "--transcripts", "0",
+        "--kl_coef", "0.05", "--lr", "1e-3", "--process_group_timeout", "5400",
+        "--corpus", str(ROOT / "tests" / "fixtures" / "short_corpus.jsonl")]
+
+
+# The environments of the run (the tiny model's designs all fail, so the step-0 pool is the
+# fallback one): a reply's length decides its reward, so a random model's plays differ within a
+# group and the policy moves away from the reference.
+PARITY = '''"""skill: Pattern Recognition. Pays 1 for a reply of {parity} length."""
+
+
+class {name}:
+    def reset(self, seed=None):
+        return "Reply with anything.", {{}}
+
+    def step(self, action):
+        return "Done.", float(len(action) % 2 == {rest}), True, False, {{}}
+'''
+
+
+def launch(tmp_path, out: Path, tag: str, *extra):
+    """`accelerate launch` of tests/fsdp2_rank.py on 2 processes; returns each rank's findings."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, ACCELERATE_USE_CPU="true", FSDP2_TEST_OUT=str(tmp_path / tag))
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+           str(ROOT / "configs" / "fsdp2_8gpu.yaml"), "--num_processes", "2",
+           "--main_process_port", str(port), str(ROOT / "tests" / "fsdp2_rank.py"),
+           "--model", str(tmp_path / "model"), *ARGS, "--fallback_envs", str(tmp_path / "envs"),
+           "--output_dir", str(out), *extra]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return [torch.load(tmp_path / f"{tag}-rank{r}.pt", weights_only=False) for r in (0, 1)]
+
+
+def rows(run_dir: Path) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
+            for line in lines]
+
+
+def plain(name: str) -> str:
+    """A parameter's name without the activation-checkpoint wrapper Accelerate puts around layers."""
+    return name.replace("._checkpoint_wrapped_module", "")
+
+
+@pytest.mark.slow
+def test_fsdp2_two_ranks_kl_reference_meta_loading_and_exact_resume(tmp_path):
+    """A tiny Qwen3 saved in bf16, 2 steps with the KL term, a checkpoint every step, then a
+    resume from the first checkpoint."""
+    model, tok = models.build_tiny("tiny", seed=0)
+    # replies end at any of every 8th token: a random model's episodes finish (and are paid)
+    model.generation_config.eos_token_id = list(range(0, len(tok), 8))
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "model")  # bf16, as Qwen3 ships
+    tok.save_pretrained(tmp_path / "model")
+    (tmp_path / "envs").mkdir()
+    for name, parity, rest in (("EvenEnv", "even", 0), ("OddEnv", "odd", 1)):
+        (tmp_path / "envs" / f"{parity}.py").write_text(
+            PARITY.format(name=name, parity=parity, rest=rest))
+    out = tmp_path / "run"
+    first = launch(tmp_path, out, "first")
+    for r, seen in enumerate(first):
+        assert seen["distributed_type"] == "DistributedType.FSDP" and seen["world"] == 2
+        # rank 0 reads the checkpoint for the policy and the reference; rank 1 reads nothing and
+        # builds both on `meta`
+        assert seen["from_pretrained"] == (2 if r == 0 else 0)
+        assert seen["loaded_on_meta"] == [r == 1, r == 1]
+        assert seen["init_timeout"].total_seconds() == 5400
+        assert seen["policy_sharded"] and seen["ref_sharded"]
+        assert seen["ref_gathered_at_end"] == []  # no full copy of its head kept between steps
+    policy = {plain(n): t for n, t in first[0]["policy"].items()}
+    assert all(torch.equal(first[1]["policy"][n], t) for n, t in first[0]["policy"].items())
+    assert {t.dtype for t in policy.values()} == {torch.float32}  # fp32 masters
+    for seen in first:  # every rank's reference: rank 0's starting policy, in the shipped bf16
+        assert set(seen["ref"]) == set(policy)
+        for n, t in seen["ref"].items():
+            assert t.dtype == torch.bfloat16 and torch.equal(t, policy[n].to(torch.bfloat16)), n
+    a = rows(out)
+    assert [r["charts/step"] for r in a] == [0, 1] and a[0]["losses/kl"] < 1e-6
+    assert a[1]["losses/kl"] > a[0]["losses/kl"]  # the policy moved away from the reference
+    # resume from checkpoint-1: step 1 again, identically (metrics and final weights)
+    shutil.copytree(out / "final_model", tmp_path / "final_first")
+    (out / "latest").write_text("checkpoint-1")
+    shutil.rmtree(out / "checkpoint-2")
+    again = launch(tmp_path, out, "again", "--resume")
+    assert rows(out) == a
+    for seen in again:  # rebuilt from the model directory, not read from the checkpoint
+        assert all(torch.equal(t, policy[n].to(torch.bfloat16)) for n, t in seen["ref"].items())
+    from safetensors.torch import load_file
+    before = load_file(tmp_path / "final_first" / "model.safetensors")
+    after = load_file(out / "final_model" / "model.safetensors")
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in after)
