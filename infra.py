@@ -124,7 +124,9 @@ class Requests:
         self.keys[rid] = key
 
     def collect(self, wait: bool = True) -> list[tuple]:
-        return [(self.keys.pop(rid), c) for rid, c in self.sampler.eng.collect(self.keys, wait)]
+        done = self.sampler.eng.collect(self.keys, wait)
+        self.sampler.generated += sum(len(c.token_ids) for _, c in done)
+        return [(self.keys.pop(rid), c) for rid, c in done]
 
 
 def designer_generate(sampler: Sampler, step: int, phase: str, sargs):

@@ -264,7 +264,7 @@ def test_request_seeds_are_what_the_per_turn_calls_gave():
             return len(self.asked) - 1
 
         def collect(self, ids, wait=True):
-            return [(rid, f"reply {rid}") for rid in sorted(ids)]
+            return [(rid, engine.Completion([1] * (6 + rid), [], "", "stop")) for rid in sorted(ids)]
 
         def generate(self, prompts, *, seed, **kw):
             self.calls.append(seed)
@@ -278,8 +278,9 @@ def test_request_seeds_are_what_the_per_turn_calls_gave():
     assert [a[2] for a in eng.asked] == [1475414821 + 2, infra.derive_seed(3, 5, "agent", 1)]
     assert eng.asked[0][:2] == ([1, 2], 8) and eng.asked[0][3] == dict(temperature=0.7, top_p=0.9,
                                                                        top_k=5)
-    assert stream.pending == 2 and stream.collect() == [((2, 4), "reply 0"), ((0, 1), "reply 1")]
-    assert stream.pending == 0
+    assert stream.pending == 2 and [(k, len(c.token_ids)) for k, c in stream.collect()] == [
+        ((2, 4), 6), ((0, 1), 7)]  # keys back with their replies
+    assert stream.pending == 0 and sampler.generated == 13  # the replies' tokens, for telemetry
     chats = sampler.chat(temperature=0.6, max_new_tokens=16, top_p=0.95, top_k=20)
     chats.submit((1, 1), [{"role": "user", "content": "design"}])
     assert eng.asked[-1][0] == sampler.prompt_ids([{"role": "user", "content": "design"}])
