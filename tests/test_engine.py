@@ -509,6 +509,77 @@ def _tp_worker(rank, store, calls_per_rank, out_dir):
     dist.destroy_process_group()
 
 
+class SteppingFakeVLLM(FakeVLLM):
+    """FakeVLLM with LLMEngine's step loop: a request runs max_tokens engine steps (token 7 each,
+    then "length"); every step logs the requests that entered before it."""
+
+    def __init__(self):
+        super().__init__()
+        self.running, self.entered, self.steps = [], [], []
+        self.sampling_params = types.SimpleNamespace(
+            RequestOutputKind=types.SimpleNamespace(FINAL_ONLY="final"))
+        self.llm_engine.add_request = lambda rid, prompt, params: (
+            self.entered.append((rid, prompt["prompt_token_ids"], params.seed)),
+            self.running.append([params.max_tokens, rid, params.max_tokens]))
+        self.llm_engine.has_unfinished_requests = lambda: bool(self.running)
+        self.llm_engine.step = self._step
+
+    def get_tokenizer(self):
+        return types.SimpleNamespace(decode=lambda ids, skip_special_tokens: f"{len(ids)} tokens")
+
+    def _step(self):
+        self.steps.append(self.entered)
+        self.entered, out = [], []
+        for r in self.running:
+            r[0] -= 1
+        for _, rid, n in [r for r in self.running if r[0] == 0]:
+            out.append(types.SimpleNamespace(request_id=rid, finished=True, outputs=[
+                types.SimpleNamespace(token_ids=[7] * n, finish_reason="length",
+                                      logprobs=[{7: types.SimpleNamespace(logprob=-1.0)}] * n)]))
+        self.running = [r for r in self.running if r[0] > 0]
+        return out
+
+
+def _tp_step_worker(rank, store, out_dir):
+    """One rank of a 2-rank TP group on submit / collect: rank 0 submits three requests of 2-4
+    tokens, one after another's reply; rank 1 one request of 1 token, then drains."""
+    import pickle
+
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    fake = SteppingFakeVLLM()
+    eng = engine.VLLMEngine("tiny", tensor_parallel_size=2, llm=fake, vllm_module=fake)
+    got = []
+    for k in range(3 if rank == 0 else 1):
+        rid = eng.submit([rank, k], max_new_tokens=2 + k if rank == 0 else 1, seed=10 * rank + k)
+        while not (done := eng.collect([rid])):
+            pass
+        got += [(r, c.token_ids, c.text, c.finish_reason) for r, c in done]
+    eng.drain_steps()
+    with open(f"{out_dir}/rank{rank}.pkl", "wb") as f:
+        pickle.dump({"got": got, "steps": fake.steps}, f)
+    dist.destroy_process_group()
+
+
+def test_vllm_tensor_parallel_group_steps_in_lockstep(tmp_path):
+    """submit / collect under TP: every engine step adds the same requests on both ranks (one
+    gather per step), a rank with nothing left keeps stepping until the other is done, and each
+    rank gets back only its own replies, decoded once."""
+    import pickle
+
+    import torch.multiprocessing as mp
+    mp.start_processes(_tp_step_worker, args=(tmp_path / "store", str(tmp_path)), nprocs=2,
+                       join=True, start_method="spawn")
+    r0, r1 = (pickle.loads((tmp_path / f"rank{r}.pkl").read_bytes()) for r in (0, 1))
+    assert r0["steps"] == r1["steps"]  # one engine program across the group
+    assert r0["steps"][0] == [("spade-0-0", [0, 0], 0), ("spade-1-0", [1, 0], 10)]
+    assert len(r0["steps"]) == 2 + 3 + 4  # rank 0's three replies, each after the one before
+    assert [("spade-0-1", [0, 1], 1)] in r0["steps"] and [("spade-0-2", [0, 2], 2)] in r0["steps"]
+    assert r0["got"] == [(0, [7] * 2, "2 tokens", "length"), (1, [7] * 3, "3 tokens", "length"),
+                         (2, [7] * 4, "4 tokens", "length")]
+    assert r1["got"] == [(0, [7], "1 tokens", "length")]
+
+
 def test_vllm_tensor_parallel_group_stays_in_lockstep(tmp_path):
     """Ranks of one TP group that make different numbers of calls neither deadlock nor diverge:
     every rank runs the same generate calls with the same seeds and gets back its own share."""
