@@ -11,7 +11,8 @@ SPADE (arXiv 2608.19197) trains one policy that both writes environments (design
    (infra.make_engine keeps one for the tiny models: a 4B model's 32k-token episode holds ~9.6 GB
    of fp32 KV).
 2. `VLLMEngine`: vLLM colocated in the training processes (one engine per rank, tensor parallel
-   within the node, sleep mode between generation and training on GPUs), token in, token out.
+   within the node, sleep mode between generation and training on GPUs), token in, token out;
+   generate() for a batch, or submit() / collect() to keep requests in flight across turns.
 3. Weight sync after each update: `vllm_weight_plan` maps trainer names and shapes to the checkpoint
    names vLLM loads (pure, so it runs on a meta-device model), un-fusing transformers-v5 Qwen3-MoE
    experts; `stream_weights` gathers full tensors (FSDP2, ZeRO-3) one decoder layer at a time, cast
