@@ -302,14 +302,15 @@ def play_pool(step, pool, sargs, sampler, sb, tokenizer, hinted_arm: bool, seed:
 
 def record_plays(pool, episodes, regen: bool = False) -> None:
     """Extend each environment's epoch returns with this step's unhinted returns; mark the
-    environments whose code faulted (a fault of the sandbox itself, `infra: ...`, is not theirs),
-    and as timed out those whose plays, hinted or not, timed out at a regeneration step (the
-    authors stamp the regret ablation's -0.5 only at the regeneration rollout)."""
+    environments whose code faulted (every env_error is: a fault of the sandbox itself raises
+    SandboxInfraError and ends no episode), and as timed out those whose plays, hinted or not,
+    timed out at a regeneration step (the authors stamp the regret ablation's -0.5 only at the
+    regeneration rollout)."""
     by_env = {e.env_id: e for e in pool}
     for ep in episodes:
         e = by_env[ep.env_id]
         if ep.status == "env_error":
-            e.faulty |= not str(ep.error).startswith("infra")
+            e.faulty = True
             e.timed_out |= regen and ep.error in ("timeout", "episode_timeout")
         elif not ep.hinted:
             e.returns.append(ep.ret)

@@ -359,7 +359,7 @@ def main():
                     t = time.monotonic()
                     r = h.step("x")
                     overruns[name].append(time.monotonic() - t - 0.2)
-                    named[r[4].get("error")] = named.get(r[4].get("error"), 0) + 1
+                    named[getattr(r, "fault", None)] = named.get(getattr(r, "fault", None), 0) + 1
                     h.close()
         allv = sorted(v for vs in overruns.values() for v in vs)
         p95 = allv[int(0.95 * (len(allv) - 1))]

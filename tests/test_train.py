@@ -240,6 +240,16 @@ def _ep(env_id, ret, hinted=False, status="terminated", rewards=None):
                            rewards=rewards if rewards is not None else [ret])
 
 
+def test_every_env_error_is_the_environments_fault():
+    """A sandbox fault raises (SandboxInfraError) and ends no episode, so an env_error is always
+    the environment's, whatever its kind says: one that reads like the sandbox's is no excuse."""
+    c = train.PoolEnv("c", "Optimization", "src", "CEnv", "designer", hint="h")
+    ep = _ep("c", 0.0, status="env_error")
+    ep.error = "infra: worker could not start"
+    train.record_plays([c], [ep])
+    assert c.faulty and c.returns == []
+
+
 def test_plays_regret_and_epoch_scores_by_hand():
     """Two environments, hand-computed: regret (Eq. 3), win rates, learnable share, blend score."""
     a = train.PoolEnv("a", "Optimization", "src", "AEnv", "designer", hint="h")
@@ -247,9 +257,7 @@ def test_plays_regret_and_epoch_scores_by_hand():
     eps = [_ep("a", 1.0), _ep("a", 0.0), _ep("a", 1.0), _ep("a", 0.0),       # a: mean 0.5
            _ep("a", 1.0, hinted=True), _ep("a", 1.0, hinted=True),           # a hinted: 1.0
            _ep("b", 0.0), _ep("b", 0.0), _ep("b", 0.0, status="env_error"),  # b faults once
-           _ep("b", 0.0, hinted=True), _ep("b", 0.0, hinted=True),
-           _ep("a", 0.0, status="env_error")]                                # infra: not a's fault
-    eps[-1].error = "infra: worker could not start"
+           _ep("b", 0.0, hinted=True), _ep("b", 0.0, hinted=True)]
     train.record_plays([a, b], eps)
     m = {**metrics_lib.env_metrics([a, b], eps), **train.hint_regrets([a, b], eps)}
     assert a.regret == pytest.approx(0.5) and (a.returns, b.returns) == ([1.0, 0.0, 1.0, 0.0], [0.0, 0.0])
