@@ -153,7 +153,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.
                  "losses/is_weight_max": float(raw_on.max()),
                  "losses/is_weight_capped_frac": token_mean((is_raw > tis_cap).to(logp.dtype)),
                  "losses/entropy": -token_mean(logp.detach()),
-                 "losses/tokens": float(mask.sum())}
+                 "losses/tokens": float(mask.sum() / len(mask))}  # per sample: train.py's
+        # sample-weighted mean over micro-batches is then the update's per-sample mean
         if kl is not None:
             stats["losses/kl"] = token_mean(kl)
     return loss, stats

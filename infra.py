@@ -175,11 +175,11 @@ class Run:
         write_step_files(self.run_dir, step, new_pool, episodes, self.rargs.transcripts, proposals,
                          self.rank, scored)
         m.update(metrics.episode_metrics(episodes))
+        phases = metrics.PHASES
+        ends = [*phases[1:], "log"]  # a phase lasts until the next one starts
         m.update({"charts/lr": self.scheduler.get_last_lr()[0],
-                  "time/generate_s": times["play"] - times["generate"],
-                  "time/play_s": times["score"] - times["play"],
-                  "time/update_s": times["sync"] - times["update"],
-                  "time/step_s": time.perf_counter() - times["generate"]})
+                  **{f"time/{p}_s": times[q] - times[p] for p, q in zip(phases, ends)},
+                  "time/step_s": time.perf_counter() - times[phases[0]]})
         m = {**(reduce_metrics(self.gather([m])) if self.world > 1 else m), "charts/step": step}
         if self.main:
             with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:

@@ -67,8 +67,9 @@ from infra import derive_seed
 HERE = Path(__file__).resolve().parent
 
 
-def phase(step: int, name: str, times: dict) -> None:
-    times[name] = time.perf_counter()  # the step's time/* metrics
+def phase(name: str, times: dict) -> None:
+    """Enter the step's phase `name` (infra.PHASES, then "log"): the start of its time/* span."""
+    times[name] = time.perf_counter()
 
 
 def skill_list(sargs) -> list[str]:
@@ -166,7 +167,7 @@ def train(margs, sargs, oargs, rargs, *, sb) -> Path:
         if draws:
             st.pool = [PoolEnv(**e) for e in draws[step]]
         # ALGO: 1. regenerate: designer proposals, sandbox validation, hints (Alg. 1 lines 3-6)
-        phase(step, "generate", times)
+        phase("regenerate", times)
         if regen:
             if step > 0:  # Fig. 7 over the epoch that ends here
                 m.update(metrics.epoch_learnable(st.hist, st.pool, step - sargs.regen_interval,
@@ -177,11 +178,11 @@ def train(margs, sargs, oargs, rargs, *, sb) -> Path:
                 run.rank, run.world)
             m.update(gm)
         # ALGO: 2. play: G unhinted plays per environment, H hinted per fresh one at a regeneration
-        phase(step, "play", times)
+        phase("play", times)
         episodes = play_pool(step, st.pool, sargs, run.sampler, sb, run.tokenizer, seed=rargs.seed,
                              hinted_arm=regen and sargs.hint_plays > 0, margs=margs)
         # ALGO: 3. regret (Eq. 3) of the fresh environments, after the plays mark faults and returns
-        phase(step, "score", times)
+        phase("regret", times)
         record_plays(st.pool, episodes, regen)
         m.update(hint_regrets(st.pool, episodes) if regen else {})
         m.update(metrics.env_metrics(st.pool, episodes))
@@ -189,6 +190,7 @@ def train(margs, sargs, oargs, rargs, *, sb) -> Path:
                                        random.Random(derive_seed("vendi", rargs.seed, step)),
                                        run.gather))
         # ALGO: 4. delayed designer scoring of the finished epoch (deviation 3: and of the last)
+        phase("score", times)
         if last and not sargs.fixed_envs:
             ended, st.designs = ended + st.designs, []
             m.update(metrics.epoch_learnable(st.hist, st.pool, step - step % sargs.regen_interval,
@@ -200,19 +202,20 @@ def train(margs, sargs, oargs, rargs, *, sb) -> Path:
             samples += ds
             m.update(dm)
         # ALGO: 5. one GRPO update over both roles
-        phase(step, "update", times)
+        phase("update", times)
         run.engine.sleep()  # INFRA: colocated vLLM frees its memory for training; sync wakes it
         m.update(grpo_update(run.model, run.ref_model, run.optimizer, run.scheduler,
                              run.accelerator, samples, pad_id=run.tokenizer.pad_token_id,
                              temperatures=run.temperatures, oargs=oargs, margs=margs))
         # ALGO: 6. weight sync into the rollout engine
-        phase(step, "sync", times)
+        phase("sync", times)
         run.engine.sync_weights(run.accelerator.unwrap_model(run.model))
         # ALGO: 7. memory update: a record for every freshly designed environment
+        phase("memory", times)
         if regen and not sargs.no_memory:
             remember(step, st.pool, st.memory, sargs.setting, run.gather)
         # INFRA: step files, metrics, checkpoint, export
-        phase(step, "log", times)
+        phase("log", times)
         run.log(step, m, times, episodes, sb.level, st.pool if regen else [], logs, scored)
         run.save(step, st)
     return run.finish()

@@ -282,7 +282,7 @@ def fake_run(root: Path, *, regens: int, n_envs: int, interval: int, source: str
     (run / "config.json").write_text(json.dumps({"model": "Qwen3-8B", "setting": "games",
                                                  "steps": regens * interval}))
     rows = [{"charts/step": s, "agent/return_mean": s / (regens * interval), "env/learnable_share": 0.4,
-             "time/step_s": 60.0, "time/generate_s": 20.0, "time/play_s": 30.0, "time/update_s": 9.0,
+             "time/step_s": 60.0, "time/regenerate_s": 20.0, "time/play_s": 30.0, "time/update_s": 9.0,
              **({"designer/validity_rate": 0.7, "designer/first_attempt_validity_rate": 0.5,
                  "designer/diversity": 12.0, "regret/mean": 0.1, "regret/positive_share": 0.6,
                  "agent/hinted_return_mean": 0.5} if s % interval == 0 else {})}

@@ -148,14 +148,17 @@ def test_tiny_moe_runs(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("phase", ["generate", "play", "score", "update", "sync", "log"])
+@pytest.mark.parametrize("phase", [*metrics_lib.PHASES, "log"])
 def test_resume_after_crash_is_exact(tmp_path, monkeypatch, designer_model, reference_run, phase):
-    crash_step = 2 if phase == "generate" else 1
+    crash_step = 2 if phase == "regenerate" else 1
+    entered = []  # one entry per step that reached the phase
 
-    def crash(step, name, times):
-        if step == crash_step and name == phase:
-            raise RuntimeError("simulated kill")
-        enter(step, name, times)
+    def crash(name, times):
+        if name == phase:
+            entered.append(name)
+            if len(entered) == crash_step + 1:
+                raise RuntimeError("simulated kill")
+        enter(name, times)
 
     # one scripted designer across the kill, as a real engine's output depends only on its seed
     engines = scripted(*designer_model)

@@ -25,6 +25,7 @@ import engine
 import grpo
 import infra
 import logprobs as logprobs_lib
+import metrics as metrics_lib
 import models
 import train
 from scripted import main_with
@@ -341,6 +342,23 @@ def test_loss_weights_are_one_mean_over_samples(scripted):
         assert weights == pytest.approx([len(mb) / n for mb in batches])
         assert sum(weights) + zero / n == pytest.approx(1.0)
         i += len(batches)
+
+
+@pytest.mark.slow
+def test_update_statistics_and_phase_times_by_hand(scripted):
+    """losses/tokens is the mean over the forwarded samples of their trained tokens (the budget
+    splits every step into micro-batches of unequal size, so a mean of micro-batch totals would
+    differ); every phase of Algorithm 1 has its time/<phase>_s, together at most time/step_s."""
+    _, rows, rec, _ = scripted
+    for batches, row in zip(rec["batches"], rows):
+        forwarded = [s for mb in batches for s in mb]
+        assert len({len(mb) for mb in batches}) > 1 or len(batches) > 1
+        assert row["losses/tokens"] == pytest.approx(
+            sum(sum(s["mask"]) for s in forwarded) / len(forwarded))
+        spans = [row[f"time/{p}_s"] for p in metrics_lib.PHASES]
+        assert all(t >= 0 for t in spans) and sum(spans) <= row["time/step_s"]
+        assert {k for k in row if k.startswith("time/")} == \
+            {f"time/{p}_s" for p in metrics_lib.PHASES} | {"time/step_s"}
 
 
 @pytest.mark.slow
