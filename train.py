@@ -136,7 +136,8 @@ class State:
 
 
 def start_state(run, sargs, rargs) -> State:
-    """A fresh state, or with --resume the checkpoint's."""
+    """A fresh state (its memory seeded from --memory_from), or with --resume the checkpoint's,
+    memory included as saved: --memory_from seeds a run once, never again on resume."""
     corpus = None
     if not (sargs.no_corpus or sargs.fixed_envs):  # one sampler for the run, seed 42 (Sec. 3.2)
         corpus = designer.Corpus(sargs.corpus, max_words=designer.CORPUS_MAX_WORDS[sargs.setting],

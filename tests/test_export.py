@@ -195,6 +195,29 @@ def test_filters_and_bad_input(tiny_run, exports, tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_left_out_faulty_foreign_and_failing_environments(tiny_run, tmp_path):
+    """Only designer-written environments that did not fault in training and validate again
+    here are exported: one marked faulty, one from the fallback pool and one whose source no
+    longer validates (it plays, but not reproducibly) are each left out, for their own reason."""
+    run = shutil.copytree(tiny_run, tmp_path / "run")
+    [d] = (run / "envs").iterdir()
+    entries = json.loads((d / "pool.json").read_text())
+    faulty, foreign, failing = entries
+    faulty["faulty"], foreign["origin"] = True, "fallback"
+    (d / "pool.json").write_text(json.dumps(entries))
+    (d / f"{failing['env_id'].replace(':', '_')}.py").write_text(
+        "import time\n\nclass ClockEnv:\n    def reset(self, seed=None):\n"
+        "        return f'now {time.time_ns()}', {}\n\n    def step(self, action):\n"
+        "        return 'o', 0.0, True, False, {}\n")
+    m = export.export(run, "gem", tmp_path / "out", "left")
+    assert m["envs"] == []
+    reasons = {x["env_id"]: x["reason"] for x in m["excluded"]}
+    assert reasons.keys() == {faulty["env_id"], failing["env_id"]}  # the fallback one: not a candidate
+    assert reasons[faulty["env_id"]] == "faulted in training"
+    assert reasons[failing["env_id"]].startswith("validation: nondeterministic")
+
+
+@pytest.mark.slow
 def test_a_tool_use_run_exports_with_replays_of_its_tool_turns(tiny, tmp_path):
     """Tool outputs come back as tool messages (and a malformed call as a reminder with the
     format hint): the export reads them back and replays every logged play exactly."""

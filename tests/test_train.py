@@ -243,6 +243,29 @@ def _ep(env_id, ret, hinted=False, status="terminated", rewards=None):
                            rewards=rewards if rewards is not None else [ret])
 
 
+def test_resume_restores_the_checkpoints_memory_and_never_seeds_again(tmp_path):
+    """--memory_from seeds a fresh run's memory once; a resumed run (--resume with the same flags)
+    takes the checkpoint's memory as it was, without adding the other run's records again."""
+    import memory as memory_lib
+    other = tmp_path / "other"
+    old = memory_lib.EnvironmentMemory(capacity=5, path=other / "memory.json")
+    old.add(memory_lib.MemoryRecord("Optimization", "class OldEnv: pass", 0.5, 0.1, 0, "OldEnv",
+                                    "games"))
+    other.mkdir()
+    old.save()
+    margs, sargs, oargs, rargs = config.parse(["--model", "tiny", "--memory_from", str(other),
+                                               "--no_corpus"], aliases={})
+    run = types.SimpleNamespace(rank=0, run_dir=tmp_path / "run", resume=lambda: None)
+    fresh = train.start_state(run, sargs, rargs)
+    assert [r.class_name for r in fresh.memory.records] == ["OldEnv"]  # seeded once
+    fresh.memory.add(memory_lib.MemoryRecord("Optimization", "class MineEnv: pass", 0.5, 0.2, 1,
+                                             "MineEnv", "games"))
+    run.resume = lambda: json.loads(json.dumps(fresh.to_dict(2, 1, 2)))
+    resumed = train.start_state(run, sargs, rargs)
+    assert [r.class_name for r in resumed.memory.records] == ["OldEnv", "MineEnv"]
+    assert resumed.step == 2
+
+
 def test_every_env_error_is_the_environments_fault():
     """A sandbox fault raises (SandboxInfraError) and ends no episode, so an env_error is always
     the environment's, whatever its kind says: one that reads like the sandbox's is no excuse."""
