@@ -549,6 +549,7 @@ def main(argv=None) -> Path | None:
         resolved = {k: v for a in args for k, v in dataclasses.asdict(a).items()}
         print(json.dumps(resolved, sort_keys=True))
         return None
+    models.check_loadable(args[0].model, "train.py")  # e.g. a hub id not cached, offline
     # The sandbox's zygote is a fresh interpreter started before the model loads: it never holds
     # the model, its memory or its secrets.
     sb = sandbox.Sandbox(workers=args[3].sandbox_workers, step_timeout=args[3].step_timeout,
