@@ -26,8 +26,8 @@ Deviations (README, "Deviations", has the reasons):
   3. The last epoch's designer samples are trained at the final step (authors drop them).
   4. Every sampling call's seed derives from (seed, step, phase, call) and the corpus sampler is
      checkpointed, so a resumed run replays exactly.
-  5. Hinted plays (so regret and hints) only for freshly designed environments; an empty hint:
-     regret 0.
+  5. Hinted plays (so regret and hints) only for freshly designed environments; a hint still
+     empty after designer.HINT_ATTEMPTS calls: regret 0.
   6. The N slots are split over the ranks, so each GRPO group stays on one rank; one vLLM
      tensor-parallel group serves its ranks' prompts in one generate call.
   7. Without a preset, log-probs at each role's sampling temperature (--logprob_temperature); one

@@ -2,6 +2,7 @@
 import ast
 import json
 import random
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -185,6 +186,15 @@ def test_games_prompt_per_skill(skill):
     assert "ToolEnv" not in text and "max_turns=20" not in text
     skeleton = text.split("```python\n", 1)[1].split("```", 1)[0].replace("...", "pass")
     ast.parse(skeleton)  # the interface skeleton is itself valid Python
+
+
+@pytest.mark.parametrize("spec", ["GAMES_SPEC", "NO_CORPUS_SPEC"])
+def test_outline_placeholder_class_name_is_neutral(spec):
+    """Early designers keep the scaffold's class name (the paper's Fig. 9 caption), so the
+    placeholder names no game (a maze or a trader would pull early games toward it); as the
+    authors' generic placeholders, it says only that a game name goes there."""
+    outline = getattr(d, spec).split("```python\n", 1)[1].split("```", 1)[0]
+    assert re.findall(r"^class (\w+)", outline, flags=re.M) == ["YourGameNameEnv"]
 
 
 def test_games_outline_reads_the_move_the_agent_sends():
@@ -412,16 +422,20 @@ def test_parse_hint_json_plain_and_caps():
 
 
 def test_write_hints_is_one_batched_call_aligned_with_its_sources():
-    gen = ScriptedDesigner(['{"hint": "A."}', "   ", "Plain C."])
+    gen = ScriptedDesigner(['{"hint": "A."}', "   ", "Plain C.", "", "<think>x</think>"])
     sources = ["class AEnv: pass", "class BEnv: pass", "class CEnv: pass"]
-    assert d.write_hints(sources, "games", gen) == ["A.", None, "Plain C."]  # empty reply: None
-    assert len(gen.batches) == 1 and len(gen.batches[0]) == 3
+    assert d.write_hints(sources, "games", gen) == ["A.", None, "Plain C."]  # 3 empty replies
+    assert [len(b) for b in gen.batches] == [3, 1, 1]  # B asked again, twice: the authors' retry
     assert "The code is hidden from it" in gen.batches[0][0][0]["content"]
     assert "class BEnv" in gen.batches[0][1][1]["content"]
+    assert all("class BEnv" in b[0][1]["content"] for b in gen.batches[1:])
+    again = ScriptedDesigner(["", "B.", "Late A."])  # a retry that succeeds ends the retries
+    assert d.write_hints(sources[:2], "games", again) == ["Late A.", "B."]
+    assert [len(b) for b in again.batches] == [2, 1]
     tool = ScriptedDesigner(["Ask for the id first."])
     assert d.write_hints(["class CEnv(ToolEnv): pass"], "tool", tool) == ["Ask for the id first."]
     assert "never sees the code" in tool.batches[0][0][0]["content"]
-    assert d.write_hints([], "games", gen) == [] and len(gen.batches) == 1
+    assert d.write_hints([], "games", gen) == [] and len(gen.batches) == 3  # no call for none
 
 
 def test_hint_prompts():
