@@ -47,6 +47,8 @@ Deviations from the paper and from the authors' code:
        read the first; agent.py sends a single box, so both read the same move).
    10. Hint calls use the designer's top-p 0.95 / top-k 20 (the authors pass none: their
        adapter's top-p 0.9, top-k off).
+   11. The no-corpus prompt has no math-verify `verify_answer` helper (the authors' has): the
+       package does not import in a sandbox worker, so a game using it could not load.
 
 Dependencies: standard library only.
 Test: `pytest tests/test_designer.py`.

@@ -26,6 +26,10 @@ states it sees are its own, seeded from the episode's seed and set aside between
 seeds them), and an exception or a malformed result is an environment fault with a named kind.
 Unlike the sandbox there is no deadline: a hanging library call hangs the run.
 
+Deviations (README rows 1 and 34): every pool file passes the sandbox's validation (a file that
+imports math_verify cannot load in a worker); --generate_pool takes the six skills in turn; a file
+with no skill named in a manifest or its docstring gets skill "unknown".
+
 `seed_memory` (--memory_from) fills a new run's environment memory with another run's records
 (memory.json) or an export's manifest (tools/export.py): exemplars for the designer's prompts,
 text only, never executed here. Test: `pytest tests/test_export.py tests/test_recipe.py`.

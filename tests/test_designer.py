@@ -228,7 +228,10 @@ def test_no_corpus_prompt_is_the_authors_separate_one(skill):
                    "at most 25 turns", "best line of\n  play wins in about 12-18 turns",
                    "def __init__(self, max_turns=25, **kwargs)", "A sketch of the pattern",
                    "DIFFERENT game", "1.0 with terminated=True", "0.0 with truncated=True",
-                   "random.Random(seed)", "boxes[-1]", "the game goes on"):
+                   "random.Random(seed)", "boxes[-1]", "the game goes on",
+                   # the authors' rules on f-string backslashes and unreadable moves
+                   "No backslash inside the {...} of an f-string", "f\"{'\\n'.join(rows)}\"",
+                   "must not crash it", "lists the moves it accepts"):
         assert needle in text, needle
     skeleton = text.split("```python\n", 1)[1].split("```", 1)[0].replace("...", "pass")
     ast.parse(skeleton)
