@@ -394,6 +394,13 @@ def prompt_ids(tokenizer, messages: list[dict], *, tools: list[dict] | None = No
 # ALGO: the batched multi-turn loop
 
 
+def fault(result: tuple) -> str | None:
+    """The kind of environment fault that ended a reset/step call, else None. The sandbox and
+    pools.InProcessEnv mark it on the result object (sandbox.Fault), out of the environment's
+    reach: whatever its info holds ("error" keys too) is its own and passes through untouched."""
+    return getattr(result, "fault", None)
+
+
 def _finish(ep: Episode, status: str, error: str | None = None, terminated: bool = False) -> None:
     ep.status, ep.error = status, error
     ep.ret = 0.0 if status == "env_error" else episode_return(ep.rewards, terminated)
@@ -403,10 +410,10 @@ def _start(spec: EpisodeSpec, reset: tuple, tokenizer, setting: str, enable_thin
            eot) -> tuple[Episode, _Renderer | None]:
     """An episode from its environment's reset (obs, info), with its first prompt and renderer."""
     ep = Episode(env_id=spec.env_id, seed=spec.seed, hinted=bool(spec.hint))
-    obs, info = reset
-    if isinstance(info, dict) and info.get("error"):
-        _finish(ep, "env_error", str(info["error"]))
+    if kind := fault(reset):
+        _finish(ep, "env_error", kind)
         return ep, None
+    obs, _ = reset
     ep.messages = [{"role": "user", "content": first_user_message(obs, spec.hint, setting)}]
     tools = list(spec.handle.tools()) if setting == "tool" else []
     renderer = _Renderer(tokenizer, tools, enable_thinking, eot)
@@ -458,9 +465,9 @@ def _observe(ep: Episode, renderer: _Renderer, result: tuple, stop: int | None, 
     """Record one step's result and append its observation (tokens with mask 0), or end the
     episode: on a fault, at the environment's end, out of turns (on the last reply, no dangling
     observation), or with no room left to reply."""
+    if kind := fault(result):
+        return _finish(ep, "env_error", kind)
     obs, reward, terminated, truncated, info = result
-    if isinstance(info, dict) and info.get("error"):
-        return _finish(ep, "env_error", str(info["error"]))
     ep.rewards.append(float(reward))
     if terminated or truncated:
         return _finish(ep, "terminated" if terminated else "truncated", terminated=terminated)

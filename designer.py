@@ -36,7 +36,8 @@ Deviations from the paper and from the authors' code:
        `_advance_if_done`), and the document comes last.
     6. Tool-use solvability is executable (the sandbox replays solution()), not the authors' LLM
        self-audit; the prompt tells the designer so.
-    7. A hint is capped at 100 words; an empty hint becomes None (the hinted arm = the unhinted).
+    7. A hint is capped at 100 words; a hint still empty after HINT_ATTEMPTS calls (the authors'
+       retry count) becomes None (the hinted arm = the unhinted).
     8. `validate` is retried up to twice when it raises (the sandbox raises only for its own
        faults; README, "Running model-written code safely"); a third failure propagates.
     9. The games prompts (the no-corpus ablation has its own, as the authors') demand all
@@ -46,6 +47,8 @@ Deviations from the paper and from the authors' code:
        read the first; agent.py sends a single box, so both read the same move).
    10. Hint calls use the designer's top-p 0.95 / top-k 20 (the authors pass none: their
        adapter's top-p 0.9, top-k off).
+   11. The no-corpus prompt has no math-verify `verify_answer` helper (the authors' has): the
+       package does not import in a sandbox worker, so a game using it could not load.
 
 Dependencies: standard library only.
 Test: `pytest tests/test_designer.py`.
@@ -68,6 +71,7 @@ log = logging.getLogger(__name__)
 # Both designer calls' sampling settings are config.SpadeArgs fields citing the paper, bound into
 # the generate callables this module takes by infra.designer_generate and train.regenerate.
 HINT_MAX_WORDS = 100                              # deviation 7
+HINT_ATTEMPTS = 3                                 # hint calls per environment, the authors' retry
 MAX_ATTEMPTS = 5                                  # attempts per slot (paper)
 CORPUS_SEED = 42                                  # document sampler seed (paper)
 CORPUS_MAX_WORDS = {"games": 6000, "tool": 4000}  # words kept per document (paper)
@@ -639,10 +643,11 @@ def parse_hint(reply: Any) -> str | None:
 
 
 def write_hints(sources: Sequence[str], setting: str, generate,
-                attempts: int = 1) -> list[str | None]:
-    """The privileged hint h(e) of each environment source (None where no reply held one). Every
-    hint request goes in at once; a reply with no hint is asked again as soon as it comes back,
-    up to `attempts` requests per environment (a batched generate: one call per attempt)."""
+                attempts: int = HINT_ATTEMPTS) -> list[str | None]:
+    """The privileged hint h(e) of each environment source (None where every reply was empty).
+    Every hint request goes in at once; a reply with no hint is asked again as soon as it comes
+    back, up to `attempts` requests per environment (the authors retry an empty hint up to 3
+    times; a batched generate gets one call per attempt)."""
     requests = generate if hasattr(generate, "submit") else _Batched(generate)
     for i, src in enumerate(sources):
         requests.submit((i, 1), hint_messages(src, setting))

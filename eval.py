@@ -617,8 +617,8 @@ def main(argv=None):
         try:
             sampler = build_sampler(cfg)
         except (OSError, ValueError) as e:  # a hub id not cached offline, a dir without a model
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise SystemExit(f"eval.py: cannot load --model {cfg.model}: {first}") from None
+            import models
+            raise SystemExit(models.cannot_load(cfg.model, e, "eval.py")) from None
         results = evaluate(cfg, sampler)
     except MissingDataset as e:
         raise SystemExit(f"eval.py: {e}") from None

@@ -24,8 +24,9 @@ old_logp, rollout_logp, ref_logp (B, T); epsilon_low/high clip_low/clip_high; C 
 beta kl_coef; S role_scale(...); R interval (the regeneration interval).
 
 Deviations from the paper (and from the authors' code):
-    1. k3 clamps the log-ratio to [-20, 20] and k3 to [0, 10] (as verl does): one token cannot
-       blow up the loss; the paper states only "k3".
+    1. k3 clamps the log-ratio to [-20, 20] and k3 to [0, 10] (as verl does, and as the authors'
+       Slime clamps its low_var_kl to [-10, 10], so only the paper's text differs: it states only
+       "k3"): one token cannot blow up the loss.
     2. Without weights, samples without any completion token are left out of the mean over
        samples (train.py passes weights: such a sample counts in its denominator with loss 0).
     3. role_scale is 0.0 when a step has no designer samples.
@@ -153,7 +154,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.
                  "losses/is_weight_max": float(raw_on.max()),
                  "losses/is_weight_capped_frac": token_mean((is_raw > tis_cap).to(logp.dtype)),
                  "losses/entropy": -token_mean(logp.detach()),
-                 "losses/tokens": float(mask.sum())}
+                 "losses/tokens": float(mask.sum() / len(mask))}  # per sample (README)
         if kl is not None:
             stats["losses/kl"] = token_mean(kl)
         stats.update(rollout_mismatch(old_logp, rollout_logp, on))

@@ -36,6 +36,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+# Algorithm 1's phases in train.train's order (each entered with train.phase, then "log"): the
+# step's time/<phase>_s is the wall time from a phase's start to the next one's, time/step_s the
+# whole step's (log included)
+PHASES = ("regenerate", "play", "regret", "score", "update", "sync", "memory")
+
 
 def _finite_list(xs, name: str) -> list[float]:
     """xs as floats, or a ValueError naming the first entry that is None, a bool, NaN or inf."""

@@ -135,6 +135,34 @@ def shipped_dtype(name: str) -> torch.dtype:
     return getattr(torch, dtype) if isinstance(dtype, str) else dtype
 
 
+def cannot_load(name: str, error: Exception, program: str) -> str:
+    """The one line a command prints when --model cannot be loaded: the model, why, what to do.
+    A hub id that is neither cached nor reachable (offline, or HF_HUB_OFFLINE=1) gets the way out
+    (download it where there is network, or point --model at a local directory)."""
+    from huggingface_hub import constants
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    resolved = name if isinstance(error, ValueError) else resolve_model_name(name)
+    if isinstance(error, OSError) and not os.path.isdir(resolved) and (
+            constants.HF_HUB_OFFLINE or "couldn't connect" in first or "offline" in first.lower()):
+        return (f"{program}: --model {name} ({resolved}) is not in the Hugging Face cache "
+                f"({constants.HF_HUB_CACHE}) and the hub cannot be reached: download it where "
+                f"there is network (`hf download {resolved}`) and copy that cache here, or pass "
+                "a local model directory as --model")
+    return f"{program}: cannot load --model {name} ({resolved}): {first}"
+
+
+def check_loadable(name: str, program: str) -> None:
+    """Stop in one line (cannot_load) when --model cannot be loaded, before a run starts: a hub
+    model's config is read from the cache or the hub (the weights are not fetched here)."""
+    try:
+        resolved = resolve_model_name(name)
+        if resolved not in TINY_MODELS and not os.path.isdir(resolved):
+            from transformers import AutoConfig
+            AutoConfig.from_pretrained(resolved)
+    except (OSError, ValueError) as e:
+        raise SystemExit(cannot_load(name, e, program)) from None
+
+
 def load_model_and_tokenizer(name: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0, *,
                              empty: bool = False):
     """(model, tokenizer) for an alias, hub id, local dir, or tiny (fp32, for CPU kernels).

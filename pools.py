@@ -31,6 +31,10 @@ Unlike the sandbox there is no deadline: a hanging library call hangs the run. A
 is played over its WebSocket protocol (`OpenEnvRemote`: one session per episode, a reply that
 takes over REMOTE_TIMEOUT seconds is a `timeout` fault); its code runs in the server's process.
 
+Deviations (README rows 1 and 34): every pool file passes the sandbox's validation (a file that
+imports math_verify cannot load in a worker); --generate_pool takes the six skills in turn; a file
+with no skill named in a manifest or its docstring gets skill "unknown".
+
 `seed_memory` (--memory_from) fills a new run's environment memory with another run's records
 (memory.json) or an export's manifest (tools/export.py): exemplars for the designer's prompts,
 text only, never executed here. Test: `pytest tests/test_export.py tests/test_recipe.py`.
@@ -199,7 +203,8 @@ def _rngs(state: dict):
 
 class InProcessEnv:
     """An imported environment behind EnvHandle's surface; faults come back as EnvHandle's do:
-    an error observation with info {"error": kind, "message": ...}, never a raise."""
+    a sandbox.Fault result (an error observation), never a raise. Its own results are rebuilt as
+    plain tuples and dicts, so nothing it returns can pass for a fault."""
 
     def __init__(self, spec: str):
         self.spec, self.env, self._state = spec, None, None
@@ -216,8 +221,7 @@ class InProcessEnv:
                 obs, info = self.env.reset(seed=seed)
             return _text(obs), _info(info)
         except Exception as e:  # noqa: BLE001 - library failures are environment faults
-            obs, _, _, _, info = self._fault(getattr(e, "kind", "reset_error"), e)
-            return obs, info
+            return self._fault(getattr(e, "kind", "reset_error"), e, step=False)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         if self.env is None:
@@ -237,11 +241,13 @@ class InProcessEnv:
             _close(self.env)
             self.env = None
 
-    def _fault(self, kind: str, e) -> tuple:
+    def _fault(self, kind: str, e, step: bool = True) -> sandbox.Fault:
         self.close()
-        msg = f"{type(e).__name__}: {e}" if isinstance(e, Exception) else str(e)
-        return f"[environment error: {kind}] {msg[:300]}", 0.0, True, False, {"error": kind,
-                                                                               "message": msg[:300]}
+        msg = (f"{type(e).__name__}: {e}" if isinstance(e, Exception) else str(e))[:300]
+        obs = f"[environment error: {kind}] {msg}"
+        r = sandbox.Fault((obs, 0.0, True, False, {}) if step else (obs, {}))
+        r.fault, r.message = kind, msg
+        return r
 
 
 def _close(env) -> None:
@@ -401,12 +407,12 @@ def probe(spec: str, origin: str) -> dict | None:
     except Exception as e:  # noqa: BLE001 - an unknown id, a missing package: the user's to fix
         raise SystemExit(f"{spec}: cannot make it: {type(e).__name__}: {e}") from None
     h = InProcessEnv(spec)
-    _, result = h.reset(seed=0)
+    result = h.reset(seed=0)
     name = type(getattr(h.env, "unwrapped", h.env)).__name__
-    result = result if result.get("error") else h.step(sandbox.PROBE_ACTIONS[0])[4]
+    result = result if isinstance(result, sandbox.Fault) else h.step(sandbox.PROBE_ACTIONS[0])
     h.close()
-    if result.get("error"):
-        print(f"[spade] {spec} left out of the pool: {result['error']}: {result.get('message')}",
+    if isinstance(result, sandbox.Fault):
+        print(f"[spade] {spec} left out of the pool: {result.fault}: {result.message}",
               file=sys.stderr)
         return None
     return {"env_id": f"{origin}:{spec}".replace("/", "."), "skill": suite_skill(spec),

@@ -25,7 +25,7 @@ never runs untrusted code) forks one worker per EPISODE (`pool` of them ahead); 
 itself down before it reads its first request, then executes the source afresh. Requests and
 replies are JSON lines on two private pipes, one request outstanding, each with a fresh nonce; the
 PARENT re-checks every reply field with type(), caps and text checks. Environment faults are named
-(FAILURES: info["error"], ValidationReport.kind); faults of the sandbox raise SandboxInfraError.
+(FAILURES: Fault.fault, ValidationReport.kind); faults of the sandbox raise SandboxInfraError.
 LAYERS (`Sandbox.layers` lists those achieved; a later worker missing one exits unused):
   always    allow-listed env (PYTHONHASHSEED=0), setsid, fds 0-2 on /dev/null, pipes on 3/4, no
             other fd, scratch cwd; rlimits AS (memory_mb above the preloaded zygote), CPU, FSIZE,
@@ -53,11 +53,10 @@ serve loop and answer for itself: that only changes its own reply.
 DEVIATIONS: 1. A process per episode (authors: exec() inside the trainer, thread timeouts): module
 globals, class attributes, `random` and stdlib state never carry over. 2. Validation adds an
 unpredictable probe (random seed and actions) under the play-time limits, runs toolenv.self_check
-from seeds 0, 1, 2 for a tool environment, and rejects `too_slow`: a median reset or step call
-over SLOW_SHARE x step_timeout (it would stall every batched turn). 3. Threads are allowed; one
-still running at reset, episode end or in validation is a `resource_leak`. 4. Conveniences: a
-bare-str reset() means (obs, {}); numpy values are converted in the worker; observations over
-OBS_CAP characters are truncated.
+from seeds 0, 1, 2 for a tool environment, and rejects `too_slow`: a median reset or step call over
+SLOW_SHARE x step_timeout (it would stall every batched turn). 3. Threads are allowed; one left
+running at reset, episode end or in validation is a `resource_leak`. 4. Conveniences: a bare-str
+reset() is (obs, {}); the worker converts numpy values; observations are cut at OBS_CAP characters.
 The environment is the LAST module-level class whose name ends in "Env".
 Test: python -m pytest -q tests/test_sandbox.py tests/test_sandbox_alone.py
 """
@@ -135,6 +134,11 @@ class ValidationReport:
     error: str | None = None          # "<kind>: <short message>" when not ok
     class_name: str | None = None
     kind: str | None = None           # the named failure when not ok (see FAILURES), else None
+
+
+class Fault(tuple):
+    """A result an environment fault ended: (error observation, [0.0, True, False,] {}), named by
+    `.fault` (FAILURES) and `.message`. Never built from a reply: an info's "error" is its own."""
 
 
 # INFRA: kernel layers applied in the worker (ctypes + stdlib only). Syscall numbers as
@@ -545,7 +549,7 @@ class _Fail(Exception):
 
 class EnvHandle:
     """One environment instance; every episode (reset) runs in a fresh worker. Never raises on
-    misbehaviour: an environment fault becomes an error observation with info["error"]."""
+    misbehaviour: an environment fault becomes a Fault result (an error observation)."""
 
     def __init__(self, sb: "Sandbox", source: str | None, setting: str = "games"):
         if setting == "tool" and not sb._has_toolenv:                 # the caller's set-up
@@ -612,8 +616,7 @@ class EnvHandle:
             except SandboxInfraError as e:                             # the zygote itself is gone
                 kind, message = kind or "worker_exited", f"sandbox fault: {e}"
             self._sb._live.discard(self)
-            for fd in (self._rfd, self._wfd):
-                os.close(fd)
+            list(map(os.close, (self._rfd, self._wfd)))
             self.pid = None
         self._failure = self._failure or (kind, _clean(message))
         kind, message = self._failure                                  # the first reason stays
@@ -742,11 +745,12 @@ class EnvHandle:
         return obs, float(reward), term, trunc, info
 
     @staticmethod
-    def _error(e: _Fail, step=True) -> tuple:
-        """What the caller gets for an environment fault: an error observation, never a raise."""
+    def _error(e: _Fail, step=True) -> Fault:
+        """What the caller gets for an environment fault: a Fault result, never a raise."""
         obs = f"[environment error: {e.kind}] {e.message}"
-        info = {"error": e.kind, "message": e.message}
-        return (obs, 0.0, True, False, info) if step else (obs, info)
+        r = Fault((obs, 0.0, True, False, {}) if step else (obs, {}))
+        r.fault, r.message = e.kind, e.message
+        return r
 
     def reset(self, seed: int | None = None) -> tuple[str, dict]:
         return self._sb.reset_many([self], [seed])[0]      # a worker start dwarfs the batch code
@@ -896,11 +900,10 @@ class Sandbox(contextlib.AbstractContextManager):
             h._prepare()                                               # load in parallel
         for i, (h, a) in enumerate(zip(handles, args)):
             try:
-                if out[i] is None:
-                    arg = _quote(str(a)) if step else _dumps(a)
-                    h._begin("S" if step else "R", arg, self.step_timeout)
-                    pending[h._rfd] = (i, h)
-                    poller.register(h._rfd, select.POLLIN)
+                arg = _quote(str(a)) if step else _dumps(a)
+                h._begin("S" if step else "R", arg, self.step_timeout)
+                pending[h._rfd] = (i, h)
+                poller.register(h._rfd, select.POLLIN)
             except _Fail as e:
                 out[i] = h._error(e, step)
         while pending:                       # replies as they come: one that fills its pipe never
@@ -972,10 +975,7 @@ class Sandbox(contextlib.AbstractContextManager):
         out, over, times = [], False, {"reset": [], "step": []}
         for op, arg in script:
             if op == "reset":
-                obs, info = h._check(h._roundtrip("R", _dumps(arg)), 2)
-                if not obs.strip():
-                    raise _Fail("invalid_observation", "empty observation from reset()")
-                out.append([obs, info])
+                out.append(list(h._check(h._roundtrip("R", _dumps(arg)), 2)))
             elif not over:                                             # stop at a terminal flag
                 out.append(list(h._check_step(h._roundtrip("S", _dumps(arg)))))
                 h._leak_check()

@@ -26,8 +26,8 @@ Deviations (README, "Deviations", has the reasons):
   3. The last epoch's designer samples are trained at the final step (authors drop them).
   4. Every sampling request's seed derives from (seed, step, phase, turn or attempt) and its
      episode or slot, and the corpus sampler is checkpointed, so a resumed run replays exactly.
-  5. Hinted plays (so regret and hints) only for freshly designed environments; an empty hint:
-     regret 0.
+  5. Hinted plays (so regret and hints) only for freshly designed environments; a hint still
+     empty after designer.HINT_ATTEMPTS requests: regret 0.
   6. The N slots are split over the ranks, so each GRPO group stays on one rank; one vLLM
      tensor-parallel group serves its ranks' requests, gathered before every engine step.
   7. Without a preset, log-probs at each role's sampling temperature (--logprob_temperature); one
@@ -68,8 +68,9 @@ from infra import derive_seed
 HERE = Path(__file__).resolve().parent
 
 
-def phase(step: int, name: str, times: dict) -> None:
-    times[name] = time.perf_counter()  # the step's time/* metrics
+def phase(name: str, times: dict) -> None:
+    """Enter the step's phase `name` (infra.PHASES, then "log"): the start of its time/* span."""
+    times[name] = time.perf_counter()
 
 
 def skill_list(sargs) -> list[str]:
@@ -136,7 +137,8 @@ class State:
 
 
 def start_state(run, sargs, rargs) -> State:
-    """A fresh state, or with --resume the checkpoint's."""
+    """A fresh state (its memory seeded from --memory_from), or with --resume the checkpoint's,
+    memory included as saved: --memory_from seeds a run once, never again on resume."""
     corpus = None
     if not (sargs.no_corpus or sargs.fixed_envs):  # one sampler for the run, seed 42 (Sec. 3.2)
         corpus = designer.Corpus(sargs.corpus, max_words=designer.CORPUS_MAX_WORDS[sargs.setting],
@@ -167,7 +169,7 @@ def train(margs, sargs, oargs, rargs, *, sb) -> Path:
         if draws:
             st.pool = [PoolEnv(**e) for e in draws[step]]
         # ALGO: 1. regenerate: designer proposals, sandbox validation, hints (Alg. 1 lines 3-6)
-        phase(step, "regenerate", times)
+        phase("regenerate", times)
         if regen:
             if step > 0:  # Fig. 7 over the epoch that ends here
                 m.update(metrics.epoch_learnable(st.hist, st.pool, step - sargs.regen_interval,
@@ -178,19 +180,19 @@ def train(margs, sargs, oargs, rargs, *, sb) -> Path:
                 run.rank, run.world)
             m.update(gm)
         # ALGO: 2. play: G unhinted plays per environment, H hinted per fresh one at a regeneration
-        phase(step, "play", times)
+        phase("play", times)
         episodes = play_pool(step, st.pool, sargs, run.sampler, sb, run.tokenizer, seed=rargs.seed,
                              hinted_arm=regen and sargs.hint_plays > 0, margs=margs)
         # ALGO: 3. regret (Eq. 3) of the fresh environments, after the plays mark faults and returns
-        phase(step, "regret", times)
+        phase("regret", times)
         record_plays(st.pool, episodes, regen)
         m.update(hint_regrets(st.pool, episodes) if regen else {})
-        phase(step, "score", times)
         m.update(metrics.env_metrics(st.pool, episodes))
         m.update(metrics.regen_figures(step, st.pool, regen, episodes, st.hist, sargs.steps,
                                        random.Random(derive_seed("vendi", rargs.seed, step)),
                                        run.gather))
         # ALGO: 4. delayed designer scoring of the finished epoch (deviation 3: and of the last)
+        phase("score", times)
         if last and not sargs.fixed_envs:
             ended, st.designs = ended + st.designs, []
             m.update(metrics.epoch_learnable(st.hist, st.pool, step - step % sargs.regen_interval,
@@ -202,20 +204,20 @@ def train(margs, sargs, oargs, rargs, *, sb) -> Path:
             samples += ds
             m.update(dm)
         # ALGO: 5. one GRPO update over both roles
-        phase(step, "update", times)
+        phase("update", times)
         run.engine.sleep()  # INFRA: colocated vLLM frees its memory for training; sync wakes it
         m.update(grpo_update(run.model, run.ref_model, run.optimizer, run.scheduler,
                              run.accelerator, samples, pad_id=run.tokenizer.pad_token_id,
                              temperatures=run.temperatures, oargs=oargs, margs=margs))
         # ALGO: 6. weight sync into the rollout engine
-        phase(step, "sync", times)
+        phase("sync", times)
         run.engine.sync_weights(run.accelerator.unwrap_model(run.model))
         # ALGO: 7. memory update: a record for every freshly designed environment
-        phase(step, "memory", times)
+        phase("memory", times)
         if regen and not sargs.no_memory:
             remember(step, st.pool, st.memory, sargs.setting, run.gather)
         # INFRA: step files, metrics, checkpoint, export
-        phase(step, "log", times)
+        phase("log", times)
         run.log(step, m, times, episodes, sb.level, st.pool if regen else [], logs, scored)
         run.save(step, st)
     return run.finish()
@@ -305,14 +307,15 @@ def play_pool(step, pool, sargs, sampler, sb, tokenizer, hinted_arm: bool, seed:
 
 def record_plays(pool, episodes, regen: bool = False) -> None:
     """Extend each environment's epoch returns with this step's unhinted returns; mark the
-    environments whose code faulted (a fault of the sandbox itself, `infra: ...`, is not theirs),
-    and as timed out those whose plays, hinted or not, timed out at a regeneration step (the
-    authors stamp the regret ablation's -0.5 only at the regeneration rollout)."""
+    environments whose code faulted (every env_error is: a fault of the sandbox itself raises
+    SandboxInfraError and ends no episode), and as timed out those whose plays, hinted or not,
+    timed out at a regeneration step (the authors stamp the regret ablation's -0.5 only at the
+    regeneration rollout)."""
     by_env = {e.env_id: e for e in pool}
     for ep in episodes:
         e = by_env[ep.env_id]
         if ep.status == "env_error":
-            e.faulty |= not str(ep.error).startswith("infra")
+            e.faulty = True
             e.timed_out |= regen and ep.error in ("timeout", "episode_timeout")
         elif not ep.hinted:
             e.returns.append(ep.ret)
@@ -554,6 +557,7 @@ def main(argv=None) -> Path | None:
         resolved = {k: v for a in args for k, v in dataclasses.asdict(a).items()}
         print(json.dumps(resolved, sort_keys=True))
         return None
+    models.check_loadable(args[0].model, "train.py")  # e.g. a hub id not cached, offline
     # The sandbox's zygote is a fresh interpreter started before the model loads: it never holds
     # the model, its memory or its secrets.
     sb = sandbox.Sandbox(workers=args[3].sandbox_workers, step_timeout=args[3].step_timeout,

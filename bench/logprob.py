@@ -30,6 +30,8 @@ backward), so the whole script is ~130 s of CPU time: ~70 s of wall time on two 
 3 minutes when other jobs hold the load average at 5.
 
 Run: python bench/logprob.py   (last lines: JSON figures; never asserts)
+     python bench/logprob.py --smoke   (V = 4,096, 128 tokens, hidden 64: seconds, figures
+                                        that only show the code runs)
 """
 import json
 import resource
@@ -47,6 +49,9 @@ from logprobs import chunked_logprobs  # noqa: E402
 V, N, H = 151_936, 2_048, 1_024
 N_ERR, CHUNK_ERR = 64, 16
 CHUNK = 256
+SMOKE = "--smoke" in sys.argv  # the children get it too (tests/test_bench.py runs this size)
+if SMOKE:
+    V, N, H, CHUNK = 4_096, 128, 64, 32
 
 
 def make_inputs(n):
@@ -105,8 +110,8 @@ def max_abs_err():
 
 def main():
     t_all = time.perf_counter()
-    children = {method: subprocess.Popen([sys.executable, __file__, method], text=True,
-                                         stdout=subprocess.PIPE)
+    children = {method: subprocess.Popen([sys.executable, __file__, method, *sys.argv[1:]],
+                                         text=True, stdout=subprocess.PIPE)
                 for method in ("naive", "ours")}
     t0 = time.perf_counter()
     err = max_abs_err()  # meanwhile, in this process
@@ -129,7 +134,7 @@ def main():
 
 if __name__ == "__main__":
     torch.set_num_threads(1)  # see the docstring: concurrent single-threaded processes
-    if len(sys.argv) > 1:
+    if len(sys.argv) > 1 and sys.argv[1] != "--smoke":
         measure(sys.argv[1])
     else:
         main()

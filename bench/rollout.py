@@ -1,6 +1,7 @@
 """Rollout benchmarks: batched multi-turn play, and the weight-sync name map at 30B-A3B shape.
 
     python bench/rollout.py
+    python bench/rollout.py --smoke    # 2 episodes of 2 turns, one repeat, one name map: seconds
 
 1. rollout.batched_turn_speedup: the tiny Qwen3 on CPU plays 16 episodes of 5 turns with one
    engine call per turn for all live episodes (agent.play), versus the same 16 episodes played one
@@ -35,6 +36,9 @@ import engine  # noqa: E402
 import models  # noqa: E402
 
 EPISODES, TURNS, REPLY_TOKENS, MAX_NEW_TOKENS, REPEATS = 16, 5, 24, 96, 3
+SMOKE = "--smoke" in sys.argv  # the same code at a size that only shows it runs (tests/test_bench.py)
+if SMOKE:
+    EPISODES, TURNS, REPEATS = 2, 2, 1
 
 
 class FiveTurnEnv:
@@ -128,7 +132,7 @@ def bench_name_map():
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)
     times = []
-    for _ in range(7):
+    for _ in range(1 if SMOKE else 7):
         t0 = time.perf_counter()
         shapes = {target: shape for name, p in model.named_parameters()
                   for target, shape, _ in engine.vllm_weight_plan(name, tuple(p.shape))}

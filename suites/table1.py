@@ -34,7 +34,10 @@ Deviations (from the paper and the authors' harness, spade-rl/spade):
    16,384 tokens; their in-loop run used the 2025-01 .. 2025-04 problems. Our own grader: tests
    stop at the first failure; outputs compared line by line, then token by token with numeric
    tokens compared as decimals; each test runs in a fresh sandbox.py worker (no network, files or
-   processes of the host).
+   processes of the host). The prompt is the authors' in our words (problem, starter code, one
+   ```python block asked for) and the code is their extraction (the last ```python block, else
+   the whole text), read after the reasoning (`</think>`) as every suite here (theirs: the whole
+   reply).
 
 Dependencies: stdlib, tqdm, reasoning-gym, math-verify; agent.py and sandbox.py.
 Test: `pytest tests/test_eval.py`.
@@ -292,11 +295,11 @@ print(json.dumps(result))
 
 
 def extract_code(reply: str) -> str | None:
-    """The last fenced code block after the reasoning (```python preferred)."""
+    """The last ```python block after the reasoning; without one, that whole text, as the
+    authors' harness falls back (None only for an empty reply)."""
     text = after_thinking(reply)
-    blocks = (re.findall(r"```python\s*\n(.*?)```", text, flags=re.S)
-              or re.findall(r"```\w*\s*\n(.*?)```", text, flags=re.S))
-    return blocks[-1] if blocks else None
+    blocks = re.findall(r"```python\s*\n(.*?)```", text, flags=re.S)
+    return blocks[-1] if blocks else (text if text.strip() else None)
 
 
 def _same_token(a: str, b: str) -> bool:
@@ -378,13 +381,14 @@ def lcb_tests(row: dict) -> list[dict]:
 
 
 def lcb_prompt(row: dict) -> str:
+    """The authors' LiveCodeBench prompt in our words: the problem, the starter code if there is
+    one, and one line asking for the whole solution in one ```python block (no input/output
+    instruction, no reasoning cue: what stdin or a method call means is the problem's own text)."""
     starter = (row.get("starter_code") or "").strip()
-    how = ("Complete the following starter code; the solution is called as a method of "
-           f"`Solution`:\n```python\n{starter}\n```" if starter else
-           "Read the input from standard input and write the answer to standard output.")
-    return (f"{row['question_content'].strip()}\n\n{how}\n\nReason about the problem, then give "
-            "your complete Python solution in a single ```python code block at the end of your "
-            "reply.")
+    parts = [row["question_content"].strip()]
+    if starter:
+        parts.append(f"Code to start from:\n```python\n{starter}\n```")
+    return "\n\n".join(parts + ["Give your whole solution as one ```python ... ``` block."])
 
 
 def run_livecodebench(sampler, rows, *, n=10, sampling, batch_size=256, timeout=6.0, memory_mb=4096,

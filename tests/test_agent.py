@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import agent
+import sandbox
 from agent import EpisodeSpec, episode_return, parse_action, parse_tool_calls, play, tool_action
 
 # Tiny matmuls on a shared 2-core machine: one thread is 10-50x faster than two fighting.
@@ -15,6 +16,12 @@ from agent import EpisodeSpec, episode_return, parse_action, parse_tool_calls, p
 
 # ----------------------------------------------------------------------------------------------
 # honest in-process environments (duck-typed like sandbox handles) and a scripted engine
+
+
+def fault_result(items: tuple, kind: str) -> sandbox.Fault:
+    r = sandbox.Fault(items)
+    r.fault, r.message = kind, ""
+    return r
 
 
 class GuessEnv:
@@ -30,8 +37,8 @@ class GuessEnv:
 
     def step(self, action):
         self.t += 1
-        if self.fail_at == self.t:
-            return "error: timeout", 0.0, True, False, {"error": "timeout"}
+        if self.fail_at == self.t:  # as the sandbox reports a step timeout
+            return fault_result(("error: timeout", 0.0, True, False, {}), "timeout")
         m = re.fullmatch(r"\\boxed\{(\d)\}", action)
         if not m:
             return "Answer with \\boxed{digit}.", 0.0, False, self.t >= self.max_turns, {}
@@ -370,12 +377,36 @@ def test_resets_go_out_in_one_reset_many_call(tokenizer):
 def test_reset_fault_ends_only_its_episode(tokenizer):
     class BadReset(GuessEnv):
         def reset(self, seed=None):
-            return "error", {"error": "crash"}
+            return fault_result(("error", {}), "crash")
 
     eps = play(specs_for([BadReset(), GuessEnv()], [0, 2]),
                generate=ScriptedEngine(tokenizer, binary_search_policy), tokenizer=tokenizer)
     assert (eps[0].status, eps[0].error, eps[0].turns) == ("env_error", "crash", 0)
     assert eps[1].status == "terminated"
+
+
+def test_only_the_out_of_band_channel_ends_an_episode_as_a_fault(tokenizer):
+    """Through the sandbox: an honest environment that answers a bad move with info {"error": ...}
+    (a Gym idiom) plays on, one that forges a whole fault result (an "infra" error, "fault" and
+    "kind" keys, the error observation) is played as the ordinary game it is, and only a real
+    fault (a raise in step) is an env_error."""
+    head = "class {name}Env:\n    def reset(self, seed=None):\n        return 'Guess.', {{}}\n"
+    step = "    def step(self, action):\n        {body}\n"
+    honest = "return ('Nope.', 0.0, False, False, {'error': 'invalid move'}) if '3' not in action " \
+             "else ('Yes.', 1.0, True, False, {})"
+    forger = "return '[environment error: timeout] x', 0.0, True, False, {'error': 'infra: x', " \
+             "'message': 'x', 'fault': 'timeout', 'kind': 'timeout'}"
+    sources = [head.format(name=n) + step.format(body=b) for n, b in
+               (("Honest", honest), ("Forger", forger), ("Broken", "raise KeyError(action)"))]
+    with sandbox.Sandbox(workers=1, step_timeout=5.0, pool=0) as sb:
+        handles = [sb.open(src) for src in sources]
+        eps = play(specs_for(handles, [0, 0, 0]), generate=ScriptedEngine(
+            tokenizer, lambda text, turn: "\\boxed{3}" if turn else "\\boxed{1}"), tokenizer=tokenizer,
+            step_many=sb.step_many, reset_many=sb.reset_many)
+    assert [(e.status, e.error, e.rewards) for e in eps] == [
+        ("terminated", None, [0.0, 1.0]), ("terminated", None, [0.0]),
+        ("env_error", "step_error", [])]
+    assert "Nope." in eps[0].messages[2]["content"]
 
 
 def test_limits(tokenizer):

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+import metrics
+
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = {"gpu.logprob.peak_mem_ratio_vs_naive", "gpu.grpo_update.tokens_per_s",
            "gpu.grpo_update.peak_mem_gib", "gpu.grpo_update.held_outside_update_share",
@@ -52,7 +54,7 @@ def test_smoke_reports_every_figure_finite(tmp_path):
     assert update["checkpointed_layer_calls"] > 0 and update["grads_freed"]
     assert update["training_after"] is False
     step = next(f for f in figures if f["metric"] == "gpu.train_step.step_s")
-    assert {"time/regenerate_s", "time/play_s", "time/update_s"} <= set(step)
+    assert {f"time/{p}_s" for p in metrics.PHASES} <= set(step)
 
 
 def test_memory_table_parameter_counts_and_a_row_by_hand():

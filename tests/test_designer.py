@@ -2,6 +2,7 @@
 import ast
 import json
 import random
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -187,6 +188,15 @@ def test_games_prompt_per_skill(skill):
     ast.parse(skeleton)  # the interface skeleton is itself valid Python
 
 
+@pytest.mark.parametrize("spec", ["GAMES_SPEC", "NO_CORPUS_SPEC"])
+def test_outline_placeholder_class_name_is_neutral(spec):
+    """Early designers keep the scaffold's class name (the paper's Fig. 9 caption), so the
+    placeholder names no game (a maze or a trader would pull early games toward it); as the
+    authors' generic placeholders, it says only that a game name goes there."""
+    outline = getattr(d, spec).split("```python\n", 1)[1].split("```", 1)[0]
+    assert re.findall(r"^class (\w+)", outline, flags=re.M) == ["YourGameNameEnv"]
+
+
 def test_games_outline_reads_the_move_the_agent_sends():
     """The outline's step() takes its move from the LAST box, the one agent.parse_action keeps, so a
     designer that copies it reads the move the agent meant (the first box may be a draft)."""
@@ -218,7 +228,10 @@ def test_no_corpus_prompt_is_the_authors_separate_one(skill):
                    "at most 25 turns", "best line of\n  play wins in about 12-18 turns",
                    "def __init__(self, max_turns=25, **kwargs)", "A sketch of the pattern",
                    "DIFFERENT game", "1.0 with terminated=True", "0.0 with truncated=True",
-                   "random.Random(seed)", "boxes[-1]", "the game goes on"):
+                   "random.Random(seed)", "boxes[-1]", "the game goes on",
+                   # the authors' rules on f-string backslashes and unreadable moves
+                   "No backslash inside the {...} of an f-string", "f\"{'\\n'.join(rows)}\"",
+                   "must not crash it", "lists the moves it accepts"):
         assert needle in text, needle
     skeleton = text.split("```python\n", 1)[1].split("```", 1)[0].replace("...", "pass")
     ast.parse(skeleton)
@@ -412,16 +425,20 @@ def test_parse_hint_json_plain_and_caps():
 
 
 def test_write_hints_is_one_batched_call_aligned_with_its_sources():
-    gen = ScriptedDesigner(['{"hint": "A."}', "   ", "Plain C."])
+    gen = ScriptedDesigner(['{"hint": "A."}', "   ", "Plain C.", "", "<think>x</think>"])
     sources = ["class AEnv: pass", "class BEnv: pass", "class CEnv: pass"]
-    assert d.write_hints(sources, "games", gen) == ["A.", None, "Plain C."]  # empty reply: None
-    assert len(gen.batches) == 1 and len(gen.batches[0]) == 3
+    assert d.write_hints(sources, "games", gen) == ["A.", None, "Plain C."]  # 3 empty replies
+    assert [len(b) for b in gen.batches] == [3, 1, 1]  # B asked again, twice: the authors' retry
     assert "The code is hidden from it" in gen.batches[0][0][0]["content"]
     assert "class BEnv" in gen.batches[0][1][1]["content"]
+    assert all("class BEnv" in b[0][1]["content"] for b in gen.batches[1:])
+    again = ScriptedDesigner(["", "B.", "Late A."])  # a retry that succeeds ends the retries
+    assert d.write_hints(sources[:2], "games", again) == ["Late A.", "B."]
+    assert [len(b) for b in again.batches] == [2, 1]
     tool = ScriptedDesigner(["Ask for the id first."])
     assert d.write_hints(["class CEnv(ToolEnv): pass"], "tool", tool) == ["Ask for the id first."]
     assert "never sees the code" in tool.batches[0][0][0]["content"]
-    assert d.write_hints([], "games", gen) == [] and len(gen.batches) == 1
+    assert d.write_hints([], "games", gen) == [] and len(gen.batches) == 3  # no call for none
 
 
 def test_hint_prompts():

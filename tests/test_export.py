@@ -10,6 +10,7 @@ game) and a Gymnasium text environment train two steps as a fixed pool in this v
 """
 import contextlib
 import hashlib
+import importlib
 import json
 import os
 import random
@@ -17,6 +18,7 @@ import shutil
 import socket
 import string
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -25,6 +27,7 @@ import gymnasium
 import pytest
 import torch
 
+import agent
 import config
 import engine
 import memory as memory_lib
@@ -193,6 +196,29 @@ def test_filters_and_bad_input(tiny_run, exports, tmp_path, capsys):
         export.main([str(tiny_run), "--format", "gem", "--out", str(exports / "gem")])
     with pytest.raises(SystemExit, match="not a Python import name"):
         export.main([str(tiny_run), "--format", "gem", "--out", str(tmp_path / "y"), "--name", "a-b"])
+
+
+@pytest.mark.slow
+def test_left_out_faulty_foreign_and_failing_environments(tiny_run, tmp_path):
+    """Only designer-written environments that did not fault in training and validate again
+    here are exported: one marked faulty, one from the fallback pool and one whose source no
+    longer validates (it plays, but not reproducibly) are each left out, for their own reason."""
+    run = shutil.copytree(tiny_run, tmp_path / "run")
+    [d] = (run / "envs").iterdir()
+    entries = json.loads((d / "pool.json").read_text())
+    faulty, foreign, failing = entries
+    faulty["faulty"], foreign["origin"] = True, "fallback"
+    (d / "pool.json").write_text(json.dumps(entries))
+    (d / f"{failing['env_id'].replace(':', '_')}.py").write_text(
+        "import time\n\nclass ClockEnv:\n    def reset(self, seed=None):\n"
+        "        return f'now {time.time_ns()}', {}\n\n    def step(self, action):\n"
+        "        return 'o', 0.0, True, False, {}\n")
+    m = export.export(run, "gem", tmp_path / "out", "left")
+    assert m["envs"] == []
+    reasons = {x["env_id"]: x["reason"] for x in m["excluded"]}
+    assert reasons.keys() == {faulty["env_id"], failing["env_id"]}  # the fallback one: not a candidate
+    assert reasons[faulty["env_id"]] == "faulted in training"
+    assert reasons[failing["env_id"]].startswith("validation: nondeterministic")
 
 
 @pytest.mark.slow
@@ -437,9 +463,76 @@ def test_in_process_env_replays_and_leaves_the_global_rngs_alone(echo_id):
     assert random.getstate() == before                       # the trainer's is untouched
     assert e.step("\\boxed{5}")[1] in (0.0, 1.0)
     bad = pools.InProcessEnv("gem:rg:no_such_task")
-    obs, info = bad.reset(seed=0)
-    assert info["error"] == "reset_error" and obs.startswith("[environment error: reset_error]")
-    assert bad.step("x")[4]["error"] == "closed"
+    r = bad.reset(seed=0)
+    assert r.fault == "reset_error" and r[0].startswith("[environment error: reset_error]")
+    assert r[1] == {} and bad.step("x").fault == "closed"
+
+
+class Forger(gymnasium.Env):
+    """Forges a fault in every way an in-process result could: a tuple and an info dict that carry
+    `fault` / `message` attributes, info keys "error" (an infra one), "fault" and "kind"."""
+    observation_space = action_space = gymnasium.spaces.Text(200, charset=string.printable)
+
+    class Tup(tuple):
+        fault, message = "timeout", "forged"
+
+    class Info(dict):
+        fault, message = "timeout", "forged"
+
+    def reset(self, *, seed=None, options=None):
+        return self.Tup(("[environment error: timeout] forged", self.info()))
+
+    def step(self, action):
+        return self.Tup(("[environment error: timeout] forged", 0.0, True, False, self.info()))
+
+    def info(self):
+        return self.Info(error="infra: forged", message="m", fault="timeout", kind="timeout")
+
+
+def test_in_process_results_cannot_be_forged_and_keep_their_info():
+    """pools.InProcessEnv rebuilds each result as a plain tuple and dict: the environment's info
+    keys arrive as written and nothing it returns is a fault; a library exception still is one."""
+    if "SpadeTest/Forger-v0" not in gymnasium.registry:
+        gymnasium.register("SpadeTest/Forger-v0", entry_point=Forger)
+    e = pools.InProcessEnv("gymnasium:SpadeTest/Forger-v0")
+    forged = {"error": "infra: forged", "message": "m", "fault": "timeout", "kind": "timeout"}
+    for r in (e.reset(seed=0), e.step("x")):
+        assert type(r) is tuple and type(r[-1]) is dict and r[-1] == forged
+        assert agent.fault(r) is None
+    e.close()
+    assert agent.fault(pools.InProcessEnv("gem:rg:no_such_task").reset(seed=0)) == "reset_error"
+
+
+def test_exported_proxy_raises_only_for_a_real_fault(tmp_path):
+    """The exported package's SandboxedEnv: an environment's info "error" key (a Gym idiom, or a
+    forged fault) comes back as written; EnvironmentFault only for a real fault."""
+    pkg = tmp_path / "pkgtest"
+    (pkg / "envs").mkdir(parents=True)
+    shutil.copy(ROOT / "tools" / "export_template" / "proxy.py", pkg / "proxy.py")
+    shutil.copy(ROOT / "sandbox.py", pkg / "sandbox.py")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "envs" / "idiom.py").write_text(
+        "class IdiomEnv:\n    def reset(self, seed=None):\n        return 'Go.', {'error': 'x'}\n"
+        "    def step(self, action):\n        if 'crash' in action:\n            raise KeyError(1)\n"
+        "        return 'Bad move.', 0.0, False, False, {'error': 'invalid move', 'fault': 't'}\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        proxy = importlib.import_module("pkgtest.proxy")
+        env = proxy.SandboxedEnv("envs/idiom.py")
+        try:
+            assert env.reset(seed=0) == ("Go.", {"error": "x"})
+            assert env.step("a") == ("Bad move.", 0.0, False, False,
+                                     {"error": "invalid move", "fault": "t"})
+            with pytest.raises(proxy.EnvironmentFault, match="step_error: KeyError"):
+                env.step("crash")
+            with pytest.raises(RuntimeError, match="no episode is running"):
+                env.step("a")
+        finally:
+            env.close()
+    finally:
+        sys.path.remove(str(tmp_path))
+        for m in [m for m in sys.modules if m.startswith("pkgtest")]:
+            del sys.modules[m]
 
 
 def test_load_pools_from_ids_patterns_and_directories(echo_id, capsys):

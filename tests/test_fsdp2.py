@@ -57,7 +57,8 @@ def launch(tmp_path, out: Path, tag: str, *extra):
 
 def rows(run_dir: Path) -> list[dict]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
+    return [{k: v for k, v in json.loads(line).items()
+             if not (k.startswith("time/") or k.endswith("_per_s") or k == "perf/mfu")}
             for line in lines]
 
 

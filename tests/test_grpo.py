@@ -81,7 +81,7 @@ def test_policy_loss_hand_computed():
     assert stats["losses/is_weight_max"] == pytest.approx(math.e, abs=1e-6)
     assert stats["losses/is_weight_capped_frac"] == pytest.approx(1 / 3)
     assert stats["losses/entropy"] == pytest.approx(3.5 / 3, abs=1e-6)
-    assert stats["losses/tokens"] == 3.0
+    assert stats["losses/tokens"] == 1.5  # trained tokens per sample: (2 + 1) / 2
     assert "losses/kl" not in stats
     loss.backward()
     # d/dlogp: s0 t0 unclipped: -w * rho * A / (2 tokens * 2 samples) = -1.221403 / 4

@@ -133,3 +133,26 @@ def test_paper_architectures_ship_offline(alias, billions, hub, tmp_path, monkey
     assert sum(p.numel() for p in model.parameters()) / 1e9 == pytest.approx(billions, abs=0.005)
     assert models.shipped_dtype(alias) == torch.bfloat16
     assert config.tie_word_embeddings == (alias == "Qwen3-4B")
+
+
+@pytest.mark.parametrize("argv", [["train.py", "--model", "Qwen3-30B-A3B"],
+                                  ["eval.py", "--model", "Qwen3-30B-A3B", "--suites", "aime2025"]])
+def test_an_uncached_model_offline_is_one_line_that_says_what_to_do(tmp_path, argv):
+    """A new user's first command on a machine without the weights and without network: one
+    line naming the model and the way out, no traceback, and no run directory left behind (a
+    rerun after the download then needs no --overwrite)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "empty_hf_home"))
+    env.pop("HF_HUB_CACHE", None)
+    out = subprocess.run([sys.executable, str(root / argv[0]), *argv[1:], "--output_dir",
+                          str(tmp_path / "run")], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=300)
+    lines = [line for line in out.stderr.splitlines() if not line.startswith("[spade] warning")]
+    assert out.returncode == 1 and len(lines) == 1, out.stderr[-3000:]
+    assert lines[0].startswith(f"{argv[0]}: --model Qwen3-30B-A3B (Qwen/Qwen3-30B-A3B-Instruct-2507)")
+    assert "hf download Qwen/Qwen3-30B-A3B-Instruct-2507" in lines[0] and "local model" in lines[0]
+    assert not (tmp_path / "run").exists()

@@ -217,6 +217,16 @@ def _designs(*envs):
     return [train.Design(e, [1], [2], [-0.5]) for e in envs]
 
 
+def test_score_epoch_blend_with_the_default_plateau_band():
+    """The loop's band is the paper's [0.4, 0.6] with a 0.25 ramp (config defaults): w on both
+    ramps and past the far end, by hand, with regret 0 so the score is 0.6 * plateau(w)."""
+    envs = [_env("up", [1] * 7 + [0] * 3, regret=0.0),   # w 0.7: 1 - 0.1 / 0.25 = 0.6
+            _env("low", [1, 0, 0, 0], regret=0.0),        # w 0.25: 1 - 0.15 / 0.25 = 0.4
+            _env("out", [1] * 7 + [0], regret=0.0)]       # w 0.875 > 0.6 + 0.25: 0
+    scores = [s["score"] for s in train.score_epoch(_designs(*envs), config.SpadeArgs())]
+    assert scores == [pytest.approx(0.36), pytest.approx(0.24), 0.0]
+
+
 def test_score_epoch_learning_potential_over_two_epochs():
     sargs, lp = config.SpadeArgs(designer_reward="learning_potential"), {}
     # epoch 1: the skill's plays average (1 + 0 + 1 + 1) / 4 = 0.75 -> mu = [0.75, 0.75]

@@ -71,7 +71,7 @@ def play(sb, source, actions=("\\boxed{1}",), seed=0):
 
 
 def err(result):
-    return result[4].get("error") if len(result) == 5 else result[1].get("error")
+    return getattr(result, "fault", None)
 
 
 def group_alive(pgid: int) -> bool:
@@ -316,7 +316,7 @@ def test_hang_times_out_within_deadline(sb, body):
     assert err(r) == "timeout" and r[2] is True and r[0].startswith("[environment error: timeout]")
     assert time.monotonic() - t0 < STEP_TIMEOUT + SLACK
     assert eventually(lambda: not group_alive(pid))
-    assert h.step("x")[4]["error"] == "timeout"                        # the episode stays over
+    assert err(h.step("x")) == "timeout"                               # the episode stays over
     assert h.reset(seed=1)[0].startswith("Say")                        # recycled into a fresh worker
     h.close()
 
@@ -380,8 +380,46 @@ def test_environment_cannot_fake_a_sandbox_fault(sb):
         env = f"import os\nos._exit({code})\n" + HONEST
         assert sb.validate(env).kind == "worker_exited"
         h = sb.open(env)
-        assert h.reset(seed=0)[1]["error"] == "worker_exited"
+        assert err(h.reset(seed=0)) == "worker_exited"
         h.close()
+
+
+def test_an_error_key_in_info_is_the_environments_own(sb):
+    """A Gym idiom: info {"error": ...} on an invalid move. It is the environment's data, arrives
+    intact, and is no fault: the fault channel is the result object (sandbox.Fault), not the info."""
+    env = game("return 'Invalid move.', 0.0, False, False, {'error': 'invalid move', 'message': 'm'}")
+    assert sb.validate(env).ok
+    [r] = play(sb, env)
+    assert type(r) is tuple and err(r) is None
+    assert r == ("Invalid move.", 0.0, False, False, {"error": "invalid move", "message": "m"})
+
+
+def test_environment_cannot_forge_the_fault_channel(sb):
+    """Hostile: every part of a fault result forged (the error observation, 0.0, terminated, info
+    keys "error"/"message"/"fault"/"kind" saying timeout or infra, a tuple subclass carrying
+    `fault` and `message` attributes). None of it comes out as a fault: a reply is rebuilt here
+    as a plain tuple, and the info arrives as written."""
+    forged = {"error": "infra: forged", "message": "m", "fault": "timeout", "kind": "timeout"}
+    head = ("class Forged(tuple):\n    fault = 'timeout'\n    message = 'forged'\n"
+            f"INFO = {forged!r}\n")
+    env = game("return Forged(('[environment error: timeout] forged', 0.0, True, False, INFO))",
+               reset="return Forged(('[environment error: timeout] forged', INFO))", head=head)
+    h = sb.open(env)
+    try:
+        first = h.reset(seed=0)
+        r = h.step("x")
+    finally:
+        h.close()
+    for result, info in ((first, first[1]), (r, r[4])):
+        assert type(result) is tuple and not isinstance(result, sandbox.Fault)
+        assert err(result) is None and info == forged
+    assert r[:4] == ("[environment error: timeout] forged", 0.0, True, False)
+
+
+def test_an_empty_first_observation_validates(sb):
+    """As the authors' play, which takes str(obs) whatever it is, an empty reset observation is
+    not a validation failure."""
+    assert sb.validate(game("return 'o', 0.0, False, False, {}", reset="return '', {}")).ok
 
 
 # ------------------------------------------------------------------------- 2. no secret leaves
@@ -551,7 +589,7 @@ def test_bounded_fork_bomb_and_no_lingering_processes(sb):
     # the first fork is refused (seccomp as root: EPERM; RLIMIT_NPROC 0 without root: EAGAIN),
     # so the environment's own step fails; a bomb that merely hung would be a timeout instead
     assert err(r) == "step_error", r
-    assert r[4]["message"].startswith(("PermissionError", "BlockingIOError")), r
+    assert r.message.startswith(("PermissionError", "BlockingIOError")), r
     h.close()
     assert eventually(lambda: not group_alive(pid))
     assert sb.validate(env).ok is False

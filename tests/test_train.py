@@ -149,15 +149,17 @@ def test_tiny_moe_runs(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("phase", ["regenerate", "play", "regret", "score", "update", "sync",
-                                   "memory", "log"])
+@pytest.mark.parametrize("phase", [*metrics_lib.PHASES, "log"])
 def test_resume_after_crash_is_exact(tmp_path, monkeypatch, designer_model, reference_run, phase):
     crash_step = 2 if phase == "regenerate" else 1
+    entered = []  # one entry per step that reached the phase
 
-    def crash(step, name, times):
-        if step == crash_step and name == phase:
-            raise RuntimeError("simulated kill")
-        enter(step, name, times)
+    def crash(name, times):
+        if name == phase:
+            entered.append(name)
+            if len(entered) == crash_step + 1:
+                raise RuntimeError("simulated kill")
+        enter(name, times)
 
     # one scripted designer across the kill, as a real engine's output depends only on its seed
     engines = scripted(*designer_model)
@@ -310,6 +312,39 @@ def _ep(env_id, ret, hinted=False, status="terminated", rewards=None):
                            rewards=rewards if rewards is not None else [ret])
 
 
+def test_resume_restores_the_checkpoints_memory_and_never_seeds_again(tmp_path):
+    """--memory_from seeds a fresh run's memory once; a resumed run (--resume with the same flags)
+    takes the checkpoint's memory as it was, without adding the other run's records again."""
+    import memory as memory_lib
+    other = tmp_path / "other"
+    old = memory_lib.EnvironmentMemory(capacity=5, path=other / "memory.json")
+    old.add(memory_lib.MemoryRecord("Optimization", "class OldEnv: pass", 0.5, 0.1, 0, "OldEnv",
+                                    "games"))
+    other.mkdir()
+    old.save()
+    margs, sargs, oargs, rargs = config.parse(["--model", "tiny", "--memory_from", str(other),
+                                               "--no_corpus"], aliases={})
+    run = types.SimpleNamespace(rank=0, run_dir=tmp_path / "run", resume=lambda: None)
+    fresh = train.start_state(run, sargs, rargs)
+    assert [r.class_name for r in fresh.memory.records] == ["OldEnv"]  # seeded once
+    fresh.memory.add(memory_lib.MemoryRecord("Optimization", "class MineEnv: pass", 0.5, 0.2, 1,
+                                             "MineEnv", "games"))
+    run.resume = lambda: json.loads(json.dumps(fresh.to_dict(2, 1, 2)))
+    resumed = train.start_state(run, sargs, rargs)
+    assert [r.class_name for r in resumed.memory.records] == ["OldEnv", "MineEnv"]
+    assert resumed.step == 2
+
+
+def test_every_env_error_is_the_environments_fault():
+    """A sandbox fault raises (SandboxInfraError) and ends no episode, so an env_error is always
+    the environment's, whatever its kind says: one that reads like the sandbox's is no excuse."""
+    c = train.PoolEnv("c", "Optimization", "src", "CEnv", "designer", hint="h")
+    ep = _ep("c", 0.0, status="env_error")
+    ep.error = "infra: worker could not start"
+    train.record_plays([c], [ep])
+    assert c.faulty and c.returns == []
+
+
 def test_plays_regret_and_epoch_scores_by_hand():
     """Two environments, hand-computed: regret (Eq. 3), win rates, learnable share, blend score."""
     a = train.PoolEnv("a", "Optimization", "src", "AEnv", "designer", hint="h")
@@ -317,9 +352,7 @@ def test_plays_regret_and_epoch_scores_by_hand():
     eps = [_ep("a", 1.0), _ep("a", 0.0), _ep("a", 1.0), _ep("a", 0.0),       # a: mean 0.5
            _ep("a", 1.0, hinted=True), _ep("a", 1.0, hinted=True),           # a hinted: 1.0
            _ep("b", 0.0), _ep("b", 0.0), _ep("b", 0.0, status="env_error"),  # b faults once
-           _ep("b", 0.0, hinted=True), _ep("b", 0.0, hinted=True),
-           _ep("a", 0.0, status="env_error")]                                # infra: not a's fault
-    eps[-1].error = "infra: worker could not start"
+           _ep("b", 0.0, hinted=True), _ep("b", 0.0, hinted=True)]
     train.record_plays([a, b], eps)
     m = {**metrics_lib.env_metrics([a, b], eps), **train.hint_regrets([a, b], eps)}
     assert a.regret == pytest.approx(0.5) and (a.returns, b.returns) == ([1.0, 0.0, 1.0, 0.0], [0.0, 0.0])

@@ -25,6 +25,7 @@ import engine
 import grpo
 import infra
 import logprobs as logprobs_lib
+import metrics as metrics_lib
 import models
 import train
 from scripted import main_with
@@ -74,6 +75,9 @@ FAIR, HARD, EASY = coin("Fair", '"heads" in action'), coin("Hard", '"please" in 
 FAULTY = coin("Faulty", '"heads" in action', BAD_SEED)
 BROKEN = "```python\nclass BrokenEnv(:\n    pass\n```"
 DESIGNS = [[FAIR, BROKEN, FAULTY], [HARD], [EASY, BROKEN, BROKEN], [BROKEN, BROKEN]]
+# EASY, but its bad seed hangs: a step timeout in its own regeneration step (the regret ablation's
+# -0.5) instead of a crash
+EASY_HANGS = EASY.replace('raise RuntimeError("a bug only this seed reaches")', "while True: pass")
 
 
 
@@ -175,7 +179,7 @@ def policy():
     return models.build_tiny("tiny", seed=0)
 
 
-def run(tmp_path, policy, monkeypatch, extra=()):
+def run(tmp_path, policy, monkeypatch, extra=(), designs=DESIGNS):
     """The scripted run with spies; returns (run dir, metrics rows, spy records, engines)."""
     import accelerate
     rec = {"samples": [], "batches": [], "loss_kw": [], "temps": [], "weights": [], "clip": [], "adamw": []}
@@ -223,7 +227,7 @@ def run(tmp_path, policy, monkeypatch, extra=()):
     monkeypatch.setattr(accelerate.Accelerator, "clip_grad_norm_", clip_grad_norm_)
     monkeypatch.setattr(torch.optim, "AdamW", adamw)
     model, tok = policy
-    engines = {"designer": Scripted(model, tok, lambda c, i, text, cap: DESIGNS[c][i]),
+    engines = {"designer": Scripted(model, tok, lambda c, i, text, cap: designs[c][i]),
                "agent": Scripted(model, tok, agent_reply)}
     out = main_with(engines, ARGS + ["--output_dir", str(tmp_path / "run")] + list(extra))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -344,6 +348,24 @@ def test_loss_weights_are_one_mean_over_samples(scripted):
 
 
 @pytest.mark.slow
+def test_update_statistics_and_phase_times_by_hand(scripted):
+    """losses/tokens is the mean over the forwarded samples of their trained tokens (the budget
+    splits every step into micro-batches of unequal size, so a mean of micro-batch totals would
+    differ); every phase of Algorithm 1 has its time/<phase>_s, together at most time/step_s."""
+    _, rows, rec, _ = scripted
+    for batches, row in zip(rec["batches"], rows):
+        forwarded = [s for mb in batches for s in mb]
+        assert len({len(mb) for mb in batches}) > 1 or len(batches) > 1
+        assert row["losses/tokens"] == pytest.approx(
+            sum(sum(s["mask"]) for s in forwarded) / len(forwarded))
+        spans = [row[f"time/{p}_s"] for p in metrics_lib.PHASES]
+        assert all(t >= 0 for t in spans) and sum(spans) <= row["time/step_s"]
+        assert {k for k in row if k.startswith("time/")} == \
+            {f"time/{p}_s" for p in metrics_lib.PHASES} | {"time/log_s", "time/step_s"}
+        assert row["time/step_s"] == pytest.approx(sum(spans) + row["time/log_s"])
+
+
+@pytest.mark.slow
 def test_loop_passes_its_own_settings_on(scripted):
     """Each role samples with its own settings; the loss, log-probs and optimizer get the flags."""
     _, _, rec, engines = scripted
@@ -382,7 +404,8 @@ def test_each_ablation_takes_effect(tmp_path, policy, monkeypatch, flag, scripte
     extra = {"baseline": [], "--two_skills": ["--two_skills", "--skills_per_regen", "2"],
              "regret": ["--designer_reward", "regret"], "solve_rate": ["--designer_reward", "solve_rate"],
              "--fixed_envs": ["--fixed_envs", str(ENVS)]}.get(flag, [flag])
-    out, rows, rec, engines = scripted if flag == "baseline" else run(tmp_path, policy, monkeypatch, extra)
+    designs = [[EASY_HANGS if d == EASY else d for d in c] for c in DESIGNS] if flag == "regret" else DESIGNS
+    out, rows, rec, engines = scripted if flag == "baseline" else run(tmp_path, policy, monkeypatch, extra, designs)
     prompts = [t for c in engines["designer"].calls for t in c["texts"]]
     later = [t for c in engines["designer"].calls[2:] for t in c["texts"]]  # step 2's prompts
     if flag == "baseline":  # what each flag turns off is there without it
@@ -402,10 +425,12 @@ def test_each_ablation_takes_effect(tmp_path, policy, monkeypatch, flag, scripte
     elif flag == "--two_skills":  # slots MATH, PATTERN, MATH at both regenerations
         assert [p["skill"] for p in pool(out, 0)] == [MATH, MATH, PATTERN]
         assert {p["skill"] for p in pool(out, 2)} == {MATH, PATTERN}
-    elif flag == "regret":  # max(0, regret): FAIR 0.5, FAULTY 0, HARD 1.0, EASY 0
-        assert rows[2]["designer/score_mean"] == pytest.approx(1.5 / 4)
+    elif flag == "regret":  # max(0, regret): FAIR 0.5, FAULTY 0 (a crash at step 1), HARD 1.0, and
+        # EASY -0.5: its play timed out in its own regeneration step (step 2)
+        assert rows[2]["agent/status/env_error"] == pytest.approx(1 / 12)
+        assert rows[2]["designer/score_mean"] == pytest.approx(1.0 / 4)
         assert sorted(float(s["advantage"]) for s in by_role(rec["samples"][2], "designer")) == \
-            pytest.approx([-1.375, 0, 0, 1.375])  # 5.5 * (0.5 - 0.25)
+            pytest.approx([-2.75, 0, 0, 2.75])  # MATH: 5.5 * (+-0.5 - 0)
     elif flag == "solve_rate":  # plateau(w): FAIR 1, FAULTY 0, HARD 0, EASY 0
         assert rows[2]["designer/score_mean"] == pytest.approx(1 / 4)
     else:  # Fixed-env GRPO: the directory's environments, never a designer call, a hint or a designer sample

@@ -114,15 +114,15 @@ def replay(sb, source: str, setting: str, seed: int, actions: list[str]) -> dict
     """reset(seed), then the actions, in a fresh sandbox episode: every result (None: a fault)."""
     h = sb.open(source, setting)
     try:
-        obs, info = h.reset(seed)
-        steps = []
+        result = h.reset(seed)
+        obs, steps = result[0], []
         for a in actions:
-            if info.get("error"):
+            if isinstance(result, sandbox.Fault):
                 return None
-            o, r, term, trunc, info = h.step(a)
-            steps.append([o, r, term, trunc])
-        return None if info.get("error") else {"seed": seed, "actions": actions, "reset": obs,
-                                               "steps": steps}
+            result = h.step(a)
+            steps.append(list(result[:4]))
+        return None if isinstance(result, sandbox.Fault) else {
+            "seed": seed, "actions": actions, "reset": obs, "steps": steps}
     finally:
         h.close()
 
@@ -161,11 +161,12 @@ def entry(sb, run: dict, e: dict, package: str, setting: str) -> tuple[dict, lis
         raise LeftOut(f"validation: {verdict.error}")
     h = sb.open(e["source"], setting)
     try:
-        first, info = h.reset(0)
+        first = h.reset(0)
     finally:
         h.close()
-    if info.get("error"):
-        raise LeftOut(f"reset(seed=0): {info['error']}")
+    if isinstance(first, sandbox.Fault):
+        raise LeftOut(f"reset(seed=0): {first.fault}")
+    first = first[0]
     plays = report.read_transcripts(run, e["step"], {e["env_id"]}).get(str(e["env_id"]), [])
     replays, bad = check_plays(sb, e, plays, setting)
     if bad:

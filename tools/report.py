@@ -594,10 +594,10 @@ def header_section(run: dict) -> str:
     level = next((r["sandbox/level"] for r in reversed(rows)
                   if isinstance(r.get("sandbox/level"), str)), "n/a")
     t = {k: sum(v for v in (num(r.get(f"time/{k}_s")) for r in rows) if v is not None)
-         for k in ("step", "regenerate", "play", "update")}
-    other = t["step"] - t["regenerate"] - t["play"] - t["update"]
+         for k in ("step", *metrics.PHASES)}
+    other = t["step"] - sum(t[k] for k in metrics.PHASES)  # the log phase: files, checkpoints
     split = " · ".join(f'{k} <span data-field="time_{k}">{fmt(t[k], 1)}</span> s'
-                       for k in ("regenerate", "play", "update")) + f" · other {fmt(other, 1)} s"
+                       for k in metrics.PHASES) + f" · log {fmt(other, 1)} s"
     status = ("finished" if isinstance(total, int) and steps_done >= total
               else "in progress, or stopped before its end")
     facts = [("model", esc(cfg.get("model", "n/a"))), ("setting", esc(cfg.get("setting", "n/a"))),

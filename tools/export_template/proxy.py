@@ -84,17 +84,17 @@ class SandboxedEnv:
         self._handle, self._started = self._sb.open(self.source, setting), False
 
     def reset(self, seed: int | None = None) -> tuple[str, dict]:
-        obs, info = self._open().reset(seed)               # a fresh worker for every episode
-        self._started = not info.get("error")
-        self._check(info)
-        return obs, info
+        self._started = False
+        result = self._check(self._open().reset(seed))     # a fresh worker for every episode
+        self._started = True
+        return result
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         if not self._started:
             raise RuntimeError(f"{self.env_id}: no episode is running: call reset() first")
-        obs, reward, terminated, truncated, info = self._open().step(action)
-        self._started = not (terminated or truncated or info.get("error"))
-        self._check(info)
+        self._started = False
+        obs, reward, terminated, truncated, info = self._check(self._open().step(action))
+        self._started = not (terminated or truncated)
         return obs, reward, terminated, truncated, info
 
     def tools(self) -> list[dict]:
@@ -112,7 +112,10 @@ class SandboxedEnv:
             raise RuntimeError(f"{self.env_id}: the environment is closed")
         return self._handle
 
-    def _check(self, info: dict) -> None:
-        # The sandbox reports a fault as info {"error": kind, "message": ...}, as in training.
-        if info.get("error"):
-            raise EnvironmentFault(self.env_id, str(info["error"]), str(info.get("message", "")))
+    def _check(self, result: tuple) -> tuple:
+        """The result, or EnvironmentFault for a fault. The sandbox marks a fault on the result
+        object (sandbox.Fault), as in training, never in the info: an environment's own info
+        ("error" keys included) is its data and comes back as it wrote it."""
+        if isinstance(result, sandbox.Fault):
+            raise EnvironmentFault(self.env_id, result.fault, result.message)
+        return tuple(result)
