@@ -532,18 +532,15 @@ def regenerate(skills_for_slots: Sequence[str], *, generate, validate: Callable,
     """Write one environment per slot, with up to `max_attempts` attempts per slot.
 
     generate: a request stream (submit(key, chat), collect(wait) -> [(key, reply)], pending,
-    continuous; infra.Requests) or a batched generate(list of chats) -> list of replies (str or
-    Completion), then called once per round of still-failing slots. validate(source) -> report
-    with .ok, .error, .class_name, .kind (the caller binds the setting, e.g.
-    `lambda src: sb.validate(src, setting=setting)`); memory_block(skill) -> str (None: no memory).
-    Replies are judged `concurrency` at a time (validate must then be thread-safe, as
-    `Sandbox.validate` is, one fresh pair of workers per call). With a continuous stream there are
-    no rounds: validation runs while other attempts decode and a rejected attempt's retry is
-    submitted as soon as its validation fails. Every attempt gets a fresh document; the prompts of
-    attempt n are drawn for every slot when the first slot needs one (so which document a retry
-    gets never depends on when validations finish). Returns all proposals (accepted and
-    rejected, in attempt order) and statistics.
-    """
+    continuous; infra.Requests): no rounds, validation runs while other attempts decode and a
+    rejected attempt's retry goes in as soon as its validation fails; or a batched
+    generate(list of chats) -> replies, one call per round of still-failing slots.
+    validate(source) -> report with .ok, .error, .class_name, .kind (the caller binds the
+    setting); memory_block(skill) -> str (None: no memory). Replies are judged `concurrency` at a
+    time (validate must be thread-safe, as `Sandbox.validate` is). Every attempt gets a fresh
+    document; attempt n's prompts are drawn for every slot when the first slot needs one, so a
+    retry's document never depends on when validations finish. Returns all proposals (in
+    attempt order) and statistics."""
     requests = generate if hasattr(generate, "submit") else _Batched(generate)
     drawn: list[list[Proposal]] = []  # drawn[n - 1][slot]: that slot's attempt n
 
@@ -578,9 +575,8 @@ def regenerate(skills_for_slots: Sequence[str], *, generate, validate: Callable,
     return proposals, regeneration_stats(proposals, len(skills_for_slots))
 
 
-def _attempt(skill: str, slot: int, attempt: int, corpus: Corpus | None,
-             memory_block: Callable[[str], str] | None, setting: str,
-             rng: random.Random) -> Proposal:
+def _attempt(skill: str, slot: int, attempt: int, corpus: Corpus | None, memory_block,
+             setting: str, rng: random.Random) -> Proposal:
     """A slot's attempt with its prompt: a fresh document, the skill's memory block, a task."""
     doc = corpus.sample() if corpus is not None else None
     task = tool_task(rng) if setting == "tool" else None
