@@ -1,6 +1,7 @@
 """engine.py: transformers sampling with exact log-probs, vLLM plumbing, weight-name mapping."""
 import copy
 import inspect
+import os
 import types
 
 import pytest
@@ -280,8 +281,9 @@ class FakeVLLM:
         N = types.SimpleNamespace
         self.platforms = N(current_platform=N(is_cpu=lambda: cpu,
                                               is_sleep_mode_available=lambda: not cpu))
-        self.worker = N(model_runner=N(reload_weights=self._reload,
-                                       get_model=lambda: torch.nn.Linear(2, 2)))
+        # reload_weights on the worker only: the model runner's skips vLLM's config context
+        self.worker = N(reload_weights=self._reload,
+                        model_runner=N(get_model=lambda: torch.nn.Linear(2, 2)))
         self.llm_engine = N(engine_core=N(shutdown=lambda: self.log.append(("shutdown",))))
 
     # module attributes
@@ -306,6 +308,10 @@ class FakeVLLM:
         return {"prompt_token_ids": prompt_token_ids}
 
     # LLM methods
+    @staticmethod
+    def get_tokenizer():
+        return types.SimpleNamespace(decode=lambda ids, skip_special_tokens: f"d{list(ids)}")
+
     def generate(self, prompts, sampling_params=None, *, use_tqdm=True, lora_request=None, priority=None,
                  tokenization_kwargs=None, mm_processor_kwargs=None):
         self.log.append(("generate", prompts, sampling_params))
@@ -314,8 +320,8 @@ class FakeVLLM:
             ids = [100 + i, 101, 2] if i % 2 == 0 else [7] * sp.max_tokens
             lps = [{t: types.SimpleNamespace(logprob=-0.5 * (k + 1), rank=1)} for k, t in
                    enumerate(ids)]
-            outs.append(types.SimpleNamespace(outputs=[types.SimpleNamespace(
-                token_ids=tuple(ids), logprobs=lps, text=f"r{i}",
+            outs.append(types.SimpleNamespace(outputs=[types.SimpleNamespace(  # text: as detokenize
+                token_ids=tuple(ids), logprobs=lps, text="" if sp.detokenize is False else f"r{i}",
                 finish_reason="stop" if i % 2 == 0 else "length")]))
         return outs
 
@@ -356,9 +362,14 @@ def test_fake_vllm_refuses_what_vllm_refuses():
 
 def test_vllm_engine_construction_and_generate(monkeypatch):
     fake = FakeVLLM()
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    for name in ("WORLD_SIZE", "VLLM_USE_V2_MODEL_RUNNER", "VLLM_ENABLE_V1_MULTIPROCESSING"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)  # restored (to unset or its value) after the test
     eng = engine.VLLMEngine("Qwen/Qwen3-30B-A3B-Instruct-2507", tensor_parallel_size=1,
-                            sleep_level=2, vllm_module=fake)
+                            vllm_module=fake)
+    # on GPUs vLLM 0.32 would pick its V2 runner; the exactness tests ran V1 (engine docstring)
+    assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     _, kwargs = fake.log[0]
     assert kwargs["model"] == "Qwen/Qwen3-30B-A3B-Instruct-2507"
     assert kwargs["distributed_executor_backend"] == "uni"  # no launcher: no RANK to read
@@ -370,8 +381,10 @@ def test_vllm_engine_construction_and_generate(monkeypatch):
     assert prompts == [{"prompt_token_ids": [1, 2, 3]}, {"prompt_token_ids": [4, 5]}]
     assert [(p.max_tokens, p.seed, p.logprobs, p.temperature, p.top_p, p.top_k, p.n)
             for p in params] == [(16, 10, 0, 0.6, 0.95, 20, 1), (4, 11, 0, 0.6, 0.95, 20, 1)]
-    assert outs[0] == Completion([100, 101, 2], [-0.5, -1.0, -1.5], "r0", "stop")
-    assert outs[1] == Completion([7] * 4, [-0.5, -1.0, -1.5, -2.0], "r1", "length")
+    # vLLM does not detokenise; each finished reply is decoded once, special tokens skipped
+    assert {p.detokenize for p in params} == {False}
+    assert outs[0] == Completion([100, 101, 2], [-0.5, -1.0, -1.5], "d[100, 101, 2]", "stop")
+    assert outs[1] == Completion([7] * 4, [-0.5, -1.0, -1.5, -2.0], "d[7, 7, 7, 7]", "length")
     assert eng.generate([], max_new_tokens=4) == []
     eng.close()
     assert fake.log[-1] == ("shutdown",)
@@ -406,7 +419,7 @@ def test_vllm_engine_sleep_wake_and_sync_order(tiny_moe, tmp_path):
     eng.sync_weights(Wrapped(model))
     model.save_pretrained(tmp_path)
     saved = load_file(str(tmp_path / "model.safetensors"))
-    assert fake.log == [("sleep", 1), ("wake_up", ["weights"]),
+    assert fake.log == [("sleep", 2), ("wake_up", ["weights"]),  # level 2: weights discarded
                         ("collective_rpc", "_reload_in_place"), ("reload_weights", len(saved)),
                         ("wake_up", ["kv_cache"]), ("reset_prefix_cache",)]
     loaded = dict(fake.loaded)
