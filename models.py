@@ -134,6 +134,15 @@ def shipped_dtype(name: str) -> torch.dtype:
     return getattr(torch, dtype) if isinstance(dtype, str) else dtype
 
 
+def parameter_count(name: str) -> int:
+    """A model's parameters from its architecture alone, built on the meta device (no weights, no
+    memory: a second for Qwen3-30B-A3B); tied embeddings count once, as they ship."""
+    from transformers import AutoModelForCausalLM
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(architecture(name))
+    return sum(p.numel() for p in model.parameters())
+
+
 def load_model_and_tokenizer(name: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0):
     """(model, tokenizer) for an alias, hub id, local dir, or tiny (fp32, for CPU kernels)."""
     import importlib.util

@@ -503,3 +503,23 @@ def test_vllm_tensor_parallel_group_stays_in_lockstep(tmp_path):
     assert r0["asked"][0] == ([[0, 0], [1, 0]], [0, 1000])  # both ranks' first requests together
     assert len(r0["asked"]) == 3 and r0["asked"][2] == ([[0, 2]], [2])  # rank 1 served rank 0
     assert len(r0["mine"]) == 3 and len(r1["mine"]) == 1 and all(len(m) == 1 for m in r0["mine"])
+
+
+def test_vllm_fit_error_hand_computed():
+    """vLLM's share is utilization x card: 0.35 x 80 GiB = 28 GiB. 60 GiB of weights need TP 4
+    (TP 2 leaves 30 GiB per GPU); weights that exactly fill the share leave no KV cache."""
+    GiB = 2**30
+    fit = dict(world=8, utilization=0.35, card_bytes=80 * GiB)
+    assert engine.vllm_fit_error(tp=1, weight_bytes=60 * GiB, **fit) == (
+        "vLLM's weights at --tensor_parallel_size 1 (60.0 GiB per GPU) fill its share of the card "
+        "(--gpu_memory_utilization 0.35 x 80.0 GiB = 28.0 GiB): use --tensor_parallel_size 4 or "
+        "--gpu_memory_utilization above 0.75")
+    assert engine.vllm_fit_error(tp=4, weight_bytes=60 * GiB, **fit) is None   # 15 < 28 GiB
+    assert "use --tensor_parallel_size 4 or --gpu_memory_utilization above 0.35" in \
+        engine.vllm_fit_error(tp=2, weight_bytes=56 * GiB, **fit)              # 28 = 28 GiB
+    assert engine.vllm_fit_error(tp=4, weight_bytes=1, world=6, utilization=0.35,
+                                 card_bytes=80 * GiB) == \
+        "--tensor_parallel_size 4 does not divide the 6 processes"
+    assert engine.vllm_fit_error(tp=1, weight_bytes=60 * GiB, world=1, utilization=0.35,
+                                 card_bytes=80 * GiB).endswith(
+        "use --gpu_memory_utilization above 0.75")                 # one GPU: no larger TP
