@@ -545,7 +545,9 @@ def test_local_bf16_model_trains_checkpointed_with_bf16_reference_and_export(
 class FakeTPLLM:
     """A vLLM stand-in for one rank of a tensor-parallel group (the `vllm` module and its LLM):
     designer prompts get a coin environment (a different comment each), hint prompts a hint, and
-    agent prompts alternate heads / tails; it records every generate call."""
+    agent prompts alternate heads / tails; it records every generate call. Scripted because this
+    test checks how train.py splits a group's work, which needs designed environments (a random
+    tiny model writes none); real vLLM at TP 2, train.py included, is in tests/test_vllm.py."""
     WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi pi rho".split()
 
     def __init__(self, tok):
@@ -553,8 +555,8 @@ class FakeTPLLM:
         self.tok, self.calls, self.loaded = tok, [], 0
         self.platforms = N(current_platform=N(is_cpu=lambda: False,
                                               is_sleep_mode_available=lambda: True))
-        self.worker = N(model_runner=N(reload_weights=lambda weights_iterator: setattr(
-            self, "loaded", self.loaded + len(list(weights_iterator)))))
+        self.worker = N(reload_weights=lambda weights_iterator: setattr(
+            self, "loaded", self.loaded + len(list(weights_iterator))))
         self.llm_engine = N(engine_core=N(shutdown=lambda: None))
 
     def collective_rpc(self, method, args=()):
@@ -562,6 +564,9 @@ class FakeTPLLM:
 
     def LLM(self, **kwargs):
         return self
+
+    def get_tokenizer(self):
+        return self.tok
 
     def sleep(self, level):
         pass

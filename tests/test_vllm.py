@@ -63,6 +63,9 @@ def build(kind: str):
     return model.eval(), tok
 
 
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.inplace"  # where the warning is logged
+
+
 class UnloadedWeights(logging.Handler):
     """Raises on vLLM's "Following weights were not loaded" warning: at sleep level 2 a weight the
     sync leaves out is garbage, so a sync that misses one fails the test that ran it."""
@@ -78,9 +81,6 @@ def fail_on_unloaded_weights():
     logger = logging.getLogger(RELOAD_LOGGER)
     if not any(isinstance(h, UnloadedWeights) for h in logger.handlers):
         logger.addHandler(UnloadedWeights())
-
-
-RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.inplace"
 
 
 class Live:
