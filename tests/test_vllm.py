@@ -37,8 +37,9 @@ KV_GIB = 0.25  # the tiny models' KV cache (1 KiB per token): 262k tokens, plent
 # kind -> (tiny architecture, tied embeddings); the untied one is a "base model": its EOS is
 # <|endoftext|> while its chat turns end with <|im_end|> (stop_ids must do the stopping).
 # "moe-tp": tiny-moe with 64-wide experts for tensor parallel size 2. At the suite's 32 each rank
-# holds 16-wide experts, which vLLM CPU's expert kernel pads to 64 (its w13 of 2 x 16 rows), and
-# its layerwise reload then fails ("size of tensor a (64) must match ... (32) at dimension 1").
+# holds 16-wide experts, a shape vLLM CPU's expert kernel pads (its w13: 64 rows for 2 x 16), and
+# the layerwise reload of a sync then fails ("The size of tensor a (64) must match the size of
+# tensor b (32) at non-singleton dimension 1", seen here on both ranks).
 VARIANTS = {"tied": ("tiny", True), "untied": ("tiny", False), "moe": ("tiny-moe", False),
             "moe-tp": ("tiny-moe", False)}
 
@@ -390,12 +391,22 @@ def _tp_rank(rank, root, out_dir):
     Path(out_dir, f"tp-rank{rank}.json").write_text(json.dumps(got))
 
 
+def assert_no_tp_shared_memory():
+    """vLLM CPU names a TP group's shared memory after the launcher's init method, which is the
+    same ("env://") for every external-launcher run: a second TP run on the machine at the same
+    time, or the segments a killed one left, make the engine's start fail ("create shm in
+    SHMManager failed. errno: 17"). Say so instead."""
+    left = sorted(p.name for p in Path("/dev/shm").glob("-tp:*cpushm*"))
+    assert not left, f"vLLM CPU TP shared memory in use or left behind in /dev/shm: {left}"
+
+
 @pytest.mark.slow
 def test_tensor_parallel_two_ranks_exact(tmp_path):
     """vLLM's tensor parallelism for real: 2 ranks, one engine of TP 2 per variant (dense tied,
     dense untied, MoE), log-probs equal the trainer's before and after a sync, and the TP group
     stays in lockstep when its ranks make different numbers of calls."""
     import torch.multiprocessing as mp
+    assert_no_tp_shared_memory()
     mp.start_processes(_tp_rank, args=(str(tmp_path), str(tmp_path)), nprocs=2, join=True,
                        start_method="spawn")
     for rank in (0, 1):
@@ -430,6 +441,7 @@ def test_train_two_steps_on_vllm(tiny_dir, tmp_path):
 def test_train_two_steps_at_tensor_parallel_2(tiny_dir, tmp_path):
     """`train.py --engine vllm --tensor_parallel_size 2` under a 2-process launch (torchrun, gloo):
     both ranks share one TP-2 engine, design and play their own slots, update, sync, and exit."""
+    assert_no_tp_shared_memory()
     out = tmp_path / "run"
     proc = run(["-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
                 "train.py", "--model", str(tiny_dir), "--engine", "vllm",
