@@ -40,7 +40,9 @@ class ModelArgs:
                 "turn, one training sample per turn, the episode weighing as one in the loss), as "
                 "the authors' thinking 8B games agent."})
     gpu_memory_utilization: float = field(default=0.35, metadata={
-        "help": "vLLM KV-cache share of GPU memory when colocated with training."})
+        "help": "vLLM's whole share of each GPU's memory when colocated with training: its "
+                "weights (1/TP of them), activations and KV cache; the run stops at start-up when "
+                "the weights alone fill it."})
     batch_tokens: int = field(default=65536, metadata={
         "help": "Transformers engine: prompts batched by length up to rows x (longest prompt + "
                 "reply cap) tokens, a bound on its KV cache."})

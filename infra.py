@@ -157,6 +157,7 @@ class Run:
         if self.world % margs.tensor_parallel_size:
             raise SystemExit(f"--tensor_parallel_size {margs.tensor_parallel_size} does not divide "
                              f"the {self.world} processes")
+        check_vllm_fits(margs, self.world)  # before any weight loads
         fp32_gradient_reduce(acc)
         # fp32 master weights (bf16 compute comes from Accelerate's mixed precision); the
         # shipped dtype (bf16 for the paper's models) for the reference model and the exports
@@ -290,12 +291,38 @@ class Run:
         return self.run_dir
 
 
+def wants_vllm(margs) -> bool:
+    """vLLM colocated on GPU when installed (or asked for); the transformers engine otherwise."""
+    installed = importlib.util.find_spec("vllm") is not None
+    return margs.engine == "vllm" or (margs.engine == "auto" and torch.cuda.is_available()
+                                      and installed)
+
+
+def card_bytes() -> int | None:
+    """This rank's GPU memory (None on CPU, where vLLM's budget is its KV-cache bytes)."""
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+
+
+def check_vllm_fits(margs, world: int) -> None:
+    """INFRA: fail fast, before anything loads, when vLLM's share of the card
+    (--gpu_memory_utilization x card memory) cannot hold one rank's share of the shipped weights
+    (counted from the architecture: engine.vllm_fit_error)."""
+    card = card_bytes()
+    if card is None or not wants_vllm(margs):
+        return
+    weights = models.parameter_count(margs.model) * models.shipped_dtype(margs.model).itemsize
+    error = engine.vllm_fit_error(world=world, tp=margs.tensor_parallel_size, weight_bytes=weights,
+                                  utilization=margs.gpu_memory_utilization, card_bytes=card)
+    if error:
+        raise SystemExit(error)
+
+
 def make_engine(margs, sargs, model, tokenizer, seed: int, sharded: bool):
     """vLLM colocated on GPU when installed (or asked for); the transformers engine otherwise."""
-    want_vllm = margs.engine == "vllm" or (
-        margs.engine == "auto" and torch.cuda.is_available() and importlib.util.find_spec("vllm"))
     stops = [agent.turn_end(tokenizer)[1]]  # a base model's EOS is not its end of turn
-    if want_vllm:
+    if wants_vllm(margs):
         # the longest sequence: an agent's context, or a designer prompt and its reply
         longest = max(sargs.max_context, 16384 + sargs.designer_max_tokens)
         return vllm_engine(margs, model, tokenizer, max_model_len=longest, seed=seed,

@@ -163,6 +163,15 @@ def check_loadable(name: str, program: str) -> None:
         raise SystemExit(cannot_load(name, e, program)) from None
 
 
+def parameter_count(name: str) -> int:
+    """A model's parameters from its architecture alone, built on the meta device (no weights, no
+    memory: a second for Qwen3-30B-A3B); tied embeddings count once, as they ship."""
+    from transformers import AutoModelForCausalLM
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(architecture(name))
+    return sum(p.numel() for p in model.parameters())
+
+
 def load_model_and_tokenizer(name: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0, *,
                              empty: bool = False):
     """(model, tokenizer) for an alias, hub id, local dir, or tiny (fp32, for CPU kernels).

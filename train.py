@@ -496,9 +496,10 @@ def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *,
     lengths = [len(s["tokens"]) for s in trained] * oargs.ppo_epochs
     out["perf/batch_tokens"] = sum(len(s["tokens"]) for s in samples)
     out["perf/update_tokens"] = sum(lengths)
-    out["perf/update_flops"] = telemetry.sequence_flops(
-        telemetry.model_flops(accelerator.unwrap_model(model).config), lengths,
-        passes=3 + (ref_model is not None))
+    config = getattr(accelerator.unwrap_model(model), "config", None)  # None: not a transformer
+    if config is not None:
+        out["perf/update_flops"] = telemetry.sequence_flops(
+            telemetry.model_flops(config), lengths, passes=3 + (ref_model is not None))
     return out
 
 

@@ -16,8 +16,8 @@ transformers on the meta device in tests/test_bench_gpu.py), and every other row
         recompute    T * (6 hidden + 3 active intermediate) * 2 B * 2   (one layer, fwd + bwd)
         head         V * hidden * (4 + 2) B     (fp32 gradient sum + one bf16 chunk product)
         FSDP2 only   2 unsharded bf16 layers (prefetch) + the unsharded embedding and head
-    vLLM (colocated): gpu_memory_utilization (0.35) of the card during rollouts; asleep (level 1:
-    weights on CPU, KV cache freed) during the update.
+    vLLM (colocated): gpu_memory_utilization (0.35) of the card during rollouts; asleep (level 2:
+    weights discarded, KV cache freed) during the update.
     update phase  = state + reference + autocast copies + activations
     rollout phase = state - gradients (freed after optimizer.step) + reference + vLLM's share
 

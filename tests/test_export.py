@@ -398,8 +398,9 @@ def test_openenv_server_plays_as_a_fixed_pool(exports, tmp_path, tiny):
                 assert got == [r["reset"]] + r["steps"]
         h = pools.InProcessEnv(f"openenv:{url}#index=2")  # the sleeper
         h.reset(seed=1)
-        obs, reward, terminated, _, info = h.step(r"\boxed{hang}")
-        assert info["error"] == "timeout" and terminated and reward == 0.0
+        result = h.step(r"\boxed{hang}")
+        _, reward, terminated, _, info = result
+        assert agent.fault(result) == "timeout" and terminated and reward == 0.0 and info == {}
         run = main_with({"agent": agent_engine(tiny)}, TINY + [
             "--steps", "1", "--num_envs", "2", "--output_dir", str(tmp_path / "r"),
             "--fixed_envs", f"openenv:{url}#index=0,openenv:{url}#index=1"])

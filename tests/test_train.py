@@ -650,7 +650,9 @@ class FakeTPLLM:
     its LLMEngine's step loop): designer prompts get a coin environment (a different comment
     each), hint prompts a hint, and agent prompts alternate heads / tails. A request finishes
     1-3 engine steps after it enters (by its seed); it records the requests that enter before
-    every engine step (and every generate call)."""
+    every engine step (and every generate call). Scripted because this test checks how train.py
+    splits a group's work, which needs designed environments (a random tiny model writes none);
+    real vLLM at TP 2, train.py included, is in tests/test_vllm.py."""
     WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi pi rho".split()
 
     def __init__(self, tok):
@@ -658,8 +660,8 @@ class FakeTPLLM:
         self.tok, self.calls, self.loaded = tok, [], 0
         self.platforms = N(current_platform=N(is_cpu=lambda: False,
                                               is_sleep_mode_available=lambda: True))
-        self.worker = N(model_runner=N(reload_weights=lambda weights_iterator: setattr(
-            self, "loaded", self.loaded + len(list(weights_iterator)))))
+        self.worker = N(reload_weights=lambda weights_iterator: setattr(
+            self, "loaded", self.loaded + len(list(weights_iterator))))
         self.sampling_params = N(RequestOutputKind=N(FINAL_ONLY="final"))
         self.running, self.entered, self.added = [], [], 0  # [steps left, id, output]; this step's
         self.llm_engine = N(engine_core=N(shutdown=lambda: None), add_request=self._add,
@@ -691,6 +693,9 @@ class FakeTPLLM:
 
     def LLM(self, **kwargs):
         return self
+
+    def get_tokenizer(self):
+        return self.tok
 
     def sleep(self, level):
         pass
@@ -795,3 +800,15 @@ def test_tensor_parallel_group_generates_once_and_trains_each_sample_once(tmp_pa
     assert rows[0]["designer/diversity"] == pytest.approx(metrics_lib.diversity(sources))
     assert rows[0]["designer/diversity"] != pytest.approx(
         (metrics_lib.diversity(sources[:2]) + metrics_lib.diversity(sources[2:])) / 2)
+
+
+def test_vllm_that_cannot_hold_its_weights_stops_before_any_load(tmp_path, monkeypatch):
+    """On an 80 GiB card Qwen3-30B-A3B's 56.9 GiB of bf16 weights fill vLLM's 0.35 x 80 = 28 GiB
+    at TP 1: the run stops with the fix, counted from the architecture alone (no weights load)."""
+    monkeypatch.setattr(infra, "card_bytes", lambda: 80 * 2**30)
+    monkeypatch.setattr(models, "load_model_and_tokenizer",
+                        lambda *a, **k: pytest.fail("weights loaded before the check"))
+    with pytest.raises(SystemExit, match=r"\(56\.9 GiB per GPU\) fill its share .* 28\.0 GiB\): "
+                                         r"use --gpu_memory_utilization above 0\.71"):
+        train.main(["--model", "Qwen3-30B-A3B", "--engine", "vllm", "--corpus", str(CORPUS),
+                    "--output_dir", str(tmp_path / "run")])

