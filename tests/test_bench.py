@@ -25,7 +25,9 @@ FIGURES = {  # bench -> the metric names of its JSON figure lines, in order
     "sandbox.py": ["sandbox.episodes_per_s_ratio_vs_spawn", "sandbox.step_rtt_ratio_vs_pipe",
                    "sandbox.episode_start_ms_p50", "sandbox.timeout_overrun_ms_p95",
                    "sandbox.validations_per_s"],
-    "vllm_rollout.py": ["vllm.generation_speedup", "vllm.sync_ms_per_mparam"],
+    "vllm_rollout.py": ["vllm.generation_speedup", "vllm.sync_ms_per_mparam",
+                        "vllm.sync_s_per_bparam_tp1", "vllm.sync_s_per_bparam_tp2",
+                        "vllm.sync_tp2_over_tp1"],
 }
 COVERED_ELSEWHERE = {"gpu.py", "gpu_memory.py", "acebench_upstream.py"}
 

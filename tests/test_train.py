@@ -806,6 +806,7 @@ def test_vllm_that_cannot_hold_its_weights_stops_before_any_load(tmp_path, monke
     """On an 80 GiB card Qwen3-30B-A3B's 56.9 GiB of bf16 weights fill vLLM's 0.35 x 80 = 28 GiB
     at TP 1: the run stops with the fix, counted from the architecture alone (no weights load)."""
     monkeypatch.setattr(infra, "card_bytes", lambda: 80 * 2**30)
+    monkeypatch.setattr(models, "check_loadable", lambda *a: None)  # as if the weights were cached
     monkeypatch.setattr(models, "load_model_and_tokenizer",
                         lambda *a, **k: pytest.fail("weights loaded before the check"))
     with pytest.raises(SystemExit, match=r"\(56\.9 GiB per GPU\) fill its share .* 28\.0 GiB\): "
