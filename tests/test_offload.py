@@ -1,0 +1,78 @@
+"""offload.TrainerOffload: the trainer's parameters and AdamW state leave the device while vLLM
+generates and come back bit for bit; a run with offload on ends where a run without it ends."""
+import copy
+
+import torch
+
+import config
+import offload
+import train
+
+
+def _samples(step, n=12):
+    return [{"tokens": [5 + i + step] * n, "mask": [0] * 4 + [1] * (n - 4),
+             "logprobs": [-7.0] * n, "advantage": a, "role": "agent", "weight": 1.0}
+            for i, a in enumerate([1.0, -1.0, 0.5])]
+
+
+def _state(model, opt):
+    return ([p.detach().clone() for p in model.parameters()],
+            [v.clone() for s in opt.state.values() for v in s.values()])
+
+
+def _three_steps(tiny, offloaded: bool):
+    """Three grpo_update steps on the tiny model; with offload the state is away (its storages
+    empty) during every step's rollout phase, as train.train does around the play phase."""
+    from accelerate import Accelerator
+    model = copy.deepcopy(tiny[0]).eval()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    off = offload.TrainerOffload(model, opt, enabled=offloaded)
+    freed = []
+    for step in range(3):
+        freed.append(off.offload())
+        if offloaded:  # the rollout: nothing of the trainer's state occupies memory
+            assert all(p.untyped_storage().nbytes() == 0 for p in model.parameters())
+            assert all(v.untyped_storage().nbytes() == 0
+                       for s in opt.state.values() for v in s.values())
+            junk = torch.randn(sum(p.numel() for p in model.parameters()))  # reuse the memory
+            del junk
+        off.reload()
+        train.grpo_update(model, None, opt, sched, Accelerator(cpu=True), _samples(step),
+                          pad_id=tiny[1].pad_token_id, temperatures={"agent": 1.0},
+                          oargs=config.OptimArgs(kl_coef=0.0), margs=config.ModelArgs())
+    return _state(model, opt), freed
+
+
+def test_offload_on_and_off_end_with_identical_weights_and_optimizer_state(tiny):
+    (params_on, opt_on), freed = _three_steps(tiny, offloaded=True)
+    (params_off, opt_off), freed_off = _three_steps(tiny, offloaded=False)
+    assert all(torch.equal(a, b) for a, b in zip(params_on, params_off))
+    assert len(opt_on) == len(opt_off) > 0
+    assert all(torch.equal(a, b) for a, b in zip(opt_on, opt_off))
+    params = sum(p.numel() * p.element_size() for p in tiny[0].parameters())
+    # step 0: the fp32 parameters (AdamW's state does not exist yet); then 3 x (m, v, step)
+    assert freed[0] == params
+    assert freed[1] == freed[2] == 3 * params + 4 * len(list(tiny[0].parameters()))
+    assert freed_off == [0, 0, 0]
+
+
+def test_a_storage_shared_by_views_goes_once_and_comes_back_whole():
+    base = torch.nn.Parameter(torch.arange(8.0))
+    model = torch.nn.Module()
+    model.a = torch.nn.Parameter(base.detach()[:4])  # two parameters viewing one storage,
+    model.b = torch.nn.Parameter(base.detach()[4:])  # as FSDP2's padded shards do
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    off = offload.TrainerOffload(model, opt)
+    assert off.offload() == 8 * 4
+    assert off.offload() == 0  # already away: a second call is a no-op
+    assert off.reload() == 8 * 4
+    assert model.a.tolist() == [0, 1, 2, 3] and model.b.tolist() == [4, 5, 6, 7]
+
+
+def test_disabled_offload_leaves_everything_in_place():
+    model = torch.nn.Linear(3, 2)
+    off = offload.TrainerOffload(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                 enabled=False)
+    assert off.offload() == 0 and off.reload() == 0
+    assert model.weight.untyped_storage().nbytes() == 6 * 4
