@@ -47,6 +47,10 @@ class ModelArgs:
     micro_batch_tokens: int = field(default=16384, metadata={
         "help": "Tokens per forward/backward micro-batch (gradient accumulation over the step's "
                 "samples)."})
+    offload_trainer: bool = field(default=False, metadata={
+        "help": "vLLM engine: the trainer's fp32 parameters and AdamW moments wait in host RAM "
+                "while vLLM generates and come back for the update (offload.py; --preflight "
+                "shows the memory it frees)."})
 
 
 @dataclass
@@ -186,6 +190,14 @@ class RunArgs:
                 "(tools/report.py's cards)."})
     print_config: bool = field(default=False, metadata={
         "help": "Print the resolved configuration (preset + flags) as one JSON object and exit."})
+    preflight: bool = field(default=False, metadata={
+        "help": "Print this run's memory plan per GPU (rollout, update, optimizer step, sync; KV "
+                "tokens; host RAM) on --gpus cards of --gpu, measured without weights or a GPU "
+                "(preflight.py), and exit: 0 when it fits, else 1 and the change that fits."})
+    gpu: str = field(default="h100-80gb", metadata={
+        "help": "--preflight: the card, h100-80gb, h200-141gb or its memory in GiB."})
+    gpus: int = field(default=1, metadata={
+        "help": "--preflight: the launch's GPUs (FSDP2 ranks; 1: one GPU, no sharding)."})
 
 
 # The authors' launchers (github spade-rl/spade, cmd/), one per (model, setting), where they differ
@@ -291,6 +303,6 @@ def config_dict(*args) -> dict:
     """The run's configuration as saved in config.json (a resume compares against it)."""
     out = {k: v for a in args for k, v in dataclasses.asdict(a).items()}
     for k in ("resume", "allow_config_change", "overwrite", "output_dir", "log_with",
-              "print_config"):
+              "print_config", "preflight", "gpu", "gpus"):
         out.pop(k, None)
     return out

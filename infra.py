@@ -35,6 +35,7 @@ import engine
 import grpo
 import metrics
 import models
+import offload
 
 
 def derive_seed(*parts) -> int:
@@ -119,8 +120,10 @@ class Run:
             model.gradient_checkpointing_enable()  # FSDP configs checkpoint layers themselves
         ref = (copy.deepcopy(model).to(self.shipped).eval().requires_grad_(False)
                if oargs.kl_coef > 0 else None)
+        # fused on CUDA: one kernel, no parameter-sized temporary (foreach's sqrt(v) is one)
         optimizer = torch.optim.AdamW(model.parameters(), lr=oargs.lr, betas=grpo.BETAS,
-                                      weight_decay=oargs.weight_decay)
+                                      weight_decay=oargs.weight_decay,
+                                      fused=acc.device.type == "cuda")
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)  # constant (paper)
         self.model, self.optimizer, self.scheduler = acc.prepare(model, optimizer, scheduler)
         self.ref_model = None if ref is None else acc.prepare_model(ref, evaluation_mode=True)
@@ -130,6 +133,12 @@ class Run:
             fsdp is not None and getattr(fsdp, "fsdp_version", 1) != 2)
         self.engine = make_engine(margs, sargs, acc.unwrap_model(self.model), self.tokenizer,
                                   rargs.seed, sharded)
+        if margs.offload_trainer and not isinstance(self.engine, engine.VLLMEngine):
+            raise SystemExit("--offload_trainer needs the vLLM engine (the transformers engine "
+                             "generates with the trainer's own weights)")
+        # the trainer's state in host RAM while vLLM generates (no-ops without the flag)
+        self.offload = offload.TrainerOffload(self.model, self.optimizer,
+                                              enabled=margs.offload_trainer)
         self.temperatures = config.role_temperatures(sargs, oargs)
         # the samplers of the agent and hint calls and of the designer (tests may script either)
         seed = rargs.seed + 7919 * self.rank
@@ -413,3 +422,38 @@ def write_step_files(run_dir: Path, step: int, new_pool, episodes, n_transcripts
         (run_dir / "designer").mkdir(exist_ok=True)
         atomic_write(run_dir / "designer" / f"scores-{tag}.json",
                      json.dumps([{"env_id": s["env_id"], "score": s["score"]} for s in scored]))
+
+
+def preflight(margs, sargs, oargs, rargs, *, update) -> int:
+    """--preflight: this run's memory plan on --gpus cards of --gpu, printed (preflight.py);
+    returns the exit status: 0 when it fits. `update` is train.grpo_update."""
+    import functools
+    import inspect
+
+    import preflight as plan_lib
+    card = plan_lib.card_gib(rargs.gpu)
+    if rargs.gpus <= 0:
+        raise SystemExit(f"--gpus must be positive, got {rargs.gpus}")
+    try:
+        arch = models.architecture(margs.model)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--preflight: the config of {margs.model} cannot be read offline "
+                         f"({type(e).__name__}); ship it in configs/models/ or pass a local "
+                         "directory") from None
+    tp, world = margs.tensor_parallel_size, rargs.gpus
+    # a regeneration step: each rank of a TP group plays its environments' G + H episodes
+    live = tp * -(-sargs.num_envs // world) * (sargs.plays + sargs.hint_plays)
+    bound = functools.partial(update, pad_id=0, temperatures=config.role_temperatures(sargs, oargs),
+                              oargs=oargs, margs=margs)
+    p = plan_lib.plan(arch, world=world, tp=tp, card=card, util=margs.gpu_memory_utilization,
+                      offload=margs.offload_trainer, micro_batch_tokens=margs.micro_batch_tokens,
+                      max_model_len=max(sargs.max_context, 16384 + sargs.designer_max_tokens),
+                      max_context=sargs.max_context, live_episodes=live, kl=oargs.kl_coef > 0,
+                      update=bound, checkpointing=margs.gradient_checkpointing)
+    sleep = inspect.signature(engine.VLLMEngine).parameters["sleep_level"].default
+    host = plan_lib.host_ram(p["trainer"]["params"], world=world, tp=tp, sleep_level=sleep,
+                             offload=margs.offload_trainer, keep=int(rargs.keep_checkpoints)
+                             if rargs.keep_checkpoints.isdigit() else 2)
+    print(plan_lib.report(p, margs.model, host))
+    print(plan_lib.table_row(p, margs.model, sargs.setting))
+    return 0 if p["fits"] else 1

@@ -76,3 +76,13 @@ def test_disabled_offload_leaves_everything_in_place():
                                  enabled=False)
     assert off.offload() == 0 and off.reload() == 0
     assert model.weight.untyped_storage().nbytes() == 6 * 4
+
+
+def test_offload_needs_the_vllm_engine(tmp_path):
+    """The transformers engine generates with the trainer's own weights: offloading them would
+    leave it nothing to generate with, so the run refuses at start-up in one line."""
+    import pytest
+    flags = ["--model", "tiny", "--steps", "1", "--sandbox_workers", "1", "--offload_trainer",
+             "--engine", "transformers", "--output_dir", str(tmp_path / "run")]
+    with pytest.raises(SystemExit, match="--offload_trainer needs the vLLM engine"):
+        train.main(flags)
