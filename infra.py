@@ -425,13 +425,14 @@ def write_step_files(run_dir: Path, step: int, new_pool, episodes, n_transcripts
 
 
 def preflight(margs, sargs, oargs, rargs, *, update) -> int:
-    """--preflight: this run's memory plan on --gpus cards of --gpu, printed (preflight.py);
-    returns the exit status: 0 when it fits. `update` is train.grpo_update."""
+    """--preflight: this run's memory plan on --gpus cards of each --gpu (comma-separated; the
+    trainer is measured once), printed (preflight.py); returns the exit status: 0 when it fits
+    every card. `update` is train.grpo_update."""
     import functools
     import inspect
 
     import preflight as plan_lib
-    card = plan_lib.card_gib(rargs.gpu)
+    cards = [(gpu, plan_lib.card_gib(gpu)) for gpu in rargs.gpu.split(",")]
     if rargs.gpus <= 0:
         raise SystemExit(f"--gpus must be positive, got {rargs.gpus}")
     try:
@@ -445,15 +446,22 @@ def preflight(margs, sargs, oargs, rargs, *, update) -> int:
     live = tp * -(-sargs.num_envs // world) * (sargs.plays + sargs.hint_plays)
     bound = functools.partial(update, pad_id=0, temperatures=config.role_temperatures(sargs, oargs),
                               oargs=oargs, margs=margs)
-    p = plan_lib.plan(arch, world=world, tp=tp, card=card, util=margs.gpu_memory_utilization,
-                      offload=margs.offload_trainer, micro_batch_tokens=margs.micro_batch_tokens,
-                      max_model_len=max(sargs.max_context, 16384 + sargs.designer_max_tokens),
-                      max_context=sargs.max_context, live_episodes=live, kl=oargs.kl_coef > 0,
-                      update=bound, checkpointing=margs.gradient_checkpointing)
     sleep = inspect.signature(engine.VLLMEngine).parameters["sleep_level"].default
-    host = plan_lib.host_ram(p["trainer"]["params"], world=world, tp=tp, sleep_level=sleep,
-                             offload=margs.offload_trainer, keep=int(rargs.keep_checkpoints)
-                             if rargs.keep_checkpoints.isdigit() else 2)
-    print(plan_lib.report(p, margs.model, host))
-    print(plan_lib.table_row(p, margs.model, sargs.setting))
-    return 0 if p["fits"] else 1
+    keep = int(rargs.keep_checkpoints) if rargs.keep_checkpoints.isdigit() else 2
+    status, trainer, rows = 0, None, []
+    longest = max(sargs.max_context, 16384 + sargs.designer_max_tokens)  # as make_engine
+    for _, card in cards:
+        p = plan_lib.plan(arch, world=world, tp=tp, card=card, util=margs.gpu_memory_utilization,
+                          offload=margs.offload_trainer, max_model_len=longest,
+                          micro_batch_tokens=margs.micro_batch_tokens,
+                          max_context=sargs.max_context,
+                          live_episodes=live, kl=oargs.kl_coef > 0, update=bound,
+                          checkpointing=margs.gradient_checkpointing, trainer=trainer)
+        trainer = p["trainer"]
+        host = plan_lib.host_ram(trainer["params"], world=world, tp=tp, sleep_level=sleep,
+                                 offload=margs.offload_trainer, keep=keep)
+        print(plan_lib.report(p, margs.model, host))
+        rows.append(plan_lib.table_row(p, margs.model, sargs.setting))
+        status = status or (0 if p["fits"] else 1)
+    print("\n".join(rows))
+    return status

@@ -293,10 +293,7 @@ def verdict(ph: dict, vllm: dict, *, card: float, util: float, offload: bool, he
     if set(over) & {"update", "step"}:
         return False, ("the update does not fit one card whatever vLLM gets: shard it over more "
                        "GPUs (FSDP2) or take a larger card")
-    # the largest util for the rollout and the start-up, then whether its KV cache holds a sequence
-    room = min(limit - ph["context"] - (0.0 if offload else held),
-               card - (ph["start-up"] - vllm["share"]))
-    best = math.floor(room / card * 100) / 100
+    best = max_util(ph, vllm, card=card, offload=offload, held=held)
     kv_need = vllm["weights"] + vllm["profile"] + vllm["graphs"] + \
         max_model_len * vllm["kv_token_bytes"] / GIB
     if best * card >= kv_need:
@@ -306,23 +303,36 @@ def verdict(ph: dict, vllm: dict, *, card: float, util: float, offload: bool, he
     return False, "more tensor parallelism (--tensor_parallel_size) or a larger card"
 
 
+def max_util(ph: dict, vllm: dict, *, card: float, offload: bool, held: float) -> float:
+    """The largest --gpu_memory_utilization (2 decimals) the rollout phase and vLLM's start-up
+    leave room for."""
+    room = min(FIT_SHARE * card - ph["context"] - (0.0 if offload else held),
+               card - (ph["start-up"] - vllm["share"]))
+    return max(0.0, math.floor(room / card * 100) / 100)
+
+
 def plan(config, *, world: int, tp: int, card: float, util: float, offload: bool,
          micro_batch_tokens: int, max_model_len: int, max_context: int, live_episodes: int,
-         kl: bool, update, fused: bool = True, checkpointing: bool = True) -> dict:
+         kl: bool, update, fused: bool = True, checkpointing: bool = True,
+         trainer: dict | None = None) -> dict:
     """The whole preflight of one run (the arguments: train.py's flags as the plan reads them;
-    live_episodes: the episodes a TP group plays at once at a regeneration step)."""
+    live_episodes: the episodes a TP group plays at once at a regeneration step; `trainer`: a
+    measure_trainer result to reuse for another card)."""
     if world % tp:
         raise SystemExit(f"--tensor_parallel_size {tp} does not divide --gpus {world}")
     t0 = time.perf_counter()
     # the largest micro-batch: one sequence as long as the budget or the longest sample
     seq_len = max(micro_batch_tokens, max_model_len)
-    trainer = measure_trainer(config, world=world, seqs=1, seq_len=seq_len, update=update, kl=kl,
-                              checkpointing=checkpointing, fused=fused)
+    trainer = trainer or measure_trainer(config, world=world, seqs=1, seq_len=seq_len,
+                                         update=update, kl=kl, checkpointing=checkpointing,
+                                         fused=fused)
     vllm = vllm_share(config, tp=tp, util=util, card=card, max_num_seqs=live_episodes)
     ph = phases(trainer, vllm, world=world, card=card, offload=offload)
     fits, change = verdict(ph, vllm, card=card, util=util, offload=offload,
                            held=trainer["held"]["Total"], max_model_len=max_model_len)
+    best = max_util(ph, vllm, card=card, offload=offload, held=trainer["held"]["Total"])
     return {"trainer": trainer, "vllm": vllm, "phases": ph, "fits": fits, "change": change,
+            "max_util": best,
             "seq_len": seq_len, "world": world, "tp": tp, "card": card, "util": util,
             "offload": offload, "live_episodes": live_episodes, "max_context": max_context,
             "moe": bool(getattr(config, "num_experts", 0)), "seconds": time.perf_counter() - t0}
@@ -363,6 +373,7 @@ def report(p: dict, name: str, host: dict) -> str:
                f"{p['max_context']:,}): {v['kv_tokens'] / demand:.0%}")
     out.append("  host RAM per node (GB): " + ", ".join(f"{k} {val:,.0f}"
                                                       for k, val in host.items()))
+    out.append(f"  largest --gpu_memory_utilization that fits: {p['max_util']:.2f}")
     out.append(f"  vLLM settings: --gpu_memory_utilization {p['util']:.2f}, max_num_seqs "
                f"{p['live_episodes']}, max_num_batched_tokens {MAX_NUM_BATCHED_TOKENS}")
     out.append(f"  verdict: {'fits' if p['fits'] else 'does not fit: ' + p['change']}")
@@ -370,9 +381,11 @@ def report(p: dict, name: str, host: dict) -> str:
 
 
 def table_row(p: dict, name: str, setting: str) -> str:
-    """One README memory-table row: rollout / update / step / sync GiB, KV tokens, verdict."""
+    """One README memory-table row: model, GPUs, setting, card, offload, util, rollout / update /
+    step / sync GiB, KV tokens per TP group, the largest util that fits, the verdict."""
     ph, gpu = p["phases"], next((k for k, v in CARDS.items() if v == p["card"]), p["card"])
     cells = [name, str(p["world"]), setting, str(gpu), "on" if p["offload"] else "off",
              f"{p['util']:.2f}", *(f"{ph[k]:.1f}" for k in ("rollout", "update", "step", "sync")),
-             f"{p['vllm']['kv_tokens'] / 1e6:.2f}M", "fits" if p["fits"] else p["change"]]
+             f"{p['vllm']['kv_tokens'] / 1e6:.2f}M", f"{p['max_util']:.2f}",
+             "fits" if p["fits"] else p["change"]]
     return "| " + " | ".join(cells) + " |"
