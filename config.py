@@ -40,7 +40,8 @@ class ModelArgs:
                 "turn, one training sample per turn, the episode weighing as one in the loss), as "
                 "the authors' thinking 8B games agent."})
     gpu_memory_utilization: float = field(default=0.35, metadata={
-        "help": "vLLM KV-cache share of GPU memory when colocated with training."})
+        "help": "vLLM's share of each GPU's total memory (its weights, activation profile and KV "
+                "cache) when colocated with training; --preflight prints the largest that fits."})
     batch_tokens: int = field(default=65536, metadata={
         "help": "Transformers engine: prompts batched by length up to rows x (longest prompt + "
                 "reply cap) tokens, a bound on its KV cache."})

@@ -29,7 +29,11 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 class TrainerOffload:
     """offload() / reload() the storages of `model`'s parameters and `optimizer`'s state tensors.
-    Disabled (enabled=False) both calls do nothing, so the loop calls them unconditionally."""
+    Disabled (enabled=False) both calls do nothing, so the loop calls them unconditionally.
+
+    reload(optimizer=False) brings back the parameters only: the AdamW moments then come back
+    in a pre-hook of the optimizer's step, so they are not on the device during the forward and
+    backward passes (at 30B-A3B on 8 GPUs: 28.4 GiB less at the update's peak)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
                  enabled: bool = True):
@@ -38,6 +42,9 @@ class TrainerOffload:
         # the run) using a storage -> that storage's bytes in host RAM, allocated once
         self.host: dict[int, torch.Tensor] = {}
         self.away: list[tuple[torch.UntypedStorage, int, int]] = []  # (storage, bytes, key)
+        if enabled:  # whatever is still away comes back before the step reads it
+            inner = getattr(optimizer, "optimizer", optimizer)  # Accelerate's wrapper holds it
+            inner.register_step_pre_hook(self._before_step)
 
     def _storages(self) -> list[tuple[torch.UntypedStorage, int]]:
         """(storage, key) of each distinct non-empty storage behind the parameters and the
@@ -52,6 +59,9 @@ class TrainerOffload:
                 seen.add(storage.data_ptr())
                 out.append((storage, id(t)))
         return out
+
+    def _before_step(self, *_) -> None:
+        self.reload()
 
     def offload(self) -> int:
         """Move the trainer's state to host RAM; returns the bytes freed on the device."""
@@ -71,15 +81,19 @@ class TrainerOffload:
             storage.resize_(0)
         return sum(n for _, n, _ in self.away)
 
-    def reload(self) -> int:
-        """Bring the trainer's state back to its device; returns the bytes restored."""
+    def reload(self, optimizer: bool = True) -> int:
+        """Bring the trainer's state (without `optimizer`: its parameters only) back to its
+        device; returns the bytes restored."""
+        params = {id(p) for p in self.model.parameters()}
+        keep = [not optimizer and a[2] not in params for a in self.away]
+        back = [a for a, k in zip(self.away, keep) if not k]
+        self.away = [a for a, k in zip(self.away, keep) if k]
         restored = 0
-        for storage, n, key in self.away:
+        for storage, n, key in back:
             storage.resize_(n)
             view = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
             view.copy_(self.host[key], non_blocking=storage.device.type == "cuda")
             restored += n
-        if self.away and self.away[0][0].device.type == "cuda":
+        if back and back[0][0].device.type == "cuda":
             torch.cuda.synchronize()
-        self.away = []
         return restored

@@ -20,7 +20,8 @@ demand), the CUDA context and NCCL communicators (an estimate), host RAM.
 
 Phases, GiB per GPU (a phase fits below FIT_SHARE of the card: allocator fragmentation):
     rollout  = trainer state between updates (0 with --offload_trainer) + context + util x card
-    update   = the measured forward/backward peak + context (vLLM asleep)
+    update   = the measured forward/backward peak + context (vLLM asleep; with --offload_trainer
+               less the AdamW moments, which come back only for the optimizer step)
     step     = the measured optimizer-step peak + context
     sync     = trainer state + vLLM's weights + the largest layer's full bf16 tensors + context
     start-up = fp32 parameter shards + context + util x card (vLLM refuses to start above the card)
@@ -273,8 +274,11 @@ def phases(trainer: dict, vllm: dict, *, world: int, card: float, offload: bool)
     ctx = CONTEXT_GIB[1] if world == 1 else CONTEXT_GIB["multi"]
     held = trainer["held"]["Total"]
     fp32_params = 4 * trainer["params"] / world / GIB
+    # offloaded, the AdamW moments return at the optimizer step (offload.py), so the forward and
+    # backward peak loses them: they are constant over the pass, so subtracting them is exact
+    moments = trainer["update"].get("OptState", trainer["update"].get("Optstate", 0.0))
     return {"rollout": (0.0 if offload else held) + ctx + vllm["share"],
-            "update": trainer["update"]["Total"] + ctx,
+            "update": trainer["update"]["Total"] - (moments if offload else 0.0) + ctx,
             "step": trainer["step"]["Total"] + ctx,
             "sync": held + vllm["weights"] + trainer["largest_unit"] + ctx,
             "start-up": fp32_params + ctx + vllm["share"], "context": ctx}

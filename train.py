@@ -203,7 +203,7 @@ def train(margs, sargs, oargs, rargs, *, sb) -> Path:
         # ALGO: 5. one GRPO update over both roles
         phase(step, "update", times)
         run.engine.sleep()  # INFRA: colocated vLLM frees its memory for training; sync wakes it
-        run.offload.reload()
+        run.offload.reload(optimizer=False)  # INFRA: the AdamW moments come back at its step
         m.update(grpo_update(run.model, run.ref_model, run.optimizer, run.scheduler,
                              run.accelerator, samples, pad_id=run.tokenizer.pad_token_id,
                              temperatures=run.temperatures, oargs=oargs, margs=margs))
