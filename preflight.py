@@ -269,6 +269,11 @@ def _param_count(config) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def _moments(trainer: dict) -> float:
+    """GiB of optimizer state at the update's peak (the two trackers spell the kind apart)."""
+    return trainer["update"].get("OptState", trainer["update"].get("Optstate", 0.0))
+
+
 def phases(trainer: dict, vllm: dict, *, world: int, card: float, offload: bool) -> dict:
     """GiB per GPU of each phase (module docstring) from the measured trainer and vLLM's share."""
     ctx = CONTEXT_GIB[1] if world == 1 else CONTEXT_GIB["multi"]
@@ -276,7 +281,7 @@ def phases(trainer: dict, vllm: dict, *, world: int, card: float, offload: bool)
     fp32_params = 4 * trainer["params"] / world / GIB
     # offloaded, the AdamW moments return at the optimizer step (offload.py), so the forward and
     # backward peak loses them: they are constant over the pass, so subtracting them is exact
-    moments = trainer["update"].get("OptState", trainer["update"].get("Optstate", 0.0))
+    moments = _moments(trainer)
     return {"rollout": (0.0 if offload else held) + ctx + vllm["share"],
             "update": trainer["update"]["Total"] - (moments if offload else 0.0) + ctx,
             "step": trainer["step"]["Total"] + ctx,
@@ -285,8 +290,9 @@ def phases(trainer: dict, vllm: dict, *, world: int, card: float, offload: bool)
 
 
 def verdict(ph: dict, vllm: dict, *, card: float, util: float, offload: bool, held: float,
-            max_model_len: int) -> tuple[bool, str]:
-    """(fits, the one change that makes it fit or why none does)."""
+            moments: float, max_model_len: int) -> tuple[bool, str]:
+    """(fits, the one change that makes it fit or why none does); `moments`: GiB of the AdamW
+    moments, which --offload_trainer keeps off the device until the optimizer step."""
     limit = FIT_SHARE * card
     over = [k for k in ("rollout", "update", "step", "sync") if ph[k] > limit]
     if ph["start-up"] > card:
@@ -295,6 +301,8 @@ def verdict(ph: dict, vllm: dict, *, card: float, util: float, offload: bool, he
     if not over and not short:
         return True, "fits"
     if set(over) & {"update", "step"}:
+        if not offload and ph["update"] - moments <= limit and ph["step"] <= limit:
+            return False, "--offload_trainer (then --gpu_memory_utilization from this plan)"
         return False, ("the update does not fit one card whatever vLLM gets: shard it over more "
                        "GPUs (FSDP2) or take a larger card")
     best = max_util(ph, vllm, card=card, offload=offload, held=held)
@@ -303,7 +311,7 @@ def verdict(ph: dict, vllm: dict, *, card: float, util: float, offload: bool, he
     if best * card >= kv_need:
         return False, f"--gpu_memory_utilization {best:.2f}"
     if not offload:
-        return False, "--offload_trainer (and then size --gpu_memory_utilization from this plan)"
+        return False, "--offload_trainer (then --gpu_memory_utilization from this plan)"
     return False, "more tensor parallelism (--tensor_parallel_size) or a larger card"
 
 
@@ -333,7 +341,8 @@ def plan(config, *, world: int, tp: int, card: float, util: float, offload: bool
     vllm = vllm_share(config, tp=tp, util=util, card=card, max_num_seqs=live_episodes)
     ph = phases(trainer, vllm, world=world, card=card, offload=offload)
     fits, change = verdict(ph, vllm, card=card, util=util, offload=offload,
-                           held=trainer["held"]["Total"], max_model_len=max_model_len)
+                           held=trainer["held"]["Total"], moments=_moments(trainer),
+                           max_model_len=max_model_len)
     best = max_util(ph, vllm, card=card, offload=offload, held=trainer["held"]["Total"])
     return {"trainer": trainer, "vllm": vllm, "phases": ph, "fits": fits, "change": change,
             "max_util": best,
