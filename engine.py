@@ -390,6 +390,7 @@ class VLLMEngine:
                  gpu_memory_utilization: float = 0.4, max_model_len: int = 40960,
                  dtype: str = "bfloat16", seed: int = 0, sleep_level: int = 1, stop_ids=(),
                  enforce_eager: bool | None = None, cpu_kv_cache_gib: float = 2.0,
+                 max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  llm=None, vllm_module=None):
         if vllm_module is None:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
@@ -424,6 +425,10 @@ class VLLMEngine:
         if self.cpu:
             kwargs.update(kv_cache_memory_bytes=int(cpu_kv_cache_gib * 2**30),
                           max_num_batched_tokens=max_model_len)
+        else:  # vLLM's defaults (1,024 sequences, 16,384 tokens) inflate its profile run
+            kwargs.update({k: v for k, v in (("max_num_seqs", max_num_seqs),
+                                             ("max_num_batched_tokens", max_num_batched_tokens))
+                           if v is not None})
         self.llm = llm if llm is not None else vllm_module.LLM(**kwargs)
 
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int | list[int],

@@ -36,6 +36,7 @@ import grpo
 import metrics
 import models
 import offload
+import preflight
 
 
 def derive_seed(*parts) -> int:
@@ -239,8 +240,12 @@ def make_engine(margs, sargs, model, tokenizer, seed: int, sharded: bool):
     if want_vllm:
         # the longest sequence: an agent's context, or a designer prompt and its reply
         longest = max(sargs.max_context, 16384 + sargs.designer_max_tokens)
+        # the scheduler's limits from the memory plan (preflight.py): as many sequences as the TP
+        # group plays at once, prefill chunks whose profile leaves the KV cache its share
+        world = int(os.environ.get("WORLD_SIZE", 1))
         return vllm_engine(margs, model, tokenizer, max_model_len=longest, seed=seed,
-                           stop_ids=stops)
+                           stop_ids=stops, max_num_seqs=live_episodes(sargs, margs, world),
+                           max_num_batched_tokens=preflight.MAX_NUM_BATCHED_TOKENS)
     if sharded:  # ranks would generate different token counts through one sharded model
         raise SystemExit("DeepSpeed / FSDP1 runs need the vLLM engine (pip install -r "
                          "requirements-gpu.txt); FSDP2 runs can use either engine")
@@ -255,6 +260,13 @@ def make_engine(margs, sargs, model, tokenizer, seed: int, sharded: bool):
 
 
 PREFIX_CACHE_BYTES = 1 << 30  # the transformers engine's prefix KV cache bound (tiny models)
+
+
+def live_episodes(sargs, margs, world: int) -> int:
+    """The episodes one vLLM TP group plays at once at a regeneration step: each of its ranks
+    plays its environments' G unhinted + H hinted episodes."""
+    return margs.tensor_parallel_size * -(-sargs.num_envs // world) * (sargs.plays +
+                                                                       sargs.hint_plays)
 
 
 def vllm_engine(margs, model, tokenizer, **kwargs):
@@ -424,15 +436,14 @@ def write_step_files(run_dir: Path, step: int, new_pool, episodes, n_transcripts
                      json.dumps([{"env_id": s["env_id"], "score": s["score"]} for s in scored]))
 
 
-def preflight(margs, sargs, oargs, rargs, *, update) -> int:
+def memory_plan(margs, sargs, oargs, rargs, *, update) -> int:
     """--preflight: this run's memory plan on --gpus cards of each --gpu (comma-separated; the
     trainer is measured once), printed (preflight.py); returns the exit status: 0 when it fits
     every card. `update` is train.grpo_update."""
     import functools
     import inspect
 
-    import preflight as plan_lib
-    cards = [(gpu, plan_lib.card_gib(gpu)) for gpu in rargs.gpu.split(",")]
+    cards = [(gpu, preflight.card_gib(gpu)) for gpu in rargs.gpu.split(",")]
     if rargs.gpus <= 0:
         raise SystemExit(f"--gpus must be positive, got {rargs.gpus}")
     try:
@@ -442,8 +453,7 @@ def preflight(margs, sargs, oargs, rargs, *, update) -> int:
                          f"({type(e).__name__}); ship it in configs/models/ or pass a local "
                          "directory") from None
     tp, world = margs.tensor_parallel_size, rargs.gpus
-    # a regeneration step: each rank of a TP group plays its environments' G + H episodes
-    live = tp * -(-sargs.num_envs // world) * (sargs.plays + sargs.hint_plays)
+    live = live_episodes(sargs, margs, world)
     bound = functools.partial(update, pad_id=0, temperatures=config.role_temperatures(sargs, oargs),
                               oargs=oargs, margs=margs)
     sleep = inspect.signature(engine.VLLMEngine).parameters["sleep_level"].default
@@ -451,17 +461,17 @@ def preflight(margs, sargs, oargs, rargs, *, update) -> int:
     status, trainer, rows = 0, None, []
     longest = max(sargs.max_context, 16384 + sargs.designer_max_tokens)  # as make_engine
     for _, card in cards:
-        p = plan_lib.plan(arch, world=world, tp=tp, card=card, util=margs.gpu_memory_utilization,
+        p = preflight.plan(arch, world=world, tp=tp, card=card, util=margs.gpu_memory_utilization,
                           offload=margs.offload_trainer, max_model_len=longest,
                           micro_batch_tokens=margs.micro_batch_tokens,
                           max_context=sargs.max_context,
                           live_episodes=live, kl=oargs.kl_coef > 0, update=bound,
                           checkpointing=margs.gradient_checkpointing, trainer=trainer)
         trainer = p["trainer"]
-        host = plan_lib.host_ram(trainer["params"], world=world, tp=tp, sleep_level=sleep,
+        host = preflight.host_ram(trainer["params"], world=world, tp=tp, sleep_level=sleep,
                                  offload=margs.offload_trainer, keep=keep)
-        print(plan_lib.report(p, margs.model, host))
-        rows.append(plan_lib.table_row(p, margs.model, sargs.setting))
+        print(preflight.report(p, margs.model, host))
+        rows.append(preflight.table_row(p, margs.model, sargs.setting))
         status = status or (0 if p["fits"] else 1)
     print("\n".join(rows))
     return status

@@ -548,7 +548,7 @@ def main(argv=None) -> Path | None:
         return None
     if args[3].preflight:  # the memory plan of this run, measured without weights or a GPU
         resolve(*args)
-        raise SystemExit(infra.preflight(*args, update=grpo_update))
+        raise SystemExit(infra.memory_plan(*args, update=grpo_update))
     # The sandbox's zygote is a fresh interpreter started before the model loads: it never holds
     # the model, its memory or its secrets.
     sb = sandbox.Sandbox(workers=args[3].sandbox_workers, step_timeout=args[3].step_timeout,
