@@ -129,7 +129,8 @@ class _Accelerator:
         loss.backward()
 
     def clip_grad_norm_(self, params, max_norm):
-        # per tensor: a DTensor gradient's norm stays a partial norm of its shard
+        # per tensor, as on CUDA (torch's foreach path takes no DTensors): each gradient's norm
+        # stays a partial norm of its shard (forced foreach here would gather whole gradients)
         return torch.nn.utils.clip_grad_norm_(list(params), max_norm, foreach=False)
 
 

@@ -207,6 +207,7 @@ def train(margs, sargs, oargs, rargs, *, sb) -> Path:
         m.update(grpo_update(run.model, run.ref_model, run.optimizer, run.scheduler,
                              run.accelerator, samples, pad_id=run.tokenizer.pad_token_id,
                              temperatures=run.temperatures, oargs=oargs, margs=margs))
+        run.offload.reload()  # INFRA: an update without samples never called the optimizer
         # ALGO: 6. weight sync into the rollout engine
         phase(step, "sync", times)
         run.engine.sync_weights(run.accelerator.unwrap_model(run.model))
