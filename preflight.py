@@ -19,7 +19,8 @@ estimate for its batch limits, the KV cache left and its tokens per TP group aga
 demand), the CUDA context and NCCL communicators (an estimate), host RAM.
 
 Phases, GiB per GPU (a phase fits below FIT_SHARE of the card: allocator fragmentation):
-    rollout  = trainer state between updates (0 with --offload_trainer) + context + util x card
+    rollout  = trainer state between updates (with --offload_trainer only the KL reference,
+               which stays) + context + util x card
     update   = the measured forward/backward peak + context (vLLM asleep; with --offload_trainer
                less the AdamW moments, which come back only for the optimizer step)
     step     = the measured optimizer-step peak + context
@@ -233,7 +234,13 @@ def measure_trainer(config, *, world: int, seqs: int, seq_len: int, update, kl: 
              for layer in model.get_decoder().layers]
     units += [m.weight.numel() for m in (model.get_input_embeddings(),
                                          model.get_output_embeddings())]
-    return {**peaks, "params": params, "largest_unit": 2 * max(units) / GIB}
+    ref_gib = sum(_local(p).numel() * p.element_size() for p in ref.parameters()) / GIB \
+        if kl else 0.0  # its bf16 shards: offload.py leaves the reference where it is
+    return {**peaks, "params": params, "largest_unit": 2 * max(units) / GIB, "ref": ref_gib}
+
+
+def _local(t):
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 # ----------------------------------------------------------------------------------------------
@@ -283,15 +290,15 @@ def phases(trainer: dict, vllm: dict, *, world: int, card: float, offload: bool)
     # offloaded, the AdamW moments return at the optimizer step (offload.py), so the forward and
     # backward peak loses them: they are constant over the pass, so subtracting them is exact
     moments = _moments(trainer)
-    return {"rollout": (0.0 if offload else held) + ctx + vllm["share"],
+    return {"rollout": (trainer["ref"] if offload else held) + ctx + vllm["share"],
             "update": trainer["update"]["Total"] - (moments if offload else 0.0) + ctx,
             "step": trainer["step"]["Total"] + ctx,
             "sync": held + vllm["weights"] + trainer["largest_unit"] + ctx,
             "start-up": fp32_params + ctx + vllm["share"], "context": ctx}
 
 
-def verdict(ph: dict, vllm: dict, *, card: float, util: float, offload: bool, held: float,
-            moments: float, max_model_len: int) -> tuple[bool, str]:
+def verdict(ph: dict, vllm: dict, *, card: float, util: float, offload: bool, moments: float,
+            max_model_len: int) -> tuple[bool, str]:
     """(fits, the one change that makes it fit or why none does); `moments`: GiB of the AdamW
     moments, which --offload_trainer keeps off the device until the optimizer step."""
     limit = FIT_SHARE * card
@@ -306,7 +313,7 @@ def verdict(ph: dict, vllm: dict, *, card: float, util: float, offload: bool, he
             return False, "--offload_trainer (then --gpu_memory_utilization from this plan)"
         return False, ("the update does not fit one card whatever vLLM gets: shard it over more "
                        "GPUs (FSDP2) or take a larger card")
-    best = max_util(ph, vllm, card=card, offload=offload, held=held)
+    best = max_util(ph, vllm, card=card)
     kv_need = vllm["weights"] + vllm["profile"] + vllm["graphs"] + \
         max_model_len * vllm["kv_token_bytes"] / GIB
     if best * card >= kv_need:
@@ -316,10 +323,10 @@ def verdict(ph: dict, vllm: dict, *, card: float, util: float, offload: bool, he
     return False, "more tensor parallelism (--tensor_parallel_size) or a larger card"
 
 
-def max_util(ph: dict, vllm: dict, *, card: float, offload: bool, held: float) -> float:
+def max_util(ph: dict, vllm: dict, *, card: float) -> float:
     """The largest --gpu_memory_utilization (2 decimals) the rollout phase and vLLM's start-up
     leave room for."""
-    room = min(FIT_SHARE * card - ph["context"] - (0.0 if offload else held),
+    room = min(FIT_SHARE * card - (ph["rollout"] - vllm["share"]),
                card - (ph["start-up"] - vllm["share"]))
     return max(0.0, math.floor(room / card * 100) / 100)
 
@@ -342,9 +349,8 @@ def plan(config, *, world: int, tp: int, card: float, util: float, offload: bool
     vllm = vllm_share(config, tp=tp, util=util, card=card, max_num_seqs=live_episodes)
     ph = phases(trainer, vllm, world=world, card=card, offload=offload)
     fits, change = verdict(ph, vllm, card=card, util=util, offload=offload,
-                           held=trainer["held"]["Total"], moments=_moments(trainer),
-                           max_model_len=max_model_len)
-    best = max_util(ph, vllm, card=card, offload=offload, held=trainer["held"]["Total"])
+                           moments=_moments(trainer), max_model_len=max_model_len)
+    best = max_util(ph, vllm, card=card)
     return {"trainer": trainer, "vllm": vllm, "phases": ph, "fits": fits, "change": change,
             "max_util": best,
             "seq_len": seq_len, "world": world, "tp": tp, "card": card, "util": util,

@@ -97,22 +97,22 @@ def _phases(rollout=10.0, update=10.0, step=10.0, sync=10.0, startup=10.0):
 def test_verdict_names_the_one_change_that_fits():
     vllm = {"share": 28.0, "weights": 14.0, "profile": 1.0, "graphs": 1.0, "kv": 12.0,
             "kv_token_bytes": 24576, "kv_tokens": 500_000}
-    kw = dict(card=80.0, util=0.35, offload=False, held=40.0, moments=20.0, max_model_len=32768)
+    kw = dict(card=80.0, util=0.35, offload=False, moments=20.0, max_model_len=32768)
     assert preflight.verdict(_phases(), vllm, **kw) == (True, "fits")
     # the update over by less than the moments: offload them; by more: nothing but a larger card
     fits, change = preflight.verdict(_phases(update=79.0), vllm, **kw)
     assert not fits and change.startswith("--offload_trainer")
     fits, change = preflight.verdict(_phases(update=79.0), vllm, **dict(kw, moments=2.0))
     assert not fits and "larger card" in change
-    # rollout over: room = min(0.95 * 80 - 1 - 40, 80 - (10 - 28)) = 35 -> util 0.43
+    # rollout over: 79 - 28 = 51 GiB beside vLLM, room = min(0.95 * 80 - 51, 80 - (10 - 28))
+    # = 25 GiB -> util 0.31, whose 24.8 GiB hold the weights, profile, graphs and one sequence
     fits, change = preflight.verdict(_phases(rollout=79.0), vllm, **kw)
-    assert (fits, change) == (False, "--gpu_memory_utilization 0.43")
-    # a KV cache below one sequence and no room: offload first, then more TP
-    small = dict(vllm, kv_tokens=1000)
-    assert "--offload_trainer" in preflight.verdict(_phases(rollout=79.0), small,
-                                                    **dict(kw, held=70.0))[1]
-    assert "tensor_parallel_size" in preflight.verdict(
-        _phases(rollout=79.0), small, **dict(kw, held=70.0, offload=True, card=16.0))[1]
+    assert (fits, change) == (False, "--gpu_memory_utilization 0.31")
+    # weights too large for that room and no offload yet: offload; offloaded: more TP
+    heavy = dict(vllm, weights=30.0, kv_tokens=1000)
+    assert preflight.verdict(_phases(rollout=79.0), heavy, **kw)[1].startswith("--offload")
+    assert "tensor_parallel_size" in preflight.verdict(_phases(rollout=79.0), heavy,
+                                                       **dict(kw, offload=True))[1]
 
 
 @pytest.mark.parametrize("gpu,gib", [("h100-80gb", 79.6), ("h200-141gb", 140.4), ("96", 96.0)])
