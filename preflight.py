@@ -208,7 +208,11 @@ def measure_trainer(config, *, world: int, seqs: int, seq_len: int, update, kl: 
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     with fake:
         model = _build(config, torch.float32, mesh, checkpointing)
-        ref = _build(config, torch.bfloat16, mesh, False).requires_grad_(False) if kl else None
+        ref = _build(config, torch.bfloat16, mesh, False) if kl else None
+        # frozen as infra.Run freezes it, except on one GPU: MemTracker hooks every parameter it
+        # meets for its gradient (grpo_update runs the reference under no_grad: none is made)
+        if ref is not None and mesh is not None:
+            ref.requires_grad_(False)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.1,
                                       **({"fused": True} if fused else {"foreach": True}))
         for p in model.parameters():  # AdamW state and a previous micro-batch's gradients

@@ -142,3 +142,21 @@ def test_tiny_moe_plan_end_to_end(capsys):
         train.main(["--model", "tiny-moe", "--preflight", "--gpu", "2", "--gpus", "2"])
     assert done.value.code == 1
     assert "larger card" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_the_kl_reference_is_measured_on_one_gpu_and_sharded(world):
+    """The bf16 reference beside the fp32 policy: its shards count among the parameters (on one
+    GPU the plain tracker refuses frozen parameters, so the plan keeps them trainable there)."""
+    arch = models.architecture("tiny")
+    plain = preflight.measure_trainer(arch, world=world, seqs=1, seq_len=64, update=_update(),
+                                      kl=False)
+    with_ref = preflight.measure_trainer(arch, world=world, seqs=1, seq_len=64,
+                                         update=_update(), kl=True)
+    ref_bytes = 2 * plain["params"] / world
+    extra = (with_ref["held"]["Total"] - plain["held"]["Total"]) * GIB
+    # over FSDP2 the tail group (norm + tied head) stays unsharded after its forward, as
+    # Accelerate lays it out: at most the whole bf16 head beside the shards
+    tail = 2 * arch.vocab_size * arch.hidden_size if world > 1 else 0
+    for measured in (with_ref["ref"] * GIB, extra):
+        assert 0.99 * ref_bytes <= measured <= 1.01 * ref_bytes + tail
