@@ -90,3 +90,34 @@ def test_offload_needs_the_vllm_engine(tmp_path):
              "--engine", "transformers", "--output_dir", str(tmp_path / "run")]
     with pytest.raises(SystemExit, match="--offload_trainer needs the vLLM engine"):
         train.main(flags)
+
+
+def test_the_loop_offloads_for_the_rollouts_and_reloads_around_the_update(tmp_path, monkeypatch):
+    """train.train's wiring: each step starts by offloading (the designer and the plays run on
+    vLLM), brings the parameters back before the update, the moments with the optimizer's step
+    (offload.py's hook), and everything before the weight sync and the checkpoint."""
+    calls = []
+
+    class Recorder(offload.TrainerOffload):
+        def offload(self):
+            calls.append("offload")
+            return 0
+
+        def reload(self, optimizer=True):
+            calls.append(f"reload(optimizer={optimizer})")
+            return 0
+    monkeypatch.setattr(offload, "TrainerOffload", Recorder)
+    update = train.grpo_update
+
+    def spy(*a, **k):
+        calls.append("update")
+        return update(*a, **k)
+    monkeypatch.setattr(train, "grpo_update", spy)
+    corpus = str(train.HERE / "data" / "corpus.jsonl")
+    train.main(["--model", "tiny", "--steps", "2", "--regen_interval", "2", "--num_envs", "2",
+                "--skills_per_regen", "1", "--plays", "2", "--hint_plays", "1",
+                "--max_attempts", "1", "--designer_max_tokens", "16", "--hint_max_tokens", "8",
+                "--max_turns", "1", "--max_new_tokens", "8", "--sandbox_workers", "1",
+                "--corpus", corpus, "--output_dir", str(tmp_path / "run")])
+    step = ["offload", "reload(optimizer=False)", "update", "reload(optimizer=True)"]
+    assert calls == step * 2
