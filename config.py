@@ -41,8 +41,9 @@ class ModelArgs:
                 "the authors' thinking 8B games agent."})
     gpu_memory_utilization: float = field(default=0.35, metadata={
         "help": "vLLM's whole share of each GPU's memory when colocated with training: its "
-                "weights (1/TP of them), activations and KV cache; the run stops at start-up when "
-                "the weights alone fill it."})
+                "weights (1/TP of them), activation profile and KV cache; the run stops at "
+                "start-up when the weights alone fill it, and --preflight prints the largest "
+                "share that fits."})
     batch_tokens: int = field(default=65536, metadata={
         "help": "Transformers engine: prompts batched by length up to rows x (longest prompt + "
                 "reply cap) tokens, a bound on its KV cache."})
@@ -52,6 +53,10 @@ class ModelArgs:
     process_group_timeout: float = field(default=7200.0, metadata={
         "help": "Seconds a collective waits for the slowest rank (default process group and vLLM "
                 "tensor-parallel groups) before the run fails; NCCL's own default is 600."})
+    offload_trainer: bool = field(default=False, metadata={
+        "help": "vLLM engine: the trainer's fp32 parameters and AdamW moments wait in host RAM "
+                "while vLLM generates and come back for the update (offload.py; --preflight "
+                "shows the memory it frees)."})
 
 
 @dataclass
@@ -191,6 +196,14 @@ class RunArgs:
                 "(tools/report.py's cards)."})
     print_config: bool = field(default=False, metadata={
         "help": "Print the resolved configuration (preset + flags) as one JSON object and exit."})
+    preflight: bool = field(default=False, metadata={
+        "help": "Print this run's memory plan per GPU (rollout, update, optimizer step, sync; KV "
+                "tokens; host RAM) on --gpus cards of --gpu, measured without weights or a GPU "
+                "(preflight.py), and exit: 0 when it fits, else 1 and the change that fits."})
+    gpu: str = field(default="h100-80gb", metadata={
+        "help": "--preflight: the card, h100-80gb, h200-141gb or its memory in GiB."})
+    gpus: int = field(default=1, metadata={
+        "help": "--preflight: the launch's GPUs (FSDP2 ranks; 1: one GPU, no sharding)."})
 
 
 # The authors' launchers (github spade-rl/spade, cmd/), one per (model, setting), where they differ
@@ -296,6 +309,6 @@ def config_dict(*args) -> dict:
     """The run's configuration as saved in config.json (a resume compares against it)."""
     out = {k: v for a in args for k, v in dataclasses.asdict(a).items()}
     for k in ("resume", "allow_config_change", "overwrite", "output_dir", "log_with",
-              "print_config", "process_group_timeout"):
+              "print_config", "process_group_timeout", "preflight", "gpu", "gpus"):
         out.pop(k, None)
     return out

@@ -421,6 +421,7 @@ class VLLMEngine:
                  gpu_memory_utilization: float = 0.4, max_model_len: int = 40960,
                  dtype: str = "bfloat16", seed: int = 0, sleep_level: int = 2, stop_ids=(),
                  enforce_eager: bool | None = None, cpu_kv_cache_gib: float = 2.0,
+                 max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  llm=None, vllm_module=None, group_timeout=None):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
         os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # the runner the tests ran
@@ -458,6 +459,10 @@ class VLLMEngine:
         if self.cpu:
             kwargs.update(kv_cache_memory_bytes=int(cpu_kv_cache_gib * 2**30),
                           max_num_batched_tokens=max_model_len, enable_chunked_prefill=False)
+        else:  # vLLM's defaults (1,024 sequences, 16,384 tokens) inflate its profile run
+            kwargs.update({k: v for k, v in (("max_num_seqs", max_num_seqs),
+                                             ("max_num_batched_tokens", max_num_batched_tokens))
+                           if v is not None})
         self.llm = llm if llm is not None else vllm_module.LLM(**kwargs)
         # submit / collect: the next id, requests not yet in the engine, in flight, finished
         self._next_id, self._outbox, self._flying, self._done = 0, [], set(), {}

@@ -35,6 +35,8 @@ import engine
 import grpo
 import metrics
 import models
+import offload
+import preflight
 import telemetry
 
 
@@ -154,9 +156,6 @@ class Run:
         self.rank, self.world, self.main = acc.process_index, acc.num_processes, acc.is_main_process
         # this rank's designer slots
         self.n_slots = len(range(self.rank, sargs.num_envs, self.world))
-        if self.world % margs.tensor_parallel_size:
-            raise SystemExit(f"--tensor_parallel_size {margs.tensor_parallel_size} does not divide "
-                             f"the {self.world} processes")
         check_vllm_fits(margs, self.world)  # before any weight loads
         fp32_gradient_reduce(acc)
         # fp32 master weights (bf16 compute comes from Accelerate's mixed precision); the
@@ -175,8 +174,10 @@ class Run:
         fsdp_checkpoints = getattr(fsdp, "activation_checkpointing", False)
         if margs.gradient_checkpointing and not tiny and not fsdp_checkpoints:
             model.gradient_checkpointing_enable()  # FSDP configs checkpoint layers themselves
+        # fused on CUDA: one kernel, no parameter-sized temporary (foreach's sqrt(v) is one)
         optimizer = torch.optim.AdamW(model.parameters(), lr=oargs.lr, betas=grpo.BETAS,
-                                      weight_decay=oargs.weight_decay)
+                                      weight_decay=oargs.weight_decay,
+                                      fused=acc.device.type == "cuda")
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)  # constant (paper)
         self.model, self.optimizer, self.scheduler = acc.prepare(model, optimizer, scheduler)
         self.ref_model = (reference_model(acc, margs.model, self.shipped, rargs.seed, empty)
@@ -187,12 +188,14 @@ class Run:
             fsdp is not None and getattr(fsdp, "fsdp_version", 1) != 2)
         self.engine = make_engine(margs, sargs, acc.unwrap_model(self.model), self.tokenizer,
                                   rargs.seed, sharded)
+        if margs.offload_trainer and not isinstance(self.engine, engine.VLLMEngine):
+            raise SystemExit("--offload_trainer needs the vLLM engine (the transformers engine "
+                             "generates with the trainer's own weights)")
+        # the trainer's state in host RAM while vLLM generates (no-ops without the flag)
+        self.offload = offload.TrainerOffload(self.model, self.optimizer,
+                                              enabled=margs.offload_trainer)
         self.temperatures = config.role_temperatures(sargs, oargs)
-        # the update's MFU needs the device's peak: none on CPU (telemetry.py, deviation 2)
-        device = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-        self.peak = telemetry.peak_flops(device)
-        if self.main:
-            print(telemetry.describe(telemetry.model_flops(model.config), self.peak, device))
+        self.peak = mfu_peak(model.config, self.main)
         # the samplers of the agent and hint calls and of the designer (tests may script either)
         seed = rargs.seed + 7919 * self.rank
         self.sampler = Sampler(self.engine, self.tokenizer, seed)
@@ -305,10 +308,23 @@ def card_bytes() -> int | None:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
 
 
+def mfu_peak(config, main: bool) -> float | None:
+    """The device's peak FLOP/s for the update's MFU (none on CPU: telemetry.py, deviation 2);
+    the main process prints the numbers MFU uses once."""
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    peak = telemetry.peak_flops(device)
+    if main:
+        print(telemetry.describe(telemetry.model_flops(config), peak, device))
+    return peak
+
+
 def check_vllm_fits(margs, world: int) -> None:
-    """INFRA: fail fast, before anything loads, when vLLM's share of the card
-    (--gpu_memory_utilization x card memory) cannot hold one rank's share of the shipped weights
-    (counted from the architecture: engine.vllm_fit_error)."""
+    """INFRA: fail fast, before anything loads, when the TP size does not divide the processes or
+    vLLM's share of the card (--gpu_memory_utilization x card memory) cannot hold one rank's
+    share of the shipped weights (counted from the architecture: engine.vllm_fit_error)."""
+    if world % margs.tensor_parallel_size:
+        raise SystemExit(f"--tensor_parallel_size {margs.tensor_parallel_size} does not divide "
+                         f"the {world} processes")
     card = card_bytes()
     if card is None or not wants_vllm(margs):
         return
@@ -325,8 +341,12 @@ def make_engine(margs, sargs, model, tokenizer, seed: int, sharded: bool):
     if wants_vllm(margs):
         # the longest sequence: an agent's context, or a designer prompt and its reply
         longest = max(sargs.max_context, 16384 + sargs.designer_max_tokens)
+        # the scheduler's limits from the memory plan (preflight.py): as many sequences as the TP
+        # group plays at once, prefill chunks whose profile leaves the KV cache its share
+        world = int(os.environ.get("WORLD_SIZE", 1))
         return vllm_engine(margs, model, tokenizer, max_model_len=longest, seed=seed,
-                           stop_ids=stops)
+                           stop_ids=stops, max_num_seqs=live_episodes(sargs, margs, world),
+                           max_num_batched_tokens=preflight.MAX_NUM_BATCHED_TOKENS)
     if sharded:  # ranks would generate different token counts through one sharded model
         raise SystemExit("DeepSpeed / FSDP1 runs need the vLLM engine (pip install -r "
                          "requirements-gpu.txt); FSDP2 runs can use either engine")
@@ -341,6 +361,13 @@ def make_engine(margs, sargs, model, tokenizer, seed: int, sharded: bool):
 
 
 PREFIX_CACHE_BYTES = 1 << 30  # the transformers engine's prefix KV cache bound (tiny models)
+
+
+def live_episodes(sargs, margs, world: int) -> int:
+    """The episodes one vLLM TP group plays at once at a regeneration step: each of its ranks
+    plays its environments' G unhinted + H hinted episodes."""
+    return margs.tensor_parallel_size * -(-sargs.num_envs // world) * (sargs.plays +
+                                                                       sargs.hint_plays)
 
 
 def vllm_engine(margs, model, tokenizer, **kwargs):
@@ -565,3 +592,45 @@ def write_step_files(run_dir: Path, step: int, new_pool, episodes, n_transcripts
         (run_dir / "designer").mkdir(exist_ok=True)
         atomic_write(run_dir / "designer" / f"scores-{tag}.json",
                      json.dumps([{"env_id": s["env_id"], "score": s["score"]} for s in scored]))
+
+
+def memory_plan(margs, sargs, oargs, rargs, *, update) -> int:
+    """--preflight: this run's memory plan on --gpus cards of each --gpu (comma-separated; the
+    trainer is measured once), printed (preflight.py); returns the exit status: 0 when it fits
+    every card. `update` is train.grpo_update."""
+    import functools
+    import inspect
+
+    cards = [(gpu, preflight.card_gib(gpu)) for gpu in rargs.gpu.split(",")]
+    if rargs.gpus <= 0:
+        raise SystemExit(f"--gpus must be positive, got {rargs.gpus}")
+    try:
+        arch = models.architecture(margs.model)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--preflight: the config of {margs.model} cannot be read offline "
+                         f"({type(e).__name__}); ship it in configs/models/ or pass a local "
+                         "directory") from None
+    tp, world = margs.tensor_parallel_size, rargs.gpus
+    live = live_episodes(sargs, margs, world)
+    bound = functools.partial(update, pad_id=0, temperatures=config.role_temperatures(sargs, oargs),
+                              oargs=oargs, margs=margs)
+    sleep = inspect.signature(engine.VLLMEngine).parameters["sleep_level"].default
+    keep = int(rargs.keep_checkpoints) if rargs.keep_checkpoints.isdigit() else 2
+    status, trainer, rows = 0, None, []
+    longest = max(sargs.max_context, 16384 + sargs.designer_max_tokens)  # as make_engine
+    for _, card in cards:
+        p = preflight.plan(arch, world=world, tp=tp, card=card, util=margs.gpu_memory_utilization,
+                          offload=margs.offload_trainer, max_model_len=longest,
+                          micro_batch_tokens=margs.micro_batch_tokens,
+                          max_context=sargs.max_context,
+                          live_episodes=live, kl=oargs.kl_coef > 0, update=bound,
+                          checkpointing=margs.gradient_checkpointing, trainer=trainer)
+        trainer = p["trainer"]
+        host = preflight.host_ram(trainer["params"], world=world, tp=tp, sleep_level=sleep,
+                                 offload=margs.offload_trainer, keep=keep,
+                                 kl=oargs.kl_coef > 0)
+        print(preflight.report(p, margs.model, host))
+        rows.append(preflight.table_row(p, margs.model, sargs.setting))
+        status = status or (0 if p["fits"] else 1)
+    print("\n".join(rows))
+    return status

@@ -164,6 +164,7 @@ def train(margs, sargs, oargs, rargs, *, sb) -> Path:
     draws = pools.fixed_draws(sargs, sb, run.rank, run.world)  # the Fixed-env GRPO baseline's pools
     for step in run.steps(st.step, sb.level):
         m, times, logs, ended = {}, {}, [], []
+        run.offload.offload()  # INFRA: --offload_trainer: trainer state to host RAM for rollouts
         regen = step % sargs.regen_interval == 0 and not sargs.fixed_envs
         last = step + 1 == sargs.steps
         if draws:
@@ -206,9 +207,11 @@ def train(margs, sargs, oargs, rargs, *, sb) -> Path:
         # ALGO: 5. one GRPO update over both roles
         phase("update", times)
         run.engine.sleep()  # INFRA: colocated vLLM frees its memory for training; sync wakes it
+        run.offload.reload(optimizer=False)  # INFRA: the AdamW moments come back at its step
         m.update(grpo_update(run.model, run.ref_model, run.optimizer, run.scheduler,
                              run.accelerator, samples, pad_id=run.tokenizer.pad_token_id,
                              temperatures=run.temperatures, oargs=oargs, margs=margs))
+        run.offload.reload()  # INFRA: an update without samples never called the optimizer
         # ALGO: 6. weight sync into the rollout engine
         phase("sync", times)
         run.engine.sync_weights(run.accelerator.unwrap_model(run.model))
@@ -558,6 +561,9 @@ def main(argv=None) -> Path | None:
         resolved = {k: v for a in args for k, v in dataclasses.asdict(a).items()}
         print(json.dumps(resolved, sort_keys=True))
         return None
+    if args[3].preflight:  # the memory plan of this run, measured without weights or a GPU
+        resolve(*args)
+        raise SystemExit(infra.memory_plan(*args, update=grpo_update))
     models.check_loadable(args[0].model, "train.py")  # e.g. a hub id not cached, offline
     # The sandbox's zygote is a fresh interpreter started before the model loads: it never holds
     # the model, its memory or its secrets.

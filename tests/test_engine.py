@@ -8,7 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import config
 import engine
+import infra
 from engine import Completion, TransformersEngine, checkpoint_name, vllm_weight_plan
 
 # Tiny matmuls on a shared 2-core machine: one thread is 10-50x faster than two fighting.
@@ -257,7 +259,8 @@ LLM_ARGS = {"model", "runner", "convert", "tokenizer", "tokenizer_mode", "skip_t
             "attention_config", "kv_cache_memory_bytes", "compilation_config", "quantization_config",
             "logits_processors", "spec_method", "spec_model", "spec_tokens"}
 ENGINE_ARGS_USED = {"max_model_len", "distributed_executor_backend", "enable_prefix_caching", "logprobs_mode",
-                    "enable_sleep_mode", "max_num_batched_tokens", "enable_chunked_prefill"}
+                    "enable_sleep_mode", "max_num_batched_tokens", "enable_chunked_prefill",
+                    "max_num_seqs"}
 SAMPLING_FIELDS = {"n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "watermarking",
                    "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "max_tokens",
                    "min_tokens", "logprobs", "prompt_logprobs", "prompt_logprob_token_ids", "prompt_logprob_start",
@@ -391,6 +394,20 @@ def test_vllm_engine_construction_and_generate(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")  # under torchrun / Accelerate with several ranks
     engine.VLLMEngine("m", vllm_module=fake)
     assert fake.log[-1][1]["distributed_executor_backend"] == "external_launcher"
+
+
+def test_vllm_engine_takes_the_plans_scheduler_limits_on_a_gpu(monkeypatch):
+    """On a GPU the scheduler's limits come from the run (infra.live_episodes, the preflight's
+    prefill chunk) instead of vLLM's 1,024 sequences and 16,384 tokens; unset, vLLM's stay."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    fake = FakeVLLM()
+    engine.VLLMEngine("m", max_num_seqs=96, max_num_batched_tokens=8192, vllm_module=fake)
+    engine.VLLMEngine("m", vllm_module=fake)
+    (_, given), (_, unset) = fake.log
+    assert (given["max_num_seqs"], given["max_num_batched_tokens"]) == (96, 8192)
+    assert "max_num_seqs" not in unset and "max_num_batched_tokens" not in unset
+    sargs, margs = config.SpadeArgs(), config.ModelArgs(tensor_parallel_size=4)
+    assert infra.live_episodes(sargs, margs, world=8) == 4 * 3 * (8 + 16)  # 24 envs over 8 ranks
 
 
 def test_vllm_engine_on_cpu_platform(caplog):

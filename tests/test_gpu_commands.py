@@ -1,8 +1,9 @@
 """The README's GPU commands, checked without a GPU: every row of its table (model, setting,
-config file, TP, card) resolves its preset and passes train.py's start-up checks (TP divides the
-processes of the config file; one rank's share of the shipped weights, counted on the meta device,
-fits within vLLM's share of the named card), and every `accelerate launch` line of the README is a
-row of that table."""
+config file, TP, memory flags, card) resolves its preset and passes train.py's start-up checks (TP
+divides the processes of the config file; one rank's share of the shipped weights, counted on the
+meta device, fits within vLLM's share of the named card), and every `accelerate launch` line of
+the README is a row of that table. (Whether the whole run fits the card is the memory preflight's
+to say: tests/test_preflight.py.)"""
 import re
 import shlex
 from pathlib import Path
@@ -18,19 +19,32 @@ ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 # total memory as the driver reports it (nvidia-smi: 81,559 MiB and 143,771 MiB)
 CARD_BYTES = {"H100 80 GB": 81559 * 2**20, "H200 141 GB": 143771 * 2**20}
-HEADER = "| model | setting | config file | TP | card |"
+HEADER = "| model | setting | config file | TP | flags | card |"
+MEMORY_FLAGS = ("--offload_trainer", "--gpu_memory_utilization")  # the flags a row names
 
 
-def table_rows() -> list[tuple[str, str, str, int, str]]:
-    """(model, setting, config file, TP, card) of each row of the README's GPU command table."""
+def table_rows() -> list[tuple[str, str, str, int, str, str]]:
+    """(model, setting, config file, TP, flags, card) of each row of the README's GPU table."""
     lines = README[README.index(HEADER):].splitlines()[2:]
     rows = []
     for line in lines:
         if not line.startswith("|"):
             break
-        model, setting, config_file, tp, card = (c.strip() for c in line.strip("|").split("|"))
-        rows.append((model, setting, config_file, int(tp), card))
+        model, setting, config_file, tp, flags, card = (c.strip() for c in
+                                                        line.strip("|").split("|"))
+        rows.append((model, setting, config_file, int(tp), flags, card))
     return rows
+
+
+def memory_flags(args: list[str]) -> str:
+    """The memory flags of a command's train.py arguments, as a row writes them."""
+    out = []
+    for i, a in enumerate(args):
+        if a == "--offload_trainer":
+            out.append(a)
+        elif a == "--gpu_memory_utilization":
+            out += [a, args[i + 1]]
+    return " ".join(out)
 
 
 def launch_lines() -> list[list[str]]:
@@ -43,32 +57,35 @@ def test_the_table_lists_every_paper_model_and_setting():
     rows = table_rows()
     assert {(r[0], r[1]) for r in rows} == {(m, s) for m in models.MODEL_ALIASES
                                             for s in ("games", "tool")}
-    assert {r[4] for r in rows} <= CARD_BYTES.keys()
+    assert {r[5] for r in rows} <= CARD_BYTES.keys()
 
 
 def test_every_launch_command_is_a_row():
-    rows = {r[:4] for r in table_rows()}
+    rows = {r[:5] for r in table_rows()}
     lines = launch_lines()
-    assert len(lines) >= 7
+    assert len(lines) >= 10
     for argv in lines:
         args = argv[argv.index("train.py") + 1:]
         flag = lambda name, default: args[args.index(name) + 1] if name in args else default
         row = (flag("--model", "tiny"), flag("--setting", "games"),
-               argv[argv.index("--config_file") + 1], int(flag("--tensor_parallel_size", "1")))
+               argv[argv.index("--config_file") + 1], int(flag("--tensor_parallel_size", "1")),
+               memory_flags(args))
         assert row in rows, f"README command not in the GPU table: {' '.join(argv)}"
 
 
-@pytest.mark.parametrize("row", table_rows(), ids=lambda r: f"{r[0]}-{r[1]}-{r[2]}-tp{r[3]}")
+@pytest.mark.parametrize("row", table_rows(),
+                         ids=lambda r: "-".join([*r[:3], f"tp{r[3]}", *r[4].split()]))
 def test_row_passes_the_start_up_checks(row):
-    model, setting, config_file, tp, card = row
+    model, setting, config_file, tp, flags, card = row
     margs, sargs, _, _ = config.parse(["--model", model, "--setting", setting,
-                                       "--tensor_parallel_size", str(tp)], models.MODEL_ALIASES)
+                                       "--tensor_parallel_size", str(tp), *flags.split()],
+                                      models.MODEL_ALIASES)
     assert sargs.setting == setting and margs.tensor_parallel_size == tp
     world = yaml.safe_load((ROOT / config_file).read_text())["num_processes"]
     weights = models.parameter_count(model) * models.shipped_dtype(model).itemsize
     assert engine.vllm_fit_error(world=world, tp=tp, weight_bytes=weights,
                                  utilization=margs.gpu_memory_utilization,
-                                 card_bytes=CARD_BYTES[card]) is None
+                                 card_bytes=CARD_BYTES[card]) is None, row
 
 
 def test_the_30b_at_tp_1_would_not_start():

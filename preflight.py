@@ -1,0 +1,417 @@
+"""Memory preflight: does a run fit its GPUs, and how much KV cache do its rollouts get? Measured on
+a laptop, without weights or a GPU (infrastructure, none of it the paper's).
+
+    python train.py --model Qwen3-30B-A3B --preflight --gpu h100-80gb --gpus 8 [run flags]
+
+What is measured. The configured model is built at full size under torch's FakeTensorMode (tensors
+with shapes and no memory), in fp32 master weights, and set up as the launch would: over --gpus > 1
+ranks FSDP2-sharded per decoder layer at rank 0 of torch's fake process group (bf16 compute, fp32
+reduce-scatter, layers checkpointed: configs/fsdp2_8gpu.yaml), on one GPU whole under bf16
+autocast (configs/single_gpu.yaml). Then train.grpo_update itself (logprobs.token_logprobs,
+grpo.policy_loss, the optimizer step) runs once on the run's largest micro-batch under torch's
+memory tracker (torch.distributed._tools: FSDPMemTracker, or MemTracker on one GPU), which
+attributes every allocation to parameters, gradients, activations, optimizer state and FSDP2's
+all-gather / reduce-scatter buffers. The AdamW state and the gradients already exist when it
+starts: the micro-batch is measured as a later micro-batch of a step sees it.
+
+What is computed, printed with its inputs: vLLM's share (weights / TP, an activation-profile
+estimate for its batch limits, the KV cache left and its tokens per TP group against the run's
+demand), the CUDA context and NCCL communicators (an estimate), host RAM.
+
+Phases, GiB per GPU (a phase fits below FIT_SHARE of the card: allocator fragmentation):
+    rollout  = trainer state between updates (with --offload_trainer only the KL reference,
+               which stays) + context + util x card
+    update   = the measured forward/backward peak + context (vLLM asleep; with --offload_trainer
+               less the AdamW moments, which come back only for the optimizer step)
+    step     = the measured optimizer-step peak + context
+    sync     = trainer state + vLLM's weights + the largest layer's full bf16 tensors + context
+    start-up = fp32 parameter shards + context + util x card (vLLM refuses to start above the card)
+
+Deviations from a real GPU run (numbered):
+  1. MoE routing runs evenly (every expert gets T * k / E tokens): top-k routing has
+     data-dependent shapes that fake tensors cannot follow; the output says so.
+  2. Values read back to Python from fake tensors (loss statistics, the gradient norm) read 1;
+     the memory does not depend on them. Boolean masks from real inputs stay exact.
+  3. Every token of the measured micro-batch is a completion token (an upper bound on the head).
+  4. Not modelled: the caching allocator's fragmentation (hence FIT_SHARE), CUDA graphs and
+     vLLM's non-torch memory beyond the constants below.
+Validation: the 4B/H200 figure of tests/test_preflight.py (75.3 GiB measured once on an H200).
+Dependencies: torch, transformers. Test: `pytest tests/test_preflight.py`.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+import types
+
+import torch
+
+GIB = 2 ** 30
+CARDS = {"h100-80gb": 79.6, "h200-141gb": 140.4}  # GiB as CUDA reports them
+FIT_SHARE = 0.95
+CONTEXT_GIB = {1: 1.0, "multi": 2.5}  # CUDA context (+ NCCL communicators over several GPUs)
+VLLM_GRAPHS_GIB = 1.0  # vLLM's CUDA graphs and non-torch memory (estimate)
+MAX_NUM_BATCHED_TOKENS = 8192  # vLLM's prefill chunk: its profile follows it
+
+
+def card_gib(gpu: str) -> float:
+    """--gpu: h100-80gb, h200-141gb, or the card's memory in GiB."""
+    if gpu in CARDS:
+        return CARDS[gpu]
+    try:
+        gib = float(gpu)
+    except ValueError:
+        gib = 0.0
+    if not gib > 0:
+        raise SystemExit(f"--gpu must be one of {', '.join(CARDS)} or a size in GiB, not {gpu!r}")
+    return gib
+
+
+# ----------------------------------------------------------------------------------------------
+# INFRA: fake tensors, the fake process group, the tracker
+
+
+class _Readout(torch.utils._python_dispatch.TorchDispatchMode):
+    """Runs train.grpo_update's small Python-side tensors for real inside the fake mode, so its
+    control flow and boolean selections stay exact: ops whose tensor arguments are all real, and
+    small factories (the micro-batch's ids and masks), run outside the fake mode; a real boolean
+    mask indexing a fake tensor becomes its real indices. Deviation 2: a value read back from a
+    fake tensor (a loss statistic, the gradient norm) is 1."""
+
+    SMALL = 1 << 20  # elements: larger factories (FSDP2's buffers, the weights) stay fake
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+        from torch.utils._pytree import tree_leaves
+        aten, kwargs = torch.ops.aten, kwargs or {}
+        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if func is aten._local_scalar_dense.default and type(args[0]) is not torch.Tensor:
+            return True if args[0].dtype == torch.bool else 1
+        if func in (aten.index.Tensor, aten.index_put.default, aten.index_put_.default):
+            with unset_fake_temporarily():
+                idx = [list(i.nonzero(as_tuple=True)) if type(i) is torch.Tensor and
+                       i.dtype == torch.bool else [i] for i in args[1]]
+            args = (args[0], [j for i in idx for j in i], *args[2:])
+        elif tensors and all(type(t) is torch.Tensor for t in tensors):
+            with unset_fake_temporarily():
+                return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if not tensors and isinstance(out, torch.Tensor) and out.numel() <= self.SMALL:
+            with unset_fake_temporarily():
+                return func(*args, **kwargs)
+        return out
+
+
+def _even_experts(self, hidden, top_k_index, top_k_weights):
+    """Deviation 1: fused experts (E, 2I, H) / (E, H, I) on T * k / E tokens each."""
+    (T, H), k, E = hidden.shape, top_k_index.shape[1], self.gate_up_proj.shape[0]
+    n = -(-T * k // E)                                                         # tokens per expert
+    x = hidden.repeat(-(-n * E // T), 1)[: n * E].view(E, n, H)               # (E, n, H)
+    gate, up = torch.bmm(x, self.gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)
+    out = torch.bmm(self.act_fn(gate) * up, self.down_proj.transpose(1, 2))  # (E, n, H)
+    out = out.reshape(E * n, H)[: T * k].view(T, k, H) * top_k_weights[..., None].to(out.dtype)
+    return out.sum(1).to(hidden.dtype)                                         # (T, H)
+
+
+class _Accelerator:
+    """The five things train.grpo_update asks of Accelerate, for rank 0 of `world` equal ranks."""
+
+    def __init__(self, world: int, autocast: bool):
+        self.num_processes, self.device, self.cast = world, torch.device("cpu"), autocast
+
+    def gather(self, t):
+        return t.repeat(self.num_processes)
+
+    def autocast(self):
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cast)
+
+    def backward(self, loss):
+        loss.backward()
+
+    def clip_grad_norm_(self, params, max_norm):
+        # per tensor, as on CUDA (torch's foreach path takes no DTensors): each gradient's norm
+        # stays a partial norm of its shard (forced foreach here would gather whole gradients)
+        return torch.nn.utils.clip_grad_norm_(list(params), max_norm, foreach=False)
+
+
+def _fake_mesh(world: int):
+    """Rank 0 of `world` on torch's fake process group (no peers, no communication)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    if dist.is_initialized() and dist.get_world_size() != world:
+        dist.destroy_process_group()
+    if not dist.is_initialized():
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    return init_device_mesh("cpu", (world,))  # outside the fake mode: it reads real ranks
+
+
+def _build(config, dtype, mesh, checkpointing: bool):
+    """The model at full size on fake tensors, experts routed evenly; on a mesh laid out as
+    Accelerate's FSDP2 prepare lays it out (configs/fsdp2_8gpu.yaml): each decoder layer in a
+    checkpoint wrapper and sharded alone, the embedding alone unless tied, the final norm and head
+    together and kept unsharded after the forward, the root last."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    for m in model.modules():
+        if getattr(getattr(m, "gate_up_proj", None), "dim", lambda: 0)() == 3:
+            m.forward = types.MethodType(_even_experts, m)
+    if mesh is None:
+        if checkpointing:  # one GPU: transformers' own checkpointing, as infra.Run sets it
+            model.gradient_checkpointing_enable({"use_reentrant": False})
+        return model
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    kw = dict(mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                        reduce_dtype=torch.float32))
+    layers = model.get_decoder().layers
+    for i, layer in enumerate(layers):
+        fully_shard(layer, **kw)
+        if checkpointing:
+            layers[i] = checkpoint_wrapper(layer, preserve_rng_state=False)
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    tied = embed.weight is head.weight
+    if not tied:
+        fully_shard(embed, **kw)
+    fully_shard([model.get_decoder().norm, head, *([embed] if tied else [])], **kw,
+                reshard_after_forward=False)
+    fully_shard(model, **kw)
+    return model
+
+
+def _restart_peak(tracker) -> dict:
+    """The tracker's peak so far (GiB by category), then its peak restarted at the current total
+    (MemTracker has no public reset: its two peak fields are set here)."""
+    peak = _gib(tracker.get_tracker_snapshot("peak"))
+    for dev, snap in tracker._curr_mem_snap.items():
+        tracker._peak_mem[dev], tracker._peak_mem_snap[dev] = snap["Total"], dict(snap)
+    return peak
+
+
+def _gib(snapshot) -> dict:
+    (by_kind,) = snapshot.values()  # one device
+    return {str(getattr(k, "value", k)): v / GIB for k, v in by_kind.items()}
+
+
+def measure_trainer(config, *, world: int, seqs: int, seq_len: int, update, kl: bool,
+                    checkpointing: bool = True, fused: bool = True) -> dict:
+    """GiB per GPU of one train.grpo_update call on `seqs` sequences of `seq_len` tokens:
+    {"update": forward/backward peak, "step": optimizer-step peak, "held": what stays after it,
+    each a dict by category with "Total"}, plus "params" and "largest_unit" (bf16 GiB of the
+    largest weight-sync group). `update(model, ref, optimizer, scheduler, accelerator,
+    samples)` is train.grpo_update with the run's settings bound."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+    mesh = _fake_mesh(world) if world > 1 else None
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake:
+        model = _build(config, torch.float32, mesh, checkpointing)
+        ref = _build(config, torch.bfloat16, mesh, False) if kl else None
+        # frozen as infra.Run freezes it, except on one GPU: MemTracker hooks every parameter it
+        # meets for its gradient (grpo_update runs the reference under no_grad: none is made)
+        if ref is not None and mesh is not None:
+            ref.requires_grad_(False)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.1,
+                                      **({"fused": True} if fused else {"foreach": True}))
+        for p in model.parameters():  # AdamW state and a previous micro-batch's gradients
+            p.grad = torch.zeros_like(p)
+        optimizer.step()
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    tracker = FSDPMemTracker(model, optimizer) if mesh is not None else MemTracker()
+    tracker.track_external(model, optimizer, *([ref] if ref is not None else []))
+    peaks = {}
+    def before_step(*_):
+        peaks["update"] = _restart_peak(tracker)
+    optimizer.register_step_pre_hook(before_step)
+    rng = random.Random(0)
+    samples = [{"tokens": [rng.randrange(config.vocab_size) for _ in range(seq_len)],
+                "mask": [0] + [1] * (seq_len - 1), "logprobs": [0.0] * seq_len,
+                "advantage": 1.0, "role": "agent", "weight": 1.0} for _ in range(seqs)]
+    with fake, tracker, _Readout():
+        update(model, ref, optimizer, scheduler, _Accelerator(world, mesh is None), samples)
+    peaks["step"] = _gib(tracker.get_tracker_snapshot("peak"))
+    peaks["held"] = _gib(tracker.get_tracker_snapshot("current"))
+    params = sum(p.numel() for p in model.parameters())
+    units = [sum(p.numel() for p in layer.parameters())
+             for layer in model.get_decoder().layers]
+    units += [m.weight.numel() for m in (model.get_input_embeddings(),
+                                         model.get_output_embeddings())]
+    ref_gib = sum(_local(p).numel() * p.element_size() for p in ref.parameters()) / GIB \
+        if kl else 0.0  # its bf16 shards: offload.py leaves the reference where it is
+    return {**peaks, "params": params, "largest_unit": 2 * max(units) / GIB, "ref": ref_gib}
+
+
+def _local(t):
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+# ----------------------------------------------------------------------------------------------
+# INFRA: vLLM's share, the phases, the verdict
+
+
+def vllm_share(config, *, tp: int, util: float, card: float, max_num_seqs: int,
+               max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS) -> dict:
+    """GiB per GPU inside vLLM's util x card: bf16 weights / TP, the activation profile of one
+    max_num_batched_tokens forward plus the sampler's fp32 logits for max_num_seqs rows (an
+    estimate of vLLM's profile run), graphs, and the KV cache left, in tokens per TP group (each
+    rank holds its heads' share of every token; KV heads replicate when TP exceeds them)."""
+    H, V, L = config.hidden_size, config.vocab_size, config.num_hidden_layers
+    hd = getattr(config, "head_dim", None) or H // config.num_attention_heads
+    heads, kv = config.num_attention_heads, config.num_key_value_heads
+    experts_k = getattr(config, "num_experts_per_tok", 0)
+    inter = experts_k * config.moe_intermediate_size if experts_k else config.intermediate_size
+    params = _param_count(config)
+    weights = 2 * params / tp / GIB
+    per_token = 2 * (8 * H + (heads + 2 * kv) * hd / tp + 4 * inter / tp)      # bf16 bytes
+    profile = (max_num_batched_tokens * per_token + 2 * 4 * max_num_seqs * V) / GIB
+    kv_token = 2 * L * max(1, kv // tp) * hd * 2                               # K and V, bf16
+    kv_gib = util * card - weights - profile - VLLM_GRAPHS_GIB
+    return {"share": util * card, "weights": weights, "profile": profile,
+            "graphs": VLLM_GRAPHS_GIB, "kv": kv_gib, "kv_token_bytes": kv_token,
+            "kv_tokens": max(0, int(kv_gib * GIB / kv_token))}
+
+
+def _param_count(config) -> int:
+    """Parameters of the model (meta device: no memory)."""
+    from transformers import AutoModelForCausalLM
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def _moments(trainer: dict) -> float:
+    """GiB of optimizer state at the update's peak (the two trackers spell the kind apart)."""
+    return trainer["update"].get("OptState", trainer["update"].get("Optstate", 0.0))
+
+
+def phases(trainer: dict, vllm: dict, *, world: int, card: float, offload: bool) -> dict:
+    """GiB per GPU of each phase (module docstring) from the measured trainer and vLLM's share."""
+    ctx = CONTEXT_GIB[1] if world == 1 else CONTEXT_GIB["multi"]
+    held = trainer["held"]["Total"]
+    fp32_params = 4 * trainer["params"] / world / GIB
+    # offloaded, the AdamW moments return at the optimizer step (offload.py), so the forward and
+    # backward peak loses them: they are constant over the pass, so subtracting them is exact
+    moments = _moments(trainer)
+    return {"rollout": (trainer["ref"] if offload else held) + ctx + vllm["share"],
+            "update": trainer["update"]["Total"] - (moments if offload else 0.0) + ctx,
+            "step": trainer["step"]["Total"] + ctx,
+            "sync": held + vllm["weights"] + trainer["largest_unit"] + ctx,
+            "start-up": fp32_params + ctx + vllm["share"], "context": ctx}
+
+
+def verdict(ph: dict, vllm: dict, *, card: float, util: float, offload: bool, moments: float,
+            max_model_len: int) -> tuple[bool, str]:
+    """(fits, the one change that makes it fit or why none does); `moments`: GiB of the AdamW
+    moments, which --offload_trainer keeps off the device until the optimizer step."""
+    limit = FIT_SHARE * card
+    over = [k for k in ("rollout", "update", "step", "sync") if ph[k] > limit]
+    if ph["start-up"] > card:
+        over.append("start-up")
+    short = vllm["kv_tokens"] < max_model_len  # vLLM refuses a KV cache below one sequence
+    if not over and not short:
+        return True, "fits"
+    if set(over) & {"update", "step"}:
+        if not offload and ph["update"] - moments <= limit and ph["step"] <= limit:
+            return False, "--offload_trainer (then --gpu_memory_utilization from this plan)"
+        return False, ("the update does not fit one card whatever vLLM gets: shard it over more "
+                       "GPUs (FSDP2) or take a larger card")
+    best = max_util(ph, vllm, card=card)
+    kv_need = vllm["weights"] + vllm["profile"] + vllm["graphs"] + \
+        max_model_len * vllm["kv_token_bytes"] / GIB
+    if best * card >= kv_need:
+        return False, f"--gpu_memory_utilization {best:.2f}"
+    if not offload:
+        return False, "--offload_trainer (then --gpu_memory_utilization from this plan)"
+    return False, "more tensor parallelism (--tensor_parallel_size) or a larger card"
+
+
+def max_util(ph: dict, vllm: dict, *, card: float) -> float:
+    """The largest --gpu_memory_utilization (2 decimals) the rollout phase and vLLM's start-up
+    leave room for."""
+    room = min(FIT_SHARE * card - (ph["rollout"] - vllm["share"]),
+               card - (ph["start-up"] - vllm["share"]))
+    return max(0.0, math.floor(room / card * 100) / 100)
+
+
+def plan(config, *, world: int, tp: int, card: float, util: float, offload: bool,
+         micro_batch_tokens: int, max_model_len: int, max_context: int, live_episodes: int,
+         kl: bool, update, fused: bool = True, checkpointing: bool = True,
+         trainer: dict | None = None) -> dict:
+    """The whole preflight of one run (the arguments: train.py's flags as the plan reads them;
+    live_episodes: the episodes a TP group plays at once at a regeneration step; `trainer`: a
+    measure_trainer result to reuse for another card)."""
+    if world % tp:
+        raise SystemExit(f"--tensor_parallel_size {tp} does not divide --gpus {world}")
+    t0 = time.perf_counter()
+    # the largest micro-batch: one sequence as long as the budget or the longest sample
+    seq_len = max(micro_batch_tokens, max_model_len)
+    trainer = trainer or measure_trainer(config, world=world, seqs=1, seq_len=seq_len,
+                                         update=update, kl=kl, checkpointing=checkpointing,
+                                         fused=fused)
+    vllm = vllm_share(config, tp=tp, util=util, card=card, max_num_seqs=live_episodes)
+    ph = phases(trainer, vllm, world=world, card=card, offload=offload)
+    fits, change = verdict(ph, vllm, card=card, util=util, offload=offload,
+                           moments=_moments(trainer), max_model_len=max_model_len)
+    best = max_util(ph, vllm, card=card)
+    return {"trainer": trainer, "vllm": vllm, "phases": ph, "fits": fits, "change": change,
+            "max_util": best,
+            "seq_len": seq_len, "world": world, "tp": tp, "card": card, "util": util,
+            "offload": offload, "live_episodes": live_episodes, "max_context": max_context,
+            "moe": bool(getattr(config, "num_experts", 0)), "seconds": time.perf_counter() - t0}
+
+
+def host_ram(params: int, *, world: int, tp: int, sleep_level: int, offload: bool,
+             keep: int, kl: bool = False) -> dict:
+    """GB of host RAM per node: the checkpoint load (the main process alone reads it, in fp32,
+    and with a KL term the bf16 reference; the other ranks build on `meta` and Accelerate's
+    FSDP2 prepare fills their shards), the pinned sleep buffers (vLLM level 1 keeps its bf16
+    weights there), the offload buffers (fp32 shards + AdamW moments), and one resumable
+    checkpoint (fp32 + AdamW) times --keep_checkpoints."""
+    return {"load": (4 + 2 * kl) * params / 1e9,
+            "sleep": 2 * params * world / tp / 1e9 if sleep_level == 1 else 0.0,
+            "offload": 12 * params / 1e9 if offload else 0.0,
+            "checkpoint": 12 * params / 1e9, "checkpoints kept": 12 * params * keep / 1e9}
+
+
+def report(p: dict, name: str, host: dict) -> str:
+    """The plan as text: one line per phase, the KV cache, host RAM, the verdict."""
+    card, ph, v, t = p["card"], p["phases"], p["vllm"], p["trainer"]
+    out = [f"preflight {name}: {p['world']} GPU(s) of {card:.1f} GiB, TP {p['tp']}, "
+           f"util {p['util']:.2f}, offload {'on' if p['offload'] else 'off'}, micro-batch "
+           f"{p['seq_len']:,} tokens ({p['seconds']:.0f} s)"]
+    if p["moe"]:
+        out.append("  MoE routing under fake tensors: even (every expert T*k/E tokens)")
+    for k in ("rollout", "update", "step", "sync", "start-up"):
+        out.append(f"  {k:<9}{ph[k]:7.1f} GiB  {ph[k] / card:4.0%}")
+    by = {k: round(val, 1) for k, val in t["update"].items() if val >= 0.05 and k != "Total"}
+    out.append(f"  update peak by kind (GiB): {by}")
+    out.append(f"  trainer state between updates {t['held']['Total']:.1f} GiB"
+               f"{' (in host RAM during rollouts)' if p['offload'] else ''}; context "
+               f"{ph['context']:.1f} GiB (estimate)")
+    out.append(f"  vLLM share {v['share']:.1f} GiB = weights {v['weights']:.1f} + profile "
+               f"{v['profile']:.1f} (estimate) + graphs {v['graphs']:.1f} (estimate) + KV "
+               f"{v['kv']:.1f}")
+    demand = p["live_episodes"] * p["max_context"]
+    out.append(f"  KV tokens per TP group {v['kv_tokens']:,} ({v['kv_token_bytes'] // 1024} KiB "
+               f"per token per rank) vs demand {demand:,} ({p['live_episodes']} live episodes x "
+               f"{p['max_context']:,}): {v['kv_tokens'] / demand:.0%}")
+    out.append("  host RAM per node (GB): " + ", ".join(f"{k} {val:,.0f}"
+                                                      for k, val in host.items()))
+    out.append(f"  largest --gpu_memory_utilization that fits: {p['max_util']:.2f}")
+    out.append(f"  vLLM settings: --gpu_memory_utilization {p['util']:.2f}, max_num_seqs "
+               f"{p['live_episodes']}, max_num_batched_tokens {MAX_NUM_BATCHED_TOKENS}")
+    out.append(f"  verdict: {'fits' if p['fits'] else 'does not fit: ' + p['change']}")
+    return "\n".join(out)
+
+
+def table_row(p: dict, name: str, setting: str) -> str:
+    """One README memory-table row: model, GPUs, setting, card, offload, util, rollout / update /
+    step / sync GiB, KV tokens per TP group, the largest util that fits, the verdict."""
+    ph, gpu = p["phases"], next((k for k, v in CARDS.items() if v == p["card"]), p["card"])
+    cells = [name, str(p["world"]), setting, str(gpu), "on" if p["offload"] else "off",
+             f"{p['util']:.2f}", *(f"{ph[k]:.1f}" for k in ("rollout", "update", "step", "sync")),
+             f"{p['vllm']['kv_tokens'] / 1e6:.2f}M", f"{p['max_util']:.2f}",
+             "fits" if p["fits"] else p["change"]]
+    return "| " + " | ".join(cells) + " |"

@@ -1,0 +1,123 @@
+"""offload.TrainerOffload: the trainer's parameters and AdamW state leave the device while vLLM
+generates and come back bit for bit; a run with offload on ends where a run without it ends."""
+import copy
+
+import torch
+
+import config
+import offload
+import train
+
+
+def _samples(step, n=12):
+    return [{"tokens": [5 + i + step] * n, "mask": [0] * 4 + [1] * (n - 4),
+             "logprobs": [-7.0] * n, "advantage": a, "role": "agent", "weight": 1.0}
+            for i, a in enumerate([1.0, -1.0, 0.5])]
+
+
+def _state(model, opt):
+    return ([p.detach().clone() for p in model.parameters()],
+            [v.clone() for s in opt.state.values() for v in s.values()])
+
+
+def _three_steps(tiny, offloaded: bool):
+    """Three grpo_update steps on the tiny model; with offload the state is away (its storages
+    empty) during every step's rollout phase, as train.train does around the play phase."""
+    from accelerate import Accelerator
+    model = copy.deepcopy(tiny[0]).eval()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    off = offload.TrainerOffload(model, opt, enabled=offloaded)
+    freed = []
+    for step in range(3):
+        freed.append(off.offload())
+        if offloaded:  # the rollout: nothing of the trainer's state occupies memory
+            assert all(p.untyped_storage().nbytes() == 0 for p in model.parameters())
+            assert all(v.untyped_storage().nbytes() == 0
+                       for s in opt.state.values() for v in s.values())
+            junk = torch.randn(sum(p.numel() for p in model.parameters()))  # reuse the memory
+            del junk
+        off.reload(optimizer=False)  # as train.train: the moments come back at the step
+        if offloaded and step > 0:  # the forward and backward run without them
+            assert all(v.untyped_storage().nbytes() == 0
+                       for s in opt.state.values() for v in s.values())
+            assert all(p.untyped_storage().nbytes() > 0 for p in model.parameters())
+        train.grpo_update(model, None, opt, sched, Accelerator(cpu=True), _samples(step),
+                          pad_id=tiny[1].pad_token_id, temperatures={"agent": 1.0},
+                          oargs=config.OptimArgs(kl_coef=0.0), margs=config.ModelArgs())
+    return _state(model, opt), freed
+
+
+def test_offload_on_and_off_end_with_identical_weights_and_optimizer_state(tiny):
+    (params_on, opt_on), freed = _three_steps(tiny, offloaded=True)
+    (params_off, opt_off), freed_off = _three_steps(tiny, offloaded=False)
+    assert all(torch.equal(a, b) for a, b in zip(params_on, params_off))
+    assert len(opt_on) == len(opt_off) > 0
+    assert all(torch.equal(a, b) for a, b in zip(opt_on, opt_off))
+    params = sum(p.numel() * p.element_size() for p in tiny[0].parameters())
+    # step 0: the fp32 parameters (AdamW's state does not exist yet); then 3 x (m, v, step)
+    assert freed[0] == params
+    assert freed[1] == freed[2] == 3 * params + 4 * len(list(tiny[0].parameters()))
+    assert freed_off == [0, 0, 0]
+
+
+def test_a_storage_shared_by_views_goes_once_and_comes_back_whole():
+    base = torch.nn.Parameter(torch.arange(8.0))
+    model = torch.nn.Module()
+    model.a = torch.nn.Parameter(base.detach()[:4])  # two parameters viewing one storage,
+    model.b = torch.nn.Parameter(base.detach()[4:])  # as FSDP2's padded shards do
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    off = offload.TrainerOffload(model, opt)
+    assert off.offload() == 8 * 4
+    assert off.offload() == 0  # already away: a second call is a no-op
+    assert off.reload() == 8 * 4
+    assert model.a.tolist() == [0, 1, 2, 3] and model.b.tolist() == [4, 5, 6, 7]
+
+
+def test_disabled_offload_leaves_everything_in_place():
+    model = torch.nn.Linear(3, 2)
+    off = offload.TrainerOffload(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                 enabled=False)
+    assert off.offload() == 0 and off.reload() == 0
+    assert model.weight.untyped_storage().nbytes() == 6 * 4
+
+
+def test_offload_needs_the_vllm_engine(tmp_path):
+    """The transformers engine generates with the trainer's own weights: offloading them would
+    leave it nothing to generate with, so the run refuses at start-up in one line."""
+    import pytest
+    flags = ["--model", "tiny", "--steps", "1", "--sandbox_workers", "1", "--offload_trainer",
+             "--engine", "transformers", "--output_dir", str(tmp_path / "run")]
+    with pytest.raises(SystemExit, match="--offload_trainer needs the vLLM engine"):
+        train.main(flags)
+
+
+def test_the_loop_offloads_for_the_rollouts_and_reloads_around_the_update(tmp_path, monkeypatch):
+    """train.train's wiring: each step starts by offloading (the designer and the plays run on
+    vLLM), brings the parameters back before the update, the moments with the optimizer's step
+    (offload.py's hook), and everything before the weight sync and the checkpoint."""
+    calls = []
+
+    class Recorder(offload.TrainerOffload):
+        def offload(self):
+            calls.append("offload")
+            return 0
+
+        def reload(self, optimizer=True):
+            calls.append(f"reload(optimizer={optimizer})")
+            return 0
+    monkeypatch.setattr(offload, "TrainerOffload", Recorder)
+    update = train.grpo_update
+
+    def spy(*a, **k):
+        calls.append("update")
+        return update(*a, **k)
+    monkeypatch.setattr(train, "grpo_update", spy)
+    corpus = str(train.HERE / "data" / "corpus.jsonl")
+    train.main(["--model", "tiny", "--steps", "2", "--regen_interval", "2", "--num_envs", "2",
+                "--skills_per_regen", "1", "--plays", "2", "--hint_plays", "1",
+                "--max_attempts", "1", "--designer_max_tokens", "16", "--hint_max_tokens", "8",
+                "--max_turns", "1", "--max_new_tokens", "8", "--sandbox_workers", "1",
+                "--corpus", corpus, "--output_dir", str(tmp_path / "run")])
+    step = ["offload", "reload(optimizer=False)", "update", "reload(optimizer=True)"]
+    assert calls == step * 2

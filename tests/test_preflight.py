@@ -1,0 +1,162 @@
+"""preflight.py: the memory plan, validated against the one GPU measurement we have, one
+Qwen3-30B-A3B plan, the vLLM formulas by hand, the verdict, and one clear line for bad input.
+
+The two full-size cases build their models on fake tensors (no weights, no download) and take
+about 1-2 minutes each on 2 cores (marked slow)."""
+import functools
+
+import pytest
+
+import config
+import models
+import preflight
+import train
+
+GIB = 2 ** 30
+
+
+def _update(micro_batch_tokens=16384):
+    return functools.partial(train.grpo_update, pad_id=0, temperatures={"agent": 1.0},
+                             oargs=config.OptimArgs(kl_coef=0.0),
+                             margs=config.ModelArgs(micro_batch_tokens=micro_batch_tokens))
+
+
+@pytest.mark.slow
+def test_qwen3_4b_on_one_h200_lands_within_10_percent_of_the_measured_75_3_gib():
+    """The configuration measured once on an H200 (train.grpo_update, Qwen3-4B shape, fp32
+    masters, AdamW as it then was (foreach), 4 x 8,000 tokens in micro-batches of 16,384, train
+    mode, checkpointing): peak 75.3 GiB. Its largest micro-batch is 2 x 8,000 tokens."""
+    t = preflight.measure_trainer(models.architecture("Qwen3-4B"), world=1, seqs=2,
+                                  seq_len=8000, update=_update(), kl=False, fused=False)
+    peak = max(t["update"]["Total"], t["step"]["Total"])
+    assert peak == pytest.approx(75.3, rel=0.10)
+    assert t["params"] == 4_022_468_096
+    assert t["held"]["Total"] == pytest.approx(12 * t["params"] / GIB, rel=0.01)  # w + m + v
+    # the foreach step's sqrt(v) temporary: one more parameter-sized fp32 tensor at the step
+    assert t["step"]["Total"] - t["held"]["Total"] == pytest.approx(
+        8 * t["params"] / GIB, rel=0.01)  # the gradients + the temporary
+
+
+@pytest.mark.slow
+def test_qwen3_30b_a3b_plan_on_8_h100s_and_the_memory_offload_frees(capsys):
+    """The games preset at TP 4 on 8 x 80 GB through the command line, then the same measured
+    trainer with --offload_trainer: the rollout phase loses exactly the trainer's state, the
+    update's forward/backward peak the AdamW moments."""
+    argv = ["--model", "Qwen3-30B-A3B", "--tensor_parallel_size", "4", "--preflight",
+            "--gpu", "h100-80gb", "--gpus", "8", "--gpu_memory_utilization", "0.35"]
+    with pytest.raises(SystemExit) as done:
+        train.main(argv)
+    out = capsys.readouterr().out
+    assert "MoE routing under fake tensors: even" in out
+    for phase in ("rollout", "update", "step", "sync", "start-up", "KV tokens per TP group",
+                  "host RAM", "verdict"):
+        assert phase in out
+    row = out.strip().splitlines()[-1]
+    assert row.startswith("| Qwen3-30B-A3B | 8 | games | h100-80gb | off | 0.35 |")
+    assert done.value.code in (0, 1)
+    t = preflight.measure_trainer(models.architecture("Qwen3-30B-A3B"), world=8, seqs=1,
+                                  seq_len=32768, update=_update(), kl=False)
+    params = t["params"]
+    assert t["held"]["Total"] == pytest.approx(12 * params / 8 / GIB, rel=0.01)  # shards
+    assert t["update"]["Total"] > t["held"]["Total"] + 4 * params / 8 / GIB  # + gradients
+    v = preflight.vllm_share(models.architecture("Qwen3-30B-A3B"), tp=4, util=0.35, card=79.6,
+                             max_num_seqs=96)
+    on, off = (preflight.phases(t, v, world=8, card=79.6, offload=o) for o in (True, False))
+    assert off["rollout"] - on["rollout"] == pytest.approx(t["held"]["Total"])
+    # the moments come back only for the optimizer step: the update's peak loses them
+    assert off["update"] - on["update"] == pytest.approx(t["update"]["OptState"])
+    assert t["update"]["OptState"] == pytest.approx(8 * params / 8 / GIB, rel=0.01)
+    assert on["step"] == off["step"] and on["sync"] == off["sync"]
+
+
+def test_vllm_share_by_hand():
+    """Qwen3-30B-A3B at TP 4, util 0.35 of 79.6 GiB, 96 sequences: every term by hand."""
+    arch = models.architecture("Qwen3-30B-A3B")
+    v = preflight.vllm_share(arch, tp=4, util=0.35, card=79.6, max_num_seqs=96,
+                             max_num_batched_tokens=8192)
+    params = 30_532_122_624
+    assert v["weights"] == pytest.approx(2 * params / 4 / GIB)
+    assert v["kv_token_bytes"] == 2 * 48 * 1 * 128 * 2  # 4 KV heads over TP 4: one per rank
+    per_token = 2 * (8 * 2048 + (32 + 2 * 4) * 128 / 4 + 4 * 8 * 768 / 4)
+    profile = (8192 * per_token + 2 * 4 * 96 * 151_936) / GIB
+    assert v["profile"] == pytest.approx(profile)
+    kv = 0.35 * 79.6 - 2 * params / 4 / GIB - profile - preflight.VLLM_GRAPHS_GIB
+    assert v["kv"] == pytest.approx(kv)
+    assert v["kv_tokens"] == int(kv * GIB / 24576)
+    # KV heads replicate when TP exceeds them: 8 KV heads of Qwen3-4B at TP 16 keep 1 per rank
+    four = preflight.vllm_share(models.architecture("Qwen3-4B"), tp=16, util=0.5, card=80,
+                                max_num_seqs=1)
+    assert four["kv_token_bytes"] == 2 * 36 * 1 * 128 * 2
+
+
+def _phases(rollout=10.0, update=10.0, step=10.0, sync=10.0, startup=10.0):
+    return {"rollout": rollout, "update": update, "step": step, "sync": sync,
+            "start-up": startup, "context": 1.0}
+
+
+def test_verdict_names_the_one_change_that_fits():
+    vllm = {"share": 28.0, "weights": 14.0, "profile": 1.0, "graphs": 1.0, "kv": 12.0,
+            "kv_token_bytes": 24576, "kv_tokens": 500_000}
+    kw = dict(card=80.0, util=0.35, offload=False, moments=20.0, max_model_len=32768)
+    assert preflight.verdict(_phases(), vllm, **kw) == (True, "fits")
+    # the update over by less than the moments: offload them; by more: nothing but a larger card
+    fits, change = preflight.verdict(_phases(update=79.0), vllm, **kw)
+    assert not fits and change.startswith("--offload_trainer")
+    fits, change = preflight.verdict(_phases(update=79.0), vllm, **dict(kw, moments=2.0))
+    assert not fits and "larger card" in change
+    # rollout over: 79 - 28 = 51 GiB beside vLLM, room = min(0.95 * 80 - 51, 80 - (10 - 28))
+    # = 25 GiB -> util 0.31, whose 24.8 GiB hold the weights, profile, graphs and one sequence
+    fits, change = preflight.verdict(_phases(rollout=79.0), vllm, **kw)
+    assert (fits, change) == (False, "--gpu_memory_utilization 0.31")
+    # weights too large for that room and no offload yet: offload; offloaded: more TP
+    heavy = dict(vllm, weights=30.0, kv_tokens=1000)
+    assert preflight.verdict(_phases(rollout=79.0), heavy, **kw)[1].startswith("--offload")
+    assert "tensor_parallel_size" in preflight.verdict(_phases(rollout=79.0), heavy,
+                                                       **dict(kw, offload=True))[1]
+
+
+@pytest.mark.parametrize("gpu,gib", [("h100-80gb", 79.6), ("h200-141gb", 140.4), ("96", 96.0)])
+def test_card_names_and_sizes(gpu, gib):
+    assert preflight.card_gib(gpu) == gib
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--gpu", "a100"], "--gpu must be one of h100-80gb, h200-141gb or a size in GiB"),
+    (["--gpus", "3", "--tensor_parallel_size", "2", "--engine", "vllm"],
+     "--tensor_parallel_size 2 does not divide --gpus 3"),
+    (["--model", "nobody/no-such-model"], "cannot be read offline"),
+])
+def test_bad_input_is_one_clear_line(flags, message):
+    with pytest.raises(SystemExit, match=message):
+        train.main(["--model", "tiny-moe", "--preflight", *flags])
+
+
+def test_tiny_moe_plan_end_to_end(capsys):
+    """The whole command on a tiny model at 2 ranks: fits an 8 GiB card (exit 0), not a 2 GiB one
+    (exit 1, the update alone needs more than the card with its context)."""
+    with pytest.raises(SystemExit) as done:
+        train.main(["--model", "tiny-moe", "--preflight", "--gpu", "8", "--gpus", "2"])
+    assert done.value.code == 0, capsys.readouterr().out
+    assert "verdict: fits" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as done:
+        train.main(["--model", "tiny-moe", "--preflight", "--gpu", "2", "--gpus", "2"])
+    assert done.value.code == 1
+    assert "larger card" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_the_kl_reference_is_measured_on_one_gpu_and_sharded(world):
+    """The bf16 reference beside the fp32 policy: its shards count among the parameters (on one
+    GPU the plain tracker refuses frozen parameters, so the plan keeps them trainable there)."""
+    arch = models.architecture("tiny")
+    plain = preflight.measure_trainer(arch, world=world, seqs=1, seq_len=64, update=_update(),
+                                      kl=False)
+    with_ref = preflight.measure_trainer(arch, world=world, seqs=1, seq_len=64,
+                                         update=_update(), kl=True)
+    ref_bytes = 2 * plain["params"] / world
+    extra = (with_ref["held"]["Total"] - plain["held"]["Total"]) * GIB
+    # over FSDP2 the tail group (norm + tied head) stays unsharded after its forward, as
+    # Accelerate lays it out: at most the whole bf16 head beside the shards
+    tail = 2 * arch.vocab_size * arch.hidden_size if world > 1 else 0
+    for measured in (with_ref["ref"] * GIB, extra):
+        assert 0.99 * ref_bytes <= measured <= 1.01 * ref_bytes + tail
