@@ -115,7 +115,7 @@ def _even_experts(self, hidden, top_k_index, top_k_weights):
 
 
 class _Accelerator:
-    """The five things train.grpo_update asks of Accelerate, for rank 0 of `world` equal ranks."""
+    """The six things train.grpo_update asks of Accelerate, for rank 0 of `world` equal ranks."""
 
     def __init__(self, world: int, autocast: bool):
         self.num_processes, self.device, self.cast = world, torch.device("cpu"), autocast
@@ -128,6 +128,9 @@ class _Accelerator:
 
     def backward(self, loss):
         loss.backward()
+
+    def unwrap_model(self, model):
+        return model
 
     def clip_grad_norm_(self, params, max_norm):
         # per tensor, as on CUDA (torch's foreach path takes no DTensors): each gradient's norm
