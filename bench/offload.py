@@ -2,6 +2,7 @@
 the same bytes, measured in the same run.
 
     python bench/offload.py [--mib 512] [--rounds 5]
+    python bench/offload.py --smoke    # 16 MiB, 2 rounds (tests/test_bench.py)
 
 The trainer state here is a model of `--mib` MiB of fp32 parameters (64 square layers) with its
 AdamW state (so 3x those bytes move each way, as in a real step after the first). On CUDA the state
@@ -36,7 +37,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mib", type=int, default=512, help="fp32 parameter MiB")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--smoke", action="store_true", help="16 MiB, 2 rounds")
     args = ap.parse_args()
+    if args.smoke:
+        args.mib, args.rounds = 16, 2
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     side = int((args.mib * 2**20 / 4 / 64) ** 0.5)
     model = torch.nn.Sequential(*[torch.nn.Linear(side, side, bias=False) for _ in range(64)])
@@ -66,8 +70,8 @@ def main():
         _sync(device)
         times["plain"].append(time.perf_counter() - t0)
     gbps = {k: 2 * nbytes / statistics.median(v) / 1e9 for k, v in times.items()}
-    print(json.dumps({"device": device.type, "bytes_each_way": nbytes,
-                      "round_trip_gb_per_s": {k: round(v, 2) for k, v in gbps.items()}}))
+    print(f"offload: {device.type}, {nbytes:,} bytes each way, round trip GB/s "
+          + ", ".join(f"{k} {v:.2f}" for k, v in gbps.items()))
     print(json.dumps({"metric": "offload.round_trip_gbps_ratio_vs_plain_copy",
                       "value": round(gbps["offload"] / gbps["plain"], 3), "target": ">= 0.8 on a GPU"}))
 
