@@ -386,14 +386,17 @@ def _reload_in_place(worker, weights, cpu: bool) -> None:
 
 
 def vllm_fit_error(*, world: int, tp: int, weight_bytes: float, utilization: float,
-                   card_bytes: float) -> str | None:
+                   card_bytes: float | None) -> str | None:
     """The start-up check of a colocated vLLM, pure (infra.Run runs it before anything loads; the
     README's GPU table is checked with it): None when TP divides the world and one rank's share of
     the shipped weights fits within vLLM's share of the card, utilization x card memory, which is
     vLLM's whole budget (weights + activations + KV cache: weights that fill it leave no KV cache
-    and vLLM fails at start-up). Otherwise a one-line error naming the fix."""
+    and vLLM fails at start-up; card_bytes None: no card to check, TP only). Otherwise a
+    one-line error naming the fix."""
     if tp < 1 or world % tp:
         return f"--tensor_parallel_size {tp} does not divide the {world} processes"
+    if card_bytes is None:
+        return None
     share, per_rank, gib = utilization * card_bytes, weight_bytes / tp, 2**30
     if per_rank < share:
         return None

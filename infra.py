@@ -322,13 +322,9 @@ def check_vllm_fits(margs, world: int) -> None:
     """INFRA: fail fast, before anything loads, when the TP size does not divide the processes or
     vLLM's share of the card (--gpu_memory_utilization x card memory) cannot hold one rank's
     share of the shipped weights (counted from the architecture: engine.vllm_fit_error)."""
-    if world % margs.tensor_parallel_size:
-        raise SystemExit(f"--tensor_parallel_size {margs.tensor_parallel_size} does not divide "
-                         f"the {world} processes")
-    card = card_bytes()
-    if card is None or not wants_vllm(margs):
-        return
-    weights = models.parameter_count(margs.model) * models.shipped_dtype(margs.model).itemsize
+    card = card_bytes() if wants_vllm(margs) else None  # None: only the TP check (CPU, no vLLM)
+    weights = 0 if card is None else \
+        models.parameter_count(margs.model) * models.shipped_dtype(margs.model).itemsize
     error = engine.vllm_fit_error(world=world, tp=margs.tensor_parallel_size, weight_bytes=weights,
                                   utilization=margs.gpu_memory_utilization, card_bytes=card)
     if error:

@@ -606,6 +606,11 @@ def test_vllm_fit_error_hand_computed():
     assert engine.vllm_fit_error(tp=4, weight_bytes=1, world=6, utilization=0.35,
                                  card_bytes=80 * GiB) == \
         "--tensor_parallel_size 4 does not divide the 6 processes"
+    assert engine.vllm_fit_error(tp=4, weight_bytes=0, world=6, utilization=0.35,
+                                 card_bytes=None) == \
+        "--tensor_parallel_size 4 does not divide the 6 processes"   # no card: the TP check only
+    assert engine.vllm_fit_error(tp=2, weight_bytes=0, world=4, utilization=0.35,
+                                 card_bytes=None) is None
     assert engine.vllm_fit_error(tp=1, weight_bytes=60 * GiB, world=1, utilization=0.35,
                                  card_bytes=80 * GiB).endswith(
         "use --gpu_memory_utilization above 0.75")                 # one GPU: no larger TP

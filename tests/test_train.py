@@ -802,6 +802,16 @@ def test_tensor_parallel_group_generates_once_and_trains_each_sample_once(tmp_pa
         (metrics_lib.diversity(sources[:2]) + metrics_lib.diversity(sources[2:])) / 2)
 
 
+def test_a_tp_that_does_not_divide_the_processes_stops_before_any_load(tmp_path, monkeypatch):
+    """On CPU (no card to size), one process and --tensor_parallel_size 2: one line, no load."""
+    monkeypatch.setattr(models, "load_model_and_tokenizer",
+                        lambda *a, **k: pytest.fail("weights loaded before the check"))
+    with pytest.raises(SystemExit, match=r"^--tensor_parallel_size 2 does not divide the 1 "
+                                         r"processes$"):
+        train.main(["--model", "tiny", "--engine", "vllm", "--tensor_parallel_size", "2",
+                    "--corpus", str(CORPUS), "--output_dir", str(tmp_path / "run")])
+
+
 def test_vllm_that_cannot_hold_its_weights_stops_before_any_load(tmp_path, monkeypatch):
     """On an 80 GiB card Qwen3-30B-A3B's 56.9 GiB of bf16 weights fill vLLM's 0.35 x 80 = 28 GiB
     at TP 1: the run stops with the fix, counted from the architecture alone (no weights load)."""
