@@ -254,9 +254,10 @@ def _local(t):
 # INFRA: vLLM's share, the phases, the verdict
 
 
-def vllm_share(config, *, tp: int, util: float, card: float, max_num_seqs: int,
+def vllm_share(config, *, params: int, tp: int, util: float, card: float, max_num_seqs: int,
                max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS) -> dict:
-    """GiB per GPU inside vLLM's util x card: bf16 weights / TP, the activation profile of one
+    """GiB per GPU inside vLLM's util x card (`params`: the model's parameter count, as
+    measure_trainer counts it): bf16 weights / TP, the activation profile of one
     max_num_batched_tokens forward plus the sampler's fp32 logits for max_num_seqs rows (an
     estimate of vLLM's profile run), graphs, and the KV cache left, in tokens per TP group (each
     rank holds its heads' share of every token; KV heads replicate when TP exceeds them)."""
@@ -265,7 +266,6 @@ def vllm_share(config, *, tp: int, util: float, card: float, max_num_seqs: int,
     heads, kv = config.num_attention_heads, config.num_key_value_heads
     experts_k = getattr(config, "num_experts_per_tok", 0)
     inter = experts_k * config.moe_intermediate_size if experts_k else config.intermediate_size
-    params = _param_count(config)
     weights = 2 * params / tp / GIB
     per_token = 2 * (8 * H + (heads + 2 * kv) * hd / tp + 4 * inter / tp)      # bf16 bytes
     profile = (max_num_batched_tokens * per_token + 2 * 4 * max_num_seqs * V) / GIB
@@ -274,14 +274,6 @@ def vllm_share(config, *, tp: int, util: float, card: float, max_num_seqs: int,
     return {"share": util * card, "weights": weights, "profile": profile,
             "graphs": VLLM_GRAPHS_GIB, "kv": kv_gib, "kv_token_bytes": kv_token,
             "kv_tokens": max(0, int(kv_gib * GIB / kv_token))}
-
-
-def _param_count(config) -> int:
-    """Parameters of the model (meta device: no memory)."""
-    from transformers import AutoModelForCausalLM
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return sum(p.numel() for p in model.parameters())
 
 
 def _moments(trainer: dict) -> float:
@@ -353,7 +345,8 @@ def plan(config, *, world: int, tp: int, card: float, util: float, offload: bool
     trainer = trainer or measure_trainer(config, world=world, seqs=1, seq_len=seq_len,
                                          update=update, kl=kl, checkpointing=checkpointing,
                                          fused=fused)
-    vllm = vllm_share(config, tp=tp, util=util, card=card, max_num_seqs=live_episodes)
+    vllm = vllm_share(config, params=trainer["params"], tp=tp, util=util, card=card,
+                      max_num_seqs=live_episodes)
     ph = phases(trainer, vllm, world=world, card=card, offload=offload)
     fits, change = verdict(ph, vllm, card=card, util=util, offload=offload,
                            moments=_moments(trainer), max_model_len=max_model_len)

@@ -69,7 +69,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def phase(name: str, times: dict) -> None:
-    """Enter the step's phase `name` (infra.PHASES, then "log"): the start of its time/* span."""
+    """Enter the step's phase `name` (metrics.PHASES, then "log"): the start of its time/* span."""
     times[name] = time.perf_counter()
 
 

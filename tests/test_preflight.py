@@ -59,8 +59,8 @@ def test_qwen3_30b_a3b_plan_on_8_h100s_and_the_memory_offload_frees(capsys):
     params = t["params"]
     assert t["held"]["Total"] == pytest.approx(12 * params / 8 / GIB, rel=0.01)  # shards
     assert t["update"]["Total"] > t["held"]["Total"] + 4 * params / 8 / GIB  # + gradients
-    v = preflight.vllm_share(models.architecture("Qwen3-30B-A3B"), tp=4, util=0.35, card=79.6,
-                             max_num_seqs=96)
+    v = preflight.vllm_share(models.architecture("Qwen3-30B-A3B"), params=params, tp=4,
+                             util=0.35, card=79.6, max_num_seqs=96)
     on, off = (preflight.phases(t, v, world=8, card=79.6, offload=o) for o in (True, False))
     assert off["rollout"] - on["rollout"] == pytest.approx(t["held"]["Total"])
     # the moments come back only for the optimizer step: the update's peak loses them
@@ -72,9 +72,10 @@ def test_qwen3_30b_a3b_plan_on_8_h100s_and_the_memory_offload_frees(capsys):
 def test_vllm_share_by_hand():
     """Qwen3-30B-A3B at TP 4, util 0.35 of 79.6 GiB, 96 sequences: every term by hand."""
     arch = models.architecture("Qwen3-30B-A3B")
-    v = preflight.vllm_share(arch, tp=4, util=0.35, card=79.6, max_num_seqs=96,
-                             max_num_batched_tokens=8192)
     params = 30_532_122_624
+    assert models.parameter_count("Qwen3-30B-A3B") == params
+    v = preflight.vllm_share(arch, params=params, tp=4, util=0.35, card=79.6, max_num_seqs=96,
+                             max_num_batched_tokens=8192)
     assert v["weights"] == pytest.approx(2 * params / 4 / GIB)
     assert v["kv_token_bytes"] == 2 * 48 * 1 * 128 * 2  # 4 KV heads over TP 4: one per rank
     per_token = 2 * (8 * 2048 + (32 + 2 * 4) * 128 / 4 + 4 * 8 * 768 / 4)
@@ -84,8 +85,9 @@ def test_vllm_share_by_hand():
     assert v["kv"] == pytest.approx(kv)
     assert v["kv_tokens"] == int(kv * GIB / 24576)
     # KV heads replicate when TP exceeds them: 8 KV heads of Qwen3-4B at TP 16 keep 1 per rank
-    four = preflight.vllm_share(models.architecture("Qwen3-4B"), tp=16, util=0.5, card=80,
-                                max_num_seqs=1)
+    four = preflight.vllm_share(models.architecture("Qwen3-4B"),
+                                params=models.parameter_count("Qwen3-4B"), tp=16, util=0.5,
+                                card=80, max_num_seqs=1)
     assert four["kv_token_bytes"] == 2 * 36 * 1 * 128 * 2
 
 
