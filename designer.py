@@ -7,7 +7,7 @@ document sampled from a corpus, shows the environment memory (memory.py), extrac
 the reply, validates it in the sandbox (up to 5 attempts per slot, a fresh document each time;
 invalid attempts are rejection-sampled away, never trained on), and then asks the same policy for a
 privileged hint used by the hint-based regret, Eq. (3). The prompt texts and skill tables live in
-prompts/ beside this file (copy it along).
+data/prompts/ beside this file (copy it along).
 
     round robin:  e = step // R,  start = (e * k) mod n,  active = S[start], ..., S[start + k - 1]
     slot i of a regeneration gets skill active[i mod k]
@@ -69,7 +69,7 @@ from typing import Any, Callable, Sequence
 log = logging.getLogger(__name__)
 
 # Both designer calls' sampling settings are config.SpadeArgs fields citing the paper, bound into
-# the generate callables this module takes by infra.designer_generate and train.regenerate.
+# the generate callables this module takes by train.regenerate (and infra/baseline.py).
 HINT_MAX_WORDS = 100                              # deviation 7
 HINT_ATTEMPTS = 3                                 # hint calls per environment, the authors' retry
 MAX_ATTEMPTS = 5                                  # attempts per slot (paper)
@@ -80,8 +80,8 @@ MAX_FIELD_CHARS = 400    # longer "fields" are left alone
 REPAIR_BUDGET = 200_000  # characters of field probing per round; beyond it a reply is not repaired
 VALIDATE_RETRIES = 2                              # deviation 8
 
-# INFRA: the texts the designer reads (the authors' content in our words) live in prompts/.
-PROMPTS = Path(__file__).resolve().parent / "prompts"
+# INFRA: the texts the designer reads (the authors' content in our words) live in data/prompts/.
+PROMPTS = Path(__file__).resolve().parent / "data" / "prompts"
 
 
 def _prompt(name: str) -> str:
@@ -104,9 +104,9 @@ def _skills(setting: str) -> tuple[Skill, ...]:
                  for s in json.loads(_prompt("skills.json"))[setting])
 
 
-# The authors' six game and six tool skills with their descriptions (prompts/skills.json). A game
-# skill's `examples` are the ideas the NO-CORPUS prompt samples three of (the corpus-grounded one
-# shows only name and description); a tool skill's are its example tasks, all shown.
+# The authors' six game and six tool skills with their descriptions (data/prompts/skills.json). A
+# game skill's `examples` are the ideas the NO-CORPUS prompt samples three of (the corpus-grounded
+# one shows only name and description); a tool skill's are its example tasks, all shown.
 GAME_SKILLS, TOOL_SKILLS = _skills("games"), _skills("tool")
 TWO_SKILLS = tuple(s for s in GAME_SKILLS
                    if s.name in ("Mathematical Reasoning", "Pattern Recognition"))

@@ -171,13 +171,13 @@ def build_sampler(cfg: "EvalConfig"):
     if cfg.endpoint:
         key = os.environ.get(cfg.api_key_env, "")
         return OpenAISampler(cfg.endpoint, cfg.served_model or cfg.model, key)
-    import models  # siblings; heavy imports stay out of the test path
+    from infra import models  # siblings; heavy imports stay out of the test path
     from agent import turn_end  # the chat's end of turn stops a reply, whatever the EOS is
     # tiny models (built in memory) always run on transformers; a saved one can run on vLLM
     if cfg.engine == "vllm" and cfg.model not in models.TINY_MODELS:
         from transformers import AutoTokenizer
 
-        from engine import VLLMEngine
+        from infra.engine import VLLMEngine
         path = models.resolve_model_name(cfg.model)
         tokenizer = AutoTokenizer.from_pretrained(path)
         gen = VLLMEngine(path, tensor_parallel_size=cfg.tensor_parallel_size,
@@ -185,7 +185,7 @@ def build_sampler(cfg: "EvalConfig"):
                          gpu_memory_utilization=cfg.gpu_memory_utilization,
                          stop_ids=[turn_end(tokenizer)[1]])
     else:
-        from engine import TransformersEngine
+        from infra.engine import TransformersEngine
         model, tokenizer = models.load_model_and_tokenizer(cfg.model)
         gen = TransformersEngine(model, tokenizer, stop_ids=[turn_end(tokenizer)[1]],
                                  max_batch_tokens=cfg.batch_tokens, progress=True)
@@ -580,7 +580,7 @@ def sweep_checkpoints(cfg: EvalConfig, sampler=None) -> dict:
         if sampler is None:
             sampler = build_sampler(sub)
         elif hasattr(sampler, "engine"):  # the export's weights into the running engine
-            import models
+            from infra import models
             sampler.engine.sync_weights(models.load_model_and_tokenizer(str(path))[0])
         *cells, avg = table1_cells(evaluate(sub, sampler)["metrics"])
         rows.append({"checkpoint": path.name, "step": int(path.name[5:]),
@@ -617,7 +617,7 @@ def main(argv=None):
         try:
             sampler = build_sampler(cfg)
         except (OSError, ValueError) as e:  # a hub id not cached offline, a dir without a model
-            import models
+            from infra import models
             raise SystemExit(models.cannot_load(cfg.model, e, "eval.py")) from None
         results = evaluate(cfg, sampler)
     except MissingDataset as e:

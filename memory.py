@@ -87,22 +87,22 @@ class EnvironmentMemory:
 
     # ALGO: exemplar selection
 
-    def positives(self, skill: str, rng: random.Random | None = None) -> list[MemoryRecord]:
+    def positives(self, skill: str) -> list[MemoryRecord]:
         """Up to 2 frontier records of `skill`, drawn from its top 10 by regret, in draw order."""
         lo, hi = FRONTIER
         frontier = [r for r in self.records if r.skill == skill and lo <= r.win_rate <= hi]
         top = sorted(frontier, key=lambda r: -r.regret)[:TOP_K]  # stable: ties keep the older first
-        return (rng or self.rng).sample(top, min(N_POSITIVE, len(top)))
+        return self.rng.sample(top, min(N_POSITIVE, len(top)))
 
-    def negative(self, skill: str, rng: random.Random | None = None) -> MemoryRecord | None:
+    def negative(self, skill: str) -> MemoryRecord | None:
         """A record of `skill` that was too easy (> 0.9) or too hard (< 0.1), drawn uniformly."""
         bad = [r for r in self.records
                if r.skill == skill and (r.win_rate > TOO_EASY or r.win_rate < TOO_HARD)]
-        return (rng or self.rng).sample(bad, 1)[0] if bad else None
+        return self.rng.sample(bad, 1)[0] if bad else None
 
-    def prompt_block(self, skill: str, rng: random.Random | None = None) -> str:
+    def prompt_block(self, skill: str) -> str:
         """The memory section of a designer prompt for `skill`; "" when nothing qualifies."""
-        positives, negative = self.positives(skill, rng), self.negative(skill, rng)
+        positives, negative = self.positives(skill), self.negative(skill)
         parts = []
         if positives:
             lines = ["<REFERENCE_ENVIRONMENTS>",
@@ -154,10 +154,10 @@ class EnvironmentMemory:
                 raise MemoryFileError(f"record {i} is invalid: {e}") from e
         return memory
 
-    def save(self, path: str | os.PathLike | None = None) -> Path:
-        """Write the memory as JSON atomically (temp file, fsync, rename, fsync of the directory):
-        a crash leaves the previous file intact."""
-        target = Path(path) if path is not None else self.path
+    def save(self) -> Path:
+        """Write the memory to its path as JSON atomically (temp file, fsync, rename, fsync of the
+        directory): a crash leaves the previous file intact."""
+        target = self.path
         if target is None:
             raise ValueError("EnvironmentMemory.save needs a path (none given at construction)")
         target.parent.mkdir(parents=True, exist_ok=True)

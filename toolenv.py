@@ -3,9 +3,9 @@
 SPADE (arXiv 2608.19197, Sec. 4.2): in the tool-use setting the Environment Designer writes a
 subclass of `ToolEnv`: tools over a hidden `self.state`, and 3-5 instructions, each an
 (instruction text, predicate over the state) pair. This base class is what the designer's tool
-prompt (`prompts/tool_spec.txt`) describes; it runs the turn rules so a designer cannot get them
-wrong. It is not a security layer: it runs inside the sandbox worker, where `sandbox.py` injects it
-into the environment's namespace (the designer never imports it).
+prompt (`data/prompts/tool_spec.txt`) describes; it runs the turn rules so a designer cannot get
+them wrong. It is not a security layer: it runs inside the sandbox worker, where `sandbox.py`
+injects it into the environment's namespace (the designer never imports it).
 
 Turn rules, as in the authors' base class: tool calls are free (they never touch the turn budget);
 an `<answer>` turn and a malformed turn (no answer, no call that parses) each use one of

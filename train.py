@@ -15,8 +15,9 @@
 
 Symbols: S steps, R regeneration interval, N environments per regeneration, G unhinted plays,
 H hinted plays, w the environment's mean unhinted return over its epoch, S role-balancing scale
-(`scale`). Arguments, presets, checks: config.py; the logged statistics (Figs. 7, 9, 19):
-metrics.py; the Fixed-env baseline's pools: pools.py; Accelerate, engine, checkpoints: infra.py.
+(`scale`). What the ALGO blocks run on is in infra/: flags in config.py, the statistics (Figs. 7,
+9, 19; train()'s one `INFRA: statistics` block) in metrics.py, the Fixed-env baseline in
+baseline.py, Accelerate, engine and checkpoints in run.py.
 
 Deviations (README, "Deviations", has the reasons):
   1. Fewer than N valid environments: the pool is topped up from the previous pool and, at step
@@ -51,25 +52,19 @@ from typing import Any
 import torch
 
 import agent
-import config
 import designer
 import grpo
-import infra
-import logprobs
 import memory as memory_lib
-import metrics
-import models
-import pools
 import regret
 import sandbox
-import telemetry
-from infra import derive_seed
+from infra import baseline, config, imported, logprobs, metrics, models, telemetry
+from infra.run import Run, derive_seed, memory_plan
 
 HERE = Path(__file__).resolve().parent
 
 
 def phase(name: str, times: dict) -> None:
-    """Enter the step's phase `name` (metrics.PHASES, then "log"): the start of its time/* span."""
+    """Enter phase `name` (an ALGO block's, metrics.PHASES, or "log"): its time/<name>_s starts."""
     times[name] = time.perf_counter()
 
 
@@ -95,7 +90,7 @@ class PoolEnv:
     regret: float | None = None
     r_hint: float | None = None
     r_nohint: float | None = None
-    suite: str | None = None  # an imported GEM / Gymnasium id (pools.py), played in-process
+    suite: str | None = None  # an imported GEM / Gymnasium id (infra/imported.py), in-process
 
 
 @dataclass
@@ -150,7 +145,7 @@ def start_state(run, sargs, rargs) -> State:
     if saved is not None:
         st.restore(saved)
     elif sargs.memory_from:  # another run's records as exemplars (text only, never executed)
-        pools.seed_memory(st.memory, sargs.memory_from, sargs.setting)
+        imported.seed_memory(st.memory, sargs.memory_from, sargs.setting)
     return st
 
 
@@ -159,26 +154,24 @@ def start_state(run, sargs, rargs) -> State:
 
 def train(margs, sargs, oargs, rargs, *, sb) -> Path:
     """Algorithm 1; every rank runs it on its own share of the pool (deviation 6)."""
-    run = infra.Run(margs, sargs, oargs, rargs)  # INFRA: Accelerate, policy, engine, run dir
+    run = Run(margs, sargs, oargs, rargs)  # INFRA: Accelerate, policy, engine, run dir
     st = start_state(run, sargs, rargs)
-    draws = pools.fixed_draws(sargs, sb, run.rank, run.world)  # the Fixed-env GRPO baseline's pools
+    fixed = bool(sargs.fixed_envs)  # the Fixed-env GRPO baseline (infra/baseline.py): no designer
+    draws = baseline.fixed_draws(sargs, sb, run.rank, run.world)  # its static pool's draws
     for step in run.steps(st.step, sb.level):
         m, times, logs, ended = {}, {}, [], []
         run.offload.offload()  # INFRA: --offload_trainer: trainer state to host RAM for rollouts
-        regen = step % sargs.regen_interval == 0 and not sargs.fixed_envs
+        regen = step % sargs.regen_interval == 0 and not fixed
         last = step + 1 == sargs.steps
         if draws:
             st.pool = [PoolEnv(**e) for e in draws[step]]
+        epoch_pool = st.pool  # INFRA: the finished epoch's environments, for the statistics
         # ALGO: 1. regenerate: designer proposals, sandbox validation, hints (Alg. 1 lines 3-6)
         phase("regenerate", times)
         if regen:
-            if step > 0:  # Fig. 7 over the epoch that ends here
-                m.update(metrics.epoch_learnable(st.hist, st.pool, step - sargs.regen_interval,
-                                                 run.n_slots))
             ended = st.designs  # the finished epoch's designer samples, scored in phase 4
-            st.pool, st.designs, gm, logs = regenerate(
-                step, sargs, run.sampler, run.design_sampler, sb, st.memory, st.pool, st.corpus,
-                run.rank, run.world)
+            st.pool, st.designs, gm, logs = regenerate(step, sargs, run.sampler, sb, st.memory,
+                                                       st.pool, st.corpus, run.rank, run.world)
             m.update(gm)
         # ALGO: 2. play: G unhinted plays per environment, H hinted per fresh one at a regeneration
         phase("play", times)
@@ -188,19 +181,13 @@ def train(margs, sargs, oargs, rargs, *, sb) -> Path:
         phase("regret", times)
         record_plays(st.pool, episodes, regen)
         m.update(hint_regrets(st.pool, episodes) if regen else {})
-        m.update(metrics.env_metrics(st.pool, episodes))
-        m.update(metrics.regen_figures(step, st.pool, regen, episodes, st.hist, sargs.steps,
-                                       random.Random(derive_seed("vendi", rargs.seed, step)),
-                                       run.gather))
         # ALGO: 4. delayed designer scoring of the finished epoch (deviation 3: and of the last)
         phase("score", times)
-        if last and not sargs.fixed_envs:
+        if last and not fixed:
             ended, st.designs = ended + st.designs, []
-            m.update(metrics.epoch_learnable(st.hist, st.pool, step - step % sargs.regen_interval,
-                                             run.n_slots))
         scored = score_epoch(ended, sargs, st.lp)
         samples = agent_samples(episodes, compact=tool_filters(sargs))
-        if (regen or last) and not (sargs.no_designer_training or sargs.fixed_envs):  # a collective
+        if (regen or last) and not (sargs.no_designer_training or fixed):  # a collective
             ds, dm = designer_samples(scored, samples, sargs, run.gather, run.rank)
             samples += ds
             m.update(dm)
@@ -219,18 +206,27 @@ def train(margs, sargs, oargs, rargs, *, sb) -> Path:
         phase("memory", times)
         if regen and not sargs.no_memory:
             remember(step, st.pool, st.memory, sargs.setting, run.gather)
-        # INFRA: step files, metrics, checkpoint, export
+        # INFRA: statistics (Figs. 7, 9, 19; env/*), never trained on; step files, checkpoint
         phase("log", times)
+        if regen and step > 0:  # Fig. 7 over the epoch that ended at this regeneration
+            m.update(metrics.epoch_learnable(st.hist, epoch_pool, step - sargs.regen_interval,
+                                             run.n_slots))
+        m.update(metrics.env_metrics(st.pool, episodes))
+        m.update(metrics.regen_figures(step, st.pool, regen, episodes, st.hist, sargs.steps,
+                                       random.Random(derive_seed("vendi", rargs.seed, step)),
+                                       run.gather))
+        if last and not fixed:  # and over the last epoch
+            m.update(metrics.epoch_learnable(st.hist, st.pool, step - step % sargs.regen_interval,
+                                             run.n_slots))
         run.log(step, m, times, episodes, sb.level, st.pool if regen else [], logs, scored)
         run.save(step, st)
     return run.finish()
 
 
-def regenerate(step, sargs, sampler, design_sampler, sb, mem, pool, corpus, rank=0, world=1):
-    """Alg. 1 lines 3-6: active skills, designer proposals validated in the sandbox, hints.
-    Returns the new pool, the designer samples of its fresh environments (the new epoch's
-    buffer), the designer/* statistics, and every attempt's log record. Each rank designs its
-    own share of the N slots."""
+def regenerate(step, sargs, sampler, sb, mem, pool, corpus, rank=0, world=1):
+    """Alg. 1 lines 3-6: active skills, designer proposals validated in the sandbox, hints. Returns
+    the new pool, the designer samples of its fresh environments (the new epoch's buffer), the
+    designer/* statistics and every attempt's log record. Each rank designs its share of N slots."""
     active = designer.active_skills(step, skill_list(sargs), sargs.skills_per_regen,
                                     sargs.regen_interval)
     slots = designer.slot_skills(active, sargs.num_envs)[rank::world]  # Sec. 3.1
@@ -238,13 +234,15 @@ def regenerate(step, sargs, sampler, design_sampler, sb, mem, pool, corpus, rank
     block = (lambda skill: "") if sargs.no_memory else mem.prompt_block
     try:
         proposals, stats = designer.regenerate(
-            slots, generate=infra.designer_generate(design_sampler, step, "designer", sargs),
+            slots, generate=sampler.at(step, "designer").chat(  # the designer's sampling (Sec. 4)
+                temperature=sargs.designer_temperature, top_p=sargs.top_p, top_k=sargs.top_k,
+                max_new_tokens=sargs.designer_max_tokens, enable_thinking=sargs.designer_thinking),
             validate=lambda src: sb.validate(src, setting=sargs.setting), corpus=corpus,
             memory_block=block, setting=sargs.setting,
             rng=random.Random(derive_seed("prompts", sargs.corpus_seed, step, rank)),
             max_attempts=sargs.max_attempts, concurrency=sb.workers)
     finally:
-        design_sampler.drain()
+        sampler.drain()
     ok = [p for p in proposals if p.ok]
     fresh = [PoolEnv(f"s{step}-r{rank}-e{i}", p.skill, p.source, p.class_name, "designer")
              for i, p in enumerate(ok)]
@@ -255,8 +253,8 @@ def regenerate(step, sargs, sampler, design_sampler, sb, mem, pool, corpus, rank
     carried = [dataclasses.replace(e, origin="carried", returns=[], regret=None, r_hint=None,
                                    r_nohint=None) for e in pool if not e.faulty]
     if step == 0 and len(fresh) + len(carried) < len(slots):
-        fallback = pools.load(sargs.fallback_envs or str(HERE / "data" / "envs"), sargs.setting, sb,
-                               "fallback")
+        fallback = baseline.load(sargs.fallback_envs or str(HERE / "data" / "envs"), sargs.setting,
+                                 sb, "fallback")
         carried += [PoolEnv(**e) for e in fallback][rank::world]
     new_pool = fresh + carried[: max(0, len(slots) - len(fresh))]
     hinted = fresh if sargs.hint_plays > 0 else []  # deviation 5: the fresh environments only
@@ -289,13 +287,16 @@ def play_pool(step, pool, sargs, sampler, sb, tokenizer, hinted_arm: bool, seed:
             jobs += [(e, s, e.hint) for s in seeds[:sargs.hint_plays]]
     gen = sampler.at(step, "agent").tokens(temperature=sargs.agent_temperature,
                                            top_p=sargs.top_p, top_k=sargs.top_k)
-    specs = []
+    step_many, reset_many, specs = sb.step_many, sb.reset_many, []
+    if any(e.suite for e in pool):  # INFRA: imported GEM / Gymnasium entries play in-process
+        step_many, reset_many = imported.batched(sb, True), imported.batched(sb, False)
     try:  # an infrastructure fault (SandboxInfraError) propagates: it is never the env's fault
-        for e, s, hint in jobs:  # imported environments play in-process (pools.InProcessEnv)
-            handle = pools.open_env(sb, e, sargs.setting)
+        for e, s, hint in jobs:
+            handle = (imported.InProcessEnv(e.suite) if e.suite
+                      else sb.open(e.source, setting=sargs.setting))
             specs.append(agent.EpisodeSpec(e.env_id, s, hint, handle))
         return agent.play(specs, generate=gen, tokenizer=tokenizer,
-                          step_many=pools.batched(sb, True), reset_many=pools.batched(sb, False),
+                          step_many=step_many, reset_many=reset_many,
                           setting=sargs.setting, max_turns=sargs.max_turns,
                           max_context=sargs.max_context, max_new_tokens=sargs.max_new_tokens,
                           enable_thinking=margs.enable_thinking,
@@ -441,8 +442,7 @@ def designer_samples(scored, agent, sargs, gather=list, rank=0) -> tuple[list[di
 
 
 def micro_batches(samples, budget: int) -> list[list[dict]]:
-    """Split samples into same-role micro-batches of at most `budget` tokens
-    (one sample may exceed)."""
+    """Split samples into same-role micro-batches of at most `budget` tokens (one may exceed)."""
     out = []
     for role in ("agent", "designer"):
         cur, n = [], 0
@@ -563,7 +563,7 @@ def main(argv=None) -> Path | None:
         return None
     if args[3].preflight:  # the memory plan of this run, measured without weights or a GPU
         resolve(*args)
-        raise SystemExit(infra.memory_plan(*args, update=grpo_update))
+        raise SystemExit(memory_plan(*args, update=grpo_update))
     models.check_loadable(args[0].model, "train.py")  # e.g. a hub id not cached, offline
     # The sandbox's zygote is a fresh interpreter started before the model loads: it never holds
     # the model, its memory or its secrets.
@@ -572,7 +572,7 @@ def main(argv=None) -> Path | None:
     try:
         resolve(*args)
         if args[1].generate_pool:
-            return pools.generate_pool(*args, sb=sb, skills=skill_list(args[1]))
+            return baseline.generate_pool(*args, sb=sb, skills=skill_list(args[1]))
         return train(*args, sb=sb)
     finally:  # never leave the zygote and its workers behind, even on a crash
         sb.close()
@@ -582,7 +582,7 @@ def resolve(margs, sargs, oargs, rargs) -> None:
     """config.resolve with this code's skills and designer rewards; an unknown model fails here."""
     config.resolve(margs, sargs, oargs, rargs, skills=len(skill_list(sargs)),
                    designer_modes=regret.DESIGNER_MODES)
-    pools.check(sargs)
+    baseline.check(sargs)
     try:
         models.resolve_model_name(margs.model)
     except ValueError as e:

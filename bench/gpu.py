@@ -75,7 +75,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from logprobs import chunked_logprobs  # noqa: E402
+from infra.logprobs import chunked_logprobs  # noqa: E402
 
 GIB = 2 ** 30
 QWEN3_4B = dict(vocab_size=151_936, hidden_size=2_560, intermediate_size=9_728,
@@ -306,7 +306,7 @@ def section_update(s, device):
         import transformers.modeling_utils as mu
         from accelerate import Accelerator
 
-        import config
+        from infra import config
         import grpo
         import train
         calls, checkpoint = [0], mu.checkpoint
@@ -382,7 +382,7 @@ def section_train_step(s, device):
 def _one_train_step(s, device, tmp):
     import subprocess
 
-    import models
+    from infra import models
     model_dir, run_dir = tmp / "model", tmp / "run"
     tok = models.build_tiny_tokenizer()
     model = build_model(dict(s.step_model, vocab_size=len(tok)), device, torch.bfloat16)

@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from logprobs import chunked_logprobs  # noqa: E402
+from infra.logprobs import chunked_logprobs  # noqa: E402
 
 V, N, H = 151_936, 2_048, 1_024
 N_ERR, CHUNK_ERR = 64, 16

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import offload  # noqa: E402
+from infra import offload  # noqa: E402
 
 
 def _sync(device):

@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 import agent  # noqa: E402
-import engine  # noqa: E402
-import models  # noqa: E402
+from infra import engine  # noqa: E402
+from infra import models  # noqa: E402
 
 EPISODES, TURNS, REPLY_TOKENS, MAX_NEW_TOKENS, REPEATS = 16, 5, 24, 96, 3
 SMOKE = "--smoke" in sys.argv  # the same code at a size that only shows it runs (tests/test_bench.py)

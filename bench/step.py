@@ -63,13 +63,13 @@ from accelerate import Accelerator  # noqa: E402
 from accelerate.optimizer import AcceleratedOptimizer  # noqa: E402
 
 import agent  # noqa: E402
-import engine  # noqa: E402
+from infra import engine  # noqa: E402
 import grpo  # noqa: E402
-import infra  # noqa: E402
-import logprobs  # noqa: E402
+from infra import run as infra  # noqa: E402
+from infra import logprobs  # noqa: E402
 import memory  # noqa: E402
-import metrics  # noqa: E402
-import models  # noqa: E402
+from infra import metrics  # noqa: E402
+from infra import models  # noqa: E402
 import sandbox  # noqa: E402
 import train  # noqa: E402
 

@@ -47,9 +47,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import agent  # noqa: E402
 import designer  # noqa: E402
-import engine  # noqa: E402
-import infra  # noqa: E402
-import models  # noqa: E402
+from infra import engine  # noqa: E402
+from infra import run as infra  # noqa: E402
+from infra import models  # noqa: E402
 
 SMOKE = "--smoke" in sys.argv  # tests/test_bench.py runs this size: it shows the code runs
 EPISODES, TURNS, LONG, SHORT = (4, 2, 8, 2) if SMOKE else (32, 4, 48, 6)

@@ -44,8 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 import agent  # noqa: E402
-import engine  # noqa: E402
-import models  # noqa: E402
+from infra import engine  # noqa: E402
+from infra import models  # noqa: E402
 
 SHAPE = dict(vocab_size=49152, hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
              num_key_value_heads=3, head_dim=64, intermediate_size=1536, tie_word_embeddings=True,

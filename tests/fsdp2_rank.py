@@ -22,8 +22,8 @@ from accelerate.state import AcceleratorState, PartialState  # noqa: E402
 from accelerate.utils import DistributedType  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
-import infra  # noqa: E402
-import models  # noqa: E402
+from infra import run as infra  # noqa: E402
+from infra import models  # noqa: E402
 import train  # noqa: E402
 
 SEEN = {"init_timeout": None, "loaded_on_meta": [], "from_pretrained": 0}

@@ -19,18 +19,36 @@ def main_with(engines: dict, argv):
     the call's duration; the library has no hook for it."""
     import pytest
 
-    import infra
+    from infra import run as infra
     import train
     argv = list(argv)
     run_init = infra.Run.__init__
 
     def init(self, *args, **kwargs):
         run_init(self, *args, **kwargs)
-        self.sampler.eng = engines.get("agent", self.sampler.eng)
-        self.design_sampler.eng = engines.get("designer", self.design_sampler.eng)
+        self.sampler.eng = ByPhase(self.sampler, engines.get("designer", self.sampler.eng),
+                                   engines.get("agent", self.sampler.eng))
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(infra.Run, "__init__", init)
         if "--generate_pool" in argv and "designer" in engines:
             mp.setattr(infra, "make_engine", lambda *args, **kwargs: engines["designer"])
         return train.main(argv)
+
+
+class ByPhase:
+    """An engine that answers the sampler's designer phase from one engine and every other phase
+    (hints, agent turns) from another: the run's one Sampler routed by what it is sampling."""
+
+    def __init__(self, sampler, designer, agent):
+        self._sampler, self._designer, self._agent = sampler, designer, agent
+
+    def __getattr__(self, name):
+        phase = self.__dict__["_sampler"].phase
+        return getattr(self.__dict__["_designer" if phase == "designer" else "_agent"], name)
+
+
+def seeded(memory, rng):
+    """`memory` drawing its exemplars from `rng` (a test's own random.Random)."""
+    memory.rng = rng
+    return memory

@@ -506,7 +506,7 @@ def test_reasoning_dropping_templates_keep_bookkeeping_exact(request, tokenizer,
 
 @pytest.mark.parametrize("prefix_cache", [False, True])
 def test_tiny_model_play_logprobs_match_trainer(tiny, prefix_cache):
-    import engine
+    from infra import engine
     model, tok = tiny
     eos = tok.eos_token_id
     bias = torch.zeros(model.config.vocab_size)

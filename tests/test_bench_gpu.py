@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import metrics
+from infra import metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = {"gpu.logprob.peak_mem_ratio_vs_naive", "gpu.grpo_update.tokens_per_s",

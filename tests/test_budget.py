@@ -1,8 +1,8 @@
 """The shape budgets of the library (README, "Layout"): files a reader follows in an afternoon.
 
-Library code is every module at the top level, in suites/ and in tools/ (prompts/ and data/ are
-text, tests/ and bench/ are not library). Three budgets hold it:
-  1. No line over 100 columns (the lint; prompt texts live in prompts/, data in data/).
+Library code is every module at the top level, in infra/, suites/ and tools/ (data/ is text,
+tests/ and bench/ are not library). Three budgets hold it:
+  1. No line over 100 columns (the lint; prompt texts and data live in data/).
   2. No function over 60 lines, except the loop of Algorithm 1 (`train.train`, read as one screen),
      and none over 100 anywhere.
   3. The six concept modules (designer, agent, regret, grpo, memory, train) together <= 2,300
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LIBRARY = ("*.py", "suites/*.py", "tools/*.py", "tools/export_template/*.py")
+LIBRARY = ("*.py", "infra/*.py", "suites/*.py", "tools/*.py", "tools/export_template/*.py")
 CONCEPTS = ("designer", "agent", "regret", "grpo", "memory", "train")
 CAPS = {"concepts": 2300, "sandbox": 1000}
 COLUMNS = 100
@@ -30,7 +30,7 @@ def library() -> list[Path]:
 
 
 def name(path: Path) -> str:
-    """`train`, `suites.acebench`, `tools.export_template.proxy`: the module's dotted name."""
+    """`train`, `infra.run`, `tools.export_template.proxy`: the module's dotted name."""
     return ".".join(path.relative_to(ROOT).with_suffix("").parts)
 
 

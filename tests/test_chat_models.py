@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import agent
-import engine
-import models
+from infra import engine
+from infra import models
 from agent import EpisodeSpec, play, render_chat, turn_end
 
 # Templates written for these tests, in the two families' formats; "+tools" ones render tools=.

@@ -11,6 +11,7 @@ import pytest
 
 import designer as d
 from memory import EnvironmentMemory, MemoryRecord
+from scripted import seeded
 
 MATH, LOGIC, SPATIAL, PATTERN, OPTIM, CAUSAL = (s.name for s in d.GAME_SKILLS)
 
@@ -646,7 +647,7 @@ def test_end_to_end_regeneration(tmp_path, corpus):
     rng = random.Random(1)
     nxt, _ = d.regenerate([MATH, LOGIC], generate=ScriptedDesigner([fenced(env("Next")), fenced(env("Other"))]),
                           validate=lambda src: Report(True, None, None, None), corpus=corpus,
-                          memory_block=lambda skill: memory.prompt_block(skill, rng), setting="games", rng=rng)
+                          memory_block=lambda skill: seeded(memory, rng).prompt_block(skill), setting="games", rng=rng)
     math_prompt, logic_prompt = (p.messages[1]["content"] for p in nxt)
     tail = math_prompt.split("```python block.", 1)[1]
     assert tail.lstrip().startswith("<REFERENCE_ENVIRONMENTS>")

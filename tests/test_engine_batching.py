@@ -8,8 +8,8 @@ import socket
 import pytest
 import torch
 
-import models
-from engine import TransformersEngine
+from infra import models
+from infra.engine import TransformersEngine
 
 GREEDY = dict(temperature=0.0, top_p=1.0, top_k=0)
 

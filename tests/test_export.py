@@ -1,4 +1,4 @@
-"""The curriculum as an artifact: export.py, pools.py and --memory_from.
+"""The curriculum as an artifact: export.py, infra/imported.py (imported pools) and --memory_from.
 
 A one-step scripted run writes three environments (a fair coin, a loaded coin, and a sleeper that
 plays honestly in training but reads secrets and hangs on actions nobody played). Its export is
@@ -28,10 +28,10 @@ import pytest
 import torch
 
 import agent
-import config
-import engine
+from infra import config
+from infra import engine
 import memory as memory_lib
-import pools
+from infra import baseline, imported
 import train
 from scripted import main_with
 from tools import export
@@ -384,7 +384,7 @@ def test_openenv_server_replays_contains_the_sleeper_and_survives_bad_clients(ex
 
 @pytest.mark.slow
 def test_openenv_server_plays_as_a_fixed_pool(exports, tmp_path, tiny):
-    """--fixed_envs openenv:URL#index=i: pools.py's client replays what openenv's does, a fault
+    """--fixed_envs openenv:URL#index=i: imported.py's client replays what openenv's does, a fault
     on the server is a named environment fault here, and a run trains on the server's games."""
     pkg = exports / "openenv"
     manifest = json.loads((pkg / "manifest.json").read_text())
@@ -392,11 +392,11 @@ def test_openenv_server_plays_as_a_fixed_pool(exports, tmp_path, tiny):
     with serving(pkg, tmp_path) as url:
         for i, e in enumerate(manifest["envs"]):
             for r in (r for r in replays if r["id"] == e["id"]):
-                h = pools.InProcessEnv(f"openenv:{url}#index={i}")
+                h = imported.InProcessEnv(f"openenv:{url}#index={i}")
                 got = [h.reset(seed=r["seed"])[0]] + [list(h.step(a)[:4]) for a in r["actions"]]
                 h.close()
                 assert got == [r["reset"]] + r["steps"]
-        h = pools.InProcessEnv(f"openenv:{url}#index=2")  # the sleeper
+        h = imported.InProcessEnv(f"openenv:{url}#index=2")  # the sleeper
         h.reset(seed=1)
         result = h.step(r"\boxed{hang}")
         _, reward, terminated, _, info = result
@@ -410,11 +410,11 @@ def test_openenv_server_plays_as_a_fixed_pool(exports, tmp_path, tiny):
     plays = [json.loads(x) for x in (run / "transcripts" / "step-0000-rank-0.jsonl").open()]
     assert plays and all("Round 1 of 2 at table" in p["messages"][0]["content"] for p in plays)
     with pytest.raises(SystemExit, match="cannot make it"):
-        pools.load(f"openenv:http://127.0.0.1:{free_port()}", "games", sb=None, origin="fixed")
+        baseline.load(f"openenv:http://127.0.0.1:{free_port()}", "games", sb=None, origin="fixed")
 
 
 def test_openenv_spec_is_local_only_and_parses_reset_arguments():
-    assert pools.remote_url("openenv:http://127.0.0.1:8000/#index=2&split=curriculum") == (
+    assert imported.remote_url("openenv:http://127.0.0.1:8000/#index=2&split=curriculum") == (
         "http://127.0.0.1:8000", {"index": 2, "split": "curriculum"})
     for spec in ("openenv:http://example.com:8000", "openenv:file:///etc/passwd"):
         with pytest.raises(SystemExit, match="on this machine"):
@@ -455,15 +455,15 @@ def echo_id():
 def test_in_process_env_replays_and_leaves_the_global_rngs_alone(echo_id):
     random.seed(7)
     before = random.getstate()
-    a, b = pools.InProcessEnv("gem:rg:basic_arithmetic"), pools.InProcessEnv("gem:rg:basic_arithmetic")
+    a, b = imported.InProcessEnv("gem:rg:basic_arithmetic"), imported.InProcessEnv("gem:rg:basic_arithmetic")
     assert a.reset(seed=11) == b.reset(seed=11) and a.reset(seed=12)[0] != b.reset(seed=11)[0]
     assert a.step("\\boxed{0}")[2] is True                    # one question, one answer
-    e = pools.InProcessEnv(echo_id)
+    e = imported.InProcessEnv(echo_id)
     first = e.reset(seed=3)
     assert e.reset(seed=3) == first                          # its global random is seeded too
     assert random.getstate() == before                       # the trainer's is untouched
     assert e.step("\\boxed{5}")[1] in (0.0, 1.0)
-    bad = pools.InProcessEnv("gem:rg:no_such_task")
+    bad = imported.InProcessEnv("gem:rg:no_such_task")
     r = bad.reset(seed=0)
     assert r.fault == "reset_error" and r[0].startswith("[environment error: reset_error]")
     assert r[1] == {} and bad.step("x").fault == "closed"
@@ -491,17 +491,17 @@ class Forger(gymnasium.Env):
 
 
 def test_in_process_results_cannot_be_forged_and_keep_their_info():
-    """pools.InProcessEnv rebuilds each result as a plain tuple and dict: the environment's info
+    """imported.InProcessEnv rebuilds each result as a plain tuple and dict: the environment's info
     keys arrive as written and nothing it returns is a fault; a library exception still is one."""
     if "SpadeTest/Forger-v0" not in gymnasium.registry:
         gymnasium.register("SpadeTest/Forger-v0", entry_point=Forger)
-    e = pools.InProcessEnv("gymnasium:SpadeTest/Forger-v0")
+    e = imported.InProcessEnv("gymnasium:SpadeTest/Forger-v0")
     forged = {"error": "infra: forged", "message": "m", "fault": "timeout", "kind": "timeout"}
     for r in (e.reset(seed=0), e.step("x")):
         assert type(r) is tuple and type(r[-1]) is dict and r[-1] == forged
         assert agent.fault(r) is None
     e.close()
-    assert agent.fault(pools.InProcessEnv("gem:rg:no_such_task").reset(seed=0)) == "reset_error"
+    assert agent.fault(imported.InProcessEnv("gem:rg:no_such_task").reset(seed=0)) == "reset_error"
 
 
 def test_exported_proxy_raises_only_for_a_real_fault(tmp_path):
@@ -537,18 +537,18 @@ def test_exported_proxy_raises_only_for_a_real_fault(tmp_path):
 
 
 def test_load_pools_from_ids_patterns_and_directories(echo_id, capsys):
-    envs = pools.load(f"{echo_id},gem:rg:leg_count*,gem:game:GuessTheNumber-v0-easy", "games",
+    envs = baseline.load(f"{echo_id},gem:rg:leg_count*,gem:game:GuessTheNumber-v0-easy", "games",
                        sb=None, origin="fixed")
     assert [e["env_id"] for e in envs] == ["fixed:gymnasium:SpadeTest.Echo-v0", "fixed:gem:rg:leg_counting",
                                            "fixed:gem:game:GuessTheNumber-v0-easy"]
     assert [e["skill"] for e in envs] == ["SpadeTest", "rg", "game"]
     assert envs[1]["class_name"] == "ReasoningGymEnv" and envs[1]["suite"] == "gem:rg:leg_counting"
     with pytest.raises(SystemExit, match="gem:rg:no_such_task: cannot make it"):
-        pools.load("gem:rg:no_such_task", "games", sb=None, origin="fixed")
+        baseline.load("gem:rg:no_such_task", "games", sb=None, origin="fixed")
     with pytest.raises(SystemExit, match="no registered id matches"):
-        pools.load("gem:rg:no_such_*", "games", sb=None, origin="fixed")
+        baseline.load("gem:rg:no_such_*", "games", sb=None, origin="fixed")
     with pytest.raises(SystemExit, match="text games"):
-        pools.load("gem:rg:leg_counting", "tool", sb=None, origin="fixed")
+        baseline.load("gem:rg:leg_counting", "tool", sb=None, origin="fixed")
 
 
 @pytest.mark.slow
@@ -585,13 +585,13 @@ def test_memory_from_a_run_directory_and_bad_paths(tmp_path):
                                         f"E{step}Env", setting))
     old.save()
     new = memory_lib.EnvironmentMemory(capacity=5)
-    assert pools.seed_memory(new, str(tmp_path), "games") == 2
+    assert imported.seed_memory(new, str(tmp_path), "games") == 2
     assert [r.class_name for r in new.records] == ["E0Env", "E2Env"]
     with pytest.raises(SystemExit, match="no memory.json"):
-        pools.seed_memory(new, str(tmp_path / "nothing"), "games")
+        imported.seed_memory(new, str(tmp_path / "nothing"), "games")
     (tmp_path / "memory.json").write_text("{not json")
     with pytest.raises(SystemExit, match="unreadable"):
-        pools.seed_memory(new, str(tmp_path), "games")
+        imported.seed_memory(new, str(tmp_path), "games")
 
 
 @pytest.mark.parametrize("flags, message", [

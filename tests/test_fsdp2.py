@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import models
+from infra import models
 
 ROOT = Path(__file__).resolve().parents[1]
 ARGS = ["--steps", "2", "--regen_interval", "2", "--num_envs", "2", "--skills_per_regen", "1",

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-import config
-import engine
-import models
+from infra import config
+from infra import engine
+from infra import models
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from grpo import agent_advantages, designer_advantages, pad_batch, policy_loss, role_scale
-from logprobs import token_logprobs
+from infra.logprobs import token_logprobs
 
 
 # ---------------------------------------------------------------------------- advantages ---------

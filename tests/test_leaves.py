@@ -17,19 +17,19 @@ ROOT = Path(__file__).resolve().parents[1]
 # leaf -> (what travels with it, a check run in the copy's directory)
 LEAVES = {
     "agent": ([], "assert agent.parse_action('x \\\\boxed{{42}}') == '\\\\boxed{42}'"),
-    "designer": (["prompts"], "doc = designer.Document('d', 'a text', False); m = "
+    "designer": (["data/prompts"], "doc = designer.Document('d', 'a text', False); m = "
                  "designer.designer_messages(designer.GAME_SKILLS[0], document=doc); "
                  "assert 'REFERENCE_DOCUMENT' in m[-1]['content']"),
     "memory": ([], "m = memory.EnvironmentMemory(); assert m.prompt_block('Math') == ''"),
     "regret": ([], "assert regret.hint_regret([1, 1], [0, 1]) == 0.5"),
     "grpo": ([], "assert grpo.agent_advantages([1.0, 0.0], [0, 0]).tolist() == [1.0, -1.0]"),
-    "metrics": ([], "assert metrics.win_rate([1, 0, 0, 1]) == 0.5"),
-    "logprobs": ([], "import torch; lp = logprobs.chunked_logprobs(torch.randn(3, 4), "
+    "infra/metrics": ([], "assert metrics.win_rate([1, 0, 0, 1]) == 0.5"),
+    "infra/logprobs": ([], "import torch; lp = logprobs.chunked_logprobs(torch.randn(3, 4), "
                  "torch.nn.Linear(4, 5), torch.tensor([0, 1, 2])); assert lp.shape == (3,)"),
-    "engine": ([], "assert engine.checkpoint_name('model.layers.0.mlp.gate.weight')"),
+    "infra/engine": ([], "assert engine.checkpoint_name('model.layers.0.mlp.gate.weight')"),
     "toolenv": ([], "assert toolenv.ToolEnv().max_turns == 10"),
-    "telemetry": ([], "assert telemetry.phase_seconds({'a': 1.0}, 3.5) == {'a': 2.5}"),
-    "models": (["data/chat_template.jinja", "data/corpus.jsonl", "data/envs", "configs/models"],
+    "infra/telemetry": ([], "assert telemetry.phase_seconds({'a': 1.0}, 3.5) == {'a': 2.5}"),
+    "infra/models": (["data/chat_template.jinja", "data/corpus.jsonl", "data/envs", "configs/models"],
                "m, tok = models.build_tiny('tiny'); assert tok.chat_template; "
                "assert models.architecture('Qwen3-30B-A3B').num_experts == 128"),
     "sandbox": ([], "sb = sandbox.Sandbox(workers=1); "
@@ -44,7 +44,9 @@ def test_leaf_stands_alone(tmp_path, leaf):
         src, dst = ROOT / rel, tmp_path / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if src.is_dir() else shutil.copy)(src, dst)
-    code = f"import sys; sys.path.insert(0, '.'); import {leaf}; {check}"
-    done = subprocess.run([sys.executable, "-I", "-c", code], cwd=tmp_path, capture_output=True,
+    # an infra/ leaf is imported from its own folder, without infra/__init__.py or a sibling
+    folder, name = (tmp_path / leaf).parent, Path(leaf).name
+    code = f"import sys; sys.path.insert(0, '.'); import {name}; {check}"
+    done = subprocess.run([sys.executable, "-I", "-c", code], cwd=folder, capture_output=True,
                           text=True, timeout=120, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr[-3000:]

@@ -7,7 +7,7 @@ import torch
 import torch.utils.checkpoint
 
 from grpo import policy_loss
-from logprobs import chunked_logprobs, token_logprobs
+from infra.logprobs import chunked_logprobs, token_logprobs
 
 
 # ---------------------------------------------------------------------------- log-probs ----------

@@ -7,6 +7,7 @@ import pytest
 
 import memory
 from memory import EnvironmentMemory, MemoryFileError, MemoryRecord
+from scripted import seeded
 
 
 def rec(name, win_rate, regret, skill="Mathematical Reasoning", step=0, source=None):
@@ -32,9 +33,9 @@ def test_positive_thresholds_are_inclusive_and_same_skill_only():
     for name, w in [("LowEdgeEnv", 0.15), ("HighEdgeEnv", 0.85), ("BelowEnv", 0.149), ("AboveEnv", 0.851)]:
         mem.add(rec(name, w, 0.2))
     mem.add(rec("OtherSkillEnv", 0.5, 0.9, skill="Optimization"))
-    picked = mem.positives("Mathematical Reasoning", random.Random(0))
+    picked = seeded(mem, random.Random(0)).positives("Mathematical Reasoning")
     assert {r.class_name for r in picked} == {"LowEdgeEnv", "HighEdgeEnv"}
-    assert mem.positives("Causal Inference", random.Random(0)) == []
+    assert seeded(mem, random.Random(0)).positives("Causal Inference") == []
 
 
 def test_positives_come_from_top_10_by_regret_in_draw_order():
@@ -44,7 +45,7 @@ def test_positives_come_from_top_10_by_regret_in_draw_order():
     top = [f"E{i}Env" for i in range(14, 4, -1)]
     seen = set()
     for seed in range(200):
-        picked = [r.class_name for r in mem.positives("Mathematical Reasoning", random.Random(seed))]
+        picked = [r.class_name for r in seeded(mem, random.Random(seed)).positives("Mathematical Reasoning")]
         assert picked == random.Random(seed).sample(top, 2)  # the authors' draw: rng.sample(top10, 2)
         seen |= set(picked)
     assert seen == set(top)
@@ -57,7 +58,7 @@ def test_equal_regret_keeps_older_records_first():
         mem.add(rec(f"E{i}Env", 0.5, 0.3, step=i))
     seen = set()
     for seed in range(100):
-        seen |= {r.class_name for r in mem.positives("Mathematical Reasoning", random.Random(seed))}
+        seen |= {r.class_name for r in seeded(mem, random.Random(seed)).positives("Mathematical Reasoning")}
     assert seen == {f"E{i}Env" for i in range(10)}
 
 
@@ -69,7 +70,7 @@ def test_negative_thresholds_are_strict_and_the_draw_is_uniform():
     mem.add(rec("HardEnv", 0.05, 0.0, step=1))
     mem.add(rec("EasyEnv", 0.95, 0.0, step=2))
     mem.add(rec("OtherEnv", 1.0, 0.0, skill="Optimization"))
-    draws = [mem.negative("Mathematical Reasoning", random.Random(seed)).class_name for seed in range(400)]
+    draws = [seeded(mem, random.Random(seed)).negative("Mathematical Reasoning").class_name for seed in range(400)]
     assert draws == [random.Random(seed).sample(["HardEnv", "EasyEnv"], 1)[0] for seed in range(400)]
     assert 150 < draws.count("EasyEnv") < 250  # uniform over the two
     assert mem.negative("Causal Inference") is None
@@ -94,11 +95,11 @@ def test_draws_are_seeded_and_their_state_is_checkpointed():
 
 def test_prompt_block_contents():
     mem = EnvironmentMemory()
-    assert mem.prompt_block("Mathematical Reasoning", random.Random(0)) == ""
+    assert seeded(mem, random.Random(0)).prompt_block("Mathematical Reasoning") == ""
     long_source = "class LongEnv:\n" + "    x = 1\n" * 400  # ~4,000 characters
     mem.add(rec("LongEnv", 0.4, 0.25, source=long_source))
     mem.add(rec("TrivialEnv", 1.0, 0.0))
-    block = mem.prompt_block("Mathematical Reasoning", random.Random(0))
+    block = seeded(mem, random.Random(0)).prompt_block("Mathematical Reasoning")
     assert block.startswith("<REFERENCE_ENVIRONMENTS>")
     assert "</REFERENCE_ENVIRONMENTS>" in block
     assert "LongEnv" in block and "win rate 0.40" in block and "regret 0.25" in block
@@ -112,7 +113,7 @@ def test_prompt_block_contents():
 def test_prompt_block_negative_only_has_no_tags():
     mem = EnvironmentMemory()
     mem.add(rec("ImpossibleEnv", 0.0, 0.0))
-    block = mem.prompt_block("Mathematical Reasoning", random.Random(0))
+    block = seeded(mem, random.Random(0)).prompt_block("Mathematical Reasoning")
     assert block == "Avoid environments like ImpossibleEnv: it was too hard for the agent (win rate 0.00)."
 
 

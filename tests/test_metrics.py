@@ -6,9 +6,9 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-import metrics
+from infra import metrics
 import train
-from metrics import (diversity, learnable_share, reward_granularity, similarity_matrix,
+from infra.metrics import (diversity, learnable_share, reward_granularity, similarity_matrix,
                      zero_variance_share)
 
 

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-import logprobs
-import models
+from infra import logprobs
+from infra import models
 
 TOOLS = [{"type": "function", "function": {
     "name": "lookup_order", "description": "Find an order by id.",

@@ -4,8 +4,8 @@ import copy
 
 import torch
 
-import config
-import offload
+from infra import config
+from infra import offload
 import train
 
 

@@ -7,9 +7,9 @@ import functools
 
 import pytest
 
-import config
-import models
-import preflight
+from infra import config
+from infra import models
+from infra import preflight
 import train
 
 GIB = 2 ** 30

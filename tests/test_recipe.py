@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-import config
-import pools
+from infra import config
+from infra import baseline as pools
 import train
 from scripted import main_with
 
@@ -129,7 +129,7 @@ def test_each_episode_weighs_one_in_the_loss_whatever_its_turns(monkeypatch):
         episode 2: ids 4 | 8, 8 | 2 (three turns) -> 22 / 4 = 5.5
         grad = (-(+1) * 2.5 - (-1) * 5.5) / 2 = 1.5;  one SGD step at lr 1: theta = -1.5
     (every turn sample weighing 1/4, the old mean, gives (-2.5 + 4 + 8 + 2) / 4 = 2.875)."""
-    import logprobs
+    from infra import logprobs
     import torch
     from accelerate import Accelerator
     from types import SimpleNamespace as NS
@@ -300,7 +300,7 @@ def test_fixed_env_schedule_by_hand():
 
 @pytest.mark.slow
 def test_generate_pool_resumes_and_feeds_fixed_env_grpo(tmp_path):
-    import models
+    from infra import models
     from test_train import BASE, scripted
     tiny = models.build_tiny("tiny", seed=0)
     pool = tmp_path / "pool"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-import models
-import telemetry
+from infra import models
+from infra import telemetry
 import train
 
 ROOT = Path(__file__).resolve().parents[1]

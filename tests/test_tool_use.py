@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import agent
-import config
+from infra import config
 import designer
-import logprobs as logprobs_lib
+from infra import logprobs as logprobs_lib
 import toolenv
 import train
 from agent import Episode, EpisodeSpec, play

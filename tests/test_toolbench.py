@@ -25,6 +25,29 @@ def airline():
     return {t.id: t for t in T.tau2_tasks("airline") if t.id in TASKS | {"2"}}
 
 
+@pytest.fixture(autouse=True)
+def scripted_users(monkeypatch):
+    """A callable `user` of run_tau2 (fn(task's user instructions, tau2 messages the user has
+    seen) -> text) plays tau2's user simulator in place of an LLM endpoint."""
+    endpoint_user = T._tau2_user
+
+    def make(user_tools, instructions, user):
+        if not callable(user):
+            return endpoint_user(user_tools, instructions, user)
+        from tau2.data_model.message import MultiToolMessage, UserMessage
+        from tau2.user.user_simulator import UserSimulator
+
+        class ScriptedUser(UserSimulator):
+            def _generate_next_message(self, message, state):
+                new = message.tool_messages if isinstance(message, MultiToolMessage) else [message]
+                state.messages.extend(new)
+                reply = UserMessage(role="user", content=user(instructions, state.messages))
+                state.messages.append(reply)
+                return reply, state
+        return ScriptedUser(tools=user_tools, instructions=instructions, llm="scripted")
+    monkeypatch.setattr(T, "_tau2_user", make)
+
+
 def scripted_user(tasks):
     """Names its task on the first turn (so the scripted agent can look it up), then ends the chat."""
     def user(instructions, messages):

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import config
-import engine
-import infra
-import logprobs as logprobs_lib
-import metrics as metrics_lib
-import models
+from infra import config
+from infra import engine
+from infra import run as infra
+from infra import logprobs as logprobs_lib
+from infra import metrics as metrics_lib
+from infra import models
 import train
 from scripted import main_with
 
@@ -611,7 +611,7 @@ def test_hints_only_for_freshly_designed_environments(tiny, monkeypatch):
     carried = train.PoolEnv("old", "Math", "class B: pass", "B", "designer")
     sampler = infra.Sampler(Hints(), tok, seed=0)
     sb = types.SimpleNamespace(workers=2)
-    pool, designs, stats, _ = train.regenerate(4, sargs, sampler, sampler, sb, None, [carried], None)
+    pool, designs, stats, _ = train.regenerate(4, sargs, sampler, sb, None, [carried], None)
     assert [(e.origin, e.hint) for e in pool] == [("designer", "Hint: say heads."), ("carried", None)]
     assert len(prompts) == 1
 
@@ -744,12 +744,16 @@ def _tp_train_worker(rank, port, out_dir):
     """One rank of `--tensor_parallel_size 2` on 2 CPU processes (gloo), vLLM faked."""
     import os
     import pickle
+    import sys
+    from unittest import mock
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), ACCELERATE_USE_CPU="true")
     torch.set_num_threads(1)
     fake = FakeTPLLM(models.build_tiny_tokenizer())
-    infra.make_engine = lambda margs, *a: engine.VLLMEngine(
-        "tiny", tensor_parallel_size=margs.tensor_parallel_size, llm=fake, vllm_module=fake)
+    def make_engine(margs, *args):  # the fake imported as vllm while the engine is built
+        with mock.patch.dict(sys.modules, {"vllm": fake, "vllm.platforms": fake.platforms}):
+            return engine.VLLMEngine("tiny", tensor_parallel_size=margs.tensor_parallel_size)
+    infra.make_engine = make_engine
     forwarded, trained, logprobs, samples = [], [], logprobs_lib.token_logprobs, train.agent_samples
     logprobs_lib.token_logprobs = lambda m, ids, attn, *a, **k: (
         forwarded.append(int(attn.sum())), logprobs(m, ids, attn, *a, **k))[1]

@@ -24,8 +24,8 @@ import pytest
 import torch
 
 import agent
-import engine
-import models
+from infra import engine
+from infra import models
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
@@ -223,7 +223,7 @@ def test_episodes_replay_alone_in_a_mixed_batch_and_under_a_barrier(live):
     as ended by the model (EOS-less replies would end the episodes)."""
     import dataclasses
 
-    import infra
+    from infra import run as infra
     eng, _, tok = live("tied")
     kw = dict(temperature=0.8, top_p=0.95, top_k=20)
     caps = [6 + 9 * i for i in range(4)]  # episode i's replies run to caps[i] tokens

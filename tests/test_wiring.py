@@ -20,15 +20,15 @@ from pathlib import Path
 import pytest
 import torch
 
-import config
-import engine
+from infra import config
+from infra import engine
 import grpo
-import infra
-import logprobs as logprobs_lib
-import metrics as metrics_lib
-import models
+from infra import run as infra
+from infra import logprobs as logprobs_lib
+from infra import metrics as metrics_lib
+from infra import models
 import train
-from scripted import main_with
+from scripted import main_with, seeded
 
 CORPUS = Path(__file__).resolve().parent / "fixtures" / "short_corpus.jsonl"
 ENVS = Path(__file__).resolve().parents[1] / "data" / "envs"
@@ -133,7 +133,7 @@ def test_paper_limits_in_the_leaf_modules():
     src = "".join(chr(ord("a") + i % 26) for i in range(2600))
     mem = memory.EnvironmentMemory()
     mem.add(memory.MemoryRecord(skill=MATH, source=src, win_rate=0.5, regret=0.3, step=0, class_name="XEnv"))
-    block = mem.prompt_block(MATH, random.Random(0))
+    block = seeded(mem, random.Random(0)).prompt_block(MATH)
     assert src[:2000] in block and src[:2001] not in block
     assert mem.capacity == 200
 

@@ -5,7 +5,7 @@ SPADE (arXiv 2608.19197) leaves, besides the policy, a curriculum: validated, se
 environments with hints, win rates and hint-based regrets (Eq. 3). This file packages them for
 other stacks:
 
-    python tools/export.py RUN_DIR --format gem|gymnasium|openenv --out DIR [--min_regret X]
+    python -m tools.export RUN_DIR --format gem|gymnasium|openenv --out DIR [--min_regret X]
                            [--skills S ...]
     pip install DIR        # then: import gem, PACKAGE; env = gem.make("PACKAGE/<Class>-<env>-v0")
                            # openenv: python -m PACKAGE.openenv_env --port 8000, and any OpenEnv
@@ -50,16 +50,14 @@ import shutil
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python tools/export.py`: the repo
-
-import agent  # noqa: E402
-import metrics  # noqa: E402
-import sandbox  # noqa: E402
-import toolenv  # noqa: E402
-from tools import report  # noqa: E402
+import agent
+import sandbox
+import toolenv
+from infra import metrics
+from tools import report
 
 TEMPLATE = Path(__file__).resolve().parent / "export_template"
-SEED_RANGE = [0, 2**31 - 1]  # infra.derive_seed's play seeds are 31-bit
+SEED_RANGE = [0, 2**31 - 1]  # infra/run.py's derive_seed: play seeds are 31-bit
 FORMATS = {"gem": ("gem_env", "SpadeGemEnv", "gem-llm>=0.1.0"),
            "gymnasium": ("gymnasium_env", "SpadeGymnasiumEnv", "gymnasium>=1.0"),
            "openenv": ("openenv_env", "SpadeEnvironment", "openenv==0.10.0")}

@@ -26,8 +26,8 @@ Size: at most `--cards` cards per regeneration (designer-written environments fi
 first), sources cut at `--source_lines` lines and transcripts at `--transcript_chars` characters,
 each cut said on the page.
 
-Usage: `python tools/report.py RUN_DIR [--out FILE] [--cards N]` (default RUN_DIR/report.html);
-train.py calls `write_report` after every checkpoint, the last one included.
+Usage: `python -m tools.report RUN_DIR [--out FILE] [--cards N]` (default RUN_DIR/report.html),
+during a run or after it; the training run never imports this module.
 Dependencies: the standard library, matplotlib and pygments. Test: `pytest tests/test_report.py`.
 """
 from __future__ import annotations
@@ -43,9 +43,7 @@ import sys
 from itertools import zip_longest
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python tools/report.py`: the repo
-
-import metrics  # noqa: E402
+from infra import metrics
 
 CARDS = 2               # cards per regeneration
 SOURCE_LINES = 150      # lines of an environment's source shown on its card

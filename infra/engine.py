@@ -418,27 +418,26 @@ class VLLMEngine:
     VLLM_CPU_KVCACHE_SPACE, in GiB, wins), eager unless enforce_eager=False, one prefill chunk
     per prompt (vLLM 0.32's CPU runner crashes on chunked prefill with per-request seeds; a
     prompt that does not fit a step's remaining token budget waits for the next step).
-    `llm` / `vllm_module` let tests inject fakes; by default vllm is imported here, lazily."""
+    vllm is imported here, lazily."""
 
     def __init__(self, model_name: str, *, tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float = 0.4, max_model_len: int = 40960,
                  dtype: str = "bfloat16", seed: int = 0, sleep_level: int = 2, stop_ids=(),
                  enforce_eager: bool | None = None, cpu_kv_cache_gib: float = 2.0,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
-                 llm=None, vllm_module=None, group_timeout=None):
+                 group_timeout=None):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
         os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # the runner the tests ran
-        if vllm_module is None:
-            import vllm as vllm_module
-            import vllm.platforms  # noqa: F401  (vllm_module.platforms below)
-            # every sync: a tied head (refreshed below) and rotary embeddings have no tensor
-            logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(
-                lambda r: not r.getMessage().startswith(("RotaryEmbedding:", "ParallelLMHead:")))
-        platform = vllm_module.platforms.current_platform
+        import vllm
+        import vllm.platforms  # noqa: F401  (vllm.platforms below)
+        # every sync: a tied head (refreshed below) and rotary embeddings have no tensor
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(
+            lambda r: not r.getMessage().startswith(("RotaryEmbedding:", "ParallelLMHead:")))
+        platform = vllm.platforms.current_platform
         self.cpu, self.can_sleep = platform.is_cpu(), platform.is_sleep_mode_available()
         if not self.can_sleep:
             log.warning("vLLM has no sleep mode here: its weights and KV cache stay while training")
-        self.vllm, self.sleep_level, self.asleep = vllm_module, sleep_level, False
+        self.vllm, self.sleep_level, self.asleep = vllm, sleep_level, False
         self.seconds = {}  # the last sleep's and wake's seconds: time/sleep_s, time/wake_s
         self.stop_ids = list(stop_ids)  # the chat's end of turn, when it is not the EOS
         self.dtype = getattr(torch, dtype)  # weights are gathered in it (bf16: half of fp32)
@@ -466,7 +465,7 @@ class VLLMEngine:
             kwargs.update({k: v for k, v in (("max_num_seqs", max_num_seqs),
                                              ("max_num_batched_tokens", max_num_batched_tokens))
                            if v is not None})
-        self.llm = llm if llm is not None else vllm_module.LLM(**kwargs)
+        self.llm = vllm.LLM(**kwargs)
         # submit / collect: the next id, requests not yet in the engine, in flight, finished
         self._next_id, self._outbox, self._flying, self._done = 0, [], set(), {}
 

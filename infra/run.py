@@ -1,13 +1,14 @@
 """train.py's infrastructure, none of it the paper's: Accelerate, the policy with its optimizer
-and frozen reference, the rollout engine and the samplers bound to it, and the run directory
+and frozen reference, the rollout engine and the sampler bound to it, and the run directory
 (metrics.jsonl rows reduced over ranks, atomic files, resumable checkpoints, policy exports, the
 per-step files tools/report.py reads). A reader of Algorithm 1 may skip this file: what the
 paper logs is computed in metrics.py, what it trains in train.py.
 
 Run directory (README, "Quick start"): config.json, metrics.jsonl, envs/, designer/,
-transcripts/, memory.json, report.html, checkpoint-<step>/ (Accelerate state plus one
+transcripts/, memory.json, checkpoint-<step>/ (Accelerate state plus one
 spade_state-<rank>.json), latest, final_model/, exports/step-<k>/. Every file is written beside
-its place and renamed into it, so a killed run never leaves a torn one.
+its place and renamed into it, so a killed run never leaves a torn one. The run never renders its
+HTML page: `python -m tools.report RUN_DIR` does, from these files, during the run or after it.
 Test: `pytest tests/test_train.py`.
 """
 from __future__ import annotations
@@ -18,7 +19,6 @@ import importlib.util
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from itertools import zip_longest
@@ -30,14 +30,14 @@ from accelerate.utils import InitProcessGroupKwargs, gather_object, set_seed
 from tqdm.auto import tqdm
 
 import agent
-import config
-import engine
+from infra import config
+from infra import engine
 import grpo
-import metrics
-import models
-import offload
-import preflight
-import telemetry
+from infra import metrics
+from infra import models
+from infra import offload
+from infra import preflight
+from infra import telemetry
 
 
 def derive_seed(*parts) -> int:
@@ -131,13 +131,6 @@ class Requests:
         return [(self.keys.pop(rid), c) for rid, c in done]
 
 
-def designer_generate(sampler: Sampler, step: int, phase: str, sargs):
-    """The designer's generate callable with its sampling parameters (Sec. 4)."""
-    return sampler.at(step, phase).chat(temperature=sargs.designer_temperature, top_p=sargs.top_p,
-                                        top_k=sargs.top_k, max_new_tokens=sargs.designer_max_tokens,
-                                        enable_thinking=sargs.designer_thinking)
-
-
 class Run:
     """The infrastructure around the loop: Accelerate, the policy with its optimizer and frozen
     reference, the rollout engine and the samplers bound to it, the run directory."""
@@ -196,10 +189,8 @@ class Run:
                                               enabled=margs.offload_trainer)
         self.temperatures = config.role_temperatures(sargs, oargs)
         self.peak = mfu_peak(model.config, self.main)
-        # the samplers of the agent and hint calls and of the designer (tests may script either)
-        seed = rargs.seed + 7919 * self.rank
-        self.sampler = Sampler(self.engine, self.tokenizer, seed)
-        self.design_sampler = Sampler(self.engine, self.tokenizer, seed)
+        # the sampler of every designer, hint and agent call: seeds from (seed, step, phase, call)
+        self.sampler = Sampler(self.engine, self.tokenizer, rargs.seed + 7919 * self.rank)
 
     def resume(self) -> dict | None:
         """With --resume: the checkpoint's weights and optimizer, the engine synced to them, and
@@ -245,8 +236,7 @@ class Run:
         m.update({"charts/lr": self.scheduler.get_last_lr()[0],
                   **{f"time/{k}_s": v for k, v in {**seconds, **engine_s}.items()},
                   "time/step_s": sum(seconds.values())})
-        generated = self.sampler.generated + self.design_sampler.generated
-        self.sampler.generated = self.design_sampler.generated = 0
+        generated, self.sampler.generated = self.sampler.generated, 0
         m.update(telemetry.step_telemetry(
             seconds, generated_tokens=generated, batch_tokens=m.get("perf/batch_tokens", 0),
             update_tokens=m.get("perf/update_tokens", 0),
@@ -261,7 +251,7 @@ class Run:
                                  learnable=f"{m.get('env/learnable_share', 0):.2f}")
 
     def save(self, step: int, st) -> None:
-        """memory.json every step; checkpoint-<k> (and report.html) every --checkpoint_every
+        """memory.json every step; checkpoint-<k> every --checkpoint_every
         steps, exports/step-<k> every --export_every steps, both at the end too."""
         done, rargs, end = step + 1, self.rargs, step + 1 == self.sargs.steps
         if self.main and not self.sargs.no_memory:
@@ -271,8 +261,6 @@ class Run:
             n_lines = len(metrics_path.read_text().splitlines()) if self.main else 0
             save_checkpoint(self.accelerator, self.run_dir, done,
                             st.to_dict(done, self.world, n_lines), rargs.keep_checkpoints)
-            if self.main:  # a live run always has a recent report.html
-                write_report(self.run_dir, final=end)
         if rargs.export_every and (done % rargs.export_every == 0 or end):
             exports = self.run_dir / "exports"
             exports.mkdir(exist_ok=True)
@@ -288,7 +276,8 @@ class Run:
                       self.shipped)
         if self.main:
             print(f"[spade] done: metrics {self.run_dir / 'metrics.jsonl'}, "
-                  f"policy {self.run_dir / 'final_model'}")
+                  f"policy {self.run_dir / 'final_model'}; its page: python -m tools.report "
+                  f"{self.run_dir}")
         self.engine.close()  # before end_training: vLLM tears its process groups down first
         self.accelerator.end_training()
         return self.run_dir
@@ -458,19 +447,6 @@ def reduce_metrics(rows: list[dict]) -> dict:
             merged.setdefault(k, []).append(v)
     reduce = {"_min": min, "_max": max}
     return {k: reduce.get(k[-4:], lambda v: sum(v) / len(v))(v) for k, v in merged.items()}
-
-
-def write_report(run_dir: Path, final: bool = True) -> None:
-    """Refresh RUN_DIR/report.html (tools/report.py), at most once a minute until the final one; a
-    failed report is logged, never fatal."""
-    page = run_dir / "report.html"
-    if not final and page.exists() and time.time() - page.stat().st_mtime < 60:
-        return
-    try:
-        from tools import report
-        report.write_report(run_dir)
-    except Exception as e:  # the run matters more than its report
-        print(f"[spade] report.html not written ({type(e).__name__}: {e})", file=sys.stderr)
 
 
 def atomic_write(path: Path, text: str) -> None:

@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DEMO_CORPUS = Path(__file__).resolve().parent / "data" / "corpus.jsonl"
+DEMO_CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus.jsonl"
 
 
 @dataclass
@@ -129,7 +129,7 @@ class SpadeArgs:
         "help": "Fixed-env GRPO baseline: the agent trains on --num_envs environments per step "
                 "drawn without replacement (seed 42) from this pool: comma-separated directories "
                 "of *.py (validated in the sandbox), gem:ID (e.g. gem:rg:basic_arithmetic) and "
-                "gymnasium:ID text environments, or patterns such as gem:rg:* (pools.py)."})
+                "gymnasium:ID text environments, or patterns such as gem:rg:* (imported.py)."})
     fallback_envs: str | None = field(default=None, metadata={
         "help": "The pool that tops up a thin first regeneration (deviation 1), in --fixed_envs' "
                 "form; default: the hand-written data/envs/."})

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # the repository: data/, configs/
 
 # The paper's models. Resolved only when actually loaded; nothing here touches the hub.
 MODEL_ALIASES = {
