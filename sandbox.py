@@ -83,22 +83,27 @@ import threading
 import time
 from dataclasses import dataclass
 
-OBS_CAP = 32_000        # characters; honest observations up to this pass unchanged
+# The observation cap in characters; honest observations up to this pass unchanged.
+OBS_CAP = 32_000
 LINE_CAP = 1 << 20      # bytes per reply line (environments)
-SLOW_SHARE = 0.25       # validation: the largest median reset/step time, a share of step_timeout
-PROBE_ACTIONS = (r"\boxed{1}", r"\boxed{test}", r"\boxed{42}")  # the paper's fixed probe actions
+# Validation: the largest median reset/step time, as a share of step_timeout.
+SLOW_SHARE = 0.25
+# The paper's fixed probe actions.
+PROBE_ACTIONS = (r"\boxed{1}", r"\boxed{test}", r"\boxed{42}")
 FAILURES = ("load_error", "reset_error", "step_error", "timeout", "episode_timeout",
             "memory_limit", "cpu_limit", "worker_exited", "worker_crashed", "protocol_violation",
             "output_too_large", "invalid_observation", "invalid_reward", "invalid_result",
             "resource_leak", "nondeterministic", "unsolvable", "too_slow", "closed")
 UIDS = 0x400            # worker uids per zygote (live + pre-forked workers)
 FULL = ("rlimits", "netns", "uid", "pdeathsig", "nondumpable", "no_new_privs", "seccomp")
-PRELOAD = tuple(        # imported by the zygote: workers have them even without read access
+# Imported by the zygote: workers have them even without read access.
+PRELOAD = tuple(
     "math random re json itertools collections functools heapq string fractions decimal "
     "statistics dataclasses typing enum copy textwrap bisect operator datetime hashlib array "
     "struct time unicodedata abc numbers pprint traceback types ast tempfile shutil ctypes "
     "resource fcntl threading calendar cmath difflib uuid secrets io queue".split())
-NUMPY_PRELOAD = ("numpy", "numpy.random", "numpy.linalg")  # also, if installed and numpy=True
+# Also preloaded, if installed and numpy=True.
+NUMPY_PRELOAD = ("numpy", "numpy.random", "numpy.linalg")
 
 
 # INFRA: the wire format: one JSON value per line, ASCII, no NaN/inf, never pickle. A request is
@@ -111,7 +116,8 @@ def _jsonable(x):
 
 
 _dumps = json.JSONEncoder(allow_nan=False, separators=(",", ":"), default=_jsonable).encode
-_quote = json.encoder.encode_basestring_ascii    # a str as a JSON string: json's C function
+# A str as a JSON string: json's C function.
+_quote = json.encoder.encode_basestring_ascii
 # json's C scanner (decode() adds 2 frames); parse_constant=int: int("NaN") raises
 _scan = json.JSONDecoder(parse_constant=int).scan_once
 
@@ -131,9 +137,9 @@ class SandboxInfraError(RuntimeError):
 @dataclass
 class ValidationReport:
     ok: bool
-    error: str | None = None          # "<kind>: <short message>" when not ok
+    error: str | None = None  # "<kind>: <short message>" when not ok
     class_name: str | None = None
-    kind: str | None = None           # the named failure when not ok (see FAILURES), else None
+    kind: str | None = None   # the named failure when not ok (see FAILURES), else None
 
 
 class Fault(tuple):
@@ -143,10 +149,12 @@ class Fault(tuple):
 
 # INFRA: kernel layers applied in the worker (ctypes + stdlib only). Syscall numbers as
 # (x86_64, aarch64) from asm/unistd_64.h and asm-generic/unistd.h; None: the arch has no such call.
-_ARGS = dict(clone=(56, 220), clone3=(435, 435), kill=(62, 129), tgkill=(234, 131),   # checked
+# Calls whose arguments are checked; audit is the AUDIT_ARCH_* value, not a call.
+_ARGS = dict(clone=(56, 220), clone3=(435, 435), kill=(62, 129), tgkill=(234, 131),
              rt_sigqueueinfo=(129, 138), rt_tgsigqueueinfo=(297, 240), socket=(41, 198),
-             socketpair=(53, 199), audit=(0xC000003E, 0xC00000B7))   # AUDIT_ARCH_*, not a call
-_DENY = dict(  # EPERM whatever the arguments
+             socketpair=(53, 199), audit=(0xC000003E, 0xC00000B7))
+# Calls denied with EPERM whatever the arguments.
+_DENY = dict(
     ptrace=(101, 117), process_vm_readv=(310, 270), process_vm_writev=(311, 271), fork=(57, None),
     vfork=(58, None), tkill=(200, 130), execve=(59, 221), execveat=(322, 281), unshare=(272, 97),
     setns=(308, 268), mount=(165, 40), umount2=(166, 39), pivot_root=(155, 41), chroot=(161, 51),
@@ -156,7 +164,8 @@ _DENY = dict(  # EPERM whatever the arguments
     reboot=(169, 142), swapon=(167, 224), swapoff=(168, 225), acct=(163, 89),
     personality=(135, 92), open_by_handle_at=(304, 265), name_to_handle_at=(303, 264),
     sethostname=(170, 161), setdomainname=(171, 162), quotactl=(179, 60), kcmp=(312, 272),
-    iopl=(172, None), ioperm=(173, None), setpriority=(141, 140),  # then: since Linux 5.1, shared
+    iopl=(172, None), ioperm=(173, None), setpriority=(141, 140),
+    # Then the calls since Linux 5.1, whose numbers both arches share.
     pidfd_send_signal=(424, 424), io_uring_setup=(425, 425), io_uring_enter=(426, 426),
     io_uring_register=(427, 427), open_tree=(428, 428), move_mount=(429, 429),
     fsopen=(430, 430), fsconfig=(431, 431), fsmount=(432, 432), pidfd_open=(434, 434),
@@ -165,13 +174,14 @@ _SYSCALLS = {arch: dict({k: v[i] for k, v in _ARGS.items()},
                         deny={k: v[i] for k, v in _DENY.items() if v[i] is not None})
              for i, arch in enumerate(("x86_64", "aarch64"))}
 _ARCH = os.uname().machine
-_LD, _JEQ, _JSET, _JGE, _RET = 0x20, 0x15, 0x45, 0x35, 0x06       # classic BPF: LD|W|ABS, JMP|...
-_ALLOW, _EPERM, _ENOSYS, _KILL = 0x7FFF0000, 0x50001, 0x50026, 0x80000000  # SECCOMP_RET_*
+# Classic BPF opcodes (LD|W|ABS, JMP|...), then the SECCOMP_RET_* actions.
+_LD, _JEQ, _JSET, _JGE, _RET = 0x20, 0x15, 0x45, 0x35, 0x06
+_ALLOW, _EPERM, _ENOSYS, _KILL = 0x7FFF0000, 0x50001, 0x50026, 0x80000000
 
 
 def _only(nr, values) -> list:
     """Allow syscall `nr` iff the low 32 bits of its first argument are in `values`, else EPERM."""
-    body = [(_LD, 0, 0, 16)]                                           # args[0], low half
+    body = [(_LD, 0, 0, 16)]  # args[0], low half
     body += [(_JEQ, len(values) - j, 0, v & 0xFFFFFFFF) for j, v in enumerate(values)]
     return [(_JEQ, 0, len(body) + 2, nr)] + body + [(_RET, 0, 0, _EPERM), (_RET, 0, 0, _ALLOW)]
 
@@ -181,18 +191,21 @@ def _seccomp_head(arch: str) -> bytes:
     nr = _SYSCALLS[arch]
     prog = [(_LD, 0, 0, 4), (_JEQ, 1, 0, nr["audit"]), (_RET, 0, 0, _KILL), (_LD, 0, 0, 0)]
     if arch == "x86_64":
-        prog += [(_JGE, 0, 1, 0x40000000), (_RET, 0, 0, _EPERM)]      # the x32 ABI
+        prog += [(_JGE, 0, 1, 0x40000000), (_RET, 0, 0, _EPERM)]  # the x32 ABI
     for number in nr["deny"].values():
         prog += [(_JEQ, 0, 1, number), (_RET, 0, 0, _EPERM)]
-    prog += [(_JEQ, 0, 1, nr["clone3"]), (_RET, 0, 0, _ENOSYS)]       # glibc falls back to clone
-    prog += _only(nr["socket"], [1]) + _only(nr["socketpair"], [1])   # AF_UNIX
-    prog += [(_JEQ, 0, 4, nr["clone"]), (_LD, 0, 0, 16), (_JSET, 1, 0, 0x10000),  # CLONE_THREAD
+    # clone3 gets ENOSYS: glibc falls back to clone.
+    prog += [(_JEQ, 0, 1, nr["clone3"]), (_RET, 0, 0, _ENOSYS)]
+    prog += _only(nr["socket"], [1]) + _only(nr["socketpair"], [1])  # AF_UNIX
+    # clone only with CLONE_THREAD (0x10000) in its flags.
+    prog += [(_JEQ, 0, 4, nr["clone"]), (_LD, 0, 0, 16), (_JSET, 1, 0, 0x10000),
              (_RET, 0, 0, _EPERM), (_RET, 0, 0, _ALLOW)]
-    return b"".join(struct.pack("HBBI", *ins) for ins in prog)         # struct sock_filter[]
+    return b"".join(struct.pack("HBBI", *ins) for ins in prog)  # struct sock_filter[]
 
 
-_SECCOMP_HEAD = _seccomp_head(_ARCH) if _ARCH in _SYSCALLS else b""  # built once, in the zygote
-_LIBC = ctypes.CDLL(None, use_errno=True)                            # workers inherit it
+# Both built once, in the zygote; its workers inherit them.
+_SECCOMP_HEAD = _seccomp_head(_ARCH) if _ARCH in _SYSCALLS else b""
+_LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.syscall.restype = ctypes.c_long
 
 
@@ -206,30 +219,32 @@ def _apply_seccomp(pid: int) -> bool:
     tail += [(_RET, 0, 0, _ALLOW)]
     code = _SECCOMP_HEAD + b"".join(struct.pack("HBBI", *ins) for ins in tail)
     buf = ctypes.create_string_buffer(code, len(code))
-    prog = struct.pack("HxxxxxxP", len(code) // 8, ctypes.addressof(buf))  # struct sock_fprog
-    return _LIBC.prctl(22, 2, prog, 0, 0) == 0                         # PR_SET_SECCOMP, FILTER
+    # A struct sock_fprog.
+    prog = struct.pack("HxxxxxxP", len(code) // 8, ctypes.addressof(buf))
+    return _LIBC.prctl(22, 2, prog, 0, 0) == 0  # PR_SET_SECCOMP, FILTER
 
 
 def _apply_landlock(scratch: str, read_dirs: list[str]) -> bool:
     sysc = _LIBC.syscall
-    abi = sysc(444, None, 0, 1)                                        # RULESET_VERSION
+    abi = sysc(444, None, 0, 1)  # RULESET_VERSION
     if abi < 1:
         return False
     fs = {1: 0x1FFF, 2: 0x3FFF, 3: 0x7FFF, 4: 0x7FFF}.get(abi, 0xFFFF)
-    attr = struct.pack("QQQ", fs, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)  # fs, net, scope
+    # The handled rights: fs, net, scope.
+    attr = struct.pack("QQQ", fs, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)
     attr = attr[: 24 if abi >= 6 else 16 if abi >= 4 else 8]
-    rfd = sysc(444, attr, len(attr), 0)                                # landlock_create_ruleset
+    rfd = sysc(444, attr, len(attr), 0)  # landlock_create_ruleset
     if rfd < 0:
         return False
-    rules = [(d, 0x1 | 0x4 | 0x8) for d in read_dirs]                 # EXECUTE|READ_FILE|READ_DIR
+    rules = [(d, 0x1 | 0x4 | 0x8) for d in read_dirs]  # EXECUTE|READ_FILE|READ_DIR
     for path, rights in rules + [("/dev/urandom", 0x4), (scratch, fs)]:
         try:
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
         except OSError:
             continue
-        sysc(445, rfd, 1, struct.pack("=Qi", rights & fs, fd), 0)      # RULE_PATH_BENEATH
+        sysc(445, rfd, 1, struct.pack("=Qi", rights & fs, fd), 0)  # RULE_PATH_BENEATH
         os.close(fd)
-    ok = sysc(446, rfd, 0) == 0                                        # landlock_restrict_self
+    ok = sysc(446, rfd, 0) == 0  # landlock_restrict_self
     os.close(rfd)
     return ok
 
@@ -243,17 +258,20 @@ def _worker_setup(req_fd, rep_fd, uid, cfg, required):
     null = os.open("/dev/null", os.O_RDWR)
     for fd, to in ((null, 0), (null, 1), (null, 2), (r, 3), (w, 4)):
         os.dup2(fd, to)
-    os.closerange(5, max(1 << 16, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))  # all else
+    # Close every other fd.
+    os.closerange(5, max(1 << 16, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     tempfile.tempdir = scratch = os.path.join(cfg["scratch"], f"w{os.getpid()}")
     os.mkdir(scratch, 0o700)
     if root:
         os.chown(scratch, uid, uid)
     os.chdir(scratch)
-    os.environ.update(HOME=scratch, TMPDIR=scratch)          # the rest: the zygote's allow-list
+    # The rest of the environment is the zygote's allow-list.
+    os.environ.update(HOME=scratch, TMPDIR=scratch)
     limits = {resource.RLIMIT_AS: cfg["vsz"] + cfg["memory_mb"] * 2**20, resource.RLIMIT_CORE: 0,
               resource.RLIMIT_CPU: cfg["cpu_seconds"], resource.RLIMIT_FSIZE: cfg["fsize_mb"] << 20,
               resource.RLIMIT_NOFILE: 64, resource.RLIMIT_NPROC: 32 if root else 0}
-    for lim, v in limits.items():                            # CPU: SIGXCPU first, then SIGKILL
+    # CPU: SIGXCPU first, then SIGKILL.
+    for lim, v in limits.items():
         resource.setrlimit(lim, (v, v + 1 if lim == resource.RLIMIT_CPU else v))
     layers = ["rlimits"] + [x for x in ("netns", "mountns") if cfg[x]]
     if root:
@@ -261,17 +279,18 @@ def _worker_setup(req_fd, rep_fd, uid, cfg, required):
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
         layers.append("uid")
-    applied = {  # in this order, seccomp last; the parent death signal only while the zygote lives
+    # In this order, seccomp last; the parent death signal counts only while the zygote lives.
+    applied = {
         "pdeathsig": _LIBC.prctl(1, signal.SIGKILL, 0, 0, 0) == 0 and os.getppid() == zygote,
-        "nondumpable": _LIBC.prctl(4, 0, 0, 0, 0) == 0,                # PR_SET_DUMPABLE 0
-        "no_new_privs": _LIBC.prctl(38, 1, 0, 0, 0) == 0,              # PR_SET_NO_NEW_PRIVS 1
+        "nondumpable": _LIBC.prctl(4, 0, 0, 0, 0) == 0,  # PR_SET_DUMPABLE 0
+        "no_new_privs": _LIBC.prctl(38, 1, 0, 0, 0) == 0,  # PR_SET_NO_NEW_PRIVS 1
         "landlock": cfg["landlock"] and _apply_landlock(scratch, cfg["read_dirs"]),
         "seccomp": cfg["seccomp"] and _apply_seccomp(os.getpid())}
     layers += [layer for layer, ok in applied.items() if ok]
     if not set(required) <= set(layers):
-        os._exit(71)                                                   # fail closed
-    random.seed()                                                      # not the zygote's state
-    if "numpy.random" in sys.modules:                                  # 32 bits: 200x cheaper
+        os._exit(71)  # fail closed
+    random.seed()  # not the zygote's state
+    if "numpy.random" in sys.modules:  # 32 bits: 200x cheaper
         sys.modules["numpy.random"].seed(random.getrandbits(32))
     return layers
 
@@ -279,7 +298,7 @@ def _worker_setup(req_fd, rep_fd, uid, cfg, required):
 # Worker-side conversion is friendliness only: the parent re-checks everything. The json encoder
 # writes float and str subclasses by their real value whatever their overrides say.
 def _w_obs(x) -> str:
-    if not issubclass(type(x), str):                                   # type(): __class__ can lie
+    if not issubclass(type(x), str):  # type(): __class__ can lie
         raise _Fail("invalid_observation", f"observation of type {type(x).__name__}")
     return str.__str__(x)[:OBS_CAP]
 
@@ -298,7 +317,8 @@ def _w_encode(x) -> str:
 
 def _w_step(box, action) -> str:
     out = box["env"].step(action)
-    if not isinstance(out, (tuple, list)) or len(out) != 5:           # a namedtuple is honest too
+    # isinstance, not type(): a namedtuple is honest too.
+    if not isinstance(out, (tuple, list)) or len(out) != 5:
         raise _Fail("invalid_result", "step() must return obs, reward, terminated, truncated, info")
     obs, reward, term, trunc, info = out
     if issubclass(type(reward), float) and not math.isfinite(reward):
@@ -309,7 +329,8 @@ def _w_step(box, action) -> str:
 
 def _w_reset(box, seed) -> str:
     out = box["env"].reset(seed=seed)
-    out = (out, {}) if issubclass(type(out), str) else out             # a bare str: a common slip
+    # A bare str, a common slip, is (observation, {}).
+    out = (out, {}) if issubclass(type(out), str) else out
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         raise _Fail("invalid_result", "reset() must return (observation, info)")
     return _w_encode([_w_obs(out[0]), out[1]])
@@ -319,7 +340,8 @@ def _w_load(box, arg) -> str:
     source, setting = arg
     ns = {"__name__": "__environment__"}
     if setting == "tool":
-        from toolenv import ToolEnv                                    # preloaded by the zygote
+        # Preloaded by the zygote.
+        from toolenv import ToolEnv
         ns["ToolEnv"] = ToolEnv
     exec(compile(source, "<environment>", "exec"), ns)
     cls = [v for v in ns.values() if isinstance(v, type) and v.__name__.endswith("Env")
@@ -334,7 +356,8 @@ def _w_load(box, arg) -> str:
 
 
 def _w_contract(box, seed) -> str:
-    import toolenv                                                     # preloaded by the zygote
+    # Preloaded by the zygote.
+    import toolenv
     try:
         return _w_encode(toolenv.self_check(box["env"], seed))
     except toolenv.ContractError as e:
@@ -346,20 +369,22 @@ def _w_program(box, arg) -> str:
     code, stdin, out_cap = arg
     with open("stdin.txt", "w", encoding="utf-8") as f:
         f.write(stdin)
-    os.dup2(os.open("stdin.txt", os.O_RDONLY), 0)                      # sys.stdin and sys.stdout
-    os.dup2(os.open("stdout.txt", os.O_WRONLY | os.O_CREAT, 0o600), 1)  # (UTF-8, unused so far)
+    # These become sys.stdin and sys.stdout (UTF-8, and unused so far).
+    os.dup2(os.open("stdin.txt", os.O_RDONLY), 0)
+    os.dup2(os.open("stdout.txt", os.O_WRONLY | os.O_CREAT, 0o600), 1)
     sys.argv = ["solution.py"]
     status = "ok"
     try:
         exec(compile(code, "solution.py", "exec"), {"__name__": "__main__"})
-        for t in threading.enumerate():                                # as the interpreter does
-            if t is not threading.current_thread() and not t.daemon:  # at exit
+        # Join the other non-daemon threads, as the interpreter does at exit.
+        for t in threading.enumerate():
+            if t is not threading.current_thread() and not t.daemon:
                 t.join()
     except SystemExit as e:
         status = "ok" if e.code in (None, 0) else "error"
     except BaseException:  # noqa: BLE001 - the program's own failure
         status = "error"
-    with contextlib.suppress(BaseException):                           # its stdout may raise
+    with contextlib.suppress(BaseException):  # its stdout may raise
         sys.stdout.flush()
     with open("stdout.txt", "rb") as f:
         return _dumps([status, f.read(out_cap).decode("utf-8", "replace")])
@@ -383,11 +408,12 @@ def _w_serve(layers):
         op, nonce = line[:1], line[1:9]
         try:
             out = b"%s=%s\n" % (nonce, ops[op](box, _loads(line[9:-1].decode())).encode())
-        except BaseException as e:  # noqa: BLE001 - SystemExit, custom BaseException, MemoryError
+        # Any BaseException: SystemExit, a custom BaseException, MemoryError.
+        except BaseException as e:  # noqa: BLE001
             out = b"%s!%s\n" % (nonce, _w_failure(e, op).encode())
         while out:
             out = out[os.write(4, out):]
-    os._exit(0)                                                        # the trainer closed the pipe
+    os._exit(0)  # the trainer closed the pipe
 
 
 # INFRA: the zygote (`python sandbox.py --zygote <fd> <json cfg>`; it never runs untrusted code)
@@ -395,24 +421,28 @@ def _zygote_setup(cfg: dict):
     """Once, before any worker: namespaces, preloads, a frozen GC; in cfg, what workers need."""
     import sysconfig
     root = os.geteuid() == 0
-    cfg["netns"] = root and _LIBC.unshare(0x40000000) == 0             # CLONE_NEWNET
+    cfg["netns"] = root and _LIBC.unshare(0x40000000) == 0  # CLONE_NEWNET
     for mod in PRELOAD + (NUMPY_PRELOAD if cfg["numpy"] else ()):
-        with contextlib.suppress(Exception):                           # optional; before a tmpfs
-            __import__(mod)                                            # hides /tmp
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))     # -P left this dir off
-    with contextlib.suppress(Exception):   # ToolEnv for tool-setting workers, which cannot read
-        import toolenv  # noqa: F401       # this dir; without it the trainer refuses "tool"
+        # Optional; imported before a tmpfs hides /tmp.
+        with contextlib.suppress(Exception):
+            __import__(mod)
+    # -P left this dir off sys.path.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    # ToolEnv for tool workers, who cannot read this dir; without it the trainer refuses "tool".
+    with contextlib.suppress(Exception):
+        import toolenv  # noqa: F401
     del sys.path[0]
-    cfg["mountns"] = root and _LIBC.unshare(0x00020000) == 0           # CLONE_NEWNS
+    cfg["mountns"] = root and _LIBC.unshare(0x00020000) == 0  # CLONE_NEWNS
     if cfg["mountns"]:
-        _LIBC.mount(None, b"/", None, 0x4000 | 0x40000, None)          # MS_REC | MS_PRIVATE
+        _LIBC.mount(None, b"/", None, 0x4000 | 0x40000, None)  # MS_REC | MS_PRIVATE
         for path, size in ((b"/tmp", cfg["scratch_mb"]), (b"/var/tmp", 16), (b"/dev/shm", 16)):
             if os.path.isdir(path):
-                opts = f"size={size}m,mode=1777".encode()              # MS_NOSUID | MS_NODEV:
+                opts = f"size={size}m,mode=1777".encode()
+                # Flags 0x2 | 0x4: MS_NOSUID | MS_NODEV.
                 cfg["mountns"] &= _LIBC.mount(b"tmpfs", path, b"tmpfs", 0x2 | 0x4, opts) == 0
     gc.collect()
-    gc.freeze()                                                        # the children's GC skips it
-    with open("/proc/self/statm") as f:                                # the preloaded interpreter
+    gc.freeze()  # the children's GC skips it
+    with open("/proc/self/statm") as f:  # the preloaded interpreter
         cfg["vsz"] = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE") + (16 << 20)
     cfg["scratch"] = tempfile.mkdtemp(prefix="spade-sbx-")
     os.chmod(cfg["scratch"], 0o711)
@@ -435,16 +465,19 @@ def _fork_worker(cfg: dict, free: list, live: dict, required: list) -> tuple[int
         try:
             try:
                 layers = _worker_setup(req_r, rep_w, uid, cfg, required)
-                os.write(4, b"+")                            # set up: a later death is the code's
-            except BaseException as e:  # noqa: BLE001 - say why on the reply pipe if it is there
+                # Set up: a later death is the code's.
+                os.write(4, b"+")
+            except BaseException as e:  # noqa: BLE001
+                # Say why on the reply pipe, if it is there.
                 os.write(4, f"{type(e).__name__}: {e}".encode())
                 raise
             _w_serve(layers)
         finally:
-            os._exit(70)                                     # never fall back into the zygote
+            os._exit(70)  # never fall back into the zygote
     list(map(os.close, (req_r, rep_w)))
-    for fd in (req_w, rep_r):                                # the trainer's ends (O_NONBLOCK is
-        os.set_blocking(fd, False)                           # shared with the fds it is sent)
+    # The trainer's ends (O_NONBLOCK is shared with the fds it is sent).
+    for fd in (req_w, rep_r):
+        os.set_blocking(fd, False)
     live[pid] = uid
     return pid, req_w, rep_r
 
@@ -460,39 +493,42 @@ def _reap(pid: int, cfg: dict, free: list, live: dict) -> int:
 
 def _zygote_main(sock_fd: int, cfg: dict):
     """Serve the trainer's spawn / reap / wait requests; a worker per spawn, `pool` forked ahead."""
-    _LIBC.prctl(1, signal.SIGKILL, 0, 0, 0)                            # PR_SET_PDEATHSIG
+    _LIBC.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     if os.getppid() != cfg["parent"]:
         os._exit(0)
     sock = socket.socket(fileno=sock_fd)
     _zygote_setup(cfg)
     base = 0x10000000 + (os.getpid() % 0x100000) * UIDS
-    free, live = list(range(base + UIDS - 1, base, -1)), {}   # the uids: unused; pid -> uid
-    pool, want = [], 0                                        # workers forked ahead; how many
-    required = []                                             # layers every worker must have
+    # The uids not in use, and pid -> uid of the live workers.
+    free, live = list(range(base + UIDS - 1, base, -1)), {}
+    pool, want = [], 0  # workers forked ahead; how many
+    required = []  # layers every worker must have
     sock.send(json.dumps({"ready": 1, "toolenv": "toolenv" in sys.modules}).encode())
     while True:
         if len(pool) < want and len(free) > 1 and not select.select([sock], [], [], 0)[0]:
-            try:                                                       # refill while the trainer
-                pool.append(_fork_worker(cfg, free, live, required))   # is busy
+            # Refill while the trainer is busy.
+            try:
+                pool.append(_fork_worker(cfg, free, live, required))
             except OSError:
                 want = 0
             continue
-        if not (msg := sock.recv(1 << 16)):                            # the trainer closed it
+        if not (msg := sock.recv(1 << 16)):  # the trainer closed it
             for pid in list(live):
                 _reap(pid, cfg, free, live)
             shutil.rmtree(cfg["scratch"], ignore_errors=True)
             os._exit(0)
         req = json.loads(msg)
-        if req["op"] == "spawn":              # `required` is set once, before any pool exists
-            required, want = req["required"], req["pool"]              # (the probe asks pool=0)
+        if req["op"] == "spawn":
+            # `required` is set once, before any pool exists (the probe asks pool=0).
+            required, want = req["required"], req["pool"]
             try:
                 pid, req_w, rep_r = pool.pop(0) if pool else _fork_worker(cfg, free, live, required)
-            except (OSError, IndexError) as e:                         # no process, or no free uid
+            except (OSError, IndexError) as e:  # no process, or no free uid
                 sock.send(json.dumps({"error": f"spawn: {e}"}).encode())
                 continue
             socket.send_fds(sock, [json.dumps({"pid": pid}).encode()], [req_w, rep_r])
             list(map(os.close, (req_w, rep_r)))
-        elif req["op"] == "reap" and req["pid"] in live:               # no reply
+        elif req["op"] == "reap" and req["pid"] in live:  # no reply
             _reap(req["pid"], cfg, free, live)
         elif req["op"] == "wait":
             status = _reap(req["pid"], cfg, free, live) if req["pid"] in live else -1
@@ -508,7 +544,7 @@ def _killall(pid: int):
 
 
 def _exit_cause(status: int) -> tuple[str, str]:
-    if status < 0:                                                     # the zygote has no such pid
+    if status < 0:  # the zygote has no such pid
         return "worker_exited", "worker gone"
     if not os.WIFSIGNALED(status):
         return "worker_exited", f"worker exited with status {os.WEXITSTATUS(status)}"
@@ -525,7 +561,7 @@ def _bad_text(x, depth=0) -> str | None:
         if "\x00" in x:
             return "contains NUL"
         try:
-            x.isascii() or x.encode("utf-8")                           # ASCII has no surrogates
+            x.isascii() or x.encode("utf-8")  # ASCII has no surrogates
         except UnicodeEncodeError:
             return "lone surrogate"
         return None
@@ -552,13 +588,13 @@ class EnvHandle:
     misbehaviour: an environment fault becomes a Fault result (an error observation)."""
 
     def __init__(self, sb: "Sandbox", source: str | None, setting: str = "games"):
-        if setting == "tool" and not sb._has_toolenv:                 # the caller's set-up
+        if setting == "tool" and not sb._has_toolenv:  # the caller's set-up
             raise SandboxInfraError(f"the tool setting needs toolenv.py, importable, beside "
                                     f"{os.path.abspath(__file__)}")
         self._sb, self.source, self.setting = sb, source, setting
-        self.pid = self.class_name = self.layers = None               # set once loaded
+        self.pid = self.class_name = self.layers = None  # set once loaded
         self._closed = False
-        self._cap = LINE_CAP                                           # bytes per reply line
+        self._cap = LINE_CAP  # bytes per reply line
         self._start()
 
     # -- INFRA: lifecycle --------------------------------------------------------------------
@@ -566,16 +602,17 @@ class EnvHandle:
         """A fresh worker from the zygote. The load request goes out now and its reply is read at
         first use (_ready), so handles opened one after another load in parallel."""
         self.pid, self._wfd, self._rfd = self._sb._spawn()
-        self._buf, self._acked = b"", False  # reply bytes not yet a line; the set-up's "+" came
-        self._loading = False          # the load reply is still to be read
-        self._dirty = False            # the worker has run more than the load: no new episode
-        self._failure = None           # (kind, message) once the worker is gone
-        self._used = 0.0               # worker seconds of this episode
+        # Reply bytes not yet a line; whether the set-up's "+" came.
+        self._buf, self._acked = b"", False
+        self._loading = False  # the load reply is still to be read
+        self._dirty = False    # the worker has run more than the load: no new episode
+        self._failure = None   # (kind, message) once the worker is gone
+        self._used = 0.0       # worker seconds of this episode
         self._rpoll = select.poll()
         self._rpoll.register(self._rfd, select.POLLIN)
         self._sb._live.add(self)
         if self.source is not None:
-            with contextlib.suppress(_Fail):                           # recorded in self._failure
+            with contextlib.suppress(_Fail):  # recorded in self._failure
                 load = _dumps([self.source, self.setting])
                 self._begin("L", load, self._sb.step_timeout, episode=False)
                 self._loading = True
@@ -590,7 +627,7 @@ class EnvHandle:
                 raise self._kill("protocol_violation", "malformed load reply")
             self.class_name, self._tools, self.layers = r["class_name"], r["tools"], r.get("layers")
         if self.pid is None:
-            raise self._kill(None)                                     # why the worker is gone
+            raise self._kill(None)  # why the worker is gone
 
     def _prepare(self):
         """Before an episode: a fresh worker, unless this one has only loaded the source."""
@@ -606,20 +643,21 @@ class EnvHandle:
         if self.pid is not None:
             _killall(self.pid)
             try:
-                if wait:                                               # the exit status names why
+                if wait:  # the exit status names why
                     status = self._sb._zygote({"op": "wait", "pid": self.pid})["status"]
                     kind, message = _exit_cause(status)
-                    if not (self._acked or self._buf.startswith(b"+")):  # died before its "+"
+                    # The worker died before its "+".
+                    if not (self._acked or self._buf.startswith(b"+")):
                         kind, message = "infra", f"worker set-up failed: {self._buf[:200]!r}"
                 else:
                     self._sb._zygote({"op": "reap", "pid": self.pid}, reply=False)
-            except SandboxInfraError as e:                             # the zygote itself is gone
+            except SandboxInfraError as e:  # the zygote itself is gone
                 kind, message = kind or "worker_exited", f"sandbox fault: {e}"
             self._sb._live.discard(self)
             list(map(os.close, (self._rfd, self._wfd)))
             self.pid = None
         self._failure = self._failure or (kind, _clean(message))
-        kind, message = self._failure                                  # the first reason stays
+        kind, message = self._failure  # the first reason stays
         return SandboxInfraError(message) if kind == "infra" else _Fail(kind, message)
 
     def close(self):
@@ -630,27 +668,30 @@ class EnvHandle:
 
     # -- INFRA: one request, one reply (step_many interleaves _begin / _pump / _end) -----------
     def _begin(self, op: str, arg: str, timeout: float, episode=True):
-        if op in ("R", "T"):                           # a new episode: a fresh worker and budget
+        # A new episode: a fresh worker and budget.
+        if op in ("R", "T"):
             self._prepare()
             self._used = 0.0
-        self._ready()                                                  # the load reply, if unread
+        self._ready()  # the load reply, if unread
         self._dirty |= op != "L"
         left = self._sb.episode_timeout - self._used if episode else math.inf
         if left <= 0:
             raise self._kill("episode_timeout", "episode time budget used up")
-        self._bound, timeout = left < timeout, min(left, timeout)     # the episode's budget binds?
+        # Does the episode's budget bind?
+        self._bound, timeout = left < timeout, min(left, timeout)
         # A fresh nonce from the trainer's private RNG: a line written before this request (still in
         # the pipe) cannot carry it, so _end rejects stale and unsolicited lines without a poll().
         self._nonce = b"%08x" % self._sb._nonce_bits(32)
         data = b"%s%s%s\n" % (op.encode(), self._nonce, arg.encode())
         self._t0 = time.monotonic()
         self._deadline = self._t0 + timeout
-        while data:                                                    # one write, unless long
+        while data:  # one write, unless long
             try:
                 data = data[os.write(self._wfd, data):]
-            except BlockingIOError:                                    # wait for room: poll,
-                room = select.poll()                                   # as select() cannot
-                room.register(self._wfd, select.POLLOUT)               # take fds over 1023
+            except BlockingIOError:
+                # Wait for room: poll, as select() cannot take fds over 1023.
+                room = select.poll()
+                room.register(self._wfd, select.POLLOUT)
                 if not room.poll(max(0, (self._deadline - time.monotonic()) * 1000)):
                     raise self._timeout() from None
             except BrokenPipeError:
@@ -690,7 +731,7 @@ class EnvHandle:
 
     def _end(self, line: bytes, episode=True):
         """The reply's result, once it answers this request (nonce) and is strict JSON."""
-        if not self._acked:                                            # a fresh worker's "+" first
+        if not self._acked:  # a fresh worker's "+" first
             if line[:1] != b"+":
                 raise self._kill("infra", f"worker set-up failed: {line[:200]!r}")
             self._acked, line = True, line[1:]
@@ -702,9 +743,10 @@ class EnvHandle:
             r = _loads(line[9:-1].decode())
         except (ValueError, RecursionError, StopIteration) as e:
             raise self._kill("protocol_violation", f"reply is not JSON: {e!r}") from None
-        if line[8] == 61:                                              # b"="
+        if line[8] == 61:  # b"="
             return r
-        if line[8] != 33 or type(r) is not list or len(r) != 2 or type(r[0]) is not str:  # b"!"
+        # 33 is b"!".
+        if line[8] != 33 or type(r) is not list or len(r) != 2 or type(r[0]) is not str:
             raise self._kill("protocol_violation", "reply is not a protocol line")
         kind = r[0] if r[0] in FAILURES else "protocol_violation"
         raise self._kill(kind, r[1] if type(r[1]) is str else "")
@@ -717,7 +759,7 @@ class EnvHandle:
         """A thread still running in the worker is a resource_leak; a worker that is gone is not."""
         with contextlib.suppress(OSError):
             if len(os.listdir(f"/proc/{self.pid}/task")) > 1:
-                time.sleep(0.005)                                      # a just-joined one lingers
+                time.sleep(0.005)  # a just-joined one lingers
                 if (n := len(os.listdir(f"/proc/{self.pid}/task"))) > 1:
                     raise self._kill("resource_leak", f"{n - 1} thread(s) left running")
 
@@ -736,7 +778,8 @@ class EnvHandle:
 
     def _check_step(self, r) -> tuple:
         obs, reward, term, trunc, info = self._check(r, 5)
-        if type(reward) not in (float, int) or not -10 <= reward <= 10:  # inf fails the compare
+        # inf fails the compare.
+        if type(reward) not in (float, int) or not -10 <= reward <= 10:
             raise self._kill("invalid_reward", f"reward {reward!r:.40} is not in [-10, 10]")
         if type(term) is not bool or type(trunc) is not bool:
             raise self._kill("invalid_result", "terminated/truncated are not bools")
@@ -753,7 +796,8 @@ class EnvHandle:
         return r
 
     def reset(self, seed: int | None = None) -> tuple[str, dict]:
-        return self._sb.reset_many([self], [seed])[0]      # a worker start dwarfs the batch code
+        # A worker start dwarfs the cost of the batch code.
+        return self._sb.reset_many([self], [seed])[0]
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         try:
@@ -765,7 +809,7 @@ class EnvHandle:
         """OpenAI function schemas of a ToolEnv ([] for games)."""
         with contextlib.suppress(_Fail):
             self._ready()
-            return json.loads(_dumps(self._tools))                     # a copy for the caller
+            return json.loads(_dumps(self._tools))  # a copy for the caller
         return []
 
 
@@ -784,25 +828,28 @@ class Sandbox(contextlib.AbstractContextManager):
         self.episode_timeout = episode_timeout
         self._cfg = dict(memory_mb=memory_mb, cpu_seconds=cpu_seconds, fsize_mb=fsize_mb,
                          scratch_mb=scratch_mb, numpy=numpy, landlock=landlock, seccomp=seccomp)
-        self._zlock = threading.RLock()        # one message to the zygote at a time
-        self._live = set()                     # handles holding a worker
-        self._required, self._pool = [], 0     # sent with each spawn; set after the probe
-        self._proc = None                      # the zygote (_start_zygote: _has_toolenv)
+        self._zlock = threading.RLock()     # one message to the zygote at a time
+        self._live = set()                  # handles holding a worker
+        self._required, self._pool = [], 0  # sent with each spawn; set after the probe
+        self._proc = None                   # the zygote (_start_zygote: _has_toolenv)
         # Request nonces come from a private generator seeded by the OS: workers never see it.
         self._nonce_bits = random.Random(os.urandom(32)).getrandbits
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # each handle holds two pipe fds
-        if 0 <= soft < 65536:                                    # (RLIM_INFINITY is -1)
+        # Each handle holds two pipe fds (RLIM_INFINITY is -1).
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if 0 <= soft < 65536:
             want = 65536 if hard < 0 else min(hard, 65536)
             resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
         self._start_zygote()
-        probe = EnvHandle(self, "class ProbeEnv:\n    pass\n")           # which layers hold here
+        # A probe worker: which layers hold here.
+        probe = EnvHandle(self, "class ProbeEnv:\n    pass\n")
         try:
             probe._ready()
         except _Fail:
             raise SandboxInfraError(f"probe worker failed: {probe._failure}") from None
         probe.close()
         self.layers = tuple(probe.layers)
-        self._required, self._pool = list(probe.layers), pool          # later workers fail closed
+        # Later workers fail closed: one missing a layer the probe had exits unused.
+        self._required, self._pool = list(probe.layers), pool
         missing = [x for x in FULL if x not in self.layers]
         self.level = "full" if not missing else f"reduced (missing {', '.join(missing)})"
         self.level += "".join("+" + x for x in ("landlock", "mountns") if x in self.layers)
@@ -812,9 +859,10 @@ class Sandbox(contextlib.AbstractContextManager):
         self._zsock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = dict(PATH="/usr/bin:/bin", LANG="C.UTF-8", LC_ALL="C.UTF-8", PYTHONHASHSEED="0",
                    OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        # Not -I: its -E drops PYTHONHASHSEED.
         argv = [sys.executable, "-s", "-B", *(["-P"] if sys.version_info >= (3, 11) else []),
-                os.path.abspath(__file__), "--zygote", str(theirs.fileno()),  # not -I: its -E
-                json.dumps(dict(self._cfg, parent=os.getpid()))]              # drops PYTHONHASHSEED
+                os.path.abspath(__file__), "--zygote", str(theirs.fileno()),
+                json.dumps(dict(self._cfg, parent=os.getpid()))]
         try:
             self._proc = subprocess.Popen(
                 argv, env=env, close_fds=True, pass_fds=(theirs.fileno(),), cwd="/",
@@ -847,7 +895,7 @@ class Sandbox(contextlib.AbstractContextManager):
                 out = json.loads(data or b"{}")
                 if "error" in out:
                     raise OSError(out["error"])
-                if msg["op"] == "spawn" and len(fds) != 2:                 # out of fds here
+                if msg["op"] == "spawn" and len(fds) != 2:  # out of fds here
                     raise OSError("no pipes came with the worker")
             except (OSError, ValueError) as e:
                 list(map(os.close, fds))
@@ -858,18 +906,18 @@ class Sandbox(contextlib.AbstractContextManager):
         if self._proc is None:
             raise SandboxInfraError("sandbox is closed")
         with self._zlock:
-            if self._proc.poll() is not None:                          # zygote died: a new one
+            if self._proc.poll() is not None:  # zygote died: a new one
                 self._zsock.close()
                 self._start_zygote()
         out = self._zygote({"op": "spawn", "required": self._required, "pool": self._pool})
-        return out["pid"], *out["fds"]                                 # pid, request w, reply r
+        return out["pid"], *out["fds"]  # pid, request w, reply r
 
     def close(self):
         for h in list(self._live):
             h.close()
         if self._proc is not None:
             try:
-                self._zsock.close()                                    # zygote reaps and exits
+                self._zsock.close()  # zygote reaps and exits
                 self._proc.wait(timeout=5)
             except (OSError, subprocess.TimeoutExpired):
                 self._proc.kill()
@@ -891,13 +939,15 @@ class Sandbox(contextlib.AbstractContextManager):
         return self._many(handles, seeds, step=False)
 
     def _many(self, handles, args, step):
-        if len(set(map(id, handles))) != len(handles):                 # duplicates: one at a time
+        # Duplicates: one at a time.
+        if len(set(map(id, handles))) != len(handles):
             return [h.step(a) if step else h.reset(a) for h, a in zip(handles, args)]
         out = [None] * len(handles)
-        pending = {}                                                   # fd -> (index, handle)
+        pending = {}  # fd -> (index, handle)
         poller = select.poll()
-        for h in [h for h in handles if not (step or h._closed)]:     # fresh workers first: they
-            h._prepare()                                               # load in parallel
+        # Fresh workers first: they load in parallel.
+        for h in [h for h in handles if not (step or h._closed)]:
+            h._prepare()
         for i, (h, a) in enumerate(zip(handles, args)):
             try:
                 arg = _quote(str(a)) if step else _dumps(a)
@@ -906,8 +956,9 @@ class Sandbox(contextlib.AbstractContextManager):
                 poller.register(h._rfd, select.POLLIN)
             except _Fail as e:
                 out[i] = h._error(e, step)
-        while pending:                       # replies as they come: one that fills its pipe never
-            now = time.monotonic()           # waits behind a hung one
+        # Replies as they come: one that fills its pipe never waits behind a hung one.
+        while pending:
+            now = time.monotonic()
             for fd, (i, h) in list(pending.items()):
                 if h._deadline <= now:
                     poller.unregister(fd)
@@ -932,7 +983,7 @@ class Sandbox(contextlib.AbstractContextManager):
         `out_cap` bytes of stdout back as (status, stdout); status "ok" (exit 0), "error" (an
         exception, exit != 0) or the failure that ended the worker ("timeout", "cpu_limit", ...)."""
         h = EnvHandle(self, None)
-        h._cap = 8 * out_cap + 4096                                    # JSON: <= 6 bytes per byte
+        h._cap = 8 * out_cap + 4096  # JSON: <= 6 bytes per byte
         try:
             arg = _dumps([code, stdin, out_cap])
             r = h._roundtrip("P", arg, timeout or self.step_timeout, episode=False)
@@ -948,7 +999,7 @@ class Sandbox(contextlib.AbstractContextManager):
     # -- ALGO: the validation probe (the paper's fixed actions plus an unpredictable probe) --------
     def validate(self, source: str, setting: str = "games") -> ValidationReport:
         """Probe in two fresh instances with one script; ok only if both pass and agree exactly."""
-        rng = random.SystemRandom()                                    # not predictable constants
+        rng = random.SystemRandom()  # not predictable constants
         words = ("a", "up", "left", "yes", "no", "7", "x", "reset", "0", "-1", "hint", "e4")
         extra = [r"\boxed{%s}" % rng.choice((str(rng.randrange(1000)), rng.choice(words)))
                  for _ in range(2)]
@@ -976,19 +1027,21 @@ class Sandbox(contextlib.AbstractContextManager):
         for op, arg in script:
             if op == "reset":
                 out.append(list(h._check(h._roundtrip("R", _dumps(arg)), 2)))
-            elif not over:                                             # stop at a terminal flag
+            elif not over:  # stop at a terminal flag
                 out.append(list(h._check_step(h._roundtrip("S", _dumps(arg)))))
                 h._leak_check()
             else:
                 continue
             over = op == "step" and (out[-1][2] or out[-1][3])
             times[op].append(h._last)
-        for op, ts in times.items():                                   # slow calls hold the batch
+        # Slow calls hold the batch.
+        for op, ts in times.items():
             if ts and (median := sorted(ts)[len(ts) // 2]) > SLOW_SHARE * self.step_timeout:
                 raise _Fail("too_slow", f"median {op} call took {median:.3f} s, over {SLOW_SHARE:g}"
                                         f" x step_timeout = {SLOW_SHARE * self.step_timeout:.3f} s")
-        for seed in (0, 1, 2) if setting == "tool" else ():           # toolenv.self_check, each
-            r = h._roundtrip("T", _dumps(seed))                        # in a fresh worker
+        # toolenv.self_check, each seed in a fresh worker.
+        for seed in (0, 1, 2) if setting == "tool" else ():
+            r = h._roundtrip("T", _dumps(seed))
             if (m := "is not a list" if type(r) is not list else _bad_text(r)):
                 raise h._kill("invalid_result", f"tool contract transcript: {m}")
             h._leak_check()
