@@ -6,7 +6,7 @@ suites/table1.py (protocols, formulas and deviations there). For the tool-use se
 BFCL v4 (suite `bfcl`: overall of non-live, live, irrelevance, multi-turn; `bfcl_multi_turn` alone)
 and tau2-bench (`tau2`, its user simulator on --tau2_user_endpoint), whose loops live in
 suites/toolbench.py, and ACEBench (`acebench`: Normal, Special, Agent and its summary score;
-suites/acebench.py). This file drives all of them against a checkpoint (engine.py: vLLM or
+suites/acebench.py). This file drives all of them against a checkpoint (infra/engine.py: vLLM or
 transformers), an OpenAI-compatible endpoint, or a scripted sampler (tests): the sampling
 settings of every suite (written to results.json, "sampling"), the data files, the outputs
 (results.json, samples/, table1.md), the best-checkpoint sweep and the command line.
@@ -42,7 +42,7 @@ Usage (multi-GPU tensor parallelism: serve the model with `vllm serve` and use -
         --rg_tasks chain_sum --rg_episodes 2 --aime_samples 2 --max_new_tokens 16 \
         --rg_max_new_tokens 16
 
-Dependencies: stdlib, tqdm, transformers (CLI), suites/; lazily: engine.py, models.py,
+Dependencies: stdlib, tqdm, transformers (CLI), suites/; lazily: infra/engine.py, infra/models.py,
 `datasets`/`huggingface_hub` (hub loading), `bfcl_eval` (BFCL).
 Test: `pytest tests/test_eval.py`.
 """

@@ -15,7 +15,7 @@ a "win rate", elsewhere, is the share of unhinted plays with return > 0. The abl
 -0.5 for a timeout at its regeneration step; "learning_potential" is |w - mu_slow(skill)| with
 per-skill fast/slow EMAs of the epoch mean return; "solve_rate" is plateau(w). Inputs are
 validated (NaN / inf and empty arms of Eq. (3) raise ValueError). The logged statistics of a run
-(learnable shares, win rates, formula reveals, diversity) are metrics.py's.
+(learnable shares, win rates, formula reveals, diversity) are infra/metrics.py's.
 
 Deviations from the paper (and from the authors' code):
     1. An environment ended by an environment fault scores 0 (`faulty=True`); the authors give the

@@ -52,7 +52,7 @@ def _finite_list(xs, name: str) -> list[float]:
     return out
 
 
-# ALGO: the agent's plays, every step --------------------------------------------------------------
+# the agent's plays, every step --------------------------------------------------------------
 
 def win_rate(returns) -> float:
     """The share of plays with return > 0 (0.0 without plays), as memory records keep it."""
@@ -120,7 +120,7 @@ def zero_variance_share(groups: Sequence[Sequence[float]]) -> float:
     return sum(max(g) == min(g) for g in flat) / len(flat) if flat else 0.0
 
 
-# ALGO: Fig. 7, the learnable share over each 16-step window of epochs -----------------------------
+# Fig. 7, the learnable share over each 16-step window of epochs -----------------------------
 
 def learnable_slot_share(epochs: Sequence[tuple[Sequence[float], int]], lo: float = 0.2,
                          hi: float = 0.8) -> float:
@@ -143,7 +143,7 @@ def epoch_learnable(hist: dict, pool, epoch_start: int, n_slots: int, window: in
     return {"env/learnable_slot_share": share}
 
 
-# ALGO: Figs. 9 and 19, at each regeneration -------------------------------------------------------
+# Figs. 9 and 19, at each regeneration -------------------------------------------------------
 
 def regen_figures(step, pool, regen: bool, episodes, hist: dict, steps: int, rng: random.Random,
                   gather=list, window: int = 40) -> dict:

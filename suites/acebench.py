@@ -131,7 +131,7 @@ def load_category(data_dir, category: str, limit: int | None = None) -> list[dic
 
 
 # ----------------------------------------------------------------------------------------------
-# ALGO: prompts (ours in wording; the call format and the special phrases are ACEBench's)
+# prompts (ours in wording; the call format and the special phrases are ACEBench's)
 
 ROLES = (
     "Roles:\n"
@@ -198,7 +198,7 @@ def single_turn_messages(entry: dict, category: str) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------------------------
-# ALGO: decoding the call list. Only literals are read; nothing is evaluated.
+# decoding the call list. Only literals are read; nothing is evaluated.
 
 _ARITH = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
           ast.Div: lambda a, b: a / b}
@@ -271,7 +271,7 @@ def decode_agent_calls(reply: str, strict: bool = True) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------------------------
-# ALGO: the Normal checker (ACEBench's rules, its quirks included)
+# the Normal checker (ACEBench's rules, its quirks included)
 
 TYPES = {"string": str, "integer": int, "float": float, "boolean": bool, "array": list,
          "tuple": list, "dict": dict, "any": str, "list": list, "object": dict,
@@ -454,7 +454,7 @@ def conversation_accuracy(ids: list[str], valid: list[bool]) -> tuple[float, flo
 
 
 # ----------------------------------------------------------------------------------------------
-# ALGO: the Agent categories. A scenario holds the API instances (ACEBench's own classes, loaded
+# the Agent categories. A scenario holds the API instances (ACEBench's own classes, loaded
 # from its repository), the dialogue, and the milestones (every call message the agent sent).
 
 PHONE_POLICY = (
@@ -839,7 +839,7 @@ def process_accuracy(milestones: list[str], made: list[str]) -> float:
 
 
 # ----------------------------------------------------------------------------------------------
-# ALGO: the whole benchmark
+# the whole benchmark
 
 def _single_turn(sampler, entries, category, sampling, batch_size):
     replies = []

