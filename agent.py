@@ -386,7 +386,7 @@ def prompt_ids(tokenizer, messages: list[dict], *, tools: list[dict] | None = No
                enable_thinking: bool | None = None) -> list[int]:
     """Chat-template tokens of a prompt (the messages plus the generation prompt) in which no
     message content can become a special token: the project's one tokenizer path for prompts
-    (play's first prompts, infra.Sampler's designer and hint prompts)."""
+    (play's first prompts, run.Sampler's designer and hint prompts)."""
     return _Renderer(tokenizer, tools or [], enable_thinking).prompt(messages)
 
 
@@ -521,7 +521,7 @@ def play(specs: list[EpisodeSpec], *, generate, tokenizer,
     """Play every spec to its end. Returns one Episode per spec, in order. Paper limits (its
     training setup): 25 turns, 32,768-token context, 8,192 new tokens per turn (fewer when the
     context is nearly full). `generate`: a request stream (submit(key, prompt, max_new_tokens),
-    collect() -> [(key, Completion)], pending; infra.Requests), so an episode's next turn goes in
+    collect() -> [(key, Completion)], pending; run.Requests), so an episode's next turn goes in
     as soon as its environment answers, while others decode (its key (episode, turn) fixes its
     seed); or a batched `generate(prompts, max_new_tokens_list)`, one call per turn.
     step_many(handles, actions) / reset_many(handles, seeds): one round trip for the batch (the

@@ -532,7 +532,7 @@ def regenerate(skills_for_slots: Sequence[str], *, generate, validate: Callable,
     """Write one environment per slot, with up to `max_attempts` attempts per slot.
 
     generate: a request stream (submit(key, chat), collect(wait) -> [(key, reply)], pending,
-    continuous; infra.Requests): no rounds, validation runs while other attempts decode and a
+    continuous; run.Requests): no rounds, validation runs while other attempts decode and a
     rejected attempt's retry goes in as soon as its validation fails; or a batched
     generate(list of chats) -> replies, one call per round of still-failing slots.
     validate(source) -> report with .ok, .error, .class_name, .kind (the caller binds the

@@ -46,7 +46,7 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-BETAS = (0.9, 0.98)               # AdamW betas of the paper's training setup (infra.Run builds it)
+BETAS = (0.9, 0.98)               # AdamW betas of the paper's training setup (infra/run.py)
 CLIP_LOW, CLIP_HIGH = 0.2, 0.28   # clip-higher, the paper's values
 TIS_CAP = 2.0                     # truncated importance-sampling cap, the paper's value
 ROLE_SCALE_CAP = 50.0             # cap of the designer's role-balancing scale S

@@ -8,7 +8,7 @@ SPADE (arXiv 2608.19197) trains one policy that both writes environments (design
    softmax(logits / T), NOT renormalised after top-k / top-p: exactly what the trainer recomputes
    (logprobs.token_logprobs), so the truncated importance weight sees only numeric drift. An
    optional prefix KV cache, bounded in bytes, lets each agent turn prefill only its new tokens
-   (infra.make_engine keeps one for the tiny models: a 4B model's 32k-token episode holds ~9.6 GB
+   (run.make_engine keeps one for the tiny models: a 4B model's 32k-token episode holds ~9.6 GB
    of fp32 KV).
 2. `VLLMEngine`: vLLM colocated in the training processes (one engine per rank, tensor parallel
    within the node, sleep mode between generation and training on GPUs), token in, token out;
@@ -387,7 +387,7 @@ def _reload_in_place(worker, weights, cpu: bool) -> None:
 
 def vllm_fit_error(*, world: int, tp: int, weight_bytes: float, utilization: float,
                    card_bytes: float | None) -> str | None:
-    """The start-up check of a colocated vLLM, pure (infra.Run runs it before anything loads; the
+    """The start-up check of a colocated vLLM, pure (run.Run runs it before anything loads; the
     README's GPU table is checked with it): None when TP divides the world and one rank's share of
     the shipped weights fits within vLLM's share of the card, utilization x card memory, which is
     vLLM's whole budget (weights + activations + KV cache: weights that fill it leave no KV cache

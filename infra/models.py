@@ -127,7 +127,7 @@ def architecture(name: str):
 
 def shipped_dtype(name: str) -> torch.dtype:
     """The dtype a model's checkpoint ships in (bf16 for the paper's models; fp32 for tiny):
-    infra.Run keeps the KL reference model in it and exports the policy in it."""
+    run.Run keeps the KL reference model in it and exports the policy in it."""
     resolved = resolve_model_name(name)
     if resolved in TINY_MODELS:
         return torch.float32

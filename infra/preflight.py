@@ -161,7 +161,7 @@ def _build(config, dtype, mesh, checkpointing: bool):
         if getattr(getattr(m, "gate_up_proj", None), "dim", lambda: 0)() == 3:
             m.forward = types.MethodType(_even_experts, m)
     if mesh is None:
-        if checkpointing:  # one GPU: transformers' own checkpointing, as infra.Run sets it
+        if checkpointing:  # one GPU: transformers' own checkpointing, as run.Run sets it
             model.gradient_checkpointing_enable({"use_reentrant": False})
         return model
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
@@ -212,7 +212,7 @@ def measure_trainer(config, *, world: int, seqs: int, seq_len: int, update, kl: 
     with fake:
         model = _build(config, torch.float32, mesh, checkpointing)
         ref = _build(config, torch.bfloat16, mesh, False) if kl else None
-        # frozen as infra.Run freezes it, except on one GPU: MemTracker hooks every parameter it
+        # frozen as run.Run freezes it, except on one GPU: MemTracker hooks every parameter it
         # meets for its gradient (grpo_update runs the reference under no_grad: none is made)
         if ref is not None and mesh is not None:
             ref.requires_grad_(False)
@@ -403,8 +403,9 @@ def report(p: dict, name: str, host: dict) -> str:
 
 
 def table_row(p: dict, name: str, setting: str) -> str:
-    """One README memory-table row: model, GPUs, setting, card, offload, util, rollout / update /
-    step / sync GiB, KV tokens per TP group, the largest util that fits, the verdict."""
+    """One memory-table row (docs/gpu.md, "Memory per GPU"): model, GPUs, setting, card, offload,
+    util, rollout / update / step / sync GiB, KV tokens per TP group, the largest util that fits,
+    the verdict."""
     ph, gpu = p["phases"], next((k for k, v in CARDS.items() if v == p["card"]), p["card"])
     cells = [name, str(p["world"]), setting, str(gpu), "on" if p["offload"] else "off",
              f"{p['util']:.2f}", *(f"{ph[k]:.1f}" for k in ("rollout", "update", "step", "sync")),

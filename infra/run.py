@@ -334,7 +334,7 @@ def make_engine(margs, sargs, model, tokenizer, seed: int, sharded: bool):
                            max_num_batched_tokens=preflight.MAX_NUM_BATCHED_TOKENS)
     if sharded:  # ranks would generate different token counts through one sharded model
         raise SystemExit("DeepSpeed / FSDP1 runs need the vLLM engine (pip install -r "
-                         "requirements-gpu.txt); FSDP2 runs can use either engine")
+                         "requirements/gpu.txt); FSDP2 runs can use either engine")
     if margs.tensor_parallel_size != 1:
         raise SystemExit("--tensor_parallel_size applies to the vLLM engine only")
     # The prefix cache reuses each episode's KV across turns (sync_weights clears it every step).

@@ -245,8 +245,7 @@ def test_a_tool_use_run_exports_with_replays_of_its_tool_turns(tiny, tmp_path):
 
 def export_python() -> Path:
     if not EXPORT_PYTHON.exists():
-        pytest.skip(f"no export virtualenv at {EXPORT_PYTHON} (.ci/run makes it; README, "
-                    "'Using the environments elsewhere')")
+        pytest.skip(f"no export virtualenv at {EXPORT_PYTHON} (.ci/run makes it; docs/export.md)")
     return EXPORT_PYTHON
 
 

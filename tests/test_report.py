@@ -339,7 +339,7 @@ def chromium():
 @pytest.mark.slow
 def test_report_renders_in_headless_chromium(tiny_run, tmp_path):
     """Screenshot the page and read back the DOM the browser built. REPORT_SCREENSHOT=path keeps
-    the screenshot (the README's picture)."""
+    the screenshot (docs/report.png, shown in docs/run.md)."""
     exe = chromium()
     if exe is None:
         pytest.skip("no chromium on PATH (Debian: apt-get install chromium; .ci/run installs it)")
