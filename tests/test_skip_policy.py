@@ -14,6 +14,9 @@ def test_which_skips_are_expected():
     layer = ("tests/test_sandbox.py::test_secret_file", "layer(s) ['uid'] not available here (rlimits)")
     assert skip_policy.skip_expected(*layer, is_root=False)
     assert not skip_policy.skip_expected(*layer, is_root=True)  # as root (CI) the layers must apply
+    # the ids the README's command gives (pytest's rootdir is tests/, where its pytest.ini is)
+    assert skip_policy.skip_expected(layer[0].removeprefix("tests/"), layer[1], is_root=False)
+    assert not skip_policy.skip_expected("test_sandbox_alone.py::test_x", layer[1], is_root=False)
     bfcl = ("tests/test_eval.py::test_bfcl_ground_truth_replay_scores_100_percent[multi_turn_base]",
             "could not import 'bfcl_eval': install with `pip install --no-deps bfcl-eval`")
     qwen3 = ("tests/test_agent.py::test_real_qwen3_template[qwen3-None]",
