@@ -125,7 +125,6 @@ def fixed_draws(sargs, sb, rank: int, world: int) -> list[list[dict]]:
             for draw in fixed_env_schedule(len(fixed), sargs.num_envs, sargs.steps)]
 
 
-
 def load(specs: str, setting: str, sb, origin: str) -> list[dict]:
     """The environments of a comma-separated list of sources that pass validation, as the fields
     of train.PoolEnv. Bad ids or imports stop the run with a one-line message."""
@@ -162,4 +161,3 @@ def load_dir(path: Path, setting: str, sb, origin: str) -> list[dict]:
         envs.append({"env_id": f"{origin}:{f.stem}", "skill": skill, "source": src,
                      "class_name": report.class_name, "origin": origin})
     return envs
-

@@ -30,14 +30,8 @@ from accelerate.utils import InitProcessGroupKwargs, gather_object, set_seed
 from tqdm.auto import tqdm
 
 import agent
-from infra import config
-from infra import engine
 import grpo
-from infra import metrics
-from infra import models
-from infra import offload
-from infra import preflight
-from infra import telemetry
+from infra import config, engine, metrics, models, offload, preflight, telemetry
 
 
 def derive_seed(*parts) -> int:

@@ -43,9 +43,8 @@ class ByPhase:
     def __init__(self, sampler, designer, agent):
         self._sampler, self._designer, self._agent = sampler, designer, agent
 
-    def __getattr__(self, name):
-        phase = self.__dict__["_sampler"].phase
-        return getattr(self.__dict__["_designer" if phase == "designer" else "_agent"], name)
+    def __getattr__(self, name):  # only names ByPhase lacks: the engines' own
+        return getattr(self._designer if self._sampler.phase == "designer" else self._agent, name)
 
 
 def seeded(memory, rng):
