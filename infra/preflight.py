@@ -260,9 +260,14 @@ def measure_trainer(config, *, world: int, seqs: int, seq_len: int, update, kl: 
              for layer in model.get_decoder().layers]
     units += [m.weight.numel() for m in (model.get_input_embeddings(),
                                          model.get_output_embeddings())]
-    ref_gib = sum(_local(p).numel() * p.element_size() for p in ref.parameters()) / GIB \
-        if kl else 0.0  # its bf16 shards: offload.py leaves the reference where it is
-    return {**peaks, "params": params, "largest_unit": 2 * max(units) / GIB, "ref": ref_gib}
+    # this rank's shards (the trackers file the reference's under different kinds): the policy's
+    # fp32 ones, which offload.py moves, and the reference's bf16 ones, which it leaves
+    return {**peaks, "params": params, "largest_unit": 2 * max(units) / GIB,
+            "policy": _shard_gib(model), "ref": _shard_gib(ref) if kl else 0.0}
+
+
+def _shard_gib(model) -> float:
+    return sum(_local(p).numel() * p.element_size() for p in model.parameters()) / GIB
 
 
 def _local(t):
@@ -331,8 +336,7 @@ def state_kinds(trainer: dict) -> dict:
     stays: the KL reference, buffers), and what each pass adds beyond the state: `update`
     (activations, FSDP2's buffers) and `step` (the optimizer's temporaries)."""
     held, update, step = trainer["held"], trainer["update"], trainer["step"]
-    params = _kind(held, "Sharded Param", "Parameter") - trainer["ref"]
-    moments = _kind(held, "OptState", "Optstate")
+    params, moments = trainer["policy"], _kind(held, "OptState", "Optstate")
     grads = _kind(update, "Sharded Grad", "Gradient")
     return {"params": params, "moments": moments, "grads": grads,
             "fixed": held["Total"] - params - moments,

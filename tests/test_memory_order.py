@@ -16,7 +16,6 @@ full-size trainer on fake tensors (minutes each on 2 cores: marked slow); each i
 import importlib.machinery
 import sys
 from pathlib import Path
-from unittest import mock
 
 import pytest
 import yaml
@@ -146,7 +145,8 @@ class Ledger(FakeTPLLM):
         return super().generate(prompts, sampling_params, use_tqdm)
 
 
-def run_on_ledger(plan: dict, row, tmp_path, monkeypatch, before_fix: bool = False) -> list:
+def run_on_ledger(plan: dict, tmp_path, monkeypatch, *, offload_trainer: bool, kl_coef: float,
+                  before_fix: bool = False) -> list:
     """train.main for 2 steps (a checkpoint after each), then --resume for a third, on a Ledger
     of `plan`; returns the timeline. before_fix: the order the loop ran before: the KV cache
     woke at the end of the sync, and the resume loaded the checkpoint with vLLM awake."""
@@ -197,19 +197,20 @@ def run_on_ledger(plan: dict, row, tmp_path, monkeypatch, before_fix: bool = Fal
                 del self.engine.sleep
         monkeypatch.setattr(engine.VLLMEngine, "sync_weights", sync_then_kv)
         monkeypatch.setattr(infra.Run, "resume", resume_awake)
-    margs, _, oargs, _ = row_args(row)
     tiny = ["--model", "tiny", "--engine", "vllm", "--steps", "2", "--regen_interval", "2",
             "--num_envs", "2", "--skills_per_regen", "1", "--plays", "2", "--hint_plays", "1",
             "--max_attempts", "1", "--designer_max_tokens", "16", "--hint_max_tokens", "8",
             "--max_turns", "1", "--max_new_tokens", "8", "--sandbox_workers", "1",
-            "--checkpoint_every", "1", "--corpus", str(CORPUS), "--kl_coef", str(oargs.kl_coef),
-            "--output_dir", str(tmp_path / "run")] + \
-        (["--offload_trainer"] if margs.offload_trainer else [])
+            "--checkpoint_every", "1", "--corpus", str(CORPUS), "--kl_coef", str(kl_coef),
+            "--output_dir", str(tmp_path / "run")] + (["--offload_trainer"] if offload_trainer
+                                                        else [])
     for argv in (tiny, tiny + ["--resume", "--steps", "3", "--allow_config_change"]):
         ledgers.append(Ledger(models.build_tiny_tokenizer(), plan, timeline))
-        fake = ledgers[-1]
-        with mock.patch.dict(sys.modules, {"vllm": fake, "vllm.platforms": fake.platforms}):
-            train.main(argv)
+        # the ledger is the vllm module while the run lasts (monkeypatch restores these keys
+        # alone: modules the run imports meanwhile stay imported)
+        monkeypatch.setitem(sys.modules, "vllm", ledgers[-1])
+        monkeypatch.setitem(sys.modules, "vllm.platforms", ledgers[-1].platforms)
+        train.main(argv)
     return timeline
 
 
@@ -235,6 +236,13 @@ def check(plan: dict, timeline: list) -> list[str]:
     return wrong
 
 
+def on_ledger(row, tmp_path, monkeypatch, before_fix: bool = False) -> tuple[dict, list]:
+    """(the plan of a README row, the loop's timeline on a Ledger of it)."""
+    plan, (margs, _, oargs, _) = row_plan(row), row_args(row)
+    return plan, run_on_ledger(plan, tmp_path, monkeypatch, offload_trainer=margs.offload_trainer,
+                               kl_coef=oargs.kl_coef, before_fix=before_fix)
+
+
 def ledger_rows():
     """The README's --offload_trainer rows, and the rows of the same model, setting and config
     file without it (their trainers are measured already)."""
@@ -249,15 +257,49 @@ def row_id(row) -> str:
                                                      else [])])
 
 
+def show(title: str, plan: dict, timeline: list) -> dict:
+    seen = peaks(timeline)
+    print(f"\n[ledger{title}] peak {max(seen.values()):.1f} GiB of {plan['card']:.1f}; " +
+          ", ".join(f"{k} {v:.1f}" for k, v in seen.items()))
+    return seen
+
+
+# A plan by hand, one GPU of 80 GiB at util 0.75 (a 4B-sized trainer, GiB): fp32 shards 15,
+# moments 30, gradients 15 and activations 22 at the update's peak; vLLM's share 60.
+HAND = {"held": {"Parameter": 15.0, "Optstate": 30.0, "Total": 45.0},
+        "update": {"Parameter": 15.0, "Gradient": 15.0, "Activation": 22.0, "Optstate": 30.0,
+                   "Total": 82.0},
+        "step": {"Parameter": 15.0, "Gradient": 15.0, "Optstate": 30.0, "Total": 60.0},
+        "policy": 15.0, "ref": 0.0, "largest_unit": 0.7, "params": 4 * 10**9}
+HAND_VLLM = {"share": 60.0, "weights": 7.5, "profile": 1.7, "graphs": 1.0, "asleep": 0.05,
+             "kv": 49.75}
+
+
+def test_the_order_on_a_hand_made_plan(tmp_path, monkeypatch, capsys):
+    """The ledger on a plan by hand (no measurement): the loop's order matches the plan; the order
+    before the fix maps the KV cache beside the whole state, 45 + 1 + 60 GiB on an 80 GiB card,
+    and the resume's sync beside an awake vLLM adds the largest layer."""
+    phases = preflight.phases(HAND, HAND_VLLM, world=1, tp=1, card=80.0, offload=True)
+    plan = {"trainer": HAND, "vllm": HAND_VLLM, "phases": phases, "card": 80.0}
+    assert phases["rollout"] == phases["kv wake"] == 0.0 + 1.0 + 60.0
+    timeline = run_on_ledger(plan, tmp_path / "fixed", monkeypatch, offload_trainer=True,
+                             kl_coef=0.0)
+    assert check(plan, timeline) == []
+    monkeypatch.undo()
+    before = run_on_ledger(plan, tmp_path / "before", monkeypatch, offload_trainer=True,
+                           kl_coef=0.0, before_fix=True)
+    seen = peaks(before)
+    assert seen["kv wake"] == pytest.approx(45.0 + 1.0 + 60.0)
+    assert seen["sync"] == pytest.approx(45.0 + 1.0 + 60.0 + 0.7)
+    assert "kv wake 106.0 GiB above the 80.0 GiB card" in check(plan, before)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("row", ledger_rows(), ids=row_id)
 def test_the_loop_runs_the_order_the_plan_describes(row, tmp_path, monkeypatch, capsys):
-    plan = row_plan(row)
-    timeline = run_on_ledger(plan, row, tmp_path, monkeypatch)
-    seen = peaks(timeline)
+    plan, timeline = on_ledger(row, tmp_path, monkeypatch)
     with capsys.disabled():
-        print(f"\n[ledger] {row_id(row)}: peak {max(seen.values()):.1f} GiB of "
-              f"{plan['card']:.1f}; " + ", ".join(f"{k} {v:.1f}" for k, v in seen.items()))
+        seen = show(f" {row_id(row)}", plan, timeline)
     assert {"start-up", "rollout", "kv wake", "update", "step", "sync", "offload", "reload",
             "sleep", "checkpoint", "export", "resume"} <= seen.keys()
     assert check(plan, timeline) == []
@@ -269,12 +311,9 @@ def test_the_loop_runs_the_order_the_plan_describes(row, tmp_path, monkeypatch, 
 def test_the_order_before_the_fix_runs_out_of_memory(row, tmp_path, monkeypatch, capsys):
     """The KV cache mapped at the sync's end beside the fp32 shards and both moments: the
     rollout's figure without the offload, above the card on every --offload_trainer row."""
-    plan = row_plan(row)
-    timeline = run_on_ledger(plan, row, tmp_path, monkeypatch, before_fix=True)
-    seen = peaks(timeline)
+    plan, timeline = on_ledger(row, tmp_path, monkeypatch, before_fix=True)
     with capsys.disabled():
-        print(f"\n[ledger, before the fix] {row_id(row)}: peak {max(seen.values()):.1f} GiB of "
-              f"{plan['card']:.1f}; " + ", ".join(f"{k} {v:.1f}" for k, v in seen.items()))
+        seen = show(f", before the fix, {row_id(row)}", plan, timeline)
     assert seen["kv wake"] > plan["card"]
     held = plan["trainer"]["held"]["Total"]
     assert seen["kv wake"] == pytest.approx(held + plan["phases"]["context"] +

@@ -229,3 +229,24 @@ def test_resident_reports_the_state_on_the_device_by_kind(tiny):
     opt.step()  # the pre-hook brings the moments back first
     assert off.resident() == {"params": n, "grads": n, "moments": 2 * n + steps}
     assert offload.TrainerOffload(model, opt, enabled=False).resident()["params"] == n
+
+
+def test_state_loaded_from_a_checkpoint_offloads_too(tiny):
+    """torch.load gives CPU tensors storage it cannot resize (what Accelerate's load_state leaves
+    in the optimizer on a CPU resume): each gets storage of its own, the same tensor object, and
+    the round trip is exact."""
+    import io
+    model, opt = _tiny_with_moments(tiny)
+    saved = io.BytesIO()
+    torch.save(opt.state_dict(), saved)
+    saved.seek(0)
+    opt.load_state_dict(torch.load(saved))
+    moments = [v for s in opt.state.values() for v in s.values()]
+    assert not all(v.untyped_storage().resizable() for v in moments)
+    before = [v.clone() for v in moments]
+    off = offload.TrainerOffload(model, opt)
+    off.offload()
+    off.reload()
+    after = [v for s in opt.state.values() for v in s.values()]
+    assert all(a is b for a, b in zip(after, moments))
+    assert all(torch.equal(a, b) for a, b in zip(after, before))

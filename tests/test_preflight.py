@@ -112,7 +112,7 @@ TRAINER = {"held": {"Sharded Param": 6.0, "OptState": 8.0, "Buffer": 0.5, "Total
                       "Activation": 6.0, "Buffer": 0.5, "Total": 24.5},
            "step": {"Sharded Param": 6.0, "Sharded Grad": 4.0, "OptState": 8.0, "Temp": 1.0,
                     "Buffer": 0.5, "Total": 19.5},
-           "ref": 2.0, "largest_unit": 0.25, "params": 8 * 2**30}
+           "policy": 4.0, "ref": 2.0, "largest_unit": 0.25, "params": 8 * 2**30}
 VLLM = {"share": 28.0, "weights": 3.0, "profile": 1.5, "graphs": 1.0, "asleep": 0.1, "kv": 22.4,
         "kv_token_bytes": 24576, "kv_tokens": 900_000}
 
