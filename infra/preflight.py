@@ -457,10 +457,10 @@ def report(p: dict, name: str, host: dict) -> str:
     by = {k: round(val, 1) for k, val in t["update"].items() if val >= 0.05 and k != "Total"}
     out.append(f"  update peak by kind (GiB): {by}")
     comms = communicators(p["world"], p["tp"])
+    nccl = f" + {len(comms)} NCCL x {NCCL_GIB:.1f} ({', '.join(comms)})" if comms else ""
     out.append(f"  trainer state between updates {t['held']['Total']:.1f} GiB"
                f"{' (in host RAM during rollouts)' if p['offload'] else ''}; context "
-               f"{ph['context']:.1f} GiB = CUDA {CUDA_CONTEXT_GIB:.1f} + {len(comms)} NCCL "
-               f"communicator(s) x {NCCL_GIB:.1f} ({', '.join(comms) or 'none'}; estimates)")
+               f"{ph['context']:.1f} GiB = CUDA {CUDA_CONTEXT_GIB:.1f}{nccl} (estimates)")
     out.append(f"  vLLM share {v['share']:.1f} GiB = weights {v['weights']:.1f} + profile "
                f"{v['profile']:.1f} (estimate) + graphs {v['graphs']:.1f} (estimate) + runner "
                f"buffers {v['asleep']:.2f} + KV {v['kv']:.1f}; asleep it keeps the runner buffers")
