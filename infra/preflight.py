@@ -458,8 +458,9 @@ def report(p: dict, name: str, host: dict) -> str:
     out.append(f"  update peak by kind (GiB): {by}")
     comms = communicators(p["world"], p["tp"])
     nccl = f" + {len(comms)} NCCL x {NCCL_GIB:.1f} ({', '.join(comms)})" if comms else ""
+    away = t["held"]["Total"] - state_kinds(t)["fixed"]
     out.append(f"  trainer state between updates {t['held']['Total']:.1f} GiB"
-               f"{' (in host RAM during rollouts)' if p['offload'] else ''}; context "
+               f"{f' ({away:.1f} in host RAM during rollouts)' if p['offload'] else ''}; context "
                f"{ph['context']:.1f} GiB = CUDA {CUDA_CONTEXT_GIB:.1f}{nccl} (estimates)")
     out.append(f"  vLLM share {v['share']:.1f} GiB = weights {v['weights']:.1f} + profile "
                f"{v['profile']:.1f} (estimate) + graphs {v['graphs']:.1f} (estimate) + runner "
