@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 PREAMBLE = "You are playing a language game. Make valid actions to win."
+CONTEXT_MARGIN = 64  # context tokens a reply may never take (the authors' minimum to generate)
 ANSWER_FORMAT = "Please reason step by step, and put your final answer within \\boxed{}."  # Fig. 5
 FORMAT_HINT = ("[FORMAT] Your last <tool_call> could not be parsed. Write each call exactly as "
                '<tool_call>{"name": "<tool name>", "arguments": {<arguments as JSON>}}'
@@ -540,7 +541,9 @@ def play(specs: list[EpisodeSpec], *, generate, tokenizer,
     requests, caps = generate if hasattr(generate, "submit") else _Batched(generate), {}
 
     def ask(i: int) -> None:  # INFRA: the episode's next reply, unless no room is left for one
-        caps[i] = min(max_new_tokens, max_context - len(episodes[i].token_ids))
+        # The authors' margin: an episode with CONTEXT_MARGIN tokens or fewer left ends, and a
+        # reply may take the room left minus the margin.
+        caps[i] = min(max_new_tokens, max_context - len(episodes[i].token_ids) - CONTEXT_MARGIN)
         if caps[i] <= 0:
             return _finish(episodes[i], "context")
         requests.submit((i, episodes[i].turns + 1), episodes[i].token_ids, caps[i])

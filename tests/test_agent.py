@@ -422,10 +422,13 @@ def test_limits(tokenizer):
     assert (ep.status, ep.turns, ep.actions, ep.mask.count(1)) == ("truncated", 1, [], 8)
     assert long.calls[0][1] == [8]
     [ep] = play(specs_for([GuessEnv(max_turns=99)], [0]), generate=never, tokenizer=tokenizer,
-                max_context=200, max_new_tokens=50)
-    assert ep.status == "context" and len(ep.token_ids) <= 200 and ep.prompt_len < 150
+                max_context=300, max_new_tokens=50)
+    # the authors' margin: a reply takes at most the room left minus 64 tokens, and an episode
+    # with 64 or fewer left ends ("context") without asking for another
+    assert agent.CONTEXT_MARGIN == 64 and ep.prompt_len < 150
+    assert ep.status == "context" and 300 - 64 <= len(ep.token_ids) <= 300
     calls = never.calls[-ep.turns:]
-    assert [c for _, [c] in calls] == [min(50, 200 - len(p)) for [p], _ in calls]
+    assert [c for _, [c] in calls] == [min(50, 300 - len(p) - 64) for [p], _ in calls]
     assert calls[0][1] == [50] and calls[-1][1][0] < 50  # fewer new tokens near the limit
 
 
