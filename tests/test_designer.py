@@ -707,9 +707,13 @@ def test_no_corpus_and_infra_retries():
             raise RuntimeError("could not start a worker")
         return Report(True, None, None, None)
     props, stats = d.regenerate([MATH], generate=ScriptedDesigner([fenced(env("Dial"))]), validate=flaky,
-                                corpus=None, memory_block=None, setting="games", rng=random.Random(0))
+                                corpus=None, memory_block=None, setting="games", rng=random.Random(0),
+                                max_turns=40)
     assert len(calls) == 3 and props[0].ok and props[0].doc_id is None
-    assert "REFERENCE_DOCUMENT" not in props[0].messages[1]["content"]
+    prompt = props[0].messages[1]["content"]
+    # the turn budget the no-corpus prompt states is the run's --max_turns, as the authors pass it
+    assert "REFERENCE_DOCUMENT" not in prompt and "at most 40 turns" in prompt
+    assert "about 20-30 turns" in prompt and "max_turns=40" in prompt and "25" not in prompt
 
     def broken(source):
         raise RuntimeError("sandbox down")
