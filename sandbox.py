@@ -34,7 +34,8 @@ LAYERS (`Sandbox.layers` lists those achieved; a later worker missing one exits 
             process group; JSON only (never pickle), 1 MiB reply lines; a fresh worker per episode.
   netns     (root) one empty network namespace for the zygote's workers, only loopback; workers
             cannot reach each other there (no TCP/UDP: see landlock and seccomp).
-  mountns   (root) private size-capped tmpfs on /tmp, /var/tmp, /dev/shm (scratch lives there).
+  mountns   (root) private size-capped tmpfs on /tmp, /var/tmp, /dev/shm (scratch lives there;
+            with own_scratch, each worker's scratch is a tmpfs of its own, in its own namespace).
   uid       (root) one unprivileged uid per worker: no signal, ptrace, renice or /proc read across
             workers or towards the trainer; the trainer user's files stay closed.
   pdeathsig, nondumpable, no_new_privs   set after the uid drop.
@@ -280,6 +281,13 @@ def _worker_setup(req_fd, rep_fd, uid, cfg, required):
     os.closerange(5, max(1 << 16, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     tempfile.tempdir = scratch = os.path.join(cfg["scratch"], f"w{os.getpid()}")
     os.mkdir(scratch, 0o700)
+    if cfg["own_scratch"] and cfg["mountns"]:
+        # Its own scratch_mb tmpfs, in a mount namespace of its own that dies with it: no worker
+        # can fill another's scratch.
+        opts = f"size={cfg['scratch_mb']}m,mode=0700".encode()
+        if (_LIBC.unshare(0x00020000) != 0  # CLONE_NEWNS; MS_NOSUID | MS_NODEV below
+                or _LIBC.mount(b"tmpfs", scratch.encode(), b"tmpfs", 0x2 | 0x4, opts) != 0):
+            raise OSError("cannot mount the worker's own scratch tmpfs")
     if root:
         os.chown(scratch, uid, uid)
     os.chdir(scratch)
@@ -608,6 +616,16 @@ def _bad_text(x, depth=0) -> str | None:
     return next((m for v in x if (m := _bad_text(v, depth + 1))), None)
 
 
+def _bad_step(reward, term, trunc) -> tuple[str, str] | None:
+    """(fault kind, why) for a step's malformed reward or flags, else None: exact types only."""
+    # inf and NaN fail the compare.
+    if type(reward) not in (float, int) or not -10 <= reward <= 10:
+        return "invalid_reward", f"reward {reward!r:.40} is not in [-10, 10]"
+    if type(term) is not bool or type(trunc) is not bool:
+        return "invalid_result", "terminated/truncated are not bools"
+    return None
+
+
 def _clean(msg: str) -> str:
     """Short, printable message (no terminal control sequences) for observations and logs."""
     return "".join(c if c.isprintable() else "?" for c in str(msg)[:300])
@@ -818,11 +836,8 @@ class EnvHandle:
 
     def _check_step(self, r) -> tuple:
         obs, reward, term, trunc, info = self._check(r, 5)
-        # inf fails the compare.
-        if type(reward) not in (float, int) or not -10 <= reward <= 10:
-            raise self._kill("invalid_reward", f"reward {reward!r:.40} is not in [-10, 10]")
-        if type(term) is not bool or type(trunc) is not bool:
-            raise self._kill("invalid_result", "terminated/truncated are not bools")
+        if (bad := _bad_step(reward, term, trunc)) is not None:
+            raise self._kill(*bad)
         if term or trunc:
             self._leak_check()
         return obs, float(reward), term, trunc, info
@@ -857,19 +872,22 @@ class Sandbox(contextlib.AbstractContextManager):
     """Runs untrusted environments and programs; a context manager. workers: validations the caller
     runs at once; step_timeout: seconds per call (load, reset, step); memory_mb: address space per
     worker above the preloaded zygote; episode_timeout: worker seconds per episode; cpu_seconds /
-    fsize_mb: RLIMIT_CPU / RLIMIT_FSIZE per worker; scratch_mb: one tmpfs for all scratch (root);
-    numpy: preload it (and bind np / numpy in environments); landlock / seccomp: False only to
-    debug; pool: pre-forked idle workers; max_turns: what a class whose constructor requires it
-    is built with (the agent's turn budget)."""
+    fsize_mb: RLIMIT_CPU / RLIMIT_FSIZE per worker; scratch_mb: one tmpfs for all scratch (root),
+    or each worker's own with own_scratch; numpy: preload it (and bind np / numpy in
+    environments); landlock / seccomp: False only to debug; pool: pre-forked idle workers;
+    max_turns: what a class whose constructor requires it is built with (the agent's turn
+    budget)."""
 
     def __init__(self, workers: int = 8, step_timeout: float = 5.0, memory_mb: int = 1024,
                  episode_timeout: float = 120.0, cpu_seconds: int = 300, fsize_mb: int = 16,
                  scratch_mb: int = 256, numpy: bool = True, landlock: bool = True,
-                 seccomp: bool = True, pool: int = 8, max_turns: int = 25):
+                 seccomp: bool = True, pool: int = 8, max_turns: int = 25,
+                 own_scratch: bool = False):
         self.workers, self.step_timeout = workers, step_timeout
         self.episode_timeout, self.max_turns = episode_timeout, max_turns
         self._cfg = dict(memory_mb=memory_mb, cpu_seconds=cpu_seconds, fsize_mb=fsize_mb,
-                         scratch_mb=scratch_mb, numpy=numpy, landlock=landlock, seccomp=seccomp)
+                         scratch_mb=scratch_mb, numpy=numpy, landlock=landlock, seccomp=seccomp,
+                         own_scratch=own_scratch)
         self._zlock = threading.RLock()     # one message to the zygote at a time
         self._live = set()                  # handles holding a worker
         self._required, self._pool = [], 0  # sent with each spawn; set after the probe
