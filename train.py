@@ -45,6 +45,7 @@ configs/fsdp2_8gpu.yaml train.py --model Qwen3-30B-A3B`. Test: `pytest tests/tes
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import random
 import sys
@@ -94,7 +95,7 @@ class PoolEnv:
     regret: float | None = None
     r_hint: float | None = None
     r_nohint: float | None = None
-    suite: str | None = None  # an imported GEM / Gymnasium id (infra/imported.py), in-process
+    suite: str | None = None  # an imported GEM / Gymnasium / OpenEnv id (infra/imported.py)
 
 
 @dataclass
@@ -292,21 +293,24 @@ def play_pool(step, pool, sargs, sampler, sb, tokenizer, hinted_arm: bool, seed:
     gen = sampler.at(step, "agent").tokens(temperature=sargs.agent_temperature,
                                            top_p=sargs.top_p, top_k=sargs.top_k)
     step_many, reset_many, specs = sb.step_many, sb.reset_many, []
-    if any(e.suite for e in pool):  # INFRA: imported GEM / Gymnasium entries play in-process
+    if any(e.suite for e in pool):  # INFRA: imported GEM / Gymnasium / OpenEnv entries
         step_many, reset_many = imported.batched(sb, True), imported.batched(sb, False)
+    play = functools.partial(agent.play, tokenizer=tokenizer,
+                             step_many=step_many, reset_many=reset_many,
+                             setting=sargs.setting, max_turns=sargs.max_turns,
+                             max_context=sargs.max_context, max_new_tokens=sargs.max_new_tokens,
+                             enable_thinking=margs.enable_thinking,
+                             hinted_thinking=margs.hinted_thinking,
+                             strip_thinking_history=margs.strip_thinking_history,
+                             mask_malformed=tool_filters(sargs))
     try:  # an infrastructure fault (SandboxInfraError) propagates: it is never the env's fault
         for e, s, hint in jobs:
-            handle = (imported.InProcessEnv(e.suite) if e.suite
+            handle = (imported.handle(e.suite) if e.suite
                       else sb.open(e.source, setting=sargs.setting))
             specs.append(agent.EpisodeSpec(e.env_id, s, hint, handle))
-        return agent.play(specs, generate=gen, tokenizer=tokenizer,
-                          step_many=step_many, reset_many=reset_many,
-                          setting=sargs.setting, max_turns=sargs.max_turns,
-                          max_context=sargs.max_context, max_new_tokens=sargs.max_new_tokens,
-                          enable_thinking=margs.enable_thinking,
-                          hinted_thinking=margs.hinted_thinking,
-                          strip_thinking_history=margs.strip_thinking_history,
-                          mask_malformed=tool_filters(sargs))
+        if any(e.suite for e in pool):  # INFRA: at most an OpenEnv server's sessions at once
+            return imported.play_rounds(specs, gen, lambda s, g: play(s, generate=g))
+        return play(specs, generate=gen)
     finally:
         sampler.drain()
         for spec in specs:
