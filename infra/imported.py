@@ -1,5 +1,5 @@
-"""Environments from outside this run, for the pools of infra/baseline.py: GEM, Gymnasium and
-OpenEnv ids, played in this process; and another run's memory (--memory_from).
+"""Environments from outside this run, for the pools of infra/baseline.py: GEM and Gymnasium ids,
+played in this process, OpenEnv servers on this machine; and another run's memory (--memory_from).
 
 A pool source (`--fixed_envs`, `--fallback_envs`) may name, besides a directory of *.py files:
 
@@ -13,21 +13,36 @@ A pool source (`--fixed_envs`, `--fallback_envs`) may name, besides a directory 
                      its reset() arguments (`#index=2`: the package's third environment)
     ID patterns      gem:rg:* and the like (fnmatch) take every registered id that matches
 
-An imported environment is trusted library code, not model-written: it is played in this process
-by `InProcessEnv`, which has EnvHandle's surface (reset, step, tools, close), so agent.play and the
-pool's statistics treat it as any other environment. Its semantics follow the sandbox's: a fresh
-instance per episode (an episode depends only on its seed), the global `random` / `numpy.random`
-states it sees are its own, seeded from the episode's seed and set aside between calls (GEM's reset
-seeds them), and an exception or a malformed result is an environment fault with a named kind.
-Unlike the sandbox there is no deadline: a hanging library call hangs the run. An OpenEnv server
-is played over its WebSocket protocol (`OpenEnvRemote`: one session per episode, a reply that
-takes over REMOTE_TIMEOUT seconds is a `timeout` fault); its code runs in the server's process.
-train.play_pool opens an InProcessEnv per episode of such an entry, and batches through `batched`
-only when a pool holds one.
+A GEM or Gymnasium environment is trusted library code, not model-written: it is played in this
+process by `InProcessEnv`, which has EnvHandle's surface (reset, step, tools, close), so agent.play
+and the pool's statistics treat it as any other environment. Its semantics follow the sandbox's: a
+fresh instance per episode (an episode depends only on its seed), the global `random` /
+`numpy.random` states it sees are its own, seeded from the episode's seed and set aside between
+calls (GEM's reset seeds them), and an exception or a malformed result (the sandbox's own checks:
+sandbox._bad_text, sandbox._bad_step) is an environment fault with a named kind. Unlike the
+sandbox there is no deadline: a hanging library call hangs the run.
+
+An OpenEnv server is a peer, not a library: `RemoteEnv` plays it over openenv's WebSocket
+protocol (`OpenEnvRemote`), its code in the server's process, and holds against a hostile one:
+1. every call within REMOTE_TIMEOUT seconds whole (the schema, connect and first answer count as
+   one), an episode's calls within REMOTE_EPISODE_TIMEOUT together: `timeout`, `episode_timeout`;
+2. a reply frame over FRAME_CAP bytes or a GET /schema over SCHEMA_CAP is `output_too_large`;
+3. its own sockets: no redirect is followed and no proxy (http_proxy, ...) applies, so a URL on
+   this machine stays on this machine;
+4. replies typed as the sandbox types its workers' (finite int or float rewards, null meaning
+   none; real booleans; clean text), a fault kind from sandbox.FAILURES (else
+   protocol_violation), every message shortened and printable (sandbox._clean);
+5. websockets' keepalive is off (its pings draw from the global `random`), so nothing here moves
+   the trainer's RNG; a `#seed=` in the URL (every episode one seed) is refused.
+train.play_pool plays a pool with imported entries through `batched` (OpenEnv handles in threads,
+at once) and `play_rounds`: a round opens sessions until a server refuses one (its capacity), plays
+those episodes, closes them, and the rest wait for the next round; none is dropped, and a server
+whose every session others hold for BUSY_WAIT seconds stops the run (ServerFull).
 
 `seed_memory` (--memory_from) fills a new run's environment memory with another run's records
 (memory.json) or an export's manifest (tools/export.py): exemplars for the designer's prompts,
-text only, never executed here. Test: `pytest tests/test_export.py`.
+text only, never executed here.
+Test: `pytest tests/test_export.py tests/test_openenv_hostile.py`.
 """
 from __future__ import annotations
 

@@ -1015,6 +1015,32 @@ def test_scratch_tmpfs_caps_the_total():
     assert obs.startswith("errno 28 after ") and int(obs.split()[-1]) <= 2, obs   # ENOSPC near 2 MiB
 
 
+
+def test_own_scratch_gives_each_worker_its_own_tmpfs():
+    """own_scratch (the OpenEnv server's sessions): two live workers each write 3 MiB into a
+    scratch of 4 MiB; with one tmpfs for all (the default) the second stops at ENOSPC."""
+    fill = game("""
+        n = 0
+        try:
+            for i in range(3):
+                with open(f'f{i}.bin', 'wb') as f:
+                    f.write(b'x' * (1 << 20))
+                n += 1
+            return f'wrote {n}', 0.0, False, False, {}
+        except OSError as e:
+            return f'errno {e.errno} after {n}', 0.0, False, False, {}
+    """)
+    seen = {}
+    for own in (False, True):
+        with Sandbox(workers=1, scratch_mb=4, numpy=False, pool=0, own_scratch=own) as s:
+            need(s, "mountns")
+            a, b = s.open(fill), s.open(fill)
+            a.reset(seed=0), b.reset(seed=0)
+            seen[own] = [a.step("x")[0], b.step("x")[0]]
+            a.close(), b.close()
+    assert seen[True] == ["wrote 3", "wrote 3"]
+    assert seen[False][0] == "wrote 3" and seen[False][1].startswith("errno 28"), seen
+
 # ------------------------------------------------ whole programs (LiveCodeBench) under the same layers
 def test_run_program_honest_and_named_failures(sb):
     assert sb.run_program("print(int(input()) * 2)", "21\n") == ("ok", "42\n")

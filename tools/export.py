@@ -36,7 +36,12 @@ doc_id and doc_title (the grounding document; None without a corpus), hint, firs
 (its unhinted plays at its regeneration step, as memory.json counts them), regret, r_hint,
 r_nohint, replays; `excluded` lists the environments left out and why.
 
-Test: `pytest tests/test_export.py` (the GEM / Gymnasium calls run in a second virtualenv).
+What a run directory or a worker names stays data: config.json's model enters the package's
+docstring as an escaped literal, an env id must be a plain file name and a class name (the
+worker reports its runtime __name__) a plain identifier, else the environment is left out.
+
+Test: `pytest tests/test_export.py tests/test_openenv_hostile.py` (the GEM / Gymnasium / OpenEnv
+calls run in a second virtualenv).
 """
 from __future__ import annotations
 
