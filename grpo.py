@@ -112,6 +112,11 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.
                          f"{logp.shape}, {old_logp.shape}, {rollout_logp.shape}, {mask.shape}")
     if kl_coef and ref_logp is None:
         raise ValueError("kl_coef > 0 needs ref_logp")
+    # INFRA: the loss in fp32 at least, whatever dtype the log-probs come in: in bf16, exp(x) for
+    # |x| < 0.004 is 1 (k3 and its gradient vanish) and the token counts round above 256
+    dt = torch.promote_types(logp.dtype, torch.float32)
+    logp, old_logp, rollout_logp = logp.to(dt), old_logp.to(dt), rollout_logp.to(dt)
+    ref_logp = None if ref_logp is None else ref_logp.to(dt)
     on = mask > 0                                                            # (B, T)
     mask = on.to(logp.dtype)
     adv = advantages.to(logp.dtype).reshape(len(logp), -1)                   # (B, 1) or (B, T)

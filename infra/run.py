@@ -423,13 +423,16 @@ def reference_model(accelerator, name: str, dtype, seed: int, empty: bool):
 
 def fp32_gradient_reduce(accelerator) -> None:
     """FSDP2 computes in bf16 but reduce-scatters gradients in fp32 (Accelerate's default policy
-    reduces in bf16, too coarse for lr 1e-6 updates); applied before prepare()."""
+    reduces in bf16, too coarse for lr 1e-6 updates), and no unit casts its outputs
+    (output_dtype None): Accelerate's default casts them to bf16, and its [norm, head] unit
+    returns logprobs.py's fp32 log-probs, which the k3 KL and the TIS weight need unrounded (a
+    decoder layer's outputs stay bf16, the dtype they are computed in). Applied before prepare()."""
     plugin = getattr(accelerator.state, "fsdp_plugin", None)
     if plugin is not None and getattr(plugin, "fsdp_version", 1) == 2:
         from torch.distributed.fsdp import MixedPrecisionPolicy
         param = getattr(plugin.mixed_precision_policy, "param_dtype", None) or torch.bfloat16
         plugin.mixed_precision_policy = MixedPrecisionPolicy(
-            param_dtype=param, reduce_dtype=torch.float32, output_dtype=param)
+            param_dtype=param, reduce_dtype=torch.float32, output_dtype=None)
 
 
 def reduce_metrics(rows: list[dict]) -> dict:

@@ -580,7 +580,7 @@ def test_reduce_metrics_min_max_and_means():
                    "agent/return_mean": 0.5}
 
 
-def test_fsdp2_reduces_gradients_in_fp32():
+def test_fsdp2_reduces_gradients_in_fp32_and_leaves_outputs_uncast():
     from types import SimpleNamespace
 
     from accelerate.utils import FullyShardedDataParallelPlugin
@@ -590,6 +590,7 @@ def test_fsdp2_reduces_gradients_in_fp32():
     infra.fp32_gradient_reduce(SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin)))
     policy = plugin.mixed_precision_policy
     assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
+    assert policy.output_dtype is None  # the head unit's fp32 log-probs are not cast to bf16
 
 
 def test_hints_only_for_freshly_designed_environments(tiny, monkeypatch):
