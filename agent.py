@@ -538,6 +538,7 @@ def play(specs: list[EpisodeSpec], *, generate, tokenizer,
     episodes, renderers = _start_all(specs, reset_many, tokenizer, setting, thinking, eot)
     stops = {tokenizer.eos_token_id, eot[1]}  # the engine stops on either
     requests, caps = generate if hasattr(generate, "submit") else _Batched(generate), {}
+    serve = getattr(requests, "serve", lambda fn: fn())
 
     def ask(i: int) -> None:  # INFRA: the episode's next reply, unless no room is left for one
         caps[i] = min(max_new_tokens, max_context - len(episodes[i].token_ids))
@@ -561,8 +562,9 @@ def play(specs: list[EpisodeSpec], *, generate, tokenizer,
                 stepping.append((i, stop, malformed))
         handles = [specs[i].handle for i, _, _ in stepping]
         actions = [episodes[i].actions[-1] for i, _, _ in stepping]
-        results = step_many(handles, actions) if step_many else \
-            [h.step(a) for h, a in zip(handles, actions)]  # plain environments, one at a time
+        # INFRA: run.Requests steps the environments while serving its engine's TP group
+        results = serve(lambda: step_many(handles, actions) if step_many else
+                        [h.step(a) for h, a in zip(handles, actions)])  # plain ones in turn
         for (i, stop, malformed), result in zip(stepping, results):
             _observe(episodes[i], renderers[i], result, stop, malformed, setting=setting,
                      max_turns=max_turns, max_context=max_context,

@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import torch
@@ -408,6 +409,9 @@ def vllm_fit_error(*, world: int, tp: int, weight_bytes: float, utilization: flo
             f"{card_bytes / gib:.1f} GiB = {share / gib:.1f} GiB): use {fix}")
 
 
+IDLE_WAIT_S = 0.005  # VLLMEngine.serve: a TP group with nothing to decode polls this often
+
+
 class VLLMEngine:
     """vLLM rollouts colocated with training: token in, token out, log-probs, sleep, weight sync.
 
@@ -445,9 +449,12 @@ class VLLMEngine:
         if self.tp > 1 and dist.is_initialized():  # the ranks sharing one tensor-parallel engine
             world = dist.get_world_size()
             assert world % self.tp == 0, f"world size {world} is not a multiple of TP {self.tp}"
+            # INFRA: a CPU (gloo) group for the members' per-step exchange of new requests: on
+            # NCCL, all_gather_object reads its sizes back to the host (.item()), which waits for
+            # the forward in flight on the GPU and so undoes vLLM's async scheduling at every step
             self.tp_group, _ = dist.new_subgroups_by_enumeration(
                 [list(range(i, i + self.tp)) for i in range(0, world, self.tp)],
-                timeout=group_timeout)  # a timedelta; None: the backend's default (NCCL: 10 min)
+                timeout=group_timeout, backend="gloo")  # a timedelta; None: gloo's 30 min
         # external_launcher reads RANK etc., which plain `python` and a one-process Accelerate
         # launch do not set: there the single-process executor
         world = dist.get_world_size() if dist.is_initialized() else int(os.getenv("WORLD_SIZE", 1))
@@ -512,9 +519,10 @@ class VLLMEngine:
     # vLLM's own step loop (LLMEngine.add_request / step) until one of the caller's requests has
     # finished, so a caller submits an episode's next turn while the others are still decoding.
     # Under tensor parallelism the group's members are one program: each engine step starts with
-    # one all_gather_object of the members' new requests, which every member adds in rank order.
-    # A member busy between collects (stepping its environments, validating designs with nothing
-    # in flight) holds the others at that gather until it collects again or drains.
+    # one all_gather_object (on a gloo group) of the members' new requests, which every member
+    # adds in rank order. A member's sandbox work between collects (stepping its environments,
+    # waiting for validations with nothing in flight) goes through serve(), which keeps it in the
+    # group's engine steps meanwhile; otherwise it would hold the others at that gather.
 
     def submit(self, prompt: list[int], *, max_new_tokens: int, temperature: float = 0.6,
                top_p: float = 0.95, top_k: int = 20, seed: int | None = None) -> int:
@@ -534,6 +542,20 @@ class VLLMEngine:
             if not wait:
                 break
         return [(rid, done.pop(rid)) for rid in sorted(ids & done.keys())]
+
+    def serve(self, fn):
+        """fn() (sandbox work) on a worker thread while this member keeps taking part in its TP
+        group's engine steps, so the others' requests (and this rank's own in flight) decode
+        meanwhile; returns what fn returns, or raises what it raises. Without a group: fn()."""
+        if self.tp_group is None:
+            return fn()
+        with ThreadPoolExecutor(1, thread_name_prefix="spade-serve") as pool:
+            work = pool.submit(fn)
+            while not work.done():
+                self._step(done=False)  # not done: this member may submit again afterwards
+                if not self.llm.llm_engine.has_unfinished_requests():  # the same on every member
+                    wait([work], timeout=IDLE_WAIT_S)  # a group with nothing to decode: no spin
+            return work.result()
 
     def drain_steps(self) -> None:
         """drain() for callers of submit/collect: a member with nothing left to submit keeps

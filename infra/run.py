@@ -98,8 +98,9 @@ class Requests:
     episode's turn, a slot's attempt, 1-based n): seeded as the n-th generate call of the phase
     seeds its i-th prompt, derive_seed(seed, step, phase, n) + i, so a reply never depends on
     what else is in flight. collect(wait=True) -> [(key, Completion)] of finished requests (at
-    least one when wait and any is pending; after one engine step otherwise). `render` turns a
-    chat into tokens (designer and hint streams)."""
+    least one when wait and any is pending; after one engine step otherwise); serve(fn) runs
+    fn() while the engine keeps serving its group. `render` turns a chat into tokens (designer
+    and hint streams)."""
     continuous = True  # collect(wait=False) advances decoding: work can overlap it
 
     def __init__(self, sampler: Sampler, params: dict, max_new_tokens: int | None = None,
@@ -123,6 +124,11 @@ class Requests:
         done = self.sampler.eng.collect(self.keys, wait)
         self.sampler.generated += sum(len(c.token_ids) for _, c in done)
         return [(self.keys.pop(rid), c) for rid, c in done]
+
+    def serve(self, fn):
+        """fn() (the caller's sandbox work) while this rank keeps serving its tensor-parallel
+        group's engine steps (VLLMEngine.serve)."""
+        return self.sampler.eng.serve(fn)
 
 
 class Run:
