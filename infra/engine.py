@@ -4,7 +4,10 @@ SPADE (arXiv 2608.19197) trains one policy that both writes environments (design
 (agent); every token either role emits is sampled here, from a model that models.py loads.
 
 1. `TransformersEngine`: length-sorted, token-budgeted, left-padded batches with a KV cache, on CPU
-   or on GPUs under FSDP2 (ranks decode in lockstep). It returns log p(token) under
+   or on GPUs under FSDP2 (ranks decode in lockstep); top-k / top-p sampling over the k sorted
+   candidates, and over the whole vocabulary unsorted when nothing is truncated (one uniform
+   per row against the fp64 cumulative probabilities; bench/rollout.py times it against
+   transformers' own `generate`). It returns log p(token) under
    softmax(logits / T), NOT renormalised after top-k / top-p: exactly what the trainer recomputes
    (logprobs.token_logprobs), so the truncated importance weight sees only numeric drift. An
    optional prefix KV cache, bounded in bytes, lets each agent turn prefill only its new tokens
@@ -66,16 +69,31 @@ def _caps(max_new_tokens: int | list[int], n: int) -> list[int]:
 def _candidates(scaled: torch.Tensor, top_k: int, top_p: float):
     """The tokens top-k / top-p sampling may pick: (values, ids), sorted descending, with -inf on
     tokens outside the smallest prefix holding top_p of the (top-k) mass. Only k columns are
-    sorted and sampled over, which keeps a batched step cheap."""
+    sorted and sampled over, which keeps a batched step cheap. Nothing truncated (top_k off or
+    >= V, top_p 1): (scaled, None), the whole vocabulary in its own order, never sorted (the sort
+    was a fifth of a decode step)."""
     if 0 < top_k < scaled.shape[-1]:
         values, ids = torch.topk(scaled, top_k, dim=-1)                       # (B, k), sorted
-    else:
+    elif top_p < 1.0:
         values, ids = torch.sort(scaled, dim=-1, descending=True)             # (B, V)
+    else:
+        return scaled, None
     if top_p < 1.0:
         probs = torch.softmax(values, dim=-1)
         drop = probs.cumsum(-1) - probs > top_p  # mass BEFORE a token already reaches top_p
         values = values.masked_fill(drop, float("-inf"))
     return values, ids
+
+
+def _inverse_cdf(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """(B,) one token per row of probs (B, V): the first whose cumulative probability exceeds u
+    ~ U(0, 1) x the row's total. One random number per row instead of torch.multinomial's B x V
+    exponentials (the costlier part of a step's sampling over a whole vocabulary); the running
+    sum is fp64, so no token's share moves by more than 1e-16 (in fp32 a tail token below
+    half an ulp of the sum, 3e-8, could not be drawn at all)."""
+    cdf = probs.cumsum(dim=-1, dtype=torch.float64)                              # (B, V)
+    u = torch.rand((len(probs), 1), generator=gen, dtype=torch.float64, device=probs.device)
+    return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)       # (B,)
 
 
 class TransformersEngine:
@@ -225,8 +243,12 @@ class TransformersEngine:
             if temperature > 0:
                 scaled = logits / temperature
                 values, ids = _candidates(scaled, top_k, top_p)
-                pick = torch.multinomial(torch.softmax(values, dim=-1), 1, generator=gen)
-                nxt = ids.gather(1, pick).squeeze(1)                             # (b,)
+                probs = torch.softmax(values, dim=-1)
+                if ids is None:  # the whole vocabulary, in its own order
+                    nxt = _inverse_cdf(probs, gen)                               # (b,)
+                else:
+                    pick = torch.multinomial(probs, 1, generator=gen)           # (b, 1)
+                    nxt = ids.gather(1, pick).squeeze(1)
             else:
                 scaled, nxt = logits, logits.argmax(-1)
             # log p(token) under softmax(logits / T), un-truncated: what the trainer recomputes

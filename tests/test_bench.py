@@ -20,7 +20,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = {  # bench -> the metric names of its JSON figure lines, in order
     "step.py": ["step.overhead_share"],
-    "rollout.py": ["rollout.batched_turn_speedup", "weightsync.name_map_ms"],
+    "rollout.py": ["rollout.batched_turn_speedup", "weightsync.name_map_ms",
+                   "rollout.generate_time_ratio_vs_transformers"],
     "logprob.py": ["logprob.peak_mem_ratio_vs_naive", "logprob.max_abs_err"],
     "sandbox.py": ["sandbox.episodes_per_s_ratio_vs_spawn", "sandbox.step_rtt_ratio_vs_pipe",
                    "sandbox.episode_start_ms_p50", "sandbox.timeout_overrun_ms_p95",

@@ -150,6 +150,32 @@ def test_top_k_top_p_candidates_hand_computed():
     assert cands(3, 0.9) == ([[2.0, 1.0, inf]], [[1, 0, 3]])  # 0.6652 + 0.2447 = 0.9099 > 0.9
 
 
+def test_nothing_truncated_samples_the_whole_vocabulary_unsorted():
+    """top-k off (or >= V) and top-p 1: the scaled logits themselves, no sort, no ids."""
+    logits = torch.tensor([[1.0, 2.0, -1.0, 0.0]])
+    for k in (0, 4, 9):
+        values, ids = engine._candidates(logits, k, 1.0)
+        assert values is logits and ids is None
+
+
+def test_inverse_cdf_hand_computed():
+    """probs [0.1, 0, 0.6, 0.3], cdf [0.1, 0.1, 0.7, 1.0]: u < 0.1 -> 0, u < 0.7 -> 2, else 3;
+    the zero-probability token never; one uniform per row from the generator (fp64); frequencies
+    over 40,000 rows within 0.01 of the probabilities."""
+    probs = torch.tensor([[0.1, 0.0, 0.6, 0.3]]).expand(40000, 4).contiguous()
+    got = engine._inverse_cdf(probs, torch.Generator().manual_seed(3))
+    u = torch.rand((40000, 1), generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    u = u.squeeze(1)
+    expected = torch.where(u < 0.1, 0, torch.where(u < 0.7, 2, 3))
+    assert torch.equal(got, expected)
+    freq = torch.bincount(got, minlength=4).double() / len(got)
+    assert freq.tolist() == pytest.approx([0.1, 0.0, 0.6, 0.3], abs=0.01)
+    assert freq[1] == 0.0
+    # unnormalised rows are scaled by their own total
+    assert engine._inverse_cdf(torch.tensor([[0.0, 2.0], [3.0, 0.0]]),
+                               torch.Generator().manual_seed(0)).tolist() == [1, 0]
+
+
 def test_top_k_one_is_greedy_but_logprobs_stay_untruncated(tiny):
     model, tok = tiny
     eng = TransformersEngine(model, tok)
