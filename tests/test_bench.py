@@ -29,7 +29,7 @@ FIGURES = {  # bench -> the metric names of its JSON figure lines, in order
     "offload.py": ["offload.round_trip_gbps_ratio_vs_plain_copy"],
     "vllm_rollout.py": ["vllm.generation_speedup", "vllm.sync_ms_per_mparam",
                         "vllm.sync_s_per_bparam_tp1", "vllm.sync_s_per_bparam_tp2",
-                        "vllm.sync_tp2_over_tp1"],
+                        "vllm.sync_tp2_over_tp1", "vllm.seeded_over_unseeded_time"],
     "turn_barrier.py": ["rollout.engine_step_occupancy", "rollout.episodes_per_s_ratio_vs_barrier",
                         "designer.round_speedup_vs_rounds"],
 }
