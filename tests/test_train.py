@@ -223,6 +223,10 @@ def test_process_group_timeout_reaches_the_tensor_parallel_groups(tiny, monkeypa
     infra.vllm_engine(config.ModelArgs(process_group_timeout=90.0), *tiny, max_model_len=64)
     assert seen["group_timeout"] == datetime.timedelta(seconds=90)
     assert "process_group_timeout" not in config.config_dict(config.ModelArgs())
+    # unset, collectives wait 2 hours (NCCL's own 10 minutes would abort a healthy run waiting
+    # on a 16k-token designer round), as the command line parses it
+    margs = config.parse(["--model", "tiny"], aliases=models.MODEL_ALIASES)[0]
+    assert infra.pg_timeout(margs) == datetime.timedelta(hours=2)
 
 
 def test_unwritten_storage_gives_every_meta_parameter_its_own_address():
