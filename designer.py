@@ -37,7 +37,7 @@ Deviations from the paper and from the authors' code:
     6. Tool-use solvability is executable (the sandbox replays solution()), not the authors' LLM
        self-audit; the prompt tells the designer so.
     7. A hint is capped at 100 words; a hint still empty after HINT_ATTEMPTS calls (the authors'
-       retry count) becomes None (the hinted arm = the unhinted).
+       retry count) becomes None (regret 0, as the authors').
     8. `validate` is retried up to twice when it raises (the sandbox raises only for its own
        faults; README, "Running model-written code safely"); a third failure propagates.
     9. The games prompts (the no-corpus ablation has its own, as the authors') demand all
@@ -56,6 +56,7 @@ Test: `pytest tests/test_designer.py`.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import logging
 import random
@@ -268,12 +269,14 @@ def _skill_section(skill: Skill) -> str:
 def designer_messages(skill: str | Skill, *, setting: str = "games",
                       document: Document | None = None, memory_block: str = "",
                       task: tuple[str, str] | None = None,
-                      rng: random.Random | None = None) -> list[dict]:
+                      rng: random.Random | None = None, max_turns: int = 25) -> list[dict]:
     """The designer chat for one attempt; `task` = (domain, variant) is required for tool use;
-    `rng` samples the no-corpus prompt's game ideas. The memory block comes last."""
+    `rng` samples the no-corpus prompt's game ideas, whose turn budget is `max_turns` (the
+    agent's). The memory block comes last."""
     skill = SKILLS[skill] if isinstance(skill, str) else skill
     if setting == "games":
-        user = "\n\n".join(p for p in (games_prompt(skill, document, rng), memory_block) if p)
+        user = "\n\n".join(p for p in (games_prompt(skill, document, rng, max_turns), memory_block)
+                           if p)
         return [{"role": "system", "content": GAMES_SYSTEM}, {"role": "user", "content": user}]
     if setting != "tool":
         raise ValueError(f"setting must be 'games' or 'tool', got {setting!r}")
@@ -528,7 +531,7 @@ class _Batched:
 def regenerate(skills_for_slots: Sequence[str], *, generate, validate: Callable,
                corpus: Corpus | None, memory_block: Callable[[str], str] | None, setting: str,
                rng: random.Random, max_attempts: int = MAX_ATTEMPTS,
-               concurrency: int = 1) -> tuple[list[Proposal], dict]:
+               concurrency: int = 1, max_turns: int = 25) -> tuple[list[Proposal], dict]:
     """Write one environment per slot, with up to `max_attempts` attempts per slot.
 
     generate: a request stream (submit(key, chat), collect(wait) -> [(key, reply)], pending,
@@ -536,18 +539,21 @@ def regenerate(skills_for_slots: Sequence[str], *, generate, validate: Callable,
     rejected attempt's retry goes in as soon as its validation fails; or a batched
     generate(list of chats) -> replies, one call per round of still-failing slots.
     validate(source) -> report with .ok, .error, .class_name, .kind (the caller binds the
-    setting); memory_block(skill) -> str (None: no memory). Replies are judged `concurrency` at a
+    setting); memory_block(skill) -> str (None: no memory); max_turns: the agent's turn budget,
+    which the no-corpus prompt states. Replies are judged `concurrency` at a
     time (validate must be thread-safe, as `Sandbox.validate` is). Every attempt gets a fresh
     document; attempt n's prompts are drawn for every slot when the first slot needs one, so a
     retry's document never depends on when validations finish. Returns all proposals (in
     attempt order) and statistics."""
     requests = generate if hasattr(generate, "submit") else _Batched(generate)
+    # INFRA: run.Requests waits while serving its engine's TP group; other streams just wait
+    serve = getattr(requests, "serve", lambda fn: fn())
     drawn: list[list[Proposal]] = []  # drawn[n - 1][slot]: that slot's attempt n
 
     def ask(slot: int, attempt: int) -> Proposal:  # INFRA: submit the slot's attempt
         while len(drawn) < attempt:
-            drawn.append([_attempt(skill, slot, len(drawn) + 1, corpus, memory_block, setting, rng)
-                          for slot, skill in enumerate(skills_for_slots)])
+            drawn.append([_attempt(skill, slot, len(drawn) + 1, corpus, memory_block, setting, rng,
+                                   max_turns) for slot, skill in enumerate(skills_for_slots)])
         requests.submit((slot, attempt), drawn[attempt - 1][slot].messages)
         return drawn[attempt - 1][slot]
     proposals, asked, judging = [], {}, {}
@@ -562,9 +568,11 @@ def regenerate(skills_for_slots: Sequence[str], *, generate, validate: Callable,
                     judging[pool.submit(_judge, p, validate)] = p
             if not judging:
                 continue
-            busy = bool(asked) and requests.continuous  # decode on while validations run
-            finished, _ = wait(judging, timeout=0 if busy else None, return_when=(
-                FIRST_COMPLETED if requests.continuous else ALL_COMPLETED))
+            how = FIRST_COMPLETED if requests.continuous else ALL_COMPLETED
+            if asked and requests.continuous:  # decode on (the next collect) while they run
+                finished, _ = wait(judging, timeout=0, return_when=how)
+            else:  # INFRA: nothing of ours decodes; a TP member still serves its group meanwhile
+                finished, _ = serve(functools.partial(wait, judging, return_when=how))
             for f in sorted(finished, key=lambda f: judging[f].slot):
                 f.result()  # a validate that kept raising propagates
                 p = judging.pop(f)
@@ -576,13 +584,13 @@ def regenerate(skills_for_slots: Sequence[str], *, generate, validate: Callable,
 
 
 def _attempt(skill: str, slot: int, attempt: int, corpus: Corpus | None, memory_block,
-             setting: str, rng: random.Random) -> Proposal:
+             setting: str, rng: random.Random, max_turns: int = 25) -> Proposal:
     """A slot's attempt with its prompt: a fresh document, the skill's memory block, a task."""
     doc = corpus.sample() if corpus is not None else None
     task = tool_task(rng) if setting == "tool" else None
     block = memory_block(skill) if memory_block is not None else ""
     messages = designer_messages(skill, setting=setting, document=doc, memory_block=block,
-                                 task=task, rng=rng)
+                                 task=task, rng=rng, max_turns=max_turns)
     return Proposal(skill, setting, slot, attempt, doc.doc_id if doc else None, messages, task,
                     doc_title=doc.title if doc else None)
 

@@ -11,11 +11,12 @@ with and without a privileged hint):
 
 w(e) (code: mean_return) is the environment's mean unhinted return over its regeneration epoch;
 a "win rate", elsewhere, is the share of unhinted plays with return > 0. The ablations
-(--designer_reward) follow the authors' code: "regret" is their regret_based max(0, r_hint - w),
--0.5 for a timeout at its regeneration step; "learning_potential" is |w - mu_slow(skill)| with
-per-skill fast/slow EMAs of the epoch mean return; "solve_rate" is plateau(w). Inputs are
-validated (NaN / inf and empty arms of Eq. (3) raise ValueError). The logged statistics of a run
-(learnable shares, win rates, formula reveals, diversity) are infra/metrics.py's.
+(--designer_reward) follow the authors' code: "regret" is their regret_based max(0, r_hint - w)
+(r_hint 0 without a hint), -0.5 for a timeout at its regeneration step; "learning_potential" is
+|w - mu_slow(skill)| with per-skill fast/slow EMAs of the epoch mean return; "solve_rate" is
+plateau(w). Inputs are validated (NaN / inf and empty arms of Eq. (3) raise ValueError). The
+logged statistics of a run (learnable shares, win rates, formula reveals, diversity) are
+infra/metrics.py's.
 
 Deviations from the paper (and from the authors' code):
     1. An environment ended by an environment fault scores 0 (`faulty=True`); the authors give the

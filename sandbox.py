@@ -22,7 +22,8 @@ effect, or change another episode.
 
 DESIGN. A zygote (`python -s -B -P sandbox.py --zygote`, clean env, never a fork of the trainer,
 never runs untrusted code) forks one worker per EPISODE (`pool` of them ahead); a worker locks
-itself down before it reads its first request, then executes the source afresh. Requests and
+itself down before it reads its first request, then executes the source afresh, in a namespace
+where the authors' loader's standard-library names (COMMON_NAMES) are already bound. Requests and
 replies are JSON lines on two private pipes, one request outstanding, each with a fresh nonce; the
 PARENT re-checks every reply field with type(), caps and text checks. Environment faults are named
 (FAILURES: Fault.fault, ValidationReport.kind); faults of the sandbox raise SandboxInfraError.
@@ -33,7 +34,8 @@ LAYERS (`Sandbox.layers` lists those achieved; a later worker missing one exits 
             process group; JSON only (never pickle), 1 MiB reply lines; a fresh worker per episode.
   netns     (root) one empty network namespace for the zygote's workers, only loopback; workers
             cannot reach each other there (no TCP/UDP: see landlock and seccomp).
-  mountns   (root) private size-capped tmpfs on /tmp, /var/tmp, /dev/shm (scratch lives there).
+  mountns   (root) private size-capped tmpfs on /tmp, /var/tmp, /dev/shm (scratch lives there;
+            with own_scratch, each worker's scratch is a tmpfs of its own, in its own namespace).
   uid       (root) one unprivileged uid per worker: no signal, ptrace, renice or /proc read across
             workers or towards the trainer; the trainer user's files stay closed.
   pdeathsig, nondumpable, no_new_privs   set after the uid drop.
@@ -57,7 +59,10 @@ from seeds 0, 1, 2 for a tool environment, and rejects `too_slow`: a median rese
 SLOW_SHARE x step_timeout (it would stall every batched turn). 3. Threads are allowed; one left
 running at reset, episode end or in validation is a `resource_leak`. 4. Conveniences: a bare-str
 reset() is (obs, {}); the worker converts numpy values; observations are cut at OBS_CAP characters.
-The environment is the LAST module-level class whose name ends in "Env".
+5. An exactly empty reset observation is `invalid_observation` at every reset (authors: at the
+seed-42 reset their load runs before validation and every play); a whitespace one passes.
+The environment is the LAST module-level class whose name ends in "Env", built with no arguments,
+or with max_turns=Sandbox.max_turns when that raises TypeError (as the authors' play builds it).
 Test: python -m pytest -q tests/test_sandbox.py tests/test_sandbox_alone.py
 """
 from __future__ import annotations
@@ -104,6 +109,20 @@ PRELOAD = tuple(
     "resource fcntl threading calendar cmath difflib uuid secrets io queue".split())
 # Also preloaded, if installed and numpy=True.
 NUMPY_PRELOAD = ("numpy", "numpy.random", "numpy.linalg")
+# The names the authors' loader binds in every environment's namespace before its code runs, so a
+# game that uses one without importing it still loads: name -> "module" or "module.attribute".
+# Each is bound to what the game's own `import` would give it (all in PRELOAD); the game may rebind
+# any of them. np / numpy too when the zygote preloaded numpy (numpy=True and installed).
+COMMON_NAMES = {
+    **{m: m for m in ("math random re json collections itertools functools string copy heapq "
+                      "operator statistics").split()},
+    **{n: "collections." + n for n in "deque defaultdict Counter OrderedDict namedtuple".split()},
+    **{n: "itertools." + n for n in "combinations permutations product chain accumulate".split()},
+    "reduce": "functools.reduce", "lru_cache": "functools.lru_cache",
+    "deepcopy": "copy.deepcopy", "heappush": "heapq.heappush", "heappop": "heapq.heappop",
+    **{n: "typing." + n for n in ("Tuple Dict List Optional Union Any Set FrozenSet Callable "
+                                  "Iterable Sequence Mapping").split()}}
+NUMPY_NAMES = {"np": "numpy", "numpy": "numpy"}
 
 
 # INFRA: the wire format: one JSON value per line, ASCII, no NaN/inf, never pickle. A request is
@@ -262,6 +281,13 @@ def _worker_setup(req_fd, rep_fd, uid, cfg, required):
     os.closerange(5, max(1 << 16, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     tempfile.tempdir = scratch = os.path.join(cfg["scratch"], f"w{os.getpid()}")
     os.mkdir(scratch, 0o700)
+    if cfg["own_scratch"] and cfg["mountns"]:
+        # Its own scratch_mb tmpfs, in a mount namespace of its own that dies with it: no worker
+        # can fill another's scratch.
+        opts = f"size={cfg['scratch_mb']}m,mode=0700".encode()
+        if (_LIBC.unshare(0x00020000) != 0  # CLONE_NEWNS; MS_NOSUID | MS_NODEV below
+                or _LIBC.mount(b"tmpfs", scratch.encode(), b"tmpfs", 0x2 | 0x4, opts) != 0):
+            raise OSError("cannot mount the worker's own scratch tmpfs")
     if root:
         os.chown(scratch, uid, uid)
     os.chdir(scratch)
@@ -336,13 +362,27 @@ def _w_reset(box, seed) -> str:
     return _w_encode([_w_obs(out[0]), out[1]])
 
 
-def _w_load(box, arg) -> str:
-    source, setting = arg
+def _w_namespace() -> dict:
+    """The environment's module namespace, COMMON_NAMES bound as the game's own imports would."""
     ns = {"__name__": "__environment__"}
+    # A fresh worker holds only the zygote's preloads, so numpy is here only if numpy=True.
+    names = COMMON_NAMES | (NUMPY_NAMES if "numpy" in sys.modules else {})
+    for name, path in names.items():
+        module, _, attribute = path.partition(".")
+        obj = __import__(module)  # preloaded: the module object `import` binds
+        ns[name] = getattr(obj, attribute) if attribute else obj
+    return ns
+
+
+def _w_load(box, arg) -> str:
+    source, setting, max_turns = arg
+    ns = _w_namespace()
     if setting == "tool":
         # Preloaded by the zygote.
         from toolenv import ToolEnv
         ns["ToolEnv"] = ToolEnv
+    # compile() inherits this module's `from __future__ import annotations`: the game's
+    # annotations stay unevaluated (with the typing names bound, they would resolve anyway).
     exec(compile(source, "<environment>", "exec"), ns)
     cls = [v for v in ns.values() if isinstance(v, type) and v.__name__.endswith("Env")
            and v.__module__ == "__environment__"]
@@ -350,7 +390,11 @@ def _w_load(box, arg) -> str:
         raise _Fail("load_error", "no class whose name ends in 'Env'")
     if setting == "tool" and not issubclass(cls[-1], ToolEnv):
         raise _Fail("load_error", f"{cls[-1].__name__} does not subclass ToolEnv")
-    box["env"] = env = cls[-1]()
+    # As the authors' play: the class's own defaults, else (a TypeError) max_turns passed in.
+    try:
+        box["env"] = env = cls[-1]()
+    except TypeError:
+        box["env"] = env = cls[-1](max_turns=max_turns)
     tools = env.tools() if setting == "tool" else []
     return _w_encode({"class_name": cls[-1].__name__, "tools": tools, "layers": box["layers"]})
 
@@ -572,6 +616,16 @@ def _bad_text(x, depth=0) -> str | None:
     return next((m for v in x if (m := _bad_text(v, depth + 1))), None)
 
 
+def _bad_step(reward, term, trunc) -> tuple[str, str] | None:
+    """(fault kind, why) for a step's malformed reward or flags, else None: exact types only."""
+    # inf and NaN fail the compare.
+    if type(reward) not in (float, int) or not -10 <= reward <= 10:
+        return "invalid_reward", f"reward {reward!r:.40} is not in [-10, 10]"
+    if type(term) is not bool or type(trunc) is not bool:
+        return "invalid_result", "terminated/truncated are not bools"
+    return None
+
+
 def _clean(msg: str) -> str:
     """Short, printable message (no terminal control sequences) for observations and logs."""
     return "".join(c if c.isprintable() else "?" for c in str(msg)[:300])
@@ -613,7 +667,7 @@ class EnvHandle:
         self._sb._live.add(self)
         if self.source is not None:
             with contextlib.suppress(_Fail):  # recorded in self._failure
-                load = _dumps([self.source, self.setting])
+                load = _dumps([self.source, self.setting, self._sb.max_turns])
                 self._begin("L", load, self._sb.step_timeout, episode=False)
                 self._loading = True
 
@@ -765,11 +819,15 @@ class EnvHandle:
 
     # -- the parent's re-validation: type(), caps, text checks --------------------------------
     def _check(self, r, n) -> tuple:
-        """A reset's (n=2: obs, info) or step's (n=5) reply, obs capped; no thread left at reset."""
+        """A reset's (n=2: obs, info; obs not empty) or step's (n=5) reply, obs capped; no thread
+        left at reset."""
         if type(r) is not list or len(r) != n:
             raise self._kill("protocol_violation", "malformed reply")
         if (m := "is not a str" if type(r[0]) is not str else _bad_text(r[0])):
             raise self._kill("invalid_observation", f"observation: {m}")
+        # The authors' load rejects an empty first observation (a whitespace one passes theirs).
+        if n == 2 and len(r[0]) == 0:
+            raise self._kill("invalid_observation", "reset() returned an empty observation")
         if (m := "is not a dict" if type(r[-1]) is not dict else r[-1] and _bad_text(r[-1])):
             raise self._kill("invalid_result", f"info: {m}")
         if n == 2:
@@ -778,11 +836,8 @@ class EnvHandle:
 
     def _check_step(self, r) -> tuple:
         obs, reward, term, trunc, info = self._check(r, 5)
-        # inf fails the compare.
-        if type(reward) not in (float, int) or not -10 <= reward <= 10:
-            raise self._kill("invalid_reward", f"reward {reward!r:.40} is not in [-10, 10]")
-        if type(term) is not bool or type(trunc) is not bool:
-            raise self._kill("invalid_result", "terminated/truncated are not bools")
+        if (bad := _bad_step(reward, term, trunc)) is not None:
+            raise self._kill(*bad)
         if term or trunc:
             self._leak_check()
         return obs, float(reward), term, trunc, info
@@ -817,17 +872,22 @@ class Sandbox(contextlib.AbstractContextManager):
     """Runs untrusted environments and programs; a context manager. workers: validations the caller
     runs at once; step_timeout: seconds per call (load, reset, step); memory_mb: address space per
     worker above the preloaded zygote; episode_timeout: worker seconds per episode; cpu_seconds /
-    fsize_mb: RLIMIT_CPU / RLIMIT_FSIZE per worker; scratch_mb: one tmpfs for all scratch (root);
-    numpy: preload it; landlock / seccomp: False only to debug; pool: pre-forked idle workers."""
+    fsize_mb: RLIMIT_CPU / RLIMIT_FSIZE per worker; scratch_mb: one tmpfs for all scratch (root),
+    or each worker's own with own_scratch; numpy: preload it (and bind np / numpy in
+    environments); landlock / seccomp: False only to debug; pool: pre-forked idle workers;
+    max_turns: what a class whose constructor requires it is built with (the agent's turn
+    budget)."""
 
     def __init__(self, workers: int = 8, step_timeout: float = 5.0, memory_mb: int = 1024,
                  episode_timeout: float = 120.0, cpu_seconds: int = 300, fsize_mb: int = 16,
                  scratch_mb: int = 256, numpy: bool = True, landlock: bool = True,
-                 seccomp: bool = True, pool: int = 8):
+                 seccomp: bool = True, pool: int = 8, max_turns: int = 25,
+                 own_scratch: bool = False):
         self.workers, self.step_timeout = workers, step_timeout
-        self.episode_timeout = episode_timeout
+        self.episode_timeout, self.max_turns = episode_timeout, max_turns
         self._cfg = dict(memory_mb=memory_mb, cpu_seconds=cpu_seconds, fsize_mb=fsize_mb,
-                         scratch_mb=scratch_mb, numpy=numpy, landlock=landlock, seccomp=seccomp)
+                         scratch_mb=scratch_mb, numpy=numpy, landlock=landlock, seccomp=seccomp,
+                         own_scratch=own_scratch)
         self._zlock = threading.RLock()     # one message to the zygote at a time
         self._live = set()                  # handles holding a worker
         self._required, self._pool = [], 0  # sent with each spawn; set after the probe

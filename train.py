@@ -21,20 +21,24 @@ baseline.py, Accelerate, engine and checkpoints in run.py.
 
 Deviations (README, "Deviations", has the reasons):
   1. Fewer than N valid environments: the pool is topped up from the previous pool and, at step
-     0, from --fallback_envs (the hand-written `data/envs/`); those carry no designer sample.
+     0, from --fallback_envs (the hand-written `data/envs/`); those carry no designer sample
+     (authors: fewer games, played more often; the missing ones designed at later steps).
   2. An environment fault drops the episode from the agent batch, the environment from the pool
-     for its epoch, and scores its designer sample 0 (authors: -1 to the agent).
-  3. The last epoch's designer samples are trained at the final step (authors drop them).
+     for its epoch, and scores its designer sample 0 (authors: -1 to the agent); as theirs, the
+     environment still enters the memory, a crashed play counted as lost.
+  3. The last epoch's designer samples are trained at the final step (authors: in effect never;
+     their final flush runs only if the last step itself has designer samples).
   4. Every sampling request's seed derives from (seed, step, phase, turn or attempt) and its
      episode or slot, and the corpus sampler is checkpointed, so a resumed run replays exactly
      on CPU (on GPUs vLLM's logits follow its batches: docs/gpu.md, "No turn barrier").
   5. Hinted plays (so regret and hints) only for freshly designed environments; a hint still
-     empty after designer.HINT_ATTEMPTS requests: regret 0.
+     empty after designer.HINT_ATTEMPTS requests: regret 0 (and, as the authors', r_hint 0).
   6. The N slots are split over the ranks, so each GRPO group stays on one rank; one vLLM
      tensor-parallel group serves its ranks' requests, gathered before every engine step.
   7. Without a preset, log-probs at each role's sampling temperature (--logprob_temperature); one
-     batch of all agent and designer samples (authors: trimmed to 192); weight decay on every
-     parameter (README deviations 18, 21-25).
+     batch of all agent and designer samples (authors: trimmed to 192), the loss a mean over
+     the real samples however few (authors: a short batch padded, its loss shrunk when KL > 0);
+     weight decay on every parameter (README deviations 18, 21-25, 37).
 
 Launch: `python train.py --model tiny ...` (CPU) or `accelerate launch --config_file
 configs/fsdp2_8gpu.yaml train.py --model Qwen3-30B-A3B`. Test: `pytest tests/test_train.py`.
@@ -42,6 +46,7 @@ configs/fsdp2_8gpu.yaml train.py --model Qwen3-30B-A3B`. Test: `pytest tests/tes
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import random
 import sys
@@ -91,7 +96,7 @@ class PoolEnv:
     regret: float | None = None
     r_hint: float | None = None
     r_nohint: float | None = None
-    suite: str | None = None  # an imported GEM / Gymnasium id (infra/imported.py), in-process
+    suite: str | None = None  # an imported GEM / Gymnasium / OpenEnv id (infra/imported.py)
 
 
 @dataclass
@@ -181,7 +186,7 @@ def train(margs, sargs, oargs, rargs, *, sb) -> Path:
                              hinted_arm=regen and sargs.hint_plays > 0, margs=margs)
         # ALGO: 3. regret (Eq. 3) of the fresh environments, after the plays mark faults and returns
         phase("regret", times)
-        record_plays(st.pool, episodes, regen)
+        record_plays(st.pool, episodes, regen, sargs.setting)
         m.update(hint_regrets(st.pool, episodes) if regen else {})
         # ALGO: 4. delayed designer scoring of the finished epoch (deviation 3: and of the last)
         phase("score", times)
@@ -207,7 +212,7 @@ def train(margs, sargs, oargs, rargs, *, sb) -> Path:
         # ALGO: 7. memory update: a record for every freshly designed environment
         phase("memory", times)
         if regen and not sargs.no_memory:
-            remember(step, st.pool, st.memory, sargs.setting, run.gather)
+            remember(step, st.pool, st.memory, sargs.setting, episodes, run.gather)
         # INFRA: statistics (Figs. 7, 9, 19; env/*), never trained on; step files, checkpoint
         phase("log", times)
         if regen and step > 0:  # Fig. 7 over the epoch that ended at this regeneration
@@ -242,7 +247,7 @@ def regenerate(step, sargs, sampler, sb, mem, pool, corpus, rank=0, world=1):
             validate=lambda src: sb.validate(src, setting=sargs.setting), corpus=corpus,
             memory_block=block, setting=sargs.setting,
             rng=random.Random(derive_seed("prompts", sargs.corpus_seed, step, rank)),
-            max_attempts=sargs.max_attempts, concurrency=sb.workers)
+            max_attempts=sargs.max_attempts, concurrency=sb.workers, max_turns=sargs.max_turns)
     finally:
         sampler.drain()
     ok = [p for p in proposals if p.ok]
@@ -290,47 +295,61 @@ def play_pool(step, pool, sargs, sampler, sb, tokenizer, hinted_arm: bool, seed:
     gen = sampler.at(step, "agent").tokens(temperature=sargs.agent_temperature,
                                            top_p=sargs.top_p, top_k=sargs.top_k)
     step_many, reset_many, specs = sb.step_many, sb.reset_many, []
-    if any(e.suite for e in pool):  # INFRA: imported GEM / Gymnasium entries play in-process
+    if any(e.suite for e in pool):  # INFRA: imported GEM / Gymnasium / OpenEnv entries
         step_many, reset_many = imported.batched(sb, True), imported.batched(sb, False)
+    play = functools.partial(agent.play, tokenizer=tokenizer,
+                             step_many=step_many, reset_many=reset_many,
+                             setting=sargs.setting, max_turns=sargs.max_turns,
+                             max_context=sargs.max_context, max_new_tokens=sargs.max_new_tokens,
+                             enable_thinking=margs.enable_thinking,
+                             hinted_thinking=margs.hinted_thinking,
+                             strip_thinking_history=margs.strip_thinking_history,
+                             mask_malformed=tool_filters(sargs))
     try:  # an infrastructure fault (SandboxInfraError) propagates: it is never the env's fault
         for e, s, hint in jobs:
-            handle = (imported.InProcessEnv(e.suite) if e.suite
+            handle = (imported.handle(e.suite) if e.suite
                       else sb.open(e.source, setting=sargs.setting))
             specs.append(agent.EpisodeSpec(e.env_id, s, hint, handle))
-        return agent.play(specs, generate=gen, tokenizer=tokenizer,
-                          step_many=step_many, reset_many=reset_many,
-                          setting=sargs.setting, max_turns=sargs.max_turns,
-                          max_context=sargs.max_context, max_new_tokens=sargs.max_new_tokens,
-                          enable_thinking=margs.enable_thinking,
-                          hinted_thinking=margs.hinted_thinking,
-                          strip_thinking_history=margs.strip_thinking_history,
-                          mask_malformed=tool_filters(sargs))
+        if any(e.suite for e in pool):  # INFRA: at most an OpenEnv server's sessions at once
+            return imported.play_rounds(specs, gen, lambda s, g: play(s, generate=g))
+        return play(specs, generate=gen)
     finally:
         sampler.drain()
         for spec in specs:
             spec.handle.close()
 
 
-def record_plays(pool, episodes, regen: bool = False) -> None:
+def record_plays(pool, episodes, regen: bool = False, setting: str = "games") -> None:
     """Extend each environment's epoch returns with this step's unhinted returns; mark the
     environments whose code faulted (every env_error is: a fault of the sandbox itself raises
-    SandboxInfraError and ends no episode), and as timed out those whose plays, hinted or not,
-    timed out at a regeneration step (the authors stamp the regret ablation's -0.5 only at the
-    regeneration rollout)."""
+    SandboxInfraError and ends no episode), and as timed out those with a play, hinted or not,
+    that stamps the regret ablation's -0.5 at a regeneration step (the authors stamp it only in
+    the regeneration rollout; `stamps_timeout`)."""
     by_env = {e.env_id: e for e in pool}
     for ep in episodes:
         e = by_env[ep.env_id]
         if ep.status == "env_error":
             e.faulty = True
-            e.timed_out |= regen and ep.error in ("timeout", "episode_timeout")
+            e.timed_out |= regen and stamps_timeout(ep, setting)
         elif not ep.hinted:
             e.returns.append(ep.ret)
+
+
+def stamps_timeout(ep, setting: str) -> bool:
+    """Whether a faulted play earns the regret ablation's -0.5, as the authors flag one: a load,
+    reset or step() call past its deadline; in tool use a step only when it submits an answer
+    (their tool calls run through execute_tool, whose timeouts they do not flag); never the
+    episode's whole time budget (their 300 s play limit is not flagged either)."""
+    if ep.error != "timeout":
+        return False
+    return setting != "tool" or not ep.actions or ep.actions[-1].startswith("<answer>")
 
 
 def hint_regrets(pool, episodes) -> dict:
     """Alg. 1's regret phase at a regeneration step: Eq. (3) for each fault-free environment that
     has both arms, set in place (regret, r_hint, r_nohint), and the step's regret/* metrics. A
-    fresh designer environment without a hint has no hinted arm: hinted = unhinted, regret 0.
+    fresh designer environment without a hint has no hinted arm: regret 0 and, as the authors'
+    missing cached hint reward, r_hint 0 (the regret ablation then scores max(0, -w)).
     Run it after record_plays, which marks the faulty environments."""
     arms = {}  # (env_id, hinted) -> returns of the episodes that did not end in a fault
     for ep in episodes:
@@ -343,11 +362,12 @@ def hint_regrets(pool, episodes) -> dict:
             continue
         if hinted:
             e.regret = regret.hint_regret(hinted, plain)  # Eq. (3)
+            e.r_hint = sum(hinted) / len(hinted)
         elif e.origin == "designer" and e.hint is None:
-            e.regret, hinted = 0.0, plain
+            e.regret, e.r_hint = 0.0, 0.0
         else:
             continue
-        e.r_hint, e.r_nohint = sum(hinted) / len(hinted), sum(plain) / len(plain)
+        e.r_nohint = sum(plain) / len(plain)
         regs.append(e)
     if not regs:
         return {}
@@ -383,14 +403,21 @@ def score_epoch(designs, sargs, lp: dict | None = None) -> list[dict]:
     return out
 
 
-def remember(step, pool, mem, setting: str, gather=None) -> None:
-    """Alg. 1's memory update: each fault-free freshly designed environment enters the memory with
-    its win rate (share of its unhinted plays, all of this regeneration step, with return > 0) and
-    regret; `gather` collects every rank's records so all ranks hold the same memory."""
+def remember(step, pool, mem, setting: str, episodes, gather=None) -> None:
+    """Alg. 1's memory update: each freshly designed environment enters the memory with its win
+    rate (share of this regeneration step's unhinted plays with return > 0) and regret (0 without
+    one). As the authors', a faulty one enters too: a play ended by a fault other than a timeout
+    counts as lost (their crash scores -1, a "too hard" negative), a timed-out play is left out
+    (theirs fails and is dropped), and an environment with no play left enters nothing. `gather`
+    collects every rank's records so all ranks hold the same memory."""
+    won = {}  # env_id -> [whether the play won], the counted unhinted plays
+    for ep in episodes:
+        if not ep.hinted and ep.error not in ("timeout", "episode_timeout"):
+            won.setdefault(ep.env_id, []).append(ep.status != "env_error" and ep.ret > 0)
     recs = [memory_lib.MemoryRecord(skill=e.skill, source=e.source, regret=e.regret or 0.0,
-                                    step=step, win_rate=metrics.win_rate(e.returns),
+                                    step=step, win_rate=sum(won[e.env_id]) / len(won[e.env_id]),
                                     class_name=e.class_name, setting=setting)
-            for e in pool if e.origin == "designer" and not e.faulty]
+            for e in pool if e.origin == "designer" and won.get(e.env_id)]
     for r in (gather(recs) if gather else recs):
         mem.add(r)
 
@@ -570,7 +597,7 @@ def main(argv=None) -> Path | None:
     # The sandbox's zygote is a fresh interpreter started before the model loads: it never holds
     # the model, its memory or its secrets.
     sb = sandbox.Sandbox(workers=args[3].sandbox_workers, step_timeout=args[3].step_timeout,
-                         memory_mb=args[3].sandbox_memory_mb)
+                         memory_mb=args[3].sandbox_memory_mb, max_turns=args[1].max_turns)
     try:
         resolve(*args)
         if args[1].generate_pool:

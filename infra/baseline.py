@@ -79,7 +79,7 @@ def generate_pool(margs, sargs, oargs, rargs, *, sb, skills: list[str]) -> Path:
             validate=lambda src: sb.validate(src, setting=sargs.setting), corpus=corpus,
             memory_block=None, setting=sargs.setting,
             rng=random.Random(run.derive_seed("pool", rargs.seed, rnd)),
-            max_attempts=sargs.max_attempts)
+            max_attempts=sargs.max_attempts, max_turns=sargs.max_turns)
         for p in (p for p in proposals if p.ok):
             name = f"env_{len(manifest):05d}.py"
             run.atomic_write(out / name, p.source)

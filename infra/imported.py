@@ -1,5 +1,5 @@
-"""Environments from outside this run, for the pools of infra/baseline.py: GEM, Gymnasium and
-OpenEnv ids, played in this process; and another run's memory (--memory_from).
+"""Environments from outside this run, for the pools of infra/baseline.py: GEM and Gymnasium ids,
+played in this process, OpenEnv servers on this machine; and another run's memory (--memory_from).
 
 A pool source (`--fixed_envs`, `--fallback_envs`) may name, besides a directory of *.py files:
 
@@ -13,21 +13,36 @@ A pool source (`--fixed_envs`, `--fallback_envs`) may name, besides a directory 
                      its reset() arguments (`#index=2`: the package's third environment)
     ID patterns      gem:rg:* and the like (fnmatch) take every registered id that matches
 
-An imported environment is trusted library code, not model-written: it is played in this process
-by `InProcessEnv`, which has EnvHandle's surface (reset, step, tools, close), so agent.play and the
-pool's statistics treat it as any other environment. Its semantics follow the sandbox's: a fresh
-instance per episode (an episode depends only on its seed), the global `random` / `numpy.random`
-states it sees are its own, seeded from the episode's seed and set aside between calls (GEM's reset
-seeds them), and an exception or a malformed result is an environment fault with a named kind.
-Unlike the sandbox there is no deadline: a hanging library call hangs the run. An OpenEnv server
-is played over its WebSocket protocol (`OpenEnvRemote`: one session per episode, a reply that
-takes over REMOTE_TIMEOUT seconds is a `timeout` fault); its code runs in the server's process.
-train.play_pool opens an InProcessEnv per episode of such an entry, and batches through `batched`
-only when a pool holds one.
+A GEM or Gymnasium environment is trusted library code, not model-written: it is played in this
+process by `InProcessEnv`, which has EnvHandle's surface (reset, step, tools, close), so agent.play
+and the pool's statistics treat it as any other environment. Its semantics follow the sandbox's: a
+fresh instance per episode (an episode depends only on its seed), the global `random` /
+`numpy.random` states it sees are its own, seeded from the episode's seed and set aside between
+calls (GEM's reset seeds them), and an exception or a malformed result (the sandbox's own checks:
+sandbox._bad_text, sandbox._bad_step) is an environment fault with a named kind. Unlike the
+sandbox there is no deadline: a hanging library call hangs the run.
+
+An OpenEnv server is a peer, not a library: `RemoteEnv` plays it over openenv's WebSocket
+protocol (`OpenEnvRemote`), its code in the server's process, and holds against a hostile one:
+1. every call within REMOTE_TIMEOUT seconds whole (the schema, connect and first answer count as
+   one), an episode's calls within REMOTE_EPISODE_TIMEOUT together: `timeout`, `episode_timeout`;
+2. a reply frame over FRAME_CAP bytes or a GET /schema over SCHEMA_CAP is `output_too_large`;
+3. its own sockets: no redirect is followed and no proxy (http_proxy, ...) applies, so a URL on
+   this machine stays on this machine;
+4. replies typed as the sandbox types its workers' (finite int or float rewards, null meaning
+   none; real booleans; clean text), a fault kind from sandbox.FAILURES (else
+   protocol_violation), every message shortened and printable (sandbox._clean);
+5. websockets' keepalive is off (its pings draw from the global `random`), so nothing here moves
+   the trainer's RNG; a `#seed=` in the URL (every episode one seed) is refused.
+train.play_pool plays a pool with imported entries through `batched` (OpenEnv handles in threads,
+at once) and `play_rounds`: a round opens sessions until a server refuses one (its capacity), plays
+those episodes, closes them, and the rest wait for the next round; none is dropped, and a server
+whose every session others hold for BUSY_WAIT seconds stops the run (ServerFull).
 
 `seed_memory` (--memory_from) fills a new run's environment memory with another run's records
 (memory.json) or an export's manifest (tools/export.py): exemplars for the designer's prompts,
-text only, never executed here. Test: `pytest tests/test_export.py`.
+text only, never executed here.
+Test: `pytest tests/test_export.py tests/test_openenv_hostile.py`.
 """
 from __future__ import annotations
 
@@ -35,9 +50,13 @@ import contextlib
 import fnmatch
 import importlib
 import json
-import math
 import random
+import re
+import socket
+import struct
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import memory as memory_lib
@@ -65,7 +84,7 @@ def make(spec: str):
     """A new instance of `gem:ID` / `gymnasium:ID` / `openenv:URL`."""
     kind, env_id = spec.split(":", 1)
     if kind == "openenv":
-        return OpenEnvRemote(spec)
+        raise ValueError(f"{spec}: an OpenEnv server plays through RemoteEnv (imported.handle)")
     if kind == "gem":
         import gem
         if env_id not in _registry(kind) and "/" in env_id:
@@ -83,71 +102,239 @@ def expand(spec: str) -> list[str]:
     return [f"{kind}:{i}" for i in sorted(fnmatch.filter(list(_registry(kind)), env_id))]
 
 
-REMOTE_TIMEOUT = 120.0  # seconds an OpenEnv server may take to answer one reset or step
+# INFRA: an OpenEnv server on this machine, over openenv 0.10's WebSocket protocol
+REMOTE_TIMEOUT = 120.0          # seconds one call may take, whole (open: schema, connect, answer)
+REMOTE_EPISODE_TIMEOUT = 600.0  # seconds an episode's calls may take together (reset included)
+FRAME_CAP = 1 << 21             # bytes of one reply: OBS_CAP characters of JSON and room to spare
+SCHEMA_CAP = 1 << 20            # bytes of GET /schema's whole response
+BUSY_WAIT = 120.0               # seconds every session may be refused before play_rounds gives up
+_INT = re.compile(r"-?(0|[1-9][0-9]*)")
 
 
 def remote_url(spec: str) -> tuple[str, dict]:
-    """`openenv:URL#k=v&...` -> (URL, reset arguments; numbers parsed); refuses a remote host."""
+    """`openenv:URL#k=v&...` -> (URL, reset arguments; numbers parsed); refuses a remote host,
+    a number written otherwise than JSON writes it (`02`, `²`), a key given twice, and `seed`:
+    every episode's seed comes from the run, one in the URL would play every episode alike."""
     from urllib.parse import parse_qsl, urlsplit
     url, _, frag = spec.split(":", 1)[1].partition("#")
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "ws") or parts.hostname not in LOCAL:
+    try:
+        local = parts.scheme in ("http", "ws") and parts.hostname in LOCAL and parts.port
+    except ValueError:  # a port that is not a number
+        local = False
+    if not local:
         raise SystemExit(f"{spec}: an OpenEnv server on this machine, http://127.0.0.1:PORT")
-    kwargs = {k: json.loads(v) if v.lstrip("-").isdigit() else v for k, v in parse_qsl(frag)}
+    kwargs = {}
+    for k, v in parse_qsl(frag, keep_blank_values=True):
+        if k == "seed" or k in kwargs:
+            raise SystemExit(f"{spec}: {k} " + ("given twice" if k in kwargs else "in the URL: "
+                             "each episode's seed comes from the run (--seed)"))
+        if v.lstrip("-").isdigit() and not _INT.fullmatch(v):
+            raise SystemExit(f"{spec}: {k}={v}: a number in ASCII digits, no leading zero")
+        kwargs[k] = int(v) if _INT.fullmatch(v) else v
     return url.rstrip("/"), kwargs
+
+
+class Busy(Exception):
+    """The server refused a session: every one of its sessions is in use."""
+
+
+class ServerFull(RuntimeError):
+    """An OpenEnv server refused every session for BUSY_WAIT seconds: the run cannot play it."""
+
+
+def _left(deadline: float) -> float:
+    """Seconds left before the deadline; a timeout fault once none are."""
+    if (left := deadline - time.monotonic()) <= 0:
+        raise _Invalid("timeout", f"no answer within {REMOTE_TIMEOUT:g} s")
+    return left
+
+
+def _get(netloc: str, address: tuple, path: str, deadline: float):
+    """GET path as JSON, HTTP/1.0 on a socket of our own: no proxy and no redirect can apply,
+    at most SCHEMA_CAP bytes, all of it within the deadline."""
+    data = b""
+    with socket.create_connection(address, timeout=_left(deadline)) as s:
+        s.sendall(f"GET {path} HTTP/1.0\r\nHost: {netloc}\r\n\r\n".encode())
+        while True:
+            s.settimeout(_left(deadline))
+            if not (chunk := s.recv(1 << 16)):
+                break
+            data += chunk
+            if len(data) > SCHEMA_CAP:
+                raise _Invalid("output_too_large", f"GET {path}: over {SCHEMA_CAP} bytes")
+    head, _, body = data.partition(b"\r\n\r\n")
+    status = head.split(b"\r\n", 1)[0].split(b" ")
+    if status[1:2] != [b"200"]:
+        raise _Invalid("reset_error", f"GET {path}: {sandbox._clean(status)} (never followed)")
+    return json.loads(body)
 
 
 class OpenEnvRemote:
     """An OpenEnv server's environment as a text game, over openenv 0.10's WebSocket protocol:
-    {"type": "reset" | "step" | "close", "data": {...}} frames answered by {"type":
-    "observation", "data": {"observation", "reward", "done"}} or {"type": "error"}. The reply
-    fills the action's `message` field, else its only string field (from GET /schema); the text
-    is the observation's `text` field, else its only string one; an `error` it names is a fault."""
+    {"type": "reset" | "step" | "state" | "close", "data": {...}} frames answered by {"type":
+    "observation", "data": {"observation", "reward", "done"}}, {"type": "state"} or {"type":
+    "error"}. The reply fills the action's `message` field, else its only string field (from GET
+    /schema); the text is the observation's `text` field, else its only string one; an `error`
+    it names is a fault. Every call takes a deadline (time.monotonic()) and raises: _Invalid (a
+    named fault), Busy, or what the socket raised."""
 
     def __init__(self, spec: str):
-        from urllib.request import urlopen
+        from urllib.parse import urlsplit
+        self.url, self.kwargs = remote_url(spec)
+        parts = urlsplit(self.url)
+        self.netloc, self.path = parts.netloc, parts.path
+        self.address, self.field, self.ws = (parts.hostname, parts.port), None, None
+
+    def open(self, deadline: float) -> None:
+        """The action's field, then a session: a WebSocket on a socket of our own (so no proxy,
+        no redirect), keepalive off (its pings draw from the global `random`), frames up to
+        FRAME_CAP; a `state` request the server answers, or refuses when it is full."""
         from websockets.sync.client import connect
-        url, self.kwargs = remote_url(spec)
-        with urlopen(url.replace("ws://", "http://") + "/schema", timeout=30) as f:
-            props = json.loads(f.read())["action"].get("properties", {})
+        props = _get(self.netloc, self.address, self.path + "/schema", deadline)["action"].get(
+            "properties", {})
         names = [k for k, v in props.items() if v.get("type") == "string"]
         if "message" not in names and len(names) != 1:
-            raise ValueError(f"its action has no single string field to put a reply in: {props}")
+            raise _Invalid("reset_error", f"its action has no single string field: {props!r:.200}")
         self.field = "message" if "message" in names else names[0]
-        self._stack = contextlib.ExitStack()  # websockets 17: a connection is a context
-        self.ws = self._stack.enter_context(connect(url.replace("http://", "ws://") + "/ws",
-                                                    max_size=None, open_timeout=30))
+        sock = socket.create_connection(self.address, timeout=_left(deadline))
+        sock.settimeout(None)  # the connection's reader thread blocks; deadlines come per call
+        self.ws = connect(f"ws://{self.netloc}{self.path}/ws", sock=sock, max_size=FRAME_CAP,
+                          ping_interval=None, open_timeout=_left(deadline), close_timeout=5,
+                          legacy=True)
+        self._call({"type": "state"}, deadline)
 
-    def _call(self, kind: str, data: dict) -> dict:
-        self.ws.send(json.dumps({"type": kind, "data": data}))
+    def _call(self, message: dict, deadline: float) -> dict:
+        """One request and its reply's data, both within the deadline."""
+        from websockets.exceptions import ConnectionClosed
+        seconds = _left(deadline)
+        with contextlib.suppress(OSError):  # the send's deadline: a server that never reads
+            self.ws.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack(
+                "ll", int(seconds), int(seconds % 1 * 1e6)))
+        with contextlib.suppress(ConnectionClosed):  # a server refusing the session closes at
+            self.ws.send(json.dumps(message))       # once: its reason waits below to be read
         try:
-            reply = json.loads(self.ws.recv(timeout=REMOTE_TIMEOUT))
+            reply = json.loads(self.ws.recv(timeout=_left(deadline)))
         except TimeoutError:
-            raise _Invalid("timeout", f"no answer in {REMOTE_TIMEOUT} s") from None
+            raise _Invalid("timeout", f"no answer within {REMOTE_TIMEOUT:g} s") from None
+        except ConnectionClosed as e:
+            if getattr(e.sent, "code", None) == 1009:
+                raise _Invalid("output_too_large", f"a reply over {FRAME_CAP} bytes") from None
+            raise
+        if type(reply) is not dict or type(reply.get("data")) is not dict:
+            raise _Invalid("protocol_violation", "a reply that is not {type, data: {...}}")
         if reply.get("type") == "error":
-            raise _Invalid("step_error", str(reply.get("data", {}).get("message"))[:300])
-        obs = reply["data"].get("observation") or {}
-        if obs.get("error"):
-            raise _Invalid(str(obs["error"]), str(reply["data"].get("metadata") or "")[:300])
+            why = sandbox._clean(reply["data"].get("message"))
+            raise Busy(why) if reply["data"].get("code") == "CAPACITY_REACHED" else \
+                _Invalid("step_error", why)
         return reply["data"]
 
-    def _say(self, obs: dict):
-        strings = [v for v in obs.values() if isinstance(v, str)]
-        return obs["text"] if "text" in obs else strings[0] if len(strings) == 1 else obs
+    def reset(self, seed: int | None, deadline: float) -> tuple:
+        return _observed(self._call({"type": "reset", "data": {**self.kwargs, "seed": seed}},
+                                    deadline)), {}
 
-    def reset(self, seed: int | None = None) -> tuple:
-        return self._say(self._call("reset", {"seed": seed, **self.kwargs})["observation"]), {}
-
-    def step(self, action: str) -> tuple:
-        d = self._call("step", {self.field: action})
-        truncated = d["observation"].get("truncated", False)
-        return (self._say(d["observation"]), d.get("reward") or 0.0, bool(d["done"]) and not
-                truncated, truncated, {})
+    def step(self, action: str, deadline: float) -> tuple:
+        d = self._call({"type": "step", "data": {self.field: action}}, deadline)
+        text, obs = _observed(d), d["observation"]
+        reward = 0.0 if d.get("reward") is None else d["reward"]  # openenv's "no reward"
+        truncated = obs.get("truncated", False)
+        if (bad := sandbox._bad_step(reward, d.get("done"), truncated)) is not None:
+            raise _Invalid(*bad)
+        return text, float(reward), d["done"] and not truncated, truncated, {}
 
     def close(self) -> None:
+        if self.ws is not None:
+            with contextlib.suppress(Exception):
+                self.ws.send(json.dumps({"type": "close"}))
+            self.ws.close()
+            self.ws = None
+
+
+def _observed(data: dict) -> str:
+    """An observation reply's text, checked as the sandbox checks its workers' (sandbox._bad_text);
+    an `error` it names is that fault when it is one of sandbox.FAILURES."""
+    obs = data.get("observation")
+    if type(obs) is not dict:
+        raise _Invalid("protocol_violation", "an observation that is not an object")
+    if obs.get("error") is not None:
+        kind = obs["error"] if obs["error"] in sandbox.FAILURES else "protocol_violation"
+        meta = obs.get("metadata") if type(obs.get("metadata")) is dict else {}
+        raise _Invalid(kind, sandbox._clean(meta.get("message", "")))
+    strings = [v for v in obs.values() if type(v) is str]
+    return _text(obs["text"] if "text" in obs else strings[0] if len(strings) == 1 else obs)
+
+
+class RemoteEnv:
+    """An OpenEnv server's environment behind EnvHandle's surface (reset, step, tools, close):
+    one session, opened by open() or the first reset, held until close(); each call within
+    REMOTE_TIMEOUT seconds and an episode's calls within REMOTE_EPISODE_TIMEOUT together. Faults
+    come back as sandbox.Fault results, as the sandbox's do; only opening raises (Busy), and
+    play_rounds opens every session before its reset. It touches no global state (no RNG), so
+    handles play in threads at once (batched)."""
+
+    def __init__(self, spec: str):
+        self.spec, self.remote = spec, OpenEnvRemote(spec)
+        self.url, self.failure, self.playing, self._used = self.remote.url, None, False, 0.0
+
+    def open(self) -> bool:
+        """A session: True; False with the fault kept for reset to return; Busy when full."""
+        self.close()
+        try:
+            self.remote.open(time.monotonic() + REMOTE_TIMEOUT)
+            return True
+        except Busy:
+            self.close()
+            raise
+        except Exception as e:  # noqa: BLE001 - a server's failure is its environment's fault
+            self.failure = self._fault(e, "reset_error", step=False)
+            return False
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict]:
+        """A new episode on the session (opened first if there is none: Busy when full)."""
+        if self.remote.ws is None and self.failure is None:
+            self.open()
+        if self.failure is not None:
+            failure, self.failure = self.failure, None
+            return failure
+        self._used, self.playing = 0.0, True
+        return self._timed(lambda deadline: self.remote.reset(seed, deadline), "reset_error")
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        if not self.playing:
+            return _fault_result("closed", "no episode is running", step=True)
+        result = self._timed(lambda deadline: self.remote.step(action, deadline), "step_error")
+        self.playing = not (isinstance(result, sandbox.Fault) or result[2] or result[3])
+        return result
+
+    def _timed(self, call, kind: str):
+        """call(deadline) within the call's and the episode's time; a raise is a fault."""
+        left = REMOTE_EPISODE_TIMEOUT - self._used
+        start, step = time.monotonic(), kind == "step_error"
+        try:
+            if left <= 0:
+                raise _Invalid("episode_timeout", "episode time budget used up")
+            return call(start + min(REMOTE_TIMEOUT, left))
+        except Exception as e:  # noqa: BLE001
+            if isinstance(e, _Invalid) and e.kind == "timeout" and left < REMOTE_TIMEOUT:
+                e = _Invalid("episode_timeout", "episode time budget used up")
+            return self._fault(e, kind, step)
+        finally:
+            self._used += time.monotonic() - start
+
+    def _fault(self, e: Exception, kind: str, step: bool) -> sandbox.Fault:
+        self.close()
+        kind = e.kind if isinstance(e, _Invalid) else "timeout" if isinstance(
+            e, TimeoutError) else kind
+        return _fault_result(kind, e, step)
+
+    def tools(self) -> list[dict]:
+        return []
+
+    def close(self) -> None:
+        self.playing, self.failure = False, None
         with contextlib.suppress(Exception):
-            self.ws.send(json.dumps({"type": "close", "data": {}}))
-        self._stack.close()
+            self.remote.close()
+        self.remote.ws = None
 
 
 @contextlib.contextmanager
@@ -188,17 +375,20 @@ class InProcessEnv:
                 obs, info = self.env.reset(seed=seed)
             return _text(obs), _info(info)
         except Exception as e:  # noqa: BLE001 - library failures are environment faults
-            return self._fault(getattr(e, "kind", "reset_error"), e, step=False)
+            return self._fault(e, "reset_error", step=False)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         if self.env is None:
-            return self._fault("closed", "no episode is running")
+            return _fault_result("closed", "no episode is running", step=True)
         try:
             with _rngs(self._state):
                 obs, reward, terminated, truncated, info = self.env.step(action)
-            return _text(obs), _reward(reward), _flag(terminated), _flag(truncated), _info(info)
+            reward, terminated, truncated = map(_plain, (reward, terminated, truncated))
+            if (bad := sandbox._bad_step(reward, terminated, truncated)) is not None:
+                raise _Invalid(*bad)
+            return _text(obs), float(reward), terminated, truncated, _info(info)
         except Exception as e:  # noqa: BLE001
-            return self._fault(getattr(e, "kind", "step_error"), e)
+            return self._fault(e, "step_error")
 
     def tools(self) -> list[dict]:
         return []
@@ -208,13 +398,21 @@ class InProcessEnv:
             _close(self.env)
             self.env = None
 
-    def _fault(self, kind: str, e, step: bool = True) -> sandbox.Fault:
+    def _fault(self, e: Exception, kind: str, step: bool = True) -> sandbox.Fault:
+        """Only our own checks name a kind: a library's exception is reset_error / step_error,
+        whatever attributes it carries."""
         self.close()
-        msg = (f"{type(e).__name__}: {e}" if isinstance(e, Exception) else str(e))[:300]
-        obs = f"[environment error: {kind}] {msg}"
-        r = sandbox.Fault((obs, 0.0, True, False, {}) if step else (obs, {}))
-        r.fault, r.message = kind, msg
-        return r
+        return _fault_result(e.kind if isinstance(e, _Invalid) else kind, e, step)
+
+
+def _fault_result(kind: str, e, step: bool) -> sandbox.Fault:
+    """The Fault result of an EnvHandle: an error observation, its message shortened and made
+    printable (sandbox._clean)."""
+    msg = sandbox._clean(f"{type(e).__name__}: {e}" if isinstance(e, Exception) else e)
+    obs = f"[environment error: {kind}] {msg}"
+    r = sandbox.Fault((obs, 0.0, True, False, {}) if step else (obs, {}))
+    r.fault, r.message = kind, msg
+    return r
 
 
 def _close(env) -> None:
@@ -223,38 +421,26 @@ def _close(env) -> None:
 
 
 class _Invalid(ValueError):
+    """A malformed result, named by one of sandbox.FAILURES."""
+
     def __init__(self, kind: str, message: str):
         super().__init__(message)
         self.kind = kind
 
 
-# The checks the sandbox's parent applies to every reply (sandbox.EnvHandle._check_step).
+# The checks the sandbox's parent applies to every reply (sandbox._bad_text, sandbox._bad_step),
+# on the values its worker would have sent (numpy scalars as Python ones).
 def _text(obs) -> str:
     if not isinstance(obs, str):
         raise _Invalid("invalid_observation", f"observation of type {type(obs).__name__}")
-    try:
-        obs.encode("utf-8")                                          # no lone surrogate
-    except UnicodeEncodeError:
-        raise _Invalid("invalid_observation", "observation: lone surrogate") from None
-    if "\x00" in obs:
-        raise _Invalid("invalid_observation", "observation: contains NUL")
-    return str(obs)[:sandbox.OBS_CAP]
+    obs = str.__str__(obs)
+    if (why := sandbox._bad_text(obs)) is not None:
+        raise _Invalid("invalid_observation", f"observation: {why}")
+    return obs[:sandbox.OBS_CAP]
 
 
-def _reward(r) -> float:
-    try:
-        r = float(r)
-    except (TypeError, ValueError):
-        raise _Invalid("invalid_reward", f"reward {r!r:.40} is not a number") from None
-    if not (math.isfinite(r) and -10 <= r <= 10):
-        raise _Invalid("invalid_reward", f"reward {r!r} is not a finite number in [-10, 10]")
-    return r
-
-
-def _flag(x) -> bool:
-    if type(x).__name__ not in ("bool", "bool_"):
-        raise _Invalid("invalid_result", "terminated/truncated are not bools")
-    return bool(x)
+def _plain(x):
+    return x.item() if type(x).__module__ == "numpy" and hasattr(x, "item") else x
 
 
 def _info(info) -> dict:
@@ -276,14 +462,20 @@ def load_ids(spec: str, setting: str, origin: str) -> list[dict]:
 
 def probe(spec: str, origin: str) -> dict | None:
     """An imported environment that makes, resets and takes the first probe action cleanly."""
+    h = handle(spec)
     try:
-        with _rngs({"random": random.Random(0).getstate()}):
-            _close(make(spec))
+        if isinstance(h, RemoteEnv) and not h.open():
+            raise SystemExit(f"{spec}: cannot make it: {h.failure.message}")
+        if isinstance(h, InProcessEnv):
+            with _rngs({"random": random.Random(0).getstate()}):
+                _close(make(spec))
+    except Busy as e:
+        raise SystemExit(f"{spec}: its server refused a session, every one in use: {e}") from None
     except Exception as e:  # noqa: BLE001 - an unknown id, a missing package: the user's to fix
         raise SystemExit(f"{spec}: cannot make it: {type(e).__name__}: {e}") from None
-    h = InProcessEnv(spec)
     result = h.reset(seed=0)
-    name = type(getattr(h.env, "unwrapped", h.env)).__name__
+    name = type(getattr(h.env, "unwrapped", h.env)).__name__ if isinstance(
+        h, InProcessEnv) else "OpenEnvRemote"
     result = result if isinstance(result, sandbox.Fault) else h.step(sandbox.PROBE_ACTIONS[0])
     h.close()
     if isinstance(result, sandbox.Fault):
@@ -308,21 +500,95 @@ def suite_skill(spec: str) -> str:
     return kind
 
 
-# playing a pool that mixes sandbox handles and in-process environments
+# playing a pool that mixes sandbox handles, in-process environments and OpenEnv servers
+def handle(spec: str):
+    """The EnvHandle-like handle of an imported spec: RemoteEnv for openenv:, else InProcessEnv."""
+    return RemoteEnv(spec) if spec.startswith("openenv:") else InProcessEnv(spec)
+
+
 def batched(sb, step: bool):
-    """step_many / reset_many for agent.play: sandbox handles in one batch, the rest in turn."""
+    """step_many / reset_many for agent.play: sandbox handles in one batch, OpenEnv ones at once
+    (a thread each: their time is the servers'), in-process ones in turn."""
     many = getattr(sb, "step_many" if step else "reset_many", None)   # None: one at a time
 
     def run(handles, args):
-        direct = [many is None or isinstance(h, InProcessEnv) for h in handles]
-        out = [(h.step(a) if step else h.reset(a)) if d else None
-               for h, a, d in zip(handles, args, direct)]
-        rest = [i for i, d in enumerate(direct) if not d]
-        if rest:
-            for i, r in zip(rest, many([handles[i] for i in rest], [args[i] for i in rest])):
-                out[i] = r
+        call = (lambda h, a: h.step(a)) if step else (lambda h, a: h.reset(a))
+        remote = [i for i, h in enumerate(handles) if isinstance(h, RemoteEnv)]
+        direct = [i for i, h in enumerate(handles) if i not in remote and (
+            many is None or isinstance(h, InProcessEnv))]
+        rest = [i for i in range(len(handles)) if i not in remote and i not in direct]
+        out = [None] * len(handles)
+        with ThreadPoolExecutor(max(1, len(remote))) as pool:
+            futures = {i: pool.submit(call, handles[i], args[i]) for i in remote}
+            for i in direct:
+                out[i] = call(handles[i], args[i])
+            if rest:
+                for i, r in zip(rest, many([handles[i] for i in rest], [args[i] for i in rest])):
+                    out[i] = r
+            for i, future in futures.items():
+                out[i] = future.result()
         return out
     return run
+
+
+def play_rounds(specs: list, generate, play) -> list:
+    """play(specs, generate) -> Episodes, in rounds that open at most each OpenEnv server's
+    capacity of sessions: a round opens sessions for the waiting OpenEnv episodes until a server
+    refuses one (Busy: full), plays them with every other episode not yet played, and closes
+    them, so the next round finds them free. No episode is dropped: a server that refuses every
+    session for BUSY_WAIT seconds raises ServerFull. Each episode keeps the request keys, hence
+    the sampling seeds, of its place in `specs` (_Keyed). Returns one Episode per spec."""
+    queue = [i for i, s in enumerate(specs) if isinstance(s.handle, RemoteEnv)]
+    rest, out, waited = [i for i in range(len(specs)) if i not in queue], [None] * len(specs), 0.0
+    while queue or rest:
+        admitted, full = [], {}
+        for i in queue:
+            h = specs[i].handle
+            if h.url not in full:
+                try:
+                    h.open()  # a failure is kept as the fault its reset returns: played, named
+                    admitted.append(i)
+                except Busy as e:
+                    full[h.url] = e
+        queue = [i for i in queue if i not in admitted]
+        batch, rest = sorted(rest + admitted), []
+        if not batch:  # every session held by others: wait for one, a while
+            if waited >= BUSY_WAIT:
+                url, why = next(iter(full.items()))
+                raise ServerFull(f"openenv:{url} refused every session for {waited:g} s: {why}")
+            time.sleep(min(2.0, BUSY_WAIT - waited))
+            waited += min(2.0, BUSY_WAIT - waited)
+            continue
+        waited = 0.0
+        try:
+            for i, ep in zip(batch, play([specs[i] for i in batch], _keyed(generate, batch))):
+                out[i] = ep
+        finally:
+            for i in admitted:
+                specs[i].handle.close()
+    return out
+
+
+def _keyed(generate, index: list):
+    """A request stream (submit / collect / pending) whose key (j, n) goes in as (index[j], n);
+    a plain generate function as it is (its seeds follow its calls)."""
+    return _Keyed(generate, index) if hasattr(generate, "submit") else generate
+
+
+class _Keyed:
+    def __init__(self, requests, index: list):
+        self.requests, self.index = requests, index
+        self.back = {g: j for j, g in enumerate(index)}
+
+    @property
+    def pending(self) -> int:
+        return self.requests.pending
+
+    def submit(self, key: tuple, prompt, max_new_tokens: int | None = None) -> None:
+        self.requests.submit((self.index[key[0]], key[1]), prompt, max_new_tokens)
+
+    def collect(self, wait: bool = True) -> list:
+        return [((self.back[i], n), c) for (i, n), c in self.requests.collect(wait)]
 
 
 # another run's memory (--memory_from)

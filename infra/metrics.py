@@ -55,7 +55,7 @@ def _finite_list(xs, name: str) -> list[float]:
 # the agent's plays, every step --------------------------------------------------------------
 
 def win_rate(returns) -> float:
-    """The share of plays with return > 0 (0.0 without plays), as memory records keep it."""
+    """The share of plays with return > 0 (0.0 without plays)."""
     return sum(r > 0 for r in returns) / len(returns) if returns else 0.0
 
 

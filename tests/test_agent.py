@@ -422,10 +422,13 @@ def test_limits(tokenizer):
     assert (ep.status, ep.turns, ep.actions, ep.mask.count(1)) == ("truncated", 1, [], 8)
     assert long.calls[0][1] == [8]
     [ep] = play(specs_for([GuessEnv(max_turns=99)], [0]), generate=never, tokenizer=tokenizer,
-                max_context=200, max_new_tokens=50)
-    assert ep.status == "context" and len(ep.token_ids) <= 200 and ep.prompt_len < 150
+                max_context=300, max_new_tokens=50)
+    # the authors' margin: a reply takes at most the room left minus 64 tokens, and an episode
+    # with 64 or fewer left ends ("context") without asking for another
+    assert agent.CONTEXT_MARGIN == 64 and ep.prompt_len < 150
+    assert ep.status == "context" and 300 - 64 <= len(ep.token_ids) <= 300
     calls = never.calls[-ep.turns:]
-    assert [c for _, [c] in calls] == [min(50, 200 - len(p)) for [p], _ in calls]
+    assert [c for _, [c] in calls] == [min(50, 300 - len(p) - 64) for [p], _ in calls]
     assert calls[0][1] == [50] and calls[-1][1][0] < 50  # fewer new tokens near the limit
 
 
@@ -680,6 +683,23 @@ class StepStream:
                     done.append((key, self.running.pop(key)[1]))
         self.log += [("reply", key) for key, _ in done]
         return done
+
+
+def test_environment_steps_go_through_the_streams_serve(tokenizer):
+    """play steps its environments through the request stream's serve (run.Requests: a TP
+    member keeps serving its group while the sandbox steps), once per batch of replies, and the
+    episodes end as they do without it."""
+    plays, served = {}, []
+    for name in ("plain", "served"):
+        stream = StepStream(ScriptedEngine(tokenizer, binary_search_policy))
+        if name == "served":
+            stream.serve = lambda fn: served.append(len(stream.log)) or fn()
+        plays[name] = play(specs_for([GuessEnv(), GuessEnv()], [0, 1]), generate=stream,
+                           tokenizer=tokenizer, max_new_tokens=400)
+    # each serve comes right after a collect that returned replies
+    assert len(served) >= 2 and all(stream.log[n - 1][0] == "reply" for n in served)
+    assert [(e.ret, e.turns, e.actions) for e in plays["plain"]] == \
+        [(e.ret, e.turns, e.actions) for e in plays["served"]]
 
 
 def test_no_turn_barrier_an_episode_moves_on_while_another_decodes(tokenizer):

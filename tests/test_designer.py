@@ -707,9 +707,13 @@ def test_no_corpus_and_infra_retries():
             raise RuntimeError("could not start a worker")
         return Report(True, None, None, None)
     props, stats = d.regenerate([MATH], generate=ScriptedDesigner([fenced(env("Dial"))]), validate=flaky,
-                                corpus=None, memory_block=None, setting="games", rng=random.Random(0))
+                                corpus=None, memory_block=None, setting="games", rng=random.Random(0),
+                                max_turns=40)
     assert len(calls) == 3 and props[0].ok and props[0].doc_id is None
-    assert "REFERENCE_DOCUMENT" not in props[0].messages[1]["content"]
+    prompt = props[0].messages[1]["content"]
+    # the turn budget the no-corpus prompt states is the run's --max_turns, as the authors pass it
+    assert "REFERENCE_DOCUMENT" not in prompt and "at most 40 turns" in prompt
+    assert "about 20-30 turns" in prompt and "max_turns=40" in prompt and "25" not in prompt
 
     def broken(source):
         raise RuntimeError("sandbox down")
@@ -788,6 +792,24 @@ def test_a_rejected_attempt_is_retried_while_other_attempts_decode():
     at = {(kind, key): step for kind, key, step in stream.log}
     assert at["submit", (0, 2)] < at["reply", (0, 2)] < at["reply", (1, 1)] == 600
     assert stats["valid"] == 2 and stats["attempts"] == 3
+
+
+def test_a_validation_wait_with_nothing_in_flight_goes_through_serve():
+    """With no attempt of its own decoding, regenerate waits for its validations through the
+    stream's serve (run.Requests: a TP member keeps serving its group meanwhile); while another
+    attempt decodes it polls them between engine steps instead."""
+    stream = SteppingDesigner({(0, 1): (fenced(env("Good")), 2), (1, 1): (fenced(env("Slow")), 9)})
+    served = []
+
+    def serve(fn):
+        served.append(stream.steps)
+        return fn()
+    stream.serve = serve
+    props, _ = d.regenerate([MATH, LOGIC], generate=stream,
+                            validate=lambda src: Report(True, None, None, None), corpus=None,
+                            memory_block=None, setting="games", rng=random.Random(0))
+    assert [(p.slot, p.ok) for p in props] == [(0, True), (1, True)]
+    assert served == [9]  # only after the last reply: slot 0's validation ran during decoding
 
 
 def test_an_empty_hint_is_asked_again_as_soon_as_it_comes_back():

@@ -391,11 +391,11 @@ def test_openenv_server_plays_as_a_fixed_pool(exports, tmp_path, tiny):
     with serving(pkg, tmp_path) as url:
         for i, e in enumerate(manifest["envs"]):
             for r in (r for r in replays if r["id"] == e["id"]):
-                h = imported.InProcessEnv(f"openenv:{url}#index={i}")
+                h = imported.handle(f"openenv:{url}#index={i}")
                 got = [h.reset(seed=r["seed"])[0]] + [list(h.step(a)[:4]) for a in r["actions"]]
                 h.close()
                 assert got == [r["reset"]] + r["steps"]
-        h = imported.InProcessEnv(f"openenv:{url}#index=2")  # the sleeper
+        h = imported.handle(f"openenv:{url}#index=2")  # the sleeper
         h.reset(seed=1)
         result = h.step(r"\boxed{hang}")
         _, reward, terminated, _, info = result

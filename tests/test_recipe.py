@@ -263,6 +263,27 @@ def test_regret_timeout_penalty_only_at_the_regeneration_step():
     assert [s["score"] for s in scored] == [-0.5, -0.5, 0.0]
 
 
+def test_which_timeouts_earn_the_regret_ablations_penalty():
+    """As the authors flag a game: a load, reset or step() call past its deadline, in both arms;
+    in tool use a step only when it submits an answer (their tool calls go through execute_tool,
+    whose timeouts they leave unflagged); never the episode's whole budget (their 300 s limit)."""
+    from types import SimpleNamespace as NS
+
+    def ep(error, *actions):
+        return NS(error=error, actions=list(actions))
+    games = [ep("timeout"), ep("timeout", "\\boxed{1}"), ep("episode_timeout", "\\boxed{1}"),
+             ep("step_error", "\\boxed{1}")]
+    assert [train.stamps_timeout(e, "games") for e in games] == [True, True, False, False]
+    call = '<tool_call>{"name": "ls", "arguments": {}}</tool_call>'
+    tool = [ep("timeout"), ep("timeout", call), ep("timeout", call, "<answer>done</answer>"),
+            ep("timeout", "no call"), ep("episode_timeout", "<answer>done</answer>")]
+    assert [train.stamps_timeout(e, "tool") for e in tool] == [True, False, True, False, False]
+    envs = [_env(i, []) for i in "abc"]
+    train.record_plays(envs, [NS(env_id=i, ret=0.0, hinted=False, status="env_error", rewards=[], **vars(e))
+                              for i, e in zip("abc", tool[1:4])], regen=True, setting="tool")
+    assert [e.timed_out for e in envs] == [False, True, False] and all(e.faulty for e in envs)
+
+
 def test_plateau_band_flags_for_the_later_4b_phase(capsys):
     """The authors' later 4B phase: --max_context 49152 and plateau [0.2, 0.4], ramp 0.2. w = 0.5
     sits 0.1 above that band: plateau 1 - 0.1 / 0.2 = 0.5 (the paper's band [0.4, 0.6]: 1); blend

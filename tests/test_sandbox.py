@@ -416,10 +416,113 @@ def test_environment_cannot_forge_the_fault_channel(sb):
     assert r[:4] == ("[environment error: timeout] forged", 0.0, True, False)
 
 
-def test_an_empty_first_observation_validates(sb):
-    """As the authors' play, which takes str(obs) whatever it is, an empty reset observation is
-    not a validation failure."""
-    assert sb.validate(game("return 'o', 0.0, False, False, {}", reset="return '', {}")).ok
+def test_an_empty_first_observation_is_rejected_a_blank_one_passes(sb):
+    """The authors' load (at validation and before every play) rejects a reset observation of
+    length 0 and takes a whitespace-only one; so here, at validation and at every reset."""
+    empty = game("return 'o', 0.0, False, False, {}", reset="return '', {}")
+    report = sb.validate(empty)
+    assert (report.ok, report.kind) == (False, "invalid_observation") and "empty" in report.error
+    assert sb.validate(game("return 'o', 0.0, False, False, {}", reset="return ' \\n', {}")).ok
+    # in play: empty only at seed 7, which validation never probes
+    late = game("return 'o', 0.0, False, False, {}", reset="return '' if seed == 7 else 'o', {}")
+    h = sb.open(late)
+    try:
+        assert err(h.reset(seed=7)) == "invalid_observation" and err(h.reset(seed=8)) is None
+    finally:
+        h.close()
+
+
+# The authors' prompt example trades at a random price without importing random: a game of that
+# kind, in our words, leaning on the names their loader binds (no import statement anywhere).
+UNIMPORTED = src(r"""
+    class BarterEnv:
+        def __init__(self, max_turns=6):
+            self.max_turns = max_turns
+        def reset(self, seed=None):
+            self.rng = random.Random(seed)
+            self.price: Optional[int] = self.rng.randint(2, 9)
+            self.seen = deque(maxlen=3)
+            self.t = 0
+            return f"Offer a price as \\boxed{{n}}; a root of {math.isqrt(16)} is a clue.", {}
+        def step(self, action):
+            self.t += 1
+            guess = int(re.sub(r"\D", "", action) or 0)
+            self.seen.append(guess)
+            counts: Dict[int, int] = Counter(self.seen)
+            won = guess == self.price
+            done = won or self.t >= self.max_turns
+            text = json.dumps({"guesses": list(self.seen), "repeats": max(counts.values())})
+            return text, 1.0 if won else 0.0, done, False, {}
+""")
+
+
+def test_common_names_resolve_unimported_as_the_authors_loader(sb):
+    """A game using random, math, re, json, deque, Counter and typing names without an import
+    validates and plays (the authors' loader binds them; a bare namespace: NameError)."""
+    report = sb.validate(UNIMPORTED)
+    assert report.ok, report.error
+    assert play(sb, UNIMPORTED, actions=("\\boxed{3}", "\\boxed{3}"))[1][0] == \
+        '{"guesses": [3, 3], "repeats": 2}'
+
+
+# The authors' loader's names, read off their list (and typed here again as a cross-check).
+AUTHORS_NAMES = set(
+    "math random re json collections itertools functools string copy heapq operator statistics "
+    "np numpy deque defaultdict Counter OrderedDict namedtuple combinations permutations product "
+    "chain accumulate reduce lru_cache deepcopy heappush heappop Tuple Dict List Optional Union "
+    "Any Set FrozenSet Callable Iterable Sequence Mapping".split())
+# Reports, for every name bound in its namespace, whether it is the object an import returns.
+CHECK_NAMES = src("""
+    heappop = "the game's own"
+    class CheckEnv:
+        def reset(self, seed=None):
+            same = {}
+            for name, path in NAMES.items():
+                if name in globals():
+                    module, _, attribute = path.partition(".")
+                    obj = __import__(module)
+                    same[name] = globals()[name] is (getattr(obj, attribute) if attribute else obj)
+            return json.dumps(same), {}
+        def step(self, action):
+            return "o", 0.0, True, False, {}
+""")
+
+
+def first_observation(sb, source):
+    h = sb.open(source)
+    try:
+        return h.reset(seed=0)[0]
+    finally:
+        h.close()
+
+
+def test_common_names_are_the_objects_an_import_gives(sb):
+    """The bound names are the authors' 41, each the very object the game's own import returns
+    (nothing it could not import itself); a game may rebind one; np / numpy only when the
+    sandbox preloads numpy."""
+    pytest.importorskip("numpy")
+    names = {**sandbox.COMMON_NAMES, **sandbox.NUMPY_NAMES}
+    assert set(names) == AUTHORS_NAMES and len(names) == 41
+    env = f"NAMES = {names!r}\n" + CHECK_NAMES
+    assert json.loads(first_observation(sb, env)) == {n: n != "heappop" for n in names}
+    with Sandbox(workers=1, step_timeout=STEP_TIMEOUT, numpy=False, pool=0) as bare:
+        without = json.loads(first_observation(bare, env))
+    assert without == {n: n != "heappop" for n in names if n not in ("np", "numpy")}
+
+
+def test_a_constructor_that_requires_max_turns_gets_the_budget():
+    """The authors' play builds the class with its own defaults, and on a TypeError with
+    max_turns=<the agent's budget>; here the Sandbox's max_turns."""
+    env = game("return 'o', 0.0, False, False, {}", reset="return f'{self.max_turns} turns', {}")
+    env = env.replace("def __init__(self, max_turns=10):", "def __init__(self, max_turns):\n"
+                      "        self.max_turns = max_turns")
+    with Sandbox(workers=1, step_timeout=STEP_TIMEOUT, numpy=False, pool=0, max_turns=7) as s:
+        assert s.validate(env).ok
+        h = s.open(env)
+        try:
+            assert h.reset(seed=0)[0] == "7 turns"
+        finally:
+            h.close()
 
 
 # ------------------------------------------------------------------------- 2. no secret leaves
@@ -911,6 +1014,32 @@ def test_scratch_tmpfs_caps_the_total():
         obs = play(s, env)[0][0]
     assert obs.startswith("errno 28 after ") and int(obs.split()[-1]) <= 2, obs   # ENOSPC near 2 MiB
 
+
+
+def test_own_scratch_gives_each_worker_its_own_tmpfs():
+    """own_scratch (the OpenEnv server's sessions): two live workers each write 3 MiB into a
+    scratch of 4 MiB; with one tmpfs for all (the default) the second stops at ENOSPC."""
+    fill = game("""
+        n = 0
+        try:
+            for i in range(3):
+                with open(f'f{i}.bin', 'wb') as f:
+                    f.write(b'x' * (1 << 20))
+                n += 1
+            return f'wrote {n}', 0.0, False, False, {}
+        except OSError as e:
+            return f'errno {e.errno} after {n}', 0.0, False, False, {}
+    """)
+    seen = {}
+    for own in (False, True):
+        with Sandbox(workers=1, scratch_mb=4, numpy=False, pool=0, own_scratch=own) as s:
+            need(s, "mountns")
+            a, b = s.open(fill), s.open(fill)
+            a.reset(seed=0), b.reset(seed=0)
+            seen[own] = [a.step("x")[0], b.step("x")[0]]
+            a.close(), b.close()
+    assert seen[True] == ["wrote 3", "wrote 3"]
+    assert seen[False][0] == "wrote 3" and seen[False][1].startswith("errno 28"), seen
 
 # ------------------------------------------------ whole programs (LiveCodeBench) under the same layers
 def test_run_program_honest_and_named_failures(sb):

@@ -223,6 +223,10 @@ def test_process_group_timeout_reaches_the_tensor_parallel_groups(tiny, monkeypa
     infra.vllm_engine(config.ModelArgs(process_group_timeout=90.0), *tiny, max_model_len=64)
     assert seen["group_timeout"] == datetime.timedelta(seconds=90)
     assert "process_group_timeout" not in config.config_dict(config.ModelArgs())
+    # unset, collectives wait 2 hours (NCCL's own 10 minutes would abort a healthy run waiting
+    # on a 16k-token designer round), as the command line parses it
+    margs = config.parse(["--model", "tiny"], aliases=models.MODEL_ALIASES)[0]
+    assert infra.pg_timeout(margs) == datetime.timedelta(hours=2)
 
 
 def test_unwritten_storage_gives_every_meta_parameter_its_own_address():
@@ -390,9 +394,50 @@ def test_hint_regrets_without_a_hint():
     fresh = train.PoolEnv("f", "Optimization", "src", "FEnv", "designer")
     carried = train.PoolEnv("c", "Optimization", "src", "CEnv", "carried")
     m = train.hint_regrets([fresh, carried], [_ep("f", 1.0), _ep("f", 0.0), _ep("c", 1.0)])
-    assert (fresh.regret, fresh.r_hint, fresh.r_nohint) == (0.0, 0.5, 0.5) and carried.regret is None
-    assert m == {"regret/mean": 0.0, "regret/positive_share": 0.0, "regret/r_hint": 0.5, "regret/r_nohint": 0.5}
+    assert (fresh.regret, fresh.r_hint, fresh.r_nohint) == (0.0, 0.0, 0.5) and carried.regret is None
+    assert m == {"regret/mean": 0.0, "regret/positive_share": 0.0, "regret/r_hint": 0.0, "regret/r_nohint": 0.5}
     assert train.hint_regrets([carried], [_ep("c", 1.0)]) == {}
+
+
+def test_the_regret_ablation_scores_a_hintless_environment_as_the_authors():
+    """Their regret_based reads a missing cached hint reward as 0, so max(0, 0 - w) = 0 here even
+    when the epoch's mean falls below the regeneration step's (hinted = unhinted would give
+    max(0, 0.5 - 0.25) = 0.25)."""
+    e = train.PoolEnv("f", "Optimization", "src", "FEnv", "designer")
+    regen_plays = [_ep("f", 1.0), _ep("f", 0.0)]
+    train.record_plays([e], regen_plays, regen=True)
+    train.hint_regrets([e], regen_plays)
+    train.record_plays([e], [_ep("f", 0.0), _ep("f", 0.0)])  # the epoch's mean w: 0.25
+    [s] = train.score_epoch([train.Design(e, [1], [2], [-0.5])], config.SpadeArgs(designer_reward="regret"))
+    assert e.returns == [1.0, 0.0, 0.0, 0.0] and s["score"] == 0.0
+
+
+def test_the_memory_takes_faulty_environments_as_the_authors():
+    """Their memory records every regenerated game with plays: a crash is a lost play (their -1),
+    a timed-out play is dropped, so an always-crashing game is a win-rate-0 ("too hard") negative
+    and an always-hanging one is not recorded; hinted plays and carried environments never count."""
+    import memory as memory_lib
+
+    def fault(env_id, kind, hinted=False):
+        ep = _ep(env_id, 0.0, hinted=hinted, status="env_error")
+        ep.error = kind
+        return ep
+    ok, crashy, broken, hung = (train.PoolEnv(i, "Optimization", "src", f"{i.title()}Env", "designer")
+                                for i in ("ok", "crashy", "broken", "hung"))
+    carried = train.PoolEnv("old", "Optimization", "src", "OldEnv", "carried")
+    eps = [_ep("ok", 1.0), _ep("ok", 0.0), _ep("ok", 1.0, hinted=True), _ep("ok", 1.0, hinted=True),
+           _ep("crashy", 1.0), _ep("crashy", -1.0), fault("crashy", "step_error"),
+           fault("crashy", "timeout"), _ep("crashy", 1.0, hinted=True),   # 1 win of 3 counted
+           fault("broken", "reset_error"), fault("broken", "memory_limit"),  # 0 of 2
+           fault("hung", "timeout"), fault("hung", "episode_timeout"), _ep("old", 1.0)]
+    pool = [ok, crashy, broken, hung, carried]
+    train.record_plays(pool, eps, regen=True)
+    train.hint_regrets(pool, eps)
+    mem = memory_lib.EnvironmentMemory()
+    train.remember(0, pool, mem, "games", eps)
+    assert crashy.faulty and broken.faulty and hung.faulty and not ok.faulty
+    assert [(r.class_name, r.win_rate, r.regret) for r in mem.records] == [
+        ("OkEnv", 0.5, 0.5), ("CrashyEnv", pytest.approx(1 / 3), 0.0), ("BrokenEnv", 0.0, 0.0)]
 
 
 def test_micro_batches_split_by_role_and_budget():
@@ -580,7 +625,7 @@ def test_reduce_metrics_min_max_and_means():
                    "agent/return_mean": 0.5}
 
 
-def test_fsdp2_reduces_gradients_in_fp32():
+def test_fsdp2_reduces_gradients_in_fp32_and_leaves_outputs_uncast():
     from types import SimpleNamespace
 
     from accelerate.utils import FullyShardedDataParallelPlugin
@@ -590,6 +635,7 @@ def test_fsdp2_reduces_gradients_in_fp32():
     infra.fp32_gradient_reduce(SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin)))
     policy = plugin.mixed_precision_policy
     assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
+    assert policy.output_dtype is None  # the head unit's fp32 log-probs are not cast to bf16
 
 
 def test_hints_only_for_freshly_designed_environments(tiny, monkeypatch):

@@ -36,7 +36,12 @@ doc_id and doc_title (the grounding document; None without a corpus), hint, firs
 (its unhinted plays at its regeneration step, as memory.json counts them), regret, r_hint,
 r_nohint, replays; `excluded` lists the environments left out and why.
 
-Test: `pytest tests/test_export.py` (the GEM / Gymnasium calls run in a second virtualenv).
+What a run directory or a worker names stays data: config.json's model enters the package's
+docstring as an escaped literal, an env id must be a plain file name and a class name (the
+worker reports its runtime __name__) a plain identifier, else the environment is left out.
+
+Test: `pytest tests/test_export.py tests/test_openenv_hostile.py` (the GEM / Gymnasium / OpenEnv
+calls run in a second virtualenv).
 """
 from __future__ import annotations
 
@@ -146,17 +151,26 @@ def check_plays(sb, e: dict, plays: list[dict], setting: str) -> tuple[list[dict
     return good, bad
 
 
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")    # a class name, as registration ids take it
+ENV_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")  # the run's env ids (s0-r0-e0): a file name
+
+
 class LeftOut(Exception):
     """Why an environment stays out of the package (listed in the manifest's `excluded`)."""
 
 
 def entry(sb, run: dict, e: dict, package: str, setting: str) -> tuple[dict, list[dict]]:
-    """The manifest entry of one environment and its replays; raises LeftOut."""
+    """The manifest entry of one environment and its replays; raises LeftOut. What the run
+    directory and the worker name (env id, class name) become ids and a file name: checked."""
+    if type(e["env_id"]) is not str or not ENV_ID.fullmatch(e["env_id"]):
+        raise LeftOut(f"env id {str(e['env_id'])!r:.80} is not a plain name")
     if report.read_source(e, run["notes"]) is None:
         raise LeftOut("source file missing")
     verdict = sb.validate(e["source"], setting=setting)
     if not verdict.ok:
         raise LeftOut(f"validation: {verdict.error}")
+    if not NAME.fullmatch(verdict.class_name):
+        raise LeftOut(f"class name {verdict.class_name!r:.80} is not a plain identifier")
     h = sb.open(e["source"], setting)
     try:
         first = h.reset(0)
@@ -187,9 +201,10 @@ def init_text(manifest: dict) -> str:
     fmt, pkg, n = manifest["format"], manifest["package"], len(manifest["envs"])
     module, cls, _ = FORMATS[fmt]
     q = functools.partial(json.dumps, ensure_ascii=False)      # ids and paths as "..." literals
-    head = (f'"""{n} environments that {manifest["model"]} wrote while training with SPADE '
-            f'(arXiv 2608.19197),\nexported from run {q(manifest["run"])} (config '
-            f'{manifest["config_hash"][:19]}). ')
+    # config.json's model as an ASCII "..." literal: escaped, it cannot end the docstring
+    head = (f'"""{n} environments that {json.dumps(str(manifest["model"]))} wrote while '
+            f'training with SPADE (arXiv 2608.19197),\nexported from run {q(manifest["run"])} '
+            f'(config {manifest["config_hash"][:19]}). ')
     if fmt == "openenv":  # nothing to register: a server serves them (openenv_env.py)
         return (head + f"Serve them all with `python -m {pkg}.{module} --port 8000`\n(OpenEnv's "
                 "server; manifest.json lists them). Their code runs only in sandbox workers "

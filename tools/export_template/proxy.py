@@ -10,8 +10,10 @@ a small overrun); it never hangs your process, and reset() starts a fresh episod
 
 Options, as keyword arguments of gem.make / gymnasium.make: step_timeout (seconds per call, 5.0),
 episode_timeout (seconds of worker time per episode, 120.0), memory_mb (1024), cpu_seconds (300),
-landlock / seccomp (True; False only to debug), require_full (False; True raises unless every
-layer of sandbox.FULL holds on this machine). The sandbox applies every layer the machine allows
+scratch_mb (256: the scratch tmpfs, as root), own_scratch (False: one tmpfs for all workers; True:
+each worker its own, as the OpenEnv server runs them), landlock / seccomp (True; False only to
+debug), require_full (False; True raises unless every layer of sandbox.FULL holds on this
+machine). The sandbox applies every layer the machine allows
 (root adds namespaces and a per-worker uid); `env.sandbox_level` names them. Environments made
 with the same options share one sandbox, closed with the last of them (env.close()) and at
 interpreter exit.
