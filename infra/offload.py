@@ -42,8 +42,8 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def arena_layout(sizes: list[int], align: int = ALIGN) -> tuple[list[int], int]:
-    """(the offset of each of storages of `sizes` bytes in one host arena, the arena's bytes):
-    slots in order, each starting on an `align` boundary."""
+    """(each storage's offset, the arena's bytes) for storages of `sizes` bytes packed in one
+    host arena: slots in order, each starting on an `align` boundary."""
     offsets, total = [], 0
     for n in sizes:
         offsets.append(total)
