@@ -99,8 +99,16 @@ FAILURES = ("load_error", "reset_error", "step_error", "timeout", "episode_timeo
             "memory_limit", "cpu_limit", "worker_exited", "worker_crashed", "protocol_violation",
             "output_too_large", "invalid_observation", "invalid_reward", "invalid_result",
             "resource_leak", "nondeterministic", "unsolvable", "too_slow", "closed")
-UIDS = 0x400            # worker uids per zygote (live + pre-forked workers)
+# Worker uids: a zygote takes block (its pid % UID_BLOCKS) of UIDS uids above UID_BASE (past any
+# uid a system hands out), one for each live or pre-forked worker.
+UID_BASE = 0x10000000
+UID_BLOCKS = 0x100000
+UIDS = 0x400
 FULL = ("rlimits", "netns", "uid", "pdeathsig", "nondumpable", "no_new_privs", "seccomp")
+# A worker's rlimits besides memory, CPU and file size: open fds, and tasks of its uid (threads
+# count). As root the uid is the worker's own; without root it is the trainer's, and the limit 0.
+WORKER_FDS = 64
+WORKER_TASKS = 32
 # Imported by the zygote: workers have them even without read access.
 PRELOAD = tuple(
     "math random re json itertools collections functools heapq string fractions decimal "
@@ -125,8 +133,56 @@ COMMON_NAMES = {
 NUMPY_NAMES = {"np": "numpy", "numpy": "numpy"}
 
 
+# INFRA: the kernel's numbers this module passes to libc, from the Linux uapi headers (the same on
+# x86_64 and aarch64; the seccomp tables below hold the per-arch syscall numbers).
+# prctl(2) options (linux/prctl.h), and seccomp's filter mode (linux/seccomp.h).
+PR_SET_PDEATHSIG = 1        # arg: the signal the process gets when its parent dies
+PR_SET_DUMPABLE = 4         # arg 0: no core dump, no ptrace attach, /proc/<pid> owned by root
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2     # PR_SET_SECCOMP's mode: a BPF program
+PR_SET_NO_NEW_PRIVS = 38    # arg 1: no exec can ever grant privileges (setuid bits, file caps)
+# clone(2) / unshare(2) flags (linux/sched.h).
+CLONE_THREAD = 0x00010000   # a thread of this process, not a new process
+CLONE_NEWNS = 0x00020000    # a new mount namespace
+CLONE_NEWNET = 0x40000000   # a new network namespace
+# mount(2) flags (linux/mount.h).
+MS_NOSUID = 0x2             # setuid bits and file caps mean nothing there
+MS_NODEV = 0x4              # device nodes there cannot be opened
+MS_REC = 0x4000             # with MS_PRIVATE: the whole tree below
+MS_PRIVATE = 0x40000        # mounts no longer propagate to or from the parent namespace
+# Landlock (linux/landlock.h): its syscalls (asm-generic numbers, on both arches), its flags, and
+# the filesystem rights this module grants.
+SYS_LANDLOCK_CREATE_RULESET = 444
+SYS_LANDLOCK_ADD_RULE = 445
+SYS_LANDLOCK_RESTRICT_SELF = 446
+LANDLOCK_CREATE_RULESET_VERSION = 1  # create_ruleset's flag: return the ABI version instead
+LANDLOCK_RULE_PATH_BENEATH = 1
+LANDLOCK_ACCESS_FS_EXECUTE = 0x1
+LANDLOCK_ACCESS_FS_READ_FILE = 0x4
+LANDLOCK_ACCESS_FS_READ_DIR = 0x8
+# Every filesystem right an ABI knows, by ABI (a handled right is denied unless a rule grants it):
+# ABI 1 has 13 (EXECUTE .. MAKE_SYM), 2 adds REFER, 3 TRUNCATE, 5 IOCTL_DEV; 4 and later none.
+LANDLOCK_FS_RIGHTS = {1: 0x1FFF, 2: 0x3FFF, 3: 0x7FFF, 4: 0x7FFF, 5: 0xFFFF}
+LANDLOCK_ABI_NET = 4        # the first ABI with network rights: handled, so denied
+LANDLOCK_NET_RIGHTS = 0x3   # BIND_TCP | CONNECT_TCP
+LANDLOCK_ABI_SCOPED = 6     # the first ABI with scopes: these IPC only within its own domain
+LANDLOCK_SCOPED = 0x3       # ABSTRACT_UNIX_SOCKET | SIGNAL
+
 # INFRA: the wire format: one JSON value per line, ASCII, no NaN/inf, never pickle. A request is
-# <op><nonce><JSON>, a reply <nonce>=<JSON result> or <nonce>!<JSON [failure, message]>.
+# <op><nonce><JSON>, a reply <nonce>REPLY_OK<JSON result> or <nonce>REPLY_FAULT<JSON [failure,
+# message]>; a fresh worker writes WORKER_READY once, before its first reply, when set up.
+REQUEST_FD = 3              # the worker's end of the request pipe
+REPLY_FD = 4                # the worker's end of the reply pipe
+NONCE_LEN = 8               # hex digits: 32 bits from the parent's private RNG
+REPLY_OK = b"="
+REPLY_FAULT = b"!"
+WORKER_READY = b"+"
+# A worker's own exit statuses: a required layer is missing (it fails closed), or its set-up or
+# serve loop raised (it never returns into the zygote's code).
+EXIT_FAIL_CLOSED = 71
+EXIT_NEVER_RETURN = 70
+
+
 def _jsonable(x):
     """Honest non-JSON values in results: numpy values as lists/numbers, sets sorted, else str()."""
     if type(x).__module__.split(".")[0] == "numpy" and hasattr(x, "tolist"):
@@ -196,11 +252,20 @@ _ARCH = os.uname().machine
 # Classic BPF opcodes (LD|W|ABS, JMP|...), then the SECCOMP_RET_* actions.
 _LD, _JEQ, _JSET, _JGE, _RET = 0x20, 0x15, 0x45, 0x35, 0x06
 _ALLOW, _EPERM, _ENOSYS, _KILL = 0x7FFF0000, 0x50001, 0x50026, 0x80000000
+# Byte offsets in struct seccomp_data: the syscall number, the AUDIT_ARCH_* value, the low half of
+# the first argument (both arches are little-endian).
+SECCOMP_DATA_NR = 0
+SECCOMP_DATA_ARCH = 4
+SECCOMP_DATA_ARG0 = 16
+# x86_64 syscall numbers with this bit set are the x32 ABI's (asm/unistd.h __X32_SYSCALL_BIT).
+X32_SYSCALL_BIT = 0x40000000
+# struct sock_filter: code, jt, jf, k.
+SOCK_FILTER = "HBBI"
 
 
 def _only(nr, values) -> list:
     """Allow syscall `nr` iff the low 32 bits of its first argument are in `values`, else EPERM."""
-    body = [(_LD, 0, 0, 16)]  # args[0], low half
+    body = [(_LD, 0, 0, SECCOMP_DATA_ARG0)]
     body += [(_JEQ, len(values) - j, 0, v & 0xFFFFFFFF) for j, v in enumerate(values)]
     return [(_JEQ, 0, len(body) + 2, nr)] + body + [(_RET, 0, 0, _EPERM), (_RET, 0, 0, _ALLOW)]
 
@@ -208,18 +273,19 @@ def _only(nr, values) -> list:
 def _seccomp_head(arch: str) -> bytes:
     """BPF over seccomp_data {nr@0, arch@4, args@16+8i} but the pid tail; another arch is killed."""
     nr = _SYSCALLS[arch]
-    prog = [(_LD, 0, 0, 4), (_JEQ, 1, 0, nr["audit"]), (_RET, 0, 0, _KILL), (_LD, 0, 0, 0)]
+    prog = [(_LD, 0, 0, SECCOMP_DATA_ARCH), (_JEQ, 1, 0, nr["audit"]), (_RET, 0, 0, _KILL),
+            (_LD, 0, 0, SECCOMP_DATA_NR)]
     if arch == "x86_64":
-        prog += [(_JGE, 0, 1, 0x40000000), (_RET, 0, 0, _EPERM)]  # the x32 ABI
+        prog += [(_JGE, 0, 1, X32_SYSCALL_BIT), (_RET, 0, 0, _EPERM)]
     for number in nr["deny"].values():
         prog += [(_JEQ, 0, 1, number), (_RET, 0, 0, _EPERM)]
     # clone3 gets ENOSYS: glibc falls back to clone.
     prog += [(_JEQ, 0, 1, nr["clone3"]), (_RET, 0, 0, _ENOSYS)]
-    prog += _only(nr["socket"], [1]) + _only(nr["socketpair"], [1])  # AF_UNIX
-    # clone only with CLONE_THREAD (0x10000) in its flags.
-    prog += [(_JEQ, 0, 4, nr["clone"]), (_LD, 0, 0, 16), (_JSET, 1, 0, 0x10000),
-             (_RET, 0, 0, _EPERM), (_RET, 0, 0, _ALLOW)]
-    return b"".join(struct.pack("HBBI", *ins) for ins in prog)  # struct sock_filter[]
+    prog += _only(nr["socket"], [socket.AF_UNIX]) + _only(nr["socketpair"], [socket.AF_UNIX])
+    # clone only with CLONE_THREAD in its flags.
+    prog += [(_JEQ, 0, 4, nr["clone"]), (_LD, 0, 0, SECCOMP_DATA_ARG0),
+             (_JSET, 1, 0, CLONE_THREAD), (_RET, 0, 0, _EPERM), (_RET, 0, 0, _ALLOW)]
+    return b"".join(struct.pack(SOCK_FILTER, *ins) for ins in prog)
 
 
 # Both built once, in the zygote; its workers inherit them.
@@ -236,34 +302,45 @@ def _apply_seccomp(pid: int) -> bool:
     tail = _only(nr["kill"], [pid, 0, -pid]) + _only(nr["tgkill"], [pid])
     tail += _only(nr["rt_sigqueueinfo"], [pid]) + _only(nr["rt_tgsigqueueinfo"], [pid])
     tail += [(_RET, 0, 0, _ALLOW)]
-    code = _SECCOMP_HEAD + b"".join(struct.pack("HBBI", *ins) for ins in tail)
+    code = _SECCOMP_HEAD + b"".join(struct.pack(SOCK_FILTER, *ins) for ins in tail)
     buf = ctypes.create_string_buffer(code, len(code))
-    # A struct sock_fprog.
-    prog = struct.pack("HxxxxxxP", len(code) // 8, ctypes.addressof(buf))
-    return _LIBC.prctl(22, 2, prog, 0, 0) == 0  # PR_SET_SECCOMP, FILTER
+    # A struct sock_fprog: the number of instructions, then a pointer to them.
+    prog = struct.pack("HxxxxxxP", len(code) // struct.calcsize(SOCK_FILTER), ctypes.addressof(buf))
+    return _LIBC.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, prog, 0, 0) == 0
 
 
 def _apply_landlock(scratch: str, read_dirs: list[str]) -> bool:
+    """Reads (and executes) below read_dirs and of /dev/urandom, every right below scratch, nothing
+    else; from ABI 4 no TCP bind or connect, from ABI 6 abstract unix sockets and signals scoped."""
     sysc = _LIBC.syscall
-    abi = sysc(444, None, 0, 1)  # RULESET_VERSION
+    abi = sysc(SYS_LANDLOCK_CREATE_RULESET, None, 0, LANDLOCK_CREATE_RULESET_VERSION)
     if abi < 1:
         return False
-    fs = {1: 0x1FFF, 2: 0x3FFF, 3: 0x7FFF, 4: 0x7FFF}.get(abi, 0xFFFF)
-    # The handled rights: fs, net, scope.
-    attr = struct.pack("QQQ", fs, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)
-    attr = attr[: 24 if abi >= 6 else 16 if abi >= 4 else 8]
-    rfd = sysc(444, attr, len(attr), 0)  # landlock_create_ruleset
+    fs = LANDLOCK_FS_RIGHTS[min(abi, max(LANDLOCK_FS_RIGHTS))]
+    # struct landlock_ruleset_attr: the handled fs rights, then net rights (ABI 4), then scopes
+    # (ABI 6); an older kernel takes the shorter struct.
+    handled = [fs]
+    if abi >= LANDLOCK_ABI_NET:
+        handled.append(LANDLOCK_NET_RIGHTS)
+    if abi >= LANDLOCK_ABI_SCOPED:
+        handled.append(LANDLOCK_SCOPED)
+    attr = struct.pack(f"{len(handled)}Q", *handled)
+    rfd = sysc(SYS_LANDLOCK_CREATE_RULESET, attr, len(attr), 0)
     if rfd < 0:
         return False
-    rules = [(d, 0x1 | 0x4 | 0x8) for d in read_dirs]  # EXECUTE|READ_FILE|READ_DIR
-    for path, rights in rules + [("/dev/urandom", 0x4), (scratch, fs)]:
+    read = LANDLOCK_ACCESS_FS_EXECUTE | LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_READ_DIR
+    rules = [(d, read) for d in read_dirs]
+    rules += [("/dev/urandom", LANDLOCK_ACCESS_FS_READ_FILE), (scratch, fs)]
+    for path, rights in rules:
         try:
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
         except OSError:
             continue
-        sysc(445, rfd, 1, struct.pack("=Qi", rights & fs, fd), 0)  # RULE_PATH_BENEATH
+        # struct landlock_path_beneath_attr (packed): the rights granted, the directory's fd.
+        rule = struct.pack("=Qi", rights & fs, fd)
+        sysc(SYS_LANDLOCK_ADD_RULE, rfd, LANDLOCK_RULE_PATH_BENEATH, rule, 0)
         os.close(fd)
-    ok = sysc(446, rfd, 0) == 0  # landlock_restrict_self
+    ok = sysc(SYS_LANDLOCK_RESTRICT_SELF, rfd, 0) == 0
     os.close(rfd)
     return ok
 
@@ -273,20 +350,22 @@ def _worker_setup(req_fd, rep_fd, uid, cfg, required):
     root = os.geteuid() == 0
     zygote = os.getppid()
     os.setsid()
+    # Copies of the pipe ends above every fd dup2 is about to write, then the fixed fds.
     r, w = fcntl.fcntl(req_fd, fcntl.F_DUPFD, 10), fcntl.fcntl(rep_fd, fcntl.F_DUPFD, 10)
     null = os.open("/dev/null", os.O_RDWR)
-    for fd, to in ((null, 0), (null, 1), (null, 2), (r, 3), (w, 4)):
+    for fd, to in ((null, 0), (null, 1), (null, 2), (r, REQUEST_FD), (w, REPLY_FD)):
         os.dup2(fd, to)
     # Close every other fd.
-    os.closerange(5, max(1 << 16, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    os.closerange(REPLY_FD + 1, max(1 << 16, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     tempfile.tempdir = scratch = os.path.join(cfg["scratch"], f"w{os.getpid()}")
     os.mkdir(scratch, 0o700)
     if cfg["own_scratch"] and cfg["mountns"]:
         # Its own scratch_mb tmpfs, in a mount namespace of its own that dies with it: no worker
         # can fill another's scratch.
         opts = f"size={cfg['scratch_mb']}m,mode=0700".encode()
-        if (_LIBC.unshare(0x00020000) != 0  # CLONE_NEWNS; MS_NOSUID | MS_NODEV below
-                or _LIBC.mount(b"tmpfs", scratch.encode(), b"tmpfs", 0x2 | 0x4, opts) != 0):
+        flags = MS_NOSUID | MS_NODEV
+        if (_LIBC.unshare(CLONE_NEWNS) != 0
+                or _LIBC.mount(b"tmpfs", scratch.encode(), b"tmpfs", flags, opts) != 0):
             raise OSError("cannot mount the worker's own scratch tmpfs")
     if root:
         os.chown(scratch, uid, uid)
@@ -295,7 +374,8 @@ def _worker_setup(req_fd, rep_fd, uid, cfg, required):
     os.environ.update(HOME=scratch, TMPDIR=scratch)
     limits = {resource.RLIMIT_AS: cfg["vsz"] + cfg["memory_mb"] * 2**20, resource.RLIMIT_CORE: 0,
               resource.RLIMIT_CPU: cfg["cpu_seconds"], resource.RLIMIT_FSIZE: cfg["fsize_mb"] << 20,
-              resource.RLIMIT_NOFILE: 64, resource.RLIMIT_NPROC: 32 if root else 0}
+              resource.RLIMIT_NOFILE: WORKER_FDS,
+              resource.RLIMIT_NPROC: WORKER_TASKS if root else 0}
     # CPU: SIGXCPU first, then SIGKILL.
     for lim, v in limits.items():
         resource.setrlimit(lim, (v, v + 1 if lim == resource.RLIMIT_CPU else v))
@@ -307,14 +387,15 @@ def _worker_setup(req_fd, rep_fd, uid, cfg, required):
         layers.append("uid")
     # In this order, seccomp last; the parent death signal counts only while the zygote lives.
     applied = {
-        "pdeathsig": _LIBC.prctl(1, signal.SIGKILL, 0, 0, 0) == 0 and os.getppid() == zygote,
-        "nondumpable": _LIBC.prctl(4, 0, 0, 0, 0) == 0,  # PR_SET_DUMPABLE 0
-        "no_new_privs": _LIBC.prctl(38, 1, 0, 0, 0) == 0,  # PR_SET_NO_NEW_PRIVS 1
+        "pdeathsig": (_LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+                      and os.getppid() == zygote),
+        "nondumpable": _LIBC.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0,
+        "no_new_privs": _LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0,
         "landlock": cfg["landlock"] and _apply_landlock(scratch, cfg["read_dirs"]),
         "seccomp": cfg["seccomp"] and _apply_seccomp(os.getpid())}
     layers += [layer for layer, ok in applied.items() if ok]
     if not set(required) <= set(layers):
-        os._exit(71)  # fail closed
+        os._exit(EXIT_FAIL_CLOSED)
     random.seed()  # not the zygote's state
     if "numpy.random" in sys.modules:  # 32 bits: 200x cheaper
         sys.modules["numpy.random"].seed(random.getrandbits(32))
@@ -378,7 +459,7 @@ def _w_load(box, arg) -> str:
     source, setting, max_turns = arg
     ns = _w_namespace()
     if setting == "tool":
-        # Preloaded by the zygote.
+        # The zygote preloaded it: the worker cannot read this module's directory.
         from toolenv import ToolEnv
         ns["ToolEnv"] = ToolEnv
     # compile() inherits this module's `from __future__ import annotations`: the game's
@@ -400,7 +481,7 @@ def _w_load(box, arg) -> str:
 
 
 def _w_contract(box, seed) -> str:
-    # Preloaded by the zygote.
+    # The zygote preloaded it, as for a tool environment's load.
     import toolenv
     try:
         return _w_encode(toolenv.self_check(box["env"], seed))
@@ -448,15 +529,15 @@ def _w_serve(layers):
     only these ops; a line it did not send can only come from this worker itself."""
     box = {"layers": layers}
     ops = {b"S": _w_step, b"R": _w_reset, b"L": _w_load, b"T": _w_contract, b"P": _w_program}
-    for line in open(3, "rb", buffering=1 << 16):
-        op, nonce = line[:1], line[1:9]
+    for line in open(REQUEST_FD, "rb", buffering=1 << 16):
+        op, nonce, arg = line[:1], line[1:1 + NONCE_LEN], line[1 + NONCE_LEN:-1]
         try:
-            out = b"%s=%s\n" % (nonce, ops[op](box, _loads(line[9:-1].decode())).encode())
+            out = nonce + REPLY_OK + ops[op](box, _loads(arg.decode())).encode() + b"\n"
         # Any BaseException: SystemExit, a custom BaseException, MemoryError.
         except BaseException as e:  # noqa: BLE001
-            out = b"%s!%s\n" % (nonce, _w_failure(e, op).encode())
+            out = nonce + REPLY_FAULT + _w_failure(e, op).encode() + b"\n"
         while out:
-            out = out[os.write(4, out):]
+            out = out[os.write(REPLY_FD, out):]
     os._exit(0)  # the trainer closed the pipe
 
 
@@ -465,7 +546,7 @@ def _zygote_setup(cfg: dict):
     """Once, before any worker: namespaces, preloads, a frozen GC; in cfg, what workers need."""
     import sysconfig
     root = os.geteuid() == 0
-    cfg["netns"] = root and _LIBC.unshare(0x40000000) == 0  # CLONE_NEWNET
+    cfg["netns"] = root and _LIBC.unshare(CLONE_NEWNET) == 0
     for mod in PRELOAD + (NUMPY_PRELOAD if cfg["numpy"] else ()):
         # Optional; imported before a tmpfs hides /tmp.
         with contextlib.suppress(Exception):
@@ -476,14 +557,15 @@ def _zygote_setup(cfg: dict):
     with contextlib.suppress(Exception):
         import toolenv  # noqa: F401
     del sys.path[0]
-    cfg["mountns"] = root and _LIBC.unshare(0x00020000) == 0  # CLONE_NEWNS
+    cfg["mountns"] = root and _LIBC.unshare(CLONE_NEWNS) == 0
     if cfg["mountns"]:
-        _LIBC.mount(None, b"/", None, 0x4000 | 0x40000, None)  # MS_REC | MS_PRIVATE
+        # Nothing mounted here from now on reaches the host, nor the host's mounts here.
+        _LIBC.mount(None, b"/", None, MS_REC | MS_PRIVATE, None)
         for path, size in ((b"/tmp", cfg["scratch_mb"]), (b"/var/tmp", 16), (b"/dev/shm", 16)):
             if os.path.isdir(path):
                 opts = f"size={size}m,mode=1777".encode()
-                # Flags 0x2 | 0x4: MS_NOSUID | MS_NODEV.
-                cfg["mountns"] &= _LIBC.mount(b"tmpfs", path, b"tmpfs", 0x2 | 0x4, opts) == 0
+                flags = MS_NOSUID | MS_NODEV
+                cfg["mountns"] &= _LIBC.mount(b"tmpfs", path, b"tmpfs", flags, opts) == 0
     gc.collect()
     gc.freeze()  # the children's GC skips it
     with open("/proc/self/statm") as f:  # the preloaded interpreter
@@ -509,15 +591,16 @@ def _fork_worker(cfg: dict, free: list, live: dict, required: list) -> tuple[int
         try:
             try:
                 layers = _worker_setup(req_r, rep_w, uid, cfg, required)
-                # Set up: a later death is the code's.
-                os.write(4, b"+")
+                # Set up: from here on, the worker's death is the environment's fault.
+                os.write(REPLY_FD, WORKER_READY)
             except BaseException as e:  # noqa: BLE001
                 # Say why on the reply pipe, if it is there.
-                os.write(4, f"{type(e).__name__}: {e}".encode())
+                os.write(REPLY_FD, f"{type(e).__name__}: {e}".encode())
                 raise
             _w_serve(layers)
         finally:
-            os._exit(70)  # never fall back into the zygote
+            # Never fall back into the zygote's loop.
+            os._exit(EXIT_NEVER_RETURN)
     list(map(os.close, (req_r, rep_w)))
     # The trainer's ends (O_NONBLOCK is shared with the fds it is sent).
     for fd in (req_w, rep_r):
@@ -537,12 +620,13 @@ def _reap(pid: int, cfg: dict, free: list, live: dict) -> int:
 
 def _zygote_main(sock_fd: int, cfg: dict):
     """Serve the trainer's spawn / reap / wait requests; a worker per spawn, `pool` forked ahead."""
-    _LIBC.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    # Die with the trainer; if it is already gone, exit now.
+    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != cfg["parent"]:
         os._exit(0)
     sock = socket.socket(fileno=sock_fd)
     _zygote_setup(cfg)
-    base = 0x10000000 + (os.getpid() % 0x100000) * UIDS
+    base = UID_BASE + (os.getpid() % UID_BLOCKS) * UIDS
     # The uids not in use, and pid -> uid of the live workers.
     free, live = list(range(base + UIDS - 1, base, -1)), {}
     pool, want = [], 0  # workers forked ahead; how many
@@ -701,7 +785,7 @@ class EnvHandle:
                     status = self._sb._zygote({"op": "wait", "pid": self.pid})["status"]
                     kind, message = _exit_cause(status)
                     # The worker died before its "+".
-                    if not (self._acked or self._buf.startswith(b"+")):
+                    if not (self._acked or self._buf.startswith(WORKER_READY)):
                         kind, message = "infra", f"worker set-up failed: {self._buf[:200]!r}"
                 else:
                     self._sb._zygote({"op": "reap", "pid": self.pid}, reply=False)
@@ -735,8 +819,8 @@ class EnvHandle:
         self._bound, timeout = left < timeout, min(left, timeout)
         # A fresh nonce from the trainer's private RNG: a line written before this request (still in
         # the pipe) cannot carry it, so _end rejects stale and unsolicited lines without a poll().
-        self._nonce = b"%08x" % self._sb._nonce_bits(32)
-        data = b"%s%s%s\n" % (op.encode(), self._nonce, arg.encode())
+        self._nonce = f"{self._sb._nonce_bits(4 * NONCE_LEN):0{NONCE_LEN}x}".encode()
+        data = op.encode() + self._nonce + arg.encode() + b"\n"
         self._t0 = time.monotonic()
         self._deadline = self._t0 + timeout
         while data:  # one write, unless long
@@ -785,22 +869,25 @@ class EnvHandle:
 
     def _end(self, line: bytes, episode=True):
         """The reply's result, once it answers this request (nonce) and is strict JSON."""
-        if not self._acked:  # a fresh worker's "+" first
-            if line[:1] != b"+":
+        # A fresh worker's WORKER_READY comes first.
+        if not self._acked:
+            if not line.startswith(WORKER_READY):
                 raise self._kill("infra", f"worker set-up failed: {line[:200]!r}")
-            self._acked, line = True, line[1:]
+            self._acked, line = True, line[len(WORKER_READY):]
         self._last = time.monotonic() - self._t0
         self._used += self._last if episode else 0.0
-        if line[:8] != self._nonce:
+        # <nonce><REPLY_OK or REPLY_FAULT><JSON>, then the newline.
+        nonce, marker = line[:NONCE_LEN], line[NONCE_LEN:NONCE_LEN + 1]
+        text = line[NONCE_LEN + 1:-1]
+        if nonce != self._nonce:
             raise self._kill("protocol_violation", "reply does not answer the request")
         try:
-            r = _loads(line[9:-1].decode())
+            r = _loads(text.decode())
         except (ValueError, RecursionError, StopIteration) as e:
             raise self._kill("protocol_violation", f"reply is not JSON: {e!r}") from None
-        if line[8] == 61:  # b"="
+        if marker == REPLY_OK:
             return r
-        # 33 is b"!".
-        if line[8] != 33 or type(r) is not list or len(r) != 2 or type(r[0]) is not str:
+        if marker != REPLY_FAULT or type(r) is not list or len(r) != 2 or type(r[0]) is not str:
             raise self._kill("protocol_violation", "reply is not a protocol line")
         kind = r[0] if r[0] in FAILURES else "protocol_violation"
         raise self._kill(kind, r[1] if type(r[1]) is str else "")
