@@ -332,6 +332,7 @@ def _apply_seccomp(pid: int) -> bool:
     if _ARCH not in _SYSCALLS:
         return False
     nr = _SYSCALLS[_ARCH]
+    # kill(2) of itself: its pid, 0 (its own process group) or -pid (that group, by its id).
     tail = _only(nr["kill"], [pid, 0, -pid]) + _only(nr["tgkill"], [pid])
     tail += _only(nr["rt_sigqueueinfo"], [pid]) + _only(nr["rt_tgsigqueueinfo"], [pid])
     tail += [(_RET, 0, 0, _ALLOW)]
