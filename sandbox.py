@@ -756,7 +756,8 @@ def _check_observation(obs) -> str:
 def _check_info(info) -> dict:
     if type(info) is not dict:
         raise FaultError("invalid_result", "info: is not a dict")
-    if (why := _bad_text(info)) is not None:
+    # An empty info, the common case, has no text to check.
+    if info and (why := _bad_text(info)) is not None:
         raise FaultError("invalid_result", f"info: {why}")
     return info
 
@@ -778,7 +779,7 @@ def check_step(obs, reward, terminated, truncated, info) -> tuple[str, float, bo
     return obs, float(reward), terminated, truncated, info
 
 
-@dataclass
+@dataclass(slots=True)
 class _Call:
     """The one request a handle has in flight: what its reply must answer, and when it is late."""
     op: str          # L load, R reset, S step, T tool contract, P program
@@ -924,13 +925,12 @@ class EnvHandle:
             raise self._fail("episode_timeout", "episode time budget used up")
         # A fresh nonce from the trainer's private RNG: a line written before this request (still in
         # the pipe) cannot carry it, so _end rejects stale and unsolicited lines without a poll().
-        nonce = f"{self._sb._nonce_bits(4 * NONCE_LEN):0{NONCE_LEN}x}".encode()
-        data = op.encode() + nonce + arg.encode() + b"\n"
+        nonce = b"%0*x" % (NONCE_LEN, self._sb._nonce_bits(4 * NONCE_LEN))
+        data = b"%s%s%s\n" % (op.encode(), nonce, arg.encode())
         t0 = time.monotonic()
-        # Does the episode's budget bind?
-        self._call = call = _Call(op=op, nonce=nonce, fd=self._rfd, t0=t0,
-                                  deadline=t0 + min(left, timeout), bound=left < timeout,
-                                  episode=episode)
+        # _Call(op, nonce, fd, t0, deadline, bound, episode): bound if the episode's budget binds.
+        self._call = call = _Call(op, nonce, self._rfd, t0, t0 + min(left, timeout),
+                                  left < timeout, episode)
         while data:  # one write, unless long
             try:
                 data = data[os.write(self._wfd, data):]
