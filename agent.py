@@ -438,8 +438,10 @@ def _start_all(specs: list[EpisodeSpec], reset_many: Callable | None, tokenizer,
     return [ep for ep, _ in started], [r for _, r in started]
 
 
-def _add_reply(ep: Episode, completion, tokenizer, stops: set, check_calls: bool) -> tuple:
-    """Append one sampled reply (tokens, mask 1, log-probs) and its message; returns (its stop
+def _add_reply(ep: Episode, completion, tokenizer, stops: set, check_calls: bool,
+               keep_turn: bool) -> tuple:
+    """Append one sampled reply (tokens, mask 1, log-probs) and its message, and with keep_turn
+    the context so far as its own training record (Episode.turn_samples); returns (its stop
     token or None, its text, whether it is a malformed tool call, then masked out)."""
     ids, start = list(completion.token_ids), len(ep.token_ids)
     assert len(completion.logprobs) == len(ids), "engine returned one log-prob per token"
@@ -452,6 +454,8 @@ def _add_reply(ep: Episode, completion, tokenizer, stops: set, check_calls: bool
     if malformed:  # no loss on a reply the environment cannot run (its tokens stay)
         ep.mask[start:], ep.logprobs[start:] = [0] * len(ids), [0.0] * len(ids)
         ep.masked_replies += 1
+    if keep_turn:
+        ep.turn_samples.append((list(ep.token_ids), list(ep.mask), list(ep.logprobs)))
     return stop, text, malformed
 
 
@@ -492,6 +496,11 @@ def _observe(ep: Episode, renderer: _Renderer, result: tuple, stop: int | None, 
             return _finish(ep, "context")
         ep.extend(delta)
     ep.messages += new
+
+
+def _step_each(handles: list, actions: list) -> list:
+    """step_many's default: each handle's own step, in turn (plain environments)."""
+    return [h.step(a) for h, a in zip(handles, actions)]
 
 
 class _Batched:
@@ -540,6 +549,7 @@ def play(specs: list[EpisodeSpec], *, generate, tokenizer,
     episodes, renderers = _start_all(specs, reset_many, tokenizer, setting, thinking, eot)
     stops = {tokenizer.eos_token_id, eot[1]}  # the engine stops on either
     requests, caps = generate if hasattr(generate, "submit") else _Batched(generate), {}
+    serve = getattr(requests, "serve", lambda fn: fn())
 
     def ask(i: int) -> None:  # INFRA: the episode's next reply, unless no room is left for one
         # The authors' margin: an episode with CONTEXT_MARGIN tokens or fewer left ends, and a
@@ -555,9 +565,8 @@ def play(specs: list[EpisodeSpec], *, generate, tokenizer,
         for (i, _), completion in requests.collect():
             ep = episodes[i]
             stop, text, malformed = _add_reply(ep, completion, tokenizer, stops,
-                                               mask_malformed and setting == "tool")
-            if strip_thinking_history:
-                ep.turn_samples.append((list(ep.token_ids), list(ep.mask), list(ep.logprobs)))
+                                               mask_malformed and setting == "tool",
+                                               keep_turn=strip_thinking_history)
             if completion.finish_reason != "stop":  # EOS-less: no action from a cut-off thought
                 _finish(ep, "context" if caps[i] < max_new_tokens else "truncated")
             else:
@@ -565,8 +574,8 @@ def play(specs: list[EpisodeSpec], *, generate, tokenizer,
                 stepping.append((i, stop, malformed))
         handles = [specs[i].handle for i, _, _ in stepping]
         actions = [episodes[i].actions[-1] for i, _, _ in stepping]
-        results = step_many(handles, actions) if step_many else \
-            [h.step(a) for h, a in zip(handles, actions)]  # plain environments, one at a time
+        # INFRA: run.Requests steps the environments while serving its engine's TP group
+        results = serve(lambda: (step_many or _step_each)(handles, actions))
         for (i, stop, malformed), result in zip(stepping, results):
             _observe(episodes[i], renderers[i], result, stop, malformed, setting=setting,
                      max_turns=max_turns, max_context=max_context,

@@ -56,6 +56,7 @@ Test: `pytest tests/test_designer.py`.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import logging
 import random
@@ -545,6 +546,8 @@ def regenerate(skills_for_slots: Sequence[str], *, generate, validate: Callable,
     retry's document never depends on when validations finish. Returns all proposals (in
     attempt order) and statistics."""
     requests = generate if hasattr(generate, "submit") else _Batched(generate)
+    # INFRA: run.Requests waits while serving its engine's TP group; other streams just wait
+    serve = getattr(requests, "serve", lambda fn: fn())
     drawn: list[list[Proposal]] = []  # drawn[n - 1][slot]: that slot's attempt n
 
     def ask(slot: int, attempt: int) -> Proposal:  # INFRA: submit the slot's attempt
@@ -565,9 +568,11 @@ def regenerate(skills_for_slots: Sequence[str], *, generate, validate: Callable,
                     judging[pool.submit(_judge, p, validate)] = p
             if not judging:
                 continue
-            busy = bool(asked) and requests.continuous  # decode on while validations run
-            finished, _ = wait(judging, timeout=0 if busy else None, return_when=(
-                FIRST_COMPLETED if requests.continuous else ALL_COMPLETED))
+            how = FIRST_COMPLETED if requests.continuous else ALL_COMPLETED
+            if asked and requests.continuous:  # decode on (the next collect) while they run
+                finished, _ = wait(judging, timeout=0, return_when=how)
+            else:  # INFRA: nothing of ours decodes; a TP member still serves its group meanwhile
+                finished, _ = serve(functools.partial(wait, judging, return_when=how))
             for f in sorted(finished, key=lambda f: judging[f].slot):
                 f.result()  # a validate that kept raising propagates
                 p = judging.pop(f)

@@ -113,13 +113,16 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.
     if kl_coef and ref_logp is None:
         raise ValueError("kl_coef > 0 needs ref_logp")
     on = mask > 0                                                            # (B, T)
-    mask = on.to(logp.dtype)
-    adv = advantages.to(logp.dtype).reshape(len(logp), -1)                   # (B, 1) or (B, T)
+    # fp32 at least, whatever the log-probs come in: in bf16 exp(x) = 1 for |x| < 0.004 (k3
+    # and its gradient vanish) and token counts round above 256
+    dt = torch.promote_types(logp.dtype, torch.float32)
+    mask = on.to(dt)
+    adv = advantages.to(dt).reshape(len(logp), -1)                           # (B, 1) or (B, T)
     # masked positions (prompt, observations, padding) may hold anything: zero them before any
     # exp() so an overflow there cannot turn into inf * 0 = NaN in the loss or its gradient
-    logp = torch.where(on, logp, 0.0)
-    old_logp = torch.where(on, old_logp.detach(), 0.0)
-    rollout_logp = torch.where(on, rollout_logp.detach(), 0.0)
+    logp = torch.where(on, logp.to(dt), 0.0)
+    old_logp = torch.where(on, old_logp.detach().to(dt), 0.0)
+    rollout_logp = torch.where(on, rollout_logp.detach().to(dt), 0.0)
     n_tokens = mask.sum(dim=1)                                               # (B,)
 
     def sample_mean(x, u=None):  # token-mean per sample; their mean (over those with tokens) or
@@ -137,7 +140,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.
     policy_term = torch.clamp(is_raw, max=tis_cap) * pg  # w * pg, w = min(exp(old - rollout), C)
     kl = None
     if ref_logp is not None:  # k3 = exp(ref - logp) - (ref - logp) - 1, clamped (deviation 1)
-        log_ratio = torch.clamp(torch.where(on, ref_logp.detach(), 0.0) - logp, -20.0, 20.0)
+        ref_logp = torch.where(on, ref_logp.detach().to(dt), 0.0)
+        log_ratio = torch.clamp(ref_logp - logp, -20.0, 20.0)
         kl = torch.clamp(torch.exp(log_ratio) - log_ratio - 1.0, 0.0, 10.0)   # (B, T)
     # loss = mean_i token-mean_t (w * pg + beta * k3), or sum_i u_i token-mean_t (...)
     loss = sample_mean(policy_term + kl_coef * kl if kl_coef else policy_term, weights)

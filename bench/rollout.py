@@ -1,4 +1,5 @@
-"""Rollout benchmarks: batched multi-turn play, and the weight-sync name map at 30B-A3B shape.
+"""Rollout benchmarks: batched multi-turn play, the weight-sync name map at 30B-A3B shape, and
+the transformers engine's generation against transformers' own `generate`.
 
     python bench/rollout.py
     python bench/rollout.py --smoke    # 2 episodes of 2 turns, one repeat, one name map: seconds
@@ -19,6 +20,13 @@
 2. weightsync.name_map_ms: mapping the trainer's parameter names of a Qwen3-30B-A3B-shaped model
    (fused MoE experts, built on the meta device) to the 18,867 checkpoint names vLLM loads; median
    of 7 runs (target <= 100 ms), checked equal (names and shapes) to what save_pretrained writes.
+3. rollout.generate_time_ratio_vs_transformers: the tiny Qwen3 on CPU (one thread) samples 16
+   chat prompts x 8 (a GRPO batch) x 64 new tokens through TransformersEngine.generate and
+   through transformers' own `model.generate` (one left-padded batch, do_sample, the engine's
+   stop tokens), at equal sampling: temperature 1, no top-k / top-p (TRL's GRPO defaults).
+   Figure: seconds per generated token (EOS included, padding after it not), ours over
+   transformers', median of REPEATS interleaved pairs (target <= 1); the same at the presets'
+   sampling (T 0.6, top-k 20, top-p 0.95) is printed with it.
 Prints JSON figures as the last lines; never asserts.
 """
 import json
@@ -36,9 +44,13 @@ from infra import engine  # noqa: E402
 from infra import models  # noqa: E402
 
 EPISODES, TURNS, REPLY_TOKENS, MAX_NEW_TOKENS, REPEATS = 16, 5, 24, 96, 3
+PROMPTS, SAMPLES, NEW_TOKENS = 16, 8, 64  # figure 3: a GRPO batch of 16 prompts x 8
 SMOKE = "--smoke" in sys.argv  # the same code at a size that only shows it runs (tests/test_bench.py)
 if SMOKE:
     EPISODES, TURNS, REPEATS = 2, 2, 1
+    PROMPTS, SAMPLES, NEW_TOKENS = 2, 1, 8
+EQUAL = dict(temperature=1.0, top_k=0, top_p=1.0)  # TRL's GRPO sampling defaults
+PRESET = dict(temperature=0.6, top_k=20, top_p=0.95)  # the paper's designer and agent sampling
 
 
 class FiveTurnEnv:
@@ -122,6 +134,49 @@ def bench_rollout():
     return statistics.median(ratios)
 
 
+def bench_generate():
+    """Figure 3: (median ratio at EQUAL sampling, median ratio at PRESET sampling)."""
+    torch.set_num_threads(1)
+    model, tok = models.build_tiny("tiny", seed=0)
+    eng = engine.TransformersEngine(model, tok)
+    prompts = [agent.prompt_ids(tok, [{"role": "user", "content": f"Say something ({i})."}])
+               for i in range(PROMPTS) for _ in range(SAMPLES)]
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), tok.pad_token_id)                # (B, L) left-padded
+    for b, p in enumerate(prompts):
+        ids[b, width - len(p):] = torch.tensor(p)
+    stops = sorted(eng.eos_ids)
+
+    def ours(sampling, seed):
+        t0 = time.perf_counter()
+        outs = eng.generate(prompts, max_new_tokens=NEW_TOKENS, seed=seed, **sampling)
+        return (time.perf_counter() - t0) / sum(len(o.token_ids) for o in outs)
+
+    def transformers_generate(sampling, seed):
+        torch.manual_seed(seed)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=(ids != tok.pad_token_id).long(),
+                                 do_sample=True, max_new_tokens=NEW_TOKENS, eos_token_id=stops,
+                                 pad_token_id=tok.pad_token_id, **sampling)[:, width:]
+        seconds = time.perf_counter() - t0
+        ended = torch.isin(out, torch.tensor(stops)).long()                  # (B, new)
+        before = ended.cumsum(1) - ended  # stop tokens before each position: 0 up to the first
+        return seconds / int((before == 0).sum())
+
+    medians = []
+    for sampling in (EQUAL, PRESET):
+        ours(sampling, 0), transformers_generate(sampling, 0)  # warm-up
+        ratios = []
+        for r in range(REPEATS):  # alternate the arms so load on a shared machine hits both alike
+            a, b = ours(sampling, 1 + r), transformers_generate(sampling, 1 + r)
+            print(f"generate {sampling} run {r}: ours {a * 1e3:.3f} ms/token, transformers "
+                  f"{b * 1e3:.3f} ms/token, ratio {a / b:.2f}")
+            ratios.append(a / b)
+        medians.append(statistics.median(ratios))
+    return medians
+
+
 def bench_name_map():
     from transformers import AutoModelForCausalLM, Qwen3MoeConfig
     from transformers.core_model_loading import revert_weight_conversion
@@ -147,7 +202,12 @@ def bench_name_map():
 if __name__ == "__main__":
     speedup = bench_rollout()
     ms, count, same = bench_name_map()
+    equal, preset = bench_generate()
     print(json.dumps({"metric": "rollout.batched_turn_speedup", "value": round(speedup, 2),
                       "target": ">= 4"}))
     print(json.dumps({"metric": "weightsync.name_map_ms", "value": round(ms, 1),
                       "target": "<= 100", "tensors": count, "equal_to_save_pretrained": same}))
+    print(json.dumps({"metric": "rollout.generate_time_ratio_vs_transformers",
+                      "value": round(equal, 2), "target": "<= 1",
+                      "at_preset_sampling": round(preset, 2),
+                      "workload": f"{PROMPTS}x{SAMPLES} prompts x {NEW_TOKENS} tokens, tiny"}))

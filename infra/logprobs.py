@@ -22,7 +22,10 @@ within 1e-2 of fp64 in bf16 (tests).
 Distributed use: token_logprobs takes the model as the trainer holds it (plain, FSDP2
 fully_shard-ed in place, or a DDP / DeepSpeed engine exposing `.module`) and runs inside the
 OUTERMOST module's call, with the innermost model's forward swapped for ours, so every unshard /
-gather hook fires as in an ordinary forward.
+gather hook fires as in an ordinary forward. The log-probs come back in fp32 whatever the compute
+dtype; a wrapper that casts module outputs to half precision (FSDP2's MixedPrecisionPolicy with
+an output_dtype, which Accelerate's default sets to bf16) would round them to bf16 steps
+(0.03 at log p = -6), so token_logprobs raises instead of returning them.
 
 Symbols: B samples, T tokens, V vocabulary, H hidden size, N completion tokens, C chunk size.
 Dependencies: torch only (transformers models are duck-typed: get_decoder(),
@@ -173,4 +176,8 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
         out = torch.zeros(input_ids.shape, dtype=logp.dtype, device=hidden.device)  # (B, T)
         return out.index_put((b, t + 1), logp)
 
-    return _call_with_forward(inner, forward, input_ids, outer=model)
+    out = _call_with_forward(inner, forward, input_ids, outer=model)
+    if out.dtype in (torch.float16, torch.bfloat16):  # _ChunkedLogprob returns fp32 at least
+        raise TypeError(f"a wrapper of the model cast the log-probs to {out.dtype}: an FSDP2 "
+                        "MixedPrecisionPolicy(output_dtype=...) does; use output_dtype=None")
+    return out

@@ -98,8 +98,9 @@ class Requests:
     episode's turn, a slot's attempt, 1-based n): seeded as the n-th generate call of the phase
     seeds its i-th prompt, derive_seed(seed, step, phase, n) + i, so a reply never depends on
     what else is in flight. collect(wait=True) -> [(key, Completion)] of finished requests (at
-    least one when wait and any is pending; after one engine step otherwise). `render` turns a
-    chat into tokens (designer and hint streams)."""
+    least one when wait and any is pending; after one engine step otherwise); serve(fn) runs
+    fn() while the engine keeps serving its group. `render` turns a chat into tokens (designer
+    and hint streams)."""
     continuous = True  # collect(wait=False) advances decoding: work can overlap it
 
     def __init__(self, sampler: Sampler, params: dict, max_new_tokens: int | None = None,
@@ -123,6 +124,11 @@ class Requests:
         done = self.sampler.eng.collect(self.keys, wait)
         self.sampler.generated += sum(len(c.token_ids) for _, c in done)
         return [(self.keys.pop(rid), c) for rid, c in done]
+
+    def serve(self, fn):
+        """fn() (the caller's sandbox work) while this rank keeps serving its tensor-parallel
+        group's engine steps (VLLMEngine.serve)."""
+        return self.sampler.eng.serve(fn)
 
 
 class Run:
@@ -423,13 +429,16 @@ def reference_model(accelerator, name: str, dtype, seed: int, empty: bool):
 
 def fp32_gradient_reduce(accelerator) -> None:
     """FSDP2 computes in bf16 but reduce-scatters gradients in fp32 (Accelerate's default policy
-    reduces in bf16, too coarse for lr 1e-6 updates); applied before prepare()."""
+    reduces in bf16, too coarse for lr 1e-6 updates), and no unit casts its outputs
+    (output_dtype None): Accelerate's default casts them to bf16, and its [norm, head] unit
+    returns logprobs.py's fp32 log-probs, which the k3 KL and the TIS weight need unrounded (a
+    decoder layer's outputs stay bf16, the dtype they are computed in). Applied before prepare()."""
     plugin = getattr(accelerator.state, "fsdp_plugin", None)
     if plugin is not None and getattr(plugin, "fsdp_version", 1) == 2:
         from torch.distributed.fsdp import MixedPrecisionPolicy
         param = getattr(plugin.mixed_precision_policy, "param_dtype", None) or torch.bfloat16
         plugin.mixed_precision_policy = MixedPrecisionPolicy(
-            param_dtype=param, reduce_dtype=torch.float32, output_dtype=param)
+            param_dtype=param, reduce_dtype=torch.float32, output_dtype=None)
 
 
 def reduce_metrics(rows: list[dict]) -> dict:

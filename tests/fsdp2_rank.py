@@ -1,6 +1,7 @@
 """One rank of tests/test_fsdp2.py, started by `accelerate launch --config_file
 configs/fsdp2_8gpu.yaml`: train.main with a single change to Accelerate, its choice of distributed
-type on CPU, plus read-only spies whose findings go to $FSDP2_TEST_OUT-rank<r>.pt.
+type on CPU, plus read-only spies whose findings go to $FSDP2_TEST_OUT-rank<r>.pt (one of them
+runs token_logprobs on a fixed batch, which draws no random numbers of the run's).
 
 Accelerate picks FSDP only in its accelerator-device branch (MULTI_GPU, MULTI_NPU, ...): CPU ranks
 (ACCELERATE_USE_CPU, gloo) stay MULTI_CPU and would prepare the policy with DDP. choose_fsdp_on_cpu
@@ -23,10 +24,19 @@ from accelerate.utils import DistributedType  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
 from infra import run as infra  # noqa: E402
+from infra import logprobs  # noqa: E402
 from infra import models  # noqa: E402
 import train  # noqa: E402
 
 SEEN = {"init_timeout": None, "loaded_on_meta": [], "from_pretrained": 0}
+
+
+def probe_batch(vocab: int):
+    """A fixed batch for token_logprobs: 2 rows of 16 random tokens, the last 12 completion."""
+    ids = torch.randint(0, vocab, (2, 16), generator=torch.Generator().manual_seed(0))
+    completion = torch.zeros_like(ids)
+    completion[:, 4:] = 1
+    return ids, torch.ones_like(ids), completion
 
 
 def choose_fsdp_on_cpu():
@@ -82,6 +92,10 @@ def spy():
             # full_tensor() is a collective: every rank, the same order
             SEEN[key] = {n: (p.full_tensor() if s else p).detach().cpu().clone()
                          for (n, p), s in zip(params, sharded)}
+            # the trainer's log-probs through the prepared model, called as train.py calls it
+            ids, mask, completion = probe_batch(len(self.tokenizer))
+            with torch.no_grad(), self.accelerator.autocast():
+                SEEN[f"{key}_logp"] = logprobs.token_logprobs(model, ids, mask, completion).cpu()
     infra.Run.__init__ = init
 
     finish = infra.Run.finish

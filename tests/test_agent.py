@@ -683,6 +683,23 @@ class StepStream:
         return done
 
 
+def test_environment_steps_go_through_the_streams_serve(tokenizer):
+    """play steps its environments through the request stream's serve (run.Requests: a TP
+    member keeps serving its group while the sandbox steps), once per batch of replies, and the
+    episodes end as they do without it."""
+    plays, served = {}, []
+    for name in ("plain", "served"):
+        stream = StepStream(ScriptedEngine(tokenizer, binary_search_policy))
+        if name == "served":
+            stream.serve = lambda fn: served.append(len(stream.log)) or fn()
+        plays[name] = play(specs_for([GuessEnv(), GuessEnv()], [0, 1]), generate=stream,
+                           tokenizer=tokenizer, max_new_tokens=400)
+    # each serve comes right after a collect that returned replies
+    assert len(served) >= 2 and all(stream.log[n - 1][0] == "reply" for n in served)
+    assert [(e.ret, e.turns, e.actions) for e in plays["plain"]] == \
+        [(e.ret, e.turns, e.actions) for e in plays["served"]]
+
+
 def test_no_turn_barrier_an_episode_moves_on_while_another_decodes(tokenizer):
     """With a request stream, an episode whose reply is short plays its next turns while a long
     reply is still decoding, and every episode ends exactly as under a per-turn barrier."""

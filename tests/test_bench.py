@@ -20,7 +20,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = {  # bench -> the metric names of its JSON figure lines, in order
     "step.py": ["step.overhead_share"],
-    "rollout.py": ["rollout.batched_turn_speedup", "weightsync.name_map_ms"],
+    "rollout.py": ["rollout.batched_turn_speedup", "weightsync.name_map_ms",
+                   "rollout.generate_time_ratio_vs_transformers"],
     "logprob.py": ["logprob.peak_mem_ratio_vs_naive", "logprob.max_abs_err"],
     "sandbox.py": ["sandbox.episodes_per_s_ratio_vs_spawn", "sandbox.step_rtt_ratio_vs_pipe",
                    "sandbox.episode_start_ms_p50", "sandbox.timeout_overrun_ms_p95",
@@ -28,7 +29,7 @@ FIGURES = {  # bench -> the metric names of its JSON figure lines, in order
     "offload.py": ["offload.round_trip_gbps_ratio_vs_plain_copy"],
     "vllm_rollout.py": ["vllm.generation_speedup", "vllm.sync_ms_per_mparam",
                         "vllm.sync_s_per_bparam_tp1", "vllm.sync_s_per_bparam_tp2",
-                        "vllm.sync_tp2_over_tp1"],
+                        "vllm.sync_tp2_over_tp1", "vllm.seeded_over_unseeded_time"],
     "turn_barrier.py": ["rollout.engine_step_occupancy", "rollout.episodes_per_s_ratio_vs_barrier",
                         "designer.round_speedup_vs_rounds"],
 }

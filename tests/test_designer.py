@@ -794,6 +794,24 @@ def test_a_rejected_attempt_is_retried_while_other_attempts_decode():
     assert stats["valid"] == 2 and stats["attempts"] == 3
 
 
+def test_a_validation_wait_with_nothing_in_flight_goes_through_serve():
+    """With no attempt of its own decoding, regenerate waits for its validations through the
+    stream's serve (run.Requests: a TP member keeps serving its group meanwhile); while another
+    attempt decodes it polls them between engine steps instead."""
+    stream = SteppingDesigner({(0, 1): (fenced(env("Good")), 2), (1, 1): (fenced(env("Slow")), 9)})
+    served = []
+
+    def serve(fn):
+        served.append(stream.steps)
+        return fn()
+    stream.serve = serve
+    props, _ = d.regenerate([MATH, LOGIC], generate=stream,
+                            validate=lambda src: Report(True, None, None, None), corpus=None,
+                            memory_block=None, setting="games", rng=random.Random(0))
+    assert [(p.slot, p.ok) for p in props] == [(0, True), (1, True)]
+    assert served == [9]  # only after the last reply: slot 0's validation ran during decoding
+
+
 def test_an_empty_hint_is_asked_again_as_soon_as_it_comes_back():
     """A hint reply with no hint goes back in at once, up to `attempts` requests per environment;
     a batched generate gets one call per attempt."""

@@ -4,6 +4,7 @@ import inspect
 import os
 import sys
 import types
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -147,6 +148,32 @@ def test_top_k_top_p_candidates_hand_computed():
     # top-p applies to the top-k mass: softmax([2, 1, 0]) = [0.6652, 0.2447, 0.0900]
     assert cands(3, 0.92) == ([[2.0, 1.0, 0.0]], [[1, 0, 3]])
     assert cands(3, 0.9) == ([[2.0, 1.0, inf]], [[1, 0, 3]])  # 0.6652 + 0.2447 = 0.9099 > 0.9
+
+
+def test_nothing_truncated_samples_the_whole_vocabulary_unsorted():
+    """top-k off (or >= V) and top-p 1: the scaled logits themselves, no sort, no ids."""
+    logits = torch.tensor([[1.0, 2.0, -1.0, 0.0]])
+    for k in (0, 4, 9):
+        values, ids = engine._candidates(logits, k, 1.0)
+        assert values is logits and ids is None
+
+
+def test_inverse_cdf_hand_computed():
+    """probs [0.1, 0, 0.6, 0.3], cdf [0.1, 0.1, 0.7, 1.0]: u < 0.1 -> 0, u < 0.7 -> 2, else 3;
+    the zero-probability token never; one uniform per row from the generator (fp64); frequencies
+    over 40,000 rows within 0.01 of the probabilities."""
+    probs = torch.tensor([[0.1, 0.0, 0.6, 0.3]]).expand(40000, 4).contiguous()
+    got = engine._inverse_cdf(probs, torch.Generator().manual_seed(3))
+    u = torch.rand((40000, 1), generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    u = u.squeeze(1)
+    expected = torch.where(u < 0.1, 0, torch.where(u < 0.7, 2, 3))
+    assert torch.equal(got, expected)
+    freq = torch.bincount(got, minlength=4).double() / len(got)
+    assert freq.tolist() == pytest.approx([0.1, 0.0, 0.6, 0.3], abs=0.01)
+    assert freq[1] == 0.0
+    # unnormalised rows are scaled by their own total
+    assert engine._inverse_cdf(torch.tensor([[0.0, 2.0], [3.0, 0.0]]),
+                               torch.Generator().manual_seed(0)).tolist() == [1, 0]
 
 
 def test_top_k_one_is_greedy_but_logprobs_stay_untruncated(tiny):
@@ -416,6 +443,9 @@ def test_vllm_engine_takes_the_plans_scheduler_limits_on_a_gpu(monkeypatch):
     assert "max_num_seqs" not in unset and "max_num_batched_tokens" not in unset
     sargs, margs = config.SpadeArgs(), config.ModelArgs(tensor_parallel_size=4)
     assert infra.live_episodes(sargs, margs, world=8) == 4 * 3 * (8 + 16)  # 24 envs over 8 ranks
+    # 25 environments over 8 ranks: some rank plays 4 of them, and its group must fit it
+    uneven = config.SpadeArgs(num_envs=25)
+    assert infra.live_episodes(uneven, margs, world=8) == 4 * 4 * (8 + 16)
 
 
 def test_vllm_engine_on_cpu_platform(caplog):
@@ -437,8 +467,8 @@ def test_vllm_engine_on_cpu_platform(caplog):
 
 
 def test_vllm_tensor_parallel_groups_wait_as_long_as_the_run(monkeypatch):
-    """The TP subgroups get the run's collective timeout: torch gives a new group its backend's
-    default instead (NCCL: 10 minutes), not the default group's."""
+    """The TP subgroups are gloo groups with the run's collective timeout: torch gives a new group
+    its backend's default instead (gloo: 30 minutes, NCCL: 10), not the default group's."""
     import datetime
     seen = []
     monkeypatch.setattr(engine.dist, "is_initialized", lambda: True)
@@ -447,7 +477,9 @@ def test_vllm_tensor_parallel_groups_wait_as_long_as_the_run(monkeypatch):
                         lambda groups, **kw: seen.append((groups, kw)) or ("tp group", []))
     fake, timeout = FakeVLLM(), datetime.timedelta(hours=2)
     eng = built(fake, "m", tensor_parallel_size=2, group_timeout=timeout)
-    assert eng.tp_group == "tp group" and seen == [([[0, 1], [2, 3]], {"timeout": timeout})]
+    # on gloo: the per-step exchange of new requests never waits for a GPU forward in flight
+    assert eng.tp_group == "tp group"
+    assert seen == [([[0, 1], [2, 3]], {"timeout": timeout, "backend": "gloo"})]
 
 
 def test_vllm_engine_sleep_wake_and_sync_order(tiny_moe, tmp_path):
@@ -597,6 +629,73 @@ def test_vllm_tensor_parallel_group_steps_in_lockstep(tmp_path):
     assert r0["got"] == [(0, [7] * 2, "2 tokens", "length"), (1, [7] * 3, "3 tokens", "length"),
                          (2, [7] * 4, "4 tokens", "length")]
     assert r1["got"] == [(0, [7], "1 tokens", "length")]
+
+
+def test_vllm_collect_returns_as_soon_as_one_request_finishes():
+    """collect(ids) steps the engine until the first of ids finishes (the 1-token request, after
+    one step), not until all do; the other finishes later and waits for its own collect."""
+    fake = SteppingFakeVLLM()
+    eng = built(fake, "tiny")
+    short, long = eng.submit([1], max_new_tokens=1), eng.submit([2], max_new_tokens=3)
+    assert [(r, len(c.token_ids)) for r, c in eng.collect([short, long])] == [(short, 1)]
+    assert len(fake.steps) == 1
+    assert eng.collect([short], wait=False) == []  # nothing of its own left: no engine step
+    assert len(fake.steps) == 1
+    assert [(r, len(c.token_ids)) for r, c in eng.collect([short, long])] == [(long, 3)]
+    assert len(fake.steps) == 3
+
+
+def _tp_serve_worker(rank, store, out_dir):
+    """One rank of a 2-rank TP group: rank 0 has nothing in flight and waits, through serve(),
+    on work that ends only once rank 1 has its replies (or after 20 s); rank 1 submits two
+    requests and collects them, then says so."""
+    import pickle
+    import time
+
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    fake = SteppingFakeVLLM()
+    eng = built(fake, "tiny", tensor_parallel_size=2)
+    flag, got = Path(out_dir, "rank1-has-its-replies"), []
+
+    def sandbox_work():  # a validation that lasts until the peer's replies are in
+        deadline = time.monotonic() + 20
+        while not flag.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return flag.exists()
+    if rank == 0:
+        got.append(eng.serve(sandbox_work))
+    else:
+        ids = [eng.submit([1, k], max_new_tokens=3 + k, seed=k) for k in range(2)]
+        while len(got) < 2:
+            got += [len(c.token_ids) for _, c in eng.collect(ids)]
+        flag.touch()
+    eng.drain_steps()
+    with open(f"{out_dir}/serve{rank}.pkl", "wb") as f:
+        pickle.dump({"got": got, "steps": fake.steps}, f)
+    dist.destroy_process_group()
+
+
+def test_vllm_tensor_parallel_member_serves_its_group_while_it_waits(tmp_path):
+    """A TP member waiting on sandbox work with nothing in flight keeps taking part in the
+    group's engine steps (VLLMEngine.serve): its peer's replies finish meanwhile, and the work
+    returns without reaching its 20 s limit (a member that only waited would hold its peer at
+    the per-step gather until then)."""
+    import pickle
+
+    import torch.multiprocessing as mp
+    mp.start_processes(_tp_serve_worker, args=(tmp_path / "store", str(tmp_path)), nprocs=2,
+                       join=True, start_method="spawn")
+    r0, r1 = (pickle.loads((tmp_path / f"serve{r}.pkl").read_bytes()) for r in (0, 1))
+    assert r0["got"] == [True] and r1["got"] == [3, 4]
+    assert r0["steps"] == r1["steps"] and len(r0["steps"]) == 4
+
+
+def test_vllm_serve_without_a_group_just_calls():
+    eng = built(SteppingFakeVLLM(), "tiny")
+    assert eng.serve(lambda: 5) == 5
+    with pytest.raises(ZeroDivisionError):
+        eng.serve(lambda: 1 / 0)
 
 
 def test_vllm_fit_error_hand_computed():

@@ -1,7 +1,8 @@
 """train.py under `accelerate launch --config_file configs/fsdp2_8gpu.yaml` on 2 CPU ranks (gloo),
 through Accelerate's own FSDP2 prepare (tests/fsdp2_rank.py changes only its choice of distributed
-type on CPU): the KL reference, `meta` models on the ranks Accelerate fills, the process-group
-timeout, and a checkpoint that resumes exactly."""
+type on CPU): the KL reference, `meta` models on the ranks Accelerate fills, fp32 log-probs
+through the sharded policy and reference, the process-group timeout, and a checkpoint that
+resumes exactly."""
 import importlib.util
 import json
 import os
@@ -21,13 +22,16 @@ ARGS = ["--steps", "2", "--regen_interval", "2", "--num_envs", "2", "--skills_pe
         "--plays", "4", "--hint_plays", "2", "--max_attempts", "1", "--designer_max_tokens", "8",
         "--hint_max_tokens", "4", "--max_turns", "1", "--max_new_tokens", "6",
         "--sandbox_workers", "1", "--checkpoint_every", "1", "--transcripts", "0",
-        "--kl_coef", "0.05", "--lr", "1e-3", "--process_group_timeout", "5400",
+        "--kl_coef", "0.05", "--lr", "1e-3", "--weight_decay", "10",
+        "--process_group_timeout", "5400",
         "--corpus", str(ROOT / "tests" / "fixtures" / "short_corpus.jsonl")]
 
 
 # The environments of the run (the tiny model's designs all fail, so the step-0 pool is the
-# fallback one): a reply's length decides its reward, so a random model's plays differ within a
-# group and the policy moves away from the reference.
+# fallback one): a reply's length decides its reward, so a random model's plays may differ within
+# a group. They need not (on 2 busy cores every step-0 play here goes unpaid, and the policy
+# would stay at the reference: KL exactly 0 at step 1), so the weight decay of lr 1e-3 x 10
+# shrinks every weight 1% at step 0 whatever the rewards, which moves its bf16 copy.
 PARITY = '''"""skill: Pattern Recognition. Pays 1 for a reply of {parity} length."""
 
 
@@ -70,6 +74,32 @@ def plain(name: str) -> str:
     return name.replace("._checkpoint_wrapped_module", "")
 
 
+def assert_fp32_logprobs(seen, model_dir: Path, vocab: int) -> None:
+    """token_logprobs through the prepared policy and reference (tests/fsdp2_rank.py's probe
+    batch) is fp32 on every rank, not bf16-rounded, and equals the unsharded model's in bf16
+    compute far within what that compute itself leaves (its distance to fp32 compute)."""
+    from transformers import AutoModelForCausalLM
+
+    from fsdp2_rank import probe_batch
+    from infra import logprobs
+    ids, mask, completion = probe_batch(vocab)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        bf16 = logprobs.token_logprobs(model, ids, mask, completion)                # (B, T)
+        fp32 = logprobs.token_logprobs(model.float(), ids, mask, completion)
+    on = torch.zeros_like(completion, dtype=torch.bool)
+    on[:, 1:] = completion[:, 1:] > 0
+    compute = float((bf16 - fp32)[on].abs().max())
+    assert bf16.dtype == torch.float32 and compute > 1e-4
+    for r, s in enumerate(seen):
+        for key in ("policy_logp", "ref_logp"):
+            x = s[key]
+            assert x.dtype == torch.float32, (r, key, x.dtype)
+            on_bf16_grid = (x == x.to(torch.bfloat16).float())[on].float().mean()
+            assert on_bf16_grid < 0.5, (r, key)  # bf16-rounded: every value (share 1.0)
+            assert float((x - bf16)[on].abs().max()) <= 0.01 * compute, (r, key)
+
+
 @pytest.mark.slow
 def test_fsdp2_two_ranks_kl_reference_meta_loading_and_exact_resume(tmp_path):
     """A tiny Qwen3 saved in bf16, 2 steps with the KL term, a checkpoint every step, then a
@@ -101,9 +131,14 @@ def test_fsdp2_two_ranks_kl_reference_meta_loading_and_exact_resume(tmp_path):
         assert set(seen["ref"]) == set(policy)
         for n, t in seen["ref"].items():
             assert t.dtype == torch.bfloat16 and torch.equal(t, policy[n].to(torch.bfloat16)), n
+    assert_fp32_logprobs(first, tmp_path / "model", len(tok))
     a = rows(out)
     assert [r["charts/step"] for r in a] == [0, 1] and a[0]["losses/kl"] < 1e-6
     assert a[1]["losses/kl"] > a[0]["losses/kl"]  # the policy moved away from the reference
+    # the transformers engine samples from the trainer's own bf16 weights: the two log-probs
+    # differ by the bf16 compute alone (bf16-rounded log-probs: 7.7e-3 and 8.1e-3, k3 ~4e-5)
+    for r in a:
+        assert r["mismatch/logp_abs_diff"] < 4e-3 and r["mismatch/k3"] < 1e-5, r
     # resume from checkpoint-1: step 1 again, identically (metrics and final weights)
     shutil.copytree(out / "final_model", tmp_path / "final_first")
     (out / "latest").write_text("checkpoint-1")

@@ -115,6 +115,25 @@ def test_policy_loss_k3_kl_hand_computed_and_clamped():
     assert loss.item() == pytest.approx(10.0) and stats["losses/kl"] == pytest.approx(10.0)
 
 
+def test_policy_loss_computes_in_fp32_from_bf16_logprobs():
+    """bf16 log-probs (both exactly representable) are upcast before any arithmetic: x = ref -
+    logp = -2^-7 gives k3 = e^x - x - 1 = 3.0438e-5, which bf16 arithmetic rounds to exactly 0
+    (e^x rounds to 1 - 2^-7) and fp32 to within one ulp of e^x (6e-8, 0.3%); the loss comes back
+    in fp32, the gradient in logp's bf16."""
+    logp = torch.tensor([[-1.0]], dtype=torch.bfloat16, requires_grad=True)
+    ref = torch.tensor([[-1.0 - 2**-7]], dtype=torch.bfloat16)
+    same = logp.detach().clone()
+    loss, stats = policy_loss(logp, same, same, torch.zeros(1), torch.ones(1, 1), ref_logp=ref,
+                              kl_coef=1.0)
+    k3 = math.exp(-2**-7) + 2**-7 - 1
+    assert k3 == pytest.approx(3.0438e-5, rel=1e-4)
+    assert loss.dtype == torch.float32 and loss.item() == pytest.approx(k3, rel=1e-2)
+    assert stats["losses/kl"] == pytest.approx(k3, rel=1e-2)
+    loss.backward()  # d k3 / d logp = 1 - e^x = 2^-7 - ...
+    assert logp.grad.dtype == torch.bfloat16 and logp.grad.item() == pytest.approx(
+        1 - math.exp(-2**-7), rel=1e-2)
+
+
 def _naive_loss(logp, old, rollout, adv, mask, ref, kl_coef, cl, ch, cap):
     per_sample = []
     for i in range(len(logp)):

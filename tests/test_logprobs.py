@@ -185,6 +185,20 @@ def test_token_logprobs_runs_through_wrapper_and_restores_forward(tiny):
     assert m.__dict__["forward"] is marker
 
 
+def test_token_logprobs_are_fp32_in_any_compute_dtype_and_never_cast_down(tiny):
+    """A bf16 model's log-probs come back fp32 (the head's products and log-sum-exp in fp32); a
+    wrapper that casts module outputs to bf16 (FSDP2's MixedPrecisionPolicy output_dtype, which
+    would round them to bf16 steps) is refused, not followed."""
+    model, tok = tiny
+    m = copy.deepcopy(model).to(torch.bfloat16)
+    ids, attn, cmask = _batch(len(tok))
+    with torch.no_grad():
+        assert token_logprobs(m, ids, attn, cmask).dtype == torch.float32
+        m.register_forward_hook(lambda _module, _args, out: out.to(torch.bfloat16))
+        with pytest.raises(TypeError, match="output_dtype=None"):
+            token_logprobs(m, ids, attn, cmask)
+
+
 def _head_case(N, H, V, scale, seed=0):
     """hidden (N, H), a head whose logits reach ~|scale|, targets, per-token loss weights."""
     g = torch.Generator().manual_seed(seed)

@@ -71,6 +71,41 @@ def test_sequence_flops_and_rates_by_hand():
     assert cpu == {"perf/generated_tokens": 0}  # no time, no rate; no peak, no MFU
 
 
+def test_update_flops_count_every_forwarded_sequence_per_epoch_and_the_reference(monkeypatch):
+    """perf/update_flops of train.grpo_update, by hand: a config with P = 58 matrix parameters
+    (head 10 x 2, attention 2 x 1 x (2 + 2), MLP 3 x 2 x 5) and L x A = 1; the three samples
+    with an advantage (lengths 2, 4, 3) are forwarded, the one without is not (no KL term):
+    sum (2 P n + 4 L A n^2) = 248 + 528 + 384 = 1,160, x 2 epochs (--ppo_epochs 2), x 4 passes
+    (forward, backward = 2 forwards, and the KL reference's forward) = 9,280."""
+    import torch
+    from accelerate import Accelerator
+
+    from infra import config
+    from infra import logprobs
+
+    class Theta(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.theta = torch.nn.Parameter(torch.zeros(()))
+            self.config = types.SimpleNamespace(hidden_size=2, num_hidden_layers=1,
+                                                num_attention_heads=1, head_dim=1, vocab_size=10,
+                                                intermediate_size=5)
+    monkeypatch.setattr(logprobs, "token_logprobs",
+                        lambda model, ids, *a, **k: model.theta * ids.float())  # (B, T)
+    samples = [{"tokens": [1] * n, "mask": [0] + [1] * (n - 1), "logprobs": [0.0] * n,
+                "role": "agent", "advantage": adv, "weight": 1.0}
+               for n, adv in ((2, 1.0), (4, -1.0), (3, 0.5), (5, 0.0))]
+    model, ref = Theta(), Theta().requires_grad_(False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    out = train.grpo_update(model, ref, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0),
+                            Accelerator(cpu=True), samples, pad_id=0, temperatures={"agent": 1.0},
+                            oargs=config.OptimArgs(kl_coef=0.0, ppo_epochs=2),
+                            margs=config.ModelArgs())
+    assert telemetry.model_flops(model.config)["active_params"] == 58
+    assert out["perf/update_flops"] == 9280.0
+    assert out["perf/update_tokens"] == 2 * (2 + 4 + 3)
+
+
 def test_phase_seconds_and_peaks():
     starts = {"regenerate": 10.0, "play": 10.5, "update": 12.0, "log": 15.0}
     assert telemetry.phase_seconds(starts, 15.25) == {"regenerate": 0.5, "play": 1.5,

@@ -223,6 +223,10 @@ def test_process_group_timeout_reaches_the_tensor_parallel_groups(tiny, monkeypa
     infra.vllm_engine(config.ModelArgs(process_group_timeout=90.0), *tiny, max_model_len=64)
     assert seen["group_timeout"] == datetime.timedelta(seconds=90)
     assert "process_group_timeout" not in config.config_dict(config.ModelArgs())
+    # unset, collectives wait 2 hours (NCCL's own 10 minutes would abort a healthy run waiting
+    # on a 16k-token designer round), as the command line parses it
+    margs = config.parse(["--model", "tiny"], aliases=models.MODEL_ALIASES)[0]
+    assert infra.pg_timeout(margs) == datetime.timedelta(hours=2)
 
 
 def test_unwritten_storage_gives_every_meta_parameter_its_own_address():
@@ -621,7 +625,7 @@ def test_reduce_metrics_min_max_and_means():
                    "agent/return_mean": 0.5}
 
 
-def test_fsdp2_reduces_gradients_in_fp32():
+def test_fsdp2_reduces_gradients_in_fp32_and_leaves_outputs_uncast():
     from types import SimpleNamespace
 
     from accelerate.utils import FullyShardedDataParallelPlugin
@@ -631,6 +635,7 @@ def test_fsdp2_reduces_gradients_in_fp32():
     infra.fp32_gradient_reduce(SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin)))
     policy = plugin.mixed_precision_policy
     assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
+    assert policy.output_dtype is None  # the head unit's fp32 log-probs are not cast to bf16
 
 
 def test_hints_only_for_freshly_designed_environments(tiny, monkeypatch):

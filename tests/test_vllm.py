@@ -444,10 +444,36 @@ def _tp_rank(rank, root, out_dir):
             errors.append(max_error(eng, model, prompts[:1], seed=9))
         eng.drain()
         got[kind] = {"errors": errors, "apart": apart, "tp_group": eng.tp_group is not None}
+        if kind == "tied":
+            got[kind]["served"] = serve_while_the_peer_decodes(eng, rank, Path(out_dir), prompts)
         eng.close()
         if dist.is_initialized():
             dist.destroy_process_group()
     Path(out_dir, f"tp-rank{rank}.json").write_text(json.dumps(got))
+
+
+def serve_while_the_peer_decodes(eng, rank: int, out_dir: Path, prompts):
+    """Rank 0, with nothing in flight, waits through serve() on sandbox work (a validation) that
+    lasts until rank 1 has its replies, or 60 s; rank 1 submits two requests and collects them.
+    Returns rank 0's validation result (True: the replies came in while it waited) or rank 1's
+    reply lengths."""
+    import time
+    flag = out_dir / "tp-rank1-has-its-replies"
+    if rank == 0:
+        def validation():
+            deadline = time.monotonic() + 60
+            while not flag.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return flag.exists()
+        out = eng.serve(validation)
+    else:
+        ids = [eng.submit(p, max_new_tokens=16, seed=k) for k, p in enumerate(prompts)]
+        out = []
+        while len(out) < len(ids):
+            out += [len(c.token_ids) for _, c in eng.collect(ids)]
+        flag.touch()
+    eng.drain_steps()
+    return out
 
 
 def assert_no_tp_shared_memory():
@@ -462,8 +488,9 @@ def assert_no_tp_shared_memory():
 @pytest.mark.slow
 def test_tensor_parallel_two_ranks_exact(tmp_path):
     """vLLM's tensor parallelism for real: 2 ranks, one engine of TP 2 per variant (dense tied,
-    dense untied, MoE), log-probs equal the trainer's before and after a sync, and the TP group
-    stays in lockstep when its ranks make different numbers of calls."""
+    dense untied, MoE), log-probs equal the trainer's before and after a sync, the TP group
+    stays in lockstep when its ranks make different numbers of calls, and a member waiting on
+    sandbox work keeps serving its peer's requests."""
     import torch.multiprocessing as mp
     assert_no_tp_shared_memory()
     mp.start_processes(_tp_rank, args=(str(tmp_path), str(tmp_path)), nprocs=2, join=True,
@@ -474,6 +501,10 @@ def test_tensor_parallel_two_ranks_exact(tmp_path):
             assert r["tp_group"] and max(r["errors"]) <= TOL, (rank, kind, r)
             assert r["apart"] > 1e-2, (rank, kind, r)  # the check tells the two models apart
         assert len(got["tied"]["errors"]) == (4 if rank == 0 else 3)
+    # rank 0 waited on sandbox work while serving the group: rank 1's replies finished meanwhile
+    served = [json.loads((tmp_path / f"tp-rank{r}.json").read_text())["tied"]["served"]
+              for r in (0, 1)]
+    assert served[0] is True and len(served[1]) == 2 and min(served[1]) > 0, served
 
 
 @pytest.mark.slow
