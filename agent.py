@@ -397,8 +397,9 @@ def prompt_ids(tokenizer, messages: list[dict], *, tools: list[dict] | None = No
 
 def fault(result: tuple) -> str | None:
     """The kind of environment fault that ended a reset/step call, else None. The sandbox and
-    imported.InProcessEnv mark it on the result object (sandbox.Fault), out of the environment's
-    reach: whatever its info holds ("error" keys too) is its own and passes through untouched."""
+    infra/imported.py's handles mark it on the result object (a sandbox.Fault, its `fault`
+    attribute), out of the environment's reach: whatever its info holds ("error" keys too) is its
+    own and passes through untouched."""
     return getattr(result, "fault", None)
 
 

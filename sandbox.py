@@ -24,9 +24,11 @@ DESIGN. A zygote (`python -s -B -P sandbox.py --zygote`, clean env, never a fork
 never runs untrusted code) forks one worker per EPISODE (`pool` of them ahead); a worker locks
 itself down before it reads its first request, then executes the source afresh, in a namespace
 where the authors' loader's standard-library names (COMMON_NAMES) are already bound. Requests and
-replies are JSON lines on two private pipes, one request outstanding, each with a fresh nonce; the
-PARENT re-checks every reply field with type(), caps and text checks. Environment faults are named
-(FAILURES: Fault.fault, ValidationReport.kind); faults of the sandbox raise SandboxInfraError.
+replies are JSON lines on two private pipes, one request outstanding (a _Call), each with a fresh
+nonce; the PARENT re-checks every reply field with type(), caps and text checks (check_reset,
+check_step: pure, and reused for environments played outside the sandbox). An environment fault
+is named by its kind (FAULT_KINDS) and reaches the caller as a result, Fault.of(kind, message),
+or a ValidationReport's kind; a failure of the sandbox itself raises SandboxInfraError.
 LAYERS (`Sandbox.layers` lists those achieved; a later worker missing one exits unused):
   always    allow-listed env (PYTHONHASHSEED=0), setsid, fds 0-2 on /dev/null, pipes on 3/4, no
             other fd, scratch cwd; rlimits AS (memory_mb above the preloaded zygote), CPU, FSIZE,
@@ -95,12 +97,22 @@ LINE_CAP = 1 << 20      # bytes per reply line (environments)
 SLOW_SHARE = 0.25
 # The paper's fixed probe actions.
 PROBE_ACTIONS = (r"\boxed{1}", r"\boxed{test}", r"\boxed{42}")
-FAILURES = ("load_error", "reset_error", "step_error", "timeout", "episode_timeout",
-            "memory_limit", "cpu_limit", "worker_exited", "worker_crashed", "protocol_violation",
-            "output_too_large", "invalid_observation", "invalid_reward", "invalid_result",
-            "resource_leak", "nondeterministic", "unsolvable", "too_slow", "closed")
-UIDS = 0x400            # worker uids per zygote (live + pre-forked workers)
+# The kinds of environment fault: every one the caller sees is named by one of these.
+FAULT_KINDS = ("load_error", "reset_error", "step_error", "timeout", "episode_timeout",
+               "memory_limit", "cpu_limit", "worker_exited", "worker_crashed",
+               "protocol_violation", "output_too_large", "invalid_observation", "invalid_reward",
+               "invalid_result", "resource_leak", "nondeterministic", "unsolvable", "too_slow",
+               "closed")
+# Worker uids: a zygote takes block (its pid % UID_BLOCKS) of UIDS uids above UID_BASE (past any
+# uid a system hands out), one for each live or pre-forked worker.
+UID_BASE = 0x10000000
+UID_BLOCKS = 0x100000
+UIDS = 0x400
 FULL = ("rlimits", "netns", "uid", "pdeathsig", "nondumpable", "no_new_privs", "seccomp")
+# A worker's rlimits besides memory, CPU and file size: open fds, and tasks of its uid (threads
+# count). As root the uid is the worker's own; without root it is the trainer's, and the limit 0.
+WORKER_FDS = 64
+WORKER_TASKS = 32
 # Imported by the zygote: workers have them even without read access.
 PRELOAD = tuple(
     "math random re json itertools collections functools heapq string fractions decimal "
@@ -124,9 +136,56 @@ COMMON_NAMES = {
                                   "Iterable Sequence Mapping").split()}}
 NUMPY_NAMES = {"np": "numpy", "numpy": "numpy"}
 
+# INFRA: the kernel's numbers this module passes to libc, from the Linux uapi headers (the same on
+# x86_64 and aarch64; the seccomp tables below hold the per-arch syscall numbers).
+# prctl(2) options (linux/prctl.h), and seccomp's filter mode (linux/seccomp.h).
+PR_SET_PDEATHSIG = 1        # arg: the signal the process gets when its parent dies
+PR_SET_DUMPABLE = 4         # arg 0: no core dump, no ptrace attach, /proc/<pid> owned by root
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2     # PR_SET_SECCOMP's mode: a BPF program
+PR_SET_NO_NEW_PRIVS = 38    # arg 1: no exec can ever grant privileges (setuid bits, file caps)
+# clone(2) / unshare(2) flags (linux/sched.h).
+CLONE_THREAD = 0x00010000   # a thread of this process, not a new process
+CLONE_NEWNS = 0x00020000    # a new mount namespace
+CLONE_NEWNET = 0x40000000   # a new network namespace
+# mount(2) flags (linux/mount.h).
+MS_NOSUID = 0x2             # setuid bits and file caps mean nothing there
+MS_NODEV = 0x4              # device nodes there cannot be opened
+MS_REC = 0x4000             # with MS_PRIVATE: the whole tree below
+MS_PRIVATE = 0x40000        # mounts no longer propagate to or from the parent namespace
+# Landlock (linux/landlock.h): its syscalls (asm-generic numbers, on both arches), its flags, and
+# the filesystem rights this module grants.
+SYS_LANDLOCK_CREATE_RULESET = 444
+SYS_LANDLOCK_ADD_RULE = 445
+SYS_LANDLOCK_RESTRICT_SELF = 446
+LANDLOCK_CREATE_RULESET_VERSION = 1  # create_ruleset's flag: return the ABI version instead
+LANDLOCK_RULE_PATH_BENEATH = 1
+LANDLOCK_ACCESS_FS_EXECUTE = 0x1
+LANDLOCK_ACCESS_FS_READ_FILE = 0x4
+LANDLOCK_ACCESS_FS_READ_DIR = 0x8
+# Every filesystem right an ABI knows, by ABI (a handled right is denied unless a rule grants it):
+# ABI 1 has 13 (EXECUTE .. MAKE_SYM), 2 adds REFER, 3 TRUNCATE, 5 IOCTL_DEV; 4 and later none.
+LANDLOCK_FS_RIGHTS = {1: 0x1FFF, 2: 0x3FFF, 3: 0x7FFF, 4: 0x7FFF, 5: 0xFFFF}
+LANDLOCK_ABI_NET = 4        # the first ABI with network rights: handled, so denied
+LANDLOCK_NET_RIGHTS = 0x3   # BIND_TCP | CONNECT_TCP
+LANDLOCK_ABI_SCOPED = 6     # the first ABI with scopes: these IPC only within its own domain
+LANDLOCK_SCOPED = 0x3       # ABSTRACT_UNIX_SOCKET | SIGNAL
 
 # INFRA: the wire format: one JSON value per line, ASCII, no NaN/inf, never pickle. A request is
-# <op><nonce><JSON>, a reply <nonce>=<JSON result> or <nonce>!<JSON [failure, message]>.
+# <op><nonce><JSON>, a reply <nonce>REPLY_OK<JSON result> or <nonce>REPLY_FAULT<JSON [kind,
+# message]>; a fresh worker writes WORKER_READY once, before its first reply, when set up.
+REQUEST_FD = 3              # the worker's end of the request pipe
+REPLY_FD = 4                # the worker's end of the reply pipe
+NONCE_LEN = 8               # hex digits: 32 bits from the parent's private RNG
+REPLY_OK = b"="
+REPLY_FAULT = b"!"
+WORKER_READY = b"+"
+# A worker's own exit statuses: a required layer is missing (it fails closed), or its set-up or
+# serve loop raised (it never returns into the zygote's code).
+EXIT_FAIL_CLOSED = 71
+EXIT_NEVER_RETURN = 70
+
+
 def _jsonable(x):
     """Honest non-JSON values in results: numpy values as lists/numbers, sets sorted, else str()."""
     if type(x).__module__.split(".")[0] == "numpy" and hasattr(x, "tolist"):
@@ -158,12 +217,42 @@ class ValidationReport:
     ok: bool
     error: str | None = None  # "<kind>: <short message>" when not ok
     class_name: str | None = None
-    kind: str | None = None   # the named failure when not ok (see FAILURES), else None
+    kind: str | None = None   # the fault's kind when not ok (one of FAULT_KINDS), else None
 
 
 class Fault(tuple):
-    """A result an environment fault ended: (error observation, [0.0, True, False,] {}), named by
-    `.fault` (FAILURES) and `.message`. Never built from a reply: an info's "error" is its own."""
+    """An environment fault as the reset or step result the caller gets, never a raise: the error
+    observation's items, (obs, 0.0, True, False, {}) for a step or (obs, {}) for a reset, with its
+    `kind` (one of FAULT_KINDS) and `message`. Built by Fault.of only, never from a reply: every
+    reply becomes a plain tuple, and an info's "error" key is the environment's own. A reader
+    recognises one by its `fault` attribute, the kind: `getattr(result, "fault", None)` is None for
+    any other result (agent.fault reads it so, without importing this module)."""
+
+    kind: str
+    message: str
+
+    @classmethod
+    def of(cls, kind: str, message: str = "", *, step: bool) -> Fault:
+        """The Fault result of a step (step=True) or a reset; the message shortened, printable."""
+        message = _clean(message)
+        obs = f"[environment error: {kind}] {message}"
+        fault = cls((obs, 0.0, True, False, {}) if step else (obs, {}))
+        fault.kind, fault.message = kind, message
+        return fault
+
+    @property
+    def fault(self) -> str:
+        return self.kind
+
+
+class FaultError(Exception):
+    """An environment fault, raised where it is found (a check, the worker's own code, a deadline)
+    and turned into a Fault result where the caller gets one: `kind` (one of FAULT_KINDS) and
+    `message`, shortened and printable."""
+
+    def __init__(self, kind: str, message: str = ""):
+        super().__init__(message)
+        self.kind, self.message = kind, _clean(message)
 
 
 # INFRA: kernel layers applied in the worker (ctypes + stdlib only). Syscall numbers as
@@ -196,11 +285,20 @@ _ARCH = os.uname().machine
 # Classic BPF opcodes (LD|W|ABS, JMP|...), then the SECCOMP_RET_* actions.
 _LD, _JEQ, _JSET, _JGE, _RET = 0x20, 0x15, 0x45, 0x35, 0x06
 _ALLOW, _EPERM, _ENOSYS, _KILL = 0x7FFF0000, 0x50001, 0x50026, 0x80000000
+# Byte offsets in struct seccomp_data: the syscall number, the AUDIT_ARCH_* value, the low half of
+# the first argument (both arches are little-endian).
+SECCOMP_DATA_NR = 0
+SECCOMP_DATA_ARCH = 4
+SECCOMP_DATA_ARG0 = 16
+# x86_64 syscall numbers with this bit set are the x32 ABI's (asm/unistd.h __X32_SYSCALL_BIT).
+X32_SYSCALL_BIT = 0x40000000
+# struct sock_filter: code, jt, jf, k.
+SOCK_FILTER = "HBBI"
 
 
 def _only(nr, values) -> list:
     """Allow syscall `nr` iff the low 32 bits of its first argument are in `values`, else EPERM."""
-    body = [(_LD, 0, 0, 16)]  # args[0], low half
+    body = [(_LD, 0, 0, SECCOMP_DATA_ARG0)]
     body += [(_JEQ, len(values) - j, 0, v & 0xFFFFFFFF) for j, v in enumerate(values)]
     return [(_JEQ, 0, len(body) + 2, nr)] + body + [(_RET, 0, 0, _EPERM), (_RET, 0, 0, _ALLOW)]
 
@@ -208,18 +306,19 @@ def _only(nr, values) -> list:
 def _seccomp_head(arch: str) -> bytes:
     """BPF over seccomp_data {nr@0, arch@4, args@16+8i} but the pid tail; another arch is killed."""
     nr = _SYSCALLS[arch]
-    prog = [(_LD, 0, 0, 4), (_JEQ, 1, 0, nr["audit"]), (_RET, 0, 0, _KILL), (_LD, 0, 0, 0)]
+    prog = [(_LD, 0, 0, SECCOMP_DATA_ARCH), (_JEQ, 1, 0, nr["audit"]), (_RET, 0, 0, _KILL),
+            (_LD, 0, 0, SECCOMP_DATA_NR)]
     if arch == "x86_64":
-        prog += [(_JGE, 0, 1, 0x40000000), (_RET, 0, 0, _EPERM)]  # the x32 ABI
+        prog += [(_JGE, 0, 1, X32_SYSCALL_BIT), (_RET, 0, 0, _EPERM)]
     for number in nr["deny"].values():
         prog += [(_JEQ, 0, 1, number), (_RET, 0, 0, _EPERM)]
     # clone3 gets ENOSYS: glibc falls back to clone.
     prog += [(_JEQ, 0, 1, nr["clone3"]), (_RET, 0, 0, _ENOSYS)]
-    prog += _only(nr["socket"], [1]) + _only(nr["socketpair"], [1])  # AF_UNIX
-    # clone only with CLONE_THREAD (0x10000) in its flags.
-    prog += [(_JEQ, 0, 4, nr["clone"]), (_LD, 0, 0, 16), (_JSET, 1, 0, 0x10000),
-             (_RET, 0, 0, _EPERM), (_RET, 0, 0, _ALLOW)]
-    return b"".join(struct.pack("HBBI", *ins) for ins in prog)  # struct sock_filter[]
+    prog += _only(nr["socket"], [socket.AF_UNIX]) + _only(nr["socketpair"], [socket.AF_UNIX])
+    # clone only with CLONE_THREAD in its flags.
+    prog += [(_JEQ, 0, 4, nr["clone"]), (_LD, 0, 0, SECCOMP_DATA_ARG0),
+             (_JSET, 1, 0, CLONE_THREAD), (_RET, 0, 0, _EPERM), (_RET, 0, 0, _ALLOW)]
+    return b"".join(struct.pack(SOCK_FILTER, *ins) for ins in prog)
 
 
 # Both built once, in the zygote; its workers inherit them.
@@ -233,37 +332,49 @@ def _apply_seccomp(pid: int) -> bool:
     if _ARCH not in _SYSCALLS:
         return False
     nr = _SYSCALLS[_ARCH]
+    # kill(2) of itself: its pid, 0 (its own process group) or -pid (that group, by its id).
     tail = _only(nr["kill"], [pid, 0, -pid]) + _only(nr["tgkill"], [pid])
     tail += _only(nr["rt_sigqueueinfo"], [pid]) + _only(nr["rt_tgsigqueueinfo"], [pid])
     tail += [(_RET, 0, 0, _ALLOW)]
-    code = _SECCOMP_HEAD + b"".join(struct.pack("HBBI", *ins) for ins in tail)
+    code = _SECCOMP_HEAD + b"".join(struct.pack(SOCK_FILTER, *ins) for ins in tail)
     buf = ctypes.create_string_buffer(code, len(code))
-    # A struct sock_fprog.
-    prog = struct.pack("HxxxxxxP", len(code) // 8, ctypes.addressof(buf))
-    return _LIBC.prctl(22, 2, prog, 0, 0) == 0  # PR_SET_SECCOMP, FILTER
+    # A struct sock_fprog: the number of instructions, then a pointer to them.
+    prog = struct.pack("HxxxxxxP", len(code) // struct.calcsize(SOCK_FILTER), ctypes.addressof(buf))
+    return _LIBC.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, prog, 0, 0) == 0
 
 
 def _apply_landlock(scratch: str, read_dirs: list[str]) -> bool:
+    """Reads (and executes) below read_dirs and of /dev/urandom, every right below scratch, nothing
+    else; from ABI 4 no TCP bind or connect, from ABI 6 abstract unix sockets and signals scoped."""
     sysc = _LIBC.syscall
-    abi = sysc(444, None, 0, 1)  # RULESET_VERSION
+    abi = sysc(SYS_LANDLOCK_CREATE_RULESET, None, 0, LANDLOCK_CREATE_RULESET_VERSION)
     if abi < 1:
         return False
-    fs = {1: 0x1FFF, 2: 0x3FFF, 3: 0x7FFF, 4: 0x7FFF}.get(abi, 0xFFFF)
-    # The handled rights: fs, net, scope.
-    attr = struct.pack("QQQ", fs, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)
-    attr = attr[: 24 if abi >= 6 else 16 if abi >= 4 else 8]
-    rfd = sysc(444, attr, len(attr), 0)  # landlock_create_ruleset
+    fs = LANDLOCK_FS_RIGHTS[min(abi, max(LANDLOCK_FS_RIGHTS))]
+    # struct landlock_ruleset_attr: the handled fs rights, then net rights (ABI 4), then scopes
+    # (ABI 6); an older kernel takes the shorter struct.
+    handled = [fs]
+    if abi >= LANDLOCK_ABI_NET:
+        handled.append(LANDLOCK_NET_RIGHTS)
+    if abi >= LANDLOCK_ABI_SCOPED:
+        handled.append(LANDLOCK_SCOPED)
+    attr = struct.pack(f"{len(handled)}Q", *handled)
+    rfd = sysc(SYS_LANDLOCK_CREATE_RULESET, attr, len(attr), 0)
     if rfd < 0:
         return False
-    rules = [(d, 0x1 | 0x4 | 0x8) for d in read_dirs]  # EXECUTE|READ_FILE|READ_DIR
-    for path, rights in rules + [("/dev/urandom", 0x4), (scratch, fs)]:
+    read = LANDLOCK_ACCESS_FS_EXECUTE | LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_READ_DIR
+    rules = [(d, read) for d in read_dirs]
+    rules += [("/dev/urandom", LANDLOCK_ACCESS_FS_READ_FILE), (scratch, fs)]
+    for path, rights in rules:
         try:
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
         except OSError:
             continue
-        sysc(445, rfd, 1, struct.pack("=Qi", rights & fs, fd), 0)  # RULE_PATH_BENEATH
+        # struct landlock_path_beneath_attr (packed): the rights granted, the directory's fd.
+        rule = struct.pack("=Qi", rights & fs, fd)
+        sysc(SYS_LANDLOCK_ADD_RULE, rfd, LANDLOCK_RULE_PATH_BENEATH, rule, 0)
         os.close(fd)
-    ok = sysc(446, rfd, 0) == 0  # landlock_restrict_self
+    ok = sysc(SYS_LANDLOCK_RESTRICT_SELF, rfd, 0) == 0
     os.close(rfd)
     return ok
 
@@ -273,20 +384,22 @@ def _worker_setup(req_fd, rep_fd, uid, cfg, required):
     root = os.geteuid() == 0
     zygote = os.getppid()
     os.setsid()
+    # Copies of the pipe ends above every fd dup2 is about to write, then the fixed fds.
     r, w = fcntl.fcntl(req_fd, fcntl.F_DUPFD, 10), fcntl.fcntl(rep_fd, fcntl.F_DUPFD, 10)
     null = os.open("/dev/null", os.O_RDWR)
-    for fd, to in ((null, 0), (null, 1), (null, 2), (r, 3), (w, 4)):
+    for fd, to in ((null, 0), (null, 1), (null, 2), (r, REQUEST_FD), (w, REPLY_FD)):
         os.dup2(fd, to)
     # Close every other fd.
-    os.closerange(5, max(1 << 16, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    os.closerange(REPLY_FD + 1, max(1 << 16, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     tempfile.tempdir = scratch = os.path.join(cfg["scratch"], f"w{os.getpid()}")
     os.mkdir(scratch, 0o700)
     if cfg["own_scratch"] and cfg["mountns"]:
         # Its own scratch_mb tmpfs, in a mount namespace of its own that dies with it: no worker
         # can fill another's scratch.
         opts = f"size={cfg['scratch_mb']}m,mode=0700".encode()
-        if (_LIBC.unshare(0x00020000) != 0  # CLONE_NEWNS; MS_NOSUID | MS_NODEV below
-                or _LIBC.mount(b"tmpfs", scratch.encode(), b"tmpfs", 0x2 | 0x4, opts) != 0):
+        flags = MS_NOSUID | MS_NODEV
+        if (_LIBC.unshare(CLONE_NEWNS) != 0
+                or _LIBC.mount(b"tmpfs", scratch.encode(), b"tmpfs", flags, opts) != 0):
             raise OSError("cannot mount the worker's own scratch tmpfs")
     if root:
         os.chown(scratch, uid, uid)
@@ -295,7 +408,8 @@ def _worker_setup(req_fd, rep_fd, uid, cfg, required):
     os.environ.update(HOME=scratch, TMPDIR=scratch)
     limits = {resource.RLIMIT_AS: cfg["vsz"] + cfg["memory_mb"] * 2**20, resource.RLIMIT_CORE: 0,
               resource.RLIMIT_CPU: cfg["cpu_seconds"], resource.RLIMIT_FSIZE: cfg["fsize_mb"] << 20,
-              resource.RLIMIT_NOFILE: 64, resource.RLIMIT_NPROC: 32 if root else 0}
+              resource.RLIMIT_NOFILE: WORKER_FDS,
+              resource.RLIMIT_NPROC: WORKER_TASKS if root else 0}
     # CPU: SIGXCPU first, then SIGKILL.
     for lim, v in limits.items():
         resource.setrlimit(lim, (v, v + 1 if lim == resource.RLIMIT_CPU else v))
@@ -307,14 +421,15 @@ def _worker_setup(req_fd, rep_fd, uid, cfg, required):
         layers.append("uid")
     # In this order, seccomp last; the parent death signal counts only while the zygote lives.
     applied = {
-        "pdeathsig": _LIBC.prctl(1, signal.SIGKILL, 0, 0, 0) == 0 and os.getppid() == zygote,
-        "nondumpable": _LIBC.prctl(4, 0, 0, 0, 0) == 0,  # PR_SET_DUMPABLE 0
-        "no_new_privs": _LIBC.prctl(38, 1, 0, 0, 0) == 0,  # PR_SET_NO_NEW_PRIVS 1
+        "pdeathsig": (_LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+                      and os.getppid() == zygote),
+        "nondumpable": _LIBC.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0,
+        "no_new_privs": _LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0,
         "landlock": cfg["landlock"] and _apply_landlock(scratch, cfg["read_dirs"]),
         "seccomp": cfg["seccomp"] and _apply_seccomp(os.getpid())}
     layers += [layer for layer, ok in applied.items() if ok]
     if not set(required) <= set(layers):
-        os._exit(71)  # fail closed
+        os._exit(EXIT_FAIL_CLOSED)
     random.seed()  # not the zygote's state
     if "numpy.random" in sys.modules:  # 32 bits: 200x cheaper
         sys.modules["numpy.random"].seed(random.getrandbits(32))
@@ -325,7 +440,7 @@ def _worker_setup(req_fd, rep_fd, uid, cfg, required):
 # writes float and str subclasses by their real value whatever their overrides say.
 def _w_obs(x) -> str:
     if not issubclass(type(x), str):  # type(): __class__ can lie
-        raise _Fail("invalid_observation", f"observation of type {type(x).__name__}")
+        raise FaultError("invalid_observation", f"observation of type {type(x).__name__}")
     return str.__str__(x)[:OBS_CAP]
 
 
@@ -338,17 +453,19 @@ def _w_encode(x) -> str:
     try:
         return _dumps(x)
     except (ValueError, TypeError, RecursionError) as e:
-        raise _Fail("invalid_result", f"result is not JSON data: {type(e).__name__}: {e}") from None
+        why = f"result is not JSON data: {type(e).__name__}: {e}"
+        raise FaultError("invalid_result", why) from None
 
 
 def _w_step(box, action) -> str:
     out = box["env"].step(action)
     # isinstance, not type(): a namedtuple is honest too.
     if not isinstance(out, (tuple, list)) or len(out) != 5:
-        raise _Fail("invalid_result", "step() must return obs, reward, terminated, truncated, info")
+        why = "step() must return obs, reward, terminated, truncated, info"
+        raise FaultError("invalid_result", why)
     obs, reward, term, trunc, info = out
     if issubclass(type(reward), float) and not math.isfinite(reward):
-        raise _Fail("invalid_reward", f"reward {float.__repr__(reward)} is not finite")
+        raise FaultError("invalid_reward", f"reward {float.__repr__(reward)} is not finite")
     head = f"[{_quote(_w_obs(obs))},{_w_encode(reward)},"
     return head + f"{_w_encode(term)},{_w_encode(trunc)},{_w_encode(info)}]"
 
@@ -358,7 +475,7 @@ def _w_reset(box, seed) -> str:
     # A bare str, a common slip, is (observation, {}).
     out = (out, {}) if issubclass(type(out), str) else out
     if not isinstance(out, (tuple, list)) or len(out) != 2:
-        raise _Fail("invalid_result", "reset() must return (observation, info)")
+        raise FaultError("invalid_result", "reset() must return (observation, info)")
     return _w_encode([_w_obs(out[0]), out[1]])
 
 
@@ -378,7 +495,7 @@ def _w_load(box, arg) -> str:
     source, setting, max_turns = arg
     ns = _w_namespace()
     if setting == "tool":
-        # Preloaded by the zygote.
+        # The zygote preloaded it: the worker cannot read this module's directory.
         from toolenv import ToolEnv
         ns["ToolEnv"] = ToolEnv
     # compile() inherits this module's `from __future__ import annotations`: the game's
@@ -387,9 +504,9 @@ def _w_load(box, arg) -> str:
     cls = [v for v in ns.values() if isinstance(v, type) and v.__name__.endswith("Env")
            and v.__module__ == "__environment__"]
     if not cls:
-        raise _Fail("load_error", "no class whose name ends in 'Env'")
+        raise FaultError("load_error", "no class whose name ends in 'Env'")
     if setting == "tool" and not issubclass(cls[-1], ToolEnv):
-        raise _Fail("load_error", f"{cls[-1].__name__} does not subclass ToolEnv")
+        raise FaultError("load_error", f"{cls[-1].__name__} does not subclass ToolEnv")
     # As the authors' play: the class's own defaults, else (a TypeError) max_turns passed in.
     try:
         box["env"] = env = cls[-1]()
@@ -400,12 +517,12 @@ def _w_load(box, arg) -> str:
 
 
 def _w_contract(box, seed) -> str:
-    # Preloaded by the zygote.
+    # The zygote preloaded it, as for a tool environment's load.
     import toolenv
     try:
         return _w_encode(toolenv.self_check(box["env"], seed))
     except toolenv.ContractError as e:
-        raise _Fail("unsolvable", str(e)) from None
+        raise FaultError("unsolvable", str(e)) from None
 
 
 def _w_program(box, arg) -> str:
@@ -434,9 +551,9 @@ def _w_program(box, arg) -> str:
         return _dumps([status, f.read(out_cap).decode("utf-8", "replace")])
 
 
-def _w_failure(e: BaseException, op: bytes) -> str:
-    """[failure, message] of a request that raised (a raising __str__ ends the worker instead)."""
-    if isinstance(e, _Fail):
+def _w_fault(e: BaseException, op: bytes) -> str:
+    """[kind, message] of a request that raised (a raising __str__ ends the worker instead)."""
+    if isinstance(e, FaultError):
         return _dumps([e.kind, e.message])
     kind = {b"L": "load_error", b"R": "reset_error"}.get(op, "step_error")
     kind = "memory_limit" if isinstance(e, MemoryError) else kind
@@ -448,15 +565,15 @@ def _w_serve(layers):
     only these ops; a line it did not send can only come from this worker itself."""
     box = {"layers": layers}
     ops = {b"S": _w_step, b"R": _w_reset, b"L": _w_load, b"T": _w_contract, b"P": _w_program}
-    for line in open(3, "rb", buffering=1 << 16):
-        op, nonce = line[:1], line[1:9]
+    for line in open(REQUEST_FD, "rb", buffering=1 << 16):
+        op, nonce, arg = line[:1], line[1:1 + NONCE_LEN], line[1 + NONCE_LEN:-1]
         try:
-            out = b"%s=%s\n" % (nonce, ops[op](box, _loads(line[9:-1].decode())).encode())
+            out = nonce + REPLY_OK + ops[op](box, _loads(arg.decode())).encode() + b"\n"
         # Any BaseException: SystemExit, a custom BaseException, MemoryError.
         except BaseException as e:  # noqa: BLE001
-            out = b"%s!%s\n" % (nonce, _w_failure(e, op).encode())
+            out = nonce + REPLY_FAULT + _w_fault(e, op).encode() + b"\n"
         while out:
-            out = out[os.write(4, out):]
+            out = out[os.write(REPLY_FD, out):]
     os._exit(0)  # the trainer closed the pipe
 
 
@@ -465,7 +582,7 @@ def _zygote_setup(cfg: dict):
     """Once, before any worker: namespaces, preloads, a frozen GC; in cfg, what workers need."""
     import sysconfig
     root = os.geteuid() == 0
-    cfg["netns"] = root and _LIBC.unshare(0x40000000) == 0  # CLONE_NEWNET
+    cfg["netns"] = root and _LIBC.unshare(CLONE_NEWNET) == 0
     for mod in PRELOAD + (NUMPY_PRELOAD if cfg["numpy"] else ()):
         # Optional; imported before a tmpfs hides /tmp.
         with contextlib.suppress(Exception):
@@ -476,14 +593,15 @@ def _zygote_setup(cfg: dict):
     with contextlib.suppress(Exception):
         import toolenv  # noqa: F401
     del sys.path[0]
-    cfg["mountns"] = root and _LIBC.unshare(0x00020000) == 0  # CLONE_NEWNS
+    cfg["mountns"] = root and _LIBC.unshare(CLONE_NEWNS) == 0
     if cfg["mountns"]:
-        _LIBC.mount(None, b"/", None, 0x4000 | 0x40000, None)  # MS_REC | MS_PRIVATE
+        # Nothing mounted here from now on reaches the host, nor the host's mounts here.
+        _LIBC.mount(None, b"/", None, MS_REC | MS_PRIVATE, None)
         for path, size in ((b"/tmp", cfg["scratch_mb"]), (b"/var/tmp", 16), (b"/dev/shm", 16)):
             if os.path.isdir(path):
                 opts = f"size={size}m,mode=1777".encode()
-                # Flags 0x2 | 0x4: MS_NOSUID | MS_NODEV.
-                cfg["mountns"] &= _LIBC.mount(b"tmpfs", path, b"tmpfs", 0x2 | 0x4, opts) == 0
+                flags = MS_NOSUID | MS_NODEV
+                cfg["mountns"] &= _LIBC.mount(b"tmpfs", path, b"tmpfs", flags, opts) == 0
     gc.collect()
     gc.freeze()  # the children's GC skips it
     with open("/proc/self/statm") as f:  # the preloaded interpreter
@@ -509,15 +627,16 @@ def _fork_worker(cfg: dict, free: list, live: dict, required: list) -> tuple[int
         try:
             try:
                 layers = _worker_setup(req_r, rep_w, uid, cfg, required)
-                # Set up: a later death is the code's.
-                os.write(4, b"+")
+                # Set up: from here on, the worker's death is the environment's fault.
+                os.write(REPLY_FD, WORKER_READY)
             except BaseException as e:  # noqa: BLE001
                 # Say why on the reply pipe, if it is there.
-                os.write(4, f"{type(e).__name__}: {e}".encode())
+                os.write(REPLY_FD, f"{type(e).__name__}: {e}".encode())
                 raise
             _w_serve(layers)
         finally:
-            os._exit(70)  # never fall back into the zygote
+            # Never fall back into the zygote's loop.
+            os._exit(EXIT_NEVER_RETURN)
     list(map(os.close, (req_r, rep_w)))
     # The trainer's ends (O_NONBLOCK is shared with the fds it is sent).
     for fd in (req_w, rep_r):
@@ -537,12 +656,13 @@ def _reap(pid: int, cfg: dict, free: list, live: dict) -> int:
 
 def _zygote_main(sock_fd: int, cfg: dict):
     """Serve the trainer's spawn / reap / wait requests; a worker per spawn, `pool` forked ahead."""
-    _LIBC.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    # Die with the trainer; if it is already gone, exit now.
+    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != cfg["parent"]:
         os._exit(0)
     sock = socket.socket(fileno=sock_fd)
     _zygote_setup(cfg)
-    base = 0x10000000 + (os.getpid() % 0x100000) * UIDS
+    base = UID_BASE + (os.getpid() % UID_BLOCKS) * UIDS
     # The uids not in use, and pid -> uid of the live workers.
     free, live = list(range(base + UIDS - 1, base, -1)), {}
     pool, want = [], 0  # workers forked ahead; how many
@@ -587,7 +707,8 @@ def _killall(pid: int):
             kill(pid, signal.SIGKILL)
 
 
-def _exit_cause(status: int) -> tuple[str, str]:
+def _exit_reason(status: int) -> tuple[str, str]:
+    """(kind, message) of a worker that exited, from the status the zygote reaped."""
     if status < 0:  # the zygote has no such pid
         return "worker_exited", "worker gone"
     if not os.WIFSIGNALED(status):
@@ -616,30 +737,67 @@ def _bad_text(x, depth=0) -> str | None:
     return next((m for v in x if (m := _bad_text(v, depth + 1))), None)
 
 
-def _bad_step(reward, term, trunc) -> tuple[str, str] | None:
-    """(fault kind, why) for a step's malformed reward or flags, else None: exact types only."""
-    # inf and NaN fail the compare.
-    if type(reward) not in (float, int) or not -10 <= reward <= 10:
-        return "invalid_reward", f"reward {reward!r:.40} is not in [-10, 10]"
-    if type(term) is not bool or type(trunc) is not bool:
-        return "invalid_result", "terminated/truncated are not bools"
-    return None
-
-
 def _clean(msg: str) -> str:
     """Short, printable message (no terminal control sequences) for observations and logs."""
     return "".join(c if c.isprintable() else "?" for c in str(msg)[:300])
 
 
-class _Fail(Exception):
-    def __init__(self, kind, message=""):
-        super().__init__(message)
-        self.kind, self.message = kind, _clean(message)
+# The result checks: pure functions of a reset's or step's fields, exact types only (a worker's
+# JSON has no subclasses; a caller that converts first, as the worker does, passes plain values).
+# The parent applies them to every reply; environments played outside the sandbox reuse them.
+def _check_observation(obs) -> str:
+    if type(obs) is not str:
+        raise FaultError("invalid_observation", "observation: is not a str")
+    if (why := _bad_text(obs)) is not None:
+        raise FaultError("invalid_observation", f"observation: {why}")
+    return obs[:OBS_CAP]
+
+
+def _check_info(info) -> dict:
+    if type(info) is not dict:
+        raise FaultError("invalid_result", "info: is not a dict")
+    # An empty info, the common case, has no text to check.
+    if info and (why := _bad_text(info)) is not None:
+        raise FaultError("invalid_result", f"info: {why}")
+    return info
+
+
+def check_reset(obs, info) -> tuple[str, dict]:
+    """(observation cut at OBS_CAP, info) when both are clean text; else FaultError."""
+    return _check_observation(obs), _check_info(info)
+
+
+def check_step(obs, reward, terminated, truncated, info) -> tuple[str, float, bool, bool, dict]:
+    """The step's result, reward as a float, when obs and info are clean text, the reward an int
+    or float in [-10, 10] and both flags bools; else FaultError."""
+    obs, info = _check_observation(obs), _check_info(info)
+    # inf and NaN fail the compare.
+    if type(reward) not in (float, int) or not -10 <= reward <= 10:
+        raise FaultError("invalid_reward", f"reward {reward!r:.40} is not in [-10, 10]")
+    if type(terminated) is not bool or type(truncated) is not bool:
+        raise FaultError("invalid_result", "terminated/truncated are not bools")
+    return obs, float(reward), terminated, truncated, info
+
+
+@dataclass(slots=True)
+class _Call:
+    """The one request a handle has in flight: what its reply must answer, and when it is late."""
+    op: str          # L load, R reset, S step, T tool contract, P program
+    nonce: bytes     # NONCE_LEN hex digits from the parent's private RNG, the reply's first bytes
+    fd: int          # the reply pipe, to poll
+    t0: float        # time.monotonic() as the request went out
+    deadline: float  # t0 + the call's timeout, or sooner: the episode's budget left
+    bound: bool      # the episode's budget set the deadline (lateness is episode_timeout)
+    episode: bool    # its time counts against the episode's budget (a load's, a program's do not)
+    took: float = 0.0  # seconds until its reply line came
 
 
 class EnvHandle:
     """One environment instance; every episode (reset) runs in a fresh worker. Never raises on
-    misbehaviour: an environment fault becomes a Fault result (an error observation)."""
+    misbehaviour: an environment fault becomes a Fault result (an error observation).
+    A handle's worker goes: started, its load in flight (_start) -> ready (_ready) -> one call in
+    flight (_begin, a _Call) -> its reply read and checked (_end, _result) -> ready ..., until a
+    fault, close() or the next episode ends it (_terminate) and the first reason is kept (_gone)."""
 
     def __init__(self, sb: "Sandbox", source: str | None, setting: str = "games"):
         if setting == "tool" and not sb._has_toolenv:  # the caller's set-up
@@ -656,72 +814,106 @@ class EnvHandle:
         """A fresh worker from the zygote. The load request goes out now and its reply is read at
         first use (_ready), so handles opened one after another load in parallel."""
         self.pid, self._wfd, self._rfd = self._sb._spawn()
-        # Reply bytes not yet a line; whether the set-up's "+" came.
+        # Reply bytes not yet a line; whether the set-up's WORKER_READY came.
         self._buf, self._acked = b"", False
         self._loading = False  # the load reply is still to be read
         self._dirty = False    # the worker has run more than the load: no new episode
-        self._failure = None   # (kind, message) once the worker is gone
+        self._gone = None      # why the worker ended, once it has: (error class, its arguments)
         self._used = 0.0       # worker seconds of this episode
+        self._call = None      # the call in flight, else the last one
         self._rpoll = select.poll()
         self._rpoll.register(self._rfd, select.POLLIN)
         self._sb._live.add(self)
         if self.source is not None:
-            with contextlib.suppress(_Fail):  # recorded in self._failure
+            # A fault here is kept (self._gone) for the first use to report.
+            with contextlib.suppress(FaultError):
                 load = _dumps([self.source, self.setting, self._sb.max_turns])
                 self._begin("L", load, self._sb.step_timeout, episode=False)
                 self._loading = True
 
     def _ready(self):
-        """Read the load reply, once; raises _Fail (the environment's fault), SandboxInfraError."""
+        """Read the load reply, once; raises FaultError (the environment's), SandboxInfraError."""
         if self._loading:
             self._loading = False
-            r = self._end(self._wait(), episode=False)
+            r = self._end(self._wait())
             if (type(r) is not dict or type(r.get("class_name")) is not str
                     or type(r.get("tools")) is not list):
-                raise self._kill("protocol_violation", "malformed load reply")
+                raise self._fail("protocol_violation", "malformed load reply")
             self.class_name, self._tools, self.layers = r["class_name"], r["tools"], r.get("layers")
         if self.pid is None:
-            raise self._kill(None)  # why the worker is gone
+            raise self._gone_error()
 
     def _prepare(self):
         """Before an episode: a fresh worker, unless this one has only loaded the source."""
         if self._closed:
-            raise _Fail("closed", "handle closed")
+            raise FaultError("closed", "handle closed")
         if self.pid is None or self._dirty:
-            self._kill("closed")
+            self._fail("closed")
             self._start()
-
-    def _kill(self, kind, message="", wait=False) -> Exception:
-        """SIGKILL the worker's process group, reap it through the zygote, remember why; the error
-        to raise: _Fail, or SandboxInfraError when the worker's set-up failed (kind "infra")."""
-        if self.pid is not None:
-            _killall(self.pid)
-            try:
-                if wait:  # the exit status names why
-                    status = self._sb._zygote({"op": "wait", "pid": self.pid})["status"]
-                    kind, message = _exit_cause(status)
-                    # The worker died before its "+".
-                    if not (self._acked or self._buf.startswith(b"+")):
-                        kind, message = "infra", f"worker set-up failed: {self._buf[:200]!r}"
-                else:
-                    self._sb._zygote({"op": "reap", "pid": self.pid}, reply=False)
-            except SandboxInfraError as e:  # the zygote itself is gone
-                kind, message = kind or "worker_exited", f"sandbox fault: {e}"
-            self._sb._live.discard(self)
-            list(map(os.close, (self._rfd, self._wfd)))
-            self.pid = None
-        self._failure = self._failure or (kind, _clean(message))
-        kind, message = self._failure  # the first reason stays
-        return SandboxInfraError(message) if kind == "infra" else _Fail(kind, message)
 
     def close(self):
         """End the instance: its worker is killed and its scratch dir removed."""
         if not self._closed:
             self._closed = True
-            self._kill("closed", "handle closed")
+            self._fail("closed", "handle closed")
 
-    # -- INFRA: one request, one reply (step_many interleaves _begin / _pump / _end) -----------
-    def _begin(self, op: str, arg: str, timeout: float, episode=True):
+    # -- INFRA: the worker's end: terminate it, then keep why (the first reason stays) ---------
+    def _terminate(self, wait: bool = False) -> int | None:
+        """SIGKILL the worker's process group, have the zygote reap it, close the pipes. With `wait`
+        the zygote answers with the exit status (-1: no such worker), else None. Raises
+        SandboxInfraError when the zygote is gone (and its workers with it)."""
+        _killall(self.pid)
+        try:
+            if wait:
+                return self._sb._zygote({"op": "wait", "pid": self.pid})["status"]
+            self._sb._zygote({"op": "reap", "pid": self.pid}, reply=False)
+            return None
+        finally:
+            self._sb._live.discard(self)
+            list(map(os.close, (self._rfd, self._wfd)))
+            self.pid = None
+
+    def _stop(self, message: str) -> str:
+        """Terminate the worker if it runs; `message`, or why the zygote could not reap it."""
+        if self.pid is not None:
+            try:
+                self._terminate()
+            except SandboxInfraError as e:
+                return f"sandbox fault: {e}"
+        return message
+
+    def _fail(self, kind: str, message: str = "") -> Exception:
+        """End the worker for the environment fault `kind`: the error to raise for it."""
+        message = self._stop(message)
+        self._gone = self._gone or (FaultError, (kind, message))
+        return self._gone_error()
+
+    def _infra(self, message: str) -> Exception:
+        """End the worker for a failure of the sandbox itself: SandboxInfraError, to raise."""
+        message = self._stop(message)
+        self._gone = self._gone or (SandboxInfraError, (_clean(message),))
+        return self._gone_error()
+
+    def _gone_error(self) -> Exception:
+        """A fresh instance of the error that ended the worker (the first reason kept)."""
+        error, args = self._gone
+        return error(*args)
+
+    def _died(self) -> Exception:
+        """The worker closed its reply pipe: end it, and say why from its exit status. One that
+        died before its WORKER_READY is the sandbox's failure, not the environment's."""
+        set_up = self._acked or self._buf.startswith(WORKER_READY)
+        try:
+            status = self._terminate(wait=True)
+        except SandboxInfraError as e:  # the zygote is gone: no status to read
+            return self._fail("worker_exited", f"sandbox fault: {e}")
+        if not set_up:
+            return self._infra(f"worker set-up failed: {self._buf[:200]!r}")
+        return self._fail(*_exit_reason(status))
+
+    # -- INFRA: one request, one reply --------------------------------------------------------
+    def _begin(self, op: str, arg: str, timeout: float, episode: bool = True) -> _Call:
+        """Send request `op` with its JSON `arg`: the call now in flight. Raises FaultError."""
         # A new episode: a fresh worker and budget.
         if op in ("R", "T"):
             self._prepare()
@@ -730,15 +922,15 @@ class EnvHandle:
         self._dirty |= op != "L"
         left = self._sb.episode_timeout - self._used if episode else math.inf
         if left <= 0:
-            raise self._kill("episode_timeout", "episode time budget used up")
-        # Does the episode's budget bind?
-        self._bound, timeout = left < timeout, min(left, timeout)
+            raise self._fail("episode_timeout", "episode time budget used up")
         # A fresh nonce from the trainer's private RNG: a line written before this request (still in
         # the pipe) cannot carry it, so _end rejects stale and unsolicited lines without a poll().
-        self._nonce = b"%08x" % self._sb._nonce_bits(32)
-        data = b"%s%s%s\n" % (op.encode(), self._nonce, arg.encode())
-        self._t0 = time.monotonic()
-        self._deadline = self._t0 + timeout
+        nonce = b"%0*x" % (NONCE_LEN, self._sb._nonce_bits(4 * NONCE_LEN))
+        data = b"%s%s%s\n" % (op.encode(), nonce, arg.encode())
+        t0 = time.monotonic()
+        # _Call(op, nonce, fd, t0, deadline, bound, episode): bound if the episode's budget binds.
+        self._call = call = _Call(op, nonce, self._rfd, t0, t0 + min(left, timeout),
+                                  left < timeout, episode)
         while data:  # one write, unless long
             try:
                 data = data[os.write(self._wfd, data):]
@@ -746,68 +938,76 @@ class EnvHandle:
                 # Wait for room: poll, as select() cannot take fds over 1023.
                 room = select.poll()
                 room.register(self._wfd, select.POLLOUT)
-                if not room.poll(max(0, (self._deadline - time.monotonic()) * 1000)):
-                    raise self._timeout() from None
+                if not room.poll(max(0, (call.deadline - time.monotonic()) * 1000)):
+                    raise self._late() from None
             except BrokenPipeError:
-                raise self._kill(None, wait=True) from None
+                raise self._died() from None
+        return call
 
-    def _timeout(self):
-        if self._bound:
-            return self._kill("episode_timeout", "episode time budget used up")
-        return self._kill("timeout", f"no reply within {self._deadline - self._t0:g} s")
+    def _late(self) -> Exception:
+        """The call in flight is past its deadline: end the worker; the error to raise."""
+        call = self._call
+        if call.bound:
+            return self._fail("episode_timeout", "episode time budget used up")
+        return self._fail("timeout", f"no reply within {call.deadline - call.t0:g} s")
 
-    def _pump(self) -> bytes | None:
-        """The reply line once complete; an exit, a line over the cap or bytes after it: killed."""
+    def _read(self) -> bytes | None:
+        """The reply line once complete; an exit, a line over the cap or bytes after it: ended."""
         try:
             chunk = os.read(self._rfd, 1 << 16)
         except BlockingIOError:
             return None
         if not chunk:
-            raise self._kill(None, wait=True)
+            raise self._died()
         self._buf += chunk
         i = self._buf.find(b"\n")
         if i > self._cap or (i < 0 and len(self._buf) > self._cap):
-            raise self._kill("output_too_large", f"reply line over {self._cap} bytes")
+            raise self._fail("output_too_large", f"reply line over {self._cap} bytes")
         if i < 0:
             return None
         line, self._buf = self._buf[:i + 1], self._buf[i + 1:]
         if self._buf:
-            raise self._kill("protocol_violation", "extra bytes after the reply line")
+            raise self._fail("protocol_violation", "extra bytes after the reply line")
         return line
 
     def _wait(self) -> bytes:
         # Read before polling: a worker on this core has often replied by the time the write ends.
-        while (line := self._pump()) is None:
-            ms = max(1, math.ceil((self._deadline - time.monotonic()) * 1000))
-            if not self._rpoll.poll(ms) and time.monotonic() >= self._deadline:
-                raise self._timeout()
+        while (line := self._read()) is None:
+            ms = max(1, math.ceil((self._call.deadline - time.monotonic()) * 1000))
+            if not self._rpoll.poll(ms) and time.monotonic() >= self._call.deadline:
+                raise self._late()
         return line
 
-    def _end(self, line: bytes, episode=True):
-        """The reply's result, once it answers this request (nonce) and is strict JSON."""
-        if not self._acked:  # a fresh worker's "+" first
-            if line[:1] != b"+":
-                raise self._kill("infra", f"worker set-up failed: {line[:200]!r}")
-            self._acked, line = True, line[1:]
-        self._last = time.monotonic() - self._t0
-        self._used += self._last if episode else 0.0
-        if line[:8] != self._nonce:
-            raise self._kill("protocol_violation", "reply does not answer the request")
+    def _end(self, line: bytes):
+        """The reply's result, once it answers the call in flight (its nonce) and is strict JSON;
+        a fault the worker reports raises here, under its kind if FAULT_KINDS has it."""
+        call = self._call
+        # A fresh worker's WORKER_READY comes first.
+        if not self._acked:
+            if not line.startswith(WORKER_READY):
+                raise self._infra(f"worker set-up failed: {line[:200]!r}")
+            self._acked, line = True, line[len(WORKER_READY):]
+        call.took = time.monotonic() - call.t0
+        self._used += call.took if call.episode else 0.0
+        # <nonce><REPLY_OK or REPLY_FAULT><JSON>, then the newline.
+        nonce, marker = line[:NONCE_LEN], line[NONCE_LEN:NONCE_LEN + 1]
+        text = line[NONCE_LEN + 1:-1]
+        if nonce != call.nonce:
+            raise self._fail("protocol_violation", "reply does not answer the request")
         try:
-            r = _loads(line[9:-1].decode())
+            r = _loads(text.decode())
         except (ValueError, RecursionError, StopIteration) as e:
-            raise self._kill("protocol_violation", f"reply is not JSON: {e!r}") from None
-        if line[8] == 61:  # b"="
+            raise self._fail("protocol_violation", f"reply is not JSON: {e!r}") from None
+        if marker == REPLY_OK:
             return r
-        # 33 is b"!".
-        if line[8] != 33 or type(r) is not list or len(r) != 2 or type(r[0]) is not str:
-            raise self._kill("protocol_violation", "reply is not a protocol line")
-        kind = r[0] if r[0] in FAILURES else "protocol_violation"
-        raise self._kill(kind, r[1] if type(r[1]) is str else "")
+        if marker != REPLY_FAULT or type(r) is not list or len(r) != 2 or type(r[0]) is not str:
+            raise self._fail("protocol_violation", "reply is not a protocol line")
+        kind = r[0] if r[0] in FAULT_KINDS else "protocol_violation"
+        raise self._fail(kind, r[1] if type(r[1]) is str else "")
 
     def _roundtrip(self, op: str, arg: str, timeout: float | None = None, episode=True):
         self._begin(op, arg, self._sb.step_timeout if timeout is None else timeout, episode)
-        return self._end(self._wait(), episode)
+        return self._end(self._wait())
 
     def _leak_check(self):
         """A thread still running in the worker is a resource_leak; a worker that is gone is not."""
@@ -815,40 +1015,53 @@ class EnvHandle:
             if len(os.listdir(f"/proc/{self.pid}/task")) > 1:
                 time.sleep(0.005)  # a just-joined one lingers
                 if (n := len(os.listdir(f"/proc/{self.pid}/task"))) > 1:
-                    raise self._kill("resource_leak", f"{n - 1} thread(s) left running")
+                    raise self._fail("resource_leak", f"{n - 1} thread(s) left running")
 
-    # -- the parent's re-validation: type(), caps, text checks --------------------------------
-    def _check(self, r, n) -> tuple:
-        """A reset's (n=2: obs, info; obs not empty) or step's (n=5) reply, obs capped; no thread
-        left at reset."""
-        if type(r) is not list or len(r) != n:
-            raise self._kill("protocol_violation", "malformed reply")
-        if (m := "is not a str" if type(r[0]) is not str else _bad_text(r[0])):
-            raise self._kill("invalid_observation", f"observation: {m}")
-        # The authors' load rejects an empty first observation (a whitespace one passes theirs).
-        if n == 2 and len(r[0]) == 0:
-            raise self._kill("invalid_observation", "reset() returned an empty observation")
-        if (m := "is not a dict" if type(r[-1]) is not dict else r[-1] and _bad_text(r[-1])):
-            raise self._kill("invalid_result", f"info: {m}")
-        if n == 2:
+    # -- the parent's re-validation: the reply's shape here, its fields in check_reset/check_step --
+    def _result(self, r) -> tuple:
+        """The reply of the reset or step in flight as its result, checked; no thread may be left
+        running at a reset or at the episode's end. A fault ends the worker (FaultError)."""
+        step = self._call.op == "S"
+        if type(r) is not list or len(r) != (5 if step else 2):
+            raise self._fail("protocol_violation", "malformed reply")
+        # Deviation 5: the authors' load rejects an empty first observation (a blank one passes).
+        if not step and r[0] == "":
+            raise self._fail("invalid_observation", "reset() returned an empty observation")
+        try:
+            out = check_step(*r) if step else check_reset(*r)
+        except FaultError as e:
+            raise self._fail(e.kind, e.message) from None
+        if not step or out[2] or out[3]:
             self._leak_check()
-        return r[0][:OBS_CAP], *r[1:]
+        return out
 
-    def _check_step(self, r) -> tuple:
-        obs, reward, term, trunc, info = self._check(r, 5)
-        if (bad := _bad_step(reward, term, trunc)) is not None:
-            raise self._kill(*bad)
-        if term or trunc:
-            self._leak_check()
-        return obs, float(reward), term, trunc, info
+    # -- INFRA: the batch protocol Sandbox.reset_many / step_many drive -----------------------
+    def prepare(self):
+        """Before a batch of resets: this handle's fresh worker now, so the batch loads at once."""
+        if not self._closed:
+            self._prepare()
 
-    @staticmethod
-    def _error(e: _Fail, step=True) -> Fault:
-        """What the caller gets for an environment fault: a Fault result, never a raise."""
-        obs = f"[environment error: {e.kind}] {e.message}"
-        r = Fault((obs, 0.0, True, False, {}) if step else (obs, {}))
-        r.fault, r.message = e.kind, e.message
-        return r
+    def begin(self, op: str, arg: str) -> _Call | Fault:
+        """Send a reset ("R", the JSON seed) or a step ("S", the JSON action) with step_timeout:
+        the call in flight, or the Fault that ended it before it went out."""
+        try:
+            return self._begin(op, arg, self._sb.step_timeout)
+        except FaultError as e:
+            return Fault.of(e.kind, e.message, step=op == "S")
+
+    def pump(self) -> tuple | Fault | None:
+        """Read the reply pipe once: None until the reply line is whole, then the checked result of
+        the call in flight, or its Fault."""
+        try:
+            line = self._read()
+            return None if line is None else self._result(self._end(line))
+        except FaultError as e:
+            return Fault.of(e.kind, e.message, step=self._call.op == "S")
+
+    def expire(self) -> Fault:
+        """The call in flight is past its deadline: its worker ends, and its Fault."""
+        e = self._late()
+        return Fault.of(e.kind, e.message, step=self._call.op == "S")
 
     def reset(self, seed: int | None = None) -> tuple[str, dict]:
         # A worker start dwarfs the cost of the batch code.
@@ -856,13 +1069,13 @@ class EnvHandle:
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         try:
-            return self._check_step(self._roundtrip("S", _quote(str(action))))
-        except _Fail as e:
-            return self._error(e)
+            return self._result(self._roundtrip("S", _quote(str(action))))
+        except FaultError as e:
+            return Fault.of(e.kind, e.message, step=True)
 
     def tools(self) -> list[dict]:
         """OpenAI function schemas of a ToolEnv ([] for games)."""
-        with contextlib.suppress(_Fail):
+        with contextlib.suppress(FaultError):
             self._ready()
             return json.loads(_dumps(self._tools))  # a copy for the caller
         return []
@@ -904,8 +1117,8 @@ class Sandbox(contextlib.AbstractContextManager):
         probe = EnvHandle(self, "class ProbeEnv:\n    pass\n")
         try:
             probe._ready()
-        except _Fail:
-            raise SandboxInfraError(f"probe worker failed: {probe._failure}") from None
+        except FaultError as e:
+            raise SandboxInfraError(f"probe worker failed: {(e.kind, e.message)}") from None
         probe.close()
         self.layers = tuple(probe.layers)
         # Later workers fail closed: one missing a layer the probe had exits unused.
@@ -992,56 +1205,51 @@ class Sandbox(contextlib.AbstractContextManager):
         return EnvHandle(self, source, setting)
 
     def step_many(self, handles: list, actions: list) -> list[tuple]:
-        """Step many handles at once (one outstanding request each); a failure ends only its own."""
+        """Step many handles at once (one outstanding request each); a fault ends only its own."""
         return self._many(handles, actions, step=True)
 
     def reset_many(self, handles: list, seeds: list) -> list[tuple]:
         return self._many(handles, seeds, step=False)
 
     def _many(self, handles, args, step):
-        # Duplicates: one at a time.
+        # The same handle twice in one batch: its calls one after another.
         if len(set(map(id, handles))) != len(handles):
             return [h.step(a) if step else h.reset(a) for h, a in zip(handles, args)]
         out = [None] * len(handles)
-        pending = {}  # fd -> (index, handle)
+        # Fresh workers first, before any call waits on a load: they start and load in parallel.
+        for h in handles if not step else ():
+            h.prepare()
+        pending = {}  # reply fd -> (index, handle, its call in flight)
         poller = select.poll()
-        # Fresh workers first: they load in parallel.
-        for h in [h for h in handles if not (step or h._closed)]:
-            h._prepare()
         for i, (h, a) in enumerate(zip(handles, args)):
-            try:
-                arg = _quote(str(a)) if step else _dumps(a)
-                h._begin("S" if step else "R", arg, self.step_timeout)
-                pending[h._rfd] = (i, h)
-                poller.register(h._rfd, select.POLLIN)
-            except _Fail as e:
-                out[i] = h._error(e, step)
+            call = h.begin("S", _quote(str(a))) if step else h.begin("R", _dumps(a))
+            if isinstance(call, _Call):
+                pending[call.fd] = (i, h, call)
+                poller.register(call.fd, select.POLLIN)
+            else:
+                out[i] = call
         # Replies as they come: one that fills its pipe never waits behind a hung one.
         while pending:
             now = time.monotonic()
-            for fd, (i, h) in list(pending.items()):
-                if h._deadline <= now:
+            for fd, (i, h, call) in list(pending.items()):
+                if call.deadline <= now:
                     poller.unregister(fd)
                     del pending[fd]
-                    out[i] = h._error(h._timeout(), step)
-            wait = min([h._deadline for _, h in pending.values()], default=now) - now
+                    out[i] = h.expire()
+            wait = min([call.deadline for _, _, call in pending.values()], default=now) - now
             for fd, _ in poller.poll(max(1, math.ceil(wait * 1000))) if pending else ():
-                i, h = pending[fd]
-                try:
-                    if (line := h._pump()) is None:
-                        continue
-                    out[i] = h._check_step(h._end(line)) if step else h._check(h._end(line), 2)
-                except _Fail as e:
-                    out[i] = h._error(e, step)
-                poller.unregister(fd)
-                del pending[fd]
+                i, h, _ = pending[fd]
+                if (result := h.pump()) is not None:
+                    out[i] = result
+                    poller.unregister(fd)
+                    del pending[fd]
         return out
 
     def run_program(self, code: str, stdin: str = "", timeout: float | None = None,
                     out_cap: int = 8 << 20) -> tuple[str, str]:
         """Run `code` as __main__ in a fresh worker under every layer: `stdin` on fd 0, at most
         `out_cap` bytes of stdout back as (status, stdout); status "ok" (exit 0), "error" (an
-        exception, exit != 0) or the failure that ended the worker ("timeout", "cpu_limit", ...)."""
+        exception, exit != 0) or the kind of the fault that ended the worker ("timeout", ...)."""
         h = EnvHandle(self, None)
         h._cap = 8 * out_cap + 4096  # JSON: <= 6 bytes per byte
         try:
@@ -1049,9 +1257,9 @@ class Sandbox(contextlib.AbstractContextManager):
             r = h._roundtrip("P", arg, timeout or self.step_timeout, episode=False)
             if (type(r) is not list or len(r) != 2 or r[0] not in ("ok", "error")
                     or type(r[1]) is not str):
-                raise h._kill("protocol_violation", "malformed program reply")
+                raise h._fail("protocol_violation", "malformed program reply")
             return r[0], r[1]
-        except _Fail as e:
+        except FaultError as e:
             return e.kind, ""
         finally:
             h.close()
@@ -1075,8 +1283,9 @@ class Sandbox(contextlib.AbstractContextManager):
                 if transcripts[0] != transcripts[-1]:
                     pairs = enumerate(zip(*transcripts))
                     at = next((i for i, (a, b) in pairs if a != b), len(transcripts[0]))
-                    raise _Fail("nondeterministic", f"fresh instances differ at probe call {at}")
-            except _Fail as e:
+                    why = f"fresh instances differ at probe call {at}"
+                    raise FaultError("nondeterministic", why)
+            except FaultError as e:
                 return ValidationReport(False, f"{e.kind}: {e.message}", name, e.kind)
             finally:
                 h.close()
@@ -1086,24 +1295,25 @@ class Sandbox(contextlib.AbstractContextManager):
         out, over, times = [], False, {"reset": [], "step": []}
         for op, arg in script:
             if op == "reset":
-                out.append(list(h._check(h._roundtrip("R", _dumps(arg)), 2)))
+                out.append(list(h._result(h._roundtrip("R", _dumps(arg)))))
             elif not over:  # stop at a terminal flag
-                out.append(list(h._check_step(h._roundtrip("S", _dumps(arg)))))
+                out.append(list(h._result(h._roundtrip("S", _dumps(arg)))))
                 h._leak_check()
             else:
                 continue
             over = op == "step" and (out[-1][2] or out[-1][3])
-            times[op].append(h._last)
+            times[op].append(h._call.took)
         # Slow calls hold the batch.
         for op, ts in times.items():
             if ts and (median := sorted(ts)[len(ts) // 2]) > SLOW_SHARE * self.step_timeout:
-                raise _Fail("too_slow", f"median {op} call took {median:.3f} s, over {SLOW_SHARE:g}"
-                                        f" x step_timeout = {SLOW_SHARE * self.step_timeout:.3f} s")
+                limit = SLOW_SHARE * self.step_timeout
+                raise FaultError("too_slow", f"median {op} call took {median:.3f} s, over "
+                                             f"{SLOW_SHARE:g} x step_timeout = {limit:.3f} s")
         # toolenv.self_check, each seed in a fresh worker.
         for seed in (0, 1, 2) if setting == "tool" else ():
             r = h._roundtrip("T", _dumps(seed))
             if (m := "is not a list" if type(r) is not list else _bad_text(r)):
-                raise h._kill("invalid_result", f"tool contract transcript: {m}")
+                raise h._fail("invalid_result", f"tool contract transcript: {m}")
             h._leak_check()
             out.append(r)
         return out

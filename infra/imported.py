@@ -19,7 +19,7 @@ and the pool's statistics treat it as any other environment. Its semantics follo
 fresh instance per episode (an episode depends only on its seed), the global `random` /
 `numpy.random` states it sees are its own, seeded from the episode's seed and set aside between
 calls (GEM's reset seeds them), and an exception or a malformed result (the sandbox's own checks:
-sandbox._bad_text, sandbox._bad_step) is an environment fault with a named kind. Unlike the
+sandbox.check_reset, sandbox.check_step) is an environment fault with a named kind. Unlike the
 sandbox there is no deadline: a hanging library call hangs the run.
 
 An OpenEnv server is a peer, not a library: `RemoteEnv` plays it over openenv's WebSocket
@@ -29,9 +29,9 @@ protocol (`OpenEnvRemote`), its code in the server's process, and holds against 
 2. a reply frame over FRAME_CAP bytes or a GET /schema over SCHEMA_CAP is `output_too_large`;
 3. its own sockets: no redirect is followed and no proxy (http_proxy, ...) applies, so a URL on
    this machine stays on this machine;
-4. replies typed as the sandbox types its workers' (finite int or float rewards, null meaning
-   none; real booleans; clean text), a fault kind from sandbox.FAILURES (else
-   protocol_violation), every message shortened and printable (sandbox._clean);
+4. replies typed as the sandbox types its workers' (sandbox.check_reset / check_step: int or
+   float rewards in [-10, 10], null meaning none; real booleans; clean text), a fault kind from
+   sandbox.FAULT_KINDS (else protocol_violation), every message shortened and printable;
 5. websockets' keepalive is off (its pings draw from the global `random`), so nothing here moves
    the trainer's RNG; a `#seed=` in the URL (every episode one seed) is refused.
 train.play_pool plays a pool with imported entries through `batched` (OpenEnv handles in threads,
@@ -146,7 +146,7 @@ class ServerFull(RuntimeError):
 def _left(deadline: float) -> float:
     """Seconds left before the deadline; a timeout fault once none are."""
     if (left := deadline - time.monotonic()) <= 0:
-        raise _Invalid("timeout", f"no answer within {REMOTE_TIMEOUT:g} s")
+        raise sandbox.FaultError("timeout", f"no answer within {REMOTE_TIMEOUT:g} s")
     return left
 
 
@@ -162,11 +162,11 @@ def _get(netloc: str, address: tuple, path: str, deadline: float):
                 break
             data += chunk
             if len(data) > SCHEMA_CAP:
-                raise _Invalid("output_too_large", f"GET {path}: over {SCHEMA_CAP} bytes")
+                raise sandbox.FaultError("output_too_large", f"GET {path}: over {SCHEMA_CAP} bytes")
     head, _, body = data.partition(b"\r\n\r\n")
     status = head.split(b"\r\n", 1)[0].split(b" ")
     if status[1:2] != [b"200"]:
-        raise _Invalid("reset_error", f"GET {path}: {sandbox._clean(status)} (never followed)")
+        raise sandbox.FaultError("reset_error", f"GET {path}: {status} (never followed)")
     return json.loads(body)
 
 
@@ -176,8 +176,8 @@ class OpenEnvRemote:
     "observation", "data": {"observation", "reward", "done"}}, {"type": "state"} or {"type":
     "error"}. The reply fills the action's `message` field, else its only string field (from GET
     /schema); the text is the observation's `text` field, else its only string one; an `error`
-    it names is a fault. Every call takes a deadline (time.monotonic()) and raises: _Invalid (a
-    named fault), Busy, or what the socket raised."""
+    it names is a fault. Every call takes a deadline (time.monotonic()) and raises:
+    sandbox.FaultError (a named fault), Busy, or what the socket raised."""
 
     def __init__(self, spec: str):
         from urllib.parse import urlsplit
@@ -195,7 +195,8 @@ class OpenEnvRemote:
             "properties", {})
         names = [k for k, v in props.items() if v.get("type") == "string"]
         if "message" not in names and len(names) != 1:
-            raise _Invalid("reset_error", f"its action has no single string field: {props!r:.200}")
+            why = f"its action has no single string field: {props!r:.200}"
+            raise sandbox.FaultError("reset_error", why)
         self.field = "message" if "message" in names else names[0]
         sock = socket.create_connection(self.address, timeout=_left(deadline))
         sock.settimeout(None)  # the connection's reader thread blocks; deadlines come per call
@@ -216,31 +217,34 @@ class OpenEnvRemote:
         try:
             reply = json.loads(self.ws.recv(timeout=_left(deadline)))
         except TimeoutError:
-            raise _Invalid("timeout", f"no answer within {REMOTE_TIMEOUT:g} s") from None
+            raise sandbox.FaultError("timeout", f"no answer within {REMOTE_TIMEOUT:g} s") from None
         except ConnectionClosed as e:
             if getattr(e.sent, "code", None) == 1009:
-                raise _Invalid("output_too_large", f"a reply over {FRAME_CAP} bytes") from None
+                why = f"a reply over {FRAME_CAP} bytes"
+                raise sandbox.FaultError("output_too_large", why) from None
             raise
         if type(reply) is not dict or type(reply.get("data")) is not dict:
-            raise _Invalid("protocol_violation", "a reply that is not {type, data: {...}}")
+            why = "a reply that is not {type, data: {...}}"
+            raise sandbox.FaultError("protocol_violation", why)
         if reply.get("type") == "error":
             why = sandbox._clean(reply["data"].get("message"))
             raise Busy(why) if reply["data"].get("code") == "CAPACITY_REACHED" else \
-                _Invalid("step_error", why)
+                sandbox.FaultError("step_error", why)
         return reply["data"]
 
     def reset(self, seed: int | None, deadline: float) -> tuple:
-        return _observed(self._call({"type": "reset", "data": {**self.kwargs, "seed": seed}},
-                                    deadline)), {}
+        d = self._call({"type": "reset", "data": {**self.kwargs, "seed": seed}}, deadline)
+        return sandbox.check_reset(_observed(d), {})
 
     def step(self, action: str, deadline: float) -> tuple:
         d = self._call({"type": "step", "data": {self.field: action}}, deadline)
         text, obs = _observed(d), d["observation"]
         reward = 0.0 if d.get("reward") is None else d["reward"]  # openenv's "no reward"
         truncated = obs.get("truncated", False)
-        if (bad := sandbox._bad_step(reward, d.get("done"), truncated)) is not None:
-            raise _Invalid(*bad)
-        return text, float(reward), d["done"] and not truncated, truncated, {}
+        # OpenEnv's done is terminated or truncated: both are checked as the sandbox's flags.
+        text, reward, done, truncated, info = sandbox.check_step(
+            text, reward, d.get("done"), truncated, {})
+        return text, reward, done and not truncated, truncated, info
 
     def close(self) -> None:
         if self.ws is not None:
@@ -251,15 +255,15 @@ class OpenEnvRemote:
 
 
 def _observed(data: dict) -> str:
-    """An observation reply's text, checked as the sandbox checks its workers' (sandbox._bad_text);
-    an `error` it names is that fault when it is one of sandbox.FAILURES."""
+    """An observation reply's text (the result checks follow: sandbox.check_reset / check_step);
+    an `error` it names is that fault when it is one of sandbox.FAULT_KINDS."""
     obs = data.get("observation")
     if type(obs) is not dict:
-        raise _Invalid("protocol_violation", "an observation that is not an object")
+        raise sandbox.FaultError("protocol_violation", "an observation that is not an object")
     if obs.get("error") is not None:
-        kind = obs["error"] if obs["error"] in sandbox.FAILURES else "protocol_violation"
+        kind = obs["error"] if obs["error"] in sandbox.FAULT_KINDS else "protocol_violation"
         meta = obs.get("metadata") if type(obs.get("metadata")) is dict else {}
-        raise _Invalid(kind, sandbox._clean(meta.get("message", "")))
+        raise sandbox.FaultError(kind, meta.get("message", ""))
     strings = [v for v in obs.values() if type(v) is str]
     return _text(obs["text"] if "text" in obs else strings[0] if len(strings) == 1 else obs)
 
@@ -274,10 +278,10 @@ class RemoteEnv:
 
     def __init__(self, spec: str):
         self.spec, self.remote = spec, OpenEnvRemote(spec)
-        self.url, self.failure, self.playing, self._used = self.remote.url, None, False, 0.0
+        self.url, self.open_fault, self.playing, self._used = self.remote.url, None, False, 0.0
 
     def open(self) -> bool:
-        """A session: True; False with the fault kept for reset to return; Busy when full."""
+        """A session: True; False with its Fault kept for reset to return; Busy when full."""
         self.close()
         try:
             self.remote.open(time.monotonic() + REMOTE_TIMEOUT)
@@ -286,24 +290,25 @@ class RemoteEnv:
             self.close()
             raise
         except Exception as e:  # noqa: BLE001 - a server's failure is its environment's fault
-            self.failure = self._fault(e, "reset_error", step=False)
+            self.open_fault = self._fault(e, "reset_error", step=False)
             return False
 
     def reset(self, seed: int | None = None) -> tuple[str, dict]:
         """A new episode on the session (opened first if there is none: Busy when full)."""
-        if self.remote.ws is None and self.failure is None:
+        if self.remote.ws is None and self.open_fault is None:
             self.open()
-        if self.failure is not None:
-            failure, self.failure = self.failure, None
-            return failure
+        if self.open_fault is not None:
+            fault, self.open_fault = self.open_fault, None
+            return fault
         self._used, self.playing = 0.0, True
         return self._timed(lambda deadline: self.remote.reset(seed, deadline), "reset_error")
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         if not self.playing:
-            return _fault_result("closed", "no episode is running", step=True)
+            return sandbox.Fault.of("closed", "no episode is running", step=True)
         result = self._timed(lambda deadline: self.remote.step(action, deadline), "step_error")
-        self.playing = not (isinstance(result, sandbox.Fault) or result[2] or result[3])
+        ended = getattr(result, "fault", None) is not None or result[2] or result[3]
+        self.playing = not ended
         return result
 
     def _timed(self, call, kind: str):
@@ -312,26 +317,25 @@ class RemoteEnv:
         start, step = time.monotonic(), kind == "step_error"
         try:
             if left <= 0:
-                raise _Invalid("episode_timeout", "episode time budget used up")
+                raise sandbox.FaultError("episode_timeout", "episode time budget used up")
             return call(start + min(REMOTE_TIMEOUT, left))
         except Exception as e:  # noqa: BLE001
-            if isinstance(e, _Invalid) and e.kind == "timeout" and left < REMOTE_TIMEOUT:
-                e = _Invalid("episode_timeout", "episode time budget used up")
+            if isinstance(e, sandbox.FaultError) and e.kind == "timeout" and left < REMOTE_TIMEOUT:
+                e = sandbox.FaultError("episode_timeout", "episode time budget used up")
             return self._fault(e, kind, step)
         finally:
             self._used += time.monotonic() - start
 
     def _fault(self, e: Exception, kind: str, step: bool) -> sandbox.Fault:
+        """The Fault of exception e: a socket's timeout is `timeout`, any other failure `kind`."""
         self.close()
-        kind = e.kind if isinstance(e, _Invalid) else "timeout" if isinstance(
-            e, TimeoutError) else kind
-        return _fault_result(kind, e, step)
+        return _fault_of(e, "timeout" if isinstance(e, TimeoutError) else kind, step)
 
     def tools(self) -> list[dict]:
         return []
 
     def close(self) -> None:
-        self.playing, self.failure = False, None
+        self.playing, self.open_fault = False, None
         with contextlib.suppress(Exception):
             self.remote.close()
         self.remote.ws = None
@@ -373,20 +377,18 @@ class InProcessEnv:
             with _rngs(self._state):
                 self.env = make(self.spec)
                 obs, info = self.env.reset(seed=seed)
-            return _text(obs), _info(info)
+            return sandbox.check_reset(_text(obs), _info(info))
         except Exception as e:  # noqa: BLE001 - library failures are environment faults
             return self._fault(e, "reset_error", step=False)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         if self.env is None:
-            return _fault_result("closed", "no episode is running", step=True)
+            return sandbox.Fault.of("closed", "no episode is running", step=True)
         try:
             with _rngs(self._state):
                 obs, reward, terminated, truncated, info = self.env.step(action)
             reward, terminated, truncated = map(_plain, (reward, terminated, truncated))
-            if (bad := sandbox._bad_step(reward, terminated, truncated)) is not None:
-                raise _Invalid(*bad)
-            return _text(obs), float(reward), terminated, truncated, _info(info)
+            return sandbox.check_step(_text(obs), reward, terminated, truncated, _info(info))
         except Exception as e:  # noqa: BLE001
             return self._fault(e, "step_error")
 
@@ -399,20 +401,16 @@ class InProcessEnv:
             self.env = None
 
     def _fault(self, e: Exception, kind: str, step: bool = True) -> sandbox.Fault:
-        """Only our own checks name a kind: a library's exception is reset_error / step_error,
-        whatever attributes it carries."""
         self.close()
-        return _fault_result(e.kind if isinstance(e, _Invalid) else kind, e, step)
+        return _fault_of(e, kind, step)
 
 
-def _fault_result(kind: str, e, step: bool) -> sandbox.Fault:
-    """The Fault result of an EnvHandle: an error observation, its message shortened and made
-    printable (sandbox._clean)."""
-    msg = sandbox._clean(f"{type(e).__name__}: {e}" if isinstance(e, Exception) else e)
-    obs = f"[environment error: {kind}] {msg}"
-    r = sandbox.Fault((obs, 0.0, True, False, {}) if step else (obs, {}))
-    r.fault, r.message = kind, msg
-    return r
+def _fault_of(e: Exception, kind: str, step: bool) -> sandbox.Fault:
+    """The Fault result of exception e. Only our own checks name a kind (sandbox.FaultError); a
+    library's exception is `kind`, whatever attributes it carries, and says its type."""
+    if isinstance(e, sandbox.FaultError):
+        return sandbox.Fault.of(e.kind, e.message, step=step)
+    return sandbox.Fault.of(kind, f"{type(e).__name__}: {e}", step=step)
 
 
 def _close(env) -> None:
@@ -420,23 +418,13 @@ def _close(env) -> None:
         getattr(env, "close", lambda: None)()
 
 
-class _Invalid(ValueError):
-    """A malformed result, named by one of sandbox.FAILURES."""
-
-    def __init__(self, kind: str, message: str):
-        super().__init__(message)
-        self.kind = kind
-
-
-# The checks the sandbox's parent applies to every reply (sandbox._bad_text, sandbox._bad_step),
-# on the values its worker would have sent (numpy scalars as Python ones).
+# The values the sandbox's worker would have sent (numpy scalars as Python ones, a str subclass
+# as its plain value), for the parent's checks: sandbox.check_reset / check_step.
 def _text(obs) -> str:
     if not isinstance(obs, str):
-        raise _Invalid("invalid_observation", f"observation of type {type(obs).__name__}")
-    obs = str.__str__(obs)
-    if (why := sandbox._bad_text(obs)) is not None:
-        raise _Invalid("invalid_observation", f"observation: {why}")
-    return obs[:sandbox.OBS_CAP]
+        why = f"observation of type {type(obs).__name__}"
+        raise sandbox.FaultError("invalid_observation", why)
+    return str.__str__(obs)
 
 
 def _plain(x):
@@ -465,7 +453,7 @@ def probe(spec: str, origin: str) -> dict | None:
     h = handle(spec)
     try:
         if isinstance(h, RemoteEnv) and not h.open():
-            raise SystemExit(f"{spec}: cannot make it: {h.failure.message}")
+            raise SystemExit(f"{spec}: cannot make it: {h.open_fault.message}")
         if isinstance(h, InProcessEnv):
             with _rngs({"random": random.Random(0).getstate()}):
                 _close(make(spec))
@@ -476,11 +464,11 @@ def probe(spec: str, origin: str) -> dict | None:
     result = h.reset(seed=0)
     name = type(getattr(h.env, "unwrapped", h.env)).__name__ if isinstance(
         h, InProcessEnv) else "OpenEnvRemote"
-    result = result if isinstance(result, sandbox.Fault) else h.step(sandbox.PROBE_ACTIONS[0])
+    if getattr(result, "fault", None) is None:
+        result = h.step(sandbox.PROBE_ACTIONS[0])
     h.close()
-    if isinstance(result, sandbox.Fault):
-        print(f"[spade] {spec} left out of the pool: {result.fault}: {result.message}",
-              file=sys.stderr)
+    if (kind := getattr(result, "fault", None)) is not None:
+        print(f"[spade] {spec} left out of the pool: {kind}: {result.message}", file=sys.stderr)
         return None
     return {"env_id": f"{origin}:{spec}".replace("/", "."), "skill": suite_skill(spec),
             "class_name": name,

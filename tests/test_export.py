@@ -31,6 +31,7 @@ import agent
 from infra import config
 from infra import engine
 import memory as memory_lib
+import sandbox
 from infra import baseline, imported
 import train
 from scripted import main_with
@@ -501,6 +502,39 @@ def test_in_process_results_cannot_be_forged_and_keep_their_info():
         assert agent.fault(r) is None
     e.close()
     assert agent.fault(imported.InProcessEnv("gem:rg:no_such_task").reset(seed=0)) == "reset_error"
+
+
+class Returns:
+    """An in-process environment whose step returns what it is given."""
+
+    def __init__(self, result):
+        self.result = result
+
+    def reset(self, seed=None):
+        return "Go.", {}
+
+    def step(self, action):
+        return self.result
+
+
+@pytest.mark.parametrize("result", [
+    ("o", 11.0, False, False, {}),
+    ("o", 0.0, "yes", False, {}),
+    ("a\x00b", 0.0, False, False, {}),
+    ("o", 0.0, False, False, {"k": "\udc80"}),
+    ("a\x00b", 11.0, False, False, {}),
+], ids=["reward", "flag", "nul", "info_surrogate", "first_the_observation"])
+def test_in_process_env_applies_the_sandboxs_result_checks(monkeypatch, result):
+    """One implementation of the result checks: InProcessEnv's fault for a malformed step is the
+    kind and message sandbox.check_step gives for the same values (the parent's check)."""
+    with pytest.raises(sandbox.FaultError) as want:
+        sandbox.check_step(*result)
+    monkeypatch.setattr(imported, "make", lambda spec: Returns(result))
+    e = imported.InProcessEnv("gem:stub")
+    assert e.reset(seed=0) == ("Go.", {})
+    got = e.step("x")
+    assert (agent.fault(got), got.message) == (want.value.kind, want.value.message)
+    assert got[1:] == (0.0, True, False, {})
 
 
 def test_exported_proxy_raises_only_for_a_real_fault(tmp_path):

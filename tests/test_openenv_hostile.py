@@ -560,8 +560,8 @@ def test_11_local_means_local_no_redirect_no_proxy(hostile, monkeypatch):
                                               "protocol_violation"),
     ({"error": "timeout"}, "timeout"), ({"reward": 0}, None), ({"reward": None}, None)])
 def test_12_replies_have_exact_types_and_fault_kinds_from_the_sandbox(hostile, reply, kind):
-    """The sandbox's own checks (sandbox._bad_step, _bad_text, FAILURES, _clean): a reward is an
-    int or float (null: none), done and truncated are bools, a fault kind not in FAILURES is a
+    """The sandbox's own checks (sandbox.check_step, FAULT_KINDS, FaultError): a reward is an
+    int or float (null: none), done and truncated are bools, a fault kind not in FAULT_KINDS is a
     protocol_violation, and every message is short and printable."""
     obs = {k: v for k, v in reply.items() if k in ("truncated", "error")}
     top = {"reward": 0.0, "done": True, **{k: v for k, v in reply.items() if k in ("reward", "done")}}

@@ -387,3 +387,83 @@ def test_telemetry_panel_draws_the_step_telemetry(tmp_path):
     rows[0].pop("perf/mfu"), rows[1].pop("perf/mfu")
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert "no perf/mfu" in "".join(parse(report.render(run)).text)  # a CPU run: said, not drawn
+
+
+def drawn_figures(monkeypatch, run) -> dict:
+    """{chart title: its matplotlib figure} of the page of `run`, each drawn as the page draws it."""
+    figs, real = {}, report.svg
+
+    def spy(fig, name):
+        figs[name] = fig
+        return real(fig, name)
+    monkeypatch.setattr(report, "svg", spy)
+    report.render(run)
+    return figs
+
+
+def shown_ticks(axis) -> list[float]:
+    lo, hi = sorted(axis.get_view_interval())
+    return [t for t in axis.get_majorticklocs() if lo <= t <= hi]
+
+
+def labels_uncut(fig) -> bool:
+    """Every y tick label lies inside the figure (a fixed margin cut 0.00050 to ".00050")."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    return fig.axes[0].yaxis.get_tightbbox(renderer).x0 >= 0
+
+
+def test_one_step_charts_read_as_one_step(tmp_path, monkeypatch):
+    """A run of one step: each chart has one tick, at step 0 (not -0.04..0.04, nor a bar's
+    -0.4..0.4), and a value with no spread gets a y range from the value (0 to twice it), not
+    matplotlib's +-5 % around it."""
+    run = fake_run(tmp_path, regens=1, n_envs=1, interval=1, source="class E: pass", turns=1,
+                   reply_chars=10)
+    row = json.loads((run / "metrics.jsonl").read_text())
+    row.update({"time/sync_s": 0.00047, "perf/generate_tokens_per_s": 10.7, "mismatch/k3": 0.0,
+                "designer/diversity_window": 12.000000000000002})  # one value, float noise
+    (run / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    figs = drawn_figures(monkeypatch, run)
+    assert len(figs) == 11
+    for title, fig in figs.items():
+        ax = fig.axes[0]
+        if ax.lines or ax.patches:  # a chart with data: its one step, centred
+            assert shown_ticks(ax.xaxis) == [0.0] and ax.get_xlim() == (-1.0, 1.0), title
+        assert all(t == int(t) for t in shown_ticks(ax.xaxis)), title
+        assert labels_uncut(fig), title
+    assert figs["Diversity (Vendi score)"].axes[0].get_ylim() == pytest.approx((0.0, 24.0))
+    sync = figs["Weight sync and engine sleep / wake (s)"].axes[0]
+    assert sync.get_ylim() == pytest.approx((0.0, 0.00094))
+    assert figs["Rollout / trainer mismatch"].axes[0].get_ylim() == (-1.0, 1.0)  # around a 0
+    assert figs["Agent return"].axes[0].get_ylim() == (-1.05, 1.05)  # a fixed range stays
+    assert figs["Pool composition at each regeneration"].axes[0].get_ylim() == (0.0, 1.05)
+    shutil.rmtree(run / "designer")  # the rejections from the metrics: counts of 0 at step 0
+    (run / "metrics.jsonl").write_text(json.dumps({**row, "designer/rejected/no_code": 0}) + "\n")
+    bars = drawn_figures(monkeypatch, run)["Rejected designer attempts by reason"].axes[0]
+    assert bars.get_ylim() == (0.0, 1.0) and shown_ticks(bars.xaxis) == [0.0]
+
+
+def test_tick_labels_are_the_values_themselves(tmp_path, monkeypatch):
+    """Values near a large constant (sync seconds 1205.01..1205.03, steps 10000..10002) are
+    labelled with their whole values: no offset text ("+1.205e3") in an axis corner."""
+    run = fake_run(tmp_path, regens=1, n_envs=1, interval=3, source="class E: pass", turns=1,
+                   reply_chars=10)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for i, r in enumerate(rows):
+        r.update({"charts/step": 10000 + i, "time/sync_s": 1205.01 + 0.01 * i,
+                  "mismatch/k3": 2e-6 * (i + 1)})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    figs = drawn_figures(monkeypatch, run)
+    for title, fig in figs.items():
+        for axis in (fig.axes[0].xaxis, fig.axes[0].yaxis):
+            assert axis.get_major_formatter().get_offset() == "", title
+            ticks = axis.get_majorticklocs()
+            labels = [t.get_text().replace("\N{MINUS SIGN}", "-")
+                      for t in axis.get_majorticklabels()]
+            assert [float(x) for x in labels] == pytest.approx(list(ticks), abs=1e-12), title
+        assert labels_uncut(fig), title
+    sync = figs["Weight sync and engine sleep / wake (s)"].axes[0]
+    assert "1205.020" in [t.get_text() for t in sync.get_yticklabels()]
+    lo, hi = sync.get_xlim()
+    steps = [t.get_text() for t in sync.get_xticklabels() if lo <= t.get_position()[0] <= hi]
+    assert steps == ["10000", "10001", "10002"]

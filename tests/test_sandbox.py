@@ -823,6 +823,46 @@ def test_bad_result_shapes(sb, ret, kind):
     assert err(play(sb, game(f"return {ret}"))[0]) == kind
 
 
+def test_the_result_checks_are_pure_functions_of_plain_values():
+    """check_reset / check_step: what the parent applies to every reply, and the in-process and
+    OpenEnv handles to theirs. No side effect: the same values give the same answer, and a fault
+    is a FaultError naming its kind, never a kill."""
+    long = "o" * (sandbox.OBS_CAP + 7)
+    assert sandbox.check_reset(long, {"k": ["v"]}) == ("o" * sandbox.OBS_CAP, {"k": ["v"]})
+    out = sandbox.check_step("o", 1, True, False, {})
+    assert out == ("o", 1.0, True, False, {}) and type(out[1]) is float
+    assert sandbox.check_step("o", -10, False, True, {})[1] == -10.0          # the bounds pass
+    bad = [
+        (("a\x00b", 0.0, False, False, {}), "invalid_observation", "observation: contains NUL"),
+        ((b"o", 0.0, False, False, {}), "invalid_observation", "observation: is not a str"),
+        (("o", 0.0, False, False, []), "invalid_result", "info: is not a dict"),
+        (("o", 0.0, False, False, {"k": "\udc80"}), "invalid_result", "info: lone surrogate"),
+        (("o", 10.5, False, False, {}), "invalid_reward", "reward 10.5 is not in [-10, 10]"),
+        (("o", True, False, False, {}), "invalid_reward", "reward True is not in [-10, 10]"),
+        (("o", 0.0, 1, False, {}), "invalid_result", "terminated/truncated are not bools"),
+        # The observation is checked first, then the info, then the reward and flags.
+        (("a\x00", 11.0, 1, False, []), "invalid_observation", "observation: contains NUL"),
+    ]
+    for args, kind, message in bad * 2:
+        with pytest.raises(sandbox.FaultError) as e:
+            sandbox.check_step(*args)
+        assert (e.value.kind, e.value.message) == (kind, message)
+    with pytest.raises(sandbox.FaultError, match="info: is not a dict"):
+        sandbox.check_reset("o", None)
+
+
+def test_fault_of_builds_every_fault_result():
+    """Fault.of: the error observation as the result's items, the kind under `kind` and under the
+    `fault` attribute every reader tests, the message shortened and printable."""
+    f = sandbox.Fault.of("timeout", "no reply \x1b[2J" + "x" * 400, step=True)
+    message = "no reply ?[2J" + "x" * (300 - len("no reply ?[2J"))
+    assert f == (f"[environment error: timeout] {message}", 0.0, True, False, {})
+    assert (f.kind, f.fault, f.message) == ("timeout", "timeout", message)
+    r = sandbox.Fault.of("reset_error", "m", step=False)
+    assert r == ("[environment error: reset_error] m", {}) and err(r) == "reset_error"
+    assert err(("o", {})) is None and err(("o", 0.0, True, False, {})) is None
+
+
 # ------------------------------------------------------------------- 5. the protocol cannot be hijacked
 def test_forged_extra_reply_line_kills_worker(sb):
     need(sb, "uid")                                                    # the late forger is a thread
@@ -933,6 +973,24 @@ def test_dead_zygote_is_restarted_and_infra_faults_raise(monkeypatch):
     with pytest.raises(SandboxInfraError):
         s.validate(HONEST)
     s.close()
+
+
+def test_a_worker_that_fails_its_set_up_is_the_sandboxs_fault():
+    """A worker gone before its set-up's WORKER_READY (here: it lacks a layer the sandbox requires,
+    so it fails closed) is a failure of the sandbox: SandboxInfraError, never an environment fault,
+    and the handle raises it again until a new episode gets a fresh worker."""
+    with Sandbox(workers=1, numpy=False, pool=0) as s:
+        h = s.open(HONEST)
+        h.reset(seed=0)
+        h.step("\\boxed{1}")                                          # the next episode: a new worker
+        s._required = [*s._required, "no_such_layer"]
+        with pytest.raises(SandboxInfraError, match="worker set-up failed"):
+            h.reset(seed=0)
+        with pytest.raises(SandboxInfraError, match="worker set-up failed"):
+            h.step("\\boxed{1}")
+        s._required = s._required[:-1]
+        assert h.reset(seed=0)[0].startswith("Guess my number")
+        h.close()
 
 
 # ------------------------------------ every episode starts from a freshly executed module (exact replay)

@@ -120,11 +120,11 @@ def replay(sb, source: str, setting: str, seed: int, actions: list[str]) -> dict
         result = h.reset(seed)
         obs, steps = result[0], []
         for a in actions:
-            if isinstance(result, sandbox.Fault):
+            if agent.fault(result) is not None:
                 return None
             result = h.step(a)
             steps.append(list(result[:4]))
-        return None if isinstance(result, sandbox.Fault) else {
+        return None if agent.fault(result) is not None else {
             "seed": seed, "actions": actions, "reset": obs, "steps": steps}
     finally:
         h.close()
@@ -176,8 +176,8 @@ def entry(sb, run: dict, e: dict, package: str, setting: str) -> tuple[dict, lis
         first = h.reset(0)
     finally:
         h.close()
-    if isinstance(first, sandbox.Fault):
-        raise LeftOut(f"reset(seed=0): {first.fault}")
+    if (kind := agent.fault(first)) is not None:
+        raise LeftOut(f"reset(seed=0): {kind}")
     first = first[0]
     plays = report.read_transcripts(run, e["step"], {e["env_id"]}).get(str(e["env_id"]), [])
     replays, bad = check_plays(sb, e, plays, setting)

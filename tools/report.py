@@ -275,11 +275,15 @@ def series(rows: list[dict], key: str | None) -> tuple[list[int], list[float]]:
 def svg(fig, name: str) -> str:
     """The figure as an <svg> element: text stays text, ids are unique per chart."""
     import matplotlib
+    fit_left_margin(fig)
     buf = io.StringIO()
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": name}):
         fig.savefig(buf, format="svg", metadata={"Date": None})
     text = buf.getvalue()
     return text[text.index("<svg"):]
+
+
+LEFT = 0.1  # the left margin (a share of the figure's width) when the y labels fit in it
 
 
 def new_axes(title: str):
@@ -288,14 +292,42 @@ def new_axes(title: str):
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
     fig = Figure(figsize=(5.0, 2.5), dpi=72)
-    fig.subplots_adjust(left=0.1, right=0.98, bottom=0.17, top=0.86)  # fixed: no layout pass
+    fig.subplots_adjust(left=LEFT, right=0.98, bottom=0.17, top=0.86)  # no layout pass
     ax = fig.add_subplot()
     ax.set_title(title, fontsize=10, loc="left")
     ax.set_xlabel("step", fontsize=8)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    # Labels are the values themselves: matplotlib's default labels values near a large constant
+    # by an offset in the axis corner ("+1.205e3" over 0.01, 0.02), and small ones by a multiplier.
+    ax.ticklabel_format(style="plain", useOffset=False)
     ax.tick_params(labelsize=8)
     ax.grid(alpha=0.3)
     return fig, ax
+
+
+def fit_axes(ax, steps: list[int], values: list[float] | None) -> None:
+    """Axes that read sensibly for one step of data. One step is one tick, the point or bar in
+    the middle (MaxNLocator finds one whole step in the view and falls back to -0.04..0.04, or
+    -0.4..0.4 under a bar). `values` with no spread (one point, a constant) get the y range 0 to
+    twice their value, or -1..1 around 0, where matplotlib draws +-5 % of the value around it
+    (0.000447..0.000494 for a single 0.00047) and ticks that read as a trend. None: y is set."""
+    if len(set(steps)) == 1:
+        ax.set_xlim(steps[0] - 1, steps[0] + 1)
+        ax.set_xticks([steps[0]])
+    if values and math.isclose(min(values), max(values), rel_tol=1e-9):  # 1.0, 0.9999999999
+        value = max(values)
+        ax.set_ylim(*sorted((0.0, 2 * value)) if value else (-1.0, 1.0))
+
+
+def fit_left_margin(fig) -> None:
+    """Widen the left margin to the widest y label: labels are whole values (0.00050, 1205.020),
+    and a fixed margin cut their first digits (0.00050 read ".00050"). Measured with Agg: the
+    page's SVG text is set in the same font (DejaVu Sans, matplotlib's)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    for ax in fig.axes:
+        labels = ax.get_window_extent(renderer).x0 - ax.yaxis.get_tightbbox(renderer).x0
+        fig.subplots_adjust(left=max(LEFT, (labels + 4) / fig.bbox.width))  # 4 px clear
 
 
 def legend(ax) -> None:
@@ -306,7 +338,7 @@ def legend(ax) -> None:
 
 def line_chart(rows: list[dict], title: str, lines, ylim) -> str:
     fig, ax = new_axes(title)
-    drawn = []
+    drawn, steps, values = [], [], []
     for label, key in lines:
         found = find_key(rows, key)
         xs, ys = series(rows, found)
@@ -314,6 +346,8 @@ def line_chart(rows: list[dict], title: str, lines, ylim) -> str:
             ax.plot(xs, ys, marker="o" if len(xs) < 40 else None, markersize=3, linewidth=1.2,
                     label=label)
             drawn.append(found)
+            steps, values = steps + xs, values + ys
+    fit_axes(ax, steps, None if ylim else values)
     if ylim:
         ax.set_ylim(*ylim)
     if len(lines) > 1 and drawn:
@@ -332,6 +366,8 @@ def bar_chart(title: str, steps: list[int], stacks: dict[str, list[float]], sour
     for label, vals in stacks.items():
         ax.bar(steps, vals, bottom=bottom, width=width, label=label)
         bottom = [b + v for b, v in zip(bottom, vals)]
+    fit_axes(ax, steps, None)
+    ax.set_ylim(0, max(bottom, default=0) * 1.05 or 1)  # bars stand on 0; no bars: 0..1
     if stacks:
         legend(ax)
     else:

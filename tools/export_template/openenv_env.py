@@ -20,7 +20,7 @@ refused with an error frame (a non-string: openenv's VALIDATION_ERROR; the rest:
 saying why), and the session and its episode go on. Observations: `text` (at most
 sandbox.OBS_CAP characters), reward, done = terminated or truncated, `terminated`, `truncated`,
 `env_id` (the manifest's id). A fault of the environment's code (a timeout, an exception, a
-malformed result: sandbox.FAILURES) ends the episode with done, reward 0.0 and `error` naming the
+malformed result: sandbox.FAULT_KINDS) ends the episode with done, reward 0.0 and `error` naming the
 kind; reset() starts a fresh episode.
 
 What the server holds to against its clients (`Guard`, in front of openenv's app):
@@ -106,7 +106,7 @@ class SpadeObservation(Observation):
     terminated: bool = False
     truncated: bool = False
     env_id: str = Field(default="", description="the manifest's id of the environment")
-    error: Optional[str] = Field(default=None, description="a fault's kind (sandbox.FAILURES)")
+    error: Optional[str] = Field(default=None, description="a fault's kind (sandbox.FAULT_KINDS)")
 
 
 class SpadeState(State):

@@ -30,7 +30,7 @@ _LOCK = threading.Lock()
 
 
 class EnvironmentFault(RuntimeError):
-    """The environment's code failed: `kind` is one of sandbox.FAILURES (timeout, step_error,
+    """The environment's code failed: `kind` is one of sandbox.FAULT_KINDS (timeout, step_error,
     memory_limit, invalid_observation, ...). Its episode is over; reset() starts a new one."""
 
     def __init__(self, env_id: str, kind: str, message: str):
@@ -116,8 +116,8 @@ class SandboxedEnv:
 
     def _check(self, result: tuple) -> tuple:
         """The result, or EnvironmentFault for a fault. The sandbox marks a fault on the result
-        object (sandbox.Fault), as in training, never in the info: an environment's own info
-        ("error" keys included) is its data and comes back as it wrote it."""
-        if isinstance(result, sandbox.Fault):
-            raise EnvironmentFault(self.env_id, result.fault, result.message)
+        object (a sandbox.Fault, its `fault` attribute the kind), as in training, never in the
+        info: an environment's own info ("error" keys included) comes back as it wrote it."""
+        if (kind := getattr(result, "fault", None)) is not None:
+            raise EnvironmentFault(self.env_id, kind, result.message)
         return tuple(result)
