@@ -29,7 +29,8 @@ Deviations (README, "Deviations", has the reasons):
   3. The last epoch's designer samples are trained at the final step (authors: in effect never;
      their final flush runs only if the last step itself has designer samples).
   4. Every sampling request's seed derives from (seed, step, phase, turn or attempt) and its
-     episode or slot, and the corpus sampler is checkpointed, so a resumed run replays exactly.
+     episode or slot, and the corpus sampler is checkpointed, so a resumed run replays exactly
+     on CPU (on GPUs vLLM's logits follow its batches: docs/gpu.md, "No turn barrier").
   5. Hinted plays (so regret and hints) only for freshly designed environments; a hint still
      empty after designer.HINT_ATTEMPTS requests: regret 0 (and, as the authors', r_hint 0).
   6. The N slots are split over the ranks, so each GRPO group stays on one rank; one vLLM
@@ -165,7 +166,8 @@ def train(margs, sargs, oargs, rargs, *, sb) -> Path:
     draws = baseline.fixed_draws(sargs, sb, run.rank, run.world)  # its static pool's draws
     for step in run.steps(st.step, sb.level):
         m, times, logs, ended = {}, {}, [], []
-        run.offload.offload()  # INFRA: --offload_trainer: trainer state to host RAM for rollouts
+        run.offload.offload()  # INFRA: --offload_trainer: trainer state to host RAM for rollouts,
+        run.engine.wake()  # INFRA: then vLLM's KV cache back (released since the last update)
         regen = step % sargs.regen_interval == 0 and not fixed
         last = step + 1 == sargs.steps
         if draws:
@@ -198,13 +200,13 @@ def train(margs, sargs, oargs, rargs, *, sb) -> Path:
             m.update(dm)
         # ALGO: 5. one GRPO update over both roles
         phase("update", times)
-        run.engine.sleep()  # INFRA: colocated vLLM frees its memory for training; sync wakes it
+        run.engine.sleep()  # INFRA: colocated vLLM frees its weights and KV cache for training
         run.offload.reload(optimizer=False)  # INFRA: the AdamW moments come back at its step
         m.update(grpo_update(run.model, run.ref_model, run.optimizer, run.scheduler,
                              run.accelerator, samples, pad_id=run.tokenizer.pad_token_id,
                              temperatures=run.temperatures, oargs=oargs, margs=margs))
         run.offload.reload()  # INFRA: an update without samples never called the optimizer
-        # ALGO: 6. weight sync into the rollout engine
+        # ALGO: 6. weight sync into the rollout engine (INFRA: its weights wake, its KV cache not)
         phase("sync", times)
         run.engine.sync_weights(run.accelerator.unwrap_model(run.model))
         # ALGO: 7. memory update: a record for every freshly designed environment

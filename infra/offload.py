@@ -4,16 +4,28 @@ vLLM generates, and come back for the update (infrastructure, none of it the pap
 Colocated GRPO holds two copies of the policy on each GPU: the trainer's (fp32 master shards,
 AdamW's two moments: 12 bytes per parameter over the FSDP2 shards) and vLLM's (bf16 weights and
 the KV cache). Nothing reads the trainer's copy between the weight sync and the next update, so
-`offload()` copies every tensor storage behind it into host buffers and resizes the storage to
-zero (the GPU memory returns to the caching allocator, so vLLM's KV cache can use it), and
-`reload()` grows the storages back and copies the bytes in. The tensors themselves (parameters,
-optimizer state, FSDP2's sharded DTensors) stay the same Python objects, so the optimizer, FSDP2
-and the checkpointing code never notice. This is what verl (`param_offload`, `optimizer_offload`)
-and slime (`offload_train`) do for the same reason; at Qwen3-30B-A3B on 8 GPUs it frees 42.6 GiB
-per GPU (`python train.py --preflight` prints the phases with and without it).
+`offload()` copies every tensor storage behind it into host RAM and resizes the storage to zero,
+and `reload()` grows the storages back and copies the bytes in. The tensors themselves
+(parameters, optimizer state, FSDP2's sharded DTensors) stay the same Python objects, so the
+optimizer, FSDP2 and the checkpointing code never notice. This is what verl (`param_offload`,
+`optimizer_offload`) and slime (`offload_train`) do for the same reason; at Qwen3-30B-A3B on 8
+GPUs it frees 42.6 GiB per GPU (`python train.py --preflight` prints the phases with and
+without it).
 
-Deviations: none from the paper (it does not say where its trainer state lives). Host buffers
-are pinned on CUDA (page-locked: copies at PCIe speed without a staging copy) and allocated once.
+What the freed memory can serve depends on the caller's order. vLLM's KV cache is a pool of its
+own (cuMemCreate under sleep mode), not torch's caching allocator: storage freed here stays in
+torch's cache until `torch.cuda.empty_cache()`, which offload() calls, and it helps the KV cache
+only if the KV cache is mapped after the offload. So train.py wakes vLLM's weights for the sync
+while the trainer's state is on the device, offloads at the next step's start, and only then
+maps the KV cache (engine.VLLMEngine.wake); the resume loads the optimizer state while vLLM
+sleeps. `resident()` says where the state is at any moment (tests/test_memory_order.py replays
+the loop's order on a ledger of device memory with it).
+
+Deviations: none from the paper (it does not say where its trainer state lives). The host copies
+live in one arena per process holding exactly their bytes (each storage's slot on an ALIGN
+boundary), allocated when the set of storages changes (the moments appear at the first optimizer
+step), pinned on CUDA by registering its pages with the driver (cudaHostRegister): torch's pinned
+allocator would round each buffer up to a power of two (a 192 MiB expert shard takes 256 MiB).
 Bench: `python bench/offload.py` (round trip GB/s against a plain copy of the same bytes).
 Dependencies: torch only. Test: `pytest tests/test_offload.py`.
 """
@@ -21,10 +33,42 @@ from __future__ import annotations
 
 import torch
 
+ALIGN = 512  # bytes: each storage's slot in the arena starts on this boundary
+
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     """The tensor that owns memory on this rank (an FSDP2 DTensor's local shard, else itself)."""
     return t.to_local() if hasattr(t, "to_local") else t
+
+
+def arena_layout(sizes: list[int], align: int = ALIGN) -> tuple[list[int], int]:
+    """(each storage's offset, the arena's bytes) for storages of `sizes` bytes packed in one
+    host arena: slots in order, each starting on an `align` boundary."""
+    offsets, total = [], 0
+    for n in sizes:
+        offsets.append(total)
+        total += -(-n // align) * align
+    return offsets, total
+
+
+def pin(buffer: torch.Tensor) -> None:
+    """Page-lock a CPU tensor's memory in place, exactly its bytes, so copies to and from the GPU
+    run at PCIe speed without a staging copy (unpin() undoes it)."""
+    err = int(torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), buffer.nbytes, 0))
+    if err:
+        raise RuntimeError(f"cudaHostRegister of the {buffer.nbytes:,}-byte offload arena failed "
+                           f"(CUDA error {err})")
+
+
+def unpin(buffer: torch.Tensor) -> None:
+    torch.cuda.cudart().cudaHostUnregister(buffer.data_ptr())
+
+
+def release_cached(device: torch.device) -> None:
+    """Give the memory that resize_(0) freed back to the driver: torch keeps it cached, where
+    vLLM's KV cache (its own cuMemCreate pool) cannot map it."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 class TrainerOffload:
@@ -38,62 +82,100 @@ class TrainerOffload:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
                  enabled: bool = True):
         self.model, self.optimizer, self.enabled = model, optimizer, enabled
-        # id of the first tensor (a parameter or a state tensor: objects that live as long as
-        # the run) using a storage -> that storage's bytes in host RAM, allocated once
-        self.host: dict[int, torch.Tensor] = {}
-        self.away: list[tuple[torch.UntypedStorage, int, int]] = []  # (storage, bytes, key)
+        # the host copies: one buffer laid out (arena_layout) for storages of `sizes` bytes
+        self.arena: torch.Tensor | None = None
+        self.sizes: list[int] = []
+        self.offsets: list[int] = []
+        self.pinned = False
+        self.away: list[tuple[torch.UntypedStorage, int, int, bool]] = []  # (.., bytes, at, param)
         if enabled:  # whatever is still away comes back before the step reads it
             inner = getattr(optimizer, "optimizer", optimizer)  # Accelerate's wrapper holds it
             inner.register_step_pre_hook(self._before_step)
 
-    def _storages(self) -> list[tuple[torch.UntypedStorage, int]]:
-        """(storage, key) of each distinct non-empty storage behind the parameters and the
-        optimizer state (one shared by several views, as FSDP2's padded shards, is listed once)."""
-        tensors = list(self.model.parameters())
-        tensors += [v for state in self.optimizer.state.values() for v in state.values()
-                    if isinstance(v, torch.Tensor)]
+    def _state(self) -> dict[str, list[torch.Tensor]]:
+        """The tensors behind the trainer's state, by kind (resident() names the kinds)."""
+        params = list(self.model.parameters())
+        return {"params": params, "grads": [p.grad for p in params if p.grad is not None],
+                "moments": [v for state in self.optimizer.state.values() for v in state.values()
+                            if isinstance(v, torch.Tensor)]}
+
+    def _storages(self) -> list[tuple[torch.UntypedStorage, bool]]:
+        """(storage, is a parameter's) of each distinct non-empty storage behind the parameters
+        and the optimizer state (one shared by several views, as FSDP2's padded shards, is listed
+        once), parameters first."""
+        state = self._state()
         seen, out = set(), []
-        for t in tensors:
-            storage = _local(t).untyped_storage()
-            if storage.nbytes() and storage.data_ptr() not in seen:
-                seen.add(storage.data_ptr())
-                out.append((storage, id(t)))
+        for is_param, tensors in ((True, state["params"]), (False, state["moments"])):
+            for t in tensors:
+                local = _local(t)
+                if not local.untyped_storage().resizable():  # torch.load's (a resume on CPU)
+                    with torch.no_grad():
+                        local.set_(local.clone())  # the same tensor, on storage of its own
+                storage = local.untyped_storage()
+                if storage.nbytes() and storage.data_ptr() not in seen:
+                    seen.add(storage.data_ptr())
+                    out.append((storage, is_param))
+        return out
+
+    def resident(self) -> dict[str, int]:
+        """Bytes of the trainer's state on its device now, by kind: "params", "grads" (from a
+        backward until the optimizer step's zero_grad) and "moments" (the optimizer's state),
+        each storage counted once. Works disabled too (then everything stays resident)."""
+        seen, out = set(), {}
+        for kind, tensors in self._state().items():
+            out[kind] = 0
+            for t in tensors:
+                storage = _local(t).untyped_storage()
+                if storage.nbytes() and storage.data_ptr() not in seen:
+                    seen.add(storage.data_ptr())
+                    out[kind] += storage.nbytes()
         return out
 
     def _before_step(self, *_) -> None:
         self.reload()
 
+    def _arena_for(self, sizes: list[int], device: torch.device) -> list[int]:
+        """The arena's offsets for storages of `sizes` bytes, a new arena if they changed."""
+        if sizes != self.sizes:
+            if self.pinned:
+                unpin(self.arena)
+            self.arena = None  # the old arena is freed before the new one is allocated
+            self.offsets, total = arena_layout(sizes)
+            self.arena = torch.empty(total, dtype=torch.uint8)
+            self.pinned = device.type == "cuda"
+            if self.pinned:
+                pin(self.arena)
+            self.sizes = sizes
+        return self.offsets
+
     def offload(self) -> int:
         """Move the trainer's state to host RAM; returns the bytes freed on the device."""
         if not self.enabled or self.away:
             return 0
-        for storage, key in self._storages():
-            n, dev = storage.nbytes(), storage.device
-            view = torch.empty(0, dtype=torch.uint8, device=dev).set_(storage)   # (n,) bytes
-            if key not in self.host or self.host[key].numel() != n:
-                self.host[key] = torch.empty(n, dtype=torch.uint8,
-                                             pin_memory=dev.type == "cuda")
-            self.host[key].copy_(view, non_blocking=dev.type == "cuda")
-            self.away.append((storage, n, key))
-        if self.away and self.away[0][0].device.type == "cuda":
+        storages = self._storages()
+        if not storages:
+            return 0
+        sizes, device = [s.nbytes() for s, _ in storages], storages[0][0].device
+        for (storage, is_param), n, at in zip(storages, sizes, self._arena_for(sizes, device)):
+            view = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)  # (n,)
+            self.arena[at:at + n].copy_(view, non_blocking=storage.device.type == "cuda")
+            self.away.append((storage, n, at, is_param))
+        if device.type == "cuda":
             torch.cuda.synchronize()  # every copy landed before the memory is given back
-        for storage, _, _ in self.away:
+        for storage, *_ in self.away:
             storage.resize_(0)
-        return sum(n for _, n, _ in self.away)
+        release_cached(device)
+        return sum(n for _, n, _, _ in self.away)
 
     def reload(self, optimizer: bool = True) -> int:
         """Bring the trainer's state (without `optimizer`: its parameters only) back to its
         device; returns the bytes restored."""
-        params = {id(p) for p in self.model.parameters()}
-        keep = [not optimizer and a[2] not in params for a in self.away]
-        back = [a for a, k in zip(self.away, keep) if not k]
-        self.away = [a for a, k in zip(self.away, keep) if k]
-        restored = 0
-        for storage, n, key in back:
+        back = [a for a in self.away if optimizer or a[3]]
+        self.away = [a for a in self.away if not (optimizer or a[3])]
+        for storage, n, at, _ in back:
             storage.resize_(n)
             view = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
-            view.copy_(self.host[key], non_blocking=storage.device.type == "cuda")
-            restored += n
+            view.copy_(self.arena[at:at + n], non_blocking=storage.device.type == "cuda")
         if back and back[0][0].device.type == "cuda":
             torch.cuda.synchronize()
-        return restored
+        return sum(n for _, n, _, _ in back)

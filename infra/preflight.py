@@ -16,25 +16,39 @@ starts: the micro-batch is measured as a later micro-batch of a step sees it.
 
 What is computed, printed with its inputs: vLLM's share (weights / TP, an activation-profile
 estimate for its batch limits, the KV cache left and its tokens per TP group against the run's
-demand), the CUDA context and NCCL communicators (an estimate), host RAM.
+demand), what vLLM keeps on the GPU asleep, the CUDA context and NCCL communicators (estimates),
+host RAM.
 
-Phases, GiB per GPU (a phase fits below FIT_SHARE of the card: allocator fragmentation):
-    rollout  = trainer state between updates (with --offload_trainer only the KL reference,
-               which stays) + context + util x card
-    update   = the measured forward/backward peak + context (vLLM asleep; with --offload_trainer
+Phases, GiB per GPU, in the order train.py runs them (a phase fits below FIT_SHARE of the card:
+allocator fragmentation); `between` is the trainer's state between updates (fp32 shards, AdamW
+moments, the bf16 KL reference), with --offload_trainer only what offload.py leaves (the
+reference, buffers):
+    start-up = fp32 parameter shards + KL reference + context + util x card (vLLM starts beside
+               them and refuses to start above the card)
+    rollout  = between + context + util x card
+    kv wake  = the moment vLLM maps its KV cache again (engine.wake, at a step's start, after the
+               offload): the rollout's footprint, its own line because an order that left the
+               trainer's state on the device would fail here (cuMemCreate)
+    update   = the measured forward/backward peak + context + vLLM asleep (with --offload_trainer
                less the AdamW moments, which come back only for the optimizer step)
-    step     = the measured optimizer-step peak + context
-    sync     = trainer state + vLLM's weights + the largest layer's full bf16 tensors + context
-    start-up = fp32 parameter shards + context + util x card (vLLM refuses to start above the card)
+    step     = the measured optimizer-step peak + context + vLLM asleep
+    sync     = trainer state + vLLM's weights and CUDA graphs (they wake together) + vLLM asleep +
+               the largest layer's full bf16 tensors + context; the KV cache stays released
+    vLLM asleep = the model runner's persistent buffers (the CUDA graphs wait in host RAM,
+               sleep_mode_offload_cudagraph; the NCCL communicators are in the context)
+    context  = the CUDA context + NCCL_GIB per NCCL communicator (communicators())
+tests/test_memory_order.py runs train.py's loop on a ledger of these pools and checks that these
+phases are its timeline's maxima.
 
 Deviations from a real GPU run (numbered):
-  1. MoE routing runs evenly (every expert gets T * k / E tokens): top-k routing has
+  1. MoE routing runs evenly (every expert T * k / E tokens): top-k routing has
      data-dependent shapes that fake tensors cannot follow; the output says so.
   2. Values read back to Python from fake tensors (loss statistics, the gradient norm) read 1;
      the memory does not depend on them. Boolean masks from real inputs stay exact.
   3. Every token of the measured micro-batch is a completion token (an upper bound on the head).
-  4. Not modelled: the caching allocator's fragmentation (hence FIT_SHARE), CUDA graphs and
-     vLLM's non-torch memory beyond the constants below.
+  4. Not modelled: the caching allocator's fragmentation (hence FIT_SHARE); CUDA graphs, NCCL and
+     vLLM's non-torch memory are the estimates below, not measurements; vLLM's scratch workspace
+     (inside its profile) is not counted at the sync.
 Validation: the 4B/H200 figure of tests/test_preflight.py (75.3 GiB measured once on an H200).
 Dependencies: torch, transformers. Test: `pytest tests/test_preflight.py`.
 """
@@ -50,9 +64,14 @@ import torch
 GIB = 2 ** 30
 CARDS = {"h100-80gb": 79.6, "h200-141gb": 140.4}  # GiB as CUDA reports them
 FIT_SHARE = 0.95
-CONTEXT_GIB = {1: 1.0, "multi": 2.5}  # CUDA context (+ NCCL communicators over several GPUs)
+CUDA_CONTEXT_GIB = 1.0  # one process's CUDA context, kernels and library workspaces (estimate)
+# One NCCL communicator's device buffers on an NVLink node (estimate; reported: 1.6 GB after one
+# all-reduce, NVIDIA/nccl#864; 0.54-0.69 GB per group on 4 A100s, nccl#964; 1.06 GB on 8 H100s
+# before any all-to-all, nccl#1685); vLLM's custom all-reduce buffers (3 x 8 MiB) ride on it.
+NCCL_GIB = 1.0
 VLLM_GRAPHS_GIB = 1.0  # vLLM's CUDA graphs and non-torch memory (estimate)
 MAX_NUM_BATCHED_TOKENS = 8192  # vLLM's prefill chunk: its profile follows it
+KV_BLOCK = 16  # vLLM's KV block size in tokens: its block table holds ceil(len / 16) per sequence
 
 
 def card_gib(gpu: str) -> float:
@@ -241,9 +260,14 @@ def measure_trainer(config, *, world: int, seqs: int, seq_len: int, update, kl: 
              for layer in model.get_decoder().layers]
     units += [m.weight.numel() for m in (model.get_input_embeddings(),
                                          model.get_output_embeddings())]
-    ref_gib = sum(_local(p).numel() * p.element_size() for p in ref.parameters()) / GIB \
-        if kl else 0.0  # its bf16 shards: offload.py leaves the reference where it is
-    return {**peaks, "params": params, "largest_unit": 2 * max(units) / GIB, "ref": ref_gib}
+    # this rank's shards (the trackers file the reference's under different kinds): the policy's
+    # fp32 ones, which offload.py moves, and the reference's bf16 ones, which it leaves
+    return {**peaks, "params": params, "largest_unit": 2 * max(units) / GIB,
+            "policy": _shard_gib(model), "ref": _shard_gib(ref) if kl else 0.0}
+
+
+def _shard_gib(model) -> float:
+    return sum(_local(p).numel() * p.element_size() for p in model.parameters()) / GIB
 
 
 def _local(t):
@@ -255,12 +279,13 @@ def _local(t):
 
 
 def vllm_share(config, *, params: int, tp: int, util: float, card: float, max_num_seqs: int,
-               max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS) -> dict:
+               max_model_len: int, max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS) -> dict:
     """GiB per GPU inside vLLM's util x card (`params`: the model's parameter count, as
     measure_trainer counts it): bf16 weights / TP, the activation profile of one
-    max_num_batched_tokens forward plus the sampler's fp32 logits for max_num_seqs rows (an
-    estimate of vLLM's profile run), graphs, and the KV cache left, in tokens per TP group (each
-    rank holds its heads' share of every token; KV heads replicate when TP exceeds them)."""
+    max_num_batched_tokens forward plus the sampler's fp32 (B, V) tensors for max_num_seqs rows
+    (an estimate of vLLM's profile run), graphs, the model runner's persistent buffers (what stays
+    while vLLM sleeps: `asleep`), and the KV cache left, in tokens per TP group (each rank holds
+    its heads' share of every token; KV heads replicate when TP exceeds them)."""
     H, V, L = config.hidden_size, config.vocab_size, config.num_hidden_layers
     hd = getattr(config, "head_dim", None) or H // config.num_attention_heads
     heads, kv = config.num_attention_heads, config.num_key_value_heads
@@ -268,32 +293,71 @@ def vllm_share(config, *, params: int, tp: int, util: float, card: float, max_nu
     inter = experts_k * config.moe_intermediate_size if experts_k else config.intermediate_size
     weights = 2 * params / tp / GIB
     per_token = 2 * (8 * H + (heads + 2 * kv) * hd / tp + 4 * inter / tp)      # bf16 bytes
-    profile = (max_num_batched_tokens * per_token + 2 * 4 * max_num_seqs * V) / GIB
+    # alive together in the sampler: the logits, the processed log-probs' log_softmax, the
+    # probabilities and the exponential noise, each (B, V) fp32
+    sampler = 4 * 4 * max_num_seqs * V
+    profile = (max_num_batched_tokens * per_token + sampler) / GIB
+    # outside every sleep pool: the input embeddings (bf16) and the block table (int32)
+    asleep = (max_num_batched_tokens * H * 2 +
+              max_num_seqs * -(-max_model_len // KV_BLOCK) * 4) / GIB
     kv_token = 2 * L * max(1, kv // tp) * hd * 2                               # K and V, bf16
-    kv_gib = util * card - weights - profile - VLLM_GRAPHS_GIB
+    kv_gib = util * card - weights - profile - VLLM_GRAPHS_GIB - asleep
     return {"share": util * card, "weights": weights, "profile": profile,
-            "graphs": VLLM_GRAPHS_GIB, "kv": kv_gib, "kv_token_bytes": kv_token,
+            "graphs": VLLM_GRAPHS_GIB, "asleep": asleep, "kv": kv_gib, "kv_token_bytes": kv_token,
             "kv_tokens": max(0, int(kv_gib * GIB / kv_token))}
+
+
+def communicators(world: int, tp: int) -> list[str]:
+    """The NCCL communicators each rank holds for the whole run (sleep frees none): Accelerate's
+    world group (FSDP2's all-gathers) over several GPUs, and under tensor parallelism vLLM's TP
+    device group and its PyNccl communicator. The project's own TP exchange runs on gloo."""
+    return ((["Accelerate's world group"] if world > 1 else []) +
+            (["vLLM's TP device group", "vLLM's PyNccl"] if tp > 1 else []))
+
+
+def context_gib(world: int, tp: int) -> float:
+    """The CUDA context + NCCL_GIB per communicator, GiB per GPU."""
+    return CUDA_CONTEXT_GIB + NCCL_GIB * len(communicators(world, tp))
+
+
+def _kind(snapshot: dict, *names: str) -> float:
+    """GiB of one kind in a tracker snapshot (FSDPMemTracker and MemTracker name kinds apart)."""
+    return next((snapshot[n] for n in names if n in snapshot), 0.0)
 
 
 def _moments(trainer: dict) -> float:
     """GiB of optimizer state at the update's peak (the two trackers spell the kind apart)."""
-    return trainer["update"].get("OptState", trainer["update"].get("Optstate", 0.0))
+    return _kind(trainer["update"], "OptState", "Optstate")
 
 
-def phases(trainer: dict, vllm: dict, *, world: int, card: float, offload: bool) -> dict:
+def state_kinds(trainer: dict) -> dict:
+    """GiB per GPU of the trainer's state by kind, as offload.py moves it: `params` (the
+    policy's fp32 shards), `moments` (AdamW's), `grads` (at the update's peak), `fixed` (what
+    stays: the KL reference, buffers), and what each pass adds beyond the state: `update`
+    (activations, FSDP2's buffers) and `step` (the optimizer's temporaries)."""
+    held, update, step = trainer["held"], trainer["update"], trainer["step"]
+    params, moments = trainer["policy"], _kind(held, "OptState", "Optstate")
+    grads = _kind(update, "Sharded Grad", "Gradient")
+    return {"params": params, "moments": moments, "grads": grads,
+            "fixed": held["Total"] - params - moments,
+            "update": update["Total"] - held["Total"] - grads,
+            "step": step["Total"] - held["Total"] - _kind(step, "Sharded Grad", "Gradient")}
+
+
+def phases(trainer: dict, vllm: dict, *, world: int, tp: int, card: float,
+           offload: bool) -> dict:
     """GiB per GPU of each phase (module docstring) from the measured trainer and vLLM's share."""
-    ctx = CONTEXT_GIB[1] if world == 1 else CONTEXT_GIB["multi"]
+    ctx, kinds = context_gib(world, tp), state_kinds(trainer)
     held = trainer["held"]["Total"]
-    fp32_params = 4 * trainer["params"] / world / GIB
+    rollout = (kinds["fixed"] if offload else held) + ctx + vllm["share"]
     # offloaded, the AdamW moments return at the optimizer step (offload.py), so the forward and
     # backward peak loses them: they are constant over the pass, so subtracting them is exact
-    moments = _moments(trainer)
-    return {"rollout": (trainer["ref"] if offload else held) + ctx + vllm["share"],
-            "update": trainer["update"]["Total"] - (moments if offload else 0.0) + ctx,
-            "step": trainer["step"]["Total"] + ctx,
-            "sync": held + vllm["weights"] + trainer["largest_unit"] + ctx,
-            "start-up": fp32_params + ctx + vllm["share"], "context": ctx}
+    update = trainer["update"]["Total"] - (kinds["moments"] if offload else 0.0)
+    return {"start-up": held - kinds["moments"] + ctx + vllm["share"], "rollout": rollout,
+            "kv wake": rollout, "update": update + ctx + vllm["asleep"],
+            "step": trainer["step"]["Total"] + ctx + vllm["asleep"],
+            "sync": held + vllm["weights"] + vllm["graphs"] + vllm["asleep"] +
+            trainer["largest_unit"] + ctx, "context": ctx}
 
 
 def verdict(ph: dict, vllm: dict, *, card: float, util: float, offload: bool, moments: float,
@@ -301,7 +365,7 @@ def verdict(ph: dict, vllm: dict, *, card: float, util: float, offload: bool, mo
     """(fits, the one change that makes it fit or why none does); `moments`: GiB of the AdamW
     moments, which --offload_trainer keeps off the device until the optimizer step."""
     limit = FIT_SHARE * card
-    over = [k for k in ("rollout", "update", "step", "sync") if ph[k] > limit]
+    over = [k for k in ("rollout", "kv wake", "update", "step", "sync") if ph[k] > limit]
     if ph["start-up"] > card:
         over.append("start-up")
     short = vllm["kv_tokens"] < max_model_len  # vLLM refuses a KV cache below one sequence
@@ -313,7 +377,7 @@ def verdict(ph: dict, vllm: dict, *, card: float, util: float, offload: bool, mo
         return False, ("the update does not fit one card whatever vLLM gets: shard it over more "
                        "GPUs (FSDP2) or take a larger card")
     best = max_util(ph, vllm, card=card)
-    kv_need = vllm["weights"] + vllm["profile"] + vllm["graphs"] + \
+    kv_need = vllm["weights"] + vllm["profile"] + vllm["graphs"] + vllm["asleep"] + \
         max_model_len * vllm["kv_token_bytes"] / GIB
     if best * card >= kv_need:
         return False, f"--gpu_memory_utilization {best:.2f}"
@@ -323,9 +387,9 @@ def verdict(ph: dict, vllm: dict, *, card: float, util: float, offload: bool, mo
 
 
 def max_util(ph: dict, vllm: dict, *, card: float) -> float:
-    """The largest --gpu_memory_utilization (2 decimals) the rollout phase and vLLM's start-up
-    leave room for."""
-    room = min(FIT_SHARE * card - (ph["rollout"] - vllm["share"]),
+    """The largest --gpu_memory_utilization (2 decimals) the rollout phase (and the KV wake, its
+    twin) and vLLM's start-up leave room for."""
+    room = min(FIT_SHARE * card - (max(ph["rollout"], ph["kv wake"]) - vllm["share"]),
                card - (ph["start-up"] - vllm["share"]))
     return max(0.0, math.floor(room / card * 100) / 100)
 
@@ -346,8 +410,8 @@ def plan(config, *, world: int, tp: int, card: float, util: float, offload: bool
                                          update=update, kl=kl, checkpointing=checkpointing,
                                          fused=fused)
     vllm = vllm_share(config, params=trainer["params"], tp=tp, util=util, card=card,
-                      max_num_seqs=live_episodes)
-    ph = phases(trainer, vllm, world=world, card=card, offload=offload)
+                      max_num_seqs=live_episodes, max_model_len=max_model_len)
+    ph = phases(trainer, vllm, world=world, tp=tp, card=card, offload=offload)
     fits, change = verdict(ph, vllm, card=card, util=util, offload=offload,
                            moments=_moments(trainer), max_model_len=max_model_len)
     best = max_util(ph, vllm, card=card)
@@ -360,15 +424,24 @@ def plan(config, *, world: int, tp: int, card: float, util: float, offload: bool
 
 def host_ram(params: int, *, world: int, tp: int, sleep_level: int, offload: bool,
              keep: int, kl: bool = False) -> dict:
-    """GB of host RAM per node: the checkpoint load (the main process alone reads it, in fp32,
-    and with a KL term the bf16 reference; the other ranks build on `meta` and Accelerate's
-    FSDP2 prepare fills their shards), the pinned sleep buffers (vLLM level 1 keeps its bf16
-    weights there), the offload buffers (fp32 shards + AdamW moments), and one resumable
+    """GB of host RAM per node (one node of `world` GPUs), each term what a part of the run holds
+    at once: the checkpoint load (the main process alone reads it, in fp32, and with a KL term
+    the bf16 reference; the other ranks build on `meta` and Accelerate's FSDP2 prepare fills
+    their shards); vLLM's sleep backups (level 2: the CUDA graphs, VLLM_GRAPHS_GIB per GPU;
+    level 1: the bf16 weights too), pinned by torch's host allocator, which rounds each buffer up
+    to a power of two (counted at that bound, twice the bytes); the offload arena, pinned at
+    exactly its bytes (offload.py: fp32 shards + AdamW moments, 12 bytes per parameter); an
+    export (the main process: the full fp32 state dict and its bf16 copy); one resumable
     checkpoint (fp32 + AdamW) times --keep_checkpoints."""
+    weights = 2 * params * world / tp if sleep_level == 1 else 0.0  # bf16, every GPU's TP share
     return {"load": (4 + 2 * kl) * params / 1e9,
-            "sleep": 2 * params * world / tp / 1e9 if sleep_level == 1 else 0.0,
+            "sleep": 2 * (VLLM_GRAPHS_GIB * GIB * world + weights) / 1e9,
             "offload": 12 * params / 1e9 if offload else 0.0,
+            "export": (4 + 2) * params / 1e9,
             "checkpoint": 12 * params / 1e9, "checkpoints kept": 12 * params * keep / 1e9}
+
+
+PHASES = ("start-up", "rollout", "kv wake", "update", "step", "sync")  # in the loop's order
 
 
 def report(p: dict, name: str, host: dict) -> str:
@@ -379,16 +452,19 @@ def report(p: dict, name: str, host: dict) -> str:
            f"{p['seq_len']:,} tokens ({p['seconds']:.0f} s)"]
     if p["moe"]:
         out.append("  MoE routing under fake tensors: even (every expert T*k/E tokens)")
-    for k in ("rollout", "update", "step", "sync", "start-up"):
+    for k in PHASES:
         out.append(f"  {k:<9}{ph[k]:7.1f} GiB  {ph[k] / card:4.0%}")
     by = {k: round(val, 1) for k, val in t["update"].items() if val >= 0.05 and k != "Total"}
     out.append(f"  update peak by kind (GiB): {by}")
+    comms = communicators(p["world"], p["tp"])
+    nccl = f" + {len(comms)} NCCL x {NCCL_GIB:.1f} ({', '.join(comms)})" if comms else ""
+    away = t["held"]["Total"] - state_kinds(t)["fixed"]
     out.append(f"  trainer state between updates {t['held']['Total']:.1f} GiB"
-               f"{' (in host RAM during rollouts)' if p['offload'] else ''}; context "
-               f"{ph['context']:.1f} GiB (estimate)")
+               f"{f' ({away:.1f} in host RAM during rollouts)' if p['offload'] else ''}; context "
+               f"{ph['context']:.1f} GiB = CUDA {CUDA_CONTEXT_GIB:.1f}{nccl} (estimates)")
     out.append(f"  vLLM share {v['share']:.1f} GiB = weights {v['weights']:.1f} + profile "
-               f"{v['profile']:.1f} (estimate) + graphs {v['graphs']:.1f} (estimate) + KV "
-               f"{v['kv']:.1f}")
+               f"{v['profile']:.1f} (estimate) + graphs {v['graphs']:.1f} (estimate) + runner "
+               f"buffers {v['asleep']:.2f} + KV {v['kv']:.1f}; asleep it keeps the runner buffers")
     demand = p["live_episodes"] * p["max_context"]
     out.append(f"  KV tokens per TP group {v['kv_tokens']:,} ({v['kv_token_bytes'] // 1024} KiB "
                f"per token per rank) vs demand {demand:,} ({p['live_episodes']} live episodes x "
@@ -404,11 +480,12 @@ def report(p: dict, name: str, host: dict) -> str:
 
 def table_row(p: dict, name: str, setting: str) -> str:
     """One memory-table row (docs/gpu.md, "Memory per GPU"): model, GPUs, setting, card, offload,
-    util, rollout / update / step / sync GiB, KV tokens per TP group, the largest util that fits,
-    the verdict."""
+    util, start-up / rollout / update / step / sync GiB, KV tokens per TP group, the largest util
+    that fits, the verdict."""
     ph, gpu = p["phases"], next((k for k, v in CARDS.items() if v == p["card"]), p["card"])
     cells = [name, str(p["world"]), setting, str(gpu), "on" if p["offload"] else "off",
-             f"{p['util']:.2f}", *(f"{ph[k]:.1f}" for k in ("rollout", "update", "step", "sync")),
+             f"{p['util']:.2f}",
+             *(f"{ph[k]:.1f}" for k in ("start-up", "rollout", "update", "step", "sync")),
              f"{p['vllm']['kv_tokens'] / 1e6:.2f}M", f"{p['max_util']:.2f}",
              "fits" if p["fits"] else p["change"]]
     return "| " + " | ".join(cells) + " |"

@@ -96,11 +96,12 @@ class Requests:
 
     submit(key, prompt, max_new_tokens=None) with key = (i, n), the n-th request of item i (an
     episode's turn, a slot's attempt, 1-based n): seeded as the n-th generate call of the phase
-    seeds its i-th prompt, derive_seed(seed, step, phase, n) + i, so a reply never depends on
-    what else is in flight. collect(wait=True) -> [(key, Completion)] of finished requests (at
-    least one when wait and any is pending; after one engine step otherwise); serve(fn) runs
-    fn() while the engine keeps serving its group. `render` turns a chat into tokens (designer
-    and hint streams)."""
+    seeds its i-th prompt, derive_seed(seed, step, phase, n) + i, so on CPU a reply never
+    depends on what else is in flight (on GPUs vLLM is not batch-invariant: docs/gpu.md, "No turn
+    barrier"). collect(wait=True) -> [(key, Completion)] of finished requests (at least one when
+    wait and any is pending; after one engine step otherwise); serve(fn) runs fn() while the
+    engine keeps serving its group. `render` turns a chat into tokens (designer and hint
+    streams)."""
     continuous = True  # collect(wait=False) advances decoding: work can overlap it
 
     def __init__(self, sampler: Sampler, params: dict, max_new_tokens: int | None = None,
@@ -194,9 +195,12 @@ class Run:
 
     def resume(self) -> dict | None:
         """With --resume: the checkpoint's weights and optimizer, the engine synced to them, and
-        this rank's saved loop state (the metrics of the steps to replay are dropped)."""
+        this rank's saved loop state (the metrics of the steps to replay are dropped). vLLM
+        sleeps first: the optimizer state lands on the device beside no KV cache (which comes
+        back at the first step, after the offload, as every step's does)."""
         if self.resume_from is None:
             return None
+        self.engine.sleep()
         self.accelerator.load_state(str(self.resume_from))
         st = json.loads((self.resume_from / f"spade_state-{self.rank}.json").read_text())
         if st["world"] != self.world:
@@ -569,41 +573,49 @@ def write_step_files(run_dir: Path, step: int, new_pool, episodes, n_transcripts
                      json.dumps([{"env_id": s["env_id"], "score": s["score"]} for s in scored]))
 
 
+def plan_for(margs, sargs, oargs, rargs, *, card: float, update, trainer=None) -> dict:
+    """preflight.plan of this run on one card of `card` GiB, as train.py would launch it (the
+    engine's sequence limits, the TP group's live episodes); `trainer`: a measure_trainer result
+    of the same run to reuse. `update` is train.grpo_update."""
+    import functools
+
+    arch = models.architecture(margs.model)
+    bound = functools.partial(update, pad_id=0, temperatures=config.role_temperatures(sargs, oargs),
+                              oargs=oargs, margs=margs)
+    longest = max(sargs.max_context, 16384 + sargs.designer_max_tokens)  # as make_engine
+    return preflight.plan(arch, world=rargs.gpus, tp=margs.tensor_parallel_size, card=card,
+                          util=margs.gpu_memory_utilization, offload=margs.offload_trainer,
+                          max_model_len=longest, micro_batch_tokens=margs.micro_batch_tokens,
+                          max_context=sargs.max_context,
+                          live_episodes=live_episodes(sargs, margs, rargs.gpus),
+                          kl=oargs.kl_coef > 0, update=bound,
+                          checkpointing=margs.gradient_checkpointing, trainer=trainer)
+
+
 def memory_plan(margs, sargs, oargs, rargs, *, update) -> int:
     """--preflight: this run's memory plan on --gpus cards of each --gpu (comma-separated; the
     trainer is measured once), printed (preflight.py); returns the exit status: 0 when it fits
     every card. `update` is train.grpo_update."""
-    import functools
     import inspect
 
     cards = [(gpu, preflight.card_gib(gpu)) for gpu in rargs.gpu.split(",")]
     if rargs.gpus <= 0:
         raise SystemExit(f"--gpus must be positive, got {rargs.gpus}")
     try:
-        arch = models.architecture(margs.model)
+        models.architecture(margs.model)
     except (OSError, ValueError) as e:
         raise SystemExit(f"--preflight: the config of {margs.model} cannot be read offline "
                          f"({type(e).__name__}); ship it in configs/models/ or pass a local "
                          "directory") from None
-    tp, world = margs.tensor_parallel_size, rargs.gpus
-    live = live_episodes(sargs, margs, world)
-    bound = functools.partial(update, pad_id=0, temperatures=config.role_temperatures(sargs, oargs),
-                              oargs=oargs, margs=margs)
     sleep = inspect.signature(engine.VLLMEngine).parameters["sleep_level"].default
     keep = int(rargs.keep_checkpoints) if rargs.keep_checkpoints.isdigit() else 2
     status, trainer, rows = 0, None, []
-    longest = max(sargs.max_context, 16384 + sargs.designer_max_tokens)  # as make_engine
     for _, card in cards:
-        p = preflight.plan(arch, world=world, tp=tp, card=card, util=margs.gpu_memory_utilization,
-                          offload=margs.offload_trainer, max_model_len=longest,
-                          micro_batch_tokens=margs.micro_batch_tokens,
-                          max_context=sargs.max_context,
-                          live_episodes=live, kl=oargs.kl_coef > 0, update=bound,
-                          checkpointing=margs.gradient_checkpointing, trainer=trainer)
+        p = plan_for(margs, sargs, oargs, rargs, card=card, update=update, trainer=trainer)
         trainer = p["trainer"]
-        host = preflight.host_ram(trainer["params"], world=world, tp=tp, sleep_level=sleep,
-                                 offload=margs.offload_trainer, keep=keep,
-                                 kl=oargs.kl_coef > 0)
+        host = preflight.host_ram(trainer["params"], world=rargs.gpus,
+                                  tp=margs.tensor_parallel_size, sleep_level=sleep,
+                                  offload=margs.offload_trainer, keep=keep, kl=oargs.kl_coef > 0)
         print(preflight.report(p, margs.model, host))
         rows.append(preflight.table_row(p, margs.model, sargs.setting))
         status = status or (0 if p["fits"] else 1)

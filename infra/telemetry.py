@@ -10,7 +10,8 @@ Per step, per rank (one GPU each on GPUs; metrics.jsonl holds the mean over rank
                                  / (time/update_s - time/sleep_s)
     perf/step_tokens_per_s     = tokens of the step's training batch (one pass) / time/step_s
     perf/mfu                   = update FLOPs / (time/update_s - time/sleep_s) / peak FLOP/s
-    time/sleep_s, time/wake_s  = vLLM's sleep before the update and its wake in the weight sync
+    time/sleep_s, time/wake_s  = vLLM's sleep before the update; its wakes: the weights' in the
+                                 weight sync, the KV cache's at the step's start
 
 The update's FLOPs (the model FLOPs of PaLM, arXiv 2204.02311, App. B: no recomputation counted)
 for sequences of lengths n_i, with P the matrix parameters a token passes through (attention,

@@ -289,7 +289,7 @@ LLM_ARGS = {"model", "runner", "convert", "tokenizer", "tokenizer_mode", "skip_t
             "logits_processors", "spec_method", "spec_model", "spec_tokens"}
 ENGINE_ARGS_USED = {"max_model_len", "distributed_executor_backend", "enable_prefix_caching", "logprobs_mode",
                     "enable_sleep_mode", "max_num_batched_tokens", "enable_chunked_prefill",
-                    "max_num_seqs"}
+                    "max_num_seqs", "sleep_mode_offload_cudagraph"}
 SAMPLING_FIELDS = {"n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "watermarking",
                    "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "max_tokens",
                    "min_tokens", "logprobs", "prompt_logprobs", "prompt_logprob_token_ids", "prompt_logprob_start",
@@ -413,6 +413,7 @@ def test_vllm_engine_construction_and_generate(monkeypatch):
     assert kwargs["distributed_executor_backend"] == "uni"  # no launcher: no RANK to read
     assert kwargs["enable_sleep_mode"] is True and kwargs["logprobs_mode"] == "processed_logprobs"
     assert kwargs["enforce_eager"] is False and "kv_cache_memory_bytes" not in kwargs  # GPU
+    assert kwargs["sleep_mode_offload_cudagraph"] is True  # asleep, the graphs wait on the host
     outs = eng.generate([[1, 2, 3], [4, 5]], max_new_tokens=[16, 4], temperature=0.6, top_p=0.95,
                         top_k=20, seed=10)
     _, prompts, params = fake.log[1]
@@ -457,6 +458,7 @@ def test_vllm_engine_on_cpu_platform(caplog):
     assert sum("no sleep mode" in r.message for r in caplog.records) == 1
     _, kwargs = fake.log[0]
     assert kwargs["enable_sleep_mode"] is False and kwargs["enforce_eager"] is True
+    assert "sleep_mode_offload_cudagraph" not in kwargs
     assert kwargs["kv_cache_memory_bytes"] == int(1.5 * 2**30)
     assert kwargs["max_num_batched_tokens"] == kwargs["max_model_len"] == 5000
     assert kwargs["enable_chunked_prefill"] is False  # several long prompts in one step
@@ -483,18 +485,28 @@ def test_vllm_tensor_parallel_groups_wait_as_long_as_the_run(monkeypatch):
 
 
 def test_vllm_engine_sleep_wake_and_sync_order(tiny_moe, tmp_path):
+    """Asleep, sync_weights wakes the weights alone and pushes them; the KV cache waits for
+    wake() (the loop calls it once the trainer's state is off the device), which resets the prefix
+    cache. Awake, a sync pushes and resets the prefix cache itself."""
     model, _ = tiny_moe
     fake = FakeVLLM()
     eng = built(fake, "tiny-moe")
     fake.log.clear()  # its vllm.LLM(...)
+    eng.wake()  # never slept: nothing to map
     eng.sleep()
     eng.sleep()  # idempotent
+    with pytest.raises(RuntimeError, match="before sync_weights"):
+        eng.wake()  # the weights are still released
     eng.sync_weights(Wrapped(model))
     model.save_pretrained(tmp_path)
     saved = load_file(str(tmp_path / "model.safetensors"))
     assert fake.log == [("sleep", 2), ("wake_up", ["weights"]),  # level 2: weights discarded
-                        ("collective_rpc", "_reload_in_place"), ("reload_weights", len(saved)),
-                        ("wake_up", ["kv_cache"]), ("reset_prefix_cache",)]
+                        ("collective_rpc", "_reload_in_place"), ("reload_weights", len(saved))]
+    assert eng.asleep  # the KV cache is still released
+    fake.log.clear()
+    eng.wake()
+    eng.wake()  # mapped: a no-op
+    assert fake.log == [("wake_up", ["kv_cache"]), ("reset_prefix_cache",)] and not eng.asleep
     loaded = dict(fake.loaded)
     assert len(loaded) == len(fake.loaded) and loaded.keys() == saved.keys()
     # gathered in vLLM's dtype (bf16), half the bytes of the fp32 master weights
@@ -507,7 +519,8 @@ def test_vllm_engine_sleep_wake_and_sync_order(tiny_moe, tmp_path):
 
 def test_vllm_engine_times_its_sleep_and_wake_not_the_reload(tiny, monkeypatch):
     """time/sleep_s, time/wake_s: on a fake clock, sleep takes 2 s, each wake 0.5 s, the reload
-    10 s; the wake's figure is the two wakes, without the reload between them."""
+    10 s. A step's wake figure is its KV cache's wake (its start) and its weights' (its sync),
+    without the reload between them; the first step, which starts awake, has the weights' only."""
     model, _ = tiny
     clock, fake = [0.0], FakeVLLM()
     monkeypatch.setattr(engine.time, "perf_counter", lambda: clock[0])
@@ -517,6 +530,10 @@ def test_vllm_engine_times_its_sleep_and_wake_not_the_reload(tiny, monkeypatch):
             return _do(*a, **k)
         monkeypatch.setattr(fake, name, timed)
     eng = built(fake, "tiny")
+    eng.sleep()
+    eng.sync_weights(model)
+    assert eng.seconds == {"sleep": 2.0, "wake": 0.5}
+    eng.wake()  # the next step's start
     eng.sleep()
     eng.sync_weights(model)
     assert eng.seconds == {"sleep": 2.0, "wake": 1.0}

@@ -1,7 +1,9 @@
 """offload.TrainerOffload: the trainer's parameters and AdamW state leave the device while vLLM
 generates and come back bit for bit; a run with offload on ends where a run without it ends."""
 import copy
+import types
 
+import pytest
 import torch
 
 from infra import config
@@ -85,7 +87,6 @@ def test_disabled_offload_leaves_everything_in_place():
 def test_offload_needs_the_vllm_engine(tmp_path):
     """The transformers engine generates with the trainer's own weights: offloading them would
     leave it nothing to generate with, so the run refuses at start-up in one line."""
-    import pytest
     flags = ["--model", "tiny", "--steps", "1", "--sandbox_workers", "1", "--offload_trainer",
              "--engine", "transformers", "--output_dir", str(tmp_path / "run")]
     with pytest.raises(SystemExit, match="--offload_trainer needs the vLLM engine"):
@@ -121,3 +122,131 @@ def test_the_loop_offloads_for_the_rollouts_and_reloads_around_the_update(tmp_pa
                 "--corpus", corpus, "--output_dir", str(tmp_path / "run")])
     step = ["offload", "reload(optimizer=False)", "update", "reload(optimizer=True)"]
     assert calls == step * 2
+
+
+def test_arena_layout_hand_computed():
+    """Slots in order, each on a 512-byte boundary; the arena holds exactly the padded slots."""
+    assert offload.arena_layout([3, 512, 513, 8]) == ([0, 512, 1024, 2048], 2560)
+    assert offload.arena_layout([]) == ([], 0)
+    assert offload.arena_layout([5, 5], align=4) == ([0, 8], 16)
+
+
+def _tiny_with_moments(tiny):
+    """The tiny model with AdamW's state after one step (so the offload carries the moments)."""
+    model = copy.deepcopy(tiny[0])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return model, opt
+
+
+def test_one_arena_of_exactly_the_bytes_it_holds_and_the_plan_counts_them(tiny):
+    """The host copies are views into one buffer laid out by arena_layout (not one rounded-up
+    buffer per storage); it is rebuilt only when the set of storages changes (the moments appear
+    at the first step). Its bytes are the plan's 12 per parameter (preflight.host_ram) plus the
+    step counters and the alignment, a slot each at most."""
+    from infra import preflight
+    model = copy.deepcopy(tiny[0])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    off = offload.TrainerOffload(model, opt)
+    params = [p.untyped_storage().nbytes() for p in model.parameters()]
+    off.offload()
+    assert off.arena.nbytes == offload.arena_layout(params)[1]  # the parameters alone
+    off.reload()
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()  # the moments appear
+    opt.zero_grad(set_to_none=True)
+    before = [v.clone() for s in opt.state.values() for v in s.values()]
+    sizes = [s.nbytes() for s, _ in off._storages()]
+    off.offload()
+    arena = off.arena
+    assert arena.nbytes == offload.arena_layout(sizes)[1] and len(sizes) == 4 * len(params)
+    off.reload()
+    assert all(torch.equal(a, b) for a, b in
+               zip(before, [v for s in opt.state.values() for v in s.values()]))
+    off.offload()
+    assert off.arena is arena  # the same storages: the same arena
+    n = sum(p.numel() for p in model.parameters())
+    planned = preflight.host_ram(n, world=1, tp=1, sleep_level=2, offload=True, keep=1)["offload"]
+    assert planned * 1e9 == 12 * n
+    assert 12 * n <= arena.nbytes <= 12 * n + len(sizes) * offload.ALIGN
+
+
+def test_pin_registers_exactly_the_arenas_bytes(monkeypatch):
+    """CUDA's pinned allocator would round a 192 MiB buffer up to 256 MiB: the arena is pinned in
+    place instead, its exact bytes registered with the driver (here a recording stand-in)."""
+    calls = []
+    cudart = types.SimpleNamespace(
+        cudaHostRegister=lambda ptr, n, flags: calls.append(("register", ptr, n, flags)) or 0,
+        cudaHostUnregister=lambda ptr: calls.append(("unregister", ptr)) or 0)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    buffer = torch.empty(192 * 2**20 + 3, dtype=torch.uint8)
+    offload.pin(buffer)
+    offload.unpin(buffer)
+    assert calls == [("register", buffer.data_ptr(), 192 * 2**20 + 3, 0),
+                     ("unregister", buffer.data_ptr())]
+    cudart.cudaHostRegister = lambda *a: 2  # cudaErrorMemoryAllocation
+    with pytest.raises(RuntimeError, match="cudaHostRegister .* failed"):
+        offload.pin(buffer)
+
+
+def test_freed_storage_goes_back_to_the_driver_after_the_offload(tiny, monkeypatch):
+    """vLLM's KV cache maps its own pool: the offload hands torch's cached blocks back (on CUDA,
+    empty_cache) once every storage is freed, not before."""
+    model, opt = _tiny_with_moments(tiny)
+    seen = []
+    monkeypatch.setattr(offload, "release_cached", lambda device: seen.append(
+        (device.type, sum(p.untyped_storage().nbytes() for p in model.parameters()))))
+    offload.TrainerOffload(model, opt).offload()
+    assert seen == [("cpu", 0)]
+    emptied = []
+    monkeypatch.undo()
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
+    offload.release_cached(torch.device("cpu"))
+    assert emptied == []
+    offload.release_cached(torch.device("cuda"))
+    assert emptied == [1]
+
+
+def test_resident_reports_the_state_on_the_device_by_kind(tiny):
+    """What the memory ledger reads (tests/test_memory_order.py): parameters, gradients and
+    moments on the device at each point of a step, each storage once."""
+    model, opt = _tiny_with_moments(tiny)
+    off = offload.TrainerOffload(model, opt)
+    n = sum(p.untyped_storage().nbytes() for p in model.parameters())
+    steps = 4 * len(list(model.parameters()))  # AdamW's step counters
+    assert off.resident() == {"params": n, "grads": 0, "moments": 2 * n + steps}
+    off.offload()
+    assert off.resident() == {"params": 0, "grads": 0, "moments": 0}
+    off.reload(optimizer=False)
+    assert off.resident() == {"params": n, "grads": 0, "moments": 0}
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    assert off.resident() == {"params": n, "grads": n, "moments": 0}
+    opt.step()  # the pre-hook brings the moments back first
+    assert off.resident() == {"params": n, "grads": n, "moments": 2 * n + steps}
+    assert offload.TrainerOffload(model, opt, enabled=False).resident()["params"] == n
+
+
+def test_state_loaded_from_a_checkpoint_offloads_too(tiny):
+    """torch.load gives CPU tensors storage it cannot resize (what Accelerate's load_state leaves
+    in the optimizer on a CPU resume): each gets storage of its own, the same tensor object, and
+    the round trip is exact."""
+    import io
+    model, opt = _tiny_with_moments(tiny)
+    saved = io.BytesIO()
+    torch.save(opt.state_dict(), saved)
+    saved.seek(0)
+    opt.load_state_dict(torch.load(saved))
+    moments = [v for s in opt.state.values() for v in s.values()]
+    assert not all(v.untyped_storage().resizable() for v in moments)
+    before = [v.clone() for v in moments]
+    off = offload.TrainerOffload(model, opt)
+    off.offload()
+    off.reload()
+    after = [v for s in opt.state.values() for v in s.values()]
+    assert all(a is b for a, b in zip(after, moments))
+    assert all(torch.equal(a, b) for a, b in zip(after, before))

@@ -60,13 +60,18 @@ def test_qwen3_30b_a3b_plan_on_8_h100s_and_the_memory_offload_frees(capsys):
     assert t["held"]["Total"] == pytest.approx(12 * params / 8 / GIB, rel=0.01)  # shards
     assert t["update"]["Total"] > t["held"]["Total"] + 4 * params / 8 / GIB  # + gradients
     v = preflight.vllm_share(models.architecture("Qwen3-30B-A3B"), params=params, tp=4,
-                             util=0.35, card=79.6, max_num_seqs=96)
-    on, off = (preflight.phases(t, v, world=8, card=79.6, offload=o) for o in (True, False))
-    assert off["rollout"] - on["rollout"] == pytest.approx(t["held"]["Total"])
+                             util=0.35, card=79.6, max_num_seqs=96, max_model_len=32768)
+    on, off = (preflight.phases(t, v, world=8, tp=4, card=79.6, offload=o) for o in (True, False))
+    # offloaded during the rollouts: the fp32 shards and both moments (no KL reference here)
+    kinds = preflight.state_kinds(t)
+    assert kinds["params"] == pytest.approx(4 * params / 8 / GIB, rel=0.01)
+    assert off["rollout"] - on["rollout"] == pytest.approx(kinds["params"] + kinds["moments"])
+    assert on["kv wake"] == on["rollout"] and off["kv wake"] == off["rollout"]
     # the moments come back only for the optimizer step: the update's peak loses them
     assert off["update"] - on["update"] == pytest.approx(t["update"]["OptState"])
     assert t["update"]["OptState"] == pytest.approx(8 * params / 8 / GIB, rel=0.01)
     assert on["step"] == off["step"] and on["sync"] == off["sync"]
+    assert on["start-up"] == off["start-up"]
 
 
 def test_vllm_share_by_hand():
@@ -75,30 +80,91 @@ def test_vllm_share_by_hand():
     params = 30_532_122_624
     assert models.parameter_count("Qwen3-30B-A3B") == params
     v = preflight.vllm_share(arch, params=params, tp=4, util=0.35, card=79.6, max_num_seqs=96,
-                             max_num_batched_tokens=8192)
+                             max_model_len=32768, max_num_batched_tokens=8192)
     assert v["weights"] == pytest.approx(2 * params / 4 / GIB)
     assert v["kv_token_bytes"] == 2 * 48 * 1 * 128 * 2  # 4 KV heads over TP 4: one per rank
     per_token = 2 * (8 * 2048 + (32 + 2 * 4) * 128 / 4 + 4 * 8 * 768 / 4)
-    profile = (8192 * per_token + 2 * 4 * 96 * 151_936) / GIB
+    # the sampler: logits, processed log-probs, probabilities, exponential noise, (B, V) fp32
+    profile = (8192 * per_token + 4 * 4 * 96 * 151_936) / GIB
     assert v["profile"] == pytest.approx(profile)
-    kv = 0.35 * 79.6 - 2 * params / 4 / GIB - profile - preflight.VLLM_GRAPHS_GIB
+    # asleep it keeps the input embeddings (8192 x 2048 bf16) and the block table (96 x 2048)
+    assert v["asleep"] == pytest.approx((8192 * 2048 * 2 + 96 * 2048 * 4) / GIB)
+    kv = 0.35 * 79.6 - 2 * params / 4 / GIB - profile - preflight.VLLM_GRAPHS_GIB - v["asleep"]
     assert v["kv"] == pytest.approx(kv)
     assert v["kv_tokens"] == int(kv * GIB / 24576)
     # KV heads replicate when TP exceeds them: 8 KV heads of Qwen3-4B at TP 16 keep 1 per rank
     four = preflight.vllm_share(models.architecture("Qwen3-4B"),
                                 params=models.parameter_count("Qwen3-4B"), tp=16, util=0.5,
-                                card=80, max_num_seqs=1)
+                                card=80, max_num_seqs=1, max_model_len=1024)
     assert four["kv_token_bytes"] == 2 * 36 * 1 * 128 * 2
 
 
 def _phases(rollout=10.0, update=10.0, step=10.0, sync=10.0, startup=10.0):
-    return {"rollout": rollout, "update": update, "step": step, "sync": sync,
+    return {"rollout": rollout, "kv wake": rollout, "update": update, "step": step, "sync": sync,
             "start-up": startup, "context": 1.0}
 
 
+# A measured trainer by hand (GiB per GPU, FSDPMemTracker's kinds): fp32 shards 4, moments 8, a
+# bf16 reference 2 and buffers 0.5 between updates; gradients 4 and activations 6 at the update's
+# peak, a temporary 1 at the step's; the largest layer 0.25 in bf16.
+TRAINER = {"held": {"Sharded Param": 6.0, "OptState": 8.0, "Buffer": 0.5, "Total": 14.5},
+           "update": {"Sharded Param": 6.0, "Sharded Grad": 4.0, "OptState": 8.0,
+                      "Activation": 6.0, "Buffer": 0.5, "Total": 24.5},
+           "step": {"Sharded Param": 6.0, "Sharded Grad": 4.0, "OptState": 8.0, "Temp": 1.0,
+                    "Buffer": 0.5, "Total": 19.5},
+           "policy": 4.0, "ref": 2.0, "largest_unit": 0.25, "params": 8 * 2**30}
+VLLM = {"share": 28.0, "weights": 3.0, "profile": 1.5, "graphs": 1.0, "asleep": 0.1, "kv": 22.4,
+        "kv_token_bytes": 24576, "kv_tokens": 900_000}
+
+
+def test_the_phases_by_hand():
+    """Every phase from its terms (module docstring), at 8 GPUs and TP 4, so the context is the
+    CUDA context and 3 NCCL communicators: dropping any term fails one of these."""
+    kinds = preflight.state_kinds(TRAINER)
+    assert kinds == {"params": 4.0, "moments": 8.0, "grads": 4.0, "fixed": 2.5, "update": 6.0,
+                     "step": 1.0}
+    assert preflight.communicators(8, 4) == ["Accelerate's world group", "vLLM's TP device group",
+                                             "vLLM's PyNccl"]
+    assert preflight.communicators(1, 1) == [] and len(preflight.communicators(8, 1)) == 1
+    ctx = preflight.CUDA_CONTEXT_GIB + 3 * preflight.NCCL_GIB
+    assert preflight.context_gib(8, 4) == ctx == 4.0
+    for offload in (False, True):
+        ph = preflight.phases(TRAINER, VLLM, world=8, tp=4, card=80.0, offload=offload)
+        between = 2.5 if offload else 14.5  # offloaded, the reference and buffers stay
+        # vLLM starts beside the fp32 shards and the reference (the moments do not exist yet)
+        assert ph["start-up"] == pytest.approx(4.0 + 2.5 + ctx + 28.0)
+        assert ph["rollout"] == ph["kv wake"] == pytest.approx(between + ctx + 28.0)
+        assert ph["update"] == pytest.approx(24.5 - 8.0 * offload + ctx + 0.1)
+        assert ph["step"] == pytest.approx(19.5 + ctx + 0.1)
+        assert ph["sync"] == pytest.approx(14.5 + 3.0 + 1.0 + 0.1 + 0.25 + ctx)
+        assert ph["context"] == ctx
+
+
+def test_a_kv_wake_over_the_card_does_not_fit():
+    vllm = dict(VLLM, kv_tokens=500_000)
+    kw = dict(card=80.0, util=0.35, offload=True, moments=8.0, max_model_len=32768)
+    assert preflight.verdict(_phases(), vllm, **kw) == (True, "fits")
+    assert not preflight.verdict(dict(_phases(), **{"kv wake": 79.0}), vllm, **kw)[0]
+
+
+def test_host_ram_by_hand():
+    """GB per node, every term: the main process's fp32 load (+ the bf16 reference), vLLM's sleep
+    backups at twice their bytes (torch's pinned allocator rounds each up to a power of two:
+    level 2 the CUDA graphs, level 1 the bf16 weights too), the offload arena at its exact 12
+    bytes per parameter, an export's fp32 state dict and bf16 copy, the checkpoints."""
+    n, graphs = 30 * 10**9, preflight.VLLM_GRAPHS_GIB * GIB
+    two = preflight.host_ram(n, world=8, tp=4, sleep_level=2, offload=True, keep=3, kl=True)
+    assert two == pytest.approx({"load": 6 * n / 1e9, "sleep": 2 * 8 * graphs / 1e9,
+                                 "offload": 12 * n / 1e9, "export": 6 * n / 1e9,
+                                 "checkpoint": 12 * n / 1e9, "checkpoints kept": 36 * n / 1e9})
+    one = preflight.host_ram(n, world=8, tp=4, sleep_level=1, offload=False, keep=1)
+    assert one["load"] == pytest.approx(4 * n / 1e9) and one["offload"] == 0.0
+    assert one["sleep"] == pytest.approx(2 * (8 * graphs + 2 * n * 8 / 4) / 1e9)
+
+
 def test_verdict_names_the_one_change_that_fits():
-    vllm = {"share": 28.0, "weights": 14.0, "profile": 1.0, "graphs": 1.0, "kv": 12.0,
-            "kv_token_bytes": 24576, "kv_tokens": 500_000}
+    vllm = {"share": 28.0, "weights": 14.0, "profile": 1.0, "graphs": 1.0, "asleep": 0.1,
+            "kv": 11.9, "kv_token_bytes": 24576, "kv_tokens": 500_000}
     kw = dict(card=80.0, util=0.35, offload=False, moments=20.0, max_model_len=32768)
     assert preflight.verdict(_phases(), vllm, **kw) == (True, "fits")
     # the update over by less than the moments: offload them; by more: nothing but a larger card
@@ -107,7 +173,8 @@ def test_verdict_names_the_one_change_that_fits():
     fits, change = preflight.verdict(_phases(update=79.0), vllm, **dict(kw, moments=2.0))
     assert not fits and "larger card" in change
     # rollout over: 79 - 28 = 51 GiB beside vLLM, room = min(0.95 * 80 - 51, 80 - (10 - 28))
-    # = 25 GiB -> util 0.31, whose 24.8 GiB hold the weights, profile, graphs and one sequence
+    # = 25 GiB -> util 0.31, whose 24.8 GiB hold the weights, profile, graphs, the runner's
+    # buffers and one sequence
     fits, change = preflight.verdict(_phases(rollout=79.0), vllm, **kw)
     assert (fits, change) == (False, "--gpu_memory_utilization 0.31")
     # weights too large for that room and no offload yet: offload; offloaded: more TP
@@ -131,6 +198,21 @@ def test_card_names_and_sizes(gpu, gib):
 def test_bad_input_is_one_clear_line(flags, message):
     with pytest.raises(SystemExit, match=message):
         train.main(["--model", "tiny-moe", "--preflight", *flags])
+
+
+def test_the_exit_status_covers_every_card(capsys, monkeypatch):
+    """--gpu a,b: the trainer is measured once, and the run exits 1 when any card does not fit,
+    whichever comes first; 0 when every card fits."""
+    measured, measure = [], preflight.measure_trainer
+    monkeypatch.setattr(preflight, "measure_trainer",
+                        lambda *a, **k: measured.append(1) or measure(*a, **k))
+    for cards, code in (("8,2", 1), ("2,8", 1), ("8,16", 0)):
+        with pytest.raises(SystemExit) as done:
+            train.main(["--model", "tiny-moe", "--preflight", "--gpu", cards, "--gpus", "2"])
+        assert done.value.code == code, cards
+        rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+        assert len(rows) == 2
+    assert len(measured) == 3  # once per command
 
 
 def test_tiny_moe_plan_end_to_end(capsys):
