@@ -17,7 +17,7 @@ Symbols: S steps, R regeneration interval, N environments per regeneration, G un
 H hinted plays, w the environment's mean unhinted return over its epoch, S role-balancing scale
 (`scale`). What the ALGO blocks run on is in infra/: flags in config.py, the statistics (Figs. 7,
 9, 19; train()'s one `INFRA: statistics` block) in metrics.py, the Fixed-env baseline in
-baseline.py, Accelerate, engine and checkpoints in run.py.
+baseline.py, Accelerate and the engine in run.py, the run directory and checkpoints in rundir.py.
 
 Deviations (README, "Deviations", has the reasons):
   1. Fewer than N valid environments: the pool is topped up from the previous pool and, at step

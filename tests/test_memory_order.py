@@ -23,6 +23,7 @@ from accelerate import Accelerator
 
 from infra import config, engine, models, offload, preflight
 from infra import run as infra
+from infra import rundir
 import train
 from test_gpu_commands import ROOT, table_rows
 from test_train import CORPUS, FakeTPLLM
@@ -180,8 +181,8 @@ def run_on_ledger(plan: dict, tmp_path, monkeypatch, *, offload_trainer: bool, k
     monkeypatch.setattr(Accelerator, "backward", lambda self, loss, **k: (
         backward(self, loss, **k), ledgers[-1].record("update", kinds["update"]))[0])
     monkeypatch.setattr(Accelerator, "load_state", traced(Accelerator.load_state, "resume"))
-    monkeypatch.setattr(infra, "save_checkpoint", before(infra.save_checkpoint, "checkpoint"))
-    monkeypatch.setattr(infra, "export_policy", before(infra.export_policy, "export"))
+    monkeypatch.setattr(rundir, "save_checkpoint", before(rundir.save_checkpoint, "checkpoint"))
+    monkeypatch.setattr(rundir, "export_policy", before(rundir.export_policy, "export"))
     if before_fix:
         sync, resume = engine.VLLMEngine.sync_weights, infra.Run.resume
 

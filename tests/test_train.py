@@ -10,6 +10,7 @@ import torch
 from infra import config
 from infra import engine
 from infra import run as infra
+from infra import rundir
 from infra import logprobs as logprobs_lib
 from infra import metrics as metrics_lib
 from infra import models
@@ -490,9 +491,9 @@ def test_prune_keeps_the_newest(tmp_path):
         (tmp_path / f"d{i}").mkdir()
         os.utime(tmp_path / f"d{i}", (i, i))
         dirs.append(tmp_path / f"d{i}")
-    infra.prune(dirs, "all")
+    rundir.prune(dirs, "all")
     assert len(list(tmp_path.iterdir())) == 4
-    infra.prune(dirs, "1")
+    rundir.prune(dirs, "1")
     assert [p.name for p in tmp_path.iterdir()] == ["d3"]
 
 
