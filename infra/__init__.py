@@ -2,8 +2,7 @@
 skip this folder (train.py's ALGO blocks call none of it).
 
     run.py        Run: Accelerate, the policy with its optimizer and frozen reference, the rollout
-                  engine and the Sampler bound to it, the distributed set-up; --preflight's
-                  memory plan
+                  engine and the Sampler bound to it, the distributed set-up
     rundir.py     the run directory: its schema, its writers (metrics.jsonl, per-step files,
                   checkpoints, exports) and the readers tools/ share
     config.py     the command line: flags, presets, checks

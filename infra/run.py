@@ -156,7 +156,7 @@ class Run:
         if empty:
             unwritten_storage(model)
         model.eval()  # rollouts run in eval mode; grpo_update switches to train mode and back
-        tiny = models.resolve_model_name(margs.model) in models.TINY_MODELS
+        tiny = models.is_tiny(margs.model)
         fsdp_checkpoints = getattr(fsdp, "activation_checkpointing", False)
         if margs.gradient_checkpointing and not tiny and not fsdp_checkpoints:
             model.gradient_checkpointing_enable()  # FSDP configs checkpoint layers themselves
@@ -312,12 +312,10 @@ def make_engine(margs, sargs, model, tokenizer, seed: int, sharded: bool):
     """vLLM colocated on GPU when installed (or asked for); the transformers engine otherwise."""
     stops = [agent.turn_end(tokenizer)[1]]  # a base model's EOS is not its end of turn
     if wants_vllm(margs):
-        # the longest sequence: an agent's context, or a designer prompt and its reply
-        longest = max(sargs.max_context, 16384 + sargs.designer_max_tokens)
         # the scheduler's limits from the memory plan (preflight.py): as many sequences as the TP
         # group plays at once, prefill chunks whose profile leaves the KV cache its share
         world = int(os.environ.get("WORLD_SIZE", 1))
-        return vllm_engine(margs, model, tokenizer, max_model_len=longest, seed=seed,
+        return vllm_engine(margs, model, tokenizer, max_model_len=max_model_len(sargs), seed=seed,
                            stop_ids=stops, max_num_seqs=live_episodes(sargs, margs, world),
                            max_num_batched_tokens=preflight.MAX_NUM_BATCHED_TOKENS)
     if sharded:  # ranks would generate different token counts through one sharded model
@@ -325,15 +323,23 @@ def make_engine(margs, sargs, model, tokenizer, seed: int, sharded: bool):
                          "requirements/gpu.txt); FSDP2 runs can use either engine")
     if margs.tensor_parallel_size != 1:
         raise SystemExit("--tensor_parallel_size applies to the vLLM engine only")
-    # The prefix cache reuses each episode's KV across turns (sync_weights clears it every step).
-    # At 4B one 32k-token episode holds ~9.6 GB of KV, so only tiny models keep one.
-    tiny = models.resolve_model_name(margs.model) in models.TINY_MODELS
+    # The prefix cache reuses each episode's KV across turns (sync_weights clears it every step);
+    # a real model's long episode holds gigabytes of KV, past the bound: tiny models only.
+    tiny = models.is_tiny(margs.model)
     return engine.TransformersEngine(model, tokenizer, stop_ids=stops,
                                      max_batch_tokens=margs.batch_tokens,
                                      prefix_cache_bytes=PREFIX_CACHE_BYTES if tiny else 0)
 
 
 PREFIX_CACHE_BYTES = 1 << 30  # the transformers engine's prefix KV cache bound (tiny models)
+# The engine's room for a designer prompt (instructions, memory exemplars, the corpus document)
+# beside its reply's --designer_max_tokens.
+DESIGNER_PROMPT_TOKENS = 16384
+
+
+def max_model_len(sargs) -> int:
+    """The engine's longest sequence: an agent's context, or a designer prompt and its reply."""
+    return max(sargs.max_context, DESIGNER_PROMPT_TOKENS + sargs.designer_max_tokens)
 
 
 def live_episodes(sargs, margs, world: int) -> int:
@@ -438,53 +444,3 @@ def reduce_metrics(rows: list[dict]) -> dict:
             merged.setdefault(k, []).append(v)
     reduce = {"_min": min, "_max": max}
     return {k: reduce.get(k[-4:], lambda v: sum(v) / len(v))(v) for k, v in merged.items()}
-
-
-def plan_for(margs, sargs, oargs, rargs, *, card: float, update, trainer=None) -> dict:
-    """preflight.plan of this run on one card of `card` GiB, as train.py would launch it (the
-    engine's sequence limits, the TP group's live episodes); `trainer`: a measure_trainer result
-    of the same run to reuse. `update` is train.grpo_update."""
-    import functools
-
-    arch = models.architecture(margs.model)
-    bound = functools.partial(update, pad_id=0, temperatures=config.role_temperatures(sargs, oargs),
-                              oargs=oargs, margs=margs)
-    longest = max(sargs.max_context, 16384 + sargs.designer_max_tokens)  # as make_engine
-    return preflight.plan(arch, world=rargs.gpus, tp=margs.tensor_parallel_size, card=card,
-                          util=margs.gpu_memory_utilization, offload=margs.offload_trainer,
-                          max_model_len=longest, micro_batch_tokens=margs.micro_batch_tokens,
-                          max_context=sargs.max_context,
-                          live_episodes=live_episodes(sargs, margs, rargs.gpus),
-                          kl=oargs.kl_coef > 0, update=bound,
-                          checkpointing=margs.gradient_checkpointing, trainer=trainer)
-
-
-def memory_plan(margs, sargs, oargs, rargs, *, update) -> int:
-    """--preflight: this run's memory plan on --gpus cards of each --gpu (comma-separated; the
-    trainer is measured once), printed (preflight.py); returns the exit status: 0 when it fits
-    every card. `update` is train.grpo_update."""
-    import inspect
-
-    cards = [(gpu, preflight.card_gib(gpu)) for gpu in rargs.gpu.split(",")]
-    if rargs.gpus <= 0:
-        raise SystemExit(f"--gpus must be positive, got {rargs.gpus}")
-    try:
-        models.architecture(margs.model)
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"--preflight: the config of {margs.model} cannot be read offline "
-                         f"({type(e).__name__}); ship it in configs/models/ or pass a local "
-                         "directory") from None
-    sleep = inspect.signature(engine.VLLMEngine).parameters["sleep_level"].default
-    keep = int(rargs.keep_checkpoints) if rargs.keep_checkpoints.isdigit() else 2
-    status, trainer, rows = 0, None, []
-    for _, card in cards:
-        p = plan_for(margs, sargs, oargs, rargs, card=card, update=update, trainer=trainer)
-        trainer = p["trainer"]
-        host = preflight.host_ram(trainer["params"], world=rargs.gpus,
-                                  tp=margs.tensor_parallel_size, sleep_level=sleep,
-                                  offload=margs.offload_trainer, keep=keep, kl=oargs.kl_coef > 0)
-        print(preflight.report(p, margs.model, host))
-        rows.append(preflight.table_row(p, margs.model, sargs.setting))
-        status = status or (0 if p["fits"] else 1)
-    print("\n".join(rows))
-    return status

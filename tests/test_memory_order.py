@@ -55,8 +55,8 @@ def row_plan(row) -> dict:
     margs, sargs, oargs, rargs = row_args(row)
     gpu = row_flags(row)[1]
     key = (margs.model, rargs.gpus, oargs.kl_coef > 0)
-    plan = infra.plan_for(margs, sargs, oargs, rargs, card=preflight.card_gib(gpu),
-                          update=train.grpo_update, trainer=_TRAINERS.get(key))
+    plan = preflight.plan(models.architecture(margs.model), card=preflight.card_gib(gpu),
+                          trainer=_TRAINERS.get(key), **train.preflight_launch(margs, sargs, oargs, rargs))
     _TRAINERS[key] = plan["trainer"]
     return plan
 
