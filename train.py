@@ -17,7 +17,7 @@ Symbols: S steps, R regeneration interval, N environments per regeneration, G un
 H hinted plays, w the environment's mean unhinted return over its epoch, S role-balancing scale
 (`scale`). What the ALGO blocks run on is in infra/: flags in config.py, the statistics (Figs. 7,
 9, 19; train()'s one `INFRA: statistics` block) in metrics.py, the Fixed-env baseline in
-baseline.py, Accelerate, engine and checkpoints in run.py.
+baseline.py, Accelerate and the engine in run.py, the run directory and checkpoints in rundir.py.
 
 Deviations (README, "Deviations", has the reasons):
   1. Fewer than N valid environments: the pool is topped up from the previous pool and, at step
@@ -64,7 +64,8 @@ import memory as memory_lib
 import regret
 import sandbox
 from infra import baseline, config, imported, logprobs, metrics, models, telemetry
-from infra.run import Run, derive_seed, memory_plan
+from infra import engine, preflight  # --preflight's plain numbers
+from infra.run import Run, derive_seed, live_episodes, max_model_len
 
 HERE = Path(__file__).resolve().parent
 
@@ -592,7 +593,7 @@ def main(argv=None) -> Path | None:
         return None
     if args[3].preflight:  # the memory plan of this run, measured without weights or a GPU
         resolve(*args)
-        raise SystemExit(memory_plan(*args, update=grpo_update))
+        raise SystemExit(preflight_plan(*args))
     models.check_loadable(args[0].model, "train.py")  # e.g. a hub id not cached, offline
     # The sandbox's zygote is a fresh interpreter started before the model loads: it never holds
     # the model, its memory or its secrets.
@@ -616,6 +617,36 @@ def resolve(margs, sargs, oargs, rargs) -> None:
         models.resolve_model_name(margs.model)
     except ValueError as e:
         raise SystemExit(str(e)) from None
+
+
+def preflight_plan(margs, sargs, oargs, rargs) -> int:
+    """--preflight: preflight.memory_plan of this run on each --gpu card (comma-separated), in
+    plain numbers; returns its exit status."""
+    cards = [preflight.card_gib(gpu) for gpu in rargs.gpu.split(",")]
+    if rargs.gpus <= 0:
+        raise SystemExit(f"--gpus must be positive, got {rargs.gpus}")
+    try:
+        arch = models.architecture(margs.model)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--preflight: the config of {margs.model} cannot be read offline "
+                         f"({type(e).__name__}); ship it in configs/models/ or pass a local "
+                         "directory") from None
+    keep = int(rargs.keep_checkpoints) if rargs.keep_checkpoints.isdigit() else 2
+    return preflight.memory_plan(arch, preflight_launch(margs, sargs, oargs, rargs),
+                                 name=margs.model, setting=sargs.setting, cards=cards,
+                                 sleep_level=engine.SLEEP_LEVEL, keep=keep)
+
+
+def preflight_launch(margs, sargs, oargs, rargs) -> dict:
+    """preflight.plan's keyword arguments (but the card) for this run as it launches: its flags,
+    the engine's limits as run.make_engine sets them, grpo_update with the run's settings."""
+    update = functools.partial(grpo_update, pad_id=0, oargs=oargs, margs=margs,
+                               temperatures=config.role_temperatures(sargs, oargs))
+    return dict(world=rargs.gpus, tp=margs.tensor_parallel_size, util=margs.gpu_memory_utilization,
+                offload=margs.offload_trainer, max_model_len=max_model_len(sargs),
+                micro_batch_tokens=margs.micro_batch_tokens, max_context=sargs.max_context,
+                live_episodes=live_episodes(sargs, margs, rargs.gpus), kl=oargs.kl_coef > 0,
+                update=update, checkpointing=margs.gradient_checkpointing)
 
 
 if __name__ == "__main__":

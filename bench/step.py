@@ -65,7 +65,7 @@ from accelerate.optimizer import AcceleratedOptimizer  # noqa: E402
 import agent  # noqa: E402
 from infra import engine  # noqa: E402
 import grpo  # noqa: E402
-from infra import run as infra  # noqa: E402
+from infra import rundir  # noqa: E402
 from infra import logprobs  # noqa: E402
 import memory  # noqa: E402
 from infra import metrics  # noqa: E402
@@ -194,7 +194,7 @@ def instrument(clock: Clock) -> None:
         clock.wrap(owner, name, SANDBOX)
     for name in ("prompt", "delta"):
         clock.wrap(agent._Renderer, name, TOKENIZE)
-    clock.wrap(infra, "write_step_files", "logging")
+    clock.wrap(rundir, "write_step_files", "logging")
     clock.wrap(metrics, "episode_metrics", "logging")
     clock.wrap(memory.EnvironmentMemory, "save", "logging")
     for name in ("record_plays", "hint_regrets", "agent_samples"):
@@ -207,7 +207,7 @@ def instrument(clock: Clock) -> None:
         phase(name, times)
     train.phase = timed_phase
 
-    original_ckpt = infra.save_checkpoint
+    original_ckpt = rundir.save_checkpoint
 
     def save_checkpoint(*args, **kwargs):
         t = time.perf_counter()
@@ -215,7 +215,7 @@ def instrument(clock: Clock) -> None:
             return original_ckpt(*args, **kwargs)
         finally:
             clock.checkpoint.append((t, time.perf_counter() - t))
-    infra.save_checkpoint = save_checkpoint
+    rundir.save_checkpoint = save_checkpoint
 
 
 def main() -> None:

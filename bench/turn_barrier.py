@@ -6,7 +6,7 @@
 The tiny random Qwen3 (models.build_tiny("tiny"), fp32) in engine.VLLMEngine, both arms in one
 run on one engine. "barrier": what train.py did before: one generate call per agent turn for all
 live episodes, one per designer round of still-failing slots (agent.play and designer.regenerate
-given a plain generate callable). "no barrier": infra.Requests streams on VLLMEngine.submit /
+given a plain generate callable). "no barrier": run.Requests streams on VLLMEngine.submit /
 collect, what train.py does now. Both arms sample every request with the same seed.
 1. Play: 32 episodes x 4 turns of an in-process environment that never ends by itself; episode i's
    reply in turn t runs to LONG tokens when i + t is even, SHORT otherwise (half the replies of
@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import agent  # noqa: E402
 import designer  # noqa: E402
 from infra import engine  # noqa: E402
-from infra import run as infra  # noqa: E402
+from infra import run  # noqa: E402
 from infra import models  # noqa: E402
 
 SMOKE = "--smoke" in sys.argv  # tests/test_bench.py runs this size: it shows the code runs
@@ -97,7 +97,7 @@ class Meter:
 
 
 class Stream:
-    """An infra.Requests stream whose replies get the workload's lengths and count as ended."""
+    """An run.Requests stream whose replies get the workload's lengths and count as ended."""
 
     def __init__(self, inner, tokens, on_reply=lambda key: None):
         self.inner, self.tokens, self.on_reply, self.continuous = inner, tokens, on_reply, True
@@ -127,7 +127,7 @@ def play_arm(eng, sampler, meter, barrier: bool) -> float:
         calls.append(1)
         turn = len(calls)
         outs = eng.generate(prompts, max_new_tokens=[cap(i, turn) for i in range(len(prompts))],
-                            seed=infra.derive_seed(0, 0, "agent", turn), **SAMPLING)
+                            seed=run.derive_seed(0, 0, "agent", turn), **SAMPLING)
         for i in range(len(prompts)):
             finished((i, turn))
         return [dataclasses.replace(c, finish_reason="stop") for c in outs]
@@ -169,7 +169,7 @@ def design_arm(eng, sampler, barrier: bool) -> float:
         keys = [k for k in pending if k[1] == len(calls)]
         outs = eng.generate([sampler.prompt_ids(c) for c in chats],
                             max_new_tokens=[DESIGN_TOKENS[k] for k in keys],
-                            seed=infra.derive_seed(0, 0, "designer", len(calls)), **SAMPLING)
+                            seed=run.derive_seed(0, 0, "designer", len(calls)), **SAMPLING)
         return [dataclasses.replace(c, text=Designs.text(k)) for k, c in zip(keys, outs)]
 
     class Coded(Stream):
@@ -195,7 +195,7 @@ def main() -> None:
         tok.save_pretrained(tmp)
         eng = engine.VLLMEngine(tmp, dtype="float32", max_model_len=4096, seed=0,
                                 stop_ids=[agent.turn_end(tok)[1]], cpu_kv_cache_gib=0.25)
-    sampler, meter = infra.Sampler(eng, tok, 0), Meter(eng)
+    sampler, meter = run.Sampler(eng, tok, 0), Meter(eng)
     eng.generate([tok.encode("warm up")], max_new_tokens=8, seed=0)
     play, design, ratios = {}, {}, {"play": [], "design": []}
     for r in range(ROUNDS):  # interleaved arms: the shared machine's load drifts

@@ -2,20 +2,21 @@
 skip this folder (train.py's ALGO blocks call none of it).
 
     run.py        Run: Accelerate, the policy with its optimizer and frozen reference, the rollout
-                  engine and the Sampler bound to it, the run directory (metrics.jsonl,
-                  checkpoints, exports); --preflight's memory plan
+                  engine and the Sampler bound to it, the distributed set-up
+    rundir.py     the run directory: its schema, its writers (metrics.jsonl, per-step files,
+                  checkpoints, exports) and the readers tools/ share
     config.py     the command line: flags, presets, checks
     engine.py     rollout engines: transformers (in process) and vLLM (colocated, weight sync)
     logprobs.py   chunked token log-probs (the update's forward)
     models.py     model names, the tiny offline models, shipped dtypes and architectures
     metrics.py    the logged run statistics (Figs. 7, 9, 19), never trained on
     telemetry.py  step throughput and MFU (perf/*)
-    preflight.py  the memory plan of a GPU run, measured without weights or a GPU
+    preflight.py  the memory plan of a GPU run (--preflight), measured without weights or a GPU
     offload.py    --offload_trainer: trainer state to host RAM while vLLM generates
     baseline.py   the Fixed-env GRPO baseline's pool and draws; the fallback top-up
     imported.py   GEM / Gymnasium / OpenEnv environments in a pool; --memory_from
 
-Leaves (engine, logprobs, models, metrics, telemetry, offload, preflight, config) import nothing of
-this repository; run, baseline and imported import the leaves. Nothing here imports train.py,
-eval.py or tools/.
+Leaves (engine, logprobs, models, metrics, telemetry, offload, preflight, config, rundir) import
+nothing of this repository; run, baseline and imported import the leaves. Nothing here imports
+train.py, eval.py or tools/ (tools/ imports rundir).
 """

@@ -25,7 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 import designer
-from infra import imported, models, run
+from infra import imported, models, run, rundir
 
 
 def split(specs: str | None) -> list[str]:
@@ -82,13 +82,13 @@ def generate_pool(margs, sargs, oargs, rargs, *, sb, skills: list[str]) -> Path:
             max_attempts=sargs.max_attempts, max_turns=sargs.max_turns)
         for p in (p for p in proposals if p.ok):
             name = f"env_{len(manifest):05d}.py"
-            run.atomic_write(out / name, p.source)
+            rundir.atomic_write(out / name, p.source)
             manifest[name] = {"skill": p.skill, "setting": sargs.setting,
                               "class_name": p.class_name}
             bar.update(1)
         rnd, dry = rnd + 1, 0 if any(p.ok for p in proposals) else dry + 1
-        run.atomic_write(manifest_path, json.dumps(manifest, indent=1, sort_keys=True))
-        run.atomic_write(state_path, json.dumps(
+        rundir.atomic_write(manifest_path, json.dumps(manifest, indent=1, sort_keys=True))
+        rundir.atomic_write(state_path, json.dumps(
             {"round": rnd, "corpus": corpus.state_dict() if corpus is not None else None}))
     bar.close()
     return out

@@ -443,6 +443,7 @@ def vllm_fit_error(*, world: int, tp: int, weight_bytes: float, utilization: flo
 
 
 IDLE_WAIT_S = 0.005  # VLLMEngine.serve: a TP group with nothing to decode polls this often
+SLEEP_LEVEL = 2  # VLLMEngine's sleep between rollouts: weights and KV cache go (docstring, 2.)
 
 
 class VLLMEngine:
@@ -459,8 +460,8 @@ class VLLMEngine:
 
     def __init__(self, model_name: str, *, tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float = 0.4, max_model_len: int = 40960,
-                 dtype: str = "bfloat16", seed: int = 0, sleep_level: int = 2, stop_ids=(),
-                 enforce_eager: bool | None = None, cpu_kv_cache_gib: float = 2.0,
+                 dtype: str = "bfloat16", seed: int = 0, sleep_level: int = SLEEP_LEVEL,
+                 stop_ids=(), enforce_eager: bool | None = None, cpu_kv_cache_gib: float = 2.0,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  group_timeout=None):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process

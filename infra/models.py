@@ -44,6 +44,11 @@ def resolve_model_name(name: str) -> str:
     raise ValueError(f"unknown model {name!r}: use one of {known}, a hub id, or a local directory")
 
 
+def is_tiny(name: str) -> bool:
+    """Whether `name` is one of the tiny offline models (built in memory, never on disk)."""
+    return resolve_model_name(name) in TINY_MODELS
+
+
 # ----------------------------------------------------------------------------------------------
 # INFRA: tiny offline tokenizer and models
 

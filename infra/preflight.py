@@ -422,6 +422,26 @@ def plan(config, *, world: int, tp: int, card: float, util: float, offload: bool
             "moe": bool(getattr(config, "num_experts", 0)), "seconds": time.perf_counter() - t0}
 
 
+def memory_plan(config, launch: dict, *, name: str, setting: str, cards: list[float],
+                sleep_level: int, keep: int) -> int:
+    """--preflight: the plan of `config` on each card of `cards` GiB (`launch`: plan's other
+    keyword arguments, the run as it launches), the trainer measured once, each printed with its
+    host RAM (`sleep_level`: vLLM's; `keep`: the checkpoints kept), then one table row per card
+    (`name`: the model; `setting`). Returns the exit status: 0 when it fits every card."""
+    status, trainer, rows = 0, None, []
+    for card in cards:
+        p = plan(config, card=card, trainer=trainer, **launch)
+        trainer = p["trainer"]
+        host = host_ram(trainer["params"], world=launch["world"], tp=launch["tp"],
+                        sleep_level=sleep_level, offload=launch["offload"], keep=keep,
+                        kl=launch["kl"])
+        print(report(p, name, host))
+        rows.append(table_row(p, name, setting))
+        status = status or (0 if p["fits"] else 1)
+    print("\n".join(rows))
+    return status
+
+
 def host_ram(params: int, *, world: int, tp: int, sleep_level: int, offload: bool,
              keep: int, kl: bool = False) -> dict:
     """GB of host RAM per node (one node of `world` GPUs), each term what a part of the run holds

@@ -1,14 +1,9 @@
 """train.py's infrastructure, none of it the paper's: Accelerate, the policy with its optimizer
-and frozen reference, the rollout engine and the sampler bound to it, and the run directory
-(metrics.jsonl rows reduced over ranks, atomic files, resumable checkpoints, policy exports, the
-per-step files tools/report.py reads). A reader of Algorithm 1 may skip this file: what the
-paper logs is computed in metrics.py, what it trains in train.py.
-
-Run directory (README, "Quick start"): config.json, metrics.jsonl, envs/, designer/,
-transcripts/, memory.json, checkpoint-<step>/ (Accelerate state plus one
-spade_state-<rank>.json), latest, final_model/, exports/step-<k>/. Every file is written beside
-its place and renamed into it, so a killed run never leaves a torn one. The run never renders its
-HTML page: `python -m tools.report RUN_DIR` does, from these files, during the run or after it.
+and frozen reference, the rollout engine and the sampler bound to it, and the distributed set-up
+(process groups, FSDP2, the engine's limits). A reader of Algorithm 1 may skip this file: what the
+paper logs is computed in metrics.py, what it trains in train.py. The run directory's files
+(metrics.jsonl rows, reduced over ranks here; checkpoints, exports, the per-step files) are
+written by rundir.py, whose docstring is their schema.
 Test: `pytest tests/test_train.py`.
 """
 from __future__ import annotations
@@ -16,12 +11,9 @@ from __future__ import annotations
 import datetime
 import hashlib
 import importlib.util
-import json
 import os
-import shutil
 import tempfile
 import time
-from itertools import zip_longest
 from pathlib import Path
 
 import torch
@@ -31,7 +23,7 @@ from tqdm.auto import tqdm
 
 import agent
 import grpo
-from infra import config, engine, metrics, models, offload, preflight, telemetry
+from infra import config, engine, metrics, models, offload, preflight, rundir, telemetry
 
 
 def derive_seed(*parts) -> int:
@@ -145,7 +137,7 @@ class Run:
                                              kwargs_handlers=timeout)
         self.run_dir = Path(rargs.output_dir)
         self.cfg = config.config_dict(margs, sargs, oargs, rargs)
-        self.resume_from = prepare_run_dir(self.run_dir, self.cfg, rargs, acc)
+        self.resume_from = rundir.prepare_run_dir(self.run_dir, self.cfg, rargs, acc)
         set_seed(rargs.seed)
         self.rank, self.world, self.main = acc.process_index, acc.num_processes, acc.is_main_process
         # this rank's designer slots
@@ -164,7 +156,7 @@ class Run:
         if empty:
             unwritten_storage(model)
         model.eval()  # rollouts run in eval mode; grpo_update switches to train mode and back
-        tiny = models.resolve_model_name(margs.model) in models.TINY_MODELS
+        tiny = models.is_tiny(margs.model)
         fsdp_checkpoints = getattr(fsdp, "activation_checkpointing", False)
         if margs.gradient_checkpointing and not tiny and not fsdp_checkpoints:
             model.gradient_checkpointing_enable()  # FSDP configs checkpoint layers themselves
@@ -202,13 +194,12 @@ class Run:
             return None
         self.engine.sleep()
         self.accelerator.load_state(str(self.resume_from))
-        st = json.loads((self.resume_from / f"spade_state-{self.rank}.json").read_text())
+        st = rundir.load_state(self.resume_from, self.rank)
         if st["world"] != self.world:
             raise SystemExit(f"--resume: the run used {st['world']} processes, this launch has "
                              f"{self.world}")
         if self.main:
-            lines = (self.run_dir / "metrics.jsonl").read_text().splitlines()[: st["metrics_lines"]]
-            atomic_write(self.run_dir / "metrics.jsonl", "".join(line + "\n" for line in lines))
+            rundir.cut_metrics(self.run_dir, st["metrics_lines"])
         self.engine.sync_weights(self.accelerator.unwrap_model(self.model))
         return st
 
@@ -230,10 +221,10 @@ class Run:
 
     def log(self, step: int, m: dict, times: dict, episodes, sandbox_level: str, new_pool,
             proposals, scored) -> None:
-        """The step's files (write_step_files) and one metrics.jsonl row (and the trackers),
-        reduced over the ranks."""
-        write_step_files(self.run_dir, step, new_pool, episodes, self.rargs.transcripts, proposals,
-                         self.rank, scored)
+        """The step's files (rundir.write_step_files) and one metrics.jsonl row (and the
+        trackers), reduced over the ranks."""
+        rundir.write_step_files(self.run_dir, step, new_pool, episodes, self.rargs.transcripts,
+                                proposals, self.rank, scored)
         m.update(metrics.episode_metrics(episodes))
         seconds = telemetry.phase_seconds(times, time.perf_counter())
         engine_s = getattr(self.engine, "seconds", {})  # vLLM's sleep and wake (engine.py)
@@ -248,8 +239,7 @@ class Run:
             sleep_s=engine_s.get("sleep", 0.0)))
         m = {**(reduce_metrics(self.gather([m])) if self.world > 1 else m), "charts/step": step}
         if self.main:
-            with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-                f.write(json.dumps({**m, "sandbox/level": sandbox_level}, sort_keys=True) + "\n")
+            rundir.append_metrics(self.run_dir, {**m, "sandbox/level": sandbox_level})
             self.accelerator.log(m, step=step)
             self.bar.set_postfix(ret=f"{m.get('agent/return_mean', 0):.2f}",
                                  learnable=f"{m.get('env/learnable_share', 0):.2f}")
@@ -261,23 +251,17 @@ class Run:
         if self.main and not self.sargs.no_memory:
             st.memory.save()
         if done % rargs.checkpoint_every == 0 or end:
-            metrics_path = self.run_dir / "metrics.jsonl"
-            n_lines = len(metrics_path.read_text().splitlines()) if self.main else 0
-            save_checkpoint(self.accelerator, self.run_dir, done,
-                            st.to_dict(done, self.world, n_lines), rargs.keep_checkpoints)
+            n_lines = rundir.metrics_lines(self.run_dir) if self.main else 0
+            rundir.save_checkpoint(self.accelerator, self.run_dir, done,
+                                   st.to_dict(done, self.world, n_lines), rargs.keep_checkpoints)
         if rargs.export_every and (done % rargs.export_every == 0 or end):
-            exports = self.run_dir / "exports"
-            exports.mkdir(exist_ok=True)
-            export_policy(self.accelerator, self.model, self.tokenizer, exports / f"step-{done}",
-                          self.shipped)
-            if self.main:
-                prune([p for p in exports.glob("step-*") if not p.name.endswith(".tmp")],
-                      rargs.keep_checkpoints)
+            rundir.save_export(self.accelerator, self.model, self.tokenizer, self.run_dir, done,
+                               self.shipped, rargs.keep_checkpoints)
 
     def finish(self) -> Path:
         """The final policy in Hugging Face format, for eval.py and for sharing."""
-        export_policy(self.accelerator, self.model, self.tokenizer, self.run_dir / "final_model",
-                      self.shipped)
+        rundir.export_policy(self.accelerator, self.model, self.tokenizer,
+                             self.run_dir / "final_model", self.shipped)
         if self.main:
             print(f"[spade] done: metrics {self.run_dir / 'metrics.jsonl'}, "
                   f"policy {self.run_dir / 'final_model'}; its page: python -m tools.report "
@@ -328,12 +312,10 @@ def make_engine(margs, sargs, model, tokenizer, seed: int, sharded: bool):
     """vLLM colocated on GPU when installed (or asked for); the transformers engine otherwise."""
     stops = [agent.turn_end(tokenizer)[1]]  # a base model's EOS is not its end of turn
     if wants_vllm(margs):
-        # the longest sequence: an agent's context, or a designer prompt and its reply
-        longest = max(sargs.max_context, 16384 + sargs.designer_max_tokens)
         # the scheduler's limits from the memory plan (preflight.py): as many sequences as the TP
         # group plays at once, prefill chunks whose profile leaves the KV cache its share
         world = int(os.environ.get("WORLD_SIZE", 1))
-        return vllm_engine(margs, model, tokenizer, max_model_len=longest, seed=seed,
+        return vllm_engine(margs, model, tokenizer, max_model_len=max_model_len(sargs), seed=seed,
                            stop_ids=stops, max_num_seqs=live_episodes(sargs, margs, world),
                            max_num_batched_tokens=preflight.MAX_NUM_BATCHED_TOKENS)
     if sharded:  # ranks would generate different token counts through one sharded model
@@ -341,15 +323,23 @@ def make_engine(margs, sargs, model, tokenizer, seed: int, sharded: bool):
                          "requirements/gpu.txt); FSDP2 runs can use either engine")
     if margs.tensor_parallel_size != 1:
         raise SystemExit("--tensor_parallel_size applies to the vLLM engine only")
-    # The prefix cache reuses each episode's KV across turns (sync_weights clears it every step).
-    # At 4B one 32k-token episode holds ~9.6 GB of KV, so only tiny models keep one.
-    tiny = models.resolve_model_name(margs.model) in models.TINY_MODELS
+    # The prefix cache reuses each episode's KV across turns (sync_weights clears it every step);
+    # a real model's long episode holds gigabytes of KV, past the bound: tiny models only.
+    tiny = models.is_tiny(margs.model)
     return engine.TransformersEngine(model, tokenizer, stop_ids=stops,
                                      max_batch_tokens=margs.batch_tokens,
                                      prefix_cache_bytes=PREFIX_CACHE_BYTES if tiny else 0)
 
 
 PREFIX_CACHE_BYTES = 1 << 30  # the transformers engine's prefix KV cache bound (tiny models)
+# The engine's room for a designer prompt (instructions, memory exemplars, the corpus document)
+# beside its reply's --designer_max_tokens.
+DESIGNER_PROMPT_TOKENS = 16384
+
+
+def max_model_len(sargs) -> int:
+    """The engine's longest sequence: an agent's context, or a designer prompt and its reply."""
+    return max(sargs.max_context, DESIGNER_PROMPT_TOKENS + sargs.designer_max_tokens)
 
 
 def live_episodes(sargs, margs, world: int) -> int:
@@ -454,170 +444,3 @@ def reduce_metrics(rows: list[dict]) -> dict:
             merged.setdefault(k, []).append(v)
     reduce = {"_min": min, "_max": max}
     return {k: reduce.get(k[-4:], lambda v: sum(v) / len(v))(v) for k, v in merged.items()}
-
-
-def atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def prune(paths, keep: str) -> None:
-    """Delete all but the newest `keep` (a number, or all) of these directories, oldest first."""
-    if keep != "all":
-        for old in sorted(paths, key=lambda p: p.stat().st_mtime)[:max(len(paths) - int(keep), 0)]:
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def export_policy(accelerator, model, tokenizer, dest: Path, dtype) -> None:
-    """The policy in Hugging Face format at `dest` (written beside it, then renamed into place),
-    in `dtype`: the one the model shipped in (bf16 for the paper's), not the fp32 masters."""
-    state_dict = accelerator.get_state_dict(model)  # every rank takes part (sharded models)
-    if accelerator.is_main_process:
-        tmp = dest.with_name(dest.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        accelerator.unwrap_model(model).save_pretrained(
-            tmp, state_dict={k: v.to(dtype) for k, v in state_dict.items()})
-        config = json.loads((tmp / "config.json").read_text())  # it names the live fp32 dtype
-        atomic_write(tmp / "config.json", json.dumps({**config, "dtype": str(dtype)[6:]}, indent=2))
-        tokenizer.save_pretrained(tmp)
-        shutil.rmtree(dest, ignore_errors=True)
-        os.replace(tmp, dest)
-    accelerator.wait_for_everyone()
-
-
-def save_checkpoint(accelerator, run_dir: Path, step: int, state: dict, keep: str = "2") -> None:
-    """Write checkpoint-<step> atomically: save into a temp dir, then rename and
-    repoint `latest`."""
-    tmp, final = run_dir / f"checkpoint-{step}.tmp", run_dir / f"checkpoint-{step}"
-    if accelerator.is_main_process and tmp.exists():
-        shutil.rmtree(tmp)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
-    tmp.mkdir(parents=True, exist_ok=True)
-    atomic_write(tmp / f"spade_state-{accelerator.process_index}.json", json.dumps(state))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        atomic_write(run_dir / "latest", final.name)
-        older = [p for p in run_dir.glob("checkpoint-*")
-                 if p.name != final.name and not p.name.endswith(".tmp")]
-        prune(older, "all" if keep == "all" else str(int(keep) - 1))
-    accelerator.wait_for_everyone()
-
-
-def prepare_run_dir(run_dir: Path, cfg: dict, rargs, accelerator) -> Path | None:
-    """Return the checkpoint to resume from (or None); refuse a foreign or clobbered run dir."""
-    saved = run_dir / "config.json"
-    if rargs.resume:
-        if not (run_dir / "latest").exists():
-            raise SystemExit(f"--resume: no checkpoint in {run_dir}")
-        old = json.loads(saved.read_text())
-        diff = sorted(k for k in set(old) | set(cfg) if old.get(k) != cfg.get(k))
-        if diff and not rargs.allow_config_change:
-            raise SystemExit(f"--resume: {run_dir} was run with a different config "
-                             f"({', '.join(diff)}); pass --allow_config_change to continue anyway")
-        return run_dir / (run_dir / "latest").read_text().strip()
-    exists = saved.exists()
-    accelerator.wait_for_everyone()  # every rank looked before the main one writes
-    if exists and not rargs.overwrite:
-        raise SystemExit(f"{run_dir} already holds a run: pass --resume to continue it or "
-                         "--overwrite")
-    if accelerator.is_main_process:
-        if run_dir.exists() and rargs.overwrite:
-            shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write(saved, json.dumps(cfg, indent=2, sort_keys=True))
-    accelerator.wait_for_everyone()
-    return None
-
-
-def write_step_files(run_dir: Path, step: int, new_pool, episodes, n_transcripts: int,
-                     proposals: list[dict], rank: int, scored=()) -> None:
-    """Per rank: the freshly designed environments with their hints and first returns, every
-    designer attempt with its rejection reason and message, the designer scores of the finished
-    epoch, and sample transcripts: at a regeneration up to `n_transcripts` per new environment
-    (unhinted and hinted alternately, for tools/report.py's cards), else the step's first few."""
-    tag = f"step-{step:04d}-rank-{rank}"
-    chosen = episodes[:n_transcripts]
-    if new_pool:
-        d = run_dir / "envs" / tag
-        d.mkdir(parents=True, exist_ok=True)
-        for e in new_pool:
-            atomic_write(d / f"{e.env_id.replace(':', '_')}.py", e.source)
-        atomic_write(d / "pool.json", json.dumps(
-            [{"env_id": e.env_id, "skill": e.skill, "origin": e.origin, "class_name": e.class_name,
-              "hint": e.hint, "regret": e.regret, "r_hint": e.r_hint, "r_nohint": e.r_nohint,
-              "returns": e.returns, "faulty": e.faulty} for e in new_pool], indent=2))
-        arms = [[[ep for ep in episodes if ep.env_id == e.env_id and ep.hinted == h]
-                 for h in (False, True)] for e in new_pool]
-        chosen = [ep for plain, hinted in arms for ep in
-                  [x for pair in zip_longest(plain, hinted) for x in pair if x][:n_transcripts]]
-    for sub, rows in (("designer", proposals), ("transcripts", [
-            {"env_id": ep.env_id, "seed": ep.seed, "hinted": ep.hinted, "return": ep.ret,
-             "status": ep.status, "error": ep.error, "actions": ep.actions,
-             "rendered_prompt": ep.rendered_prompt, "messages": ep.messages}
-            for ep in chosen])):
-        if rows:
-            (run_dir / sub).mkdir(exist_ok=True)
-            text = "".join(json.dumps(r) + "\n" for r in rows)
-            atomic_write(run_dir / sub / f"{tag}.jsonl", text)
-    if scored:
-        (run_dir / "designer").mkdir(exist_ok=True)
-        atomic_write(run_dir / "designer" / f"scores-{tag}.json",
-                     json.dumps([{"env_id": s["env_id"], "score": s["score"]} for s in scored]))
-
-
-def plan_for(margs, sargs, oargs, rargs, *, card: float, update, trainer=None) -> dict:
-    """preflight.plan of this run on one card of `card` GiB, as train.py would launch it (the
-    engine's sequence limits, the TP group's live episodes); `trainer`: a measure_trainer result
-    of the same run to reuse. `update` is train.grpo_update."""
-    import functools
-
-    arch = models.architecture(margs.model)
-    bound = functools.partial(update, pad_id=0, temperatures=config.role_temperatures(sargs, oargs),
-                              oargs=oargs, margs=margs)
-    longest = max(sargs.max_context, 16384 + sargs.designer_max_tokens)  # as make_engine
-    return preflight.plan(arch, world=rargs.gpus, tp=margs.tensor_parallel_size, card=card,
-                          util=margs.gpu_memory_utilization, offload=margs.offload_trainer,
-                          max_model_len=longest, micro_batch_tokens=margs.micro_batch_tokens,
-                          max_context=sargs.max_context,
-                          live_episodes=live_episodes(sargs, margs, rargs.gpus),
-                          kl=oargs.kl_coef > 0, update=bound,
-                          checkpointing=margs.gradient_checkpointing, trainer=trainer)
-
-
-def memory_plan(margs, sargs, oargs, rargs, *, update) -> int:
-    """--preflight: this run's memory plan on --gpus cards of each --gpu (comma-separated; the
-    trainer is measured once), printed (preflight.py); returns the exit status: 0 when it fits
-    every card. `update` is train.grpo_update."""
-    import inspect
-
-    cards = [(gpu, preflight.card_gib(gpu)) for gpu in rargs.gpu.split(",")]
-    if rargs.gpus <= 0:
-        raise SystemExit(f"--gpus must be positive, got {rargs.gpus}")
-    try:
-        models.architecture(margs.model)
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"--preflight: the config of {margs.model} cannot be read offline "
-                         f"({type(e).__name__}); ship it in configs/models/ or pass a local "
-                         "directory") from None
-    sleep = inspect.signature(engine.VLLMEngine).parameters["sleep_level"].default
-    keep = int(rargs.keep_checkpoints) if rargs.keep_checkpoints.isdigit() else 2
-    status, trainer, rows = 0, None, []
-    for _, card in cards:
-        p = plan_for(margs, sargs, oargs, rargs, card=card, update=update, trainer=trainer)
-        trainer = p["trainer"]
-        host = preflight.host_ram(trainer["params"], world=rargs.gpus,
-                                  tp=margs.tensor_parallel_size, sleep_level=sleep,
-                                  offload=margs.offload_trainer, keep=keep, kl=oargs.kl_coef > 0)
-        print(preflight.report(p, margs.model, host))
-        rows.append(preflight.table_row(p, margs.model, sargs.setting))
-        status = status or (0 if p["fits"] else 1)
-    print("\n".join(rows))
-    return status

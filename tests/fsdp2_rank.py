@@ -23,7 +23,7 @@ from accelerate.state import AcceleratorState, PartialState  # noqa: E402
 from accelerate.utils import DistributedType  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
-from infra import run as infra  # noqa: E402
+from infra import run  # noqa: E402
 from infra import logprobs  # noqa: E402
 from infra import models  # noqa: E402
 import train  # noqa: E402
@@ -79,7 +79,7 @@ def spy():
         return model, tok
     models.load_model_and_tokenizer = load_model_and_tokenizer
 
-    run_init = infra.Run.__init__
+    run_init = run.Run.__init__
 
     def init(self, *args, **kwargs):
         run_init(self, *args, **kwargs)
@@ -96,15 +96,15 @@ def spy():
             ids, mask, completion = probe_batch(len(self.tokenizer))
             with torch.no_grad(), self.accelerator.autocast():
                 SEEN[f"{key}_logp"] = logprobs.token_logprobs(model, ids, mask, completion).cpu()
-    infra.Run.__init__ = init
+    run.Run.__init__ = init
 
-    finish = infra.Run.finish
+    finish = run.Run.finish
 
     def finish_spy(self):  # after the last update: which reference weights are still gathered
         SEEN["ref_gathered_at_end"] = [n for n, p in self.ref_model.named_parameters()
                                        if not isinstance(p, DTensor)]
         return finish(self)
-    infra.Run.finish = finish_spy
+    run.Run.finish = finish_spy
 
 
 if __name__ == "__main__":

@@ -19,10 +19,10 @@ def main_with(engines: dict, argv):
     the call's duration; the library has no hook for it."""
     import pytest
 
-    from infra import run as infra
+    from infra import run
     import train
     argv = list(argv)
-    run_init = infra.Run.__init__
+    run_init = run.Run.__init__
 
     def init(self, *args, **kwargs):
         run_init(self, *args, **kwargs)
@@ -30,9 +30,9 @@ def main_with(engines: dict, argv):
                                    engines.get("agent", self.sampler.eng))
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(infra.Run, "__init__", init)
+        mp.setattr(run.Run, "__init__", init)
         if "--generate_pool" in argv and "designer" in engines:
-            mp.setattr(infra, "make_engine", lambda *args, **kwargs: engines["designer"])
+            mp.setattr(run, "make_engine", lambda *args, **kwargs: engines["designer"])
         return train.main(argv)
 
 

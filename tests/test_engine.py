@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from infra import config
 from infra import engine
-from infra import run as infra
+from infra import run
 from infra.engine import Completion, TransformersEngine, checkpoint_name, vllm_weight_plan
 
 # Tiny matmuls on a shared 2-core machine: one thread is 10-50x faster than two fighting.
@@ -433,7 +433,7 @@ def test_vllm_engine_construction_and_generate(monkeypatch):
 
 
 def test_vllm_engine_takes_the_plans_scheduler_limits_on_a_gpu(monkeypatch):
-    """On a GPU the scheduler's limits come from the run (infra.live_episodes, the preflight's
+    """On a GPU the scheduler's limits come from the run (run.live_episodes, the preflight's
     prefill chunk) instead of vLLM's 1,024 sequences and 16,384 tokens; unset, vLLM's stay."""
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     fake = FakeVLLM()
@@ -443,10 +443,10 @@ def test_vllm_engine_takes_the_plans_scheduler_limits_on_a_gpu(monkeypatch):
     assert (given["max_num_seqs"], given["max_num_batched_tokens"]) == (96, 8192)
     assert "max_num_seqs" not in unset and "max_num_batched_tokens" not in unset
     sargs, margs = config.SpadeArgs(), config.ModelArgs(tensor_parallel_size=4)
-    assert infra.live_episodes(sargs, margs, world=8) == 4 * 3 * (8 + 16)  # 24 envs over 8 ranks
+    assert run.live_episodes(sargs, margs, world=8) == 4 * 3 * (8 + 16)  # 24 envs over 8 ranks
     # 25 environments over 8 ranks: some rank plays 4 of them, and its group must fit it
     uneven = config.SpadeArgs(num_envs=25)
-    assert infra.live_episodes(uneven, margs, world=8) == 4 * 4 * (8 + 16)
+    assert run.live_episodes(uneven, margs, world=8) == 4 * 4 * (8 + 16)
 
 
 def test_vllm_engine_on_cpu_platform(caplog):

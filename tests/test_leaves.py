@@ -36,6 +36,8 @@ LEAVES = {
     "infra/offload": ([], "import torch; o = offload.TrainerOffload(torch.nn.Linear(2, 2), None, "
                       "enabled=False); o.offload(); o.reload()"),
     "infra/preflight": ([], "assert preflight.card_gib('h200-141gb') == 140.4"),
+    "infra/rundir": ([], "from pathlib import Path; rundir.append_metrics(Path('.'), {'b': 1, 'a': 2}); "
+                     "assert rundir.load_run(Path('.'))['rows'] == [{'a': 2, 'b': 1}]"),
     "sandbox": ([], "sb = sandbox.Sandbox(workers=1); "
                 "r = sb.run_program('print(6 * 7)'); sb.close(); assert r == ('ok', '42\\n'), r"),
 }

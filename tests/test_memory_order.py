@@ -22,7 +22,7 @@ import yaml
 from accelerate import Accelerator
 
 from infra import config, engine, models, offload, preflight
-from infra import run as infra
+from infra import run, rundir
 import train
 from test_gpu_commands import ROOT, table_rows
 from test_train import CORPUS, FakeTPLLM
@@ -54,8 +54,8 @@ def row_plan(row) -> dict:
     margs, sargs, oargs, rargs = row_args(row)
     gpu = row_flags(row)[1]
     key = (margs.model, rargs.gpus, oargs.kl_coef > 0)
-    plan = infra.plan_for(margs, sargs, oargs, rargs, card=preflight.card_gib(gpu),
-                          update=train.grpo_update, trainer=_TRAINERS.get(key))
+    plan = preflight.plan(models.architecture(margs.model), card=preflight.card_gib(gpu),
+                          trainer=_TRAINERS.get(key), **train.preflight_launch(margs, sargs, oargs, rargs))
     _TRAINERS[key] = plan["trainer"]
     return plan
 
@@ -180,10 +180,10 @@ def run_on_ledger(plan: dict, tmp_path, monkeypatch, *, offload_trainer: bool, k
     monkeypatch.setattr(Accelerator, "backward", lambda self, loss, **k: (
         backward(self, loss, **k), ledgers[-1].record("update", kinds["update"]))[0])
     monkeypatch.setattr(Accelerator, "load_state", traced(Accelerator.load_state, "resume"))
-    monkeypatch.setattr(infra, "save_checkpoint", before(infra.save_checkpoint, "checkpoint"))
-    monkeypatch.setattr(infra, "export_policy", before(infra.export_policy, "export"))
+    monkeypatch.setattr(rundir, "save_checkpoint", before(rundir.save_checkpoint, "checkpoint"))
+    monkeypatch.setattr(rundir, "export_policy", before(rundir.export_policy, "export"))
     if before_fix:
-        sync, resume = engine.VLLMEngine.sync_weights, infra.Run.resume
+        sync, resume = engine.VLLMEngine.sync_weights, run.Run.resume
 
         def sync_then_kv(self, model):
             sync(self, model)
@@ -196,7 +196,7 @@ def run_on_ledger(plan: dict, tmp_path, monkeypatch, *, offload_trainer: bool, k
             finally:
                 del self.engine.sleep
         monkeypatch.setattr(engine.VLLMEngine, "sync_weights", sync_then_kv)
-        monkeypatch.setattr(infra.Run, "resume", resume_awake)
+        monkeypatch.setattr(run.Run, "resume", resume_awake)
     tiny = ["--model", "tiny", "--engine", "vllm", "--steps", "2", "--regen_interval", "2",
             "--num_envs", "2", "--skills_per_regen", "1", "--plays", "2", "--hint_plays", "1",
             "--max_attempts", "1", "--designer_max_tokens", "16", "--hint_max_tokens", "8",

@@ -223,14 +223,14 @@ def test_episodes_replay_alone_in_a_mixed_batch_and_under_a_barrier(live):
     as ended by the model (EOS-less replies would end the episodes)."""
     import dataclasses
 
-    from infra import run as infra
+    from infra.run import Sampler, derive_seed
     eng, _, tok = live("tied")
     kw = dict(temperature=0.8, top_p=0.95, top_k=20)
     caps = [6 + 9 * i for i in range(4)]  # episode i's replies run to caps[i] tokens
 
     class Stream:  # the engine's request stream, each episode with its own reply length
         def __init__(self):
-            self.inner, self.in_flight = infra.Sampler(eng, tok, 0).at(0, "agent").tokens(**kw), []
+            self.inner, self.in_flight = Sampler(eng, tok, 0).at(0, "agent").tokens(**kw), []
             self.pending = 0
 
         def submit(self, key, prompt, cap):
@@ -247,7 +247,7 @@ def test_episodes_replay_alone_in_a_mixed_batch_and_under_a_barrier(live):
     def barrier(prompts, _caps):  # one call per turn, seeded as the Sampler seeds its n-th call
         calls.append(len(prompts))
         outs = eng.generate(prompts, max_new_tokens=caps[:len(prompts)],
-                            seed=infra.derive_seed(0, 0, "agent", len(calls)), **kw)
+                            seed=derive_seed(0, 0, "agent", len(calls)), **kw)
         return [dataclasses.replace(c, finish_reason="stop") for c in outs]
 
     def run(n, generate):

@@ -23,7 +23,7 @@ import torch
 from infra import config
 from infra import engine
 import grpo
-from infra import run as infra
+from infra.run import derive_seed
 from infra import logprobs as logprobs_lib
 from infra import metrics as metrics_lib
 from infra import models
@@ -46,9 +46,9 @@ ARGS = ["--model", "tiny", "--steps", "3", "--regen_interval", "2", "--num_envs"
         "--micro_batch_tokens", "700", "--sandbox_workers", "2", "--checkpoint_every", "100",
         "--transcripts", "1", "--corpus", str(CORPUS)]
 
-EVEN = {infra.derive_seed("play", 0, s, i) for s in range(3) for i in (0, 2)}  # "heads" plays
-BAD_SEED = infra.derive_seed("play", 0, 1, 1)  # step 1, play 1: FAULTY raises
-EASY_BAD_SEED = infra.derive_seed("play", 0, 2, 3)  # step 2, play 3: EASY raises
+EVEN = {derive_seed("play", 0, s, i) for s in range(3) for i in (0, 2)}  # "heads" plays
+BAD_SEED = derive_seed("play", 0, 1, 1)  # step 1, play 1: FAULTY raises
+EASY_BAD_SEED = derive_seed("play", 0, 2, 3)  # step 2, play 3: EASY raises
 
 COIN = '''
 class NAMEEnv:
@@ -390,7 +390,7 @@ def test_loop_passes_its_own_settings_on(scripted):
         plays = step0[6 * env:6 * env + 6]
         assert [h for h, _ in plays] == [0, 0, 0, 0, 1, 1]
         assert [s for _, s in plays[4:]] == [s for _, s in plays[:2]] != [s for _, s in plays[2:4]]
-    assert {int(s) for _, s in step0} == {infra.derive_seed("play", 0, 0, i) for i in range(4)}
+    assert {int(s) for _, s in step0} == {derive_seed("play", 0, 0, i) for i in range(4)}
     assert all({k: kw[k] for k in ("clip_low", "clip_high", "tis_cap", "kl_coef")} ==
                {"clip_low": 0.21, "clip_high": 0.29, "tis_cap": 2.5, "kl_coef": 0.0} for kw in rec["loss_kw"])
     roles = [mb[0]["role"] for b in rec["batches"] for mb in b]

@@ -11,7 +11,7 @@ other stacks:
                            # openenv: python -m PACKAGE.openenv_env --port 8000, and any OpenEnv
                            # client (openenv_env.py: reset(seed, index), step({"message": ...}))
 
-It reads what train.py wrote (through report.py's readers): each regeneration's pool
+It reads what train.py wrote (through infra/rundir.py's readers): each regeneration's pool
 (envs/step-S-rank-R/pool.json and sources), the designer attempts with their grounding documents
 (designer/), and the logged plays (transcripts/). It takes every environment the designer wrote
 that did not fault in training, filtered by --min_regret / --skills, and checks each again in the
@@ -58,8 +58,7 @@ from pathlib import Path
 import agent
 import sandbox
 import toolenv
-from infra import metrics
-from tools import report
+from infra import metrics, rundir
 
 TEMPLATE = Path(__file__).resolve().parent / "export_template"
 SEED_RANGE = [0, 2**31 - 1]  # infra/run.py's derive_seed: play seeds are 31-bit
@@ -164,7 +163,7 @@ def entry(sb, run: dict, e: dict, package: str, setting: str) -> tuple[dict, lis
     directory and the worker name (env id, class name) become ids and a file name: checked."""
     if type(e["env_id"]) is not str or not ENV_ID.fullmatch(e["env_id"]):
         raise LeftOut(f"env id {str(e['env_id'])!r:.80} is not a plain name")
-    if report.read_source(e, run["notes"]) is None:
+    if rundir.read_source(e, run["notes"]) is None:
         raise LeftOut("source file missing")
     verdict = sb.validate(e["source"], setting=setting)
     if not verdict.ok:
@@ -179,13 +178,13 @@ def entry(sb, run: dict, e: dict, package: str, setting: str) -> tuple[dict, lis
     if (kind := agent.fault(first)) is not None:
         raise LeftOut(f"reset(seed=0): {kind}")
     first = first[0]
-    plays = report.read_transcripts(run, e["step"], {e["env_id"]}).get(str(e["env_id"]), [])
+    plays = rundir.read_transcripts(run, e["step"], {e["env_id"]}).get(str(e["env_id"]), [])
     replays, bad = check_plays(sb, e, plays, setting)
     if bad:
         print(f"[export] {e['env_id']}: {bad} logged play(s) did not replay the same; left out of "
               "replays.jsonl", file=sys.stderr)
     rid, rets = f"{package}/{verdict.class_name}-{e['env_id']}-v0", list(e.get("returns") or [])
-    attempt = report.attempt_of(run, e)
+    attempt = rundir.attempt_of(run, e)
     item = {"id": rid, "env_id": e["env_id"], "step": e["step"], "skill": e.get("skill"),
             "class_name": verdict.class_name, "source_file": f"envs/{e['env_id']}.py",
             "doc_id": attempt.get("doc_id"), "doc_title": attempt.get("doc_title"),
@@ -257,8 +256,8 @@ def export(run_dir: Path, fmt: str, out: Path, package: str, min_regret: float |
            skills: list[str] | None = None) -> dict:
     """Export RUN_DIR's curriculum into OUT as PACKAGE; returns the manifest."""
     try:
-        run = report.load_run(run_dir)
-    except report.NotARun as e:
+        run = rundir.load_run(run_dir)
+    except rundir.NotARun as e:
         raise SystemExit(f"export: {e}") from None
     cfg = run["config"]
     if not cfg:

@@ -9,18 +9,11 @@ self-contained HTML file: no network, no external assets and no script; curves a
 replies, sources, hints, error messages) is HTML-escaped, so a model that writes `<script>` or
 `</div>` cannot change the page.
 
-Reads only the run directory:
-    config.json                          model, setting, the resolved configuration
-    metrics.jsonl                        one row per step (keys as in the README's metric table)
-    envs/step-S-rank-R/pool.json, *.py   a regeneration's pool: origin, hint, regret, returns, code
-    designer/step-S-rank-R.jsonl         every designer attempt with its rejection reason
-    designer/scores-step-S-rank-R.json   designer scores of the epoch that ended at step S
-    transcripts/step-S-rank-R.jsonl      sample plays (at a regeneration: per new environment)
-    memory.json                          the environment memory now
-A run still writing, a truncated last line or a missing file gives a report of what is there and
-a note of what is not; a directory that holds none of these is an error (exit status 2). Metric
-keys are looked up by their README name, then by their last component, so a renamed namespace
-still draws; a curve without data says so.
+It reads only the run directory, through infra/rundir.py's readers (that module's docstring is
+the directory's schema). A run still writing, a truncated last line or a missing file gives a
+report of what is there and a note of what is not; a directory that holds none of the run's files
+is an error (exit status 2). Metric keys are looked up by their README name, then by their last
+component, so a renamed namespace still draws; a curve without data says so.
 
 Size: at most `--cards` cards per regeneration (designer-written environments first, highest regret
 first), sources cut at `--source_lines` lines and transcripts at `--transcript_chars` characters,
@@ -38,23 +31,16 @@ import io
 import json
 import math
 import os
-import re
 import sys
 from itertools import zip_longest
 from pathlib import Path
 
-from infra import metrics
+from infra import metrics, rundir
 
 CARDS = 2               # cards per regeneration
 SOURCE_LINES = 150      # lines of an environment's source shown on its card
 TRANSCRIPT_CHARS = 3000  # characters of one transcript shown
 TEXT_CHARS = 1500       # characters of an observation, hint or error shown
-ENV_ID = re.compile(r'\{"env_id": ("(?:[^"\\]|\\.)*")')  # how train.py starts a transcript line
-TAG = re.compile(r"(?:scores-)?step-(\d+)-rank-(\d+)\.(?:jsonl|json)$|^step-(\d+)-rank-(\d+)$")
-
-
-class NotARun(ValueError):
-    """The directory is not a SPADE run directory (nothing train.py writes is there)."""
 
 
 def esc(x) -> str:
@@ -89,144 +75,6 @@ def cut(text, limit: int) -> tuple[str, int]:
     half = limit // 2
     gone = len(text) - 2 * half
     return f"{text[:half]}\n[... {gone:,} characters not shown ...]\n{text[-half:]}", gone
-
-
-# ----------------------------------------------------------------------------------------------
-# Reading the run directory: every reader tolerates missing and partial files and notes them.
-
-def read_json(path: Path, notes: list, default=None):
-    try:
-        return json.loads(path.read_text(encoding="utf-8", errors="replace"))
-    except FileNotFoundError:
-        notes.append(f"{path.name} is missing")
-    except (OSError, ValueError) as e:
-        notes.append(f"{path.name} could not be read ({type(e).__name__})")
-    return default
-
-
-def read_jsonl(path: Path, notes: list) -> list[dict]:
-    """The JSON-object lines of a file; unreadable lines (a run still writing leaves a partial last
-    line) are skipped and counted in the notes."""
-    folder = path.parent.name
-    name = f"{folder}/{path.name}" if folder in ("designer", "transcripts") else path.name
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError as e:
-        notes.append(f"{name} could not be read ({type(e).__name__})")
-        return []
-    return read_jsonl_lines(lines, notes, name)
-
-
-def read_jsonl_lines(lines: list[str], notes: list, name: str) -> list[dict]:
-    rows, bad = [], 0
-    for line in lines:
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            row = None
-        if isinstance(row, dict):
-            rows.append(row)
-        else:
-            bad += 1
-    if bad:
-        notes.append(f"{name}: {bad} unreadable line(s) skipped "
-                     "(a run still writing leaves a partial last line)")
-    return rows
-
-
-def tagged(folder: Path, pattern: str) -> list[tuple[int, int, Path]]:
-    """(step, rank, path) of the step-S-rank-R files or folders in `folder`, sorted."""
-    out = []
-    for p in folder.glob(pattern) if folder.is_dir() else []:
-        m = TAG.search(p.name)
-        if m:
-            g = [x for x in m.groups() if x is not None]
-            out.append((int(g[0]), int(g[1]), p))
-    return sorted(out)
-
-
-def load_pools(run_dir: Path, notes: list) -> dict[int, list[dict]]:
-    """{regeneration step: its pool over all ranks}, each environment with its source (or None)."""
-    pools: dict[int, list[dict]] = {}
-    for step, rank, d in tagged(run_dir / "envs", "step-*-rank-*"):
-        entries = read_json(d / "pool.json", notes, [])
-        if not isinstance(entries, list):
-            notes.append(f"envs/{d.name}/pool.json is not a list")
-            continue
-        for e in entries:
-            if isinstance(e, dict) and "env_id" in e:
-                f = d / f"{str(e['env_id']).replace(':', '_')}.py"
-                pools.setdefault(step, []).append({**e, "step": step, "rank": rank, "file": f})
-    return pools
-
-
-def read_source(env: dict, notes: list) -> str | None:
-    """An environment's code, read only for the cards shown (a long run holds thousands)."""
-    if "source" not in env:
-        try:
-            env["source"] = env["file"].read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            env["source"] = None
-            notes.append(f"envs/{env['file'].parent.name}/{env['file'].name} is missing")
-    return env["source"]
-
-
-def read_transcripts(run: dict, step: int, wanted: set) -> dict[str, list[dict]]:
-    """The logged plays at one step of the environments in `wanted`, by env_id. Lines are read one
-    at a time and parsed only when their env_id is wanted: a long run's transcripts are hundreds
-    of times larger than what the page shows."""
-    keys = {json.dumps(str(w)) for w in wanted}
-    out: dict[str, list[dict]] = {}
-    for p in run["transcript_files"].get(step, []):
-        try:
-            with open(p, encoding="utf-8", errors="replace") as f:
-                lines = [line for line in f if (m := ENV_ID.match(line)) and m.group(1) in keys]
-        except OSError as e:
-            run["notes"].append(f"transcripts/{p.name} could not be read ({type(e).__name__})")
-            continue
-        for t in read_jsonl_lines(lines, run["notes"], f"transcripts/{p.name}"):
-            out.setdefault(str(t.get("env_id")), []).append(dict(t, step=step))
-    return out
-
-
-def load_run(run_dir: Path) -> dict:
-    """Everything the report shows, read once. Raises NotARun for a directory that is not a run."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise NotARun(f"{run_dir} is not a directory")
-    marks = ("config.json", "metrics.jsonl", "envs", "designer", "transcripts")
-    if not any((run_dir / m).exists() for m in marks):
-        raise NotARun(f"{run_dir} is not a SPADE run directory: it holds none of "
-                      f"{', '.join(marks)} (train.py --output_dir writes them)")
-    notes: list[str] = []
-    run = {"dir": run_dir, "notes": notes, "config": read_json(run_dir / "config.json", notes, {})}
-    if not isinstance(run["config"], dict):
-        run["config"] = {}
-    metrics_path = run_dir / "metrics.jsonl"
-    run["rows"] = read_jsonl(metrics_path, notes) if metrics_path.exists() else []
-    if not metrics_path.exists():
-        notes.append("metrics.jsonl is missing: no curves")
-    run["pools"] = load_pools(run_dir, notes)
-    run["attempts"] = {}
-    for step, rank, p in tagged(run_dir / "designer", "step-*-rank-*.jsonl"):
-        attempts = (dict(a, rank=rank) for a in read_jsonl(p, notes))
-        run["attempts"].setdefault(step, []).extend(attempts)
-    run["scores"] = {}
-    for _, _, p in tagged(run_dir / "designer", "scores-step-*-rank-*.json"):
-        for s in read_json(p, notes, []) or []:
-            if isinstance(s, dict) and "env_id" in s:
-                run["scores"][str(s["env_id"])] = s.get("score")
-    run["transcript_files"] = {}
-    for step, _, p in tagged(run_dir / "transcripts", "step-*-rank-*.jsonl"):
-        run["transcript_files"].setdefault(step, []).append(p)
-    mem = {}
-    if (run_dir / "memory.json").exists() or not run["config"].get("no_memory"):
-        mem = read_json(run_dir / "memory.json", notes, {})
-    run["memory"] = [r for r in (mem.get("records") if isinstance(mem, dict) else None) or []
-                     if isinstance(r, dict)]
-    return run
 
 
 # ----------------------------------------------------------------------------------------------
@@ -515,15 +363,6 @@ def pick_transcripts(at: list[dict]) -> list[dict]:
     return [t for pair in zip_longest(plain, hinted) for t in pair if t][:2]
 
 
-def attempt_of(run: dict, env: dict) -> dict:
-    """The designer attempt that became this environment (same step, rank and source)."""
-    for a in run["attempts"].get(env["step"], []):
-        same_env = a.get("rank") == env.get("rank") and a.get("source") == env.get("source")
-        if a.get("ok") and same_env:
-            return a
-    return {}
-
-
 def memory_line(run: dict, env: dict, win_rate) -> str:
     if env.get("origin") != "designer":
         return "none (only designer-written environments enter memory)"
@@ -543,8 +382,8 @@ def card_html(run: dict, env: dict, cid: str, opts: dict, logged: list[dict]) ->
     r_nohint = env.get("r_nohint") if num(env.get("r_nohint")) is not None else (
         sum(rets) / len(rets) if rets else None)
     win = metrics.win_rate(rets) if rets else None
-    read_source(env, run["notes"])
-    att = attempt_of(run, env)
+    rundir.read_source(env, run["notes"])
+    att = rundir.attempt_of(run, env)
     plays = pick_transcripts(logged)
     first = next((p for p in plays if not p.get("hinted")), plays[0] if plays else None)
     msgs = [m for m in listof(first.get("messages")) if isinstance(m, dict)] if first else []
@@ -608,7 +447,7 @@ def cards_section(run: dict, opts: dict) -> str:
                 f'(--cards {opts["cards"]}):'
                 f' {esc(", ".join(str(e.get("env_id")) for e in pool[len(shown):]))}</span>'
                 if len(pool) > len(shown) else "")
-        logged = read_transcripts(run, s, {str(e.get("env_id")) for e in shown})
+        logged = rundir.read_transcripts(run, s, {str(e.get("env_id")) for e in shown})
         cards = "".join(guarded(f"card {e.get('env_id')}", card_html, run, e, f"card-{s}-{i}", opts,
                                 logged.get(str(e.get("env_id")), []))
                         for i, e in enumerate(shown))
@@ -734,7 +573,7 @@ def render(run_dir, *, cards: int = CARDS, source_lines: int = SOURCE_LINES,
            transcript_chars: int = TRANSCRIPT_CHARS) -> str:
     """The whole page as a string."""
     from pygments.formatters import HtmlFormatter
-    run = load_run(Path(run_dir))
+    run = rundir.load_run(Path(run_dir))
     opts = {"cards": cards, "source_lines": source_lines, "transcript_chars": transcript_chars}
     body = (guarded("Curves", curves_section, run) + guarded("Telemetry", telemetry_section, run)
             + guarded("Environments", cards_section, run, opts)
@@ -770,7 +609,7 @@ def main(argv=None) -> int:
     try:
         out = write_report(a.run_dir, a.out, cards=a.cards, source_lines=a.source_lines,
                            transcript_chars=a.transcript_chars)
-    except NotARun as e:
+    except rundir.NotARun as e:
         print(f"report.py: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # the page cannot be written where --out points
