@@ -69,8 +69,8 @@ from typing import Any, Callable, Sequence
 
 log = logging.getLogger(__name__)
 
-# Both designer calls' sampling settings are config.SpadeArgs fields citing the paper, bound into
-# the generate callables this module takes by train.regenerate (and infra/baseline.py).
+# Both designer calls' sampling settings are config.DesignerArgs and LoopArgs fields citing the
+# paper, bound into the generate callables this module takes by train.regenerate (and baseline.py).
 HINT_MAX_WORDS = 100                              # deviation 7
 HINT_ATTEMPTS = 3                                 # hint calls per environment, the authors' retry
 MAX_ATTEMPTS = 5                                  # attempts per slot (paper)

@@ -43,6 +43,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -180,19 +181,37 @@ def rollout_mismatch(old_logp: torch.Tensor, rollout_logp: torch.Tensor,
 
 # INFRA: batching ---------------------------------------------------------------------------------
 
-def pad_batch(samples: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad records {"token_ids", "mask", "logprobs"} (lists of one length) into tensors:
-    input_ids (B, T) long, attention_mask (B, T) long, completion_mask (B, T) float (the record's
+@dataclass
+class Sample:
+    """One training sample of either role, as the loss reads it; T_i is its own length:
+        token_ids (T_i,)  the prompt's and the completion's tokens, one sequence
+        mask      (T_i,)  1 on the tokens the loss trains (the policy's sampled tokens), 0 on the
+                          prompt, on observations between turns, on a filtered episode's tokens
+        logprobs  (T_i,)  the rollout engine's log-probs of the sampled tokens (0 where mask 0)
+        advantage A_i     Eq. (1) for the agent, S * (score - mean_k) for the designer
+        role      "agent" | "designer": its micro-batches and log-prob temperature
+        weight    u_i     its weight in the loss' mean over samples (the formula above)"""
+    token_ids: list[int]
+    mask: list[int]
+    logprobs: list[float]
+    advantage: float = 0.0
+    role: str = "agent"
+    weight: float = 1.0
+
+
+def pad_batch(samples: Sequence[Sample], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad samples (token_ids, mask and logprobs of one length each) into tensors:
+    input_ids (B, T) long, attention_mask (B, T) long, completion_mask (B, T) float (the sample's
     mask; 0 on padding), rollout_logp (B, T) float (0 where completion_mask is 0)."""
     if not samples:
         raise ValueError("pad_batch needs at least one sample")
-    B, T = len(samples), max(len(s["token_ids"]) for s in samples)
+    B, T = len(samples), max(len(s.token_ids) for s in samples)
     out = {"input_ids": torch.full((B, T), pad_id, dtype=torch.long),
            "attention_mask": torch.zeros(B, T, dtype=torch.long),
            "completion_mask": torch.zeros(B, T, dtype=torch.float32),
            "rollout_logp": torch.zeros(B, T, dtype=torch.float32)}
     for b, s in enumerate(samples):
-        ids, mask, lps = s["token_ids"], s["mask"], s["logprobs"]
+        ids, mask, lps = s.token_ids, s.mask, s.logprobs
         if not (len(ids) == len(mask) == len(lps)) or not ids:
             raise ValueError(f"sample {b}: token_ids, mask and logprobs need one equal, non-zero "
                              f"length, got {len(ids)}, {len(mask)}, {len(lps)}")

@@ -75,11 +75,11 @@ def phase(name: str, times: dict) -> None:
     times[name] = time.perf_counter()
 
 
-def skill_list(sargs) -> list[str]:
+def skill_list(setting: str, two_skills: bool = False) -> list[str]:
     """The names of the setting's skills (Sec. 4.1, 4.2; --two_skills: the ablation's two)."""
-    if sargs.setting == "tool":
+    if setting == "tool":
         return [s.name for s in designer.TOOL_SKILLS]
-    return [s.name for s in (designer.TWO_SKILLS if sargs.two_skills else designer.GAME_SKILLS)]
+    return [s.name for s in (designer.TWO_SKILLS if two_skills else designer.GAME_SKILLS)]
 
 
 @dataclass
@@ -138,139 +138,135 @@ class State:
             self.corpus.load_state_dict(d["corpus"])
 
 
-def start_state(run, sargs, rargs) -> State:
+def start_state(run, cfg: config.Config) -> State:
     """A fresh state (its memory seeded from --memory_from), or with --resume the checkpoint's,
     memory included as saved: --memory_from seeds a run once, never again on resume."""
-    corpus = None
-    if not (sargs.no_corpus or sargs.fixed_envs):  # one sampler for the run, seed 42 (Sec. 3.2)
-        corpus = designer.Corpus(sargs.corpus, max_words=designer.CORPUS_MAX_WORDS[sargs.setting],
-                                      seed=sargs.corpus_seed + run.rank)
-    mem = memory_lib.EnvironmentMemory(capacity=sargs.memory_capacity,
-                                       path=run.run_dir / "memory.json", seed=rargs.seed)
+    dargs, setting, corpus = cfg.designer, cfg.loop.setting, None
+    if not (dargs.no_corpus or cfg.pools.fixed_envs):  # one sampler, seed 42 (Sec. 3.2) + rank
+        corpus = designer.Corpus(dargs.corpus, max_words=designer.CORPUS_MAX_WORDS[setting],
+                                 seed=dargs.corpus_seed + run.rank)
+    mem = memory_lib.EnvironmentMemory(capacity=dargs.memory_capacity,
+                                       path=run.run_dir / "memory.json", seed=cfg.run.seed)
     st = State(pool=[], designs=[], memory=mem, corpus=corpus)
     saved = run.resume()
     if saved is not None:
         st.restore(saved)
-    elif sargs.memory_from:  # another run's records as exemplars (text only, never executed)
-        imported.seed_memory(st.memory, sargs.memory_from, sargs.setting)
+    elif cfg.pools.memory_from:  # another run's records as exemplars (text only, never executed)
+        imported.seed_memory(st.memory, cfg.pools.memory_from, setting)
     return st
 
 
 # ----------------------------------------------------------------------------------------------
 # ALGO: Algorithm 1, one call per phase
 
-def train(margs, sargs, oargs, rargs, *, sb) -> Path:
+def train(cfg: config.Config, *, sb) -> Path:
     """Algorithm 1; every rank runs it on its own share of the pool (deviation 6)."""
-    run = Run(margs, sargs, oargs, rargs)  # INFRA: Accelerate, policy, engine, run dir
-    st = start_state(run, sargs, rargs)
-    fixed = bool(sargs.fixed_envs)  # the Fixed-env GRPO baseline (infra/baseline.py): no designer
-    draws = baseline.fixed_draws(sargs, sb, run.rank, run.world)  # its static pool's draws
-    for step in run.steps(st.step, sb.level):
+    run = Run(cfg)  # INFRA: Accelerate, policy, engine, run dir
+    st = start_state(run, cfg)
+    # SPADE's regenerations every R steps, or the Fixed-env GRPO baseline's draws and no designer
+    plan = baseline.Schedule(cfg.pools, cfg.loop, sb, run.rank, run.world, env=PoolEnv)
+    loop, R = cfg.loop, cfg.loop.regen_interval
+    for step in run.steps(st.step, sb.level):  # INFRA: each opens with the rollouts' memory
         m, times, logs, ended = {}, {}, [], []
-        run.offload.offload()  # INFRA: --offload_trainer: trainer state to host RAM for rollouts,
-        run.engine.wake()  # INFRA: then vLLM's KV cache back (released since the last update)
-        regen = step % sargs.regen_interval == 0 and not fixed
-        last = step + 1 == sargs.steps
-        if draws:
-            st.pool = [PoolEnv(**e) for e in draws[step]]
+        regen, last = plan.regenerates(step), plan.closes_epoch(step)
+        st.pool = plan.pool(step, st.pool)
         epoch_pool = st.pool  # INFRA: the finished epoch's environments, for the statistics
         # ALGO: 1. regenerate: designer proposals, sandbox validation, hints (Alg. 1 lines 3-6)
         phase("regenerate", times)
         if regen:
             ended = st.designs  # the finished epoch's designer samples, scored in phase 4
-            st.pool, st.designs, gm, logs = regenerate(step, sargs, run.sampler, sb, st.memory,
-                                                       st.pool, st.corpus, run.rank, run.world)
+            st.pool, st.designs, gm, logs = regenerate(step, st, run.sampler, sb, cfg.designer,
+                                                       loop, run.rank, run.world)
             m.update(gm)
         # ALGO: 2. play: G unhinted plays per environment, H hinted per fresh one at a regeneration
         phase("play", times)
-        episodes = play_pool(step, st.pool, sargs, run.sampler, sb, run.tokenizer, seed=rargs.seed,
-                             hinted_arm=regen and sargs.hint_plays > 0, margs=margs)
+        episodes = play_pool(step, st.pool, run.sampler, sb, run.tokenizer, cfg.agent, loop,
+                             hinted_arm=regen and loop.hint_plays > 0, seed=cfg.run.seed)
         # ALGO: 3. regret (Eq. 3) of the fresh environments, after the plays mark faults and returns
         phase("regret", times)
-        record_plays(st.pool, episodes, regen, sargs.setting)
+        record_plays(st.pool, episodes, regen, loop.setting)
         m.update(hint_regrets(st.pool, episodes) if regen else {})
         # ALGO: 4. delayed designer scoring of the finished epoch (deviation 3: and of the last)
         phase("score", times)
-        if last and not fixed:
+        if last:
             ended, st.designs = ended + st.designs, []
-        scored = score_epoch(ended, sargs, st.lp)
-        samples = agent_samples(episodes, compact=tool_filters(sargs))
-        if (regen or last) and not (sargs.no_designer_training or fixed):  # a collective
-            ds, dm = designer_samples(scored, samples, sargs, run.gather, run.rank)
+        scored = score_epoch(ended, cfg.regret, st.lp)
+        samples = agent_samples(episodes, compact=tool_filters(cfg.agent, loop.setting))
+        if (regen or last) and not cfg.designer.no_designer_training:  # a collective
+            ds, dm = designer_samples(scored, samples, run.gather, run.rank, regen_interval=R,
+                                      cap=cfg.grpo.role_scale_cap)
             samples += ds
             m.update(dm)
-        # ALGO: 5. one GRPO update over both roles
+        # ALGO: 5. one GRPO update over both roles (INFRA: vLLM asleep, the trainer state back)
         phase("update", times)
-        run.engine.sleep()  # INFRA: colocated vLLM frees its weights and KV cache for training
-        run.offload.reload(optimizer=False)  # INFRA: the AdamW moments come back at its step
-        m.update(grpo_update(run.model, run.ref_model, run.optimizer, run.scheduler,
-                             run.accelerator, samples, pad_id=run.tokenizer.pad_token_id,
-                             temperatures=run.temperatures, oargs=oargs, margs=margs))
-        run.offload.reload()  # INFRA: an update without samples never called the optimizer
+        with run.trainer_on_device():
+            m.update(grpo_update(run.model, run.ref_model, run.optimizer, run.scheduler,
+                                 run.accelerator, samples, pad_id=run.tokenizer.pad_token_id,
+                                 temperatures=run.temperatures, gargs=cfg.grpo))
         # ALGO: 6. weight sync into the rollout engine (INFRA: its weights wake, its KV cache not)
         phase("sync", times)
         run.engine.sync_weights(run.accelerator.unwrap_model(run.model))
         # ALGO: 7. memory update: a record for every freshly designed environment
         phase("memory", times)
-        if regen and not sargs.no_memory:
-            remember(step, st.pool, st.memory, sargs.setting, episodes, run.gather)
+        if regen and not cfg.designer.no_memory:
+            remember(step, st.pool, st.memory, loop.setting, episodes, run.gather)
         # INFRA: statistics (Figs. 7, 9, 19; env/*), never trained on; step files, checkpoint
         phase("log", times)
         if regen and step > 0:  # Fig. 7 over the epoch that ended at this regeneration
-            m.update(metrics.epoch_learnable(st.hist, epoch_pool, step - sargs.regen_interval,
-                                             run.n_slots))
+            m.update(metrics.epoch_learnable(st.hist, epoch_pool, step - R, run.n_slots))
         m.update(metrics.env_metrics(st.pool, episodes))
-        m.update(metrics.regen_figures(step, st.pool, regen, episodes, st.hist, sargs.steps,
-                                       random.Random(derive_seed("vendi", rargs.seed, step)),
+        m.update(metrics.regen_figures(step, st.pool, regen, episodes, st.hist, loop.steps,
+                                       random.Random(derive_seed("vendi", cfg.run.seed, step)),
                                        run.gather))
-        if last and not fixed:  # and over the last epoch
-            m.update(metrics.epoch_learnable(st.hist, st.pool, step - step % sargs.regen_interval,
-                                             run.n_slots))
+        if last:  # and over the last epoch
+            m.update(metrics.epoch_learnable(st.hist, st.pool, step - step % R, run.n_slots))
         run.log(step, m, times, episodes, sb.level, st.pool if regen else [], logs, scored)
         run.save(step, st)
     return run.finish()
 
 
-def regenerate(step, sargs, sampler, sb, mem, pool, corpus, rank=0, world=1):
-    """Alg. 1 lines 3-6: active skills, designer proposals validated in the sandbox, hints. Returns
-    the new pool, the designer samples of its fresh environments (the new epoch's buffer), the
-    designer/* statistics and every attempt's log record. Each rank designs its share of N slots."""
-    active = designer.active_skills(step, skill_list(sargs), sargs.skills_per_regen,
-                                    sargs.regen_interval)
-    slots = designer.slot_skills(active, sargs.num_envs)[rank::world]  # Sec. 3.1
+def regenerate(step, st: State, sampler, sb, dargs: config.DesignerArgs, loop: config.LoopArgs,
+               rank=0, world=1):
+    """Alg. 1 lines 3-6: active skills, designer proposals validated in the sandbox, hints, from
+    the state's memory, corpus and pool (the one it replaces). Returns the new pool, the designer
+    samples of its fresh environments (the new epoch's buffer), the designer/* statistics and
+    every attempt's log record. Each rank designs its share of N slots."""
+    active = designer.active_skills(step, skill_list(loop.setting, dargs.two_skills),
+                                    dargs.skills_per_regen, loop.regen_interval)
+    slots = designer.slot_skills(active, loop.num_envs)[rank::world]  # Sec. 3.1
     # mem.prompt_block draws exemplars with the memory's own seeded, checkpointed rng
-    block = (lambda skill: "") if sargs.no_memory else mem.prompt_block
+    block = (lambda skill: "") if dargs.no_memory else st.memory.prompt_block
     try:
         proposals, stats = designer.regenerate(
             slots, generate=sampler.at(step, "designer").chat(  # the designer's sampling (Sec. 4)
-                temperature=sargs.designer_temperature, top_p=sargs.top_p, top_k=sargs.top_k,
-                max_new_tokens=sargs.designer_max_tokens, enable_thinking=sargs.designer_thinking),
-            validate=lambda src: sb.validate(src, setting=sargs.setting), corpus=corpus,
-            memory_block=block, setting=sargs.setting,
-            rng=random.Random(derive_seed("prompts", sargs.corpus_seed, step, rank)),
-            max_attempts=sargs.max_attempts, concurrency=sb.workers, max_turns=sargs.max_turns)
+                temperature=dargs.designer_temperature, top_p=loop.top_p, top_k=loop.top_k,
+                max_new_tokens=dargs.designer_max_tokens, enable_thinking=dargs.designer_thinking),
+            validate=lambda src: sb.validate(src, setting=loop.setting), corpus=st.corpus,
+            memory_block=block, setting=loop.setting,
+            rng=random.Random(derive_seed("prompts", dargs.corpus_seed, step, rank)),
+            max_attempts=dargs.max_attempts, concurrency=sb.workers, max_turns=loop.max_turns)
     finally:
         sampler.drain()
     ok = [p for p in proposals if p.ok]
     fresh = [PoolEnv(f"s{step}-r{rank}-e{i}", p.skill, p.source, p.class_name, "designer")
              for i, p in enumerate(ok)]
-    designs = [] if sargs.no_designer_training else [
-        Design(e, sampler.prompt_ids(p.messages, sargs.designer_thinking), list(p.reply.token_ids),
+    designs = [] if dargs.no_designer_training else [
+        Design(e, sampler.prompt_ids(p.messages, dargs.designer_thinking), list(p.reply.token_ids),
                list(p.reply.logprobs)) for e, p in zip(fresh, ok)]
     # Deviation 1: top up from the previous pool, then (step 0) from the hand-written envs.
     carried = [dataclasses.replace(e, origin="carried", returns=[], regret=None, r_hint=None,
-                                   r_nohint=None) for e in pool if not e.faulty]
+                                   r_nohint=None) for e in st.pool if not e.faulty]
     if step == 0 and len(fresh) + len(carried) < len(slots):
-        fallback = baseline.load(sargs.fallback_envs or str(HERE / "data" / "envs"), sargs.setting,
+        fallback = baseline.load(dargs.fallback_envs or str(HERE / "data" / "envs"), loop.setting,
                                  sb, "fallback")
         carried += [PoolEnv(**e) for e in fallback][rank::world]
     new_pool = fresh + carried[: max(0, len(slots) - len(fresh))]
-    hinted = fresh if sargs.hint_plays > 0 else []  # deviation 5: the fresh environments only
+    hinted = fresh if loop.hint_plays > 0 else []  # deviation 5: the fresh environments only
     hint_gen = sampler.at(step, "hint").chat(
-        temperature=sargs.hint_temperature, max_new_tokens=sargs.hint_max_tokens,
-        top_p=sargs.top_p, top_k=sargs.top_k, enable_thinking=sargs.hint_thinking)
+        temperature=dargs.hint_temperature, max_new_tokens=dargs.hint_max_tokens,
+        top_p=loop.top_p, top_k=loop.top_k, enable_thinking=dargs.hint_thinking)
     try:
-        hints = designer.write_hints([e.source for e in hinted], sargs.setting, hint_gen)
+        hints = designer.write_hints([e.source for e in hinted], loop.setting, hint_gen)
     finally:
         sampler.drain()
     for e, h in zip(hinted, hints):
@@ -280,36 +276,36 @@ def regenerate(step, sargs, sampler, sb, mem, pool, corpus, rank=0, world=1):
     return new_pool, designs, stats, [p.to_log() for p in proposals]
 
 
-def play_pool(step, pool, sargs, sampler, sb, tokenizer, hinted_arm: bool, seed: int, margs):
+def play_pool(step, pool, sampler, sb, tokenizer, aargs: config.AgentArgs, loop: config.LoopArgs,
+              *, hinted_arm: bool, seed: int):
     """Alg. 1 line 7: G unhinted plays per environment, plus H hinted at a regeneration step for
     the freshly designed environments (the ones whose regret scores a designer sample). Both arms
-    draw their seeds from one list (common random numbers, our deviation). margs: the agent's
-    thinking switches (enable_thinking, hinted_thinking, strip_thinking_history)."""
-    seeds = [derive_seed("play", seed, step, i) for i in range(max(sargs.plays, sargs.hint_plays))]
+    draw their seeds from one list (common random numbers, our deviation)."""
+    seeds = [derive_seed("play", seed, step, i) for i in range(max(loop.plays, loop.hint_plays))]
     jobs = []
     for e in pool:
         if e.faulty:
             continue
-        jobs += [(e, s, None) for s in seeds[:sargs.plays]]
+        jobs += [(e, s, None) for s in seeds[:loop.plays]]
         if hinted_arm and e.hint and e.origin == "designer":
-            jobs += [(e, s, e.hint) for s in seeds[:sargs.hint_plays]]
-    gen = sampler.at(step, "agent").tokens(temperature=sargs.agent_temperature,
-                                           top_p=sargs.top_p, top_k=sargs.top_k)
+            jobs += [(e, s, e.hint) for s in seeds[:loop.hint_plays]]
+    gen = sampler.at(step, "agent").tokens(temperature=aargs.agent_temperature,
+                                           top_p=loop.top_p, top_k=loop.top_k)
     step_many, reset_many, specs = sb.step_many, sb.reset_many, []
     if any(e.suite for e in pool):  # INFRA: imported GEM / Gymnasium / OpenEnv entries
         step_many, reset_many = imported.batched(sb, True), imported.batched(sb, False)
     play = functools.partial(agent.play, tokenizer=tokenizer,
                              step_many=step_many, reset_many=reset_many,
-                             setting=sargs.setting, max_turns=sargs.max_turns,
-                             max_context=sargs.max_context, max_new_tokens=sargs.max_new_tokens,
-                             enable_thinking=margs.enable_thinking,
-                             hinted_thinking=margs.hinted_thinking,
-                             strip_thinking_history=margs.strip_thinking_history,
-                             mask_malformed=tool_filters(sargs))
+                             setting=loop.setting, max_turns=loop.max_turns,
+                             max_context=aargs.max_context, max_new_tokens=aargs.max_new_tokens,
+                             enable_thinking=aargs.enable_thinking,
+                             hinted_thinking=aargs.hinted_thinking,
+                             strip_thinking_history=aargs.strip_thinking_history,
+                             mask_malformed=tool_filters(aargs, loop.setting))
     try:  # an infrastructure fault (SandboxInfraError) propagates: it is never the env's fault
         for e, s, hint in jobs:
             handle = (imported.handle(e.suite) if e.suite
-                      else sb.open(e.source, setting=sargs.setting))
+                      else sb.open(e.source, setting=loop.setting))
             specs.append(agent.EpisodeSpec(e.env_id, s, hint, handle))
         if any(e.suite for e in pool):  # INFRA: at most an OpenEnv server's sessions at once
             return imported.play_rounds(specs, gen, lambda s, g: play(s, generate=g))
@@ -378,11 +374,12 @@ def hint_regrets(pool, episodes) -> dict:
             "regret/r_nohint": sum(e.r_nohint for e in regs) / len(regs)}
 
 
-def score_epoch(designs, sargs, lp: dict | None = None) -> list[dict]:
+def score_epoch(designs, reward: config.RegretArgs, lp: dict | None = None) -> list[dict]:
     """The finished epoch's designer samples with their scores (Sec. 3.3; regret.designer_score).
     `lp` (skill -> [mu_fast, mu_slow]) carries the learning_potential ablation's trackers: each
     skill's is updated with the epoch mean of its scored environments' plays before scoring."""
-    mode, out = sargs.designer_reward, []
+    mode, out = reward.designer_reward, []
+    band = (reward.plateau_lo, reward.plateau_hi, reward.plateau_ramp)  # plateau(w)'s
     envs = [d.env for d in designs]
     if mode == "learning_potential" and lp is not None:
         for skill in sorted({e.skill for e in envs}):
@@ -398,7 +395,7 @@ def score_epoch(designs, sargs, lp: dict | None = None) -> list[dict]:
         faulty = e.faulty or w is None or needed is None
         score = regret.designer_score(e.regret, w, mode=mode, faulty=faulty, timed_out=e.timed_out,
                                       r_hint=e.r_hint, baseline=baseline,
-                                      band=(sargs.plateau_lo, sargs.plateau_hi, sargs.plateau_ramp))
+                                      band=band)
         out.append({"prompt": d.prompt, "reply": d.reply, "logprobs": d.logprobs, "skill": e.skill,
                     "score": score, "env_id": e.env_id})
     return out
@@ -423,12 +420,12 @@ def remember(step, pool, mem, setting: str, episodes, gather=None) -> None:
         mem.add(r)
 
 
-def tool_filters(sargs) -> bool:
+def tool_filters(aargs: config.AgentArgs, setting: str) -> bool:
     """The authors' tool-use training filters (every tool run): on in --setting tool."""
-    return sargs.setting == "tool" and not sargs.no_tool_filters
+    return setting == "tool" and not aargs.no_tool_filters
 
 
-def agent_samples(episodes, compact: bool = False) -> list[dict]:
+def agent_samples(episodes, compact: bool = False) -> list[grpo.Sample]:
     """Unhinted, fault-free episodes -> training samples with group advantages (Eq. 1). compact
     (the authors' tool-use filter): an episode that did not terminate (token cap, context, budget,
     turn limit) counts in its group's statistics with loss mask 0: no policy failure to push down.
@@ -443,51 +440,49 @@ def agent_samples(episodes, compact: bool = False) -> list[dict]:
         if compact and ep.status != "terminated":
             turns = [(t, [0] * len(m), lp) for t, m, lp in turns]
         n = sum(sum(m) for _, m, _ in turns)  # the episode's trained tokens
-        out += [{"tokens": t, "mask": m, "logprobs": lp, "advantage": a, "role": "agent",
-                 "weight": sum(m) / n if n else 1 / len(turns)} for t, m, lp in turns]
+        out += [grpo.Sample(t, m, lp, advantage=a, role="agent",
+                            weight=sum(m) / n if n else 1 / len(turns)) for t, m, lp in turns]
     return out
 
 
-def designer_samples(scored, agent, sargs, gather=list, rank=0) -> tuple[list[dict], dict]:
-    """Scored designer samples -> advantages A = S * (score - mean_skill) over all ranks; S's
-    N_agent counts every rank's agent episodes (`agent`: this rank's agent samples, the turns of a
-    stripped-history episode weighing 1 together), as the authors count before their per-turn
-    fan-out (`gather`: every rank's items; a collective)."""
-    n_agent = sum(gather([round(sum(s["weight"] for s in agent))]))
+def designer_samples(scored, agent_batch, gather=list, rank=0, *, regen_interval: int,
+                     cap: float = grpo.ROLE_SCALE_CAP) -> tuple[list[grpo.Sample], dict]:
+    """Scored designer samples -> advantages A = S * (score - mean_skill) over all ranks, S =
+    min(cap, N_agent / N_designer * R); N_agent counts every rank's agent episodes (`agent_batch`:
+    this rank's agent samples, the turns of a stripped-history episode weighing 1 together), as
+    the authors count before their per-turn fan-out (`gather`: every rank's items; a collective)."""
+    n_agent = sum(gather([round(sum(s.weight for s in agent_batch))]))
     everyone = gather([(rank, i, s["skill"], s["score"]) for i, s in enumerate(scored)])
     if not everyone:
         return [], {}
-    scale = grpo.role_scale(n_agent, len(everyone), sargs.regen_interval,
-                            cap=sargs.role_scale_cap)
+    scale = grpo.role_scale(n_agent, len(everyone), regen_interval, cap=cap)
     adv = grpo.designer_advantages([x[3] for x in everyone], [x[2] for x in everyone], scale)
     mine = {i: a for (r, i, _, _), a in zip(everyone, adv) if r == rank}
-    out = [{"tokens": s["prompt"] + s["reply"],
-            "mask": [0] * len(s["prompt"]) + [1] * len(s["reply"]),
-            "logprobs": [0.0] * len(s["prompt"]) + s["logprobs"], "advantage": mine[i],
-            "role": "designer", "weight": 1.0}
-           for i, s in enumerate(scored)]
+    out = [grpo.Sample(s["prompt"] + s["reply"], [0] * len(s["prompt"]) + [1] * len(s["reply"]),
+                       [0.0] * len(s["prompt"]) + s["logprobs"], advantage=mine[i],
+                       role="designer") for i, s in enumerate(scored)]
     scores = [x[3] for x in everyone]
     return out, {"designer/score_mean": sum(scores) / len(scores), "designer/samples": len(scores),
                  "designer/scale": scale}
 
 
-def micro_batches(samples, budget: int) -> list[list[dict]]:
+def micro_batches(samples, budget: int) -> list[list[grpo.Sample]]:
     """Split samples into same-role micro-batches of at most `budget` tokens (one may exceed)."""
     out = []
     for role in ("agent", "designer"):
         cur, n = [], 0
-        for s in sorted((s for s in samples if s["role"] == role), key=lambda s: len(s["tokens"])):
-            if cur and n + len(s["tokens"]) > budget:
+        for s in sorted((s for s in samples if s.role == role), key=lambda s: len(s.token_ids)):
+            if cur and n + len(s.token_ids) > budget:
                 out.append(cur)
                 cur, n = [], 0
             cur.append(s)
-            n += len(s["tokens"])
+            n += len(s.token_ids)
         out += [cur] if cur else []
     return out
 
 
 def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *, pad_id,
-                temperatures, oargs, margs) -> dict:
+                temperatures, gargs: config.GRPOArgs) -> dict:
     """One GRPO step (Sec. 3.4): token-mean per sample, then a mean over all ranks' episodes and
     designer samples, each sample weighted by its `weight` (a stripped-history turn: its share of
     its episode's tokens, so an episode's turns pool into one token-mean; otherwise 1).
@@ -497,24 +492,23 @@ def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *,
     term a sample with advantage exactly 0, or an all-zero loss mask, has zero gradient: counted
     in the mean over samples, never forwarded (zero-variance groups cost nothing)."""
     dev = accelerator.device
-    n_global = float(accelerator.gather(torch.tensor([sum(s["weight"] for s in samples)],
+    n_global = float(accelerator.gather(torch.tensor([sum(s.weight for s in samples)],
                                                      dtype=torch.float64, device=dev)).sum())
     if n_global == 0:
         return {}
     trained = [s for s in samples
-               if any(s["mask"]) and (s["advantage"] != 0.0 or oargs.kl_coef > 0)]
-    batches = micro_batches(trained, margs.micro_batch_tokens)
+               if any(s.mask) and (s.advantage != 0.0 or gargs.kl_coef > 0)]
+    batches = micro_batches(trained, gargs.micro_batch_tokens)
     # INFRA: every rank runs the same number of forwards (FSDP collectives), at least one so
     # every parameter gets a (zero) gradient and AdamW steps as it would on zero advantages;
     # extras weigh 0.
     n_mb = max(1, int(accelerator.gather(torch.tensor([len(batches)], device=dev)).max()))
-    filler = [{"tokens": [pad_id, pad_id], "mask": [0, 1], "logprobs": [0.0, 0.0], "role": "agent",
-               "advantage": 0.0, "weight": 0.0}]
+    filler = [grpo.Sample([pad_id, pad_id], [0, 1], [0.0, 0.0], advantage=0.0, weight=0.0)]
     model.train()
     try:
         stats_acc, grad_norm = _update_epochs(
             model, ref_model, optimizer, scheduler, accelerator, batches, n_mb, filler, n_global,
-            temperatures=temperatures, oargs=oargs)
+            temperatures=temperatures, gargs=gargs)
     finally:
         model.eval()
     out = {}
@@ -526,8 +520,8 @@ def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *,
     out["losses/grad_norm"] = float(grad_norm)
     out["losses/samples"] = round(n_global)
     # INFRA: the token counts and model FLOPs of step telemetry (telemetry.py; padding not counted)
-    lengths = [len(s["tokens"]) for s in trained] * oargs.ppo_epochs
-    out["perf/batch_tokens"] = sum(len(s["tokens"]) for s in samples)
+    lengths = [len(s.token_ids) for s in trained] * gargs.ppo_epochs
+    out["perf/batch_tokens"] = sum(len(s.token_ids) for s in samples)
     out["perf/update_tokens"] = sum(lengths)
     config = getattr(accelerator.unwrap_model(model), "config", None)  # None: not a transformer
     if config is not None:
@@ -537,18 +531,16 @@ def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *,
 
 
 def _update_epochs(model, ref_model, optimizer, scheduler, accelerator, batches, n_mb, filler,
-                   n_global, *, temperatures, oargs):
+                   n_global, *, temperatures, gargs: config.GRPOArgs):
     """The optimizer passes of grpo_update; returns (per-micro-batch stats, last grad norm)."""
     dev, world = accelerator.device, accelerator.num_processes
     stats_acc, old_cache, grad_norm = {}, {}, 0.0
-    for epoch in range(oargs.ppo_epochs):
+    for epoch in range(gargs.ppo_epochs):
         for b in range(n_mb):
             mb = batches[b] if b < len(batches) else filler
-            rows = [{"token_ids": s["tokens"], "mask": s["mask"], "logprobs": s["logprobs"]}
-                    for s in mb]
-            t = grpo.pad_batch(rows, pad_id=filler[0]["tokens"][0])
+            t = grpo.pad_batch(mb, pad_id=filler[0].token_ids[0])
             t = {k: v.to(dev) for k, v in t.items()}
-            temp = temperatures[mb[0]["role"]]
+            temp = temperatures[mb[0].role]
             with accelerator.autocast():  # bf16 compute under mixed precision, fp32 masters
                 logp = logprobs.token_logprobs(model, t["input_ids"], t["attention_mask"],
                                                t["completion_mask"], temperature=temp)
@@ -559,19 +551,19 @@ def _update_epochs(model, ref_model, optimizer, scheduler, accelerator, batches,
                 with torch.no_grad(), accelerator.autocast():
                     ref = logprobs.token_logprobs(ref_model, t["input_ids"], t["attention_mask"],
                                                   t["completion_mask"], temperature=temp)
-            adv = torch.tensor([s["advantage"] for s in mb], device=dev)
+            adv = torch.tensor([s.advantage for s in mb], device=dev)
             # sum_i w_i * token-mean_i / n_global: a mean over all ranks' episodes and designer
             # samples (DDP/FSDP average gradients over ranks, hence the factor `world`)
-            w = torch.tensor([s["weight"] * world / n_global for s in mb], device=dev)
+            w = torch.tensor([s.weight * world / n_global for s in mb], device=dev)
             loss, st = grpo.policy_loss(logp, old_cache[b], t["rollout_logp"], adv,
-                                        t["completion_mask"], ref_logp=ref, kl_coef=oargs.kl_coef,
-                                        clip_low=oargs.clip_low, clip_high=oargs.clip_high,
-                                        tis_cap=oargs.tis_cap, weights=w)
+                                        t["completion_mask"], ref_logp=ref, kl_coef=gargs.kl_coef,
+                                        clip_low=gargs.clip_low, clip_high=gargs.clip_high,
+                                        tis_cap=gargs.tis_cap, weights=w)
             accelerator.backward(loss)
             if mb is not filler:
                 for k, v in st.items():
                     stats_acc.setdefault(k, []).append((float(v), len(mb)))
-        grad_norm = accelerator.clip_grad_norm_(model.parameters(), oargs.grad_clip)
+        grad_norm = accelerator.clip_grad_norm_(model.parameters(), gargs.grad_clip)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)  # free the gradients before the next rollouts
@@ -585,68 +577,71 @@ def main(argv=None) -> Path | None:
     """Run SPADE (or, with --generate_pool, write the Fixed-env baseline's pool); returns the run
     directory."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = config.parse(argv, aliases=models.MODEL_ALIASES)
-    if args[3].print_config:  # the resolved configuration, without loading a model
-        resolve(*args)
-        resolved = {k: v for a in args for k, v in dataclasses.asdict(a).items()}
-        print(json.dumps(resolved, sort_keys=True))
+    cfg = config.parse(argv, aliases=models.MODEL_ALIASES)
+    if cfg.run.print_config:  # the resolved configuration, without loading a model
+        resolve(cfg)
+        print(json.dumps(cfg.flat(), sort_keys=True))
         return None
-    if args[3].preflight:  # the memory plan of this run, measured without weights or a GPU
-        resolve(*args)
-        raise SystemExit(preflight_plan(*args))
-    models.check_loadable(args[0].model, "train.py")  # e.g. a hub id not cached, offline
+    if cfg.run.preflight:  # the memory plan of this run, measured without weights or a GPU
+        resolve(cfg)
+        raise SystemExit(preflight_plan(cfg))
+    models.check_loadable(cfg.model.model, "train.py")  # e.g. a hub id not cached, offline
     # The sandbox's zygote is a fresh interpreter started before the model loads: it never holds
     # the model, its memory or its secrets.
-    sb = sandbox.Sandbox(workers=args[3].sandbox_workers, step_timeout=args[3].step_timeout,
-                         memory_mb=args[3].sandbox_memory_mb, max_turns=args[1].max_turns)
+    sb = sandbox.Sandbox(workers=cfg.run.sandbox_workers, step_timeout=cfg.run.step_timeout,
+                         memory_mb=cfg.run.sandbox_memory_mb, max_turns=cfg.loop.max_turns)
     try:
-        resolve(*args)
-        if args[1].generate_pool:
-            return baseline.generate_pool(*args, sb=sb, skills=skill_list(args[1]))
-        return train(*args, sb=sb)
+        resolve(cfg)
+        if cfg.pools.generate_pool:
+            skills = skill_list(cfg.loop.setting, cfg.designer.two_skills)
+            return baseline.generate_pool(cfg, sb=sb, skills=skills)
+        return train(cfg, sb=sb)
     finally:  # never leave the zygote and its workers behind, even on a crash
         sb.close()
 
 
-def resolve(margs, sargs, oargs, rargs) -> None:
-    """config.resolve with this code's skills and designer rewards; an unknown model fails here."""
-    config.resolve(margs, sargs, oargs, rargs, skills=len(skill_list(sargs)),
+def resolve(cfg: config.Config) -> None:
+    """config.resolve with this code's skills and designer rewards, in place (each path of main
+    resolves once); an unknown model fails here."""
+    config.resolve(cfg, skills=len(skill_list(cfg.loop.setting, cfg.designer.two_skills)),
                    designer_modes=regret.DESIGNER_MODES)
-    baseline.check(sargs)
+    baseline.check(cfg.pools, cfg.designer)
     try:
-        models.resolve_model_name(margs.model)
+        models.resolve_model_name(cfg.model.model)
     except ValueError as e:
         raise SystemExit(str(e)) from None
 
 
-def preflight_plan(margs, sargs, oargs, rargs) -> int:
+def preflight_plan(cfg: config.Config) -> int:
     """--preflight: preflight.memory_plan of this run on each --gpu card (comma-separated), in
     plain numbers; returns its exit status."""
+    rargs, name = cfg.run, cfg.model.model
     cards = [preflight.card_gib(gpu) for gpu in rargs.gpu.split(",")]
     if rargs.gpus <= 0:
         raise SystemExit(f"--gpus must be positive, got {rargs.gpus}")
     try:
-        arch = models.architecture(margs.model)
+        arch = models.architecture(name)
     except (OSError, ValueError) as e:
-        raise SystemExit(f"--preflight: the config of {margs.model} cannot be read offline "
+        raise SystemExit(f"--preflight: the config of {name} cannot be read offline "
                          f"({type(e).__name__}); ship it in configs/models/ or pass a local "
                          "directory") from None
     keep = int(rargs.keep_checkpoints) if rargs.keep_checkpoints.isdigit() else 2
-    return preflight.memory_plan(arch, preflight_launch(margs, sargs, oargs, rargs),
-                                 name=margs.model, setting=sargs.setting, cards=cards,
+    return preflight.memory_plan(arch, preflight_launch(cfg), name=name,
+                                 setting=cfg.loop.setting, cards=cards,
                                  sleep_level=engine.SLEEP_LEVEL, keep=keep)
 
 
-def preflight_launch(margs, sargs, oargs, rargs) -> dict:
+def preflight_launch(cfg: config.Config) -> dict:
     """preflight.plan's keyword arguments (but the card) for this run as it launches: its flags,
     the engine's limits as run.make_engine sets them, grpo_update with the run's settings."""
-    update = functools.partial(grpo_update, pad_id=0, oargs=oargs, margs=margs,
-                               temperatures=config.role_temperatures(sargs, oargs))
-    return dict(world=rargs.gpus, tp=margs.tensor_parallel_size, util=margs.gpu_memory_utilization,
-                offload=margs.offload_trainer, max_model_len=max_model_len(sargs),
-                micro_batch_tokens=margs.micro_batch_tokens, max_context=sargs.max_context,
-                live_episodes=live_episodes(sargs, margs, rargs.gpus), kl=oargs.kl_coef > 0,
-                update=update, checkpointing=margs.gradient_checkpointing)
+    m, gpus = cfg.model, cfg.run.gpus
+    update = functools.partial(grpo_update, pad_id=0, gargs=cfg.grpo,
+                               temperatures=config.role_temperatures(cfg))
+    return dict(world=gpus, tp=m.tensor_parallel_size, util=m.gpu_memory_utilization,
+                offload=m.offload_trainer, max_model_len=max_model_len(cfg),
+                micro_batch_tokens=cfg.grpo.micro_batch_tokens, max_context=cfg.agent.max_context,
+                live_episodes=live_episodes(cfg, gpus), kl=cfg.grpo.kl_coef > 0,
+                update=update, sample=grpo.Sample, checkpointing=m.gradient_checkpointing)
 
 
 if __name__ == "__main__":

@@ -281,8 +281,9 @@ def section_logprob(s, device, dtype):
 # 2. train.grpo_update at the Qwen3-4B shape ---------------------------------------------------
 
 def update_samples(n, length, vocab, rng):
-    """n multi-turn agent records of exactly `length` tokens (agent.play's layout): a prompt, then
-    a reply (mask 1) and an environment observation (mask 0) per turn, in train.py's keys."""
+    """n multi-turn agent samples (grpo.Sample) of exactly `length` tokens (agent.play's layout): a
+    prompt, then a reply (mask 1) and an environment observation (mask 0) per turn."""
+    import grpo
     samples = []
     for _ in range(n):
         mask = [0] * rng.randint(length // 16, length // 8)                 # system + task prompt
@@ -292,9 +293,8 @@ def update_samples(n, length, vocab, rng):
         mask = mask[:length]
         # a random model's log-probs sit near -log V; the rollout engine's differ by noise
         logprobs = [-math.log(vocab) + rng.gauss(0.0, 0.05) if m else 0.0 for m in mask]
-        samples.append({"tokens": [rng.randrange(vocab) for _ in range(length)], "mask": mask,
-                        "logprobs": logprobs, "advantage": rng.gauss(0.0, 1.0), "role": "agent",
-                        "weight": 1.0})
+        samples.append(grpo.Sample([rng.randrange(vocab) for _ in range(length)], mask, logprobs,
+                                   advantage=rng.gauss(0.0, 1.0), role="agent", weight=1.0))
     return samples
 
 
@@ -323,8 +323,8 @@ def section_update(s, device):
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
         model, opt, sched = accelerator.prepare(model, opt, sched)
         samples = update_samples(s.seqs, s.seq_len, s.model["vocab_size"], random.Random(0))
-        kw = dict(pad_id=0, temperatures={"agent": 1.0}, oargs=config.OptimArgs(kl_coef=0.0),
-                  margs=config.ModelArgs(micro_batch_tokens=s.micro_batch_tokens))
+        kw = dict(pad_id=0, temperatures={"agent": 1.0},
+                  gargs=config.GRPOArgs(kl_coef=0.0, micro_batch_tokens=s.micro_batch_tokens))
         times = []
         with PeakMemory(device) as mem:
             for i in range(1 + s.timed_updates):  # update 0: warm-up, allocates AdamW state

@@ -4,7 +4,8 @@ from a hand-written one (train.py's deviation 1).
 
 Everything of the baseline is here: its pool, written once by the untrained policy with the
 designer's prompts (`generate_pool`, --generate_pool), the per-step draws without replacement from
-it (`fixed_env_schedule`, `fixed_draws`, the authors' seed 42), and the checks of its flags
+it (`fixed_env_schedule`, `fixed_draws`, the authors' seed 42), the loop's calendar that turns the
+designer off for it (`Schedule`: train.py asks it, never the flag), and the checks of its flags
 (`check`). Both pools take a comma-separated list of sources (`--fixed_envs`, `--fallback_envs`):
 a directory of *.py environments (skills from DIR/manifest.json or a `skill: <name>.` first
 docstring line), each validated in the sandbox, or an imported id (gem:, gymnasium:, openenv:;
@@ -25,43 +26,44 @@ import torch
 from tqdm.auto import tqdm
 
 import designer
-from infra import imported, models, run, rundir
+from infra import config, imported, models, run, rundir
 
 
 def split(specs: str | None) -> list[str]:
     return [s.strip() for s in (specs or "").split(",") if s.strip()]
 
 
-def check(sargs) -> None:
+def check(pools: config.PoolArgs, dargs: config.DesignerArgs) -> None:
     """Fail fast, before any model loads, on pool flags that cannot work."""
-    for flag in ("fixed_envs", "fallback_envs"):
-        for spec in split(getattr(sargs, flag)):
+    for flag, specs in (("fixed_envs", pools.fixed_envs), ("fallback_envs", dargs.fallback_envs)):
+        for spec in split(specs):
             if spec.startswith("openenv:"):
                 imported.remote_url(spec)  # a one-line error for a URL not on this machine
             if not imported.is_imported(spec) and not sorted(Path(spec).glob("*.py")):
                 raise SystemExit(f"--{flag} {spec}: no *.py environments there")
-    if sargs.memory_from and (sargs.no_memory or not Path(sargs.memory_from).is_dir()):
-        raise SystemExit(f"--memory_from {sargs.memory_from}: " + (
-            "--no_memory keeps no memory to seed" if sargs.no_memory else "not a directory"))
+    if pools.memory_from and (dargs.no_memory or not Path(pools.memory_from).is_dir()):
+        raise SystemExit(f"--memory_from {pools.memory_from}: " + (
+            "--no_memory keeps no memory to seed" if dargs.no_memory else "not a directory"))
 
 
-def generate_pool(margs, sargs, oargs, rargs, *, sb, skills: list[str]) -> Path:
+def generate_pool(cfg: config.Config, *, sb, skills: list[str]) -> Path:
     """The Fixed-env GRPO baseline's pool (Sec. 4): the untrained policy designs environments
     with the same prompts (memory off, skills in turn) until --generate_pool of them validate.
     Each one is written as it validates, with manifest.json (file -> skill, setting) and the
     generator's state, so a killed run continues where it stopped; then `--fixed_envs DIR`.
     `skills`: the setting's skill names, designed in turn."""
-    out, n = Path(rargs.output_dir), sargs.generate_pool
+    loop, dargs, seed = cfg.loop, cfg.designer, cfg.run.seed
+    out, n = Path(cfg.run.output_dir), cfg.pools.generate_pool
     out.mkdir(parents=True, exist_ok=True)
     manifest_path, state_path = out / "manifest.json", out / "pool_state.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     state = json.loads(state_path.read_text()) if state_path.exists() else {}
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
-    model, tok = models.load_model_and_tokenizer(margs.model, dtype=dtype, seed=rargs.seed)
-    eng = run.make_engine(margs, sargs, model, tok, rargs.seed, False)
-    sampler = run.Sampler(eng, tok, rargs.seed)
-    corpus = None if sargs.no_corpus else designer.Corpus(
-        sargs.corpus, max_words=designer.CORPUS_MAX_WORDS[sargs.setting], seed=sargs.corpus_seed)
+    model, tok = models.load_model_and_tokenizer(cfg.model.model, dtype=dtype, seed=seed)
+    eng = run.make_engine(cfg, model, tok, seed, False)
+    sampler = run.Sampler(eng, tok, seed)
+    corpus = None if dargs.no_corpus else designer.Corpus(
+        dargs.corpus, max_words=designer.CORPUS_MAX_WORDS[loop.setting], seed=dargs.corpus_seed)
     if corpus is not None and state.get("corpus"):
         corpus.load_state_dict(state["corpus"])
     rnd = state.get("round", 0)
@@ -70,20 +72,20 @@ def generate_pool(margs, sargs, oargs, rargs, *, sb, skills: list[str]) -> Path:
         if dry == 10:
             raise SystemExit(f"--generate_pool: 10 rounds without a valid environment "
                              f"({len(manifest)} of {n} in {out})")
-        batch = min(sargs.num_envs, n - len(manifest))
-        slots = [skills[(rnd * sargs.num_envs + i) % len(skills)] for i in range(batch)]
+        batch = min(loop.num_envs, n - len(manifest))
+        slots = [skills[(rnd * loop.num_envs + i) % len(skills)] for i in range(batch)]
         proposals, _ = designer.regenerate(
             slots, generate=sampler.at(rnd, "pool").chat(
-                temperature=sargs.designer_temperature, top_p=sargs.top_p, top_k=sargs.top_k,
-                max_new_tokens=sargs.designer_max_tokens, enable_thinking=sargs.designer_thinking),
-            validate=lambda src: sb.validate(src, setting=sargs.setting), corpus=corpus,
-            memory_block=None, setting=sargs.setting,
-            rng=random.Random(run.derive_seed("pool", rargs.seed, rnd)),
-            max_attempts=sargs.max_attempts, max_turns=sargs.max_turns)
+                temperature=dargs.designer_temperature, top_p=loop.top_p, top_k=loop.top_k,
+                max_new_tokens=dargs.designer_max_tokens, enable_thinking=dargs.designer_thinking),
+            validate=lambda src: sb.validate(src, setting=loop.setting), corpus=corpus,
+            memory_block=None, setting=loop.setting,
+            rng=random.Random(run.derive_seed("pool", seed, rnd)),
+            max_attempts=dargs.max_attempts, max_turns=loop.max_turns)
         for p in (p for p in proposals if p.ok):
             name = f"env_{len(manifest):05d}.py"
             rundir.atomic_write(out / name, p.source)
-            manifest[name] = {"skill": p.skill, "setting": sargs.setting,
+            manifest[name] = {"skill": p.skill, "setting": loop.setting,
                               "class_name": p.class_name}
             bar.update(1)
         rnd, dry = rnd + 1, 0 if any(p.ok for p in proposals) else dry + 1
@@ -113,16 +115,44 @@ def fixed_env_schedule(n: int, k: int, steps: int, seed: int = 42) -> list[list[
     return out
 
 
-def fixed_draws(sargs, sb, rank: int, world: int) -> list[list[dict]]:
+def fixed_draws(pools: config.PoolArgs, loop: config.LoopArgs, sb, rank: int,
+                world: int) -> list[list[dict]]:
     """The Fixed-env GRPO baseline (--fixed_envs): each step's environments (this rank's share of
     the step's draw from the validated static pool, as train.PoolEnv fields); [] in a SPADE run."""
-    if not sargs.fixed_envs:
+    if not pools.fixed_envs:
         return []
-    fixed = load(sargs.fixed_envs, sargs.setting, sb, "fixed")
+    fixed = load(pools.fixed_envs, loop.setting, sb, "fixed")
     if not fixed:
-        raise SystemExit(f"--fixed_envs {sargs.fixed_envs}: no environment passed validation")
+        raise SystemExit(f"--fixed_envs {pools.fixed_envs}: no environment passed validation")
     return [[fixed[i] for i in draw[rank::world]]
-            for draw in fixed_env_schedule(len(fixed), sargs.num_envs, sargs.steps)]
+            for draw in fixed_env_schedule(len(fixed), loop.num_envs, loop.steps)]
+
+
+class Schedule:
+    """The loop's calendar, the one place train.py learns whether it runs SPADE or the baseline.
+    SPADE: a regeneration every R steps, the pool carried between them, and the last designer
+    epoch closed at the final step (train.py's deviation 3). The Fixed-env GRPO baseline
+    (--fixed_envs): no designer, so no regeneration and no epoch to close; each step plays its
+    draw from the static pool (`fixed_draws`), made into pool entries by `env` (train.PoolEnv)."""
+
+    def __init__(self, pools: config.PoolArgs, loop: config.LoopArgs, sb, rank: int, world: int,
+                 *, env=dict):
+        self.steps, self.interval, self.env = loop.steps, loop.regen_interval, env
+        self.fixed = bool(pools.fixed_envs)
+        self.draws = fixed_draws(pools, loop, sb, rank, world)
+
+    def regenerates(self, step: int) -> bool:
+        """Whether the designer regenerates the pool at `step` (Alg. 1 line 3)."""
+        return step % self.interval == 0 and not self.fixed
+
+    def closes_epoch(self, step: int) -> bool:
+        """Whether `step` is the final step of a run with a designer: its last epoch's designer
+        samples train now, and its statistics close (deviation 3)."""
+        return step + 1 == self.steps and not self.fixed
+
+    def pool(self, step: int, pool: list) -> list:
+        """The pool `step` plays: SPADE's `pool` as it stands, or the baseline's draw."""
+        return [self.env(**e) for e in self.draws[step]] if self.draws else pool
 
 
 def load(specs: str, setting: str, sb, origin: str) -> list[dict]:

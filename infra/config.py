@@ -1,10 +1,14 @@
-"""train.py's configuration: the four argument dataclasses (every paper default cites the paper),
-the authors' launcher presets, and the checks that stop a bad run before any work.
+"""train.py's configuration: one Config whose groups follow the modules they configure (model,
+loop, designer, agent, regret, grpo, pools, run; every paper default cites the paper), the
+authors' launcher presets, and the checks that stop a bad run before any work.
 
-`python train.py --help` lists every field; `--print_config` prints the resolved configuration
-(preset, then explicit flags, then the setting's defaults) as one JSON object. Standard library
-and transformers only: train.py passes in what the other modules define (skills, designer reward
-modes, model aliases). Test: `pytest tests/test_recipe.py tests/test_wiring.py`.
+Each group is a dataclass, each field one flag of the same name (`cfg.designer.corpus` is
+--corpus), parsed by transformers.HfArgumentParser. A phase of train.py takes its own group or
+explicit keyword arguments, never the whole Config. `python train.py --help` lists every field;
+`--print_config` prints the resolved configuration (preset, then explicit flags, then the
+setting's defaults) as one flat JSON object. Standard library and transformers only: train.py
+passes in what the other modules define (skills, designer reward modes, model aliases).
+Test: `pytest tests/test_recipe.py tests/test_wiring.py`.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ DEMO_CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus.jsonl"
 
 @dataclass
 class ModelArgs:
+    """The policy and its rollout engine (infra/run.py, infra/engine.py, infra/offload.py)."""
     model: str = field(default="tiny", metadata={
         "help": "Alias (Qwen3-4B, Qwen3-8B, Qwen3-30B-A3B), hub id, local dir, or tiny / tiny-moe "
                 "(random, offline)."})
@@ -29,16 +34,6 @@ class ModelArgs:
     tensor_parallel_size: int = field(default=1, metadata={
         "help": "vLLM tensor parallel size within a node (the ranks of a group share one engine; "
                 "each plays its own environments)."})
-    enable_thinking: bool | None = field(default=None, metadata={
-        "help": "Passed to the chat template for agent turns (hybrid Qwen3 models); default: the "
-                "template's."})
-    hinted_thinking: bool | None = field(default=None, metadata={
-        "help": "enable_thinking for the hinted plays of the regret arm (the authors' 8B games: "
-                "off); default: as --enable_thinking."})
-    strip_thinking_history: bool = field(default=False, metadata={
-        "help": "Agent: drop earlier turns' <think> blocks from the context (re-rendered each "
-                "turn, one training sample per turn, the episode weighing as one in the loss), as "
-                "the authors' thinking 8B games agent."})
     gpu_memory_utilization: float = field(default=0.35, metadata={
         "help": "vLLM's whole share of each GPU's memory when colocated with training: its "
                 "weights (1/TP of them), activation profile and KV cache; the run stops at "
@@ -47,9 +42,6 @@ class ModelArgs:
     batch_tokens: int = field(default=65536, metadata={
         "help": "Transformers engine: prompts batched by length up to rows x (longest prompt + "
                 "reply cap) tokens, a bound on its KV cache."})
-    micro_batch_tokens: int = field(default=16384, metadata={
-        "help": "Tokens per forward/backward micro-batch (gradient accumulation over the step's "
-                "samples)."})
     process_group_timeout: float = field(default=7200.0, metadata={
         "help": "Seconds a collective waits for the slowest rank (default process group and vLLM "
                 "tensor-parallel groups) before the run fails; NCCL's own default is 600."})
@@ -60,7 +52,9 @@ class ModelArgs:
 
 
 @dataclass
-class SpadeArgs:
+class LoopArgs:
+    """Algorithm 1's loop and what its phases share: the setting, S, R, N, G, H, and the
+    sampling and turn limits both roles use (train.py)."""
     setting: str = field(default="games", metadata={
         "help": "games (cognitive games, Sec. 4.1) or tool (multi-turn tool use, Sec. 4.2)."})
     steps: int = field(default=400, metadata={"help": "Training steps (paper: 400)."})
@@ -72,6 +66,16 @@ class SpadeArgs:
         "help": "G, unhinted plays per environment per step (paper: 8)."})
     hint_plays: int = field(default=16, metadata={
         "help": "H, hinted plays per environment at a regeneration step (paper: 16)."})
+    top_p: float = field(default=0.95, metadata={
+        "help": "Top-p for designer and agent (paper: 0.95)."})
+    top_k: int = field(default=20, metadata={"help": "Top-k for designer and agent (paper: 20)."})
+    max_turns: int = field(default=25, metadata={"help": "Agent turns per episode (paper: 25)."})
+
+
+@dataclass
+class DesignerArgs:
+    """The designer role: proposals, hints, the corpus, the environment memory and the fallback
+    pool of a thin first regeneration (designer.py, memory.py; train.regenerate)."""
     skills_per_regen: int | None = field(default=None, metadata={
         "help": "k, active skills per regeneration (paper: 3 of 6 games, all 6 tool use)."})
     max_attempts: int = field(default=5, metadata={
@@ -87,24 +91,54 @@ class SpadeArgs:
     designer_thinking: bool | None = field(default=None, metadata={
         "help": "enable_thinking for designer prompts (authors' 8B: off); default: the "
                 "template's."})
-    hint_thinking: bool | None = field(default=None, metadata={
-        "help": "enable_thinking for hint prompts (authors' 8B: off); default: the template's."})
     designer_max_tokens: int = field(default=16384, metadata={
         "help": "Designer max new tokens (paper: 16,384)."})
     hint_temperature: float = field(default=0.3, metadata={
         "help": "Hint sampling temperature (paper: 0.3)."})
+    hint_thinking: bool | None = field(default=None, metadata={
+        "help": "enable_thinking for hint prompts (authors' 8B: off); default: the template's."})
     hint_max_tokens: int | None = field(default=None, metadata={
         "help": "Hint max new tokens (paper: 4,096 games, 2,048 tool use)."})
+    two_skills: bool = field(default=False, metadata={
+        "help": "Ablation: two-skill curriculum {Math, Pattern}."})
+    no_corpus: bool = field(default=False, metadata={
+        "help": "Ablation: designer prompts without a reference document."})
+    no_memory: bool = field(default=False, metadata={"help": "Ablation: no environment memory."})
+    no_designer_training: bool = field(default=False, metadata={
+        "help": "Ablation: the designer role is never trained."})
+    fallback_envs: str | None = field(default=None, metadata={
+        "help": "The pool that tops up a thin first regeneration (deviation 1), in --fixed_envs' "
+                "form; default: the hand-written data/envs/."})
+
+
+@dataclass
+class AgentArgs:
+    """The agent role: its sampling, context and thinking switches (agent.py; train.play_pool)."""
     agent_temperature: float = field(default=0.6, metadata={
         "help": "Agent sampling temperature (paper: 0.6)."})
-    top_p: float = field(default=0.95, metadata={
-        "help": "Top-p for designer and agent (paper: 0.95)."})
-    top_k: int = field(default=20, metadata={"help": "Top-k for designer and agent (paper: 20)."})
-    max_turns: int = field(default=25, metadata={"help": "Agent turns per episode (paper: 25)."})
     max_context: int = field(default=32768, metadata={
         "help": "Agent context in tokens (paper: 32,768)."})
     max_new_tokens: int = field(default=8192, metadata={
         "help": "Agent new tokens per turn (paper: 8,192)."})
+    enable_thinking: bool | None = field(default=None, metadata={
+        "help": "Passed to the chat template for agent turns (hybrid Qwen3 models); default: the "
+                "template's."})
+    hinted_thinking: bool | None = field(default=None, metadata={
+        "help": "enable_thinking for the hinted plays of the regret arm (the authors' 8B games: "
+                "off); default: as --enable_thinking."})
+    strip_thinking_history: bool = field(default=False, metadata={
+        "help": "Agent: drop earlier turns' <think> blocks from the context (re-rendered each "
+                "turn, one training sample per turn, the episode weighing as one in the loss), as "
+                "the authors' thinking 8B games agent."})
+    no_tool_filters: bool = field(default=False, metadata={
+        "help": "Tool use: keep episodes that did not terminate (reply cut by the token cap, turn "
+                "limit, budget) and malformed tool-call replies in the loss (the authors mask them "
+                "in every tool run)."})
+
+
+@dataclass
+class RegretArgs:
+    """The designer's score (regret.py; train.score_epoch)."""
     designer_reward: str = field(default="blend", metadata={
         "help": "blend (paper runs); ablations: regret (the authors' regret_based), solve_rate, "
                 "learning_potential (regret.designer_score)."})
@@ -115,39 +149,12 @@ class SpadeArgs:
     plateau_ramp: float = field(default=0.25, metadata={
         "help": "... and falls to 0 over plateau_ramp on each side (paper: 0.25; the authors' "
                 "later 4B phase: 0.2)."})
-    role_scale_cap: float = field(default=50.0, metadata={
-        "help": "Cap of the role-balancing scale S = min(cap, N_agent / N_designer * R) (paper: "
-                "50)."})
-    no_corpus: bool = field(default=False, metadata={
-        "help": "Ablation: designer prompts without a reference document."})
-    no_memory: bool = field(default=False, metadata={"help": "Ablation: no environment memory."})
-    no_designer_training: bool = field(default=False, metadata={
-        "help": "Ablation: the designer role is never trained."})
-    two_skills: bool = field(default=False, metadata={
-        "help": "Ablation: two-skill curriculum {Math, Pattern}."})
-    fixed_envs: str | None = field(default=None, metadata={
-        "help": "Fixed-env GRPO baseline: the agent trains on --num_envs environments per step "
-                "drawn without replacement (seed 42) from this pool: comma-separated directories "
-                "of *.py (validated in the sandbox), gem:ID (e.g. gem:rg:basic_arithmetic) and "
-                "gymnasium:ID text environments, or patterns such as gem:rg:* (imported.py)."})
-    fallback_envs: str | None = field(default=None, metadata={
-        "help": "The pool that tops up a thin first regeneration (deviation 1), in --fixed_envs' "
-                "form; default: the hand-written data/envs/."})
-    memory_from: str | None = field(default=None, metadata={
-        "help": "Seed a new run's environment memory with another run's records "
-                "(RUN_DIR/memory.json) or an export's environments (tools/export.py's "
-                "EXPORT_DIR/manifest.json)."})
-    generate_pool: int | None = field(default=None, metadata={
-        "help": "Write this many validated environments into --output_dir with the designer "
-                "(memory off, no training; resumable) and exit: the Fixed-env GRPO pool."})
-    no_tool_filters: bool = field(default=False, metadata={
-        "help": "Tool use: keep episodes that did not terminate (reply cut by the token cap, turn "
-                "limit, budget) and malformed tool-call replies in the loss (the authors mask them "
-                "in every tool run)."})
 
 
 @dataclass
-class OptimArgs:
+class GRPOArgs:
+    """The GRPO update: AdamW, the clipped loss, the role scale, micro-batches (grpo.py;
+    train.grpo_update, train.designer_samples)."""
     lr: float = field(default=1e-6, metadata={
         "help": "AdamW learning rate, constant (paper: 1e-6)."})
     weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay (paper: 0.1)."})
@@ -164,10 +171,35 @@ class OptimArgs:
         "help": "Temperature of the trained, old and reference log-probs; default: each role's "
                 "sampling temperature (the authors' trainer: 1.0, 0.7 for tool-use 4B; the presets "
                 "use theirs)."})
+    micro_batch_tokens: int = field(default=16384, metadata={
+        "help": "Tokens per forward/backward micro-batch (gradient accumulation over the step's "
+                "samples)."})
+    role_scale_cap: float = field(default=50.0, metadata={
+        "help": "Cap of the role-balancing scale S = min(cap, N_agent / N_designer * R) (paper: "
+                "50)."})
+
+
+@dataclass
+class PoolArgs:
+    """The pools the designer did not write: the Fixed-env GRPO baseline's (--generate_pool writes
+    one) and another run's memory (infra/baseline.py, infra/imported.py)."""
+    fixed_envs: str | None = field(default=None, metadata={
+        "help": "Fixed-env GRPO baseline: the agent trains on --num_envs environments per step "
+                "drawn without replacement (seed 42) from this pool: comma-separated directories "
+                "of *.py (validated in the sandbox), gem:ID (e.g. gem:rg:basic_arithmetic) and "
+                "gymnasium:ID text environments, or patterns such as gem:rg:* (imported.py)."})
+    memory_from: str | None = field(default=None, metadata={
+        "help": "Seed a new run's environment memory with another run's records "
+                "(RUN_DIR/memory.json) or an export's environments (tools/export.py's "
+                "EXPORT_DIR/manifest.json)."})
+    generate_pool: int | None = field(default=None, metadata={
+        "help": "Write this many validated environments into --output_dir with the designer "
+                "(memory off, no training; resumable) and exit: the Fixed-env GRPO pool."})
 
 
 @dataclass
 class RunArgs:
+    """The run directory, the sandbox, logging and --preflight (infra/rundir.py, sandbox.py)."""
     output_dir: str = field(default="runs/spade", metadata={
         "help": "Run directory: metrics.jsonl, environments, memory, checkpoints."})
     seed: int = field(default=0, metadata={"help": "Seed of models, play seeds and sampling."})
@@ -237,77 +269,106 @@ SETTING_DEFAULTS = {"games": dict(regen_interval=4, hint_max_tokens=4096, kl_coe
                     "tool": dict(regen_interval=8, hint_max_tokens=2048, kl_coef=0.005)}
 
 
-def parse(argv: list[str], aliases: dict) -> tuple:
-    """(ModelArgs, SpadeArgs, OptimArgs, RunArgs) from the command line. The authors' preset for
-    --model (an alias, or its hub id in `aliases`) + --setting becomes the parser's defaults, so
-    every flag given on the command line wins, however it is spelled (an argparse abbreviation
-    such as --designer_max included)."""
+@dataclass
+class Config:
+    """train.py's whole configuration, one group per module it configures, read by name
+    (`cfg.designer.corpus`); every field of every group is a flag of the same name."""
+    model: ModelArgs = field(default_factory=ModelArgs)
+    loop: LoopArgs = field(default_factory=LoopArgs)
+    designer: DesignerArgs = field(default_factory=DesignerArgs)
+    agent: AgentArgs = field(default_factory=AgentArgs)
+    regret: RegretArgs = field(default_factory=RegretArgs)
+    grpo: GRPOArgs = field(default_factory=GRPOArgs)
+    pools: PoolArgs = field(default_factory=PoolArgs)
+    run: RunArgs = field(default_factory=RunArgs)
+
+    def groups(self) -> tuple:
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+
+    def group_of(self, name: str):
+        """The group that holds the field `name`."""
+        return next(g for g in self.groups() if hasattr(g, name))
+
+    def flat(self) -> dict:
+        """Every field by its flag's name (the groups' fields never share a name)."""
+        return {k: v for g in self.groups() for k, v in dataclasses.asdict(g).items()}
+
+
+# The groups' dataclasses in Config's order: the command line's (HfArgumentParser) order too.
+GROUPS = tuple(f.default_factory for f in dataclasses.fields(Config))
+
+
+def parse(argv: list[str], aliases: dict) -> Config:
+    """The Config of a command line. The authors' preset for --model (an alias, or its hub id in
+    `aliases`) + --setting becomes the parser's defaults, so every flag given on the command line
+    wins, however it is spelled (an argparse abbreviation such as --designer_max included)."""
     from transformers import HfArgumentParser
-    parser = HfArgumentParser((ModelArgs, SpadeArgs, OptimArgs, RunArgs))
-    margs, sargs, *_ = parser.parse_args_into_dataclasses(args=argv)
-    model = {hub: alias for alias, hub in aliases.items()}.get(margs.model, margs.model)
-    parser.set_defaults(**PRESETS.get((model, sargs.setting), ("", {}))[1])
-    return tuple(parser.parse_args_into_dataclasses(args=argv))
+    parser = HfArgumentParser(GROUPS)
+    first = Config(*parser.parse_args_into_dataclasses(args=argv))
+    model = {hub: alias for alias, hub in aliases.items()}.get(first.model.model, first.model.model)
+    parser.set_defaults(**PRESETS.get((model, first.loop.setting), ("", {}))[1])
+    return Config(*parser.parse_args_into_dataclasses(args=argv))
 
 
-def resolve(margs: ModelArgs, sargs: SpadeArgs, oargs: OptimArgs, rargs: RunArgs, *, skills: int,
-            designer_modes) -> None:
+def resolve(cfg: Config, *, skills: int, designer_modes) -> None:
     """Fill the setting's defaults and fail fast with a clear message on bad values; `skills` is
     the number of skills of the setting, `designer_modes` the --designer_reward choices."""
-    if sargs.setting not in SETTING_DEFAULTS:
-        raise SystemExit(f"--setting must be games or tool, not {sargs.setting!r}")
-    skills_per_regen = min(3, skills) if sargs.setting == "games" else skills
-    defaults = dict(SETTING_DEFAULTS[sargs.setting], skills_per_regen=skills_per_regen)
+    loop, d, a, g, r = cfg.loop, cfg.designer, cfg.agent, cfg.grpo, cfg.run
+    if loop.setting not in SETTING_DEFAULTS:
+        raise SystemExit(f"--setting must be games or tool, not {loop.setting!r}")
+    skills_per_regen = min(3, skills) if loop.setting == "games" else skills
+    defaults = dict(SETTING_DEFAULTS[loop.setting], skills_per_regen=skills_per_regen)
     for name, value in defaults.items():  # the setting's paper value unless given explicitly
-        args = oargs if name == "kl_coef" else sargs
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+        if getattr(cfg.group_of(name), name) is None:
+            setattr(cfg.group_of(name), name, value)
     for name in ("steps", "regen_interval", "num_envs", "plays", "max_attempts", "max_turns",
                  "max_context", "max_new_tokens", "designer_max_tokens", "hint_max_tokens",
                  "skills_per_regen", "memory_capacity"):
-        if getattr(sargs, name) <= 0:
-            raise SystemExit(f"--{name} must be positive, got {getattr(sargs, name)}")
-    negative = sargs.hint_plays < 0 or rargs.export_every < 0
-    if negative or oargs.ppo_epochs <= 0 or rargs.checkpoint_every <= 0:
+        if getattr(cfg.group_of(name), name) <= 0:
+            raise SystemExit(f"--{name} must be positive, got {getattr(cfg.group_of(name), name)}")
+    negative = loop.hint_plays < 0 or r.export_every < 0
+    if negative or g.ppo_epochs <= 0 or r.checkpoint_every <= 0:
         raise SystemExit("--hint_plays and --export_every must be >= 0, --ppo_epochs and "
                          "--checkpoint_every > 0")
-    keep = rargs.keep_checkpoints
+    keep = r.keep_checkpoints
     if not (keep == "all" or keep.isdigit() and int(keep) > 0):
         raise SystemExit(f"--keep_checkpoints must be a positive number or all, not {keep!r}")
-    for name in ("agent_temperature", "designer_temperature", "hint_temperature"):
-        if not getattr(sargs, name) > 0:
+    for group, name in ((a, "agent_temperature"), (d, "designer_temperature"),
+                        (d, "hint_temperature")):
+        if not getattr(group, name) > 0:
             raise SystemExit(f"--{name} must be > 0 (log-probs divide logits by it)")
-    if oargs.logprob_temperature is not None and not oargs.logprob_temperature > 0:
+    if g.logprob_temperature is not None and not g.logprob_temperature > 0:
         raise SystemExit("--logprob_temperature must be > 0 (log-probs divide logits by it)")
-    if not (sargs.plateau_lo <= sargs.plateau_hi and sargs.plateau_ramp > 0):
+    if not (cfg.regret.plateau_lo <= cfg.regret.plateau_hi and cfg.regret.plateau_ramp > 0):
         raise SystemExit("--plateau_lo must be <= --plateau_hi and --plateau_ramp > 0")
-    needs_regret = sargs.designer_reward in ("blend", "regret") and not sargs.fixed_envs
-    if sargs.hint_plays == 0 and needs_regret:
+    needs_regret = cfg.regret.designer_reward in ("blend", "regret") and not cfg.pools.fixed_envs
+    if loop.hint_plays == 0 and needs_regret:
         raise SystemExit("--hint_plays 0 leaves regret undefined: use --designer_reward solve_rate")
-    if sargs.plays < 2:
+    if loop.plays < 2:
         print("[spade] warning: --plays < 2 makes every agent group zero-variance "
               "(no agent gradient)")
-    if sargs.skills_per_regen > skills:
-        raise SystemExit(f"--skills_per_regen {sargs.skills_per_regen} exceeds the {skills} skills")
-    if sargs.designer_reward not in designer_modes:
+    if d.skills_per_regen > skills:
+        raise SystemExit(f"--skills_per_regen {d.skills_per_regen} exceeds the {skills} skills")
+    if cfg.regret.designer_reward not in designer_modes:
         raise SystemExit(f"--designer_reward must be one of {', '.join(designer_modes)}")
-    if not sargs.no_corpus and not sargs.fixed_envs and not Path(sargs.corpus).is_file():
-        raise SystemExit(f"corpus file not found: {sargs.corpus} (see data/README.md)")
-    demo_corpus = Path(sargs.corpus) == DEMO_CORPUS and not sargs.no_corpus
-    if margs.model not in ("tiny", "tiny-moe") and demo_corpus:
+    if not d.no_corpus and not cfg.pools.fixed_envs and not Path(d.corpus).is_file():
+        raise SystemExit(f"corpus file not found: {d.corpus} (see data/README.md)")
+    demo_corpus = Path(d.corpus) == DEMO_CORPUS and not d.no_corpus
+    if cfg.model.model not in ("tiny", "tiny-moe") and demo_corpus:
         print("[spade] warning: --corpus is the 47-paragraph demo corpus; the paper grounds the "
               "designer in a large web corpus (see data/README.md)", file=sys.stderr)
 
 
-def role_temperatures(sargs: SpadeArgs, oargs: OptimArgs) -> dict:
+def role_temperatures(cfg: Config) -> dict:
     """Temperature of each role's trained log-probs: --logprob_temperature, else its sampling T."""
-    t = oargs.logprob_temperature
-    return {"agent": t or sargs.agent_temperature, "designer": t or sargs.designer_temperature}
+    t = cfg.grpo.logprob_temperature
+    return {"agent": t or cfg.agent.agent_temperature,
+            "designer": t or cfg.designer.designer_temperature}
 
 
-def config_dict(*args) -> dict:
+def config_dict(cfg: Config) -> dict:
     """The run's configuration as saved in config.json (a resume compares against it)."""
-    out = {k: v for a in args for k, v in dataclasses.asdict(a).items()}
+    out = cfg.flat()
     for k in ("resume", "allow_config_change", "overwrite", "output_dir", "log_with",
               "print_config", "process_group_timeout", "preflight", "gpu", "gpus"):
         out.pop(k, None)

@@ -216,13 +216,14 @@ def _gib(snapshot) -> dict:
     return {str(getattr(k, "value", k)): v / GIB for k, v in by_kind.items()}
 
 
-def measure_trainer(config, *, world: int, seqs: int, seq_len: int, update, kl: bool,
+def measure_trainer(config, *, world: int, seqs: int, seq_len: int, update, sample, kl: bool,
                     checkpointing: bool = True, fused: bool = True) -> dict:
     """GiB per GPU of one train.grpo_update call on `seqs` sequences of `seq_len` tokens:
     {"update": forward/backward peak, "step": optimizer-step peak, "held": what stays after it,
     each a dict by category with "Total"}, plus "params" and "largest_unit" (bf16 GiB of the
     largest weight-sync group). `update(model, ref, optimizer, scheduler, accelerator,
-    samples)` is train.grpo_update with the run's settings bound."""
+    samples)` is train.grpo_update with the run's settings bound, `sample` the record it takes
+    (grpo.Sample, passed in: this module imports nothing of the repository)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -248,9 +249,9 @@ def measure_trainer(config, *, world: int, seqs: int, seq_len: int, update, kl: 
         peaks["update"] = _restart_peak(tracker)
     optimizer.register_step_pre_hook(before_step)
     rng = random.Random(0)
-    samples = [{"tokens": [rng.randrange(config.vocab_size) for _ in range(seq_len)],
-                "mask": [0] + [1] * (seq_len - 1), "logprobs": [0.0] * seq_len,
-                "advantage": 1.0, "role": "agent", "weight": 1.0} for _ in range(seqs)]
+    samples = [sample([rng.randrange(config.vocab_size) for _ in range(seq_len)],
+                      [0] + [1] * (seq_len - 1), [0.0] * seq_len, advantage=1.0, role="agent",
+                      weight=1.0) for _ in range(seqs)]
     with fake, tracker, _Readout():
         update(model, ref, optimizer, scheduler, _Accelerator(world, mesh is None), samples)
     peaks["step"] = _gib(tracker.get_tracker_snapshot("peak"))
@@ -396,7 +397,7 @@ def max_util(ph: dict, vllm: dict, *, card: float) -> float:
 
 def plan(config, *, world: int, tp: int, card: float, util: float, offload: bool,
          micro_batch_tokens: int, max_model_len: int, max_context: int, live_episodes: int,
-         kl: bool, update, fused: bool = True, checkpointing: bool = True,
+         kl: bool, update, sample, fused: bool = True, checkpointing: bool = True,
          trainer: dict | None = None) -> dict:
     """The whole preflight of one run (the arguments: train.py's flags as the plan reads them;
     live_episodes: the episodes a TP group plays at once at a regeneration step; `trainer`: a
@@ -407,7 +408,8 @@ def plan(config, *, world: int, tp: int, card: float, util: float, offload: bool
     # the largest micro-batch: one sequence as long as the budget or the longest sample
     seq_len = max(micro_batch_tokens, max_model_len)
     trainer = trainer or measure_trainer(config, world=world, seqs=1, seq_len=seq_len,
-                                         update=update, kl=kl, checkpointing=checkpointing,
+                                         update=update, sample=sample, kl=kl,
+                                         checkpointing=checkpointing,
                                          fused=fused)
     vllm = vllm_share(config, params=trainer["params"], tp=tp, util=util, card=card,
                       max_num_seqs=live_episodes, max_model_len=max_model_len)

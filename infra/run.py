@@ -8,6 +8,7 @@ Test: `pytest tests/test_train.py`.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import importlib.util
@@ -128,20 +129,21 @@ class Run:
     """The infrastructure around the loop: Accelerate, the policy with its optimizer and frozen
     reference, the rollout engine and the samplers bound to it, the run directory."""
 
-    def __init__(self, margs, sargs, oargs, rargs):
-        self.sargs, self.rargs = sargs, rargs
+    def __init__(self, cfg: config.Config):
+        self.config = cfg
+        margs, rargs = cfg.model, cfg.run
         # INFRA: collectives wait for the slowest rank (16k-token designer rounds, uneven
         # tensor-parallel groups): NCCL's 10-minute default would abort a healthy run
         timeout = [InitProcessGroupKwargs(timeout=pg_timeout(margs))]
         self.accelerator = acc = Accelerator(log_with=rargs.log_with, project_dir=rargs.output_dir,
                                              kwargs_handlers=timeout)
         self.run_dir = Path(rargs.output_dir)
-        self.cfg = config.config_dict(margs, sargs, oargs, rargs)
+        self.cfg = config.config_dict(cfg)
         self.resume_from = rundir.prepare_run_dir(self.run_dir, self.cfg, rargs, acc)
         set_seed(rargs.seed)
         self.rank, self.world, self.main = acc.process_index, acc.num_processes, acc.is_main_process
         # this rank's designer slots
-        self.n_slots = len(range(self.rank, sargs.num_envs, self.world))
+        self.n_slots = len(range(self.rank, cfg.loop.num_envs, self.world))
         check_vllm_fits(margs, self.world)  # before any weight loads
         fp32_gradient_reduce(acc)
         # fp32 master weights (bf16 compute comes from Accelerate's mixed precision); the
@@ -161,18 +163,18 @@ class Run:
         if margs.gradient_checkpointing and not tiny and not fsdp_checkpoints:
             model.gradient_checkpointing_enable()  # FSDP configs checkpoint layers themselves
         # fused on CUDA: one kernel, no parameter-sized temporary (foreach's sqrt(v) is one)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=oargs.lr, betas=grpo.BETAS,
-                                      weight_decay=oargs.weight_decay,
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.grpo.lr, betas=grpo.BETAS,
+                                      weight_decay=cfg.grpo.weight_decay,
                                       fused=acc.device.type == "cuda")
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)  # constant (paper)
         self.model, self.optimizer, self.scheduler = acc.prepare(model, optimizer, scheduler)
         self.ref_model = (reference_model(acc, margs.model, self.shipped, rargs.seed, empty)
-                          if oargs.kl_coef > 0 else None)
+                          if cfg.grpo.kl_coef > 0 else None)
         # FSDP2 runs the transformers engine too (ranks decode in lockstep); ZeRO-3 and FSDP1
         # need vLLM
         sharded = acc.distributed_type.value == "DEEPSPEED" or (
             fsdp is not None and getattr(fsdp, "fsdp_version", 1) != 2)
-        self.engine = make_engine(margs, sargs, acc.unwrap_model(self.model), self.tokenizer,
+        self.engine = make_engine(cfg, acc.unwrap_model(self.model), self.tokenizer,
                                   rargs.seed, sharded)
         if margs.offload_trainer and not isinstance(self.engine, engine.VLLMEngine):
             raise SystemExit("--offload_trainer needs the vLLM engine (the transformers engine "
@@ -180,7 +182,7 @@ class Run:
         # the trainer's state in host RAM while vLLM generates (no-ops without the flag)
         self.offload = offload.TrainerOffload(self.model, self.optimizer,
                                               enabled=margs.offload_trainer)
-        self.temperatures = config.role_temperatures(sargs, oargs)
+        self.temperatures = config.role_temperatures(cfg)
         self.peak = mfu_peak(model.config, self.main)
         # the sampler of every designer, hint and agent call: seeds from (seed, step, phase, call)
         self.sampler = Sampler(self.engine, self.tokenizer, rargs.seed + 7919 * self.rank)
@@ -204,14 +206,33 @@ class Run:
         return st
 
     def steps(self, start: int, sandbox_level: str):
-        """The steps still to run, as the main process's progress bar."""
+        """The steps still to run, as the main process's progress bar. Each step starts with the
+        rollouts' memory, in this order: the trainer's state to host RAM (--offload_trainer),
+        then vLLM's KV cache mapped (released since the last update) into what that freed."""
         if self.main:
             self.accelerator.init_trackers("spade", config=self.cfg)
             print(f"[spade] run dir {self.run_dir.resolve()}  sandbox level: {sandbox_level}  "
                   f"world {self.world}")
-        self.bar = tqdm(range(start, self.sargs.steps), initial=start, total=self.sargs.steps,
-                        desc="spade", disable=not self.main)
-        return self.bar
+        steps = self.config.loop.steps
+        self.bar = tqdm(range(start, steps), initial=start, total=steps, desc="spade",
+                        disable=not self.main)
+        for step in self.bar:
+            self.offload.offload()
+            self.engine.wake()
+            yield step
+
+    @contextlib.contextmanager
+    def trainer_on_device(self):
+        """The update's memory, in this order: colocated vLLM sleeps (frees its weights and KV
+        cache), then the trainer's parameters come back (the AdamW moments come back at the
+        optimizer's step, a pre-hook of offload.TrainerOffload, so they are away during the
+        forward and backward passes); after the body whatever is still away comes back (an
+        update without samples never called the optimizer). No-ops without --offload_trainer
+        and vLLM. An exception in the body stops the run: nothing is reloaded."""
+        self.engine.sleep()
+        self.offload.reload(optimizer=False)
+        yield
+        self.offload.reload()
 
     def gather(self, items: list) -> list:
         """Every rank's items, rank after rank (a collective: every rank calls it)."""
@@ -223,7 +244,7 @@ class Run:
             proposals, scored) -> None:
         """The step's files (rundir.write_step_files) and one metrics.jsonl row (and the
         trackers), reduced over the ranks."""
-        rundir.write_step_files(self.run_dir, step, new_pool, episodes, self.rargs.transcripts,
+        rundir.write_step_files(self.run_dir, step, new_pool, episodes, self.config.run.transcripts,
                                 proposals, self.rank, scored)
         m.update(metrics.episode_metrics(episodes))
         seconds = telemetry.phase_seconds(times, time.perf_counter())
@@ -247,8 +268,8 @@ class Run:
     def save(self, step: int, st) -> None:
         """memory.json every step; checkpoint-<k> every --checkpoint_every
         steps, exports/step-<k> every --export_every steps, both at the end too."""
-        done, rargs, end = step + 1, self.rargs, step + 1 == self.sargs.steps
-        if self.main and not self.sargs.no_memory:
+        done, rargs, end = step + 1, self.config.run, step + 1 == self.config.loop.steps
+        if self.main and not self.config.designer.no_memory:
             st.memory.save()
         if done % rargs.checkpoint_every == 0 or end:
             n_lines = rundir.metrics_lines(self.run_dir) if self.main else 0
@@ -308,15 +329,16 @@ def check_vllm_fits(margs, world: int) -> None:
         raise SystemExit(error)
 
 
-def make_engine(margs, sargs, model, tokenizer, seed: int, sharded: bool):
+def make_engine(cfg: config.Config, model, tokenizer, seed: int, sharded: bool):
     """vLLM colocated on GPU when installed (or asked for); the transformers engine otherwise."""
+    margs = cfg.model
     stops = [agent.turn_end(tokenizer)[1]]  # a base model's EOS is not its end of turn
     if wants_vllm(margs):
         # the scheduler's limits from the memory plan (preflight.py): as many sequences as the TP
         # group plays at once, prefill chunks whose profile leaves the KV cache its share
         world = int(os.environ.get("WORLD_SIZE", 1))
-        return vllm_engine(margs, model, tokenizer, max_model_len=max_model_len(sargs), seed=seed,
-                           stop_ids=stops, max_num_seqs=live_episodes(sargs, margs, world),
+        return vllm_engine(margs, model, tokenizer, max_model_len=max_model_len(cfg), seed=seed,
+                           stop_ids=stops, max_num_seqs=live_episodes(cfg, world),
                            max_num_batched_tokens=preflight.MAX_NUM_BATCHED_TOKENS)
     if sharded:  # ranks would generate different token counts through one sharded model
         raise SystemExit("DeepSpeed / FSDP1 runs need the vLLM engine (pip install -r "
@@ -337,16 +359,17 @@ PREFIX_CACHE_BYTES = 1 << 30  # the transformers engine's prefix KV cache bound 
 DESIGNER_PROMPT_TOKENS = 16384
 
 
-def max_model_len(sargs) -> int:
+def max_model_len(cfg: config.Config) -> int:
     """The engine's longest sequence: an agent's context, or a designer prompt and its reply."""
-    return max(sargs.max_context, DESIGNER_PROMPT_TOKENS + sargs.designer_max_tokens)
+    return max(cfg.agent.max_context, DESIGNER_PROMPT_TOKENS + cfg.designer.designer_max_tokens)
 
 
-def live_episodes(sargs, margs, world: int) -> int:
+def live_episodes(cfg: config.Config, world: int) -> int:
     """The episodes one vLLM TP group plays at once at a regeneration step: each of its ranks
     plays its environments' G unhinted + H hinted episodes."""
-    return margs.tensor_parallel_size * -(-sargs.num_envs // world) * (sargs.plays +
-                                                                       sargs.hint_plays)
+    loop = cfg.loop
+    return cfg.model.tensor_parallel_size * -(-loop.num_envs // world) * (loop.plays +
+                                                                          loop.hint_plays)
 
 
 def vllm_engine(margs, model, tokenizer, **kwargs):

@@ -442,11 +442,11 @@ def test_vllm_engine_takes_the_plans_scheduler_limits_on_a_gpu(monkeypatch):
     (_, given), (_, unset) = fake.log
     assert (given["max_num_seqs"], given["max_num_batched_tokens"]) == (96, 8192)
     assert "max_num_seqs" not in unset and "max_num_batched_tokens" not in unset
-    sargs, margs = config.SpadeArgs(), config.ModelArgs(tensor_parallel_size=4)
-    assert run.live_episodes(sargs, margs, world=8) == 4 * 3 * (8 + 16)  # 24 envs over 8 ranks
+    cfg = config.Config(model=config.ModelArgs(tensor_parallel_size=4))
+    assert run.live_episodes(cfg, world=8) == 4 * 3 * (8 + 16)  # 24 envs over 8 ranks
     # 25 environments over 8 ranks: some rank plays 4 of them, and its group must fit it
-    uneven = config.SpadeArgs(num_envs=25)
-    assert run.live_episodes(uneven, margs, world=8) == 4 * 4 * (8 + 16)
+    uneven = config.Config(model=cfg.model, loop=config.LoopArgs(num_envs=25))
+    assert run.live_episodes(uneven, world=8) == 4 * 4 * (8 + 16)
 
 
 def test_vllm_engine_on_cpu_platform(caplog):

@@ -418,7 +418,7 @@ def test_openenv_spec_is_local_only_and_parses_reset_arguments():
         "http://127.0.0.1:8000", {"index": 2, "split": "curriculum"})
     for spec in ("openenv:http://example.com:8000", "openenv:file:///etc/passwd"):
         with pytest.raises(SystemExit, match="on this machine"):
-            train.resolve(*config.parse(["--model", "tiny", "--fixed_envs", spec], aliases={}))
+            train.resolve(config.parse(["--model", "tiny", "--fixed_envs", spec], aliases={}))
 
 
 def _cmdline(pid: str) -> str:
@@ -634,4 +634,4 @@ def test_memory_from_a_run_directory_and_bad_paths(tmp_path):
     (["--memory_from", ".", "--no_memory"], "--no_memory keeps no memory")])
 def test_bad_import_flags_fail_fast(flags, message):
     with pytest.raises(SystemExit, match=message):
-        train.resolve(*config.parse(["--model", "tiny"] + flags, aliases={}))
+        train.resolve(config.parse(["--model", "tiny"] + flags, aliases={}))

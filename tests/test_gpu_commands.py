@@ -77,10 +77,10 @@ def test_every_launch_command_is_a_row():
                          ids=lambda r: "-".join([*r[:3], f"tp{r[3]}", *r[4].split()]))
 def test_row_passes_the_start_up_checks(row):
     model, setting, config_file, tp, flags, card = row
-    margs, sargs, _, _ = config.parse(["--model", model, "--setting", setting,
-                                       "--tensor_parallel_size", str(tp), *flags.split()],
-                                      models.MODEL_ALIASES)
-    assert sargs.setting == setting and margs.tensor_parallel_size == tp
+    cfg = config.parse(["--model", model, "--setting", setting,
+                        "--tensor_parallel_size", str(tp), *flags.split()], models.MODEL_ALIASES)
+    margs = cfg.model
+    assert cfg.loop.setting == setting and margs.tensor_parallel_size == tp
     world = yaml.safe_load((ROOT / config_file).read_text())["num_processes"]
     weights = models.parameter_count(model) * models.shipped_dtype(model).itemsize
     assert engine.vllm_fit_error(world=world, tp=tp, weight_bytes=weights,

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from grpo import agent_advantages, designer_advantages, pad_batch, policy_loss, role_scale
+from grpo import Sample, agent_advantages, designer_advantages, pad_batch, policy_loss, role_scale
 from infra.logprobs import token_logprobs
 
 
@@ -203,16 +203,14 @@ def test_policy_loss_masked_tokens_contribute_nothing():
 
 
 def test_pad_batch():
-    batch = pad_batch([{"token_ids": [1, 2, 3, 4, 9], "mask": [0, 0, 1, 0, 1],
-                        "logprobs": [0.0, 0.0, -1.0, 0.0, -2.0]},
-                       {"token_ids": [5, 6, 7], "mask": [0, 1, 1], "logprobs": [0.0, -0.5, -0.25]}],
-                      pad_id=0)
+    batch = pad_batch([Sample([1, 2, 3, 4, 9], [0, 0, 1, 0, 1], [0.0, 0.0, -1.0, 0.0, -2.0]),
+                       Sample([5, 6, 7], [0, 1, 1], [0.0, -0.5, -0.25])], pad_id=0)
     assert batch["input_ids"].tolist() == [[1, 2, 3, 4, 9], [5, 6, 7, 0, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
     assert batch["completion_mask"].tolist() == [[0, 0, 1, 0, 1], [0, 1, 1, 0, 0]]
     assert batch["rollout_logp"].tolist() == [[0, 0, -1.0, 0, -2.0], [0, -0.5, -0.25, 0, 0]]
     with pytest.raises(ValueError):
-        pad_batch([{"token_ids": [1, 2], "mask": [1], "logprobs": [0.0, 0.0]}], pad_id=0)
+        pad_batch([Sample([1, 2], [1], [0.0, 0.0])], pad_id=0)
     with pytest.raises(ValueError):
         pad_batch([], pad_id=0)
 
@@ -233,8 +231,8 @@ def _sample(model, prompt, n, length, generator):
 
 
 def _records(prompt, completions, logprobs):
-    return [{"token_ids": prompt + c, "mask": [0] * len(prompt) + [1] * len(c),
-             "logprobs": [0.0] * len(prompt) + lp} for c, lp in zip(completions, logprobs)]
+    return [Sample(prompt + c, [0] * len(prompt) + [1] * len(c), [0.0] * len(prompt) + lp)
+            for c, lp in zip(completions, logprobs)]
 
 
 def _update(model, opt, records, advantages, pad_id):

@@ -32,7 +32,7 @@ LEAVES = {
     "infra/models": (["data/chat_template.jinja", "data/corpus.jsonl", "data/envs", "configs/models"],
                "m, tok = models.build_tiny('tiny'); assert tok.chat_template; "
                "assert models.architecture('Qwen3-30B-A3B').num_experts == 128"),
-    "infra/config": ([], "assert config.parse(['--model', 'tiny'], aliases={})[0].model == 'tiny'"),
+    "infra/config": ([], "assert config.parse(['--model', 'tiny'], aliases={}).model.model == 'tiny'"),
     "infra/offload": ([], "import torch; o = offload.TrainerOffload(torch.nn.Linear(2, 2), None, "
                       "enabled=False); o.offload(); o.reload()"),
     "infra/preflight": ([], "assert preflight.card_gib('h200-141gb') == 140.4"),

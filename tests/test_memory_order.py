@@ -43,19 +43,19 @@ _TRAINERS: dict = {}  # (model, world, KL) -> measure_trainer's result, shared b
 
 
 def row_args(row):
-    """A README row's resolved (model, SPADE, optimizer, run) arguments, its preset applied."""
-    args = config.parse(row_flags(row)[0], aliases=models.MODEL_ALIASES)
-    train.resolve(*args)
-    return args
+    """A README row's resolved Config, its preset applied."""
+    cfg = config.parse(row_flags(row)[0], aliases=models.MODEL_ALIASES)
+    train.resolve(cfg)
+    return cfg
 
 
 def row_plan(row) -> dict:
     """The preflight's plan of a README row, as `train.py <flags> --preflight` computes it."""
-    margs, sargs, oargs, rargs = row_args(row)
+    cfg = row_args(row)
     gpu = row_flags(row)[1]
-    key = (margs.model, rargs.gpus, oargs.kl_coef > 0)
-    plan = preflight.plan(models.architecture(margs.model), card=preflight.card_gib(gpu),
-                          trainer=_TRAINERS.get(key), **train.preflight_launch(margs, sargs, oargs, rargs))
+    key = (cfg.model.model, cfg.run.gpus, cfg.grpo.kl_coef > 0)
+    plan = preflight.plan(models.architecture(cfg.model.model), card=preflight.card_gib(gpu),
+                          trainer=_TRAINERS.get(key), **train.preflight_launch(cfg))
     _TRAINERS[key] = plan["trainer"]
     return plan
 
@@ -238,9 +238,9 @@ def check(plan: dict, timeline: list) -> list[str]:
 
 def on_ledger(row, tmp_path, monkeypatch, before_fix: bool = False) -> tuple[dict, list]:
     """(the plan of a README row, the loop's timeline on a Ledger of it)."""
-    plan, (margs, _, oargs, _) = row_plan(row), row_args(row)
-    return plan, run_on_ledger(plan, tmp_path, monkeypatch, offload_trainer=margs.offload_trainer,
-                               kl_coef=oargs.kl_coef, before_fix=before_fix)
+    plan, cfg = row_plan(row), row_args(row)
+    return plan, run_on_ledger(plan, tmp_path, monkeypatch, offload_trainer=cfg.model.offload_trainer,
+                               kl_coef=cfg.grpo.kl_coef, before_fix=before_fix)
 
 
 def ledger_rows():

@@ -8,13 +8,13 @@ import torch
 
 from infra import config
 from infra import offload
+import grpo
 import train
 
 
 def _samples(step, n=12):
-    return [{"tokens": [5 + i + step] * n, "mask": [0] * 4 + [1] * (n - 4),
-             "logprobs": [-7.0] * n, "advantage": a, "role": "agent", "weight": 1.0}
-            for i, a in enumerate([1.0, -1.0, 0.5])]
+    return [grpo.Sample([5 + i + step] * n, [0] * 4 + [1] * (n - 4), [-7.0] * n, advantage=a,
+                        role="agent", weight=1.0) for i, a in enumerate([1.0, -1.0, 0.5])]
 
 
 def _state(model, opt):
@@ -46,7 +46,7 @@ def _three_steps(tiny, offloaded: bool):
             assert all(p.untyped_storage().nbytes() > 0 for p in model.parameters())
         train.grpo_update(model, None, opt, sched, Accelerator(cpu=True), _samples(step),
                           pad_id=tiny[1].pad_token_id, temperatures={"agent": 1.0},
-                          oargs=config.OptimArgs(kl_coef=0.0), margs=config.ModelArgs())
+                          gargs=config.GRPOArgs(kl_coef=0.0))
     return _state(model, opt), freed
 
 

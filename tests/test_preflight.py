@@ -8,6 +8,7 @@ import functools
 import pytest
 
 from infra import config
+import grpo
 from infra import models
 from infra import preflight
 import train
@@ -17,8 +18,8 @@ GIB = 2 ** 30
 
 def _update(micro_batch_tokens=16384):
     return functools.partial(train.grpo_update, pad_id=0, temperatures={"agent": 1.0},
-                             oargs=config.OptimArgs(kl_coef=0.0),
-                             margs=config.ModelArgs(micro_batch_tokens=micro_batch_tokens))
+                             gargs=config.GRPOArgs(kl_coef=0.0,
+                                                   micro_batch_tokens=micro_batch_tokens))
 
 
 @pytest.mark.slow
@@ -27,7 +28,8 @@ def test_qwen3_4b_on_one_h200_lands_within_10_percent_of_the_measured_75_3_gib()
     masters, AdamW as it then was (foreach), 4 x 8,000 tokens in micro-batches of 16,384, train
     mode, checkpointing): peak 75.3 GiB. Its largest micro-batch is 2 x 8,000 tokens."""
     t = preflight.measure_trainer(models.architecture("Qwen3-4B"), world=1, seqs=2,
-                                  seq_len=8000, update=_update(), kl=False, fused=False)
+                                  seq_len=8000, update=_update(), sample=grpo.Sample, kl=False,
+                                  fused=False)
     peak = max(t["update"]["Total"], t["step"]["Total"])
     assert peak == pytest.approx(75.3, rel=0.10)
     assert t["params"] == 4_022_468_096
@@ -55,7 +57,7 @@ def test_qwen3_30b_a3b_plan_on_8_h100s_and_the_memory_offload_frees(capsys):
     assert row.startswith("| Qwen3-30B-A3B | 8 | games | h100-80gb | off | 0.35 |")
     assert done.value.code in (0, 1)
     t = preflight.measure_trainer(models.architecture("Qwen3-30B-A3B"), world=8, seqs=1,
-                                  seq_len=32768, update=_update(), kl=False)
+                                  seq_len=32768, update=_update(), sample=grpo.Sample, kl=False)
     params = t["params"]
     assert t["held"]["Total"] == pytest.approx(12 * params / 8 / GIB, rel=0.01)  # shards
     assert t["update"]["Total"] > t["held"]["Total"] + 4 * params / 8 / GIB  # + gradients
@@ -234,9 +236,9 @@ def test_the_kl_reference_is_measured_on_one_gpu_and_sharded(world):
     GPU the plain tracker refuses frozen parameters, so the plan keeps them trainable there)."""
     arch = models.architecture("tiny")
     plain = preflight.measure_trainer(arch, world=world, seqs=1, seq_len=64, update=_update(),
-                                      kl=False)
+                                      sample=grpo.Sample, kl=False)
     with_ref = preflight.measure_trainer(arch, world=world, seqs=1, seq_len=64,
-                                         update=_update(), kl=True)
+                                         update=_update(), sample=grpo.Sample, kl=True)
     ref_bytes = 2 * plain["params"] / world
     extra = (with_ref["held"]["Total"] - plain["held"]["Total"]) * GIB
     # over FSDP2 the tail group (norm + tied head) stays unsharded after its forward, as

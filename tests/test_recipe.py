@@ -61,8 +61,7 @@ def test_preset_matches_the_authors_launcher(capsys, model, setting):
     cfg = printed(capsys, "--model", model, "--setting", setting)
     expected = LAUNCHERS[(model, setting)]
     assert {k: cfg[k] for k in expected} == expected
-    fields = {f.name for cls in (config.ModelArgs, config.SpadeArgs, config.OptimArgs, config.RunArgs)
-              for f in dataclasses.fields(cls)}
+    fields = {f.name for cls in config.GROUPS for f in dataclasses.fields(cls)}
     assert set(cfg) == fields  # every field, by its dataclass name
 
 
@@ -101,10 +100,11 @@ def test_logprob_temperature_must_be_positive():
 
 def test_logprob_temperature_per_role():
     """Trained log-probs use --logprob_temperature; default: each role's sampling temperature."""
-    sargs, oargs = config.SpadeArgs(agent_temperature=0.6, designer_temperature=0.8), config.OptimArgs()
-    assert config.role_temperatures(sargs, oargs) == {"agent": 0.6, "designer": 0.8}
-    oargs.logprob_temperature = 1.0
-    assert config.role_temperatures(sargs, oargs) == {"agent": 1.0, "designer": 1.0}
+    cfg = config.Config(agent=config.AgentArgs(agent_temperature=0.6),
+                        designer=config.DesignerArgs(designer_temperature=0.8))
+    assert config.role_temperatures(cfg) == {"agent": 0.6, "designer": 0.8}
+    cfg.grpo.logprob_temperature = 1.0
+    assert config.role_temperatures(cfg) == {"agent": 1.0, "designer": 1.0}
 
 
 def test_stripped_history_episode_trains_one_sample_per_turn():
@@ -116,8 +116,8 @@ def test_stripped_history_episode_trains_one_sample_per_turn():
               token_ids=[7, 8], mask=[0, 1], logprobs=[0.0, -0.3])]
     out = train.agent_samples(eps)
     # advantages: returns (1, 0), mean 0.5, population std 0.5 -> +1 / -1 (Eq. 1)
-    assert [s["tokens"] for s in out] == [[1, 2, 3], [1, 4, 5, 6], [7, 8]]
-    assert [s["advantage"] for s in out] == [pytest.approx(1.0), pytest.approx(1.0), pytest.approx(-1.0)]
+    assert [s.token_ids for s in out] == [[1, 2, 3], [1, 4, 5, 6], [7, 8]]
+    assert [s.advantage for s in out] == [pytest.approx(1.0), pytest.approx(1.0), pytest.approx(-1.0)]
 
 
 def test_each_episode_weighs_one_in_the_loss_whatever_its_turns(monkeypatch):
@@ -139,7 +139,7 @@ def test_each_episode_weighs_one_in_the_loss_whatever_its_turns(monkeypatch):
               token_ids=[1, 2, 3], mask=[0, 1, 1], logprobs=[0.0] * 3),
            NS(env_id="e", ret=0.0, hinted=False, status="terminated", turn_samples=two)]
     samples = train.agent_samples(eps)
-    assert [s["weight"] for s in samples] == [1.0, 0.25, 0.5, 0.25]  # shares of 4 trained tokens
+    assert [s.weight for s in samples] == [1.0, 0.25, 0.5, 0.25]  # shares of 4 trained tokens
 
     class Theta(torch.nn.Module):
         def __init__(self):
@@ -151,8 +151,8 @@ def test_each_episode_weighs_one_in_the_loss_whatever_its_turns(monkeypatch):
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     out = train.grpo_update(model, None, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0),
                             Accelerator(cpu=True), samples, pad_id=0, temperatures={"agent": 1.0},
-                            oargs=config.OptimArgs(kl_coef=0.0, grad_clip=100.0),
-                            margs=config.ModelArgs(micro_batch_tokens=4))
+                            gargs=config.GRPOArgs(kl_coef=0.0, grad_clip=100.0,
+                                                  micro_batch_tokens=4))
     assert model.theta.item() == pytest.approx(-1.5)
     assert out["losses/samples"] == 2  # two episodes
 
@@ -167,9 +167,9 @@ def test_role_scale_counts_episodes_not_turn_samples():
     agent = train.agent_samples(eps)
     scored = [{"prompt": [1], "reply": [2], "logprobs": [-0.5], "skill": "s", "score": i / 24}
               for i in range(24)]
-    out, m = train.designer_samples(scored, agent, config.SpadeArgs(regen_interval=4))
+    out, m = train.designer_samples(scored, agent, regen_interval=4)
     assert len(agent) == 576 and m["designer/scale"] == 32.0
-    assert out[0]["advantage"] == pytest.approx(32.0 * (0 - 23 / 48))  # S (score - mean_skill)
+    assert out[0].advantage == pytest.approx(32.0 * (0 - 23 / 48))  # S (score - mean_skill)
 
 
 def test_play_pool_passes_the_hinted_arms_thinking(monkeypatch):
@@ -180,9 +180,9 @@ def test_play_pool_passes_the_hinted_arms_thinking(monkeypatch):
     sb = NS(open=lambda src, setting: NS(close=lambda: None), step_many=None, reset_many=None)
     sampler = NS(at=lambda step, phase: NS(tokens=lambda **k: None), drain=lambda: None)
     env = train.PoolEnv("a", "Math", "src", "AEnv", "designer", hint="Try 5.")
-    margs = config.parse(["--model", "Qwen3-8B"], {})[0]
-    train.play_pool(0, [env], config.SpadeArgs(plays=2, hint_plays=3), sampler, sb, None,
-                    hinted_arm=True, seed=0, margs=margs)
+    aargs = config.parse(["--model", "Qwen3-8B"], {}).agent
+    train.play_pool(0, [env], sampler, sb, None, aargs, config.LoopArgs(plays=2, hint_plays=3),
+                    hinted_arm=True, seed=0)
     assert seen["n"] == 5 and (seen["enable_thinking"], seen["hinted_thinking"],
                                seen["strip_thinking_history"]) == (True, False, True)
 
@@ -223,28 +223,28 @@ def test_score_epoch_blend_with_the_default_plateau_band():
     envs = [_env("up", [1] * 7 + [0] * 3, regret=0.0),   # w 0.7: 1 - 0.1 / 0.25 = 0.6
             _env("low", [1, 0, 0, 0], regret=0.0),        # w 0.25: 1 - 0.15 / 0.25 = 0.4
             _env("out", [1] * 7 + [0], regret=0.0)]       # w 0.875 > 0.6 + 0.25: 0
-    scores = [s["score"] for s in train.score_epoch(_designs(*envs), config.SpadeArgs())]
+    scores = [s["score"] for s in train.score_epoch(_designs(*envs), config.RegretArgs())]
     assert scores == [pytest.approx(0.36), pytest.approx(0.24), 0.0]
 
 
 def test_score_epoch_learning_potential_over_two_epochs():
-    sargs, lp = config.SpadeArgs(designer_reward="learning_potential"), {}
+    reward, lp = config.RegretArgs(designer_reward="learning_potential"), {}
     # epoch 1: the skill's plays average (1 + 0 + 1 + 1) / 4 = 0.75 -> mu = [0.75, 0.75]
-    scores = [s["score"] for s in train.score_epoch(_designs(_env("a", [1, 0]), _env("b", [1, 1])), sargs, lp)]
+    scores = [s["score"] for s in train.score_epoch(_designs(_env("a", [1, 0]), _env("b", [1, 1])), reward, lp)]
     assert lp == {"Optimization": [0.75, 0.75]} and scores == [pytest.approx(0.25), pytest.approx(0.25)]
     # epoch 2: mean 0.25 -> slow = 0.15 * 0.75 + 0.85 * 0.25 = 0.325; |0 - 0.325|, |0.5 - 0.325|
-    scores = [s["score"] for s in train.score_epoch(_designs(_env("c", [0, 0]), _env("d", [0, 1])), sargs, lp)]
+    scores = [s["score"] for s in train.score_epoch(_designs(_env("c", [0, 0]), _env("d", [0, 1])), reward, lp)]
     assert lp["Optimization"] == [pytest.approx(0.26), pytest.approx(0.325)]
     assert scores == [pytest.approx(0.325), pytest.approx(0.175)]
 
 
 def test_score_epoch_regret_uses_the_window_mean_and_the_timeout_penalty():
-    sargs = config.SpadeArgs(designer_reward="regret")
+    reward = config.RegretArgs(designer_reward="regret")
     envs = [_env("a", [1, 0, 0, 0], r_hint=1.0, regret=0.5),          # 1.0 - 0.25
             _env("b", [1, 1], r_hint=0.5, regret=0.0),                # floored: 0
             _env("c", [0], faulty=True, timed_out=True),              # a step timed out: -0.5
             _env("d", [0], faulty=True, r_hint=1.0)]                  # other faults: 0 (deviation 2)
-    assert [s["score"] for s in train.score_epoch(_designs(*envs), sargs)] == [pytest.approx(0.75), 0.0, -0.5, 0.0]
+    assert [s["score"] for s in train.score_epoch(_designs(*envs), reward)] == [pytest.approx(0.75), 0.0, -0.5, 0.0]
 
 
 def test_regret_timeout_penalty_only_at_the_regeneration_step():
@@ -258,7 +258,7 @@ def test_regret_timeout_penalty_only_at_the_regeneration_step():
     train.record_plays([late], [NS(env_id="c", ret=0.0, hinted=False, status="env_error",
                                    error="episode_timeout", rewards=[])], regen=False)
     assert fresh.timed_out and hinted.timed_out and late.faulty and not late.timed_out
-    regret_only = config.SpadeArgs(designer_reward="regret")
+    regret_only = config.RegretArgs(designer_reward="regret")
     scored = train.score_epoch(_designs(fresh, hinted, late), regret_only)
     assert [s["score"] for s in scored] == [-0.5, -0.5, 0.0]
 
@@ -295,9 +295,9 @@ def test_plateau_band_flags_for_the_later_4b_phase(capsys):
         [0.2, 0.4, 0.2, 49152]
     band = dict(plateau_lo=0.2, plateau_hi=0.4, plateau_ramp=0.2)
     for kw, solve, blend in [(band, 0.5, 0.7), ({}, 1.0, 0.4)]:
-        solve_rate = config.SpadeArgs(designer_reward="solve_rate", **kw)
+        solve_rate = config.RegretArgs(designer_reward="solve_rate", **kw)
         s = train.score_epoch(_designs(_env("a", [1, 0])), solve_rate)
-        b = train.score_epoch(_designs(_env("b", [0.1], regret=0.15)), config.SpadeArgs(**kw))
+        b = train.score_epoch(_designs(_env("b", [0.1], regret=0.15)), config.RegretArgs(**kw))
         assert (s[0]["score"], b[0]["score"]) == (pytest.approx(solve), pytest.approx(blend))
     with pytest.raises(SystemExit, match="--plateau_lo must be <= --plateau_hi"):
         train.main(["--model", "tiny", "--plateau_lo", "0.5", "--plateau_hi", "0.4",
@@ -346,10 +346,10 @@ def test_regret_ablation_reproduces_the_authors_case():
     """The authors' regret_based case: hint 0.8 vs plays (0.2, 0.2); 0.1 vs (0.5, 0.5); a step
     timeout; a game without data; centered per skill and scaled by 10 -> 3, -3, -2.5, 2.5."""
     import grpo
-    sargs = config.SpadeArgs(designer_reward="regret")
+    reward = config.RegretArgs(designer_reward="regret")
     envs = [_env("g1", [0.2, 0.2], skill="logic", r_hint=0.8), _env("g2", [0.5, 0.5], skill="logic", r_hint=0.1),
             _env("g3", [], skill="math", faulty=True, timed_out=True), _env("g4", [], skill="math")]
-    scored = train.score_epoch(_designs(*envs), sargs)
+    scored = train.score_epoch(_designs(*envs), reward)
     adv = grpo.designer_advantages([s["score"] for s in scored], [s["skill"] for s in scored], 10.0)
     assert adv.tolist() == [pytest.approx(3.0), pytest.approx(-3.0), pytest.approx(-2.5), pytest.approx(2.5)]
 
@@ -366,7 +366,7 @@ def test_learning_potential_reproduces_the_authors_case(monkeypatch):
     lp = {"logic": [0.0, 0.0]}
     envs = [_env("g1", [1.0, 1.0], skill="logic"), _env("g2", [0.0, 0.0], skill="logic"),
             _env("g3", [0.5, 0.5], skill="logic")]
-    scored = train.score_epoch(_designs(*envs), config.SpadeArgs(designer_reward="learning_potential"), lp)
+    scored = train.score_epoch(_designs(*envs), config.RegretArgs(designer_reward="learning_potential"), lp)
     assert lp["logic"] == [pytest.approx(0.4), pytest.approx(0.1)]
     adv = grpo.designer_advantages([s["score"] for s in scored], ["logic"] * 3, 10.0).tolist()
     assert adv == [pytest.approx(4.333333333333333), pytest.approx(-3.6666666666666665),

@@ -81,6 +81,7 @@ def test_update_flops_count_every_forwarded_sequence_per_epoch_and_the_reference
     from accelerate import Accelerator
 
     from infra import config
+    import grpo
     from infra import logprobs
 
     class Theta(torch.nn.Module):
@@ -92,15 +93,13 @@ def test_update_flops_count_every_forwarded_sequence_per_epoch_and_the_reference
                                                 intermediate_size=5)
     monkeypatch.setattr(logprobs, "token_logprobs",
                         lambda model, ids, *a, **k: model.theta * ids.float())  # (B, T)
-    samples = [{"tokens": [1] * n, "mask": [0] + [1] * (n - 1), "logprobs": [0.0] * n,
-                "role": "agent", "advantage": adv, "weight": 1.0}
-               for n, adv in ((2, 1.0), (4, -1.0), (3, 0.5), (5, 0.0))]
+    samples = [grpo.Sample([1] * n, [0] + [1] * (n - 1), [0.0] * n, role="agent", advantage=adv,
+                           weight=1.0) for n, adv in ((2, 1.0), (4, -1.0), (3, 0.5), (5, 0.0))]
     model, ref = Theta(), Theta().requires_grad_(False)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     out = train.grpo_update(model, ref, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0),
                             Accelerator(cpu=True), samples, pad_id=0, temperatures={"agent": 1.0},
-                            oargs=config.OptimArgs(kl_coef=0.0, ppo_epochs=2),
-                            margs=config.ModelArgs())
+                            gargs=config.GRPOArgs(kl_coef=0.0, ppo_epochs=2))
     assert telemetry.model_flops(model.config)["active_params"] == 58
     assert out["perf/update_flops"] == 9280.0
     assert out["perf/update_tokens"] == 2 * (2 + 4 + 3)

@@ -12,6 +12,7 @@ import torch
 import agent
 from infra import config
 import designer
+import grpo
 from infra import logprobs as logprobs_lib
 import toolenv
 import train
@@ -259,19 +260,19 @@ def test_compact_filter_zeroes_non_terminated_episodes_after_normalisation():
     off = train.agent_samples(eps, compact=False)
     assert len(on) == len(off) == 6                               # hinted and env_error left out
     # group a: returns (1, 0, 0, 0): mean 0.25, population std sqrt(0.1875) = 0.4330127
-    assert [float(s["advantage"]) for s in on] == pytest.approx(
+    assert [float(s.advantage) for s in on] == pytest.approx(
         [1.7320508, -0.5773503, -0.5773503, -0.5773503, -1.0, 1.0], abs=1e-6)
-    assert [float(s["advantage"]) for s in on] == [float(s["advantage"]) for s in off]
-    assert [any(s["mask"]) for s in on] == [True, False, False, False, True, True]
-    assert all(s["mask"] == [0, 0, 1, 1, 1, 1] for s in off)
-    assert [len(s["mask"]) for s in on] == [6] * 6
+    assert [float(s.advantage) for s in on] == [float(s.advantage) for s in off]
+    assert [any(s.mask) for s in on] == [True, False, False, False, True, True]
+    assert all(s.mask == [0, 0, 1, 1, 1, 1] for s in off)
+    assert [len(s.mask) for s in on] == [6] * 6
 
 
 def test_tool_filters_default_on_for_tool_use_only():
-    args = config.SpadeArgs(setting="tool")
-    assert train.tool_filters(args)
-    assert not train.tool_filters(config.SpadeArgs(setting="tool", no_tool_filters=True))
-    assert not train.tool_filters(config.SpadeArgs(setting="games"))
+    args = config.AgentArgs()
+    assert train.tool_filters(args, "tool")
+    assert not train.tool_filters(config.AgentArgs(no_tool_filters=True), "tool")
+    assert not train.tool_filters(config.AgentArgs(), "games")
 
 
 def test_compact_filter_on_played_episodes_cut_by_the_token_cap(tokenizer):
@@ -283,8 +284,8 @@ def test_compact_filter_on_played_episodes_cut_by_the_token_cap(tokenizer):
     assert (cut.status, won.status, won.ret) == ("truncated", "terminated", 1.0)
     assert any(cut.mask)                                          # play itself keeps the cut reply
     on = train.agent_samples([cut, won], compact=True)
-    assert not any(on[0]["mask"]) and on[1]["mask"] == won.mask
-    assert [float(s["advantage"]) for s in on] == pytest.approx([-1.0, 1.0])
+    assert not any(on[0].mask) and on[1].mask == won.mask
+    assert [float(s.advantage) for s in on] == pytest.approx([-1.0, 1.0])
 
 
 def test_compact_filter_covers_every_turn_record_of_a_stripped_history_episode():
@@ -292,8 +293,8 @@ def test_compact_filter_covers_every_turn_record_of_a_stripped_history_episode()
     ep.turn_samples = [([1, 2, 3], [0, 1, 1], [0.0, -0.1, -0.1]), ([1, 2, 3, 4], [0, 0, 0, 1], [0.0] * 3 + [-0.1])]
     won = episode("a", 1.0, "terminated")
     on = train.agent_samples([ep, won], compact=True)
-    assert [s["mask"] for s in on] == [[0, 0, 0], [0, 0, 0, 0], won.mask]
-    assert [float(s["advantage"]) for s in on] == pytest.approx([-1.0, -1.0, 1.0])
+    assert [s.mask for s in on] == [[0, 0, 0], [0, 0, 0, 0], won.mask]
+    assert [float(s.advantage) for s in on] == pytest.approx([-1.0, -1.0, 1.0])
 
 
 @pytest.mark.parametrize("off", [False, True])
@@ -315,10 +316,10 @@ def test_play_pool_wires_the_malformed_mask_from_the_setting(tokenizer, off):
 
         def drain(self):
             pass
-    sargs = config.SpadeArgs(setting="tool", plays=1, hint_plays=0, no_tool_filters=off)
+    loop = config.LoopArgs(setting="tool", plays=1, hint_plays=0)
     pool = [train.PoolEnv("e0", "Tool Selection", "source", "DeskEnv", "fallback")]
-    [ep] = train.play_pool(0, pool, sargs, Sampler(), Box(), tokenizer, hinted_arm=False, seed=0,
-                           margs=config.ModelArgs())
+    [ep] = train.play_pool(0, pool, Sampler(), Box(), tokenizer,
+                           config.AgentArgs(no_tool_filters=off), loop, hinted_arm=False, seed=0)
     assert (ep.status, ep.ret, ep.masked_replies) == ("terminated", 1.0, 0 if off else 1)
 
 
@@ -337,11 +338,10 @@ def test_grpo_update_never_forwards_a_compact_filtered_sample(tiny, monkeypatch)
     model = copy.deepcopy(tiny[0]).eval()
     ref = copy.deepcopy(model).requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    samples = [{"tokens": [5 + i] * 12, "mask": [0] * 4 + [1] * 8 if i != 1 else [0] * 12,
-                "logprobs": [-7.0] * 12, "advantage": a, "role": "agent", "weight": 1.0}
+    samples = [grpo.Sample([5 + i] * 12, [0] * 4 + [1] * 8 if i != 1 else [0] * 12,
+                           [-7.0] * 12, advantage=a, role="agent", weight=1.0)
                for i, a in enumerate([1.0, -1.0])]
     out = train.grpo_update(model, ref, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0),
                             Accelerator(cpu=True), samples, pad_id=tiny[1].pad_token_id,
-                            temperatures={"agent": 1.0}, oargs=config.OptimArgs(kl_coef=0.1),
-                            margs=config.ModelArgs())
+                            temperatures={"agent": 1.0}, gargs=config.GRPOArgs(kl_coef=0.1))
     assert out["losses/samples"] == 2 and seen == [12, 12]      # policy + reference: sample 0 only

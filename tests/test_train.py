@@ -14,6 +14,7 @@ from infra import rundir
 from infra import logprobs as logprobs_lib
 from infra import metrics as metrics_lib
 from infra import models
+import grpo
 import train
 from scripted import main_with
 
@@ -223,10 +224,10 @@ def test_process_group_timeout_reaches_the_tensor_parallel_groups(tiny, monkeypa
     monkeypatch.setattr(engine, "VLLMEngine", lambda name, **kw: seen.update(kw))
     run.vllm_engine(config.ModelArgs(process_group_timeout=90.0), *tiny, max_model_len=64)
     assert seen["group_timeout"] == datetime.timedelta(seconds=90)
-    assert "process_group_timeout" not in config.config_dict(config.ModelArgs())
+    assert "process_group_timeout" not in config.config_dict(config.Config())
     # unset, collectives wait 2 hours (NCCL's own 10 minutes would abort a healthy run waiting
     # on a 16k-token designer round), as the command line parses it
-    margs = config.parse(["--model", "tiny"], aliases=models.MODEL_ALIASES)[0]
+    margs = config.parse(["--model", "tiny"], aliases=models.MODEL_ALIASES).model
     assert run.pg_timeout(margs) == datetime.timedelta(hours=2)
 
 
@@ -327,15 +328,15 @@ def test_resume_restores_the_checkpoints_memory_and_never_seeds_again(tmp_path):
                                     "games"))
     other.mkdir()
     old.save()
-    margs, sargs, oargs, rargs = config.parse(["--model", "tiny", "--memory_from", str(other),
-                                               "--no_corpus"], aliases={})
+    cfg = config.parse(["--model", "tiny", "--memory_from", str(other), "--no_corpus"],
+                       aliases={})
     run = types.SimpleNamespace(rank=0, run_dir=tmp_path / "run", resume=lambda: None)
-    fresh = train.start_state(run, sargs, rargs)
+    fresh = train.start_state(run, cfg)
     assert [r.class_name for r in fresh.memory.records] == ["OldEnv"]  # seeded once
     fresh.memory.add(memory_lib.MemoryRecord("Optimization", "class MineEnv: pass", 0.5, 0.2, 1,
                                              "MineEnv", "games"))
     run.resume = lambda: json.loads(json.dumps(fresh.to_dict(2, 1, 2)))
-    resumed = train.start_state(run, sargs, rargs)
+    resumed = train.start_state(run, cfg)
     assert [r.class_name for r in resumed.memory.records] == ["OldEnv", "MineEnv"]
     assert resumed.step == 2
 
@@ -368,7 +369,7 @@ def test_plays_regret_and_epoch_scores_by_hand():
     assert m["env/win_rate"] == pytest.approx(0.25) and m["env/faulty"] == 1
     assert m["env/zero_variance_share"] == pytest.approx(0.5)   # b's plays are all 0
     scored = train.score_epoch([train.Design(a, [1], [2], [-0.5]), train.Design(b, [1], [3], [-0.7])],
-                              config.SpadeArgs())
+                              config.RegretArgs())
     # a: 0.4 * clip(0.5 / 0.15, 0, 1) + 0.6 * plateau(0.5) = 0.4 + 0.6 = 1.0; b: faulty -> 0
     assert [s["score"] for s in scored] == [pytest.approx(1.0), 0.0]
 
@@ -409,7 +410,7 @@ def test_the_regret_ablation_scores_a_hintless_environment_as_the_authors():
     train.record_plays([e], regen_plays, regen=True)
     train.hint_regrets([e], regen_plays)
     train.record_plays([e], [_ep("f", 0.0), _ep("f", 0.0)])  # the epoch's mean w: 0.25
-    [s] = train.score_epoch([train.Design(e, [1], [2], [-0.5])], config.SpadeArgs(designer_reward="regret"))
+    [s] = train.score_epoch([train.Design(e, [1], [2], [-0.5])], config.RegretArgs(designer_reward="regret"))
     assert e.returns == [1.0, 0.0, 0.0, 0.0] and s["score"] == 0.0
 
 
@@ -442,11 +443,11 @@ def test_the_memory_takes_faulty_environments_as_the_authors():
 
 
 def test_micro_batches_split_by_role_and_budget():
-    s = [{"role": r, "tokens": [0] * n} for r, n in
+    s = [grpo.Sample([0] * n, [1] * n, [0.0] * n, role=r) for r, n in
          [("agent", 5), ("designer", 9), ("agent", 3), ("agent", 4), ("designer", 2)]]
     out = train.micro_batches(s, budget=8)
-    assert [[len(x["tokens"]) for x in b] for b in out] == [[3, 4], [5], [2], [9]]
-    assert all(len({x["role"] for x in b}) == 1 for b in out)
+    assert [[len(x.token_ids) for x in b] for b in out] == [[3, 4], [5], [2], [9]]
+    assert all(len({x.role for x in b}) == 1 for b in out)
 
 
 def test_designer_prompt_contents_cannot_inject_chat_structure(tokenizer):
@@ -574,13 +575,13 @@ def _update_setup(tiny, monkeypatch, kl_coef=0.0):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
     kw = dict(pad_id=tiny[1].pad_token_id, temperatures={"agent": 1.0, "designer": 1.0},
-              oargs=config.OptimArgs(kl_coef=kl_coef), margs=config.ModelArgs())
+              gargs=config.GRPOArgs(kl_coef=kl_coef))
     return model, opt, sched, Accelerator(cpu=True), calls, kw
 
 
 def _samples(advantages, n=12):
-    return [{"tokens": [5 + i] * n, "mask": [0] * 4 + [1] * (n - 4), "logprobs": [-7.0] * n,
-             "advantage": a, "role": "agent", "weight": 1.0} for i, a in enumerate(advantages)]
+    return [grpo.Sample([5 + i] * n, [0] * 4 + [1] * (n - 4), [-7.0] * n, advantage=a,
+                        role="agent", weight=1.0) for i, a in enumerate(advantages)]
 
 
 def test_grpo_update_checkpoints_in_train_mode_frees_grads_skips_zero_advantages(tiny, monkeypatch):
@@ -653,12 +654,13 @@ def test_hints_only_for_freshly_designed_environments(tiny, monkeypatch):
                               messages=[{"role": "user", "content": "design"}],
                               reply=engine.Completion([1, 2], [-1.0, -1.0], "x", "stop"))
     monkeypatch.setattr(designer, "regenerate", lambda slots, **kw: ([fresh], {"slots": len(slots)}))
-    sargs = config.SpadeArgs(num_envs=2, regen_interval=4, skills_per_regen=1, hint_max_tokens=8,
-                            no_memory=True)
+    dargs = config.DesignerArgs(skills_per_regen=1, hint_max_tokens=8, no_memory=True)
+    loop = config.LoopArgs(num_envs=2, regen_interval=4)
     carried = train.PoolEnv("old", "Math", "class B: pass", "B", "designer")
     sampler = run.Sampler(Hints(), tok, seed=0)
     sb = types.SimpleNamespace(workers=2)
-    pool, designs, stats, _ = train.regenerate(4, sargs, sampler, sb, None, [carried], None)
+    st = train.State(pool=[carried], designs=[], memory=None, corpus=None)
+    pool, designs, stats, _ = train.regenerate(4, st, sampler, sb, dargs, loop)
     assert [(e.origin, e.hint) for e in pool] == [("designer", "Hint: say heads."), ("carried", None)]
     assert len(prompts) == 1
 
@@ -797,9 +799,9 @@ def _tp_train_worker(rank, port, out_dir):
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), ACCELERATE_USE_CPU="true")
     torch.set_num_threads(1)
     fake = FakeTPLLM(models.build_tiny_tokenizer())
-    def make_engine(margs, *args):  # the fake imported as vllm while the engine is built
+    def make_engine(cfg, *args):  # the fake imported as vllm while the engine is built
         with mock.patch.dict(sys.modules, {"vllm": fake, "vllm.platforms": fake.platforms}):
-            return engine.VLLMEngine("tiny", tensor_parallel_size=margs.tensor_parallel_size)
+            return engine.VLLMEngine("tiny", tensor_parallel_size=cfg.model.tensor_parallel_size)
     run.make_engine = make_engine
     forwarded, trained, logprobs, samples = [], [], logprobs_lib.token_logprobs, train.agent_samples
     logprobs_lib.token_logprobs = lambda m, ids, attn, *a, **k: (
@@ -807,7 +809,7 @@ def _tp_train_worker(rank, port, out_dir):
 
     def agent_samples(episodes, **kw):   # one sample per episode in the games setting
         out = samples(episodes, **kw)
-        trained.extend((ep.env_id, ep.seed, len(ep.token_ids), s["advantage"]) for ep, s in
+        trained.extend((ep.env_id, ep.seed, len(ep.token_ids), s.advantage) for ep, s in
                        zip([e for e in episodes if not e.hinted and e.status != "env_error"], out))
         return out
     train.agent_samples = agent_samples

@@ -87,10 +87,9 @@ EASY_HANGS = EASY.replace('raise RuntimeError("a bug only this seed reaches")', 
 
 def resolved(*argv):
     from transformers import HfArgumentParser
-    args = HfArgumentParser((config.ModelArgs, config.SpadeArgs, config.OptimArgs, config.RunArgs)) \
-        .parse_args_into_dataclasses(args=list(argv))
-    train.resolve(*args)
-    return {k: v for a in args for k, v in vars(a).items()}
+    cfg = config.Config(*HfArgumentParser(config.GROUPS).parse_args_into_dataclasses(args=list(argv)))
+    train.resolve(cfg)
+    return cfg.flat()
 
 
 @pytest.mark.parametrize("setting", ["games", "tool"])
@@ -239,7 +238,7 @@ def pool(run_dir, step):
 
 
 def by_role(samples, role):
-    return [s for s in samples if s["role"] == role]
+    return [s for s in samples if s.role == role]
 
 
 @pytest.fixture(scope="module")
@@ -288,11 +287,11 @@ def test_counts_regret_scores_and_scale_by_hand(scripted):
     assert (r2["designer/samples"], r2["losses/samples"]) == (4, 15)
     assert r2["designer/score_mean"] == approx(1.4 / 4) and r2["designer/scale"] == approx(5.5)
     # advantages = S * (score - mean of its skill): MATH {FAIR 1.0, EASY 0} -> +-2.75; others alone -> 0
-    assert sorted(float(s["advantage"]) for s in by_role(rec["samples"][2], "designer")) == \
+    assert sorted(float(s.advantage) for s in by_role(rec["samples"][2], "designer")) == \
         approx([-2.75, 0, 0, 2.75])
     assert [len(by_role(b, "designer")) for b in rec["samples"]] == [0, 0, 4]
     tok = engines["designer"].tok
-    trained = sorted(tok.decode([t for t, m in zip(s["tokens"], s["mask"]) if m])
+    trained = sorted(tok.decode([t for t, m in zip(s.token_ids, s.mask) if m])
                      for s in by_role(rec["samples"][2], "designer"))
     assert trained == sorted(d + "<|im_end|>" for d in (FAIR, FAULTY, HARD, EASY))  # the replies only
 
@@ -304,18 +303,18 @@ def test_agent_batch_holds_unhinted_fault_free_plays_only(scripted, policy):
     agent = [by_role(b, "agent") for b in rec["samples"]]
     assert [len(a) for a in agent] == [12, 11, 11]  # 18, 12 and 14 episodes were played
     for samples in agent:
-        texts = [tok.decode(s["tokens"]) for s in samples]
+        texts = [tok.decode(s.token_ids) for s in samples]
         assert not any("HINT:" in t for t in texts)
         assert all(t.count("Call the coin") == 1 for t in texts)
     # Eq. (1) per environment: [1,0,1,0] -> +-1; HARD's zeros -> 0; FAULTY at step 1 [1,1,0] ->
     # (1 - 2/3) / sqrt(2/9) and (0 - 2/3) / sqrt(2/9)
-    advs = [sorted(round(float(s["advantage"]), 4) for s in a) for a in agent]
+    advs = [sorted(round(float(s.advantage), 4) for s in a) for a in agent]
     assert advs[0] == [-1.0] * 4 + [0.0] * 4 + [1.0] * 4
     assert advs[1] == sorted([-1.0, -1.0, 1.0, 1.0] + [0.0] * 4 + [round(-(2 / 3) / (2 / 9) ** 0.5, 4)]
                              + [round((1 / 3) / (2 / 9) ** 0.5, 4)] * 2)
     assert advs[2] == [-1.0] * 2 + [0.0] * 7 + [1.0] * 2  # EASY's [1,1,1] and HARD's zeros: 0
     for s in (s for a in agent for s in a):  # the trained tokens are the reply, prompt masked
-        reply = [t for t, m in zip(s["tokens"], s["mask"]) if m]
+        reply = [t for t, m in zip(s.token_ids, s.mask) if m]
         assert tok.decode(reply) in ("\\boxed{heads}<|im_end|>", "\\boxed{tails}<|im_end|>")
 
 
@@ -340,7 +339,7 @@ def test_loss_weights_are_one_mean_over_samples(scripted):
     assert len(rec["weights"]) == sum(len(b) for b in rec["batches"])
     i = 0
     for samples, batches, row in zip(rec["samples"], rec["batches"], rows):
-        n, zero = len(samples), sum(float(s["advantage"]) == 0.0 for s in samples)
+        n, zero = len(samples), sum(float(s.advantage) == 0.0 for s in samples)
         assert n == row["losses/samples"] and len(batches) >= 2  # the budget splits every step
         assert sum(len(mb) for mb in batches) == n - zero and 0 < zero < n
         weights = rec["weights"][i:i + len(batches)]
@@ -359,7 +358,7 @@ def test_update_statistics_and_phase_times_by_hand(scripted):
         forwarded = [s for mb in batches for s in mb]
         assert len({len(mb) for mb in batches}) > 1 or len(batches) > 1
         assert row["losses/tokens"] == pytest.approx(
-            sum(sum(s["mask"]) for s in forwarded) / len(forwarded))
+            sum(sum(s.mask) for s in forwarded) / len(forwarded))
         spans = [row[f"time/{p}_s"] for p in metrics_lib.PHASES]
         assert all(t >= 0 for t in spans) and sum(spans) <= row["time/step_s"]
         assert {k for k in row if k.startswith("time/")} == \
@@ -393,7 +392,7 @@ def test_loop_passes_its_own_settings_on(scripted):
     assert {int(s) for _, s in step0} == {derive_seed("play", 0, 0, i) for i in range(4)}
     assert all({k: kw[k] for k in ("clip_low", "clip_high", "tis_cap", "kl_coef")} ==
                {"clip_low": 0.21, "clip_high": 0.29, "tis_cap": 2.5, "kl_coef": 0.0} for kw in rec["loss_kw"])
-    roles = [mb[0]["role"] for b in rec["batches"] for mb in b]
+    roles = [mb[0].role for b in rec["batches"] for mb in b]
     assert [{"agent": 0.62, "designer": 0.61}[r] for r in roles] == rec["temps"]
     assert rec["clip"] == [0.9] * 3
     # fused only on CUDA (one kernel, no parameter-sized temporary)
@@ -434,7 +433,7 @@ def test_each_ablation_takes_effect(tmp_path, policy, monkeypatch, flag, scripte
         # EASY -0.5: its play timed out in its own regeneration step (step 2)
         assert rows[2]["agent/status/env_error"] == pytest.approx(1 / 12)
         assert rows[2]["designer/score_mean"] == pytest.approx(1.0 / 4)
-        assert sorted(float(s["advantage"]) for s in by_role(rec["samples"][2], "designer")) == \
+        assert sorted(float(s.advantage) for s in by_role(rec["samples"][2], "designer")) == \
             pytest.approx([-2.75, 0, 0, 2.75])  # MATH: 5.5 * (+-0.5 - 0)
     elif flag == "solve_rate":  # plateau(w): FAIR 1, FAULTY 0, HARD 0, EASY 0
         assert rows[2]["designer/score_mean"] == pytest.approx(1 / 4)
