@@ -339,7 +339,7 @@ def section_update(s, device):
         params = sum(p.numel() for p in model.parameters())
         tokens = s.seqs * s.seq_len
         context = dict(params=params, layers=s.model["num_hidden_layers"], sequences=s.seqs,
-                       tokens=tokens, trained_tokens=sum(sum(x["mask"]) for x in samples),
+                       tokens=tokens, trained_tokens=sum(sum(x.mask) for x in samples),
                        micro_batch_tokens=s.micro_batch_tokens,
                        checkpointed_layer_calls=calls[0], training_after=model.training,
                        grads_freed=all(p.grad is None for p in model.parameters()),
