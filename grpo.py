@@ -18,7 +18,7 @@ importance weight against the rollout engine's log-probs:
     loss  = mean_i [ sum_t mask_it * l_t / sum_t mask_it ]   (token-mean per sample, then samples)
     or, given weights u_i:  sum_i u_i * [ sum_t mask_it * l_t / sum_t mask_it ]
 
-Symbols (paper -> code; shapes: B samples, G plays per group, T tokens, V vocabulary, H hidden):
+Symbols (paper -> code; shapes: B samples, G plays per group, T tokens, V vocabulary):
 R_i returns (B,); A_i advantages (B,) or (B, T); pi_theta, pi_old, pi_rollout, pi_ref: logp,
 old_logp, rollout_logp, ref_logp (B, T); epsilon_low/high clip_low/clip_high; C tis_cap;
 beta kl_coef; S_role role_scale(...); R interval (the regeneration interval).

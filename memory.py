@@ -54,7 +54,8 @@ FORMAT_VERSION = 2
 
 
 def win_rate(returns) -> float:
-    """w(e): the share of plays with return > 0 (0.0 without plays)."""
+    """w(e) as the memory records it: the share of plays with return > 0 (0.0 without plays).
+    regret.py's score reads w(e) as the mean return instead, as the authors' code does."""
     return sum(r > 0 for r in returns) / len(returns) if returns else 0.0
 
 

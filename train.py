@@ -40,7 +40,7 @@ Deviations (README, "Deviations", has the reasons):
   7. Without a preset, log-probs at each role's sampling temperature (--logprob_temperature); one
      batch of all agent and designer samples (authors: trimmed to 192), the loss a mean over
      the real samples however few (authors: a short batch padded, its loss shrunk when KL > 0);
-     weight decay on every parameter (README deviations 18, 21-25, 37).
+     weight decay on every parameter (README rows 18, 21-25, 37).
 
 Launch: `python train.py --model tiny ...` (CPU) or `accelerate launch --config_file
 configs/fsdp2_8gpu.yaml train.py --model Qwen3-30B-A3B`. Test: `pytest tests/test_train.py`.

@@ -40,7 +40,7 @@ SPADE (arXiv 2608.19197) trains one policy that both writes environments (design
    in-place reload (the worker's own `reload_weights`, inside vLLM's config context); on CPU the
    packed copies it leaves stale (tied head, MoE experts) are redone.
 
-Deviation (README, 15): vLLM's `processed_logprobs` are renormalised over the top-k / top-p set,
+Deviation (README row 15): vLLM's `processed_logprobs` are renormalised over the top-k / top-p set,
 so rollout log-probs exceed the trainer's by -log(kept mass) >= 0 and the TIS weight
 min(exp(old - rollout), 2) is slightly conservative; the transformers engine has no such gap.
 
