@@ -36,8 +36,8 @@ Deviations from the paper and from the authors' code:
        `_advance_if_done`), and the document comes last.
     6. Tool-use solvability is executable (the sandbox replays solution()), not the authors' LLM
        self-audit; the prompt tells the designer so.
-    7. A hint is capped at 100 words; a hint still empty after HINT_ATTEMPTS calls (the authors'
-       retry count) becomes None (regret 0, as the authors').
+    7. A hint is capped at 100 words; a hint still empty after HINT_ATTEMPTS requests (3, as the
+       authors' tries) becomes None (regret 0, as the authors').
     8. `validate` is retried up to twice when it raises (the sandbox raises only for its own
        faults; README, "Running model-written code safely"); a third failure propagates.
     9. The games prompts (the no-corpus ablation has its own, as the authors') demand all
@@ -72,7 +72,7 @@ log = logging.getLogger(__name__)
 # Both designer calls' sampling settings are config.DesignerArgs and LoopArgs fields citing the
 # paper, bound into the request streams this module takes by train.regenerate (and baseline.py).
 HINT_MAX_WORDS = 100                              # deviation 7
-HINT_ATTEMPTS = 3                                 # hint calls per environment, the authors' retry
+HINT_ATTEMPTS = 3                                 # hint requests per environment (authors: 3)
 MAX_ATTEMPTS = 5                                  # attempts per slot (paper)
 CORPUS_SEED = 42                                  # document sampler seed (paper)
 CORPUS_MAX_WORDS = {"games": 6000, "tool": 4000}  # words kept per document (paper)
@@ -554,8 +554,9 @@ def regenerate(skills_for_slots: Sequence[str], *, stream, validate: Callable,
     return proposals, regeneration_stats(proposals, len(skills_for_slots))
 
 
-def _attempt(skill: str, slot: int, attempt: int, corpus: Corpus | None, memory_block,
-             setting: str, rng: random.Random, max_turns: int = 25) -> Proposal:
+def _attempt(skill: str, slot: int, attempt: int, corpus: Corpus | None,
+             memory_block: Callable[[str], str] | None, setting: str, rng: random.Random,
+             max_turns: int = 25) -> Proposal:
     """A slot's attempt with its prompt: a fresh document, the skill's memory block, a task."""
     doc = corpus.sample() if corpus is not None else None
     task = tool_task(rng) if setting == "tool" else None
@@ -621,8 +622,8 @@ def write_hints(sources: Sequence[str], setting: str, stream,
                 attempts: int = HINT_ATTEMPTS) -> list[str | None]:
     """The privileged hint h(e) of each environment source (None where every reply was empty).
     Every hint request goes in at once; a reply with no hint is asked again as soon as it comes
-    back, up to `attempts` requests per environment (the authors retry an empty hint up to 3
-    times; on a turn barrier, one batch per attempt). stream: as regenerate's."""
+    back, up to `attempts` requests per environment (3: the first and two retries, as the
+    authors' three tries; on a turn barrier, one batch per attempt). stream: as regenerate's."""
     for i, src in enumerate(sources):
         stream.submit((i, 1), hint_messages(src, setting))
     hints: list[str | None] = [None] * len(sources)

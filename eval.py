@@ -81,8 +81,8 @@ class EngineSampler:
 
     def _prompt(self, messages, tools):
         extra = {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
-        from agent import render_chat  # sibling: shows the tools even to a template that drops them
-        text = render_chat(self.tokenizer, messages, tools=tools, **extra)
+        # agent.render_chat shows the tools even to a template that drops them
+        text = agent.render_chat(self.tokenizer, messages, tools=tools, **extra)
         # The whole rendered text, tokenized as vLLM's chat endpoint and the benchmarks' own
         # harnesses do, so scores compare with published ones (training prompts go through
         # agent.prompt_ids).
@@ -172,7 +172,7 @@ def build_sampler(cfg: "EvalConfig"):
         key = os.environ.get(cfg.api_key_env, "")
         return OpenAISampler(cfg.endpoint, cfg.served_model or cfg.model, key)
     from infra import models  # siblings; heavy imports stay out of the test path
-    from agent import turn_end  # the chat's end of turn stops a reply, whatever the EOS is
+    # the chat's end of turn (agent.turn_end) stops a reply, whatever the EOS is
     # tiny models (built in memory) always run on transformers; a saved one can run on vLLM
     if cfg.engine == "vllm" and cfg.model not in models.TINY_MODELS:
         from transformers import AutoTokenizer
@@ -183,11 +183,11 @@ def build_sampler(cfg: "EvalConfig"):
         gen = VLLMEngine(path, tensor_parallel_size=cfg.tensor_parallel_size,
                          max_model_len=cfg.max_model_len, seed=cfg.seed,
                          gpu_memory_utilization=cfg.gpu_memory_utilization,
-                         stop_ids=[turn_end(tokenizer)[1]])
+                         stop_ids=[agent.turn_end(tokenizer)[1]])
     else:
         from infra.engine import TransformersEngine
         model, tokenizer = models.load_model_and_tokenizer(cfg.model)
-        gen = TransformersEngine(model, tokenizer, stop_ids=[turn_end(tokenizer)[1]],
+        gen = TransformersEngine(model, tokenizer, stop_ids=[agent.turn_end(tokenizer)[1]],
                                  max_batch_tokens=cfg.batch_tokens, progress=True)
     return EngineSampler(gen, tokenizer, enable_thinking=cfg.enable_thinking,
                          max_context=cfg.max_model_len)

@@ -5,8 +5,8 @@ and the Reasoning Agent, and both roles update it with GRPO. Per role:
 
     agent:     A_i = (R_i - mean_g(R)) / (std_g(R) + 1e-8)     g = the G plays of one environment
                                                                (Eq. 1)
-    designer:  A_i = S * (score_i - mean_k(score))             k = the designer samples of one skill
-               S   = min(50, N_agent / N_designer * R)         role balance (~32 in the paper)
+    designer:  A_i = S_role * (score_i - mean_k(score))        k = the designer samples of one skill
+               S_role = min(50, N_agent / N_designer * R)  role balance (~32 in the paper)
 
 The loss, per completion token t of sample i (mask 1 only), with clip-higher and a truncated
 importance weight against the rollout engine's log-probs:
@@ -18,10 +18,10 @@ importance weight against the rollout engine's log-probs:
     loss  = mean_i [ sum_t mask_it * l_t / sum_t mask_it ]   (token-mean per sample, then samples)
     or, given weights u_i:  sum_i u_i * [ sum_t mask_it * l_t / sum_t mask_it ]
 
-Symbols (paper -> code; shapes: B samples, G plays per group, T tokens, V vocabulary, H hidden):
+Symbols (paper -> code; shapes: B samples, G plays per group, T tokens, V vocabulary):
 R_i returns (B,); A_i advantages (B,) or (B, T); pi_theta, pi_old, pi_rollout, pi_ref: logp,
 old_logp, rollout_logp, ref_logp (B, T); epsilon_low/high clip_low/clip_high; C tis_cap;
-beta kl_coef; S role_scale(...); R interval (the regeneration interval).
+beta kl_coef; S_role role_scale(...); R interval (the regeneration interval).
 
 Deviations from the paper (and from the authors' code):
     1. k3 clamps the log-ratio to [-20, 20] and k3 to [0, 10] (as verl does, and as the authors'
@@ -50,7 +50,7 @@ import torch
 BETAS = (0.9, 0.98)               # AdamW betas of the paper's training setup (infra/run.py)
 CLIP_LOW, CLIP_HIGH = 0.2, 0.28   # clip-higher, the paper's values
 TIS_CAP = 2.0                     # truncated importance-sampling cap, the paper's value
-ROLE_SCALE_CAP = 50.0             # cap of the designer's role-balancing scale S
+ROLE_SCALE_CAP = 50.0             # cap of the designer's role-balancing scale S_role
 
 
 # ALGO: advantages --------------------------------------------------------------------------------
@@ -77,7 +77,7 @@ def agent_advantages(returns: Sequence[float], group_ids: Sequence[Hashable]) ->
 
 
 def role_scale(n_agent: int, n_designer: int, interval: int, cap: float = ROLE_SCALE_CAP) -> float:
-    """S = min(cap, N_agent / N_designer * R); 0.0 when there are no designer samples."""
+    """S_role = min(cap, N_agent / N_designer * R); 0.0 when there are no designer samples."""
     if n_agent < 0 or n_designer < 0 or interval <= 0:
         raise ValueError(f"bad counts: n_agent={n_agent}, n_designer={n_designer}, "
                          f"interval={interval}")
@@ -86,7 +86,8 @@ def role_scale(n_agent: int, n_designer: int, interval: int, cap: float = ROLE_S
 
 def designer_advantages(scores: Sequence[float], skills: Sequence[Hashable],
                         scale: float) -> torch.Tensor:
-    """(B,) A = S * (score - mean of the same skill's scores); no std division, as in the paper."""
+    """(B,) A = S_role * (score - mean of the same skill's scores); no std division, as in the
+    paper."""
     s = torch.as_tensor(scores, dtype=torch.float64)                        # (B,)
     if s.ndim != 1 or len(skills) != s.numel():
         raise ValueError(f"need one skill per score, got {s.shape} scores and {len(skills)} skills")
@@ -188,7 +189,7 @@ class Sample:
         mask      (T_i,)  1 on the tokens the loss trains (the policy's sampled tokens), 0 on the
                           prompt, on observations between turns, on a filtered episode's tokens
         logprobs  (T_i,)  the rollout engine's log-probs of the sampled tokens (0 where mask 0)
-        advantage A_i     Eq. (1) for the agent, S * (score - mean_k) for the designer
+        advantage A_i     Eq. (1) for the agent, S_role * (score - mean_k) for the designer
         role      "agent" | "designer": its micro-batches and log-prob temperature
         weight    u_i     its weight in the loss' mean over samples (the formula above)"""
     token_ids: list[int]

@@ -14,9 +14,18 @@ As in the authors' code: the ranking is stable (among equal regrets the OLDER re
 draws are `rng.sample` (the memory's own seeded rng, saved by `to_dict()`), positives are shown in
 draw order, the negative by class name only.
 
+Symbols (paper -> code):
+    M (the memory, capacity 200)    EnvironmentMemory(capacity=CAPACITY)
+    w(e) (the agent's win rate)     win_rate(returns) -> MemoryRecord.win_rate
+    regret(e), Eq. (3)              MemoryRecord.regret (regret.py computes it)
+    the code of e                   MemoryRecord.source (its first CODE_CHARS characters shown)
+
 Deviations from the paper and from the authors' code:
-    1. Persistence is one JSON document written atomically; a corrupt or mismatched one raises
-       `MemoryFileError`, so a resumed run never silently starts with an empty memory.
+    1. Persistence is one JSON document, memory.json, written atomically (temp file, fsync,
+       os.replace), because more than the resumed run reads it: tools/report.py shows each
+       environment's record from it and `--memory_from` seeds another run's memory with it. A
+       corrupt or mismatched one raises `MemoryFileError`, so a resumed run never silently starts
+       with an empty memory.
     2. The whole source is stored and its first 2,000 characters shown with a truncation note
        (authors: cut when stored); the negative is named by its class (authors: the file stem).
 
@@ -36,11 +45,18 @@ from pathlib import Path
 # Paper constants.
 CAPACITY = 200               # FIFO capacity of the memory
 FRONTIER = (0.15, 0.85)      # win rates of positive exemplars (inclusive)
-TOO_HARD, TOO_EASY = 0.1, 0.9  # win rates below / above these: negative examples
+TOO_EASY = 0.9               # win rate above this: negative example ("too easy")
+TOO_HARD = 0.1               # win rate below this: negative example ("too hard")
 TOP_K = 10                   # positives are sampled from the top-10 by regret
 N_POSITIVE = 2               # at most 2 positive exemplars per prompt
 CODE_CHARS = 2000            # characters of an exemplar's code shown in the prompt
 FORMAT_VERSION = 2
+
+
+def win_rate(returns) -> float:
+    """w(e) as the memory records it: the share of plays with return > 0 (0.0 without plays).
+    regret.py's score reads w(e) as the mean return instead, as the authors' code does."""
+    return sum(r > 0 for r in returns) / len(returns) if returns else 0.0
 
 
 class MemoryFileError(ValueError):
@@ -65,9 +81,10 @@ class MemoryRecord:
                              "strings")
         self.win_rate, self.regret = float(self.win_rate), float(self.regret)
         self.step = int(self.step)
-        if not (0.0 <= self.win_rate <= 1.0 and math.isfinite(self.regret)):
-            raise ValueError(f"MemoryRecord: win_rate {self.win_rate} not in [0, 1] or regret "
-                             "not finite")
+        if not 0.0 <= self.win_rate <= 1.0:
+            raise ValueError(f"MemoryRecord.win_rate must lie in [0, 1], got {self.win_rate}")
+        if not math.isfinite(self.regret):
+            raise ValueError(f"MemoryRecord.regret must be finite, got {self.regret}")
 
 
 class EnvironmentMemory:

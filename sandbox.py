@@ -431,7 +431,9 @@ def _worker_setup(req_fd, rep_fd, uid, cfg, required):
     if not set(required) <= set(layers):
         os._exit(EXIT_FAIL_CLOSED)
     random.seed()  # not the zygote's state
-    if "numpy.random" in sys.modules:  # 32 bits: 200x cheaper
+    # 32 bits: an int seed is MT19937's plain init; seed() would draw OS entropy through a
+    # SeedSequence into the whole state, per worker.
+    if "numpy.random" in sys.modules:
         sys.modules["numpy.random"].seed(random.getrandbits(32))
     return layers
 

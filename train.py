@@ -6,7 +6,8 @@
       2. play every environment G times unhinted (seeded); at regeneration the fresh ones H hinted
       3. regret(e) = mean R_hint - mean R_nohint                                     # Eq. (3)
       4. at regeneration the finished epoch's designer samples (the buffer `State.designs`) get
-         score = 0.4 * clip(regret / 0.15, 0, 1) + 0.6 * plateau(w), A = S * (score - mean_skill);
+         score = 0.4 * clip(regret / 0.15, 0, 1) + 0.6 * plateau(w),
+         A = S_role * (score - mean_skill);
          agent samples: A = (R - mean_e) / (std_e + 1e-8)                            # Eq. (1)
       5. one GRPO step over both roles' samples (Sec. 3.4)  6. weight sync
       7. fresh environments -> memory
@@ -14,10 +15,11 @@
     replies keep their place in the group statistics but get loss mask 0)
 
 Symbols: S steps, R regeneration interval, N environments per regeneration, G unhinted plays,
-H hinted plays, w the environment's mean unhinted return over its epoch, S role-balancing scale
-(`scale`). What the ALGO blocks run on is in infra/: flags in config.py, the statistics (Figs. 7,
-9, 19; train()'s one `INFRA: statistics` block) in metrics.py, the Fixed-env baseline in
-baseline.py, Accelerate and the engine in run.py, the run directory and checkpoints in rundir.py.
+H hinted plays, w the environment's mean unhinted return over its epoch, S_role the designer's
+role-balancing scale (`scale`; grpo.role_scale). What the ALGO blocks run on is in infra/: flags
+in config.py, the statistics (Figs. 7, 9, 19; train()'s one `INFRA: statistics` block) in
+metrics.py, the Fixed-env baseline in baseline.py, Accelerate and the engine in run.py, the run
+directory and checkpoints in rundir.py.
 
 Deviations (README, "Deviations", has the reasons):
   1. Fewer than N valid environments: the pool is topped up from the previous pool and, at step
@@ -28,7 +30,7 @@ Deviations (README, "Deviations", has the reasons):
      environment still enters the memory, a crashed play counted as lost.
   3. The last epoch's designer samples are trained at the final step (authors: in effect never;
      their final flush runs only if the last step itself has designer samples).
-  4. Every sampling request's seed derives from (seed, step, phase, turn or attempt) and its
+  4. Every sampling request's seed derives from (seed, step, role, turn or attempt) and its
      episode or slot, and the corpus sampler is checkpointed, so a resumed run replays exactly
      on CPU (on GPUs vLLM's logits follow its batches: docs/gpu.md, "No turn barrier").
   5. Hinted plays (so regret and hints) only for freshly designed environments; a hint still
@@ -38,7 +40,7 @@ Deviations (README, "Deviations", has the reasons):
   7. Without a preset, log-probs at each role's sampling temperature (--logprob_temperature); one
      batch of all agent and designer samples (authors: trimmed to 192), the loss a mean over
      the real samples however few (authors: a short batch padded, its loss shrunk when KL > 0);
-     weight decay on every parameter (README deviations 18, 21-25, 37).
+     weight decay on every parameter (README rows 18, 21-25, 37).
 
 Launch: `python train.py --model tiny ...` (CPU) or `accelerate launch --config_file
 configs/fsdp2_8gpu.yaml train.py --model Qwen3-30B-A3B`. Test: `pytest tests/test_train.py`.
@@ -143,7 +145,8 @@ def start_state(run, cfg: config.Config) -> State:
     """A fresh state (its memory seeded from --memory_from), or with --resume the checkpoint's,
     memory included as saved: --memory_from seeds a run once, never again on resume."""
     dargs, setting, corpus = cfg.designer, cfg.loop.setting, None
-    if not (dargs.no_corpus or cfg.pools.fixed_envs):  # one sampler, seed 42 (Sec. 3.2) + rank
+    # one sampler per rank, seed --corpus_seed + rank (one rank: 42, Sec. 3.2)
+    if not (dargs.no_corpus or cfg.pools.fixed_envs):
         corpus = designer.Corpus(dargs.corpus, max_words=designer.CORPUS_MAX_WORDS[setting],
                                  seed=dargs.corpus_seed + run.rank)
     mem = memory_lib.EnvironmentMemory(capacity=dargs.memory_capacity,
@@ -416,7 +419,7 @@ def remember(step, pool, mem, setting: str, episodes, gather=None) -> None:
         if not ep.hinted and ep.error not in ("timeout", "episode_timeout"):
             won.setdefault(ep.env_id, []).append(ep.status != "env_error" and ep.ret > 0)
     recs = [memory_lib.MemoryRecord(skill=e.skill, source=e.source, regret=e.regret or 0.0,
-                                    step=step, win_rate=sum(won[e.env_id]) / len(won[e.env_id]),
+                                    step=step, win_rate=memory_lib.win_rate(won[e.env_id]),
                                     class_name=e.class_name, setting=setting)
             for e in pool if e.origin == "designer" and won.get(e.env_id)]
     for r in (gather(recs) if gather else recs):
@@ -450,10 +453,11 @@ def agent_samples(episodes, compact: bool = False) -> list[grpo.Sample]:
 
 def designer_samples(scored, agent_batch, gather=list, rank=0, *, regen_interval: int,
                      cap: float = grpo.ROLE_SCALE_CAP) -> tuple[list[grpo.Sample], dict]:
-    """Scored designer samples -> advantages A = S * (score - mean_skill) over all ranks, S =
-    min(cap, N_agent / N_designer * R); N_agent counts every rank's agent episodes (`agent_batch`:
-    this rank's agent samples, the turns of a stripped-history episode weighing 1 together), as
-    the authors count before their per-turn fan-out (`gather`: every rank's items; a collective)."""
+    """Scored designer samples -> advantages A = S_role * (score - mean_skill) over all ranks,
+    S_role = min(cap, N_agent / N_designer * R); N_agent counts every rank's agent episodes
+    (`agent_batch`: this rank's agent samples, the turns of a stripped-history episode weighing 1
+    together), as the authors count before their per-turn fan-out (`gather`: every rank's items;
+    a collective)."""
     n_agent = sum(gather([round(sum(s.weight for s in agent_batch))]))
     everyone = gather([(rank, i, s["skill"], s["score"]) for i, s in enumerate(scored)])
     if not everyone:

@@ -178,12 +178,9 @@ def bench_generate():
 
 
 def bench_name_map():
-    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+    from transformers import AutoModelForCausalLM
     from transformers.core_model_loading import revert_weight_conversion
-    cfg = Qwen3MoeConfig(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
-                         moe_intermediate_size=768, num_hidden_layers=48, num_attention_heads=32,
-                         num_key_value_heads=4, head_dim=128, num_experts=128,
-                         num_experts_per_tok=8, norm_topk_prob=True, tie_word_embeddings=False)
+    cfg = models.architecture("Qwen3-30B-A3B")  # configs/models/Qwen3-30B-A3B.json, offline
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)
     times = []

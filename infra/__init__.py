@@ -1,5 +1,10 @@
 """What train.py and eval.py run on; none of it is the paper's, and a reader of Algorithm 1 may
-skip this folder (train.py's ALGO blocks call none of it).
+skip this folder. train.py's ALGO blocks reach into it at these seams only: the loop's steps and
+pools (`run.steps`, `baseline.Schedule`), the sampling handed to the designer, the hints and the
+agent (`run.sampler`), the collective behind the designer's advantages and the memory
+(`run.gather`), the update's trainer state and forward (`run.trainer_on_device`; logprobs.py in
+train.grpo_update) and the weight sync (`run.engine.sync_weights`); train()'s one
+`INFRA: statistics` block calls metrics.py.
 
     run.py        Run: Accelerate, the policy with its optimizer and frozen reference, the rollout
                   engine and the Sampler bound to it, the distributed set-up

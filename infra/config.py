@@ -346,7 +346,7 @@ def resolve(cfg: Config, *, skills: int, designer_modes) -> None:
         raise SystemExit("--hint_plays 0 leaves regret undefined: use --designer_reward solve_rate")
     if loop.plays < 2:
         print("[spade] warning: --plays < 2 makes every agent group zero-variance "
-              "(no agent gradient)")
+              "(no agent gradient)", file=sys.stderr)
     if d.skills_per_regen > skills:
         raise SystemExit(f"--skills_per_regen {d.skills_per_regen} exceeds the {skills} skills")
     if cfg.regret.designer_reward not in designer_modes:

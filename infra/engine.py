@@ -11,8 +11,9 @@ SPADE (arXiv 2608.19197) trains one policy that both writes environments (design
    softmax(logits / T), NOT renormalised after top-k / top-p: exactly what the trainer recomputes
    (logprobs.token_logprobs), so the truncated importance weight sees only numeric drift. An
    optional prefix KV cache, bounded in bytes, lets each agent turn prefill only its new tokens
-   (run.make_engine keeps one for the tiny models: a 4B model's 32k-token episode holds ~9.6 GB
-   of fp32 KV).
+   (run.make_engine keeps one for the tiny models only: an episode's fp32 KV is
+   2 x layers x KV heads x head dim x 4 bytes per token, gigabytes for a real model's 32k-token
+   episode).
 2. `VLLMEngine`: vLLM colocated in the training processes (one engine per rank, tensor parallel
    within the node, sleep mode between generation and training on GPUs), token in, token out;
    submit() / collect() keep requests in flight across turns (generate() is a batch on them).
@@ -29,9 +30,9 @@ SPADE (arXiv 2608.19197) trains one policy that both writes environments (design
    gives the same tokens, and log-probs equal the trainer's, where the tests ran (CPU); on GPUs
    the sampler's kernels are untested and a seed fixes only the noise. Every request is seeded
    anyway: seeded, the TP members' draws follow the request, not each process's own generator
-   (which anything else in the process advances); the per-request loop costs +2.7-3.4 ms per
-   decode step at batch 256 in forward_native's form and +4.5-8.6 in forward_cpu's, measured on
-   CPU (bench/vllm_rollout.py --seeds; V2 draws them vectorised).
+   (which anything else in the process advances). The cost is V1's per-request loop, one draw
+   per seeded request and decode step (V2 draws them vectorised); `bench/vllm_rollout.py --seeds`
+   measures it in both samplers' forms (docs/bench.md, `vllm.seeded_over_unseeded_time`).
 3. Weight sync after each update: `vllm_weight_plan` maps trainer names and shapes to the checkpoint
    names vLLM loads (pure, so it runs on a meta-device model), un-fusing transformers-v5 Qwen3-MoE
    experts; `stream_weights` gathers full tensors (FSDP2, ZeRO-3) one decoder layer at a time, cast
@@ -39,7 +40,7 @@ SPADE (arXiv 2608.19197) trains one policy that both writes environments (design
    in-place reload (the worker's own `reload_weights`, inside vLLM's config context); on CPU the
    packed copies it leaves stale (tied head, MoE experts) are redone.
 
-Deviation (README, 15): vLLM's `processed_logprobs` are renormalised over the top-k / top-p set,
+Deviation (README row 15): vLLM's `processed_logprobs` are renormalised over the top-k / top-p set,
 so rollout log-probs exceed the trainer's by -log(kept mass) >= 0 and the TIS weight
 min(exp(old - rollout), 2) is slightly conservative; the transformers engine has no such gap.
 
@@ -487,8 +488,8 @@ def _layer_of(name: str) -> str:
 
 def stream_weights(model, dtype: torch.dtype | None = None):
     """Yield the full weights one decoder layer at a time, as [(checkpoint name, tensor)] lists in
-    `dtype` (None: the parameters' own). Peak extra memory is one layer's full tensors (a 30B-A3B
-    layer is ~1.2 GB in bf16), never the whole model."""
+    `dtype` (None: the parameters' own). Peak extra memory is one layer's full tensors (its
+    parameter count x the bytes of `dtype`), never the whole model."""
     group, layer = [], None
     for name, param in model.named_parameters():
         if group and _layer_of(name) != layer:
@@ -602,8 +603,7 @@ class VLLMEngine:
         self.dtype = getattr(torch, dtype)  # weights are gathered in it (bf16: half of fp32)
         self.tp, self.tp_group = tensor_parallel_size, None
         if self.tp > 1 and dist.is_initialized():  # the ranks sharing one tensor-parallel engine
-            world = dist.get_world_size()
-            assert world % self.tp == 0, f"world size {world} is not a multiple of TP {self.tp}"
+            world = dist.get_world_size()  # TP divides it: run.check_vllm_fits ran vllm_fit_error
             # INFRA: a CPU (gloo) group for the members' per-step exchange of new requests: on
             # NCCL, all_gather_object reads its sizes back to the host (.item()), which waits for
             # the forward in flight on the GPU and so undoes vLLM's async scheduling at every step

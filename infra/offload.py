@@ -8,9 +8,10 @@ the KV cache). Nothing reads the trainer's copy between the weight sync and the 
 and `reload()` grows the storages back and copies the bytes in. The tensors themselves
 (parameters, optimizer state, FSDP2's sharded DTensors) stay the same Python objects, so the
 optimizer, FSDP2 and the checkpointing code never notice. This is what verl (`param_offload`,
-`optimizer_offload`) and slime (`offload_train`) do for the same reason; at Qwen3-30B-A3B on 8
-GPUs it frees 42.6 GiB per GPU (`python train.py --preflight` prints the phases with and
-without it).
+`optimizer_offload`) and slime (`offload_train`) do for the same reason. During the rollout it
+frees the trainer's 12 bytes per parameter over the shards (4 for the fp32 parameters, 8 for the
+two moments) for vLLM's KV cache; `python train.py --preflight` prints the phases with and without
+it, and docs/gpu.md ("Memory per GPU") gives them for the paper's models.
 
 What the freed memory can serve depends on the caller's order. vLLM's KV cache is a pool of its
 own (cuMemCreate under sleep mode), not torch's caching allocator: storage freed here stays in
@@ -77,7 +78,8 @@ class TrainerOffload:
 
     reload(optimizer=False) brings back the parameters only: the AdamW moments then come back
     in a pre-hook of the optimizer's step, so they are not on the device during the forward and
-    backward passes (at 30B-A3B on 8 GPUs: 28.4 GiB less at the update's peak)."""
+    backward passes: the update's forward/backward peak is lower by their 8 bytes per parameter
+    over the shards (docs/gpu.md, "Memory per GPU", gives the preflight's figures)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
                  enabled: bool = True):

@@ -49,7 +49,8 @@ Deviations from a real GPU run (numbered):
   4. Not modelled: the caching allocator's fragmentation (hence FIT_SHARE); CUDA graphs, NCCL and
      vLLM's non-torch memory are the estimates below, not measurements; vLLM's scratch workspace
      (inside its profile) is not counted at the sync.
-Validation: the 4B/H200 figure of tests/test_preflight.py (75.3 GiB measured once on an H200).
+Validation: tests/test_preflight.py pins the plan of the one configuration whose update peak was
+measured on a GPU (docs/gpu.md, "Memory per GPU": the figure, the card and the configuration).
 Dependencies: torch, transformers. Test: `pytest tests/test_preflight.py`.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Seeds and the sampler: every designer, hint and agent request of the loop gets its sampling
-and its seed here (infrastructure, and the README's deviation 4: the seed rule).
+and its seed here (infrastructure, and README row 4: the seed rule).
 
 A seed is derive_seed(parts): stable across processes and resumes, so a resumed run samples what
 the uninterrupted one would have. The run's Sampler binds one engine and tokenizer; each phase

@@ -61,7 +61,6 @@ from tqdm import tqdm
 
 import agent
 import sandbox
-from agent import after_thinking
 
 # ----------------------------------------------------------------------------------------------
 # the Reasoning-Gym task table (100 tasks at hard settings, grouped into Table 1's 4 cells)
@@ -104,14 +103,15 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def last_boxed(text: str) -> str | None:
     """Content of the last \\boxed{...} with balanced braces after the reasoning, else None
     (agent.py's one-pass scan: linear in the reply)."""
-    box = agent.last_balanced_box(after_thinking(text))
+    box = agent.last_balanced_box(agent.after_thinking(text))
     return None if box is None else box.strip()
 
 
 def rg_answer(text: str) -> str | None:
     """The answer to a Reasoning-Gym item, read as the authors read it: the last <answer> tag after
     the reasoning (case-insensitive), else the last box."""
-    tags = re.findall(r"<answer>\s*(.*?)\s*</answer>", after_thinking(text), flags=re.S | re.I)
+    tags = re.findall(r"<answer>\s*(.*?)\s*</answer>", agent.after_thinking(text),
+                      flags=re.S | re.I)
     return tags[-1].strip() if tags else last_boxed(text)
 
 
@@ -243,7 +243,7 @@ def boxed_letter(reply: str) -> str | None:
 def gpqa_letter(reply: str) -> str | None:
     """The chosen option: the boxed letter, else the last "answer is B" / "Answer: B" after the
     reasoning (the authors' fallback reads the same two phrases)."""
-    said = re.findall(r"(?i:answer is|answer:)\s*\(?([A-D])\b", after_thinking(reply))
+    said = re.findall(r"(?i:answer is|answer:)\s*\(?([A-D])\b", agent.after_thinking(reply))
     return boxed_letter(reply) or (said[-1] if said else None)
 
 
@@ -297,7 +297,7 @@ print(json.dumps(result))
 def extract_code(reply: str) -> str | None:
     """The last ```python block after the reasoning; without one, that whole text, as the
     authors' harness falls back (None only for an empty reply)."""
-    text = after_thinking(reply)
+    text = agent.after_thinking(reply)
     blocks = re.findall(r"```python\s*\n(.*?)```", text, flags=re.S)
     return blocks[-1] if blocks else (text if text.strip() else None)
 

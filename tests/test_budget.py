@@ -1,17 +1,21 @@
-"""The shape budgets of the library (README, "Layout"): files a reader follows in an afternoon.
+"""The shape rules of the library (README, "Layout"): files a reader follows in an afternoon.
 
 Library code is every module at the top level, in infra/, suites/ and tools/ (data/ is text,
-tests/ and bench/ are not library). Three budgets hold it:
+tests/ and bench/ are not library). Two rules are tests and fail when broken:
   1. No line over 100 columns (the lint; prompt texts and data live in data/).
   2. No function over 60 lines, except the loop of Algorithm 1 (`train.train`, read as one screen)
      and the GRPO loss (`grpo.policy_loss`: its equations top to bottom, and its inputs brought
      to fp32 first), and none over 100 anywhere.
-  3. The six concept modules (designer, agent, regret, grpo, memory, train) together <= 2,400
-     lines, and sandbox.py <= 1,330 (a security boundary a reviewer must be able to audit).
-A budget is met by simpler code, not by moving code sideways or packing statements on a line.
+The summed line counts are a printed report, not a test: the six concept modules (designer,
+agent, regret, grpo, memory, train) together and sandbox.py, each beside the figure it was once
+capped at (2,400 and 1,330) for reference. No test fails on a sum. Size is judged in review by
+one question (STYLE.md rule 1): does a reader of the paper need this line here? Never cut an
+explanation, an annotation or a clear name to meet a number; a rule is met by simpler code, not
+by moving code sideways or packing statements on a line.
 
 Run it alone to see the table: `python tests/test_budget.py` prints every library module's
-lines, the concepts' total, the functions over 60 lines and the lines over 100 columns.
+lines, the sums against their former caps, the functions over 60 lines and the lines over 100
+columns (`pytest -s tests/test_budget.py` prints the same table).
 """
 import ast
 import sys
@@ -20,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = ("*.py", "infra/*.py", "suites/*.py", "tools/*.py", "tools/export_template/*.py")
 CONCEPTS = ("designer", "agent", "regret", "grpo", "memory", "train")
-CAPS = {"concepts": 2400, "sandbox": 1330}
+FORMER_CAPS = {"concepts": 2400, "sandbox": 1330}  # a reference in the report; nothing fails on them
 COLUMNS = 100
 FUNCTION_SOFT, FUNCTION_HARD = 60, 100
 OVER_SOFT_OK = {"train.train",      # Algorithm 1's loop, one screen of about 60 lines
@@ -71,8 +75,8 @@ def report() -> str:
     lines, funcs, have = module_lines(), function_lengths(), sizes()
     rows = [f"{m:<32}{n:>6}" for m, n in lines.items()]
     rows.append(f"{'concepts':<32}{have['concepts']:>6}  ({' + '.join(CONCEPTS)})")
-    rows += [f"budget {k:<25}{have[k]:>6} / {cap}" + ("" if have[k] <= cap else "  OVER")
-             for k, cap in CAPS.items()]
+    rows.append("sums against their former caps (a reference; no test fails on a sum):")
+    rows += [f"  {k:<30}{have[k]:>6} / {cap:,}" for k, cap in FORMER_CAPS.items()]
     rows.append(f"functions over {FUNCTION_SOFT} lines:")
     rows += [f"  {f:<40}{n:>5}" for f, n in sorted(funcs.items(), key=lambda kv: -kv[1])
              if n > FUNCTION_SOFT]
@@ -102,12 +106,6 @@ def test_no_function_over_the_soft_limit_unless_named():
     over = {k: n for k, n in function_lengths().items()
             if n > FUNCTION_SOFT and k not in OVER_SOFT_OK}
     assert not over, f"functions over {FUNCTION_SOFT} lines: {over}"
-
-
-def test_concepts_and_sandbox_within_their_budgets():
-    have = sizes()
-    over = {k: (have[k], cap) for k, cap in CAPS.items() if have[k] > cap}
-    assert not over, f"over budget (lines, cap): {over}"
 
 
 def test_the_counters_count_what_they_say(tmp_path, monkeypatch):

@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from infra import config
 from infra import engine
+from infra import models
 from infra import run
 from infra.engine import Completion, TransformersEngine, checkpoint_name, vllm_weight_plan
 
@@ -254,12 +255,9 @@ def test_stream_weights_equal_save_pretrained(request, tmp_path, fixture):
 
 
 def test_30b_a3b_shaped_meta_model_names_and_shapes():
-    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+    from transformers import AutoModelForCausalLM
     from transformers.core_model_loading import revert_weight_conversion
-    cfg = Qwen3MoeConfig(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
-                         moe_intermediate_size=768, num_hidden_layers=48, num_attention_heads=32,
-                         num_key_value_heads=4, head_dim=128, num_experts=128,
-                         num_experts_per_tok=8, norm_topk_prob=True, tie_word_embeddings=False)
+    cfg = models.architecture("Qwen3-30B-A3B")  # configs/models/Qwen3-30B-A3B.json, offline
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)
     shapes = checkpoint_shapes(model)

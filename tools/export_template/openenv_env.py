@@ -54,7 +54,7 @@ from openenv.core.env_server import (Action, Environment, Observation, State,
                                      create_fastapi_app)
 from pydantic import Field
 
-from .proxy import EnvironmentFault, SandboxedEnv, _acquire
+from .proxy import EnvironmentFault, SandboxedEnv, acquire
 
 HERE = Path(__file__).resolve().parent
 MANIFEST = json.loads((HERE / "manifest.json").read_text(encoding="utf-8"))
@@ -311,7 +311,7 @@ def main(argv=None) -> None:
     # the sessions' shared sandbox, started once and held for the server's life: an episode never
     # waits for a sandbox to start (proxy.py closes one with its last environment otherwise)
     try:
-        _, sb = _acquire(dict(OPTIONS, require_full=a.require_full))
+        _, sb = acquire(dict(OPTIONS, require_full=a.require_full))
     except RuntimeError as e:
         raise SystemExit(f"{pkg}: {e}") from None
     print(f"[{pkg}] sandbox level {sb.level}; http://{a.host}:{a.port}, at most "

@@ -38,7 +38,9 @@ class EnvironmentFault(RuntimeError):
         self.kind = kind
 
 
-def _acquire(options: dict) -> tuple:
+def acquire(options: dict) -> tuple:
+    """(key, sandbox): the one Sandbox this process shares among environments built with the same
+    `options` (its use counted under `key`); with require_full, a RuntimeError below level full."""
     require_full = options.pop("require_full", False)
     key = tuple(sorted(options.items()))
     with _LOCK:
@@ -81,7 +83,7 @@ class SandboxedEnv:
                  **options):
         self.env_id, self.setting = name or source_file, setting      # name: the registered id
         self.source = (HERE / source_file).read_text(encoding="utf-8")  # data: never run here
-        self._key, self._sb = _acquire(options)
+        self._key, self._sb = acquire(options)
         self.sandbox_level = self._sb.level
         self._handle, self._started = self._sb.open(self.source, setting), False
 
