@@ -387,7 +387,7 @@ def prompt_ids(tokenizer, messages: list[dict], *, tools: list[dict] | None = No
                enable_thinking: bool | None = None) -> list[int]:
     """Chat-template tokens of a prompt (the messages plus the generation prompt) in which no
     message content can become a special token: the project's one tokenizer path for prompts
-    (play's first prompts, run.Sampler's designer and hint prompts)."""
+    (play's first prompts, sampling.Sampler's designer and hint prompts)."""
     return _Renderer(tokenizer, tools or [], enable_thinking).prompt(messages)
 
 
@@ -503,27 +503,7 @@ def _step_each(handles: list, actions: list) -> list:
     return [h.step(a) for h, a in zip(handles, actions)]
 
 
-class _Batched:
-    """submit/collect over a batched `generate(prompts, caps)`: each collect is one call for all
-    pending requests (a turn barrier: scripted models, engines without submit/collect)."""
-
-    def __init__(self, generate: Callable):
-        self.generate, self.queue = generate, []
-
-    @property
-    def pending(self) -> int:
-        return len(self.queue)
-
-    def submit(self, key, prompt: list[int], max_new_tokens: int) -> None:
-        self.queue.append((key, prompt, max_new_tokens))
-
-    def collect(self) -> list[tuple]:
-        batch, self.queue = self.queue, []
-        replies = self.generate([p for _, p, _ in batch], [c for _, _, c in batch])
-        return [(key, reply) for (key, _, _), reply in zip(batch, replies)]
-
-
-def play(specs: list[EpisodeSpec], *, generate, tokenizer,
+def play(specs: list[EpisodeSpec], *, stream, tokenizer,
          step_many: Callable | None = None, reset_many: Callable | None = None,
          setting: str = "games", max_turns: int = 25,
          max_context: int = 32768, max_new_tokens: int = 8192,
@@ -531,10 +511,10 @@ def play(specs: list[EpisodeSpec], *, generate, tokenizer,
          mask_malformed: bool = False, hinted_thinking: bool | None = None) -> list[Episode]:
     """Play every spec to its end. Returns one Episode per spec, in order. Paper limits (its
     training setup): 25 turns, 32,768-token context, 8,192 new tokens per turn (fewer when the
-    context is nearly full). `generate`: a request stream (submit(key, prompt, max_new_tokens),
-    collect() -> [(key, Completion)], pending; run.Requests), so an episode's next turn goes in
-    as soon as its environment answers, while others decode (its key (episode, turn) fixes its
-    seed); or a batched `generate(prompts, max_new_tokens_list)`, one call per turn.
+    context is nearly full). `stream`: the policy's requests (infra/engine.py's Stream),
+    submit(key, tokens, max_new_tokens), collect() -> [(key, Completion)], pending, serve(fn);
+    an episode's next turn goes in as soon as its environment answers, under the key (episode,
+    turn).
     step_many(handles, actions) / reset_many(handles, seeds): one round trip for the batch (the
     sandbox's; default: each handle's own). strip_thinking_history (the authors' thinking 8B games
     agent): each turn's context is re-rendered with earlier `<think>` blocks removed and is its own
@@ -548,8 +528,7 @@ def play(specs: list[EpisodeSpec], *, generate, tokenizer,
                 True: enable_thinking if hinted_thinking is None else hinted_thinking}
     episodes, renderers = _start_all(specs, reset_many, tokenizer, setting, thinking, eot)
     stops = {tokenizer.eos_token_id, eot[1]}  # the engine stops on either
-    requests, caps = generate if hasattr(generate, "submit") else _Batched(generate), {}
-    serve = getattr(requests, "serve", lambda fn: fn())
+    caps = {}
 
     def ask(i: int) -> None:  # INFRA: the episode's next reply, unless no room is left for one
         # The authors' margin: an episode with CONTEXT_MARGIN tokens or fewer left ends, and a
@@ -557,12 +536,12 @@ def play(specs: list[EpisodeSpec], *, generate, tokenizer,
         caps[i] = min(max_new_tokens, max_context - len(episodes[i].token_ids) - CONTEXT_MARGIN)
         if caps[i] <= 0:
             return _finish(episodes[i], "context")
-        requests.submit((i, episodes[i].turns + 1), episodes[i].token_ids, caps[i])
+        stream.submit((i, episodes[i].turns + 1), episodes[i].token_ids, caps[i])
     for i in [i for i, ep in enumerate(episodes) if not ep.status]:
         ask(i)
-    while requests.pending:  # ALGO: each episode: reply, step its environment, observe
+    while stream.pending:  # ALGO: each episode: reply, step its environment, observe
         stepping = []
-        for (i, _), completion in requests.collect():
+        for (i, _), completion in stream.collect():
             ep = episodes[i]
             stop, text, malformed = _add_reply(ep, completion, tokenizer, stops,
                                                mask_malformed and setting == "tool",
@@ -574,8 +553,8 @@ def play(specs: list[EpisodeSpec], *, generate, tokenizer,
                 stepping.append((i, stop, malformed))
         handles = [specs[i].handle for i, _, _ in stepping]
         actions = [episodes[i].actions[-1] for i, _, _ in stepping]
-        # INFRA: run.Requests steps the environments while serving its engine's TP group
-        results = serve(lambda: (step_many or _step_each)(handles, actions))
+        # INFRA: the environments step while a TP member keeps serving its group (serve)
+        results = stream.serve(lambda: (step_many or _step_each)(handles, actions))
         for (i, stop, malformed), result in zip(stepping, results):
             _observe(episodes[i], renderers[i], result, stop, malformed, setting=setting,
                      max_turns=max_turns, max_context=max_context,

@@ -62,7 +62,7 @@ import logging
 import random
 import re
 import warnings
-from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -70,7 +70,7 @@ from typing import Any, Callable, Sequence
 log = logging.getLogger(__name__)
 
 # Both designer calls' sampling settings are config.DesignerArgs and LoopArgs fields citing the
-# paper, bound into the generate callables this module takes by train.regenerate (and baseline.py).
+# paper, bound into the request streams this module takes by train.regenerate (and baseline.py).
 HINT_MAX_WORDS = 100                              # deviation 7
 HINT_ATTEMPTS = 3                                 # hint requests per environment (authors: 3)
 MAX_ATTEMPTS = 5                                  # attempts per slot (paper)
@@ -505,39 +505,16 @@ def _judge(p: Proposal, validate: Callable) -> None:
         p.error = getattr(report, "error", None)
 
 
-class _Batched:
-    """submit/collect over a batched `generate(chats)`: each collect is one call for all pending
-    chats (attempt rounds: scripted designers, engines without submit/collect)."""
-    continuous = False  # collect(wait=False) would decode nothing: validate, then collect
-
-    def __init__(self, generate: Callable):
-        self.generate, self.queue = generate, []
-
-    @property
-    def pending(self) -> int:
-        return len(self.queue)
-
-    def submit(self, key, chat: list[dict]) -> None:
-        self.queue.append((key, chat))
-
-    def collect(self, wait: bool = True) -> list[tuple]:
-        batch, self.queue = self.queue, []
-        replies = self.generate([chat for _, chat in batch]) if batch else []
-        if len(replies) != len(batch):
-            raise ValueError(f"generate returned {len(replies)} replies for {len(batch)} prompts")
-        return [(key, reply) for (key, _), reply in zip(batch, replies)]
-
-
-def regenerate(skills_for_slots: Sequence[str], *, generate, validate: Callable,
+def regenerate(skills_for_slots: Sequence[str], *, stream, validate: Callable,
                corpus: Corpus | None, memory_block: Callable[[str], str] | None, setting: str,
                rng: random.Random, max_attempts: int = MAX_ATTEMPTS,
                concurrency: int = 1, max_turns: int = 25) -> tuple[list[Proposal], dict]:
     """Write one environment per slot, with up to `max_attempts` attempts per slot.
 
-    generate: a request stream (submit(key, chat), collect(wait) -> [(key, reply)], pending,
-    continuous; run.Requests): no rounds, validation runs while other attempts decode and a
-    rejected attempt's retry goes in as soon as its validation fails; or a batched
-    generate(list of chats) -> replies, one call per round of still-failing slots.
+    stream: the policy's requests (infra/engine.py's Stream), submit(key, chat), collect(wait)
+    -> [(key, reply)], pending, serve(fn): replies are judged while other attempts decode, and a
+    rejected attempt's retry goes in as soon as its judgment is back (on a turn barrier, which
+    decodes only when waited on, the retries of a round go in as one batch).
     validate(source) -> report with .ok, .error, .class_name, .kind (the caller binds the
     setting); memory_block(skill) -> str (None: no memory); max_turns: the agent's turn budget,
     which the no-corpus prompt states. Replies are judged `concurrency` at a
@@ -545,40 +522,34 @@ def regenerate(skills_for_slots: Sequence[str], *, generate, validate: Callable,
     document; attempt n's prompts are drawn for every slot when the first slot needs one, so a
     retry's document never depends on when validations finish. Returns all proposals (in
     attempt order) and statistics."""
-    requests = generate if hasattr(generate, "submit") else _Batched(generate)
-    # INFRA: run.Requests waits while serving its engine's TP group; other streams just wait
-    serve = getattr(requests, "serve", lambda fn: fn())
     drawn: list[list[Proposal]] = []  # drawn[n - 1][slot]: that slot's attempt n
+    proposals, asked, judging = [], {}, {}
 
-    def ask(slot: int, attempt: int) -> Proposal:  # INFRA: submit the slot's attempt
+    def ask(slot: int, attempt: int) -> None:  # INFRA: submit the slot's attempt
         while len(drawn) < attempt:
             drawn.append([_attempt(skill, slot, len(drawn) + 1, corpus, memory_block, setting, rng,
                                    max_turns) for slot, skill in enumerate(skills_for_slots)])
-        requests.submit((slot, attempt), drawn[attempt - 1][slot].messages)
-        return drawn[attempt - 1][slot]
-    proposals, asked, judging = [], {}, {}
+        asked[slot, attempt] = drawn[attempt - 1][slot]
+        stream.submit((slot, attempt), asked[slot, attempt].messages)
     with ThreadPoolExecutor(max(1, concurrency)) as pool:  # sandbox probes wait, not compute
         for slot in range(len(skills_for_slots)):
-            asked[slot, 1] = ask(slot, 1)
+            ask(slot, 1)
         while asked or judging:  # ALGO: generate -> judge -> retry the rejected (Algorithm 1)
-            if asked and (requests.continuous or not judging):
-                for key, reply in requests.collect(wait=not judging):
-                    p = asked.pop(key)
-                    p.reply = reply
-                    judging[pool.submit(_judge, p, validate)] = p
-            if not judging:
-                continue
-            how = FIRST_COMPLETED if requests.continuous else ALL_COMPLETED
-            if asked and requests.continuous:  # decode on (the next collect) while they run
-                finished, _ = wait(judging, timeout=0, return_when=how)
-            else:  # INFRA: nothing of ours decodes; a TP member still serves its group meanwhile
-                finished, _ = serve(functools.partial(wait, judging, return_when=how))
+            for key, reply in stream.collect(wait=not judging) if asked else ():
+                p = asked.pop(key)
+                p.reply = reply
+                judging[pool.submit(_judge, p, validate)] = p
+            # INFRA: with attempts of ours in flight, poll (the next collect decodes on); with
+            # none, wait, through serve (a TP member keeps serving its group meanwhile)
+            judged = functools.partial(wait, judging, timeout=0 if asked else None,
+                                       return_when=FIRST_COMPLETED)
+            finished, _ = judged() if asked else stream.serve(judged)
             for f in sorted(finished, key=lambda f: judging[f].slot):
                 f.result()  # a validate that kept raising propagates
                 p = judging.pop(f)
                 proposals.append(p)
                 if not p.ok and p.attempt < max_attempts:
-                    asked[p.slot, p.attempt + 1] = ask(p.slot, p.attempt + 1)
+                    ask(p.slot, p.attempt + 1)
     proposals.sort(key=lambda p: (p.attempt, p.slot))
     return proposals, regeneration_stats(proposals, len(skills_for_slots))
 
@@ -647,19 +618,18 @@ def parse_hint(reply: Any) -> str | None:
     return hint.strip() or None
 
 
-def write_hints(sources: Sequence[str], setting: str, generate,
+def write_hints(sources: Sequence[str], setting: str, stream,
                 attempts: int = HINT_ATTEMPTS) -> list[str | None]:
     """The privileged hint h(e) of each environment source (None where every reply was empty).
     Every hint request goes in at once; a reply with no hint is asked again as soon as it comes
     back, up to `attempts` requests per environment (3: the first and two retries, as the
-    authors' three tries; a batched generate gets one call per attempt)."""
-    requests = generate if hasattr(generate, "submit") else _Batched(generate)
+    authors' three tries; on a turn barrier, one batch per attempt). stream: as regenerate's."""
     for i, src in enumerate(sources):
-        requests.submit((i, 1), hint_messages(src, setting))
+        stream.submit((i, 1), hint_messages(src, setting))
     hints: list[str | None] = [None] * len(sources)
-    while requests.pending:
-        for (i, n), reply in requests.collect():
+    while stream.pending:
+        for (i, n), reply in stream.collect():
             hints[i] = parse_hint(reply)
             if hints[i] is None and n < attempts:
-                requests.submit((i, n + 1), hint_messages(sources[i], setting))
+                stream.submit((i, n + 1), hint_messages(sources[i], setting))
     return hints

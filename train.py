@@ -30,7 +30,7 @@ Deviations (README, "Deviations", has the reasons):
      environment still enters the memory, a crashed play counted as lost.
   3. The last epoch's designer samples are trained at the final step (authors: in effect never;
      their final flush runs only if the last step itself has designer samples).
-  4. Every sampling request's seed derives from (seed, step, phase, turn or attempt) and its
+  4. Every sampling request's seed derives from (seed, step, role, turn or attempt) and its
      episode or slot, and the corpus sampler is checkpointed, so a resumed run replays exactly
      on CPU (on GPUs vLLM's logits follow its batches: docs/gpu.md, "No turn barrier").
   5. Hinted plays (so regret and hints) only for freshly designed environments; a hint still
@@ -67,7 +67,8 @@ import regret
 import sandbox
 from infra import baseline, config, imported, logprobs, metrics, models, telemetry
 from infra import engine, preflight  # --preflight's plain numbers
-from infra.run import Run, derive_seed, live_episodes, max_model_len
+from infra.run import Run, live_episodes, max_model_len
+from infra.sampling import derive_seed
 
 HERE = Path(__file__).resolve().parent
 
@@ -241,9 +242,11 @@ def regenerate(step, st: State, sampler, sb, dargs: config.DesignerArgs, loop: c
     block = (lambda skill: "") if dargs.no_memory else st.memory.prompt_block
     try:
         proposals, stats = designer.regenerate(
-            slots, generate=sampler.at(step, "designer").chat(  # the designer's sampling (Sec. 4)
-                temperature=dargs.designer_temperature, top_p=loop.top_p, top_k=loop.top_k,
-                max_new_tokens=dargs.designer_max_tokens, enable_thinking=dargs.designer_thinking),
+            slots, stream=sampler.stream(  # the designer's sampling (Sec. 4)
+                step, "designer", dict(temperature=dargs.designer_temperature, top_p=loop.top_p,
+                                       top_k=loop.top_k),
+                render=sampler.chats(dargs.designer_thinking),
+                max_new_tokens=dargs.designer_max_tokens),
             validate=lambda src: sb.validate(src, setting=loop.setting), corpus=st.corpus,
             memory_block=block, setting=loop.setting,
             rng=random.Random(derive_seed("prompts", dargs.corpus_seed, step, rank)),
@@ -265,11 +268,11 @@ def regenerate(step, st: State, sampler, sb, dargs: config.DesignerArgs, loop: c
         carried += [PoolEnv(**e) for e in fallback][rank::world]
     new_pool = fresh + carried[: max(0, len(slots) - len(fresh))]
     hinted = fresh if loop.hint_plays > 0 else []  # deviation 5: the fresh environments only
-    hint_gen = sampler.at(step, "hint").chat(
-        temperature=dargs.hint_temperature, max_new_tokens=dargs.hint_max_tokens,
-        top_p=loop.top_p, top_k=loop.top_k, enable_thinking=dargs.hint_thinking)
+    hint_stream = sampler.stream(
+        step, "hint", dict(temperature=dargs.hint_temperature, top_p=loop.top_p, top_k=loop.top_k),
+        render=sampler.chats(dargs.hint_thinking), max_new_tokens=dargs.hint_max_tokens)
     try:
-        hints = designer.write_hints([e.source for e in hinted], loop.setting, hint_gen)
+        hints = designer.write_hints([e.source for e in hinted], loop.setting, hint_stream)
     finally:
         sampler.drain()
     for e, h in zip(hinted, hints):
@@ -292,8 +295,8 @@ def play_pool(step, pool, sampler, sb, tokenizer, aargs: config.AgentArgs, loop:
         jobs += [(e, s, None) for s in seeds[:loop.plays]]
         if hinted_arm and e.hint and e.origin == "designer":
             jobs += [(e, s, e.hint) for s in seeds[:loop.hint_plays]]
-    gen = sampler.at(step, "agent").tokens(temperature=aargs.agent_temperature,
-                                           top_p=loop.top_p, top_k=loop.top_k)
+    stream = sampler.stream(step, "agent", dict(temperature=aargs.agent_temperature,
+                                                top_p=loop.top_p, top_k=loop.top_k))
     step_many, reset_many, specs = sb.step_many, sb.reset_many, []
     if any(e.suite for e in pool):  # INFRA: imported GEM / Gymnasium / OpenEnv entries
         step_many, reset_many = imported.batched(sb, True), imported.batched(sb, False)
@@ -311,8 +314,8 @@ def play_pool(step, pool, sampler, sb, tokenizer, aargs: config.AgentArgs, loop:
                       else sb.open(e.source, setting=loop.setting))
             specs.append(agent.EpisodeSpec(e.env_id, s, hint, handle))
         if any(e.suite for e in pool):  # INFRA: at most an OpenEnv server's sessions at once
-            return imported.play_rounds(specs, gen, lambda s, g: play(s, generate=g))
-        return play(specs, generate=gen)
+            return imported.play_rounds(specs, stream, lambda s, g: play(s, stream=g))
+        return play(specs, stream=stream)
     finally:
         sampler.drain()
         for spec in specs:

@@ -96,15 +96,15 @@ def bench_rollout():
     length = FixedReplyLength(model.config.vocab_size, tok.eos_token_id, REPLY_TOKENS)
     model.lm_head.register_forward_hook(length)
     eng = engine.TransformersEngine(model, tok, prefix_cache_bytes=1 << 30)
-    calls = [0]
+    class Fixed(engine.Batching):  # the engine, its reply length counted from each call's start
+        def generate(self, prompts, **kwargs):
+            length.reset()
+            return eng.generate(prompts, **kwargs)
 
-    def generate(prompts, caps):
-        # a fresh seed per call, as in training; with the reply length fixed, which tokens are
-        # sampled no longer changes the cost of either arm
-        calls[0] += 1
-        length.reset()
-        return eng.generate(prompts, max_new_tokens=caps, temperature=0.6, top_p=0.95, top_k=20,
-                            seed=calls[0])
+    def stream():
+        # a fresh seed per call (the k-th call of a stream: seed k); with the reply length fixed,
+        # which tokens are sampled no longer changes the cost of either arm
+        return Fixed().stream(dict(temperature=0.6, top_p=0.95, top_k=20), seed=lambda k: k)
 
     def specs():
         return [agent.EpisodeSpec("room", s, None, FiveTurnEnv()) for s in range(EPISODES)]
@@ -112,10 +112,10 @@ def bench_rollout():
     def run(batched):
         t0 = time.perf_counter()
         if batched:
-            eps = agent.play(specs(), generate=generate, tokenizer=tok,
+            eps = agent.play(specs(), stream=stream(), tokenizer=tok,
                              max_new_tokens=MAX_NEW_TOKENS)
         else:
-            eps = [ep for s in specs() for ep in agent.play([s], generate=generate, tokenizer=tok,
+            eps = [ep for s in specs() for ep in agent.play([s], stream=stream(), tokenizer=tok,
                                                             max_new_tokens=MAX_NEW_TOKENS)]
         seconds = time.perf_counter() - t0
         return sum(e.turns for e in eps), sum(sum(e.mask) for e in eps), seconds

@@ -5,11 +5,11 @@
 
 The tiny random Qwen3 (models.build_tiny("tiny"), fp32) in engine.VLLMEngine, both arms in one
 run on one engine. "barrier": one generate call per agent turn for all live episodes, one per
-designer round of still-failing slots (agent.play and designer.regenerate given a plain generate
-callable, as for an engine without submit / collect). "no barrier": run.Requests streams on
-VLLMEngine.submit / collect (train.py's path on vLLM): an episode's next turn, or a rejected
-attempt's retry, goes in as soon as its environment or validation answers. Both arms sample every
-request with the same seed.
+designer round of still-failing slots (engine.Batched streams on VLLMEngine.generate, the turn
+barrier TransformersEngine's streams are). "no barrier": engine.Requests streams
+(Sampler.stream) on VLLMEngine.submit / collect (train.py's path on vLLM): an episode's next
+turn, or a rejected attempt's retry, goes in as soon as its environment or validation answers.
+Both arms sample every request with the same seed.
 1. Play: 32 episodes x 4 turns of an in-process environment that never ends by itself; episode i's
    reply in turn t runs to LONG tokens when i + t is even, SHORT otherwise (half the replies of
    every turn long, half short), and is then taken as ended by the model (a random model almost
@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import agent  # noqa: E402
 import designer  # noqa: E402
 from infra import engine  # noqa: E402
-from infra import run  # noqa: E402
+from infra import sampling  # noqa: E402
 from infra import models  # noqa: E402
 
 SMOKE = "--smoke" in sys.argv  # tests/test_bench.py runs this size: it shows the code runs
@@ -96,10 +96,10 @@ class Meter:
 
 
 class Stream:
-    """An run.Requests stream whose replies get the workload's lengths and count as ended."""
+    """A request stream whose replies get the workload's lengths and count as ended."""
 
     def __init__(self, inner, tokens, on_reply=lambda key: None):
-        self.inner, self.tokens, self.on_reply, self.continuous = inner, tokens, on_reply, True
+        self.inner, self.tokens, self.on_reply = inner, tokens, on_reply
 
     @property
     def pending(self):
@@ -114,27 +114,26 @@ class Stream:
             self.on_reply(key)
         return [(k, dataclasses.replace(c, finish_reason="stop")) for k, c in done]
 
+    def serve(self, fn):
+        return self.inner.serve(fn)
+
+
+def barrier_stream(eng, role: str, **kwargs) -> engine.Batched:
+    """The barrier arm's stream: one generate call per round, its k-th seeded as Sampler's."""
+    return engine.Batched(eng, SAMPLING, lambda k: sampling.derive_seed(0, 0, role, k), **kwargs)
+
 
 def play_arm(eng, sampler, meter, barrier: bool) -> float:
     """Seconds to play the episodes, with or without the barrier."""
     def finished(key):
         if key[1] == TURNS:
             meter.live -= 1
-    calls = []
-
-    def generate(prompts, _caps):  # one call per turn, seeded as Sampler's n-th call
-        calls.append(1)
-        turn = len(calls)
-        outs = eng.generate(prompts, max_new_tokens=[cap(i, turn) for i in range(len(prompts))],
-                            seed=run.derive_seed(0, 0, "agent", turn), **SAMPLING)
-        for i in range(len(prompts)):
-            finished((i, turn))
-        return [dataclasses.replace(c, finish_reason="stop") for c in outs]
-    stream = Stream(sampler.at(0, "agent").tokens(**SAMPLING), lambda key: cap(*key), finished)
+    inner = barrier_stream(eng, "agent") if barrier else sampler.stream(0, "agent", SAMPLING)
+    stream = Stream(inner, lambda key: cap(*key), finished)
     specs = [agent.EpisodeSpec("echo", s, None, EchoEnv()) for s in range(EPISODES)]
     meter.live, meter.samples = EPISODES, []
     t0 = time.perf_counter()
-    eps = agent.play(specs, generate=generate if barrier else stream, tokenizer=sampler.tok,
+    eps = agent.play(specs, stream=stream, tokenizer=sampler.tok,
                      max_turns=TURNS, max_new_tokens=LONG)
     seconds = time.perf_counter() - t0
     print(f"play, barrier={barrier}: turns per episode {sorted({ep.turns for ep in eps})}")
@@ -160,27 +159,17 @@ class Designs:
 
 def design_arm(eng, sampler, barrier: bool) -> float:
     """Seconds of one designer round, with rounds or without."""
-    chat = sampler.at(0, "designer").chat(max_new_tokens=DESIGN_LONG, **SAMPLING)
-    calls = []
-
-    def generate(chats):  # one call per round, seeded as Sampler's n-th call
-        calls.append(1)
-        keys = [k for k in pending if k[1] == len(calls)]
-        outs = eng.generate([sampler.prompt_ids(c) for c in chats],
-                            max_new_tokens=[DESIGN_TOKENS[k] for k in keys],
-                            seed=run.derive_seed(0, 0, "designer", len(calls)), **SAMPLING)
-        return [dataclasses.replace(c, text=Designs.text(k)) for k, c in zip(keys, outs)]
+    chat = (barrier_stream(eng, "designer", render=sampler.chats()) if barrier else
+            sampler.stream(0, "designer", SAMPLING, render=sampler.chats()))
 
     class Coded(Stream):
         def collect(self, wait=True):
             return [(k, dataclasses.replace(c, text=Designs.text(k)))
                     for k, c in self.inner.collect(wait)]
-    # the barrier arm's rounds ask slots in order: attempt 1 of all, then the odd slots
-    pending = [(s, 1) for s in range(SLOTS)] + [(s, 2) for s in range(1, SLOTS, 2)]
     t0 = time.perf_counter()
     props, stats = designer.regenerate(
         ["Mathematical Reasoning"] * SLOTS, validate=Designs.validate, corpus=None,
-        generate=generate if barrier else Coded(chat, lambda key: DESIGN_TOKENS[key]),
+        stream=Coded(chat, lambda key: DESIGN_TOKENS[key]),
         memory_block=None, setting="games", rng=random.Random(0), max_attempts=2, concurrency=2)
     seconds = time.perf_counter() - t0
     print(f"designer, barrier={barrier}: {stats['attempts']} attempts, {stats['valid']} valid")
@@ -194,7 +183,7 @@ def main() -> None:
         tok.save_pretrained(tmp)
         eng = engine.VLLMEngine(tmp, dtype="float32", max_model_len=4096, seed=0,
                                 stop_ids=[agent.turn_end(tok)[1]], cpu_kv_cache_gib=0.25)
-    sampler, meter = run.Sampler(eng, tok, 0), Meter(eng)
+    sampler, meter = sampling.Sampler(eng, tok, 0), Meter(eng)
     eng.generate([tok.encode("warm up")], max_new_tokens=8, seed=0)
     play, design, ratios = {}, {}, {"play": [], "design": []}
     for r in range(ROUNDS):  # interleaved arms: the shared machine's load drifts

@@ -8,10 +8,12 @@ train.grpo_update) and the weight sync (`run.engine.sync_weights`); train()'s on
 
     run.py        Run: Accelerate, the policy with its optimizer and frozen reference, the rollout
                   engine and the Sampler bound to it, the distributed set-up
+    sampling.py   derive_seed (the seed rule) and the Sampler: one role's request stream a phase
     rundir.py     the run directory: its schema, its writers (metrics.jsonl, per-step files,
                   checkpoints, exports) and the readers tools/ share
     config.py     the command line: flags, presets, checks
-    engine.py     rollout engines: transformers (in process) and vLLM (colocated, weight sync)
+    engine.py     the request stream; rollout engines: transformers (in process) and vLLM
+                  (colocated, weight sync)
     logprobs.py   chunked token log-probs (the update's forward)
     models.py     model names, the tiny offline models, shipped dtypes and architectures
     metrics.py    the logged run statistics (Figs. 7, 9, 19), never trained on
@@ -22,6 +24,6 @@ train.grpo_update) and the weight sync (`run.engine.sync_weights`); train()'s on
     imported.py   GEM / Gymnasium / OpenEnv environments in a pool; --memory_from
 
 Leaves (engine, logprobs, models, metrics, telemetry, offload, preflight, config, rundir) import
-nothing of this repository; run, baseline and imported import the leaves. Nothing here imports
-train.py, eval.py or tools/ (tools/ imports rundir).
+nothing of this repository; run, sampling, baseline and imported import the leaves (sampling:
+agent.py). Nothing here imports train.py, eval.py or tools/ (tools/ imports rundir).
 """

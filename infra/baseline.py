@@ -26,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 import designer
-from infra import config, imported, models, run, rundir
+from infra import config, imported, models, run, rundir, sampling
 
 
 def split(specs: str | None) -> list[str]:
@@ -61,7 +61,7 @@ def generate_pool(cfg: config.Config, *, sb, skills: list[str]) -> Path:
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
     model, tok = models.load_model_and_tokenizer(cfg.model.model, dtype=dtype, seed=seed)
     eng = run.make_engine(cfg, model, tok, seed, False)
-    sampler = run.Sampler(eng, tok, seed)
+    sampler = sampling.Sampler(eng, tok, seed)
     corpus = None if dargs.no_corpus else designer.Corpus(
         dargs.corpus, max_words=designer.CORPUS_MAX_WORDS[loop.setting], seed=dargs.corpus_seed)
     if corpus is not None and state.get("corpus"):
@@ -75,12 +75,14 @@ def generate_pool(cfg: config.Config, *, sb, skills: list[str]) -> Path:
         batch = min(loop.num_envs, n - len(manifest))
         slots = [skills[(rnd * loop.num_envs + i) % len(skills)] for i in range(batch)]
         proposals, _ = designer.regenerate(
-            slots, generate=sampler.at(rnd, "pool").chat(
-                temperature=dargs.designer_temperature, top_p=loop.top_p, top_k=loop.top_k,
-                max_new_tokens=dargs.designer_max_tokens, enable_thinking=dargs.designer_thinking),
+            slots, stream=sampler.stream(
+                rnd, "pool", dict(temperature=dargs.designer_temperature, top_p=loop.top_p,
+                                  top_k=loop.top_k),
+                render=sampler.chats(dargs.designer_thinking),
+                max_new_tokens=dargs.designer_max_tokens),
             validate=lambda src: sb.validate(src, setting=loop.setting), corpus=corpus,
             memory_block=None, setting=loop.setting,
-            rng=random.Random(run.derive_seed("pool", seed, rnd)),
+            rng=random.Random(sampling.derive_seed("pool", seed, rnd)),
             max_attempts=dargs.max_attempts, max_turns=loop.max_turns)
         for p in (p for p in proposals if p.ok):
             name = f"env_{len(manifest):05d}.py"

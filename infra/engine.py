@@ -16,7 +16,7 @@ SPADE (arXiv 2608.19197) trains one policy that both writes environments (design
    episode).
 2. `VLLMEngine`: vLLM colocated in the training processes (one engine per rank, tensor parallel
    within the node, sleep mode between generation and training on GPUs), token in, token out;
-   generate() for a batch, or submit() / collect() to keep requests in flight across turns.
+   submit() / collect() keep requests in flight across turns (generate() is a batch on them).
    Sleep level 2 discards vLLM's weights (every parameter is pushed by the sync anyway; level 1
    would copy them to pinned host RAM and back each step) and its KV cache, which come back in two
    wakes: the weights for the sync, the KV cache (wake()) once train.py has moved the trainer's
@@ -55,6 +55,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from typing import Callable, Protocol
 
 import torch
 import torch.distributed as dist
@@ -76,6 +77,125 @@ class Completion:
 def _caps(max_new_tokens: int | list[int], n: int) -> list[int]:
     """One reply cap per prompt: generate() takes one for all, or one each."""
     return [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
+
+
+# ----------------------------------------------------------------------------------------------
+# INFRA: the request stream, what agent.play and designer.regenerate / write_hints take
+
+
+class Stream(Protocol):
+    """One phase's requests of one role, with the role's sampling bound: what agent.play and
+    designer.regenerate / write_hints take. An engine makes them, engine.stream(sampling, seed,
+    max_new_tokens, render, on_reply) (sampling.Sampler.stream binds the seeds): Requests on
+    VLLMEngine, which keeps requests in flight; Batched, a turn barrier, on TransformersEngine.
+
+    submit(key, prompt, max_new_tokens=None): one request. key = (i, n), the n-th request
+        (1-based) of item i (an episode's turn, a slot's attempt, an environment's hint); prompt:
+        tokens, or a chat the stream renders; no cap: the stream's own.
+    collect(wait=True) -> [(key, Completion)]: finished requests. With wait at least one while
+        any is pending (a turn barrier: all); without, those that finished after one engine step
+        (a turn barrier decodes only when waited on: none).
+    pending: requests submitted and not yet collected.
+    serve(fn): fn() (the caller's sandbox work), while a tensor-parallel member keeps taking part
+        in its group's engine steps (VLLMEngine.serve); fn() elsewhere.
+
+    Seeds: seed(n) is round n's seed. VLLMEngine draws request (i, n) from seed(n) + i, its own
+    generator, so on CPU a reply never depends on what else is in flight (on GPUs vLLM is not
+    batch-invariant: docs/gpu.md, "No turn barrier"); a turn barrier draws each batch from one
+    generator, its k-th from seed(k)."""
+
+    pending: int
+
+    def submit(self, key: tuple[int, int], prompt, max_new_tokens: int | None = None) -> None: ...
+
+    def collect(self, wait: bool = True) -> list[tuple[tuple[int, int], Completion]]: ...
+
+    def serve(self, fn: Callable): ...
+
+
+class Requests:
+    """A stream on an engine with submit / collect by request id (VLLMEngine): requests stay in
+    flight across turns, and collect(wait=False) advances decoding by one engine step.
+    sampling: the engine's temperature, top_p, top_k; seed(n): round n's seed; max_new_tokens:
+    the cap of a request submitted without one; render: chat -> tokens (None: prompts are
+    tokens); on_reply(completions): told of every collected reply (the sampler's token count)."""
+
+    def __init__(self, engine, sampling: dict, seed, max_new_tokens: int | None = None,
+                 render=None, on_reply=None):
+        self.engine, self.sampling, self.seed, self.max_new_tokens = \
+            engine, sampling, seed, max_new_tokens
+        self.render, self.on_reply = render or (lambda prompt: prompt), on_reply or (lambda r: None)
+        self.keys = {}  # engine request id -> key
+
+    @property
+    def pending(self) -> int:
+        return len(self.keys)
+
+    def submit(self, key: tuple[int, int], prompt, max_new_tokens: int | None = None) -> None:
+        i, n = key
+        rid = self.engine.submit(self.render(prompt),
+                                 max_new_tokens=max_new_tokens or self.max_new_tokens,
+                                 seed=self.seed(n) + i, **self.sampling)
+        self.keys[rid] = key
+
+    def collect(self, wait: bool = True) -> list[tuple]:
+        done = self.engine.collect(self.keys, wait)
+        self.on_reply([c for _, c in done])
+        return [(self.keys.pop(rid), c) for rid, c in done]
+
+    def serve(self, fn):
+        return self.engine.serve(fn)
+
+
+class Batched(Requests):
+    """A stream on an engine with only a batched generate() (TransformersEngine, scripted
+    engines): a turn barrier. collect(wait=True) makes one generate call of every pending
+    request, in key order (a batch never depends on the order its requests came in), the k-th
+    call seeded seed(k); collect(wait=False) decodes nothing (a barrier decodes only when waited
+    on) and returns no reply after IDLE_WAIT_S, so a caller polling it does not spin."""
+
+    def __init__(self, engine, sampling: dict, seed, max_new_tokens: int | None = None,
+                 render=None, on_reply=None):
+        super().__init__(engine, sampling, seed, max_new_tokens, render, on_reply)
+        self.queue, self.calls = [], 0  # (key, tokens, its own cap or None); generate calls
+
+    @property
+    def pending(self) -> int:
+        return len(self.queue)
+
+    def submit(self, key: tuple[int, int], prompt, max_new_tokens: int | None = None) -> None:
+        self.queue.append((key, self.render(prompt), max_new_tokens))
+
+    def collect(self, wait: bool = True) -> list[tuple]:
+        if not wait or not self.queue:
+            time.sleep(IDLE_WAIT_S if self.queue else 0)
+            return []
+        batch, self.queue = sorted(self.queue, key=lambda q: q[0]), []
+        self.calls += 1
+        own = [cap for _, _, cap in batch]  # the agent's, one per request; else the stream's cap
+        replies = self.engine.generate(
+            [tokens for _, tokens, _ in batch], seed=self.seed(self.calls), **self.sampling,
+            max_new_tokens=own if any(cap is not None for cap in own) else self.max_new_tokens)
+        self.on_reply(replies)
+        return [(key, reply) for (key, _, _), reply in zip(batch, replies)]
+
+    def serve(self, fn):
+        return fn()
+
+
+class Batching:
+    """What an engine with only a batched generate(prompts, *, max_new_tokens, temperature,
+    top_p, top_k, seed) adds for the loop: its streams (Batched), serve and the end of a phase."""
+
+    def stream(self, sampling: dict, seed, max_new_tokens: int | None = None, render=None,
+               on_reply=None) -> Batched:
+        return Batched(self, sampling, seed, max_new_tokens, render, on_reply)
+
+    def serve(self, fn):
+        return fn()
+
+    def drain(self) -> None:
+        """The end of a phase: nothing to wait for on one process."""
 
 
 def _candidates(scaled: torch.Tensor, top_k: int, top_p: float):
@@ -108,7 +228,7 @@ def _inverse_cdf(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)       # (B,)
 
 
-class TransformersEngine:
+class TransformersEngine(Batching):
     """Batched sampling with a plain transformers model (CPU, or GPUs under FSDP2).
 
     Prompts sorted by length fill batches of rows x (longest prompt + largest cap) <=
@@ -450,9 +570,9 @@ SLEEP_LEVEL = 2  # VLLMEngine's sleep between rollouts: weights and KV cache go 
 class VLLMEngine:
     """vLLM rollouts colocated with training: token in, token out, log-probs, sleep, weight sync.
 
-    With tensor parallelism every rank of a TP group must submit the same requests: generate()
-    gathers the group's prompts, generates them all on every rank, returns this rank's share;
-    submit/collect gather the members' new requests once per engine step instead. On CPU: no
+    One request path, submit / collect (generate() is a batch on it). With tensor parallelism
+    the group's engine is one program across its ranks: each engine step starts by gathering the
+    members' new requests, which every member adds in rank order. On CPU: no
     sleep mode (logged), a KV cache of cpu_kv_cache_gib (vLLM's default takes most of the RAM;
     VLLM_CPU_KVCACHE_SPACE, in GiB, wins), eager unless enforce_eager=False, one prefill chunk
     per prompt (vLLM 0.32's CPU runner crashes on chunked prefill with per-request seeds; a
@@ -516,41 +636,17 @@ class VLLMEngine:
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int | list[int],
                  temperature: float = 0.6, top_p: float = 0.95, top_k: int = 20,
                  seed: int | None = None) -> list[Completion]:
-        # each request carries its own sampling params, so a TP group samples identically
+        """A batch on the one request path: every prompt submitted (prompt i seeded seed + i),
+        then collected until all are done. Under tensor parallelism each member generates its
+        own prompts (the group's engine steps run them all), then ends its phase with drain()."""
         caps = _caps(max_new_tokens, len(prompts))
-        requests = [(list(p), cap, temperature, top_p, top_k, None if seed is None else seed + i)
-                    for i, (p, cap) in enumerate(zip(prompts, caps))]
-        return self._run(requests, done=False)
-
-    def drain(self) -> None:
-        """End of a phase under tensor parallelism: keep serving the group's requests (the
-        engine is one program across its ranks) until every member of the group is done."""
-        while self.tp_group is not None and self._run([], done=True) is not None:
-            pass
-
-    def _run(self, requests: list, done: bool) -> list[Completion] | None:
-        """Generate the TP group's requests on every rank; return this rank's share (None once
-        every member is draining)."""
-        mine = slice(0, len(requests))
-        if self.tp_group is not None:
-            gathered = [None] * self.tp
-            dist.all_gather_object(gathered, (done, requests), group=self.tp_group)
-            if all(d for d, _ in gathered):
-                return None
-            rank = dist.get_rank(self.tp_group)
-            start = sum(len(r) for _, r in gathered[:rank])
-            mine = slice(start, start + len(requests))
-            requests = [q for _, r in gathered for q in r]
-        if not requests:
-            return []
-        # detokenize=False: no incremental detokenising on the decode path (the engine runs in
-        # this thread); each of this rank's finished replies is decoded once below
-        params = [self.vllm.SamplingParams(
-            n=1, temperature=t, top_p=p, top_k=k, max_tokens=cap, logprobs=0, seed=sd,
-            stop_token_ids=self.stop_ids, detokenize=False) for _, cap, t, p, k, sd in requests]
-        outputs = self.llm.generate([self.vllm.TokensPrompt(prompt_token_ids=q[0])
-                                     for q in requests], sampling_params=params, use_tqdm=False)
-        return [self._completion(request.outputs[0]) for request in outputs[mine]]
+        ids = [self.submit(p, max_new_tokens=cap, temperature=temperature, top_p=top_p,
+                           top_k=top_k, seed=None if seed is None else seed + i)
+               for i, (p, cap) in enumerate(zip(prompts, caps))]
+        done: dict[int, Completion] = {}
+        while len(done) < len(ids):
+            done.update(self.collect(ids))
+        return [done[rid] for rid in ids]
 
     # INFRA: requests in flight across turns. submit() queues one request; collect() drives
     # vLLM's own step loop (LLMEngine.add_request / step) until one of the caller's requests has
@@ -560,6 +656,11 @@ class VLLMEngine:
     # adds in rank order. A member's sandbox work between collects (stepping its environments,
     # waiting for validations with nothing in flight) goes through serve(), which keeps it in the
     # group's engine steps meanwhile; otherwise it would hold the others at that gather.
+
+    def stream(self, sampling: dict, seed, max_new_tokens: int | None = None, render=None,
+               on_reply=None) -> Requests:
+        """One phase's request stream (Requests): requests in flight across turns."""
+        return Requests(self, sampling, seed, max_new_tokens, render, on_reply)
 
     def submit(self, prompt: list[int], *, max_new_tokens: int, temperature: float = 0.6,
                top_p: float = 0.95, top_k: int = 20, seed: int | None = None) -> int:
@@ -594,8 +695,8 @@ class VLLMEngine:
                     wait([work], timeout=IDLE_WAIT_S)  # a group with nothing to decode: no spin
             return work.result()
 
-    def drain_steps(self) -> None:
-        """drain() for callers of submit/collect: a member with nothing left to submit keeps
+    def drain(self) -> None:
+        """End of a phase under tensor parallelism: a member with nothing left to submit keeps
         taking part in the group's engine steps until every member is done."""
         while self.tp_group is not None and self._step(done=True):
             pass

@@ -519,8 +519,8 @@ def batched(sb, step: bool):
     return run
 
 
-def play_rounds(specs: list, generate, play) -> list:
-    """play(specs, generate) -> Episodes, in rounds that open at most each OpenEnv server's
+def play_rounds(specs: list, stream, play) -> list:
+    """play(specs, stream) -> Episodes, in rounds that open at most each OpenEnv server's
     capacity of sessions: a round opens sessions for the waiting OpenEnv episodes until a server
     refuses one (Busy: full), plays them with every other episode not yet played, and closes
     them, so the next round finds them free. No episode is dropped: a server that refuses every
@@ -549,7 +549,7 @@ def play_rounds(specs: list, generate, play) -> list:
             continue
         waited = 0.0
         try:
-            for i, ep in zip(batch, play([specs[i] for i in batch], _keyed(generate, batch))):
+            for i, ep in zip(batch, play([specs[i] for i in batch], _Keyed(stream, batch))):
                 out[i] = ep
         finally:
             for i in admitted:
@@ -557,26 +557,25 @@ def play_rounds(specs: list, generate, play) -> list:
     return out
 
 
-def _keyed(generate, index: list):
-    """A request stream (submit / collect / pending) whose key (j, n) goes in as (index[j], n);
-    a plain generate function as it is (its seeds follow its calls)."""
-    return _Keyed(generate, index) if hasattr(generate, "submit") else generate
-
-
 class _Keyed:
-    def __init__(self, requests, index: list):
-        self.requests, self.index = requests, index
+    """A request stream (infra/engine.py) whose key (j, n) goes in as (index[j], n)."""
+
+    def __init__(self, stream, index: list):
+        self.stream, self.index = stream, index
         self.back = {g: j for j, g in enumerate(index)}
 
     @property
     def pending(self) -> int:
-        return self.requests.pending
+        return self.stream.pending
 
     def submit(self, key: tuple, prompt, max_new_tokens: int | None = None) -> None:
-        self.requests.submit((self.index[key[0]], key[1]), prompt, max_new_tokens)
+        self.stream.submit((self.index[key[0]], key[1]), prompt, max_new_tokens)
 
     def collect(self, wait: bool = True) -> list:
-        return [((self.back[i], n), c) for (i, n), c in self.requests.collect(wait)]
+        return [((self.back[i], n), c) for (i, n), c in self.stream.collect(wait)]
+
+    def serve(self, fn):
+        return self.stream.serve(fn)
 
 
 # another run's memory (--memory_from)

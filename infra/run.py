@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import hashlib
 import importlib.util
 import os
 import tempfile
@@ -24,105 +23,8 @@ from tqdm.auto import tqdm
 
 import agent
 import grpo
-from infra import config, engine, metrics, models, offload, preflight, rundir, telemetry
-
-
-def derive_seed(*parts) -> int:
-    """A stable 31-bit seed from any parts; the same parts give the same seed across resumes."""
-    return int(hashlib.sha256(":".join(map(str, parts)).encode()).hexdigest()[:8], 16) >> 1
-
-
-class Sampler:
-    """Binds engine + tokenizer + sampling params into the callables the leaf modules take."""
-
-    def __init__(self, eng, tokenizer, seed: int):
-        self.eng, self.tok, self.seed, self.calls = eng, tokenizer, seed, 0
-        self.step, self.phase = 0, ""
-        self.generated = 0  # sampled tokens since the last step's log (perf/generated_tokens)
-
-    def at(self, step: int, phase: str) -> "Sampler":
-        self.step, self.phase, self.calls = step, phase, 0
-        return self
-
-    def chat(self, *, temperature: float, max_new_tokens: int, top_p: float, top_k: int,
-             enable_thinking: bool | None = None):
-        """list of chat messages lists -> list[Completion] (designer and hint calls); on an
-        engine with submit/collect, a Requests stream of chats instead."""
-        if hasattr(self.eng, "submit"):
-            return Requests(self, dict(temperature=temperature, top_p=top_p, top_k=top_k),
-                            max_new_tokens, lambda chat: self.prompt_ids(chat, enable_thinking))
-        generate = self.tokens(temperature=temperature, top_p=top_p, top_k=top_k)
-        return lambda chats: generate([self.prompt_ids(m, enable_thinking) for m in chats],
-                                      max_new_tokens)
-
-    def tokens(self, *, temperature: float, top_p: float, top_k: int):
-        """token prompts -> list[Completion] (agent turns); on an engine with submit/collect,
-        a Requests stream of token prompts instead."""
-        if hasattr(self.eng, "submit"):
-            return Requests(self, dict(temperature=temperature, top_p=top_p, top_k=top_k))
-
-        def generate(prompts, max_new_tokens):
-            self.calls += 1
-            out = self.eng.generate(prompts, max_new_tokens=max_new_tokens,
-                                    temperature=temperature, top_p=top_p, top_k=top_k,
-                                    seed=derive_seed(self.seed, self.step, self.phase, self.calls))
-            self.generated += sum(len(c.token_ids) for c in out)
-            return out
-        return generate
-
-    def drain(self) -> None:
-        """INFRA: end of a phase. Ranks of one vLLM tensor-parallel group keep serving the
-        group's requests until every member is done (no-op for other engines)."""
-        if hasattr(self.eng, "drain_steps"):  # the phase ran on Requests streams
-            self.eng.drain_steps()
-        elif hasattr(self.eng, "drain"):
-            self.eng.drain()
-
-    def prompt_ids(self, messages, enable_thinking: bool | None = None) -> list[int]:
-        """Chat-template tokens in which message contents can never become special tokens
-        (designer and hint prompts carry model-written code and corpus text): agent.prompt_ids."""
-        return agent.prompt_ids(self.tok, messages, enable_thinking=enable_thinking)
-
-
-class Requests:
-    """INFRA: one phase's requests in flight on an engine with submit/collect (no turn barrier).
-
-    submit(key, prompt, max_new_tokens=None) with key = (i, n), the n-th request of item i (an
-    episode's turn, a slot's attempt, 1-based n): seeded as the n-th generate call of the phase
-    seeds its i-th prompt, derive_seed(seed, step, phase, n) + i, so on CPU a reply never
-    depends on what else is in flight (on GPUs vLLM is not batch-invariant: docs/gpu.md, "No turn
-    barrier"). collect(wait=True) -> [(key, Completion)] of finished requests (at least one when
-    wait and any is pending; after one engine step otherwise); serve(fn) runs fn() while the
-    engine keeps serving its group. `render` turns a chat into tokens (designer and hint
-    streams)."""
-    continuous = True  # collect(wait=False) advances decoding: work can overlap it
-
-    def __init__(self, sampler: Sampler, params: dict, max_new_tokens: int | None = None,
-                 render=None):
-        self.sampler, self.params, self.max_new_tokens = sampler, params, max_new_tokens
-        self.render, self.keys = render, {}  # engine request id -> key
-
-    @property
-    def pending(self) -> int:
-        return len(self.keys)
-
-    def submit(self, key: tuple[int, int], prompt, max_new_tokens: int | None = None) -> None:
-        i, n = key
-        s = self.sampler
-        rid = s.eng.submit(self.render(prompt) if self.render else prompt,
-                           max_new_tokens=max_new_tokens or self.max_new_tokens,
-                           seed=derive_seed(s.seed, s.step, s.phase, n) + i, **self.params)
-        self.keys[rid] = key
-
-    def collect(self, wait: bool = True) -> list[tuple]:
-        done = self.sampler.eng.collect(self.keys, wait)
-        self.sampler.generated += sum(len(c.token_ids) for _, c in done)
-        return [(self.keys.pop(rid), c) for rid, c in done]
-
-    def serve(self, fn):
-        """fn() (the caller's sandbox work) while this rank keeps serving its tensor-parallel
-        group's engine steps (VLLMEngine.serve)."""
-        return self.sampler.eng.serve(fn)
+from infra import (config, engine, metrics, models, offload, preflight, rundir, sampling,
+                   telemetry)
 
 
 class Run:
@@ -184,8 +86,8 @@ class Run:
                                               enabled=margs.offload_trainer)
         self.temperatures = config.role_temperatures(cfg)
         self.peak = mfu_peak(model.config, self.main)
-        # the sampler of every designer, hint and agent call: seeds from (seed, step, phase, call)
-        self.sampler = Sampler(self.engine, self.tokenizer, rargs.seed + 7919 * self.rank)
+        # the streams of every designer, hint and agent request: seeds from (seed, step, role, n)
+        self.sampler = sampling.Sampler(self.engine, self.tokenizer, rargs.seed + 7919 * self.rank)
 
     def resume(self) -> dict | None:
         """With --resume: the checkpoint's weights and optimizer, the engine synced to them, and

@@ -321,7 +321,11 @@ class FakeVLLM:
         # reload_weights on the worker only: the model runner's skips vLLM's config context
         self.worker = N(reload_weights=self._reload,
                         model_runner=N(get_model=lambda: torch.nn.Linear(2, 2)))
-        self.llm_engine = N(engine_core=N(shutdown=lambda: self.log.append(("shutdown",))))
+        self.llm_engine = N(engine_core=N(shutdown=lambda: self.log.append(("shutdown",))),
+                            add_request=lambda rid, prompt, params: self.added.append(
+                                (rid, prompt, params)),
+                            has_unfinished_requests=lambda: bool(self.added), step=self._step)
+        self.sampling_params, self.added = N(RequestOutputKind=N(FINAL_ONLY="final")), []
 
     # module attributes
     def LLM(self, model, **kwargs):
@@ -351,7 +355,16 @@ class FakeVLLM:
 
     def generate(self, prompts, sampling_params=None, *, use_tqdm=True, lora_request=None, priority=None,
                  tokenization_kwargs=None, mm_processor_kwargs=None):
-        self.log.append(("generate", prompts, sampling_params))
+        return self._replies("generate", prompts, sampling_params)
+
+    def _step(self):  # LLMEngine.step: every request added since the last step finishes in it
+        added, self.added = self.added, []
+        outs = self._replies("step", [p for _, p, _ in added], [sp for _, _, sp in added])
+        return [types.SimpleNamespace(request_id=rid, finished=True, outputs=o.outputs)
+                for (rid, _, _), o in zip(added, outs)]
+
+    def _replies(self, kind, prompts, sampling_params):
+        self.log.append((kind, prompts, sampling_params))
         outs = []
         for i, (p, sp) in enumerate(zip(prompts, sampling_params)):
             ids = [100 + i, 101, 2] if i % 2 == 0 else [7] * sp.max_tokens
@@ -621,7 +634,7 @@ def _tp_step_worker(rank, store, out_dir):
         while not (done := eng.collect([rid])):
             pass
         got += [(r, c.token_ids, c.text, c.finish_reason) for r, c in done]
-    eng.drain_steps()
+    eng.drain()
     with open(f"{out_dir}/rank{rank}.pkl", "wb") as f:
         pickle.dump({"got": got, "steps": fake.steps}, f)
     dist.destroy_process_group()
@@ -685,7 +698,7 @@ def _tp_serve_worker(rank, store, out_dir):
         while len(got) < 2:
             got += [len(c.token_ids) for _, c in eng.collect(ids)]
         flag.touch()
-    eng.drain_steps()
+    eng.drain()
     with open(f"{out_dir}/serve{rank}.pkl", "wb") as f:
         pickle.dump({"got": got, "steps": fake.steps}, f)
     dist.destroy_process_group()

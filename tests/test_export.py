@@ -93,7 +93,7 @@ class SleeperEnv:
 '''
 
 
-class Scripted:
+class Scripted(engine.Batching):
     """Replies from a list (call c's i-th prompt gets reply c + i mod n), as engine Completions
     with the tiny model's own log-probs, so the designer path trains as with a real engine."""
 

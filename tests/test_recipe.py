@@ -178,7 +178,7 @@ def test_play_pool_passes_the_hinted_arms_thinking(monkeypatch):
     seen = {}
     monkeypatch.setattr(train.agent, "play", lambda specs, **kw: seen.update(kw, n=len(specs)) or [])
     sb = NS(open=lambda src, setting: NS(close=lambda: None), step_many=None, reset_many=None)
-    sampler = NS(at=lambda step, phase: NS(tokens=lambda **k: None), drain=lambda: None)
+    sampler = NS(stream=lambda step, role, sampling: None, drain=lambda: None)
     env = train.PoolEnv("a", "Math", "src", "AEnv", "designer", hint="Try 5.")
     aargs = config.parse(["--model", "Qwen3-8B"], {}).agent
     train.play_pool(0, [env], sampler, sb, None, aargs, config.LoopArgs(plays=2, hint_plays=3),

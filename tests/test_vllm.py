@@ -223,14 +223,15 @@ def test_episodes_replay_alone_in_a_mixed_batch_and_under_a_barrier(live):
     as ended by the model (EOS-less replies would end the episodes)."""
     import dataclasses
 
-    from infra.run import Sampler, derive_seed
+    from infra.sampling import Sampler, derive_seed
+    from scripted import Barrier
     eng, _, tok = live("tied")
     kw = dict(temperature=0.8, top_p=0.95, top_k=20)
     caps = [6 + 9 * i for i in range(4)]  # episode i's replies run to caps[i] tokens
 
     class Stream:  # the engine's request stream, each episode with its own reply length
         def __init__(self):
-            self.inner, self.in_flight = Sampler(eng, tok, 0).at(0, "agent").tokens(**kw), []
+            self.inner, self.in_flight = Sampler(eng, tok, 0).stream(0, "agent", kw), []
             self.pending = 0
 
         def submit(self, key, prompt, cap):
@@ -242,6 +243,9 @@ def test_episodes_replay_alone_in_a_mixed_batch_and_under_a_barrier(live):
             done = self.inner.collect()
             self.pending -= len(done)
             return [(k, dataclasses.replace(c, finish_reason="stop")) for k, c in done]
+
+        def serve(self, fn):
+            return self.inner.serve(fn)
     calls = []
 
     def barrier(prompts, _caps):  # one call per turn, seeded as the Sampler seeds its n-th call
@@ -252,11 +256,11 @@ def test_episodes_replay_alone_in_a_mixed_batch_and_under_a_barrier(live):
 
     def run(n, generate):
         specs = [agent.EpisodeSpec("echo", s, None, EchoEnv()) for s in range(n)]
-        return agent.play(specs, generate=generate, tokenizer=tok, max_turns=3, max_new_tokens=64)
+        return agent.play(specs, stream=generate, tokenizer=tok, max_turns=3, max_new_tokens=64)
     alone, mixed = run(1, Stream()), run(4, stream := Stream())
     assert max(stream.in_flight) >= 2 and min(stream.in_flight[4:]) >= 1  # turns overlapped
     assert alone[0].token_ids == mixed[0].token_ids and alone[0].turns == 3
-    assert [ep.token_ids for ep in run(4, barrier)] == [ep.token_ids for ep in mixed]
+    assert [ep.token_ids for ep in run(4, Barrier(barrier))] == [ep.token_ids for ep in mixed]
     assert calls == [4, 4, 4]
 
 
@@ -472,7 +476,7 @@ def serve_while_the_peer_decodes(eng, rank: int, out_dir: Path, prompts):
         while len(out) < len(ids):
             out += [len(c.token_ids) for _, c in eng.collect(ids)]
         flag.touch()
-    eng.drain_steps()
+    eng.drain()
     return out
 
 

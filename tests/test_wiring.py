@@ -23,7 +23,7 @@ import torch
 from infra import config
 from infra import engine
 import grpo
-from infra.run import derive_seed
+from infra.sampling import derive_seed
 from infra import logprobs as logprobs_lib
 from infra import metrics as metrics_lib
 from infra import models
@@ -140,7 +140,7 @@ def test_paper_limits_in_the_leaf_modules():
 # ----------------------------------------------------------------------------------------------
 # the scripted run
 
-class Scripted:
+class Scripted(engine.Batching):
     """A rollout engine with scripted replies (`reply(call, prompt_text)`) and the model's own
     log-probs of them (teacher forcing). Records every call: decoded prompts and sampling."""
 

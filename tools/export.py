@@ -61,7 +61,7 @@ import toolenv
 from infra import metrics, rundir
 
 TEMPLATE = Path(__file__).resolve().parent / "export_template"
-SEED_RANGE = [0, 2**31 - 1]  # infra/run.py's derive_seed: play seeds are 31-bit
+SEED_RANGE = [0, 2**31 - 1]  # infra/sampling.py's derive_seed: play seeds are 31-bit
 FORMATS = {"gem": ("gem_env", "SpadeGemEnv", "gem-llm>=0.1.0"),
            "gymnasium": ("gymnasium_env", "SpadeGymnasiumEnv", "gymnasium>=1.0"),
            "openenv": ("openenv_env", "SpadeEnvironment", "openenv==0.10.0")}
