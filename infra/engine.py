@@ -113,18 +113,28 @@ class Stream(Protocol):
     def serve(self, fn: Callable): ...
 
 
-class Requests:
-    """A stream on an engine with submit / collect by request id (VLLMEngine): requests stay in
-    flight across turns, and collect(wait=False) advances decoding by one engine step.
-    sampling: the engine's temperature, top_p, top_k; seed(n): round n's seed; max_new_tokens:
-    the cap of a request submitted without one; render: chat -> tokens (None: prompts are
-    tokens); on_reply(completions): told of every collected reply (the sampler's token count)."""
+class _Bound:
+    """What both streams hold: the engine, and one role's sampling bound to it. sampling: the
+    engine's temperature, top_p, top_k; seed(n): round n's seed; max_new_tokens: the cap of a
+    request submitted without one; render: chat -> tokens (None: prompts are tokens);
+    on_reply(completions): told of every collected reply (the sampler's token count)."""
 
     def __init__(self, engine, sampling: dict, seed, max_new_tokens: int | None = None,
                  render=None, on_reply=None):
         self.engine, self.sampling, self.seed, self.max_new_tokens = \
             engine, sampling, seed, max_new_tokens
         self.render, self.on_reply = render or (lambda prompt: prompt), on_reply or (lambda r: None)
+
+    def serve(self, fn):
+        return self.engine.serve(fn)
+
+
+class Requests(_Bound):
+    """A stream on an engine with submit / collect by request id (VLLMEngine): requests stay in
+    flight across turns, and collect(wait=False) advances decoding by one engine step."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.keys = {}  # engine request id -> key
 
     @property
@@ -143,20 +153,16 @@ class Requests:
         self.on_reply([c for _, c in done])
         return [(self.keys.pop(rid), c) for rid, c in done]
 
-    def serve(self, fn):
-        return self.engine.serve(fn)
 
-
-class Batched(Requests):
+class Batched(_Bound):
     """A stream on an engine with only a batched generate() (TransformersEngine, scripted
     engines): a turn barrier. collect(wait=True) makes one generate call of every pending
     request, in key order (a batch never depends on the order its requests came in), the k-th
     call seeded seed(k); collect(wait=False) decodes nothing (a barrier decodes only when waited
     on) and returns no reply after IDLE_WAIT_S, so a caller polling it does not spin."""
 
-    def __init__(self, engine, sampling: dict, seed, max_new_tokens: int | None = None,
-                 render=None, on_reply=None):
-        super().__init__(engine, sampling, seed, max_new_tokens, render, on_reply)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.queue, self.calls = [], 0  # (key, tokens, its own cap or None); generate calls
 
     @property
@@ -178,9 +184,6 @@ class Batched(Requests):
             max_new_tokens=own if any(cap is not None for cap in own) else self.max_new_tokens)
         self.on_reply(replies)
         return [(key, reply) for (key, _, _), reply in zip(batch, replies)]
-
-    def serve(self, fn):
-        return fn()
 
 
 class Batching:
