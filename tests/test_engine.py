@@ -189,6 +189,33 @@ def test_top_k_one_is_greedy_but_logprobs_stay_untruncated(tiny):
                                              abs=1e-4)
 
 
+def test_a_half_precision_head_samples_from_fp32_logits(tiny):
+    """Under bf16 autocast (Accelerate's mixed precision, as on a GPU) the head's logits come out
+    of bf16 operands in fp32, the trainer's arithmetic (logprobs.py), not rounded to bf16: checked
+    by hand from the hidden state the head was given, and the sampled token's log-prob is taken
+    from those logits. The (tied) head's weight is scaled so logits pass 8, where bf16 steps are
+    0.0625 and more, as a trained model's do."""
+    model, tok = copy.deepcopy(tiny[0]), tiny[1]
+    with torch.no_grad():
+        model.lm_head.weight.mul_(12.0 / model(torch.tensor([[5, 6]])).logits.abs().max())
+    seen = []
+    model.lm_head.register_forward_hook(lambda mod, args, out: seen.append((args[0], out)))
+    prompt = tok.encode("The tides of the sea")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = TransformersEngine(model, tok).generate([prompt], max_new_tokens=1,
+                                                      temperature=2.0, top_p=1.0, top_k=0,
+                                                      seed=0)[0]
+    h, logits = seen[0][0][0, -1].bfloat16(), seen[0][1][0, -1]                 # (H,), (V,)
+    w = model.lm_head.weight.detach().bfloat16()                                 # (V, H)
+    by_hand, rounded = w.float() @ h.float(), (w @ h).float()                    # (V,)
+    assert logits.dtype == torch.float32 and by_hand.abs().max() > 8
+    assert torch.allclose(logits, by_hand, rtol=0, atol=1e-4)
+    assert (rounded - by_hand).abs().max() > 0.01  # the test can tell the two apart
+    lp = torch.log_softmax(logits / 2.0, dim=-1)[out.token_ids[0]].item()
+    assert out.logprobs[0] == pytest.approx(lp, abs=1e-6)
+    assert "forward" not in model.lm_head.__dict__  # the head's own forward is back
+
+
 def test_transformers_sync_weights_copies_and_strips_wrappers(tiny):
     model, tok = tiny
     twin = copy.deepcopy(model)
@@ -425,6 +452,8 @@ def test_vllm_engine_construction_and_generate(monkeypatch):
     assert kwargs["enable_sleep_mode"] is True and kwargs["logprobs_mode"] == "processed_logprobs"
     assert kwargs["enforce_eager"] is False and "kv_cache_memory_bytes" not in kwargs  # GPU
     assert kwargs["sleep_mode_offload_cudagraph"] is True  # asleep, the graphs wait on the host
+    # the lm_head in fp32, as the trainer's logits: vLLM 0.32 reads head_dtype from the HF config
+    assert kwargs["hf_overrides"] == {"head_dtype": "float32"}
     outs = eng.generate([[1, 2, 3], [4, 5]], max_new_tokens=[16, 4], temperature=0.6, top_p=0.95,
                         top_k=20, seed=10)
     _, prompts, params = fake.log[1]
@@ -470,6 +499,7 @@ def test_vllm_engine_on_cpu_platform(caplog):
     _, kwargs = fake.log[0]
     assert kwargs["enable_sleep_mode"] is False and kwargs["enforce_eager"] is True
     assert "sleep_mode_offload_cudagraph" not in kwargs
+    assert kwargs["hf_overrides"] == {"head_dtype": "float32"}  # a no-op on an fp32 model
     assert kwargs["kv_cache_memory_bytes"] == int(1.5 * 2**30)
     assert kwargs["max_num_batched_tokens"] == kwargs["max_model_len"] == 5000
     assert kwargs["enable_chunked_prefill"] is False  # several long prompts in one step

@@ -188,6 +188,10 @@ def fresh_engine_error(live, kind: str) -> float:
 def test_logprobs_equal_trainer_dense(live):
     assert fresh_engine_error(live, "tied") <= TOL
     assert live.model.config.tie_word_embeddings
+    # the fp32 head override reaches the HF config vLLM reads it from (an fp32 model: no-op)
+    model_config = live.eng.llm.llm_engine.vllm_config.model_config
+    assert model_config.hf_config.head_dtype == "float32"
+    assert model_config.head_dtype == torch.float32
 
 
 def test_same_seed_same_tokens(live):
