@@ -120,18 +120,15 @@ VLLM = {"share": 28.0, "weights": 3.0, "profile": 1.5, "graphs": 1.0, "asleep": 
 
 
 def test_the_phases_by_hand():
-    """Every phase from its terms (module docstring), at 8 GPUs and TP 4, so the context is the
-    CUDA context and 3 NCCL communicators: dropping any term fails one of these."""
+    """Every phase from its terms (module docstring), at 8 GPUs and TP 4 of an MoE model, so the
+    context is the CUDA context and 3 NCCL communicators: dropping any term fails one of these."""
     kinds = preflight.state_kinds(TRAINER)
     assert kinds == {"params": 4.0, "moments": 8.0, "grads": 4.0, "fixed": 2.5, "update": 6.0,
                      "step": 1.0}
-    assert preflight.communicators(8, 4) == ["Accelerate's world group", "vLLM's TP device group",
-                                             "vLLM's PyNccl"]
-    assert preflight.communicators(1, 1) == [] and len(preflight.communicators(8, 1)) == 1
     ctx = preflight.CUDA_CONTEXT_GIB + 3 * preflight.NCCL_GIB
-    assert preflight.context_gib(8, 4) == ctx == 4.0
+    assert preflight.context_gib(8, 4, moe=True) == ctx == 4.0
     for offload in (False, True):
-        ph = preflight.phases(TRAINER, VLLM, world=8, tp=4, card=80.0, offload=offload)
+        ph = preflight.phases(TRAINER, VLLM, world=8, tp=4, card=80.0, offload=offload, moe=True)
         between = 2.5 if offload else 14.5  # offloaded, the reference and buffers stay
         # vLLM starts beside the fp32 shards and the reference (the moments do not exist yet)
         assert ph["start-up"] == pytest.approx(4.0 + 2.5 + ctx + 28.0)
@@ -140,6 +137,35 @@ def test_the_phases_by_hand():
         assert ph["step"] == pytest.approx(19.5 + ctx + 0.1)
         assert ph["sync"] == pytest.approx(14.5 + 3.0 + 1.0 + 0.1 + 0.25 + ctx)
         assert ph["context"] == ctx
+
+
+def test_the_nccl_communicators_vllm_and_accelerate_make():
+    """vLLM 0.32 gives each group of more than one rank one PyNccl communicator, eagerly: its TP
+    group, and for an MoE model its expert-parallel group (the TP ranks); Accelerate's world group
+    spans the GPUs. A dense TP 2 row over 8 GPUs holds 2, an MoE TP 4 row 3, one GPU none."""
+    assert preflight.communicators(8, 2) == ["Accelerate's world group", "vLLM's TP PyNccl"]
+    assert preflight.communicators(8, 4, moe=True) == [
+        "Accelerate's world group", "vLLM's TP PyNccl", "vLLM's EP PyNccl (MoE)"]
+    assert preflight.communicators(8, 1, moe=True) == ["Accelerate's world group"]  # EP of 1
+    assert preflight.communicators(1, 1, moe=True) == []
+    assert preflight.context_gib(8, 2) == preflight.CUDA_CONTEXT_GIB + 2 * preflight.NCCL_GIB
+
+
+def test_the_report_names_the_nvls_switch_where_there_are_communicators(monkeypatch):
+    """NVLS on NVSwitch nodes can make a communicator larger than the 1 GiB counted: the plan
+    says so, naming NCCL_NVLS_ENABLE and its value, whenever it counts a communicator."""
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+
+    def text(world, tp):
+        ph = preflight.phases(TRAINER, VLLM, world=world, tp=tp, card=80.0, offload=False)
+        p = {"card": 80.0, "phases": ph, "vllm": VLLM, "trainer": TRAINER, "world": world,
+             "tp": tp, "util": 0.35, "offload": False, "seq_len": 32768, "seconds": 1.0,
+             "moe": False, "live_episodes": 96, "max_context": 32768, "max_util": 0.5,
+             "fits": True, "change": "fits"}
+        return preflight.report(p, "m", {"load": 1.0})
+    assert "NCCL_NVLS_ENABLE=0 turns it off (now 0)" in text(8, 2)
+    assert "2 NCCL x 1.0 (Accelerate's world group, vLLM's TP PyNccl)" in text(8, 2)
+    assert "NVLS" not in text(1, 1)
 
 
 def test_a_kv_wake_over_the_card_does_not_fit():
