@@ -24,9 +24,12 @@ the loop's order on a ledger of device memory with it).
 
 Deviations: none from the paper (it does not say where its trainer state lives). The host copies
 live in one arena per process holding exactly their bytes (each storage's slot on an ALIGN
-boundary), allocated when the set of storages changes (the moments appear at the first optimizer
-step), pinned on CUDA by registering its pages with the driver (cudaHostRegister): torch's pinned
-allocator would round each buffer up to a power of two (a 192 MiB expert shard takes 256 MiB).
+boundary), pinned on CUDA by registering its pages with the driver (cudaHostRegister): torch's
+pinned allocator would round each buffer up to a power of two (a 192 MiB expert shard takes
+256 MiB). Registering faults in and locks every page (seconds per 10 GiB), so the arena is
+allocated and pinned once, at the first offload, sized for the parameters and the optimizer state
+still to come (AdamW's moments appear at the first optimizer step: their shapes and dtypes are
+the parameters'); it is replaced only by state larger than that (another optimizer's).
 Bench: `python bench/offload.py` (round trip GB/s against a plain copy of the same bytes).
 Dependencies: torch only. Test: `pytest tests/test_offload.py`.
 """
@@ -84,10 +87,8 @@ class TrainerOffload:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
                  enabled: bool = True):
         self.model, self.optimizer, self.enabled = model, optimizer, enabled
-        # the host copies: one buffer laid out (arena_layout) for storages of `sizes` bytes
+        # the host copies: one buffer, laid out (arena_layout) anew at each offload
         self.arena: torch.Tensor | None = None
-        self.sizes: list[int] = []
-        self.offsets: list[int] = []
         self.pinned = False
         self.away: list[tuple[torch.UntypedStorage, int, int, bool]] = []  # (.., bytes, at, param)
         if enabled:  # whatever is still away comes back before the step reads it
@@ -136,19 +137,37 @@ class TrainerOffload:
     def _before_step(self, *_) -> None:
         self.reload()
 
+    def state_to_come(self) -> list[int]:
+        """Bytes of each optimizer state tensor that does not exist yet, from the parameters:
+        Adam / AdamW (what run.py builds) give each trainable parameter without state its step
+        counter (an fp32 scalar) and two moments shaped and typed as its local shard (three with
+        amsgrad). Other optimizers: none known (the arena grows when their state appears)."""
+        inner = getattr(self.optimizer, "optimizer", self.optimizer)  # Accelerate's wrapper
+        if not isinstance(inner, (torch.optim.Adam, torch.optim.AdamW)):
+            return []
+        out = []
+        for group in inner.param_groups:
+            moments = 3 if group.get("amsgrad") else 2
+            for p in group["params"]:
+                if p.requires_grad and not inner.state.get(p):
+                    local = _local(p)
+                    out += [4] + [local.numel() * local.element_size()] * moments
+        return out
+
     def _arena_for(self, sizes: list[int], device: torch.device) -> list[int]:
-        """The arena's offsets for storages of `sizes` bytes, a new arena if they changed."""
-        if sizes != self.sizes:
+        """The offsets of storages of `sizes` bytes in the arena: allocated (and pinned) at the
+        first offload for them and the state still to come, replaced only if they outgrow it."""
+        offsets, total = arena_layout(sizes)
+        if self.arena is None or total > self.arena.nbytes:
             if self.pinned:
                 unpin(self.arena)
             self.arena = None  # the old arena is freed before the new one is allocated
-            self.offsets, total = arena_layout(sizes)
-            self.arena = torch.empty(total, dtype=torch.uint8)
+            self.arena = torch.empty(arena_layout(sizes + self.state_to_come())[1],
+                                     dtype=torch.uint8)
             self.pinned = device.type == "cuda"
             if self.pinned:
                 pin(self.arena)
-            self.sizes = sizes
-        return self.offsets
+        return offsets
 
     def offload(self) -> int:
         """Move the trainer's state to host RAM; returns the bytes freed on the device."""
