@@ -24,7 +24,8 @@ allocator fragmentation); `between` is the trainer's state between updates (fp32
 moments, the bf16 KL reference), with --offload_trainer only what offload.py leaves (the
 reference, buffers):
     start-up = fp32 parameter shards + KL reference + context + util x card (vLLM starts beside
-               them and refuses to start above the card)
+               them and refuses to start above the card); with --offload_trainer the shards are
+               in host RAM before vLLM starts: the rollout's figure
     rollout  = between + context + util x card
     kv wake  = the moment vLLM maps its KV cache again (engine.wake, at a step's start, after the
                offload): the rollout's footprint, its own line because an order that left the
@@ -363,7 +364,9 @@ def phases(trainer: dict, vllm: dict, *, world: int, tp: int, card: float,
     # offloaded, the AdamW moments return at the optimizer step (offload.py), so the forward and
     # backward peak loses them: they are constant over the pass, so subtracting them is exact
     update = trainer["update"]["Total"] - (kinds["moments"] if offload else 0.0)
-    return {"start-up": held - kinds["moments"] + ctx + vllm["share"], "rollout": rollout,
+    # offloaded, the shards leave before vLLM starts (run.Run): start-up is the rollout's memory
+    startup = rollout if offload else held - kinds["moments"] + ctx + vllm["share"]
+    return {"start-up": startup, "rollout": rollout,
             "kv wake": rollout, "update": update + ctx + vllm["asleep"],
             "step": trainer["step"]["Total"] + ctx + vllm["asleep"],
             "sync": held + vllm["weights"] + vllm["graphs"] + vllm["asleep"] +

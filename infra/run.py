@@ -76,14 +76,16 @@ class Run:
         # need vLLM
         sharded = acc.distributed_type.value == "DEEPSPEED" or (
             fsdp is not None and getattr(fsdp, "fsdp_version", 1) != 2)
-        self.engine = make_engine(cfg, acc.unwrap_model(self.model), self.tokenizer,
-                                  rargs.seed, sharded)
-        if margs.offload_trainer and not isinstance(self.engine, engine.VLLMEngine):
+        if margs.offload_trainer and not wants_vllm(margs):
             raise SystemExit("--offload_trainer needs the vLLM engine (the transformers engine "
                              "generates with the trainer's own weights)")
-        # the trainer's state in host RAM while vLLM generates (no-ops without the flag)
+        # the trainer's state in host RAM while vLLM generates (no-ops without the flag), away
+        # already when vLLM starts: its start-up check wants util x card free, the KV cache's
+        # share mapped at once (docs/gpu.md, "Memory per GPU")
         self.offload = offload.TrainerOffload(self.model, self.optimizer,
                                               enabled=margs.offload_trainer)
+        self.engine = make_engine(cfg, acc.unwrap_model(self.model), self.tokenizer,
+                                  rargs.seed, sharded, before_start=self.offload.offload)
         self.temperatures = config.role_temperatures(cfg)
         self.peak = mfu_peak(model.config, self.main)
         # the streams of every designer, hint and agent request: seeds from (seed, step, role, n)
@@ -92,11 +94,13 @@ class Run:
     def resume(self) -> dict | None:
         """With --resume: the checkpoint's weights and optimizer, the engine synced to them, and
         this rank's saved loop state (the metrics of the steps to replay are dropped). vLLM
-        sleeps first: the optimizer state lands on the device beside no KV cache (which comes
-        back at the first step, after the offload, as every step's does)."""
+        sleeps first and the parameters come back from the start-up offload: the optimizer state
+        lands on the device beside no KV cache (which comes back at the first step, after the
+        offload, as every step's does)."""
         if self.resume_from is None:
             return None
         self.engine.sleep()
+        self.offload.reload()
         self.accelerator.load_state(str(self.resume_from))
         st = rundir.load_state(self.resume_from, self.rank)
         if st["world"] != self.world:
@@ -110,7 +114,8 @@ class Run:
     def steps(self, start: int, sandbox_level: str):
         """The steps still to run, as the main process's progress bar. Each step starts with the
         rollouts' memory, in this order: the trainer's state to host RAM (--offload_trainer),
-        then vLLM's KV cache mapped (released since the last update) into what that freed."""
+        then vLLM's KV cache mapped (released since the last update) into what that freed (both
+        no-ops at a first step: the state left before vLLM started, beside no KV cache)."""
         if self.main:
             self.accelerator.init_trackers("spade", config=self.cfg)
             print(f"[spade] run dir {self.run_dir.resolve()}  sandbox level: {sandbox_level}  "
@@ -183,6 +188,7 @@ class Run:
 
     def finish(self) -> Path:
         """The final policy in Hugging Face format, for eval.py and for sharing."""
+        self.offload.reload()  # a run with no step left exports what the start-up offloaded
         rundir.export_policy(self.accelerator, self.model, self.tokenizer,
                              self.run_dir / "final_model", self.shipped)
         if self.main:
@@ -231,8 +237,10 @@ def check_vllm_fits(margs, world: int) -> None:
         raise SystemExit(error)
 
 
-def make_engine(cfg: config.Config, model, tokenizer, seed: int, sharded: bool):
-    """vLLM colocated on GPU when installed (or asked for); the transformers engine otherwise."""
+def make_engine(cfg: config.Config, model, tokenizer, seed: int, sharded: bool,
+                before_start=lambda: None):
+    """vLLM colocated on GPU when installed (or asked for), before_start() called just before it
+    starts; the transformers engine otherwise."""
     margs = cfg.model
     stops = [agent.turn_end(tokenizer)[1]]  # a base model's EOS is not its end of turn
     if wants_vllm(margs):
@@ -241,7 +249,8 @@ def make_engine(cfg: config.Config, model, tokenizer, seed: int, sharded: bool):
         world = int(os.environ.get("WORLD_SIZE", 1))
         return vllm_engine(margs, model, tokenizer, max_model_len=max_model_len(cfg), seed=seed,
                            stop_ids=stops, max_num_seqs=live_episodes(cfg, world),
-                           max_num_batched_tokens=preflight.MAX_NUM_BATCHED_TOKENS)
+                           max_num_batched_tokens=preflight.MAX_NUM_BATCHED_TOKENS,
+                           before_start=before_start)
     if sharded:  # ranks would generate different token counts through one sharded model
         raise SystemExit("DeepSpeed / FSDP1 runs need the vLLM engine (pip install -r "
                          "requirements/gpu.txt); FSDP2 runs can use either engine")
@@ -274,9 +283,9 @@ def live_episodes(cfg: config.Config, world: int) -> int:
                                                                           loop.hint_plays)
 
 
-def vllm_engine(margs, model, tokenizer, **kwargs):
+def vllm_engine(margs, model, tokenizer, before_start=lambda: None, **kwargs):
     """engine.VLLMEngine on margs.model, in its shipped dtype; a tiny model (built in memory, not
-    on disk) is saved to a temporary directory for vLLM to load."""
+    on disk) is saved to a temporary directory for vLLM to load, then before_start() runs."""
     name = models.resolve_model_name(margs.model)
     dtype = str(models.shipped_dtype(name)).removeprefix("torch.")
     with tempfile.TemporaryDirectory(prefix="spade-vllm-") as tmp:
@@ -284,6 +293,7 @@ def vllm_engine(margs, model, tokenizer, **kwargs):
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
             name = tmp
+        before_start()
         return engine.VLLMEngine(name, tensor_parallel_size=margs.tensor_parallel_size,
                                  gpu_memory_utilization=margs.gpu_memory_utilization,
                                  dtype=dtype, group_timeout=pg_timeout(margs), **kwargs)

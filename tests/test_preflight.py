@@ -73,7 +73,7 @@ def test_qwen3_30b_a3b_plan_on_8_h100s_and_the_memory_offload_frees(capsys):
     assert off["update"] - on["update"] == pytest.approx(t["update"]["OptState"])
     assert t["update"]["OptState"] == pytest.approx(8 * params / 8 / GIB, rel=0.01)
     assert on["step"] == off["step"] and on["sync"] == off["sync"]
-    assert on["start-up"] == off["start-up"]
+    assert on["start-up"] == on["rollout"] < off["start-up"]  # offloaded before vLLM starts
 
 
 def test_vllm_share_by_hand():
@@ -130,8 +130,9 @@ def test_the_phases_by_hand():
     for offload in (False, True):
         ph = preflight.phases(TRAINER, VLLM, world=8, tp=4, card=80.0, offload=offload, moe=True)
         between = 2.5 if offload else 14.5  # offloaded, the reference and buffers stay
-        # vLLM starts beside the fp32 shards and the reference (the moments do not exist yet)
-        assert ph["start-up"] == pytest.approx(4.0 + 2.5 + ctx + 28.0)
+        # vLLM starts beside the fp32 shards and the reference (the moments do not exist yet);
+        # offloaded, the shards are in host RAM before it starts
+        assert ph["start-up"] == pytest.approx(4.0 * (not offload) + 2.5 + ctx + 28.0)
         assert ph["rollout"] == ph["kv wake"] == pytest.approx(between + ctx + 28.0)
         assert ph["update"] == pytest.approx(24.5 - 8.0 * offload + ctx + 0.1)
         assert ph["step"] == pytest.approx(19.5 + ctx + 0.1)

@@ -687,7 +687,8 @@ def test_local_bf16_model_trains_checkpointed_with_bf16_reference_and_export(
     monkeypatch.setattr(logprobs_lib, "token_logprobs", lambda m, *a, **k: (
         seen.append((next(m.parameters()).dtype, m.training)), logprobs(m, *a, **k))[1])
     engines, make_engine = [], run.make_engine
-    monkeypatch.setattr(run, "make_engine", lambda *a: engines.append(make_engine(*a)) or engines[-1])
+    monkeypatch.setattr(run, "make_engine",
+                        lambda *a, **k: engines.append(make_engine(*a, **k)) or engines[-1])
     out = main_with(scripted(*designer_model), BASE + ["--model", str(src), "--steps", "1", "--kl_coef", "0.01",
                              "--output_dir", str(tmp_path / "run")])
     assert counts["checkpoint"] > 0 and not engines[0].prefix_cache
@@ -803,7 +804,7 @@ def _tp_train_worker(rank, port, out_dir):
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), ACCELERATE_USE_CPU="true")
     torch.set_num_threads(1)
     fake = FakeTPLLM(models.build_tiny_tokenizer())
-    def make_engine(cfg, *args):  # the fake imported as vllm while the engine is built
+    def make_engine(cfg, *args, **kwargs):  # the fake imported as vllm while the engine is built
         with mock.patch.dict(sys.modules, {"vllm": fake, "vllm.platforms": fake.platforms}):
             return engine.VLLMEngine("tiny", tensor_parallel_size=cfg.model.tensor_parallel_size)
     run.make_engine = make_engine
