@@ -613,6 +613,32 @@ def vllm_fit_error(*, world: int, tp: int, weight_bytes: float, utilization: flo
             f"{card_bytes / gib:.1f} GiB = {share / gib:.1f} GiB): use {fix}")
 
 
+def _kv_wake_room() -> tuple[int, int, int]:
+    """(bytes VLLMEngine.wake maps: every allocation of vLLM 0.32's sleep pool still released
+    but the weights, i.e. its KV cache; device bytes free; bytes torch's caching allocator keeps),
+    after what vLLM's wake_up does first: gc.collect and empty_cache (device_allocator/cumem.py)."""
+    import gc
+    from vllm.device_allocator.cumem import CuMemAllocator
+    gc.collect()
+    torch.cuda.empty_cache()
+    pool = CuMemAllocator.get_instance().pointer_to_data.values()
+    need = sum(d.handle[1] for d in pool if d.is_asleep and d.tag != "weights")
+    return need, torch.cuda.mem_get_info()[0], torch.cuda.memory_reserved()
+
+
+def kv_wake_error(need: int, free: int, reserved: int) -> str | None:
+    """None when `free` device bytes hold the `need` bytes vLLM's KV cache maps again at a step's
+    start; else one line: the shortfall, what torch's allocator keeps (`reserved`: the trainer's
+    state, and blocks a live tensor pins in a segment empty_cache cannot return), the fix."""
+    if need <= free:
+        return None
+    gib = 2**30
+    return (f"vLLM's KV cache needs {need / gib:.1f} GiB of GPU memory to map again, "
+            f"{free / gib:.1f} GiB is free ({reserved / gib:.1f} GiB kept by torch's allocator "
+            "for the trainer): lower --gpu_memory_utilization or add --offload_trainer (python "
+            "train.py <flags> --preflight prints the plan)")
+
+
 IDLE_WAIT_S = 0.005  # VLLMEngine.serve: a TP group with nothing to decode polls this often
 SLEEP_LEVEL = 2  # VLLMEngine's sleep between rollouts: weights and KV cache go (docstring, 2.)
 
@@ -829,12 +855,18 @@ class VLLMEngine:
     def wake(self) -> None:
         """Map the KV cache again after sleep() and sync_weights(), with an empty prefix cache (a
         no-op while it is mapped). Call it once the trainer's state is off the device: the KV
-        cache takes vLLM's whole share back at once (--gpu_memory_utilization)."""
+        cache takes vLLM's whole share back at once (--gpu_memory_utilization). On a GPU the free
+        memory is checked first: too little is one error naming the fix (kv_wake_error), not
+        the CUDA error the mapping would raise."""
         if "kv_cache" not in self.sleeping:
             return
         if "weights" in self.sleeping:
             raise RuntimeError("VLLMEngine.wake() before sync_weights(): vLLM's weights are "
                                "still released")
+        if not self.cpu and torch.cuda.is_available():  # a shortfall: one line, not a CUDA error
+            error = kv_wake_error(*_kv_wake_room())
+            if error:
+                raise RuntimeError(error)
         start = time.perf_counter()
         self.llm.wake_up(tags=["kv_cache"])
         self.sleeping.discard("kv_cache")

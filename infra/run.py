@@ -34,6 +34,7 @@ class Run:
     def __init__(self, cfg: config.Config):
         self.config = cfg
         margs, rargs = cfg.model, cfg.run
+        expandable_segments(os.environ)  # before CUDA starts (Accelerator below starts it)
         # INFRA: collectives wait for the slowest rank (16k-token designer rounds, uneven
         # tensor-parallel groups): NCCL's 10-minute default would abort a healthy run
         timeout = [InitProcessGroupKwargs(timeout=pg_timeout(margs))]
@@ -198,6 +199,21 @@ class Run:
         self.engine.close()  # before end_training: vLLM tears its process groups down first
         self.accelerator.end_training()
         return self.run_dir
+
+
+def expandable_segments(environ) -> None:
+    """INFRA: the trainer's CUDA allocator grows its segments by mapping pages (expandable
+    segments), so empty_cache returns every free page to the driver. With fixed segments one live
+    block (AdamW's moments, made lazily at the first step where freed activations were) pins its
+    whole segment, which vLLM's KV cache, a pool of its own, then cannot map. vLLM 0.32 turns the
+    option off inside its own pools and back on after (device_allocator/cumem.py). Set in the
+    allocator's variable (PYTORCH_ALLOC_CONF, else PYTORCH_CUDA_ALLOC_CONF) unless it names the
+    option already; read when CUDA starts."""
+    name = "PYTORCH_ALLOC_CONF" if environ.get("PYTORCH_ALLOC_CONF") else \
+        "PYTORCH_CUDA_ALLOC_CONF"
+    conf = environ.get(name, "")
+    if "expandable_segments" not in conf:
+        environ[name] = ",".join(filter(None, [conf, "expandable_segments:True"]))
 
 
 def wants_vllm(margs) -> bool:

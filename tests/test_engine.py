@@ -558,6 +558,31 @@ def test_vllm_engine_sleep_wake_and_sync_order(tiny_moe, tmp_path):
     assert [c[0] for c in fake.log] == ["collective_rpc", "reload_weights", "reset_prefix_cache"]
 
 
+def test_a_kv_cache_that_cannot_map_again_is_one_clear_error(tiny, monkeypatch):
+    """On a GPU wake() checks the free memory against what vLLM's KV cache maps before mapping
+    it: a shortfall (fragmentation, a plan off the card) is one line naming the fix, raised
+    before vLLM's wake_up, whose cuMemCreate would fail with a bare CUDA error."""
+    gib = 2**30
+    assert engine.kv_wake_error(need=40 * gib, free=41 * gib, reserved=30 * gib) is None
+    assert engine.kv_wake_error(need=40 * gib, free=38.5 * gib, reserved=31 * gib) == (
+        "vLLM's KV cache needs 40.0 GiB of GPU memory to map again, 38.5 GiB is free (31.0 GiB "
+        "kept by torch's allocator for the trainer): lower --gpu_memory_utilization or add "
+        "--offload_trainer (python train.py <flags> --preflight prints the plan)")
+    fake = FakeVLLM()
+    eng = built(fake, "tiny")
+    eng.sleep()
+    eng.sync_weights(tiny[0])
+    fake.log.clear()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(engine, "_kv_wake_room", lambda: (40 * gib, 38.5 * gib, 31 * gib))
+    with pytest.raises(RuntimeError, match=r"^vLLM's KV cache needs 40\.0 GiB"):
+        eng.wake()
+    assert fake.log == [] and eng.asleep  # nothing mapped
+    monkeypatch.setattr(engine, "_kv_wake_room", lambda: (40 * gib, 41 * gib, 31 * gib))
+    eng.wake()
+    assert fake.log[0] == ("wake_up", ["kv_cache"]) and not eng.asleep
+
+
 def test_vllm_engine_times_its_sleep_and_wake_not_the_reload(tiny, monkeypatch):
     """time/sleep_s, time/wake_s: on a fake clock, sleep takes 2 s, each wake 0.5 s, the reload
     10 s. A step's wake figure is its KV cache's wake (its start) and its weights' (its sync),

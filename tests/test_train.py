@@ -1,6 +1,7 @@
 """train.py end to end on the tiny models: regeneration, hinted arm, designer + agent updates,
 memory, checkpoints, exact resume after a crash in every phase, ablations, bad configs."""
 import json
+import os
 import types
 from pathlib import Path
 
@@ -868,6 +869,31 @@ def test_a_tp_that_does_not_divide_the_processes_stops_before_any_load(tmp_path,
                                          r"processes$"):
         train.main(["--model", "tiny", "--engine", "vllm", "--tensor_parallel_size", "2",
                     "--corpus", str(CORPUS), "--output_dir", str(tmp_path / "run")])
+
+
+def test_the_trainers_allocator_expands_its_segments_before_cuda_starts(tmp_path, monkeypatch):
+    """run.Run sets expandable segments before Accelerate starts CUDA (here a run that stops
+    right after), added to what the user's variable says, never over an explicit choice."""
+    import accelerate
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    seen = []
+    monkeypatch.setattr(accelerate.Accelerator, "__init__", lambda self, **k: (
+        seen.append(os.environ.get("PYTORCH_CUDA_ALLOC_CONF")), pytest.fail("stop"))[1])
+    with pytest.raises(pytest.fail.Exception, match="stop"):
+        train.main(["--model", "tiny", "--corpus", str(CORPUS),
+                    "--output_dir", str(tmp_path / "run")])
+    assert seen == ["expandable_segments:True"]
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}
+    run.expandable_segments(env)
+    assert env == {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512,expandable_segments:True"}
+    env = {"PYTORCH_ALLOC_CONF": "garbage_collection_threshold:0.8"}  # torch reads it first
+    run.expandable_segments(env)
+    assert env == {"PYTORCH_ALLOC_CONF": "garbage_collection_threshold:0.8,"
+                                         "expandable_segments:True"}
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}
+    run.expandable_segments(env)
+    assert env == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}
 
 
 def test_vllm_that_cannot_hold_its_weights_stops_before_any_load(tmp_path, monkeypatch):
