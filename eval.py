@@ -31,7 +31,9 @@ loaded and cached as that JSONL file.
 
 Deviations: suites/table1.py (Table 1), suites/toolbench.py and suites/acebench.py (tool use).
 
-Usage (multi-GPU tensor parallelism: serve the model with `vllm serve` and use --endpoint):
+Usage (tensor parallelism: one process per GPU, `torchrun --nproc_per_node 2 eval.py ...
+--tensor_parallel_size 2`, every rank running the same prompts, rank 0 writing the outputs; or
+serve the model with `vllm serve` and use --endpoint):
     python eval.py --model runs/spade/checkpoint-400 --engine vllm --output_dir runs/eval/spade
     python eval.py --endpoint http://localhost:8000/v1 --model Qwen/Qwen3-8B \
         --suites aime2025,gpqa_diamond
@@ -50,6 +52,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -174,7 +177,17 @@ def build_sampler(cfg: "EvalConfig"):
     from infra import models  # siblings; heavy imports stay out of the test path
     # the chat's end of turn (agent.turn_end) stops a reply, whatever the EOS is
     # tiny models (built in memory) always run on transformers; a saved one can run on vLLM
-    if cfg.engine == "vllm" and cfg.model not in models.TINY_MODELS:
+    tiny = cfg.model in models.TINY_MODELS
+    if tiny and (cfg.engine != "transformers" or cfg.tensor_parallel_size != 1):
+        print(f"eval.py: {cfg.model} is built in memory and runs on the transformers engine "
+              "(--engine and --tensor_parallel_size apply to a saved model)", file=sys.stderr)
+    world, tp = int(os.environ.get("WORLD_SIZE", "1")), cfg.tensor_parallel_size
+    if cfg.engine == "vllm" and not tiny and world % tp:  # one process: vLLM would wait forever
+        raise SystemExit(f"eval.py: --tensor_parallel_size {tp} needs {tp} processes, one per "
+                         f"GPU, and this launch has {world}: torchrun --nproc_per_node {tp} "
+                         f"eval.py ..., or serve the model (vllm serve MODEL "
+                         f"--tensor-parallel-size {tp}) and pass --endpoint")
+    if cfg.engine == "vllm" and not tiny:
         from transformers import AutoTokenizer
 
         from infra.engine import VLLMEngine
@@ -533,10 +546,16 @@ def _versions() -> dict:
     return out
 
 
+def writes() -> bool:
+    """Whether this process writes the outputs: under torchrun (tensor parallelism) every rank
+    runs the same prompts and rank 0 writes."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def evaluate(cfg: EvalConfig, sampler=None) -> dict:
-    """Run the configured suites; write results.json, samples/<suite>.jsonl and table1.md."""
+    """Run the configured suites; write results.json, samples/<suite>.jsonl and table1.md (rank 0
+    of a torchrun launch)."""
     out = Path(cfg.output_dir)
-    (out / "samples").mkdir(parents=True, exist_ok=True)
     sampler = sampler or build_sampler(cfg)
     metrics, timing, notes = {}, {}, {}
     for suite in [s.strip() for s in cfg.suites.split(",") if s.strip()]:
@@ -547,14 +566,18 @@ def evaluate(cfg: EvalConfig, sampler=None) -> dict:
         key = "aime" if suite.startswith("aime") else suite.removesuffix("_v6")
         if key in SCORER_NOTES:
             notes[suite] = SCORER_NOTES[key]
-        with open(out / "samples" / f"{suite}.jsonl", "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r, default=str) + "\n" for r in records)
+        if writes():
+            (out / "samples").mkdir(parents=True, exist_ok=True)
+            with open(out / "samples" / f"{suite}.jsonl", "w", encoding="utf-8") as f:
+                f.writelines(json.dumps(r, default=str) + "\n" for r in records)
     row = table1_row(metrics, Path(cfg.model).name or cfg.model)
     results = {"config": asdict(cfg), "sampling": {s: suite_sampling(s, cfg) for s in timing},
                "metrics": metrics, "timing_s": timing, "notes": notes,
                "versions": _versions(), "table1_markdown": row}
-    (out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
-    (out / "table1.md").write_text(row, encoding="utf-8")
+    if writes():
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
+        (out / "table1.md").write_text(row, encoding="utf-8")
     return results
 
 
@@ -587,6 +610,9 @@ def sweep_checkpoints(cfg: EvalConfig, sampler=None) -> dict:
                      **dict(zip([n for n, _ in TABLE1], cells)), "Avg": avg,
                      "cells": sum(c is not None for c in cells)})
     best = max(rows, key=lambda r: -1.0 if r["Avg"] is None else r["Avg"])
+    summary = {"run": cfg.checkpoints, "rows": rows, "best": best["checkpoint"]}
+    if not writes():
+        return summary
     with open(out / "checkpoints.csv", "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -596,7 +622,6 @@ def sweep_checkpoints(cfg: EvalConfig, sampler=None) -> dict:
     note = (f"\nBest: {best['checkpoint']} (mean of {best['cells']} Table-1 cells: "
             f"{100 * (best['Avg'] or 0):.1f})\n")
     (out / "checkpoints.md").write_text(table + note, encoding="utf-8")
-    summary = {"run": cfg.checkpoints, "rows": rows, "best": best["checkpoint"]}
     (out / "checkpoints.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     return summary
 
@@ -612,7 +637,8 @@ def main(argv=None):
     try:
         if cfg.checkpoints:
             summary = sweep_checkpoints(cfg)
-            print((Path(cfg.output_dir) / "checkpoints.md").read_text(encoding="utf-8"))
+            if writes():
+                print((Path(cfg.output_dir) / "checkpoints.md").read_text(encoding="utf-8"))
             return summary
         try:
             sampler = build_sampler(cfg)
@@ -622,8 +648,9 @@ def main(argv=None):
         results = evaluate(cfg, sampler)
     except MissingDataset as e:
         raise SystemExit(f"eval.py: {e}") from None
-    print(json.dumps(results["metrics"], indent=2))
-    print(results["table1_markdown"])
+    if writes():
+        print(json.dumps(results["metrics"], indent=2))
+        print(results["table1_markdown"])
 
 
 if __name__ == "__main__":

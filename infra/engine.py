@@ -661,6 +661,14 @@ class VLLMEngine:
                  stop_ids=(), enforce_eager: bool | None = None, cpu_kv_cache_gib: float = 2.0,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  group_timeout=None):
+        # external_launcher reads RANK etc., which plain `python` and a one-process Accelerate
+        # launch do not set: there the single-process executor, which at TP > 1 would wait for
+        # ranks that never come
+        world = dist.get_world_size() if dist.is_initialized() else int(os.getenv("WORLD_SIZE", 1))
+        if tensor_parallel_size > 1 and world == 1:
+            raise ValueError(f"vLLM at tensor_parallel_size {tensor_parallel_size} needs "
+                             f"{tensor_parallel_size} processes, one per GPU (torchrun "
+                             f"--nproc_per_node {tensor_parallel_size}), not one")
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
         os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # the runner the CPU tests ran
         import vllm
@@ -686,9 +694,6 @@ class VLLMEngine:
             self.tp_group, _ = dist.new_subgroups_by_enumeration(
                 [list(range(i, i + self.tp)) for i in range(0, world, self.tp)],
                 timeout=group_timeout, backend="gloo")  # a timedelta; None: gloo's 30 min
-        # external_launcher reads RANK etc., which plain `python` and a one-process Accelerate
-        # launch do not set: there the single-process executor
-        world = dist.get_world_size() if dist.is_initialized() else int(os.getenv("WORLD_SIZE", 1))
         self.backend = "external_launcher" if world > 1 else "uni"
         kwargs = dict(
             model=model_name, tensor_parallel_size=tensor_parallel_size,

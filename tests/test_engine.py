@@ -472,6 +472,16 @@ def test_vllm_engine_construction_and_generate(monkeypatch):
     assert fake.log[-1][1]["distributed_executor_backend"] == "external_launcher"
 
 
+def test_tensor_parallelism_in_one_process_is_refused_before_vllm_starts(monkeypatch):
+    """vLLM's single-process executor at TP 2 waits at the rendezvous for a rank that never
+    comes: refused before vllm is even imported."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with mock.patch.dict(sys.modules, {"vllm": None}):  # importing it would raise ImportError
+        with pytest.raises(ValueError, match=r"^vLLM at tensor_parallel_size 2 needs 2 processes, "
+                                             r"one per GPU \(torchrun --nproc_per_node 2\), not one$"):
+            engine.VLLMEngine("m", tensor_parallel_size=2)
+
+
 def test_vllm_engine_takes_the_plans_scheduler_limits_on_a_gpu(monkeypatch):
     """On a GPU the scheduler's limits come from the run (run.live_episodes, the preflight's
     prefill chunk) instead of vLLM's 1,024 sequences and 16,384 tokens; unset, vLLM's stay."""

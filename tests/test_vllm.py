@@ -569,3 +569,22 @@ def test_eval_one_suite_on_vllm(tiny_dir, tmp_path):
     results = json.loads((out / "results.json").read_text())
     assert "aime2025" in json.dumps(results["metrics"])
     assert "Invalid process group" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_eval_at_tensor_parallel_2_under_torchrun(tiny_dir, tmp_path):
+    """eval.py's launch for tensor parallelism: one process per rank (torchrun), both running the
+    same prompts through one TP-2 engine (vLLM's external launcher); rank 0 alone prints and
+    writes."""
+    out = tmp_path / "eval"
+    proc = run(["-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+                "eval.py", "--model", str(tiny_dir), "--engine", "vllm",
+                "--tensor_parallel_size", "2", "--suites", "aime2025", "--data_dir",
+                "tests/fixtures/eval", "--limit", "1", "--aime_samples", "2",
+                "--max_new_tokens", "16", "--max_model_len", "4096", "--output_dir", str(out)],
+               ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["tensor_parallel_size"] == 2 and "aime2025/items" in results["metrics"]
+    assert proc.stdout.count("| Model | AIME25 |") == 1  # printed by rank 0 only
+    assert "Traceback" not in proc.stderr
