@@ -553,6 +553,25 @@ def stream_weights(model, dtype: torch.dtype | None = None):
         yield group
 
 
+def _timed(groups, spent: list, cuda: bool):
+    """The (name, tensor) pairs of stream_weights' groups, one by one, adding the seconds spent
+    making each group (the gather) to spent[0]; the rest of the time the consumer takes is its
+    own (vLLM's loader). On CUDA the device is synchronized around each group, so the gather's
+    collectives count here and the loader's queued copies do not (two syncs per decoder layer)."""
+    groups = iter(groups)
+    while True:
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        group = next(groups, None)
+        if cuda:
+            torch.cuda.synchronize()
+        spent[0] += time.perf_counter() - start
+        if group is None:
+            return
+        yield from group
+
+
 # ----------------------------------------------------------------------------------------------
 # INFRA: vLLM 0.32.0 (docs.vllm.ai): SamplingParams(logprobs=0) gives the sampled token's log-prob;
 # sleep(level) / wake_up(tags=...) where the platform has sleep mode; weights go in through the
@@ -852,8 +871,14 @@ class VLLMEngine:
             self.sleeping.discard("weights")
             # time/wake_s: this wake and the KV cache's at the step's start (wake())
             self.seconds["wake"] = self.seconds.get("wake", 0.0) + time.perf_counter() - start
-        weights = (pair for group in stream_weights(model, self.dtype) for pair in group)
+        # time/sync_gather_s, time/sync_load_s: the gathers of the full tensors, vLLM's loader
+        gather = [0.0]
+        weights = _timed(stream_weights(model, self.dtype), gather,
+                         cuda=not self.cpu and torch.cuda.is_available())
+        start = time.perf_counter()
         self.llm.collective_rpc(_reload_in_place, args=(weights, self.cpu))
+        self.seconds["sync_gather"] = gather[0]
+        self.seconds["sync_load"] = time.perf_counter() - start - gather[0]
         if "kv_cache" not in self.sleeping:
             self.llm.reset_prefix_cache()
 

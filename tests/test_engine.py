@@ -594,9 +594,11 @@ def test_a_kv_cache_that_cannot_map_again_is_one_clear_error(tiny, monkeypatch):
 
 
 def test_vllm_engine_times_its_sleep_and_wake_not_the_reload(tiny, monkeypatch):
-    """time/sleep_s, time/wake_s: on a fake clock, sleep takes 2 s, each wake 0.5 s, the reload
-    10 s. A step's wake figure is its KV cache's wake (its start) and its weights' (its sync),
-    without the reload between them; the first step, which starts awake, has the weights' only."""
+    """time/sleep_s, time/wake_s, time/sync_gather_s, time/sync_load_s: on a fake clock, sleep
+    takes 2 s, each wake 0.5 s, vLLM's loader 10 s, gathering each parameter's full tensor
+    0.25 s. A step's wake figure is its KV cache's wake (its start) and its weights' (its sync),
+    without the reload between them; the first step, which starts awake, has the weights' only.
+    The sync's reload splits into the gathers (inside the stream vLLM consumes) and the rest."""
     model, _ = tiny
     clock, fake = [0.0], FakeVLLM()
     monkeypatch.setattr(engine.time, "perf_counter", lambda: clock[0])
@@ -605,14 +607,30 @@ def test_vllm_engine_times_its_sleep_and_wake_not_the_reload(tiny, monkeypatch):
             clock[0] += _cost
             return _do(*a, **k)
         monkeypatch.setattr(fake, name, timed)
+    full_tensor = engine._full_tensor
+    monkeypatch.setattr(engine, "_full_tensor", lambda *a: (
+        clock.__setitem__(0, clock[0] + 0.25), full_tensor(*a))[1])
+    gather = 0.25 * len(list(model.parameters()))
     eng = built(fake, "tiny")
     eng.sleep()
     eng.sync_weights(model)
-    assert eng.seconds == {"sleep": 2.0, "wake": 0.5}
+    assert eng.seconds == {"sleep": 2.0, "wake": 0.5, "sync_gather": gather, "sync_load": 10.0}
     eng.wake()  # the next step's start
     eng.sleep()
     eng.sync_weights(model)
-    assert eng.seconds == {"sleep": 2.0, "wake": 1.0}
+    assert eng.seconds == {"sleep": 2.0, "wake": 1.0, "sync_gather": gather, "sync_load": 10.0}
+
+
+def test_the_gathers_are_timed_between_device_syncs(monkeypatch):
+    """On CUDA the device is synchronized before and after each group is made, so its
+    collectives count as the gather and the loader's queued copies do not."""
+    syncs = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: syncs.append(1))
+    spent = [0.0]
+    pairs = list(engine._timed([[("a", 1)], [("b", 2), ("c", 3)]], spent, cuda=True))
+    assert pairs == [("a", 1), ("b", 2), ("c", 3)] and len(syncs) == 2 * 3  # 2 groups + the end
+    list(engine._timed([[("a", 1)]], spent, cuda=False))
+    assert len(syncs) == 6
 
 
 def test_engine_generate_signature_matches_contract(tiny):

