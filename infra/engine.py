@@ -658,6 +658,18 @@ def kv_wake_error(need: int, free: int, reserved: int) -> str | None:
             "train.py <flags> --preflight prints the plan)")
 
 
+def one_process_tp_error(tp: int) -> str:
+    """VLLMEngine at TP > 1 in one process: vLLM's single-process executor would wait at the
+    rendezvous for ranks that never come."""
+    return (f"vLLM at tensor_parallel_size {tp} needs {tp} processes, one per GPU (torchrun "
+            f"--nproc_per_node {tp}), not one")
+
+
+# The lm_head in fp32, as the trainer's logits (logprobs.py): in bf16 every rollout log-prob
+# carries bf16 logit rounding (vLLM 0.32's head_dtype docstring: fp32 is "required for RL
+# training-inference consistency"). On CUDA one bf16 x bf16 -> fp32 matmul, no fp32 weight copy;
+# a model already in fp32 (the tiny ones) is unchanged.
+FP32_HEAD = {"head_dtype": "float32"}
 IDLE_WAIT_S = 0.005  # VLLMEngine.serve: a TP group with nothing to decode polls this often
 SLEEP_LEVEL = 2  # VLLMEngine's sleep between rollouts: weights and KV cache go (docstring, 2.)
 
@@ -681,13 +693,10 @@ class VLLMEngine:
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  group_timeout=None):
         # external_launcher reads RANK etc., which plain `python` and a one-process Accelerate
-        # launch do not set: there the single-process executor, which at TP > 1 would wait for
-        # ranks that never come
+        # launch do not set: there the single-process executor (which at TP > 1 waits forever)
         world = dist.get_world_size() if dist.is_initialized() else int(os.getenv("WORLD_SIZE", 1))
         if tensor_parallel_size > 1 and world == 1:
-            raise ValueError(f"vLLM at tensor_parallel_size {tensor_parallel_size} needs "
-                             f"{tensor_parallel_size} processes, one per GPU (torchrun "
-                             f"--nproc_per_node {tensor_parallel_size}), not one")
+            raise ValueError(one_process_tp_error(tensor_parallel_size))
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
         os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # the runner the CPU tests ran
         import vllm
@@ -720,12 +729,7 @@ class VLLMEngine:
             gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
             dtype=dtype, seed=seed, logprobs_mode="processed_logprobs", enable_prefix_caching=True,
             enforce_eager=self.cpu if enforce_eager is None else enforce_eager,
-            # the lm_head in fp32, as the trainer's logits (logprobs.py): in bf16 every rollout
-            # log-prob carries bf16 logit rounding (vLLM 0.32's head_dtype docstring: fp32 is
-            # "required for RL training-inference consistency"); on CUDA it is one bf16 x bf16
-            # -> fp32 matmul, no fp32 weight copy; a model already in fp32 (the tiny ones) is
-            # unchanged
-            hf_overrides={"head_dtype": "float32"})
+            hf_overrides=dict(FP32_HEAD))
         if self.cpu:
             kwargs.update(kv_cache_memory_bytes=int(cpu_kv_cache_gib * 2**30),
                           max_num_batched_tokens=max_model_len, enable_chunked_prefill=False)

@@ -2,16 +2,18 @@
 vLLM generates, and come back for the update (infrastructure, none of it the paper's).
 
 Colocated GRPO holds two copies of the policy on each GPU: the trainer's (fp32 master shards,
-AdamW's two moments: 12 bytes per parameter over the FSDP2 shards) and vLLM's (bf16 weights and
-the KV cache). Nothing reads the trainer's copy between the weight sync and the next update, so
-`offload()` copies every tensor storage behind it into host RAM and resizes the storage to zero,
-and `reload()` grows the storages back and copies the bytes in. The tensors themselves
+AdamW's two moments: 12 bytes per parameter over the FSDP2 shards; with a KL term the frozen
+bf16 reference, 2 more) and vLLM's (bf16 weights and the KV cache). Nothing reads the trainer's
+copy between the weight sync and the next update, so `offload()` copies every tensor storage
+behind it into host RAM and resizes the storage to zero, and `reload()` grows the storages back
+and copies the bytes in. The tensors themselves
 (parameters, optimizer state, FSDP2's sharded DTensors) stay the same Python objects, so the
 optimizer, FSDP2 and the checkpointing code never notice. This is what verl (`param_offload`,
 `optimizer_offload`) and slime (`offload_train`) do for the same reason. During the rollout it
 frees the trainer's 12 bytes per parameter over the shards (4 for the fp32 parameters, 8 for the
-two moments) for vLLM's KV cache; `python train.py --preflight` prints the phases with and without
-it, and docs/gpu.md ("Memory per GPU") gives them for the paper's models.
+two moments; 14 with the reference) for vLLM's KV cache; `python train.py --preflight` prints
+the phases with and without it, and docs/gpu.md ("Memory per GPU") gives them for the paper's
+models.
 
 What the freed memory can serve depends on the caller's order. vLLM's KV cache is a pool of its
 own (cuMemCreate under sleep mode), not torch's caching allocator: storage freed here stays in
@@ -76,17 +78,20 @@ def release_cached(device: torch.device) -> None:
 
 
 class TrainerOffload:
-    """offload() / reload() the storages of `model`'s parameters and `optimizer`'s state tensors.
-    Disabled (enabled=False) both calls do nothing, so the loop calls them unconditionally.
+    """offload() / reload() the storages of `model`'s parameters, `optimizer`'s state tensors and
+    the frozen `reference` model's parameters (the KL term's; None: none). Disabled
+    (enabled=False) both calls do nothing, so the loop calls them unconditionally.
 
-    reload(optimizer=False) brings back the parameters only: the AdamW moments then come back
-    in a pre-hook of the optimizer's step, so they are not on the device during the forward and
-    backward passes: the update's forward/backward peak is lower by their 8 bytes per parameter
-    over the shards (docs/gpu.md, "Memory per GPU", gives the preflight's figures)."""
+    reload(optimizer=False) brings back the parameters (the reference's too) only: the AdamW
+    moments then come back in a pre-hook of the optimizer's step, so they are not on the device
+    during the forward and backward passes: the update's forward/backward peak is lower by their
+    8 bytes per parameter over the shards (docs/gpu.md, "Memory per GPU", gives the preflight's
+    figures)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
-                 enabled: bool = True):
+                 reference: torch.nn.Module | None = None, enabled: bool = True):
         self.model, self.optimizer, self.enabled = model, optimizer, enabled
+        self.reference = reference
         # the host copies: one buffer, laid out (arena_layout) anew at each offload
         self.arena: torch.Tensor | None = None
         self.pinned = False
@@ -100,15 +105,17 @@ class TrainerOffload:
         params = list(self.model.parameters())
         return {"params": params, "grads": [p.grad for p in params if p.grad is not None],
                 "moments": [v for state in self.optimizer.state.values() for v in state.values()
-                            if isinstance(v, torch.Tensor)]}
+                            if isinstance(v, torch.Tensor)],
+                "reference": list(self.reference.parameters()) if self.reference else []}
 
     def _storages(self) -> list[tuple[torch.UntypedStorage, bool]]:
-        """(storage, is a parameter's) of each distinct non-empty storage behind the parameters
-        and the optimizer state (one shared by several views, as FSDP2's padded shards, is listed
-        once), parameters first."""
+        """(storage, is a parameter's) of each distinct non-empty storage behind the parameters,
+        the reference's and the optimizer state (one shared by several views, as FSDP2's padded
+        shards, is listed once), parameters first."""
         state = self._state()
         seen, out = set(), []
-        for is_param, tensors in ((True, state["params"]), (False, state["moments"])):
+        for is_param, tensors in ((True, state["params"]), (True, state["reference"]),
+                                  (False, state["moments"])):
             for t in tensors:
                 local = _local(t)
                 if not local.untyped_storage().resizable():  # torch.load's (a resume on CPU)
@@ -122,8 +129,9 @@ class TrainerOffload:
 
     def resident(self) -> dict[str, int]:
         """Bytes of the trainer's state on its device now, by kind: "params", "grads" (from a
-        backward until the optimizer step's zero_grad) and "moments" (the optimizer's state),
-        each storage counted once. Works disabled too (then everything stays resident)."""
+        backward until the optimizer step's zero_grad), "moments" (the optimizer's state) and
+        "reference" (its parameters), each storage counted once. Works disabled too (then
+        everything stays resident)."""
         seen, out = set(), {}
         for kind, tensors in self._state().items():
             out[kind] = 0

@@ -21,8 +21,7 @@ host RAM.
 
 Phases, GiB per GPU, in the order train.py runs them (a phase fits below FIT_SHARE of the card:
 allocator fragmentation); `between` is the trainer's state between updates (fp32 shards, AdamW
-moments, the bf16 KL reference), with --offload_trainer only what offload.py leaves (the
-reference, buffers):
+moments, the bf16 KL reference), with --offload_trainer only what offload.py leaves (buffers):
     start-up = fp32 parameter shards + KL reference + context + util x card (vLLM starts beside
                them and refuses to start above the card); with --offload_trainer the shards are
                in host RAM before vLLM starts: the rollout's figure
@@ -74,8 +73,8 @@ CUDA_CONTEXT_GIB = 1.0  # one process's CUDA context, kernels and library worksp
 # before any all-to-all, nccl#1685); vLLM's custom all-reduce buffers (3 x 8 MiB) ride on it.
 NCCL_GIB = 1.0
 # On NVSwitch nodes (H100 / H200 SXM) NCCL's NVLink SHARP buffers can take more than that
-NVLS_NOTE = ("  NVLS (NVSwitch nodes) can raise a communicator above 1 GiB (NVIDIA/nccl#864: 1.6 GB "
-             "for one); NCCL_NVLS_ENABLE=0 turns it off")
+NVLS_NOTE = ("  NVLS (NVSwitch nodes) can raise a communicator above 1 GiB (NVIDIA/nccl#864: "
+             "1.6 GB for one); NCCL_NVLS_ENABLE=0 turns it off")
 VLLM_GRAPHS_GIB = 1.0  # vLLM's CUDA graphs and non-torch memory (estimate)
 MAX_NUM_BATCHED_TOKENS = 8192  # vLLM's prefill chunk: its profile follows it
 KV_BLOCK = 16  # vLLM's KV block size in tokens: its block table holds ceil(len / 16) per sequence
@@ -343,14 +342,15 @@ def _moments(trainer: dict) -> float:
 
 def state_kinds(trainer: dict) -> dict:
     """GiB per GPU of the trainer's state by kind, as offload.py moves it: `params` (the
-    policy's fp32 shards), `moments` (AdamW's), `grads` (at the update's peak), `fixed` (what
-    stays: the KL reference, buffers), and what each pass adds beyond the state: `update`
-    (activations, FSDP2's buffers) and `step` (the optimizer's temporaries)."""
+    policy's fp32 shards), `moments` (AdamW's), `grads` (at the update's peak), `reference` (the
+    KL reference's bf16 shards), `fixed` (what stays: buffers), and what each pass adds beyond
+    the state: `update` (activations, FSDP2's buffers) and `step` (the optimizer's
+    temporaries)."""
     held, update, step = trainer["held"], trainer["update"], trainer["step"]
     params, moments = trainer["policy"], _kind(held, "OptState", "Optstate")
-    grads = _kind(update, "Sharded Grad", "Gradient")
-    return {"params": params, "moments": moments, "grads": grads,
-            "fixed": held["Total"] - params - moments,
+    grads, ref = _kind(update, "Sharded Grad", "Gradient"), trainer["ref"]
+    return {"params": params, "moments": moments, "grads": grads, "reference": ref,
+            "fixed": held["Total"] - params - moments - ref,
             "update": update["Total"] - held["Total"] - grads,
             "step": step["Total"] - held["Total"] - _kind(step, "Sharded Grad", "Gradient")}
 
@@ -465,13 +465,14 @@ def host_ram(params: int, *, world: int, tp: int, sleep_level: int, offload: boo
     their shards); vLLM's sleep backups (level 2: the CUDA graphs, VLLM_GRAPHS_GIB per GPU;
     level 1: the bf16 weights too), pinned by torch's host allocator, which rounds each buffer up
     to a power of two (counted at that bound, twice the bytes); the offload arena, pinned at
-    exactly its bytes (offload.py: fp32 shards + AdamW moments, 12 bytes per parameter); an
+    exactly its bytes (offload.py: fp32 shards + AdamW moments, 12 bytes per parameter, + the
+    bf16 reference's 2 with a KL term); an
     export (the main process: the full fp32 state dict and its bf16 copy); one resumable
     checkpoint (fp32 + AdamW) times --keep_checkpoints."""
     weights = 2 * params * world / tp if sleep_level == 1 else 0.0  # bf16, every GPU's TP share
     return {"load": (4 + 2 * kl) * params / 1e9,
             "sleep": 2 * (VLLM_GRAPHS_GIB * GIB * world + weights) / 1e9,
-            "offload": 12 * params / 1e9 if offload else 0.0,
+            "offload": (12 + 2 * kl) * params / 1e9 if offload else 0.0,
             "export": (4 + 2) * params / 1e9,
             "checkpoint": 12 * params / 1e9, "checkpoints kept": 12 * params * keep / 1e9}
 

@@ -80,10 +80,10 @@ class Run:
         if margs.offload_trainer and not wants_vllm(margs):
             raise SystemExit("--offload_trainer needs the vLLM engine (the transformers engine "
                              "generates with the trainer's own weights)")
-        # the trainer's state in host RAM while vLLM generates (no-ops without the flag), away
-        # already when vLLM starts: its start-up check wants util x card free, the KV cache's
-        # share mapped at once (docs/gpu.md, "Memory per GPU")
+        # the trainer's state (and the KL reference) in host RAM while vLLM generates (no-ops
+        # without the flag), away before vLLM starts: it wants util x card free at start-up
         self.offload = offload.TrainerOffload(self.model, self.optimizer,
+                                              reference=self.ref_model,
                                               enabled=margs.offload_trainer)
         self.engine = make_engine(cfg, acc.unwrap_model(self.model), self.tokenizer,
                                   rargs.seed, sharded, before_start=self.offload.offload)

@@ -89,17 +89,18 @@ class Ledger(FakeTPLLM):
         """The run's TrainerOffload exists: its state's full bytes by kind, and the moments
         recorded before it (vLLM's start-up: nothing has moved the state since) get its state."""
         self.offload = off
-        params = off.resident()["params"]
-        self.full = {"params": params, "grads": params, "moments": 2 * params}
         state = off.resident()
+        self.full = {"params": state["params"], "grads": state["params"],
+                     "moments": 2 * state["params"], "reference": state["reference"]}
         self.timeline[:] = [(label, extra + self._trainer(state) if gib is None else gib, extra)
                             for label, gib, extra in self.timeline]
 
     def _trainer(self, state: dict) -> float:
-        """GiB of the trainer's state now: each kind's planned size x its share on the device."""
+        """GiB of the trainer's state now: each kind's planned size x its share on the device (a
+        kind offload.py does not hold, e.g. a reference it was not given, stays whole)."""
         return self.kinds["fixed"] + sum(
-            self.kinds[k] * min(1.0, state[k] / self.full[k]) for k in ("params", "grads",
-                                                                       "moments"))
+            self.kinds[k] * (min(1.0, state[k] / self.full[k]) if self.full[k] else 1.0)
+            for k in ("params", "grads", "moments", "reference"))
 
     def record(self, label: str, transient: float = 0.0) -> None:
         """One moment: vLLM's mapped pools + the context + a transient + the trainer's state."""
@@ -306,6 +307,23 @@ def test_the_order_on_a_hand_made_plan(tmp_path, monkeypatch, capsys):
                           kl_coef=0.0, vllm_first=True)
     assert peaks(first)["start-up"] == pytest.approx(15.0 + 1.0 + 72.0)
     assert "start-up 88.0 GiB above the 80.0 GiB card" in check(plan, first)
+
+
+def test_the_kl_reference_waits_in_host_ram_on_a_hand_made_plan(tmp_path, monkeypatch):
+    """With a KL term the frozen reference (7 GiB here) is read only by the update: offloaded
+    with the trainer, the rollouts and vLLM's start-up run without it, and it is back for the
+    update's forward."""
+    kl = {"held": {**HAND["held"], "Parameter": 22.0, "Total": 52.0},
+          "update": {**HAND["update"], "Parameter": 22.0, "Total": 89.0},
+          "step": {**HAND["step"], "Parameter": 22.0, "Total": 67.0}, "ref": 7.0}
+    trainer = {**HAND, **kl}
+    phases = preflight.phases(trainer, HAND_VLLM, world=1, tp=1, card=80.0, offload=True)
+    plan = {"trainer": trainer, "vllm": HAND_VLLM, "phases": phases, "card": 80.0}
+    assert phases["start-up"] == phases["rollout"] == 0.0 + 1.0 + 72.0  # no reference
+    timeline = run_on_ledger(plan, tmp_path, monkeypatch, offload_trainer=True, kl_coef=0.01)
+    assert check(plan, timeline) == []
+    seen = peaks(timeline)
+    assert seen["update"] == pytest.approx(89.0 - 30.0 + 1.0 + 0.05)  # moments away, ref back
 
 
 @pytest.mark.slow

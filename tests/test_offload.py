@@ -245,17 +245,36 @@ def test_resident_reports_the_state_on_the_device_by_kind(tiny):
     off = offload.TrainerOffload(model, opt)
     n = sum(p.untyped_storage().nbytes() for p in model.parameters())
     steps = 4 * len(list(model.parameters()))  # AdamW's step counters
-    assert off.resident() == {"params": n, "grads": 0, "moments": 2 * n + steps}
+    assert off.resident() == {"params": n, "grads": 0, "moments": 2 * n + steps, "reference": 0}
     off.offload()
-    assert off.resident() == {"params": 0, "grads": 0, "moments": 0}
+    assert off.resident() == {"params": 0, "grads": 0, "moments": 0, "reference": 0}
     off.reload(optimizer=False)
-    assert off.resident() == {"params": n, "grads": 0, "moments": 0}
+    assert off.resident() == {"params": n, "grads": 0, "moments": 0, "reference": 0}
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
-    assert off.resident() == {"params": n, "grads": n, "moments": 0}
+    assert off.resident() == {"params": n, "grads": n, "moments": 0, "reference": 0}
     opt.step()  # the pre-hook brings the moments back first
-    assert off.resident() == {"params": n, "grads": n, "moments": 2 * n + steps}
+    assert off.resident() == {"params": n, "grads": n, "moments": 2 * n + steps, "reference": 0}
     assert offload.TrainerOffload(model, opt, enabled=False).resident()["params"] == n
+
+
+def test_the_kl_reference_goes_with_the_trainer_and_comes_back_for_the_update(tiny):
+    """The frozen bf16 reference is read only by the update: it waits in host RAM with the
+    parameters during the rollouts and comes back with them (reload(optimizer=False)), bit for
+    bit, before the update's forward."""
+    model, opt = _tiny_with_moments(tiny)
+    ref = copy.deepcopy(tiny[0]).to(torch.bfloat16).requires_grad_(False)
+    before = [p.clone() for p in ref.parameters()]
+    off = offload.TrainerOffload(model, opt, reference=ref)
+    n = sum(p.untyped_storage().nbytes() for p in ref.parameters())
+    assert off.resident()["reference"] == n
+    freed = off.offload()
+    assert off.resident()["reference"] == 0 and freed >= n
+    assert all(p.untyped_storage().nbytes() == 0 for p in ref.parameters())
+    off.reload(optimizer=False)  # the update's start: parameters and reference, no moments
+    assert off.resident()["reference"] == n and off.resident()["moments"] == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, ref.parameters()))
+    off.reload()
 
 
 def test_state_loaded_from_a_checkpoint_offloads_too(tiny):

@@ -123,16 +123,16 @@ def test_the_phases_by_hand():
     """Every phase from its terms (module docstring), at 8 GPUs and TP 4 of an MoE model, so the
     context is the CUDA context and 3 NCCL communicators: dropping any term fails one of these."""
     kinds = preflight.state_kinds(TRAINER)
-    assert kinds == {"params": 4.0, "moments": 8.0, "grads": 4.0, "fixed": 2.5, "update": 6.0,
-                     "step": 1.0}
+    assert kinds == {"params": 4.0, "moments": 8.0, "grads": 4.0, "reference": 2.0, "fixed": 0.5,
+                     "update": 6.0, "step": 1.0}
     ctx = preflight.CUDA_CONTEXT_GIB + 3 * preflight.NCCL_GIB
     assert preflight.context_gib(8, 4, moe=True) == ctx == 4.0
     for offload in (False, True):
         ph = preflight.phases(TRAINER, VLLM, world=8, tp=4, card=80.0, offload=offload, moe=True)
-        between = 2.5 if offload else 14.5  # offloaded, the reference and buffers stay
+        between = 0.5 if offload else 14.5  # offloaded, the buffers stay (the reference goes)
         # vLLM starts beside the fp32 shards and the reference (the moments do not exist yet);
-        # offloaded, the shards are in host RAM before it starts
-        assert ph["start-up"] == pytest.approx(4.0 * (not offload) + 2.5 + ctx + 28.0)
+        # offloaded, the shards and the reference are in host RAM before it starts
+        assert ph["start-up"] == pytest.approx((4.0 + 2.0) * (not offload) + 0.5 + ctx + 28.0)
         assert ph["rollout"] == ph["kv wake"] == pytest.approx(between + ctx + 28.0)
         assert ph["update"] == pytest.approx(24.5 - 8.0 * offload + ctx + 0.1)
         assert ph["step"] == pytest.approx(19.5 + ctx + 0.1)
@@ -180,11 +180,12 @@ def test_host_ram_by_hand():
     """GB per node, every term: the main process's fp32 load (+ the bf16 reference), vLLM's sleep
     backups at twice their bytes (torch's pinned allocator rounds each up to a power of two:
     level 2 the CUDA graphs, level 1 the bf16 weights too), the offload arena at its exact 12
-    bytes per parameter, an export's fp32 state dict and bf16 copy, the checkpoints."""
+    bytes per parameter (14 with the bf16 reference), an export's fp32 state dict and bf16 copy,
+    the checkpoints."""
     n, graphs = 30 * 10**9, preflight.VLLM_GRAPHS_GIB * GIB
     two = preflight.host_ram(n, world=8, tp=4, sleep_level=2, offload=True, keep=3, kl=True)
     assert two == pytest.approx({"load": 6 * n / 1e9, "sleep": 2 * 8 * graphs / 1e9,
-                                 "offload": 12 * n / 1e9, "export": 6 * n / 1e9,
+                                 "offload": 14 * n / 1e9, "export": 6 * n / 1e9,
                                  "checkpoint": 12 * n / 1e9, "checkpoints kept": 36 * n / 1e9})
     one = preflight.host_ram(n, world=8, tp=4, sleep_level=1, offload=False, keep=1)
     assert one["load"] == pytest.approx(4 * n / 1e9) and one["offload"] == 0.0
