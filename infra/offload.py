@@ -18,10 +18,10 @@ models.
 What the freed memory can serve depends on the caller's order. vLLM's KV cache is a pool of its
 own (cuMemCreate under sleep mode), not torch's caching allocator: storage freed here stays in
 torch's cache until `torch.cuda.empty_cache()`, which offload() calls, and it helps the KV cache
-only if the KV cache is mapped after the offload. So train.py wakes vLLM's weights for the sync
-while the trainer's state is on the device, offloads at the next step's start, and only then
-maps the KV cache (engine.VLLMEngine.wake); the resume loads the optimizer state while vLLM
-sleeps. `resident()` says where the state is at any moment (tests/test_memory_order.py replays
+only if the KV cache is mapped after the offload. So the first offload runs before vLLM starts
+(run.Run: vLLM maps its KV cache at start-up), train.py wakes vLLM's weights for the sync while
+the trainer's state is on the device, offloads at the next step's start, and only then maps the
+KV cache (engine.VLLMEngine.wake); the resume loads the optimizer state while vLLM sleeps. `resident()` says where the state is at any moment (tests/test_memory_order.py replays
 the loop's order on a ledger of device memory with it).
 
 Deviations: none from the paper (it does not say where its trainer state lives). The host copies

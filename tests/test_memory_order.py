@@ -243,11 +243,12 @@ def check(plan: dict, timeline: list) -> list[str]:
     return wrong
 
 
-def on_ledger(row, tmp_path, monkeypatch, before_fix: bool = False) -> tuple[dict, list]:
-    """(the plan of a README row, the loop's timeline on a Ledger of it)."""
+def on_ledger(row, tmp_path, monkeypatch, **order) -> tuple[dict, list]:
+    """(the plan of a README row, the loop's timeline on a Ledger of it; `order`: run_on_ledger's
+    earlier orders)."""
     plan, cfg = row_plan(row), row_args(row)
     return plan, run_on_ledger(plan, tmp_path, monkeypatch, offload_trainer=cfg.model.offload_trainer,
-                               kl_coef=cfg.grpo.kl_coef, before_fix=before_fix)
+                               kl_coef=cfg.grpo.kl_coef, **order)
 
 
 def ledger_rows():
@@ -351,3 +352,21 @@ def test_the_order_before_the_fix_runs_out_of_memory(row, tmp_path, monkeypatch,
     assert seen["kv wake"] == pytest.approx(held + plan["phases"]["context"] +
                                             plan["vllm"]["share"], rel=0.01)
     assert check(plan, timeline)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", [r for r in ledger_rows() if "--offload_trainer" in r[4]],
+                         ids=row_id)
+def test_vllm_started_beside_the_trainer_state_does_not_fit_the_rows_util(row, tmp_path,
+                                                                          monkeypatch, capsys):
+    """The start-up before round 3's fix: vLLM built beside the fp32 shards (and the KL
+    reference), offloaded only at the first step. At the util each offload row now takes, the
+    one its rollout allows, that start-up is above the card: vLLM would refuse to start."""
+    plan, timeline = on_ledger(row, tmp_path, monkeypatch, vllm_first=True)
+    with capsys.disabled():
+        seen = show(f", vLLM first, {row_id(row)}", plan, timeline)
+    kinds = preflight.state_kinds(plan["trainer"])
+    beside = kinds["params"] + kinds["reference"] + kinds["fixed"]
+    assert seen["start-up"] == pytest.approx(beside + plan["phases"]["context"] +
+                                             plan["vllm"]["share"], rel=0.01)
+    assert seen["start-up"] > plan["card"] >= plan["phases"]["start-up"]
