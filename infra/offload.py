@@ -21,8 +21,9 @@ torch's cache until `torch.cuda.empty_cache()`, which offload() calls, and it he
 only if the KV cache is mapped after the offload. So the first offload runs before vLLM starts
 (run.Run: vLLM maps its KV cache at start-up), train.py wakes vLLM's weights for the sync while
 the trainer's state is on the device, offloads at the next step's start, and only then maps the
-KV cache (engine.VLLMEngine.wake); the resume loads the optimizer state while vLLM sleeps. `resident()` says where the state is at any moment (tests/test_memory_order.py replays
-the loop's order on a ledger of device memory with it).
+KV cache (engine.VLLMEngine.wake); the resume loads the optimizer state while vLLM sleeps.
+`resident()` says where the state is at any moment (tests/test_memory_order.py replays the
+loop's order on a ledger of device memory with it).
 
 Deviations: none from the paper (it does not say where its trainer state lives). The host copies
 live in one arena per process holding exactly their bytes (each storage's slot on an ALIGN
