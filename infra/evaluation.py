@@ -56,14 +56,18 @@ def eval_config(suites: str, args: str, world: int = 1):
     if not names or unknown:
         raise SystemExit(f"--eval_suites: {', '.join(unknown) or 'none given'}: use "
                          f"{', '.join(E.SUITES)}")
-    parser = HfArgumentParser(E.EvalConfig)
-    (cfg,) = parser.parse_args_into_dataclasses(args=shlex.split(args) + ["--suites",
-                                                                         ",".join(names)])
-    default = E.EvalConfig()
-    given = [n for n in REFUSED if getattr(cfg, n) != getattr(default, n)]  # abbreviations too
+    argv = shlex.split(args)
+    fields = [f.name for f in dataclasses.fields(E.EvalConfig)]
+    given = set()
+    for flag in (a[2:].split("=")[0] for a in argv if a.startswith("--")):
+        # a flag as argparse reads it: the field of that name, else the one it abbreviates
+        given |= set([n for n in fields if n == flag] or [n for n in fields if n.startswith(flag)])
+    given = [n for n in REFUSED if n in given]
     if given:
         raise SystemExit(f"--eval_args: --{', --'.join(given)} is the run's own (its engine, "
                          "weights and directory); leave it out")
+    parser = HfArgumentParser(E.EvalConfig)
+    (cfg,) = parser.parse_args_into_dataclasses(args=argv + ["--suites", ",".join(names)])
     simulated = "tau2" in names or "acebench" in names and cfg.acebench_user_endpoint
     if world > 1 and simulated:
         raise SystemExit("--eval_suites: tau2 and ACEBench-Agent's user simulator would answer "
