@@ -39,9 +39,8 @@ class Run:
         # INFRA: collectives wait for the slowest rank (16k-token designer rounds, uneven
         # tensor-parallel groups): NCCL's 10-minute default would abort a healthy run
         timeout = [InitProcessGroupKwargs(timeout=pg_timeout(margs))]
-        trackers = rargs.log_with.split(",") if rargs.log_with else None  # "tensorboard,wandb"
-        self.accelerator = acc = Accelerator(log_with=trackers, project_dir=rargs.output_dir,
-                                             kwargs_handlers=timeout)
+        self.accelerator = acc = Accelerator(log_with=trackers(rargs.log_with),
+                                             project_dir=rargs.output_dir, kwargs_handlers=timeout)
         self.run_dir = Path(rargs.output_dir)
         self.cfg = config.config_dict(cfg)
         self.resume_from = rundir.prepare_run_dir(self.run_dir, self.cfg, rargs, acc)
@@ -49,10 +48,9 @@ class Run:
         self.rank, self.world, self.main = acc.process_index, acc.num_processes, acc.is_main_process
         # this rank's designer slots
         self.n_slots = len(range(self.rank, cfg.loop.num_envs, self.world))
-        # --eval_every: its flags checked before any weight loads; eval_row: the next row's eval/*
         self.evaluation = evaluation.from_config(cfg, self.run_dir, self.rank, self.world,
-                                                 self.gather)
-        self.eval_row: dict = {}
+                                                 self.gather)  # --eval_every, before any weights
+        self.eval_row: dict = {}  # the next metrics row's eval/* and time/eval_s (evaluate)
         check_vllm_fits(margs, self.world)  # before any weight loads
         fp32_gradient_reduce(acc)
         # fp32 master weights (bf16 compute comes from Accelerate's mixed precision); the
@@ -228,6 +226,11 @@ class Run:
         self.engine.close()  # before end_training: vLLM tears its process groups down first
         self.accelerator.end_training()
         return self.run_dir
+
+
+def trackers(log_with: str | None) -> list[str] | None:
+    """--log_with's Accelerate trackers: "tensorboard,wandb" is two."""
+    return [t.strip() for t in log_with.split(",") if t.strip()] if log_with else None
 
 
 def wants_vllm(margs) -> bool:

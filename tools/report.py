@@ -4,12 +4,12 @@ SPADE (arXiv 2608.19197) shows a run two ways: curves of the curriculum over tra
 (Sec. 4: agent return, hint-based regret (Eq. 3), learnable share, designer validity, diversity),
 the held-out benchmarks over training when the run evaluated them (--eval_every: one panel per
 suite, the untrained model's value dashed, the best step named as `eval.py --checkpoints` names
-it, as Figs. 6, 11, 12, 14-16 plot them), and environment cards (Figure 2: the agent's first observation, the designer-written code, the
-privileged hint). This file draws both from the run directory `train.py` writes, into one
-self-contained HTML file: no network, no external assets and no script; curves are inline SVG
-(matplotlib, Agg), code is highlighted by pygments, and every piece of run text (observations,
-replies, sources, hints, error messages) is HTML-escaped, so a model that writes `<script>` or
-`</div>` cannot change the page.
+it, as Figs. 6, 11, 12, 14-16 plot them), and environment cards (Figure 2: the agent's first
+observation, the designer-written code, the privileged hint). This file draws them from the run
+directory `train.py` writes, into one self-contained HTML file: no network, no external assets
+and no script; curves are inline SVG (matplotlib, Agg), code is highlighted by pygments, and
+every piece of run text (observations, replies, sources, hints, error messages) is HTML-escaped,
+so a model that writes `<script>` or `</div>` cannot change the page.
 
 It reads only the run directory, through infra/rundir.py's readers (that module's docstring is
 the directory's schema). A run still writing, a truncated last line or a missing file gives a
