@@ -378,9 +378,12 @@ def role_temperatures(cfg: Config) -> dict:
 
 
 def config_dict(cfg: Config) -> dict:
-    """The run's configuration as saved in config.json (a resume compares against it)."""
+    """The run's configuration as saved in config.json (a resume compares against it): what
+    decides the training, not how it is logged or looked at (the held-out evaluation's flags are
+    in each eval/step-<k>/results.json, so a resumed run may add or change them)."""
     out = cfg.flat()
     for k in ("resume", "allow_config_change", "overwrite", "output_dir", "log_with",
-              "print_config", "process_group_timeout", "preflight", "gpu", "gpus"):
+              "print_config", "process_group_timeout", "preflight", "gpu", "gpus",
+              "eval_every", "eval_suites", "eval_args"):
         out.pop(k, None)
     return out
