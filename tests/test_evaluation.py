@@ -37,16 +37,14 @@ def eval_run(tmp_path_factory):
     """Five steps, evaluated at steps 0, 2, 4 and after the last (5), logged to all three
     trackers offline (W&B's files in the run directory, trackio's store in its own)."""
     out = tmp_path_factory.mktemp("evalrun")
-    saved = {k: os.environ.get(k) for k in ("WANDB_MODE", "TRACKIO_DIR", "WANDB_SILENT")}
-    os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true",
-                      TRACKIO_DIR=str(out / "trackio"))
-    try:
-        run = train.main(RUN + ["--output_dir", str(out / "run"),
-                                "--log_with", "tensorboard,wandb,trackio"])
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-    return run
+    # trackio reads TRACKIO_DIR once, when first imported (here, by Accelerate's tracker)
+    assert "trackio" not in sys.modules, "trackio was imported before its store could be set"
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in (("WANDB_MODE", "offline"), ("WANDB_SILENT", "true"),
+                           ("TRACKIO_DIR", str(out / "trackio"))):
+            mp.setenv(key, value)
+        return train.main(RUN + ["--output_dir", str(out / "run"),
+                                 "--log_with", "tensorboard,wandb,trackio"])
 
 
 def rows(run):
