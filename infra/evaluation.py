@@ -14,8 +14,9 @@ from the run itself rather than from `eval.py --checkpoints` over exports afterw
 What runs: eval.evaluate with the EvalConfig of --eval_suites and --eval_args (any eval.py flag but
 those naming a model, an engine or an output: the run decides them, REFUSED), through
 eval.EngineSampler on the run's engine, so step k's numbers are eval.py's on exports/step-k with
-the same flags where the engine samples in the shipped dtype (the tiny models; vLLM): the test
-checks it on a tiny run.
+the same flags where the engine samples in the shipped dtype: the tiny models (fp32 weights and
+sampling; the test checks every reply), and vLLM (bf16; not compared here). The transformers
+engine samples a real model from the fp32 masters, its export is bf16.
 
 Several ranks (RankShare): every sampler call's conversations are cut into contiguous shares, one
 per rank; each rank samples its own (under vLLM prompt i keeps the seed, seed + i, it has on one
