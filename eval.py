@@ -199,7 +199,9 @@ def build_sampler(cfg: "EvalConfig"):
                          stop_ids=[agent.turn_end(tokenizer)[1]])
     else:
         from infra.engine import TransformersEngine
-        model, tokenizer = models.load_model_and_tokenizer(cfg.model)
+        # in the dtype it ships in (a tiny run's exports: fp32, as the run sampled them)
+        model, tokenizer = models.load_model_and_tokenizer(
+            cfg.model, dtype=models.shipped_dtype(cfg.model))
         gen = TransformersEngine(model, tokenizer, stop_ids=[agent.turn_end(tokenizer)[1]],
                                  max_batch_tokens=cfg.batch_tokens, progress=True)
     return EngineSampler(gen, tokenizer, enable_thinking=cfg.enable_thinking,
@@ -552,10 +554,14 @@ def writes() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def evaluate(cfg: EvalConfig, sampler=None) -> dict:
-    """Run the configured suites; write results.json, samples/<suite>.jsonl and table1.md (rank 0
-    of a torchrun launch)."""
+def evaluate(cfg: EvalConfig, sampler=None, write: bool | None = None) -> dict:
+    """Run the configured suites; write results.json, samples/<suite>.jsonl and table1.md (not
+    when `write` is False: train.py's ranks but the main one, infra/evaluation.py; None: rank 0
+    of a torchrun launch writes, writes())."""
     out = Path(cfg.output_dir)
+    write = writes() if write is None else write
+    if write:
+        (out / "samples").mkdir(parents=True, exist_ok=True)
     sampler = sampler or build_sampler(cfg)
     metrics, timing, notes = {}, {}, {}
     for suite in [s.strip() for s in cfg.suites.split(",") if s.strip()]:
@@ -566,16 +572,14 @@ def evaluate(cfg: EvalConfig, sampler=None) -> dict:
         key = "aime" if suite.startswith("aime") else suite.removesuffix("_v6")
         if key in SCORER_NOTES:
             notes[suite] = SCORER_NOTES[key]
-        if writes():
-            (out / "samples").mkdir(parents=True, exist_ok=True)
+        if write:
             with open(out / "samples" / f"{suite}.jsonl", "w", encoding="utf-8") as f:
                 f.writelines(json.dumps(r, default=str) + "\n" for r in records)
     row = table1_row(metrics, Path(cfg.model).name or cfg.model)
     results = {"config": asdict(cfg), "sampling": {s: suite_sampling(s, cfg) for s in timing},
                "metrics": metrics, "timing_s": timing, "notes": notes,
                "versions": _versions(), "table1_markdown": row}
-    if writes():
-        out.mkdir(parents=True, exist_ok=True)
+    if write:
         (out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
         (out / "table1.md").write_text(row, encoding="utf-8")
     return results
@@ -584,11 +588,8 @@ def evaluate(cfg: EvalConfig, sampler=None) -> dict:
 def sweep_checkpoints(cfg: EvalConfig, sampler=None) -> dict:
     """The paper's best-checkpoint protocol: every policy export of a training run (train.py
     --export_every, <run>/exports/step-<k>) through the configured suites, each into
-    <output_dir>/step-<k>; writes checkpoints.md (one Table-1 row per export), checkpoints.csv (the
-    cells per step: the trajectories) and checkpoints.json, and names the export with the best mean
-    of the cells run (the eight-benchmark average when all suites run). One engine serves every
-    export: the next export's weights are loaded into it."""
-    import csv
+    <output_dir>/step-<k>; writes the summary (write_sweep) and names the best export. One engine
+    serves every export: the next export's weights are loaded into it."""
     exports = sorted(Path(cfg.checkpoints, "exports").glob("step-*[0-9]"),
                      key=lambda p: int(p.name[5:]))
     if not exports:
@@ -604,14 +605,30 @@ def sweep_checkpoints(cfg: EvalConfig, sampler=None) -> dict:
             sampler = build_sampler(sub)
         elif hasattr(sampler, "engine"):  # the export's weights into the running engine
             from infra import models
-            sampler.engine.sync_weights(models.load_model_and_tokenizer(str(path))[0])
-        *cells, avg = table1_cells(evaluate(sub, sampler)["metrics"])
-        rows.append({"checkpoint": path.name, "step": int(path.name[5:]),
-                     **dict(zip([n for n, _ in TABLE1], cells)), "Avg": avg,
-                     "cells": sum(c is not None for c in cells)})
+            sampler.engine.sync_weights(models.load_model_and_tokenizer(
+                str(path), dtype=models.shipped_dtype(str(path)))[0])
+        rows.append(sweep_row(path.name, int(path.name[5:]), evaluate(sub, sampler)["metrics"]))
+    return write_sweep(out, rows, cfg.checkpoints, write=writes())
+
+
+def sweep_row(name: str, step: int, metrics: dict) -> dict:
+    """One evaluated checkpoint's row of the sweep: its Table-1 cells and their mean ("Avg", over
+    the cells run; None without one), and how many cells ran."""
+    *cells, avg = table1_cells(metrics)
+    return {"checkpoint": name, "step": step, **dict(zip([n for n, _ in TABLE1], cells)),
+            "Avg": avg, "cells": sum(c is not None for c in cells)}
+
+
+def write_sweep(out: Path, rows: list[dict], run: str, write: bool = True) -> dict:
+    """checkpoints.md (one Table-1 row per checkpoint), checkpoints.csv (the cells per step: the
+    trajectories) and checkpoints.json in `out`, naming the checkpoint with the best mean of the
+    cells run (the eight-benchmark average when all suites run; the first of equals); without
+    `write` only the summary (a torchrun rank but 0). Also what train.py --eval_every writes
+    after each evaluation (infra/evaluation.py)."""
+    import csv
     best = max(rows, key=lambda r: -1.0 if r["Avg"] is None else r["Avg"])
-    summary = {"run": cfg.checkpoints, "rows": rows, "best": best["checkpoint"]}
-    if not writes():
+    summary = {"run": run, "rows": rows, "best": best["checkpoint"]}
+    if not write:
         return summary
     with open(out / "checkpoints.csv", "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))

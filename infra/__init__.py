@@ -22,8 +22,10 @@ train.grpo_update) and the weight sync (`run.engine.sync_weights`); train()'s on
     offload.py    --offload_trainer: trainer state to host RAM while vLLM generates
     baseline.py   the Fixed-env GRPO baseline's pool and draws; the fallback top-up
     imported.py   GEM / Gymnasium / OpenEnv environments in a pool; --memory_from
+    evaluation.py eval.py's held-out suites during the run (--eval_every), on its own engine
 
 Leaves (engine, logprobs, models, metrics, telemetry, offload, preflight, config, rundir) import
 nothing of this repository; run, sampling, baseline and imported import the leaves (sampling:
-agent.py). Nothing here imports train.py, eval.py or tools/ (tools/ imports rundir).
+agent.py); evaluation imports eval.py (lazily, inside its functions: the run that asks for it).
+Nothing else here imports train.py or eval.py, and nothing tools/ (tools/ imports rundir).
 """

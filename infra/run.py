@@ -3,7 +3,8 @@ and frozen reference, the rollout engine and the sampler bound to it, and the di
 (process groups, FSDP2, the engine's limits). A reader of Algorithm 1 may skip this file: what the
 paper logs is computed in metrics.py, what it trains in train.py. The run directory's files
 (metrics.jsonl rows, reduced over ranks here; checkpoints, exports, the per-step files) are
-written by rundir.py, whose docstring is their schema.
+written by rundir.py, whose docstring is their schema; the held-out evaluations during the run
+(--eval_every) by evaluation.py.
 Test: `pytest tests/test_train.py`.
 """
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import importlib.util
+import json
 import os
 import tempfile
 import time
@@ -23,8 +25,8 @@ from tqdm.auto import tqdm
 
 import agent
 import grpo
-from infra import (config, engine, metrics, models, offload, preflight, rundir, sampling,
-                   telemetry)
+from infra import (config, engine, evaluation, metrics, models, offload, preflight, rundir,
+                   sampling, telemetry)
 
 
 class Run:
@@ -38,8 +40,8 @@ class Run:
         # INFRA: collectives wait for the slowest rank (16k-token designer rounds, uneven
         # tensor-parallel groups): NCCL's 10-minute default would abort a healthy run
         timeout = [InitProcessGroupKwargs(timeout=pg_timeout(margs))]
-        self.accelerator = acc = Accelerator(log_with=rargs.log_with, project_dir=rargs.output_dir,
-                                             kwargs_handlers=timeout)
+        self.accelerator = acc = Accelerator(log_with=trackers(rargs.log_with),
+                                             project_dir=rargs.output_dir, kwargs_handlers=timeout)
         self.run_dir = Path(rargs.output_dir)
         self.cfg = config.config_dict(cfg)
         self.resume_from = rundir.prepare_run_dir(self.run_dir, self.cfg, rargs, acc)
@@ -47,6 +49,9 @@ class Run:
         self.rank, self.world, self.main = acc.process_index, acc.num_processes, acc.is_main_process
         # this rank's designer slots
         self.n_slots = len(range(self.rank, cfg.loop.num_envs, self.world))
+        self.evaluation = evaluation.from_config(cfg, self.run_dir, self.rank, self.world,
+                                                 self.gather)  # --eval_every, before any weights
+        self.eval_row: dict = {}  # the next metrics row's eval/* and time/eval_s (evaluate)
         check_vllm_fits(margs, self.world)  # before any weight loads
         fp32_gradient_reduce(acc)
         # fp32 master weights (bf16 compute comes from Accelerate's mixed precision); the
@@ -77,9 +82,6 @@ class Run:
         # need vLLM
         sharded = acc.distributed_type.value == "DEEPSPEED" or (
             fsdp is not None and getattr(fsdp, "fsdp_version", 1) != 2)
-        if margs.offload_trainer and not wants_vllm(margs):
-            raise SystemExit("--offload_trainer needs the vLLM engine (the transformers engine "
-                             "generates with the trainer's own weights)")
         # the trainer's state (and the KL reference) in host RAM while vLLM generates (no-ops
         # without the flag), away before vLLM starts: it wants util x card free at start-up
         self.offload = offload.TrainerOffload(self.model, self.optimizer,
@@ -115,10 +117,13 @@ class Run:
     def steps(self, start: int, sandbox_level: str):
         """The steps still to run, as the main process's progress bar. Each step starts with the
         rollouts' memory, in this order: the trainer's state to host RAM (--offload_trainer),
-        then vLLM's KV cache mapped (released since the last update) into what that freed (both
-        no-ops at a first step: the state left before vLLM started, beside no KV cache)."""
-        if self.main:
-            self.accelerator.init_trackers("spade", config=self.cfg)
+        then vLLM's KV cache mapped (released since the last update) into what that freed (at a
+        fresh run's first step both are no-ops: the state left before vLLM started, whose KV
+        cache has been mapped since)."""
+        if self.main:  # W&B's offline files in the run directory; each tracker's run named as it
+            name = self.run_dir.resolve().name
+            self.accelerator.init_trackers("spade", config=self.cfg, init_kwargs={
+                "wandb": {"dir": str(self.run_dir), "name": name}, "trackio": {"name": name}})
             print(f"[spade] run dir {self.run_dir.resolve()}  sandbox level: {sandbox_level}  "
                   f"world {self.world}")
         steps = self.config.loop.steps
@@ -141,6 +146,28 @@ class Run:
         self.offload.reload(optimizer=False)
         yield
         self.offload.reload()
+
+    def evaluate(self, step: int) -> None:
+        """INFRA: the held-out suites (--eval_every, evaluation.py) on the current weights, when
+        `step` is due: a step's before its phases (its eval/* and time/eval_s join the step's
+        row), step S after the last update, in a row of its own, with the rollouts' memory of a
+        step's start (the trainer's state off the device, vLLM's KV cache mapped) and the
+        update's after it, as finish() expects."""
+        if self.evaluation is None or not self.evaluation.due(step):
+            return
+        last = step == self.config.loop.steps
+        if last:
+            self.offload.offload()
+            self.engine.wake()
+        self.eval_row = self.evaluation.run(step, self.engine, self.tokenizer,
+                                            max_model_len(self.config))
+        if last:
+            self.engine.sleep()
+            self.offload.reload()
+            row, self.eval_row = {**self.eval_row, "charts/step": step}, {}
+            if self.main:
+                rundir.append_metrics(self.run_dir, row)
+                self.accelerator.log(row, step=step)
 
     def gather(self, items: list) -> list:
         """Every rank's items, rank after rank (a collective: every rank calls it)."""
@@ -167,6 +194,7 @@ class Run:
             update_flops=m.get("perf/update_flops", 0.0), peak=self.peak,
             sleep_s=engine_s.get("sleep", 0.0)))
         m = {**(reduce_metrics(self.gather([m])) if self.world > 1 else m), "charts/step": step}
+        m, self.eval_row = {**m, **self.eval_row}, {}  # the same on every rank: not reduced
         if self.main:
             rundir.append_metrics(self.run_dir, {**m, "sandbox/level": sandbox_level})
             self.accelerator.log(m, step=step)
@@ -192,6 +220,10 @@ class Run:
         self.offload.reload()  # a run with no step left exports what the start-up offloaded
         rundir.export_policy(self.accelerator, self.model, self.tokenizer,
                              self.run_dir / "final_model", self.shipped)
+        best = self.run_dir / "eval" / "checkpoints.json"
+        if self.main and self.evaluation is not None and best.is_file():
+            print(f"[spade] held-out best: {json.loads(best.read_text())['best']} "
+                  f"({self.run_dir / 'eval' / 'checkpoints.md'})")
         if self.main:
             print(f"[spade] done: metrics {self.run_dir / 'metrics.jsonl'}, "
                   f"policy {self.run_dir / 'final_model'}; its page: python -m tools.report "
@@ -214,6 +246,11 @@ def expandable_segments(environ) -> None:
     conf = environ.get(name, "")
     if "expandable_segments" not in conf:
         environ[name] = ",".join(filter(None, [conf, "expandable_segments:True"]))
+
+
+def trackers(log_with: str | None) -> list[str] | None:
+    """--log_with's Accelerate trackers: "tensorboard,wandb" is two."""
+    return [t.strip() for t in log_with.split(",") if t.strip()] if log_with else None
 
 
 def wants_vllm(margs) -> bool:
@@ -241,9 +278,13 @@ def mfu_peak(config, main: bool) -> float | None:
 
 
 def check_vllm_fits(margs, world: int) -> None:
-    """INFRA: fail fast, before anything loads, when the TP size does not divide the processes or
-    vLLM's share of the card (--gpu_memory_utilization x card memory) cannot hold one rank's
-    share of the shipped weights (counted from the architecture: engine.vllm_fit_error)."""
+    """INFRA: fail fast, before anything loads, when --offload_trainer has no vLLM to free the
+    GPU for, the TP size does not divide the processes or vLLM's share of the card
+    (--gpu_memory_utilization x card memory) cannot hold one rank's share of the shipped weights
+    (counted from the architecture: engine.vllm_fit_error)."""
+    if margs.offload_trainer and not wants_vllm(margs):
+        raise SystemExit("--offload_trainer needs the vLLM engine (the transformers engine "
+                         "generates with the trainer's own weights)")
     card = card_bytes() if wants_vllm(margs) else None  # None: only the TP check (CPU, no vLLM)
     weights = 0 if card is None else \
         models.parameter_count(margs.model) * models.shipped_dtype(margs.model).itemsize
