@@ -31,7 +31,9 @@ loaded and cached as that JSONL file.
 
 Deviations: suites/table1.py (Table 1), suites/toolbench.py and suites/acebench.py (tool use).
 
-Usage (multi-GPU tensor parallelism: serve the model with `vllm serve` and use --endpoint):
+Usage (tensor parallelism: one process per GPU, `torchrun --nproc_per_node 2 eval.py ...
+--tensor_parallel_size 2`, every rank running the same prompts, rank 0 writing the outputs; or
+serve the model with `vllm serve` and use --endpoint):
     python eval.py --model runs/spade/checkpoint-400 --engine vllm --output_dir runs/eval/spade
     python eval.py --endpoint http://localhost:8000/v1 --model Qwen/Qwen3-8B \
         --suites aime2025,gpqa_diamond
@@ -50,6 +52,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -174,7 +177,17 @@ def build_sampler(cfg: "EvalConfig"):
     from infra import models  # siblings; heavy imports stay out of the test path
     # the chat's end of turn (agent.turn_end) stops a reply, whatever the EOS is
     # tiny models (built in memory) always run on transformers; a saved one can run on vLLM
-    if cfg.engine == "vllm" and cfg.model not in models.TINY_MODELS:
+    tiny = cfg.model in models.TINY_MODELS
+    if tiny and (cfg.engine != "transformers" or cfg.tensor_parallel_size != 1):
+        print(f"eval.py: {cfg.model} is built in memory and runs on the transformers engine "
+              "(--engine and --tensor_parallel_size apply to a saved model)", file=sys.stderr)
+    world, tp = int(os.environ.get("WORLD_SIZE", "1")), cfg.tensor_parallel_size
+    if cfg.engine == "vllm" and not tiny and world % tp:  # one process: vLLM would wait forever
+        raise SystemExit(f"eval.py: --tensor_parallel_size {tp} needs {tp} processes, one per "
+                         f"GPU, and this launch has {world}: torchrun --nproc_per_node {tp} "
+                         f"eval.py ..., or serve the model (vllm serve MODEL "
+                         f"--tensor-parallel-size {tp}) and pass --endpoint")
+    if cfg.engine == "vllm" and not tiny:
         from transformers import AutoTokenizer
 
         from infra.engine import VLLMEngine
@@ -535,10 +548,18 @@ def _versions() -> dict:
     return out
 
 
-def evaluate(cfg: EvalConfig, sampler=None, write: bool = True) -> dict:
+def writes() -> bool:
+    """Whether this process writes the outputs: under torchrun (tensor parallelism) every rank
+    runs the same prompts and rank 0 writes."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def evaluate(cfg: EvalConfig, sampler=None, write: bool | None = None) -> dict:
     """Run the configured suites; write results.json, samples/<suite>.jsonl and table1.md (not
-    when `write` is False: train.py's ranks but the main one, infra/evaluation.py)."""
+    when `write` is False: train.py's ranks but the main one, infra/evaluation.py; None: rank 0
+    of a torchrun launch writes, writes())."""
     out = Path(cfg.output_dir)
+    write = writes() if write is None else write
     if write:
         (out / "samples").mkdir(parents=True, exist_ok=True)
     sampler = sampler or build_sampler(cfg)
@@ -587,7 +608,7 @@ def sweep_checkpoints(cfg: EvalConfig, sampler=None) -> dict:
             sampler.engine.sync_weights(models.load_model_and_tokenizer(
                 str(path), dtype=models.shipped_dtype(str(path)))[0])
         rows.append(sweep_row(path.name, int(path.name[5:]), evaluate(sub, sampler)["metrics"]))
-    return write_sweep(out, rows, cfg.checkpoints)
+    return write_sweep(out, rows, cfg.checkpoints, write=writes())
 
 
 def sweep_row(name: str, step: int, metrics: dict) -> dict:
@@ -598,13 +619,17 @@ def sweep_row(name: str, step: int, metrics: dict) -> dict:
             "Avg": avg, "cells": sum(c is not None for c in cells)}
 
 
-def write_sweep(out: Path, rows: list[dict], run: str) -> dict:
+def write_sweep(out: Path, rows: list[dict], run: str, write: bool = True) -> dict:
     """checkpoints.md (one Table-1 row per checkpoint), checkpoints.csv (the cells per step: the
     trajectories) and checkpoints.json in `out`, naming the checkpoint with the best mean of the
-    cells run (the eight-benchmark average when all suites run; the first of equals). Also what
-    train.py --eval_every writes after each evaluation (infra/evaluation.py)."""
+    cells run (the eight-benchmark average when all suites run; the first of equals); without
+    `write` only the summary (a torchrun rank but 0). Also what train.py --eval_every writes
+    after each evaluation (infra/evaluation.py)."""
     import csv
     best = max(rows, key=lambda r: -1.0 if r["Avg"] is None else r["Avg"])
+    summary = {"run": run, "rows": rows, "best": best["checkpoint"]}
+    if not write:
+        return summary
     with open(out / "checkpoints.csv", "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -614,7 +639,6 @@ def write_sweep(out: Path, rows: list[dict], run: str) -> dict:
     note = (f"\nBest: {best['checkpoint']} (mean of {best['cells']} Table-1 cells: "
             f"{100 * (best['Avg'] or 0):.1f})\n")
     (out / "checkpoints.md").write_text(table + note, encoding="utf-8")
-    summary = {"run": run, "rows": rows, "best": best["checkpoint"]}
     (out / "checkpoints.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     return summary
 
@@ -630,7 +654,8 @@ def main(argv=None):
     try:
         if cfg.checkpoints:
             summary = sweep_checkpoints(cfg)
-            print((Path(cfg.output_dir) / "checkpoints.md").read_text(encoding="utf-8"))
+            if writes():
+                print((Path(cfg.output_dir) / "checkpoints.md").read_text(encoding="utf-8"))
             return summary
         try:
             sampler = build_sampler(cfg)
@@ -640,8 +665,9 @@ def main(argv=None):
         results = evaluate(cfg, sampler)
     except MissingDataset as e:
         raise SystemExit(f"eval.py: {e}") from None
-    print(json.dumps(results["metrics"], indent=2))
-    print(results["table1_markdown"])
+    if writes():
+        print(json.dumps(results["metrics"], indent=2))
+        print(results["table1_markdown"])
 
 
 if __name__ == "__main__":

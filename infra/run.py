@@ -36,6 +36,7 @@ class Run:
     def __init__(self, cfg: config.Config):
         self.config = cfg
         margs, rargs = cfg.model, cfg.run
+        expandable_segments(os.environ)  # before CUDA starts (Accelerator below starts it)
         # INFRA: collectives wait for the slowest rank (16k-token designer rounds, uneven
         # tensor-parallel groups): NCCL's 10-minute default would abort a healthy run
         timeout = [InitProcessGroupKwargs(timeout=pg_timeout(margs))]
@@ -81,14 +82,13 @@ class Run:
         # need vLLM
         sharded = acc.distributed_type.value == "DEEPSPEED" or (
             fsdp is not None and getattr(fsdp, "fsdp_version", 1) != 2)
-        self.engine = make_engine(cfg, acc.unwrap_model(self.model), self.tokenizer,
-                                  rargs.seed, sharded)
-        if margs.offload_trainer and not isinstance(self.engine, engine.VLLMEngine):
-            raise SystemExit("--offload_trainer needs the vLLM engine (the transformers engine "
-                             "generates with the trainer's own weights)")
-        # the trainer's state in host RAM while vLLM generates (no-ops without the flag)
+        # the trainer's state (and the KL reference) in host RAM while vLLM generates (no-ops
+        # without the flag), away before vLLM starts: it wants util x card free at start-up
         self.offload = offload.TrainerOffload(self.model, self.optimizer,
+                                              reference=self.ref_model,
                                               enabled=margs.offload_trainer)
+        self.engine = make_engine(cfg, acc.unwrap_model(self.model), self.tokenizer,
+                                  rargs.seed, sharded, before_start=self.offload.offload)
         self.temperatures = config.role_temperatures(cfg)
         self.peak = mfu_peak(model.config, self.main)
         # the streams of every designer, hint and agent request: seeds from (seed, step, role, n)
@@ -97,11 +97,13 @@ class Run:
     def resume(self) -> dict | None:
         """With --resume: the checkpoint's weights and optimizer, the engine synced to them, and
         this rank's saved loop state (the metrics of the steps to replay are dropped). vLLM
-        sleeps first: the optimizer state lands on the device beside no KV cache (which comes
-        back at the first step, after the offload, as every step's does)."""
+        sleeps first and the parameters come back from the start-up offload: the optimizer state
+        lands on the device beside no KV cache (which comes back at the first step, after the
+        offload, as every step's does)."""
         if self.resume_from is None:
             return None
         self.engine.sleep()
+        self.offload.reload()
         self.accelerator.load_state(str(self.resume_from))
         st = rundir.load_state(self.resume_from, self.rank)
         if st["world"] != self.world:
@@ -115,7 +117,9 @@ class Run:
     def steps(self, start: int, sandbox_level: str):
         """The steps still to run, as the main process's progress bar. Each step starts with the
         rollouts' memory, in this order: the trainer's state to host RAM (--offload_trainer),
-        then vLLM's KV cache mapped (released since the last update) into what that freed."""
+        then vLLM's KV cache mapped (released since the last update) into what that freed (at a
+        fresh run's first step both are no-ops: the state left before vLLM started, whose KV
+        cache has been mapped since)."""
         if self.main:  # W&B's offline files in the run directory; each tracker's run named as it
             name = self.run_dir.resolve().name
             self.accelerator.init_trackers("spade", config=self.cfg, init_kwargs={
@@ -213,6 +217,7 @@ class Run:
 
     def finish(self) -> Path:
         """The final policy in Hugging Face format, for eval.py and for sharing."""
+        self.offload.reload()  # a run with no step left exports what the start-up offloaded
         rundir.export_policy(self.accelerator, self.model, self.tokenizer,
                              self.run_dir / "final_model", self.shipped)
         best = self.run_dir / "eval" / "checkpoints.json"
@@ -226,6 +231,21 @@ class Run:
         self.engine.close()  # before end_training: vLLM tears its process groups down first
         self.accelerator.end_training()
         return self.run_dir
+
+
+def expandable_segments(environ) -> None:
+    """INFRA: the trainer's CUDA allocator grows its segments by mapping pages (expandable
+    segments), so empty_cache returns every free page to the driver. With fixed segments one live
+    block (AdamW's moments, made lazily at the first step where freed activations were) pins its
+    whole segment, which vLLM's KV cache, a pool of its own, then cannot map. vLLM 0.32 turns the
+    option off inside its own pools and back on after (device_allocator/cumem.py). Set in the
+    allocator's variable (PYTORCH_ALLOC_CONF, else PYTORCH_CUDA_ALLOC_CONF) unless it names the
+    option already; read when CUDA starts."""
+    name = "PYTORCH_ALLOC_CONF" if environ.get("PYTORCH_ALLOC_CONF") else \
+        "PYTORCH_CUDA_ALLOC_CONF"
+    conf = environ.get(name, "")
+    if "expandable_segments" not in conf:
+        environ[name] = ",".join(filter(None, [conf, "expandable_segments:True"]))
 
 
 def trackers(log_with: str | None) -> list[str] | None:
@@ -258,9 +278,13 @@ def mfu_peak(config, main: bool) -> float | None:
 
 
 def check_vllm_fits(margs, world: int) -> None:
-    """INFRA: fail fast, before anything loads, when the TP size does not divide the processes or
-    vLLM's share of the card (--gpu_memory_utilization x card memory) cannot hold one rank's
-    share of the shipped weights (counted from the architecture: engine.vllm_fit_error)."""
+    """INFRA: fail fast, before anything loads, when --offload_trainer has no vLLM to free the
+    GPU for, the TP size does not divide the processes or vLLM's share of the card
+    (--gpu_memory_utilization x card memory) cannot hold one rank's share of the shipped weights
+    (counted from the architecture: engine.vllm_fit_error)."""
+    if margs.offload_trainer and not wants_vllm(margs):
+        raise SystemExit("--offload_trainer needs the vLLM engine (the transformers engine "
+                         "generates with the trainer's own weights)")
     card = card_bytes() if wants_vllm(margs) else None  # None: only the TP check (CPU, no vLLM)
     weights = 0 if card is None else \
         models.parameter_count(margs.model) * models.shipped_dtype(margs.model).itemsize
@@ -270,8 +294,10 @@ def check_vllm_fits(margs, world: int) -> None:
         raise SystemExit(error)
 
 
-def make_engine(cfg: config.Config, model, tokenizer, seed: int, sharded: bool):
-    """vLLM colocated on GPU when installed (or asked for); the transformers engine otherwise."""
+def make_engine(cfg: config.Config, model, tokenizer, seed: int, sharded: bool,
+                before_start=lambda: None):
+    """vLLM colocated on GPU when installed (or asked for), before_start() called just before it
+    starts; the transformers engine otherwise."""
     margs = cfg.model
     stops = [agent.turn_end(tokenizer)[1]]  # a base model's EOS is not its end of turn
     if wants_vllm(margs):
@@ -280,7 +306,8 @@ def make_engine(cfg: config.Config, model, tokenizer, seed: int, sharded: bool):
         world = int(os.environ.get("WORLD_SIZE", 1))
         return vllm_engine(margs, model, tokenizer, max_model_len=max_model_len(cfg), seed=seed,
                            stop_ids=stops, max_num_seqs=live_episodes(cfg, world),
-                           max_num_batched_tokens=preflight.MAX_NUM_BATCHED_TOKENS)
+                           max_num_batched_tokens=preflight.MAX_NUM_BATCHED_TOKENS,
+                           before_start=before_start)
     if sharded:  # ranks would generate different token counts through one sharded model
         raise SystemExit("DeepSpeed / FSDP1 runs need the vLLM engine (pip install -r "
                          "requirements/gpu.txt); FSDP2 runs can use either engine")
@@ -313,9 +340,9 @@ def live_episodes(cfg: config.Config, world: int) -> int:
                                                                           loop.hint_plays)
 
 
-def vllm_engine(margs, model, tokenizer, **kwargs):
+def vllm_engine(margs, model, tokenizer, before_start=lambda: None, **kwargs):
     """engine.VLLMEngine on margs.model, in its shipped dtype; a tiny model (built in memory, not
-    on disk) is saved to a temporary directory for vLLM to load."""
+    on disk) is saved to a temporary directory for vLLM to load, then before_start() runs."""
     name = models.resolve_model_name(margs.model)
     dtype = str(models.shipped_dtype(name)).removeprefix("torch.")
     with tempfile.TemporaryDirectory(prefix="spade-vllm-") as tmp:
@@ -323,6 +350,7 @@ def vllm_engine(margs, model, tokenizer, **kwargs):
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
             name = tmp
+        before_start()
         return engine.VLLMEngine(name, tensor_parallel_size=margs.tensor_parallel_size,
                                  gpu_memory_utilization=margs.gpu_memory_utilization,
                                  dtype=dtype, group_timeout=pg_timeout(margs), **kwargs)
