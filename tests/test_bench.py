@@ -2,10 +2,11 @@
 shapes, seconds), checked only for exiting cleanly and printing its JSON figure lines as its last
 lines. The figures themselves are never asserted (a benchmark's numbers depend on the machine).
 
-Two scripts are covered differently, for want of what they measure: bench/gpu.py needs a GPU
-(tests/test_bench_gpu.py runs its own --smoke), and bench/acebench_upstream.py needs an ACEBench
+Three scripts are covered differently, for want of what they measure: bench/gpu.py needs a GPU
+(tests/test_bench_gpu.py runs its own --smoke), bench/acebench_upstream.py needs an ACEBench
 checkout and its imports (openai, python-dotenv), so here it only has to import and print its
-usage.
+usage, and bench/designer_learns.py is an experiment of minutes per arm whose shorter version is
+tests/test_designer_learns.py.
 The CPU benchmarks run at once, as separate processes (about a minute of wall time on 2 shared
 cores); the vLLM ones have their own test (vLLM's start-up alone is most of a minute).
 """
@@ -34,7 +35,7 @@ FIGURES = {  # bench -> the metric names of its JSON figure lines, in order
                         "designer.round_speedup_vs_rounds"],
 }
 VLLM_BENCHES = ("vllm_rollout.py", "turn_barrier.py")
-COVERED_ELSEWHERE = {"gpu.py", "acebench_upstream.py"}
+COVERED_ELSEWHERE = {"gpu.py", "acebench_upstream.py", "designer_learns.py"}
 
 
 def start(script: str, *args: str) -> subprocess.Popen:
