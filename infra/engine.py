@@ -52,9 +52,12 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Protocol
 
 import torch
@@ -417,14 +420,18 @@ class TransformersEngine(Batching):
 
     def sync_weights(self, model) -> None:
         """Copy the trainer's weights in (nothing to copy when the engine samples from the same
-        model); cached prefixes were computed with the old weights and are dropped."""
+        model, a LoRA run's included: it samples with the adapters the trainer updates in place);
+        cached prefixes were computed with the old weights and are dropped."""
         self._pasts.clear()
+        self.sync_bytes = 0  # perf/sync_bytes: what this sync copies
         if model is self.model:
             return
         own = dict(self.model.named_parameters())
         with torch.no_grad():
             for name, param in model.named_parameters():
-                own[checkpoint_name(name)].copy_(_full_tensor(param))
+                full = _full_tensor(param)
+                own[checkpoint_name(name)].copy_(full)
+                self.sync_bytes += full.nbytes
 
     def sleep(self) -> None:
         """Nothing to free, restore or shut down: the transformers engine shares the trainer's
@@ -482,6 +489,18 @@ def _full_tensor(param: torch.Tensor, dtype: torch.dtype | None = None) -> torch
             return param.data.detach().to(dtype or param.dtype, copy=True)
     param = param.detach().to(dtype or param.dtype)
     return param.full_tensor() if hasattr(param, "full_tensor") else param  # FSDP2: DTensors
+
+
+def adapter_weights(model, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """A LoRA model's adapter tensors (parameters named lora_A / lora_B), full (gathered: a
+    collective on sharded ones) and cast to `dtype`, under the names PEFT saves them with:
+    base_model.model.<module>.lora_A.weight (the adapter's own name, `default`, taken out)."""
+    out = {}
+    for name, param in model.named_parameters():
+        if "lora_" in name:
+            key = re.sub(r"\.(lora_[AB])\.[^.]+\.", r".\1.", checkpoint_name(name))
+            out[f"base_model.model.{key}"] = _full_tensor(param, dtype)
+    return out
 
 
 def _layer_of(name: str) -> str:
@@ -587,7 +606,8 @@ class VLLMEngine:
                  dtype: str = "bfloat16", seed: int = 0, sleep_level: int = SLEEP_LEVEL,
                  stop_ids=(), enforce_eager: bool | None = None, cpu_kv_cache_gib: float = 2.0,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
-                 group_timeout=None):
+                 group_timeout=None, lora_rank: int = 0, adapter_dir: str | None = None,
+                 expert_adapters: bool = False):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
         os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # the runner the CPU tests ran
         import vllm
@@ -632,6 +652,7 @@ class VLLMEngine:
                            if v is not None})
             # asleep, the CUDA graphs' memory waits in host RAM too (back with the weights)
             kwargs.update(sleep_mode_offload_cudagraph=self.can_sleep)
+        kwargs.update(self._lora_setup(lora_rank, adapter_dir, expert_adapters))
         self.llm = vllm.LLM(**kwargs)
         # submit / collect: the next id, requests not yet in the engine, in flight, finished
         self._next_id, self._outbox, self._flying, self._done = 0, [], set(), {}
@@ -723,7 +744,8 @@ class VLLMEngine:
                     n=1, temperature=t, top_p=p, top_k=k, max_tokens=cap, logprobs=0, seed=sd,
                     stop_token_ids=self.stop_ids, detokenize=False, output_kind=final)
                 core.add_request(f"spade-{member}-{rid}",
-                                 self.vllm.TokensPrompt(prompt_token_ids=prompt), params)
+                                 self.vllm.TokensPrompt(prompt_token_ids=prompt), params,
+                                 **({"lora_request": self.adapter} if self.adapter else {}))
         if not core.has_unfinished_requests():
             return True
         for request in core.step():
@@ -750,7 +772,15 @@ class VLLMEngine:
         offload the weights to pinned host RAM. What vLLM keeps meanwhile: the model runner's
         persistent buffers and its NCCL communicators (the CUDA graphs wait in host RAM:
         sleep_mode_offload_cudagraph). A no-op where the platform has no sleep mode."""
-        if self.can_sleep and not self.sleeping:
+        if self.can_sleep and not self.sleeping and self.lora_rank:
+            # LoRA: the base weights never change, so they stay; the KV cache alone is released
+            # (vLLM releases it from a paused engine: sleep level 0, then the release)
+            start = time.perf_counter()
+            self.llm.sleep(level=0)
+            self.llm.release_kv_cache_memory()
+            self.sleeping = {"kv_cache", "scheduling"}
+            self.seconds["sleep"] = time.perf_counter() - start
+        elif self.can_sleep and not self.sleeping:
             start = time.perf_counter()
             self.llm.sleep(level=self.sleep_level)
             self.sleeping = {"weights", "kv_cache"}
@@ -761,15 +791,22 @@ class VLLMEngine:
         tensors in flight at a time. Asleep, only the weights wake for it (and the CUDA graphs
         with them): the KV cache stays released until wake(), which the loop calls once the
         trainer's state has left the device. Awake, the prefix cache is reset here (its KV came
-        from the old weights)."""
+        from the old weights). A LoRA engine gets the adapters alone (sync_adapter)."""
+        if self.lora_rank:
+            return self.sync_adapter(model)
         if "weights" in self.sleeping:
             start = time.perf_counter()
             self.llm.wake_up(tags=["weights"])
             self.sleeping.discard("weights")
             # time/wake_s: this wake and the KV cache's at the step's start (wake())
             self.seconds["wake"] = self.seconds.get("wake", 0.0) + time.perf_counter() - start
-        weights = (pair for group in stream_weights(model, self.dtype) for pair in group)
-        self.llm.collective_rpc(_reload_in_place, args=(weights, self.cpu))
+        self.sync_bytes = 0  # perf/sync_bytes: what this sync hands to vLLM
+
+        def weights():
+            for group in stream_weights(model, self.dtype):
+                self.sync_bytes += sum(t.nbytes for _, t in group)
+                yield from group
+        self.llm.collective_rpc(_reload_in_place, args=(weights(), self.cpu))
         if "kv_cache" not in self.sleeping:
             self.llm.reset_prefix_cache()
 
@@ -785,6 +822,9 @@ class VLLMEngine:
         start = time.perf_counter()
         self.llm.wake_up(tags=["kv_cache"])
         self.sleeping.discard("kv_cache")
+        if "scheduling" in self.sleeping:  # a LoRA engine's pause (sleep)
+            self.llm.wake_up(tags=["scheduling"])
+            self.sleeping.discard("scheduling")
         self.llm.reset_prefix_cache()
         self.seconds["wake"] = time.perf_counter() - start  # a step's first wake (time/wake_s)
 
@@ -792,3 +832,50 @@ class VLLMEngine:
         """Shut down (the worker, vLLM's process groups, the default one) while the groups exist:
         vLLM's exit hook would run after end_training dropped them ("Invalid process group")."""
         self.llm.llm_engine.engine_core.shutdown()
+        if self.adapter_dir is not None:
+            shutil.rmtree(self.adapter_dir, ignore_errors=True)
+
+    # INFRA: LoRA. vLLM 0.32 takes an adapter as a LoRARequest naming a directory in PEFT's format
+    # (it has no request that takes tensors), so each sync writes the adapters there and hands
+    # vLLM a new request; every request of the next phase samples from it.
+
+    def _lora_setup(self, rank: int, adapter_dir: str | None, experts: bool) -> dict:
+        """The LoRA state, and vLLM's arguments for it: one adapter slot of the smallest rank
+        vLLM allows at or above r (2r where the fused expert gate/up pair is adapted); {}: off."""
+        self.lora_rank, self.adapter, self.adapter_experts = rank, None, experts
+        self.adapter_dir = None if adapter_dir is None else Path(adapter_dir)
+        if not rank:
+            return {}
+        if adapter_dir is None:
+            raise ValueError("a LoRA engine needs adapter_dir, where each sync writes its adapter")
+        need = 2 * rank if experts else rank
+        ranks = [r for r in (1, 8, 16, 32, 64, 128, 256, 320, 512) if r >= need]
+        if not ranks:
+            raise SystemExit(f"--lora_rank {rank}: vLLM 0.32 takes adapters up to rank 512")
+        self.adapter_dir.mkdir(parents=True, exist_ok=True)
+        return dict(enable_lora=True, max_lora_rank=ranks[0], max_loras=1,
+                    **({"enable_mixed_moe_lora_format": True} if experts else {}))
+
+    def sync_adapter(self, model) -> None:
+        """The trainer's adapters (adapter_weights, in vLLM's dtype) into a new adapter version:
+        written under adapter_dir, loaded by vLLM now (so time/sync_s counts it), the previous
+        version removed. The base weights are never sent. A collective under FSDP2."""
+        from vllm.lora.request import LoRARequest
+        from safetensors.torch import save_file
+        tensors = adapter_weights(model, self.dtype)
+        self.sync_bytes = sum(t.nbytes for t in tensors.values())  # perf/sync_bytes
+        version = 1 + (self.adapter.lora_int_id if self.adapter else 0)
+        path = self.adapter_dir / f"adapter-{version}"
+        path.mkdir(parents=True, exist_ok=True)
+        save_file({k: t.contiguous() for k, t in tensors.items()},
+                  str(path / "adapter_model.safetensors"))
+        next(iter(model.peft_config.values())).save_pretrained(str(path))  # adapter_config.json
+        new = LoRARequest(f"spade-adapter-{version}", version, str(path),
+                          **({"is_3d_lora_weight": True} if self.adapter_experts else {}))
+        self.llm.llm_engine.add_lora(new)
+        old, self.adapter = self.adapter, new
+        if old is not None:
+            self.llm.llm_engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+        if "kv_cache" not in self.sleeping:
+            self.llm.reset_prefix_cache()

