@@ -265,3 +265,132 @@ def test_vllm_samples_each_synced_adapter_and_receives_only_the_adapters(tmp_pat
         eng.close()
         torch.set_num_threads = set_num_threads
     assert not (tmp_path / "sync").exists()
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    """metrics.jsonl without wall times and the rates over them (they differ between runs)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not (k.startswith("time/") or k.endswith("_per_s"))}
+            for r in rows]
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    """train.py --lora_rank 4 --lora_merge for 2 steps, a checkpoint after each, on the Fixed-env
+    parity games of tests/test_fsdp2.py with a tiny model whose replies end (every 8th token is an
+    EOS), so groups differ in return and the adapters move. Returns (root, argv, run dir)."""
+    from test_fsdp2 import PARITY
+    root = tmp_path_factory.mktemp("lora-run")
+    model, tok = models.build_tiny("tiny", seed=0)
+    model.generation_config.eos_token_id = list(range(0, len(tok), 8))
+    model.save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    (root / "envs").mkdir()
+    for name, parity, rest in (("EvenEnv", "even", 0), ("OddEnv", "odd", 1)):
+        (root / "envs" / f"{parity}.py").write_text(PARITY.format(name=name, parity=parity,
+                                                                 rest=rest))
+    argv = ["--model", str(root / "model"), "--fixed_envs", str(root / "envs"), "--num_envs", "2",
+            "--steps", "2", "--plays", "4", "--max_turns", "1", "--max_new_tokens", "6",
+            "--lr", "1e-2", "--kl_coef", "0.01", "--lora_rank", "4", "--lora_merge",
+            "--checkpoint_every", "1", "--sandbox_workers", "1", "--transcripts", "0"]
+    out = train.main(argv + ["--output_dir", str(root / "run")])
+    return root, argv, out
+
+
+def trainers_model(root: Path, run_dir: Path, checkpoint: str):
+    """The policy as the trainer held it at `checkpoint`: the base with adapters, their tensors
+    read from Accelerate's checkpoint."""
+    from safetensors.torch import load_file
+    model, _ = models.load_model_and_tokenizer(str(root / "model"), dtype=torch.float32)
+    lora.add_adapters(model, rank=4, alpha=32.0, dropout=0.0, targets=TARGETS)
+    state = load_file(run_dir / checkpoint / "model.safetensors")
+    adapters = {k: v for k, v in state.items() if "lora_" in k}
+    assert adapters and model.load_state_dict(adapters, strict=False).unexpected_keys == []
+    return model.eval()
+
+
+@pytest.mark.slow
+def test_a_lora_run_trains_the_adapters_and_resumes_exactly(lora_run, tmp_path):
+    root, argv, out = lora_run
+    rows = metrics(out)
+    assert [r["charts/step"] for r in rows] == [0, 1]
+    assert all(r["losses/grad_norm"] > 0 for r in rows)
+    assert rows[0]["losses/kl"] < 1e-9 < rows[1]["losses/kl"]  # the reference: adapters off
+    assert all(r["perf/sync_bytes"] == 0 for r in rows)  # the transformers engine holds the model
+    # the transformers engine sampled from the trainer's adapters: no rollout/trainer mismatch
+    assert all(r["mismatch/logp_abs_diff"] < 1e-5 for r in rows)
+    model = trainers_model(root, out, "checkpoint-2")
+    assert any(p.abs().max() > 0 for n, p in model.named_parameters() if "lora_B" in n)
+    # resume from checkpoint-1: step 1 again, identically (metrics and the final adapter)
+    again = tmp_path / "run"
+    shutil.copytree(out, again)
+    (again / "latest").write_text("checkpoint-1")
+    shutil.rmtree(again / "checkpoint-2")
+    train.main(argv + ["--output_dir", str(again), "--resume"])
+    assert metrics(again) == rows
+    from safetensors.torch import load_file
+    first = load_file(out / "final_model" / "adapter_model.safetensors")
+    second = load_file(again / "final_model" / "adapter_model.safetensors")
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+
+
+@pytest.mark.slow
+def test_the_exported_adapter_loads_in_peft_and_transformers(lora_run):
+    """final_model/ is a PEFT adapter naming its base: peft, and transformers on its own, load it
+    with the trainer's log-probs; merged/ (--lora_merge) is a plain model with the same ones."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    root, _, out = lora_run
+    final = out / "final_model"
+    saved = json.loads((final / "adapter_config.json").read_text())
+    assert saved["base_model_name_or_path"] == str(root / "model") and saved["r"] == 4
+    assert sorted(p.name for p in final.glob("*.safetensors")) == ["adapter_model.safetensors"]
+    trainer = trainers_model(root, out, "checkpoint-2")
+    base = AutoModelForCausalLM.from_pretrained(root / "model")
+    loaded = {"peft": PeftModel.from_pretrained(base, str(final)),
+              "transformers": AutoModelForCausalLM.from_pretrained(final),
+              "merged": AutoModelForCausalLM.from_pretrained(final / "merged")}
+    ids, mask, completion = batch(1024)
+    with torch.no_grad():
+        want = logprobs.token_logprobs(trainer, ids, mask, completion)
+        off = logprobs.token_logprobs(lora.Reference(trainer), ids, mask, completion)
+        for name, model in loaded.items():
+            got = logprobs.token_logprobs(model.eval(), ids, mask, completion)
+            assert torch.allclose(got, want, atol=1e-5), (name, float((got - want).abs().max()))
+    assert (want - off).abs().max() > 1e-4  # the adapter changes them
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_the_exported_adapter_loads_in_vllm(lora_run):
+    """vLLM (its CPU build, the user's own LLM) serves final_model/ as a LoRARequest on the base:
+    its log-probs are the trainer's."""
+    import os
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import vllm
+    from vllm.lora.request import LoRARequest
+    set_num_threads = torch.set_num_threads
+    root, _, out = lora_run
+    trainer = trainers_model(root, out, "checkpoint-2")
+    llm = vllm.LLM(model=str(root / "model"), dtype="float32", enable_lora=True, max_lora_rank=8,
+                   max_model_len=256, kv_cache_memory_bytes=1 << 28, enforce_eager=True,
+                   enable_chunked_prefill=False, max_num_batched_tokens=256)
+    try:
+        prompt = [5, 17, 230, 42]
+        params = vllm.SamplingParams(temperature=1.0, max_tokens=12, logprobs=0, seed=0,
+                                     ignore_eos=True)
+        [o] = llm.generate([vllm.TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False,
+                           lora_request=LoRARequest("final", 1, str(out / "final_model")))
+        reply = list(o.outputs[0].token_ids)
+        served = torch.tensor([s[t].logprob for s, t in zip(o.outputs[0].logprobs, reply)])
+        ids = torch.tensor([prompt + reply])
+        completion = torch.zeros_like(ids)
+        completion[0, len(prompt):] = 1
+        with torch.no_grad():
+            want = logprobs.token_logprobs(trainer, ids, torch.ones_like(ids), completion)
+        gap = float((want[0, len(prompt):] - served).abs().max())
+        print(f"\n[lora] vLLM serving final_model/ vs the trainer: max |d log p| {gap:.2e}")
+        assert gap < 1e-4
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        torch.set_num_threads = set_num_threads
