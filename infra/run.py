@@ -217,7 +217,8 @@ def load_policy(margs, seed: int, shipped, empty: bool):
     if margs.lora_rank:
         lora.add_adapters(model, rank=margs.lora_rank, alpha=margs.lora_alpha,
                           dropout=margs.lora_dropout, targets=margs.lora_targets,
-                          base=models.resolve_model_name(margs.model))
+                          base="" if models.is_tiny(margs.model) else  # built, not loaded
+                          models.resolve_model_name(margs.model))
     return model, tokenizer
 
 
