@@ -41,6 +41,9 @@ Deviations (README, "Deviations", has the reasons):
      batch of all agent and designer samples (authors: trimmed to 192), the loss a mean over
      the real samples however few (authors: a short batch padded, its loss shrunk when KL > 0);
      weight decay on every parameter (README rows 18, 21-25, 37).
+  8. Only with --lora_rank r (off by default; the paper fine-tunes every weight): LoRA adapters on
+     a frozen base, the KL reference that base (adapters off), AdamW over the adapters, weight
+     syncs of the adapters alone (infra/lora.py; README row 38).
 
 Launch: `python train.py --model tiny ...` (CPU) or `accelerate launch --config_file
 configs/fsdp2_8gpu.yaml train.py --model Qwen3-30B-A3B`. Test: `pytest tests/test_train.py`.

@@ -249,6 +249,25 @@ def _gib(snapshot) -> dict:
     return {str(getattr(k, "value", k)): v / GIB for k, v in by_kind.items()}
 
 
+def _policy_and_reference(config, mesh, checkpointing: bool, kl: bool, lora):
+    """(policy, KL reference or None) as run.Run builds them: fp32 masters and a bf16 reference
+    model, or (`lora`) the frozen bf16 base with fp32 adapters and the policy as reference."""
+    if lora is None:
+        return (_build(config, torch.float32, mesh, checkpointing),
+                _build(config, torch.bfloat16, mesh, False) if kl else None)
+    model = _build(config, torch.bfloat16, mesh, checkpointing, adapt=lora[0])
+    return model, (lora[1](model) if kl else None)
+
+
+def _frozen_ok(tracker, model):
+    """MemTracker hooks every parameter it meets for its gradient, which a frozen one (a LoRA
+    base) refuses: such parameters are marked hooked already."""
+    for p in model.parameters():
+        if not p.requires_grad:
+            tracker._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
+    return tracker
+
+
 def measure_trainer(config, *, world: int, seqs: int, seq_len: int, update, sample, kl: bool,
                     checkpointing: bool = True, fused: bool = True, lora=None) -> dict:
     """GiB per GPU of one train.grpo_update call on `seqs` sequences of `seq_len` tokens:
@@ -266,12 +285,7 @@ def measure_trainer(config, *, world: int, seqs: int, seq_len: int, update, samp
     mesh = _fake_mesh(world) if world > 1 else None
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     with fake:
-        if lora is None:
-            model = _build(config, torch.float32, mesh, checkpointing)
-            ref = _build(config, torch.bfloat16, mesh, False) if kl else None
-        else:  # the frozen base in bf16, fp32 adapters; the reference is the policy
-            model = _build(config, torch.bfloat16, mesh, checkpointing, adapt=lora[0])
-            ref = lora[1](model) if kl else None
+        model, ref = _policy_and_reference(config, mesh, checkpointing, kl, lora)
         # frozen as run.Run freezes it, except on one GPU: MemTracker hooks every parameter it
         # meets for its gradient (grpo_update runs the reference under no_grad: none is made)
         if ref is not None and mesh is not None:
@@ -283,11 +297,8 @@ def measure_trainer(config, *, world: int, seqs: int, seq_len: int, update, samp
             p.grad = torch.zeros_like(p)
         optimizer.step()
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    tracker = FSDPMemTracker(model, optimizer) if mesh is not None else MemTracker()
-    if mesh is None:  # MemTracker hooks every parameter it meets for its gradient: a frozen
-        for p in model.parameters():  # one (a LoRA base) takes no hook, so it is marked hooked
-            if not p.requires_grad:
-                tracker._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
+    tracker = FSDPMemTracker(model, optimizer) if mesh is not None else _frozen_ok(MemTracker(),
+                                                                                   model)
     tracker.track_external(model, optimizer, *([ref] if ref is not None else []))
     peaks = {}
     def before_step(*_):

@@ -394,3 +394,34 @@ def test_the_exported_adapter_loads_in_vllm(lora_run):
     finally:
         llm.llm_engine.engine_core.shutdown()
         torch.set_num_threads = set_num_threads
+
+
+@pytest.mark.slow
+def test_the_preflight_counts_a_lora_run():
+    """train.py --preflight of a LoRA run (tiny, one GPU, with a KL term): AdamW state for the
+    adapters alone (two fp32 moments each), no reference model, vLLM's weights sized on the base
+    alone, the adapter gathered at a sync (bf16), and vLLM's weights and graphs resident through
+    the update and the step (its sleep releases the KV cache alone)."""
+    from infra import preflight
+    cfg = config.parse(["--model", "tiny", "--lora_rank", "8", "--kl_coef", "0.01"],
+                       models.MODEL_ALIASES)
+    train.resolve(cfg)
+    # a 512-token micro-batch (the run's own is 40,960 tokens: minutes on fake tensors here)
+    launch = dict(train.preflight_launch(cfg), micro_batch_tokens=512, max_model_len=512)
+    p = preflight.plan(models.architecture("tiny"), card=80.0, **launch)
+    model, _ = models.build_tiny("tiny")
+    base = sum(x.numel() for x in model.parameters())
+    lora.add_adapters(model, rank=8, alpha=32.0, dropout=0.0, targets=TARGETS)
+    adapters = sum(x.numel() for x in model.parameters() if x.requires_grad)
+    gib, t = 2 ** 30, p["trainer"]
+    assert t["params"] == base and t["ref"] == 0.0
+    assert t["held"]["Optstate"] == pytest.approx(2 * 4 * adapters / gib, rel=0.01)
+    assert t["largest_unit"] == pytest.approx(2 * adapters / gib)
+    v, ph = p["vllm"], p["phases"]
+    assert v["weights"] == pytest.approx(2 * base / gib + t["largest_unit"])
+    assert ph["update"] == pytest.approx(t["update"]["Total"] + ph["context"] + v["asleep"] +
+                                         v["weights"] + v["graphs"])
+    full = preflight.plan(models.architecture("tiny"), card=80.0, **dict(launch, lora=None))
+    assert full["trainer"]["held"]["Optstate"] > 3 * t["held"]["Optstate"]
+    assert full["phases"]["update"] == pytest.approx(full["trainer"]["update"]["Total"] +
+                                                     ph["context"] + v["asleep"])
