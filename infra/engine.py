@@ -38,7 +38,11 @@ SPADE (arXiv 2608.19197) trains one policy that both writes environments (design
    experts; `stream_weights` gathers full tensors (FSDP2, ZeRO-3) one decoder layer at a time, cast
    to vLLM's dtype before the gather (bf16: half the bytes of fp32 master weights), into vLLM's
    in-place reload (the worker's own `reload_weights`, inside vLLM's config context); on CPU the
-   packed copies it leaves stale (tied head, MoE experts) are redone.
+   packed copies it leaves stale (tied head, MoE experts) are redone. A LoRA run (--lora_rank,
+   infra/lora.py) syncs its adapters alone (`adapter_weights`): vLLM, started with one adapter
+   slot, loads each update's as a new adapter from a directory (vLLM 0.32 takes an adapter from
+   nowhere else), and sleeps by releasing its KV cache alone; the transformers engine samples
+   from the trainer's own adapted model.
 
 Deviation (README row 15): vLLM's `processed_logprobs` are renormalised over the top-k / top-p set,
 so rollout log-probs exceed the trainer's by -log(kept mass) >= 0 and the TIS weight
@@ -771,14 +775,16 @@ class VLLMEngine:
         sync_weights pushes in full, and the KV cache, which wake() maps again; level 1 would
         offload the weights to pinned host RAM. What vLLM keeps meanwhile: the model runner's
         persistent buffers and its NCCL communicators (the CUDA graphs wait in host RAM:
-        sleep_mode_offload_cudagraph). A no-op where the platform has no sleep mode."""
+        sleep_mode_offload_cudagraph). A LoRA engine (lora_rank) releases its KV cache alone:
+        its base weights never change. A no-op where the platform has no sleep mode."""
         if self.can_sleep and not self.sleeping and self.lora_rank:
             # LoRA: the base weights never change, so they stay; the KV cache alone is released
-            # (vLLM releases it from a paused engine: sleep level 0, then the release)
+            # (from a paused engine: sleep level 0, then the release; mapping the KV cache again
+            # resumes the scheduler)
             start = time.perf_counter()
             self.llm.sleep(level=0)
             self.llm.release_kv_cache_memory()
-            self.sleeping = {"kv_cache", "scheduling"}
+            self.sleeping = {"kv_cache"}
             self.seconds["sleep"] = time.perf_counter() - start
         elif self.can_sleep and not self.sleeping:
             start = time.perf_counter()
@@ -822,9 +828,6 @@ class VLLMEngine:
         start = time.perf_counter()
         self.llm.wake_up(tags=["kv_cache"])
         self.sleeping.discard("kv_cache")
-        if "scheduling" in self.sleeping:  # a LoRA engine's pause (sleep)
-            self.llm.wake_up(tags=["scheduling"])
-            self.sleeping.discard("scheduling")
         self.llm.reset_prefix_cache()
         self.seconds["wake"] = time.perf_counter() - start  # a step's first wake (time/wake_s)
 

@@ -8,6 +8,7 @@ adapter that peft, transformers and vLLM load with the same log-probs, and resum
 import importlib.util
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -425,3 +426,56 @@ def test_the_preflight_counts_a_lora_run():
     assert full["trainer"]["held"]["Optstate"] > 3 * t["held"]["Optstate"]
     assert full["phases"]["update"] == pytest.approx(full["trainer"]["update"]["Total"] +
                                                      ph["context"] + v["asleep"])
+
+
+def test_a_lora_vllm_engine_keeps_its_weights_through_the_update(tmp_path):
+    """VLLMEngine with lora_rank, against test_engine's fake vLLM 0.32 on a GPU platform: one
+    adapter slot of the smallest rank vLLM allows at or above r; a sync hands over a new adapter
+    (add_lora: its directory holds the adapter, nothing else) and drops the previous one, never
+    waking or reloading the weights; sleep pauses the engine and releases the KV cache alone
+    (level 0, then the release: the base never changes, so nothing re-sends it); wake maps the KV
+    cache again; every request carries the newest adapter."""
+    import types
+    from unittest import mock
+    from test_engine import FakeVLLM, built
+
+    class FakeLoRAVLLM(FakeVLLM):
+        def __init__(self):
+            super().__init__()
+            self.requests = []
+            self.llm_engine.add_lora = lambda r: self.log.append(
+                ("add_lora", r.lora_int_id, sorted(p.name for p in Path(r.lora_path).iterdir())))
+            self.llm_engine.remove_lora = lambda i: self.log.append(("remove_lora", i))
+            self.llm_engine.add_request = lambda rid, prompt, params, lora_request=None: (
+                self.added.append((rid, prompt, params)), self.requests.append(lora_request))
+
+        def sleep(self, level=1, mode="abort"):
+            assert level in (0, 1, 2) and mode in ("abort", "wait", "keep"), (level, mode)
+            self.log.append(("sleep", level))
+
+        def release_kv_cache_memory(self):
+            self.log.append(("release_kv_cache_memory",))
+
+    fake = FakeLoRAVLLM()
+    request = types.SimpleNamespace(LoRARequest=lambda name, i, path, **kw: types.SimpleNamespace(
+        lora_name=name, lora_int_id=i, lora_path=path, **kw))
+    with mock.patch.dict(sys.modules, {"vllm.lora": types.SimpleNamespace(request=request),
+                                       "vllm.lora.request": request}):
+        eng = built(fake, "tiny", lora_rank=4, adapter_dir=str(tmp_path / "sync"))
+        [(_, kwargs)] = fake.log
+        assert (kwargs["enable_lora"], kwargs["max_lora_rank"], kwargs["max_loras"]) == \
+            (True, 8, 1)
+        fake.log.clear()
+        _, model, _ = adapted("tiny")
+        eng.sync_weights(model)  # the first adapter, engine awake (start-up)
+        eng.sleep()
+        eng.sync_weights(model)
+        eng.wake()
+        eng.generate([[1, 2, 3]], max_new_tokens=2, seed=0)
+    files = ["adapter_config.json", "adapter_model.safetensors"]
+    assert fake.log[:7] == [("add_lora", 1, files), ("reset_prefix_cache",), ("sleep", 0),
+                            ("release_kv_cache_memory",), ("add_lora", 2, files),
+                            ("remove_lora", 1), ("wake_up", ["kv_cache"])]
+    assert [r.lora_int_id for r in fake.requests] == [2]
+    assert eng.sync_bytes == sum(p.numel() * 2 for n, p in model.named_parameters()
+                                 if "lora_" in n)  # bf16, vLLM's dtype here

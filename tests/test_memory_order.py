@@ -139,8 +139,6 @@ class Ledger(FakeTPLLM):
 
     def wake_up(self, tags=None):
         tags = list(self.pools) if tags is None else tags
-        if tags == ["scheduling"]:  # the end of a level-0 pause: no memory
-            return
         self.mapped |= {"graphs", *tags}
         self.record("kv wake" if "kv_cache" in tags else "sync")
 
