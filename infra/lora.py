@@ -67,6 +67,13 @@ def add_adapters(model, *, rank: int, alpha: float, dropout: float, targets: str
         warnings.filterwarnings("ignore", message="The following (rank|alpha)_pattern keys")
         model.add_adapter(lora_config(rank=rank, alpha=alpha, dropout=dropout, targets=targets,
                                       base=base))
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    ends = {id(model.get_input_embeddings()), id(model.get_output_embeddings())}
+    if any(isinstance(m, BaseTunerLayer) and id(m) in ends for m in model.modules()):
+        # logprobs.py projects the hidden states with the head's own weight, chunk by chunk: an
+        # adapter on the head would reach the engine's tokens and never the trainer's log-probs
+        raise SystemExit(f"--lora_targets {targets} adapts the embeddings or the output head: "
+                         "adapters go on the attention and MLP projections only")
     for cfg in model.peft_config.values():  # add_adapter names the base by the model's path
         cfg.base_model_name_or_path = base  # (empty for a model built in memory, as tiny)
     names = []

@@ -479,3 +479,12 @@ def test_a_lora_vllm_engine_keeps_its_weights_through_the_update(tmp_path):
     assert [r.lora_int_id for r in fake.requests] == [2]
     assert eng.sync_bytes == sum(p.numel() * 2 for n, p in model.named_parameters()
                                  if "lora_" in n)  # bf16, vLLM's dtype here
+
+
+@pytest.mark.parametrize("targets", ["q_proj,lm_head", "embed_tokens"])
+def test_the_head_and_the_embeddings_are_refused(targets):
+    """logprobs.py computes the trainer's log-probs from the head's own weight (chunked), so an
+    adapter there would steer the engine's samples and never the trainer's log-probs."""
+    model, _ = models.build_tiny("tiny")
+    with pytest.raises(SystemExit, match="adapts the embeddings or the output head"):
+        lora.add_adapters(model, rank=2, alpha=4.0, dropout=0.0, targets=targets)
