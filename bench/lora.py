@@ -5,7 +5,8 @@ model, in one process: update tokens/s, peak memory, and the bytes a weight sync
     python bench/lora.py --smoke    # the tiny model, 2 short samples: seconds, shows it runs
 
 Both arms start from the same random-initialised model (seed 0) and update it on the same batch
-(8 agent samples of 256 tokens, 192 of them trained, advantages +-1, no KL term), as run.Run
+(8 agent samples of 256 tokens, 192 of them trained, advantages +-1, no KL term, one micro-batch:
+MemTracker follows one forward per module), as run.Run
 sets them up: full fine-tuning with AdamW over every fp32 weight; LoRA (--lora_rank 16, alpha 32,
 attention and MLP projections: infra/lora.py) with the base frozen and AdamW over the adapters.
 On CPU the base stays fp32 (the tiny models' shipped dtype); on GPUs a LoRA run's base is bf16
@@ -76,7 +77,7 @@ def update(model, opt, tok, samples) -> dict:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
     return train.grpo_update(model, None, opt, sched, Accelerator(cpu=True), samples,
                              pad_id=tok.pad_token_id, temperatures={"agent": 1.0},
-                             gargs=config.GRPOArgs(kl_coef=0.0, micro_batch_tokens=4 * LENGTH))
+                             gargs=config.GRPOArgs(kl_coef=0.0, micro_batch_tokens=SAMPLES * LENGTH))
 
 
 class NoHook:
