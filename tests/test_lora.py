@@ -106,7 +106,9 @@ def test_forward_and_gradient_are_the_hand_written_low_rank_update(kind):
     (-(hand_logp * torch.linspace(0.5, 1.5, logp.shape[1])).sum()).backward()
     for n, (a, b) in names.items():
         for leaf, name in zip(leaves[n], (a, b)):
-            assert torch.allclose(params[name].grad, leaf.grad, atol=1e-5, rtol=1e-4), name
+            # fp32 round-off of two summation orders, against the gradient's own scale
+            scale = float(leaf.grad.abs().max())
+            assert torch.allclose(params[name].grad, leaf.grad, atol=1e-5 * scale, rtol=1e-4), name
     # and with B = 0, as a fresh adapter starts, the adapted model is the base model
     base_logp = logprobs.token_logprobs(base, ids, mask, completion)
     with torch.no_grad():
