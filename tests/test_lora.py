@@ -490,3 +490,18 @@ def test_the_head_and_the_embeddings_are_refused(targets):
     model, _ = models.build_tiny("tiny")
     with pytest.raises(SystemExit, match="adapts the embeddings or the output head"):
         lora.add_adapters(model, rank=2, alpha=4.0, dropout=0.0, targets=targets)
+
+
+def test_vllms_cpu_build_is_refused_lora_on_a_moe_model(tmp_path):
+    """vLLM 0.32 runs every MoE layer of a LoRA engine through Triton kernels, which its CPU build
+    lacks (attention-only adapters too): the run stops before vLLM starts, naming the way out."""
+    from infra import run
+    margs = config.ModelArgs(lora_rank=4)
+    moe, _ = models.build_tiny("tiny-moe")
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="--engine transformers on CPU"):
+            run.lora_engine_args(margs, moe, tmp_path)
+    dense, _ = models.build_tiny("tiny")
+    assert run.lora_engine_args(margs, dense, tmp_path) == dict(
+        lora_rank=4, adapter_dir=str(tmp_path), expert_adapters=False)
+    assert run.lora_engine_args(config.ModelArgs(), dense, tmp_path) == {}
