@@ -54,6 +54,7 @@ Test: `pytest tests/test_engine*.py tests/test_vllm.py`; bench: `python bench/ro
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -837,6 +838,8 @@ class VLLMEngine:
         self.llm.llm_engine.engine_core.shutdown()
         if self.adapter_dir is not None:
             shutil.rmtree(self.adapter_dir, ignore_errors=True)
+            with contextlib.suppress(OSError):  # adapter-sync/ once every rank's copy is gone
+                self.adapter_dir.parent.rmdir()
 
     # INFRA: LoRA. vLLM 0.32 takes an adapter as a LoRARequest naming a directory in PEFT's format
     # (it has no request that takes tensors), so each sync writes the adapters there and hands
