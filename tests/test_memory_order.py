@@ -346,6 +346,7 @@ def test_the_lora_order_on_a_hand_made_plan(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # the one-GPU Qwen3-4B LoRA plan alone took 522 s here (load 2-3)
 @pytest.mark.parametrize("row", ledger_rows(), ids=row_id)
 def test_the_loop_runs_the_order_the_plan_describes(row, tmp_path, monkeypatch, capsys):
     plan, timeline = on_ledger(row, tmp_path, monkeypatch)
