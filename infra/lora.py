@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -121,14 +122,23 @@ class Reference(torch.nn.Module):
             return self.module(*args, **kwargs)
 
 
+# what wrappers put into parameter names (activation checkpointing, torch.compile, FSDP1)
+WRAPPER_PARTS = ("_checkpoint_wrapped_module", "_orig_mod", "_fsdp_wrapped_module")
+
+
+def plain_name(name: str) -> str:
+    """A parameter's name without the wrappers' parts (engine.checkpoint_name does the same)."""
+    return ".".join(part for part in name.split(".") if part not in WRAPPER_PARTS)
+
+
 def adapter_state(model) -> dict[str, torch.Tensor]:
-    """The adapters' full tensors by the trainer's parameter names (a collective on FSDP2's
+    """The adapters' full tensors by the model's own parameter names (a collective on FSDP2's
     sharded parameters: every rank calls it, in the same order)."""
     out = {}
     for name, p in model.named_parameters():
         if "lora_" in name:
             p = p.detach()
-            out[name] = p.full_tensor() if hasattr(p, "full_tensor") else p
+            out[plain_name(name)] = p.full_tensor() if hasattr(p, "full_tensor") else p
     return out
 
 
@@ -136,15 +146,18 @@ def export(accelerator, model, tokenizer, dest: Path, dtype, merge: bool = False
     """The adapter in PEFT's format at `dest` (written beside it, then renamed into place), in
     `dtype`, with the tokenizer; merge: also dest/merged/, the base with the adapter merged in.
     Every rank takes part (the gathers); the main process writes."""
+    from safetensors.torch import save_file
     unwrapped = accelerator.unwrap_model(model)
-    adapters = {k: v.to(dtype) for k, v in adapter_state(model).items()}
+    adapters = {peft_name(k): v.to(dtype).contiguous() for k, v in adapter_state(model).items()}
     full = accelerator.get_state_dict(model) if merge else None  # the base too (a collective)
     if accelerator.is_main_process:
         tmp = dest.with_name(dest.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        # transformers saves an adapted model as PEFT does: only the adapters, keys prefixed
-        # base_model.model., with adapter_config.json
-        unwrapped.save_pretrained(tmp, state_dict=adapters)
+        tmp.mkdir(parents=True)
+        save_file(adapters, str(tmp / "adapter_model.safetensors"))
+        next(iter(unwrapped.peft_config.values())).save_pretrained(str(tmp))
+        if getattr(unwrapped, "generation_config", None) is not None:  # its EOS ids
+            unwrapped.generation_config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         if merge:
             merged(type(unwrapped), unwrapped.config, full, tmp).save_pretrained(
@@ -158,10 +171,17 @@ def export(accelerator, model, tokenizer, dest: Path, dtype, merge: bool = False
     accelerator.wait_for_everyone()
 
 
+def peft_name(name: str) -> str:
+    """A trainer's adapter name as PEFT saves it: base_model.model.<module>.lora_A.weight (the
+    adapter's own name, `default`, taken out)."""
+    return "base_model.model." + re.sub(r"\.(lora_[AB])\.[^.]+\.", r".\1.", plain_name(name))
+
+
 def base_state(state: dict) -> dict:
     """The base model's weights out of an adapted model's state dict: adapter tensors dropped,
     the wrapping layers' `base_layer.` taken out of the names."""
-    return {k.replace(".base_layer", ""): v for k, v in state.items() if "lora_" not in k}
+    return {plain_name(k).replace(".base_layer", ""): v for k, v in state.items()
+            if "lora_" not in k}
 
 
 def merged(cls, config, state: dict, adapter_dir: Path):

@@ -230,3 +230,6 @@ def test_fsdp2_two_ranks_with_lora(tmp_path):
     before = load_file(tmp_path / "final_first" / "adapter_model.safetensors")
     after = load_file(out / "final_model" / "adapter_model.safetensors")
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in after)
+    # PEFT's names, without the layers' activation-checkpoint wrapper: peft and vLLM load them
+    assert all(k.startswith("base_model.model.model.layers.") and "_checkpoint" not in k
+               for k in after)
