@@ -31,7 +31,9 @@ loaded and cached as that JSONL file.
 
 Deviations: suites/table1.py (Table 1), suites/toolbench.py and suites/acebench.py (tool use).
 
-Usage (multi-GPU tensor parallelism: serve the model with `vllm serve` and use --endpoint):
+Usage (tensor parallelism: one process per GPU, `torchrun --nproc_per_node 2 eval.py ...
+--tensor_parallel_size 2`, every rank running the same prompts, rank 0 writing the outputs; or
+serve the model with `vllm serve` and use --endpoint):
     python eval.py --model runs/spade/checkpoint-400 --engine vllm --output_dir runs/eval/spade
     python eval.py --endpoint http://localhost:8000/v1 --model Qwen/Qwen3-8B \
         --suites aime2025,gpqa_diamond
@@ -50,6 +52,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -174,7 +177,17 @@ def build_sampler(cfg: "EvalConfig"):
     from infra import models  # siblings; heavy imports stay out of the test path
     # the chat's end of turn (agent.turn_end) stops a reply, whatever the EOS is
     # tiny models (built in memory) always run on transformers; a saved one can run on vLLM
-    if cfg.engine == "vllm" and cfg.model not in models.TINY_MODELS:
+    tiny = cfg.model in models.TINY_MODELS
+    if tiny and (cfg.engine != "transformers" or cfg.tensor_parallel_size != 1):
+        print(f"eval.py: {cfg.model} is built in memory and runs on the transformers engine "
+              "(--engine and --tensor_parallel_size apply to a saved model)", file=sys.stderr)
+    world, tp = int(os.environ.get("WORLD_SIZE", "1")), cfg.tensor_parallel_size
+    if cfg.engine == "vllm" and not tiny and world % tp:  # one process: vLLM would wait forever
+        raise SystemExit(f"eval.py: --tensor_parallel_size {tp} needs {tp} processes, one per "
+                         f"GPU, and this launch has {world}: torchrun --nproc_per_node {tp} "
+                         f"eval.py ..., or serve the model (vllm serve MODEL "
+                         f"--tensor-parallel-size {tp}) and pass --endpoint")
+    if cfg.engine == "vllm" and not tiny:
         from transformers import AutoTokenizer
 
         from infra.engine import VLLMEngine
@@ -186,7 +199,9 @@ def build_sampler(cfg: "EvalConfig"):
                          stop_ids=[agent.turn_end(tokenizer)[1]])
     else:
         from infra.engine import TransformersEngine
-        model, tokenizer = models.load_model_and_tokenizer(cfg.model)
+        # in the dtype it ships in (a tiny run's exports: fp32, as the run sampled them)
+        model, tokenizer = models.load_model_and_tokenizer(
+            cfg.model, dtype=models.shipped_dtype(cfg.model))
         gen = TransformersEngine(model, tokenizer, stop_ids=[agent.turn_end(tokenizer)[1]],
                                  max_batch_tokens=cfg.batch_tokens, progress=True)
     return EngineSampler(gen, tokenizer, enable_thinking=cfg.enable_thinking,
@@ -533,10 +548,20 @@ def _versions() -> dict:
     return out
 
 
-def evaluate(cfg: EvalConfig, sampler=None) -> dict:
-    """Run the configured suites; write results.json, samples/<suite>.jsonl and table1.md."""
+def writes() -> bool:
+    """Whether this process writes the outputs: under torchrun (tensor parallelism) every rank
+    runs the same prompts and rank 0 writes."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def evaluate(cfg: EvalConfig, sampler=None, write: bool | None = None) -> dict:
+    """Run the configured suites; write results.json, samples/<suite>.jsonl and table1.md (not
+    when `write` is False: train.py's ranks but the main one, infra/evaluation.py; None: rank 0
+    of a torchrun launch writes, writes())."""
     out = Path(cfg.output_dir)
-    (out / "samples").mkdir(parents=True, exist_ok=True)
+    write = writes() if write is None else write
+    if write:
+        (out / "samples").mkdir(parents=True, exist_ok=True)
     sampler = sampler or build_sampler(cfg)
     metrics, timing, notes = {}, {}, {}
     for suite in [s.strip() for s in cfg.suites.split(",") if s.strip()]:
@@ -547,25 +572,24 @@ def evaluate(cfg: EvalConfig, sampler=None) -> dict:
         key = "aime" if suite.startswith("aime") else suite.removesuffix("_v6")
         if key in SCORER_NOTES:
             notes[suite] = SCORER_NOTES[key]
-        with open(out / "samples" / f"{suite}.jsonl", "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r, default=str) + "\n" for r in records)
+        if write:
+            with open(out / "samples" / f"{suite}.jsonl", "w", encoding="utf-8") as f:
+                f.writelines(json.dumps(r, default=str) + "\n" for r in records)
     row = table1_row(metrics, Path(cfg.model).name or cfg.model)
     results = {"config": asdict(cfg), "sampling": {s: suite_sampling(s, cfg) for s in timing},
                "metrics": metrics, "timing_s": timing, "notes": notes,
                "versions": _versions(), "table1_markdown": row}
-    (out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
-    (out / "table1.md").write_text(row, encoding="utf-8")
+    if write:
+        (out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
+        (out / "table1.md").write_text(row, encoding="utf-8")
     return results
 
 
 def sweep_checkpoints(cfg: EvalConfig, sampler=None) -> dict:
     """The paper's best-checkpoint protocol: every policy export of a training run (train.py
     --export_every, <run>/exports/step-<k>) through the configured suites, each into
-    <output_dir>/step-<k>; writes checkpoints.md (one Table-1 row per export), checkpoints.csv (the
-    cells per step: the trajectories) and checkpoints.json, and names the export with the best mean
-    of the cells run (the eight-benchmark average when all suites run). One engine serves every
-    export: the next export's weights are loaded into it."""
-    import csv
+    <output_dir>/step-<k>; writes the summary (write_sweep) and names the best export. One engine
+    serves every export: the next export's weights are loaded into it."""
     exports = sorted(Path(cfg.checkpoints, "exports").glob("step-*[0-9]"),
                      key=lambda p: int(p.name[5:]))
     if not exports:
@@ -581,12 +605,31 @@ def sweep_checkpoints(cfg: EvalConfig, sampler=None) -> dict:
             sampler = build_sampler(sub)
         elif hasattr(sampler, "engine"):  # the export's weights into the running engine
             from infra import models
-            sampler.engine.sync_weights(models.load_model_and_tokenizer(str(path))[0])
-        *cells, avg = table1_cells(evaluate(sub, sampler)["metrics"])
-        rows.append({"checkpoint": path.name, "step": int(path.name[5:]),
-                     **dict(zip([n for n, _ in TABLE1], cells)), "Avg": avg,
-                     "cells": sum(c is not None for c in cells)})
+            sampler.engine.sync_weights(models.load_model_and_tokenizer(
+                str(path), dtype=models.shipped_dtype(str(path)))[0])
+        rows.append(sweep_row(path.name, int(path.name[5:]), evaluate(sub, sampler)["metrics"]))
+    return write_sweep(out, rows, cfg.checkpoints, write=writes())
+
+
+def sweep_row(name: str, step: int, metrics: dict) -> dict:
+    """One evaluated checkpoint's row of the sweep: its Table-1 cells and their mean ("Avg", over
+    the cells run; None without one), and how many cells ran."""
+    *cells, avg = table1_cells(metrics)
+    return {"checkpoint": name, "step": step, **dict(zip([n for n, _ in TABLE1], cells)),
+            "Avg": avg, "cells": sum(c is not None for c in cells)}
+
+
+def write_sweep(out: Path, rows: list[dict], run: str, write: bool = True) -> dict:
+    """checkpoints.md (one Table-1 row per checkpoint), checkpoints.csv (the cells per step: the
+    trajectories) and checkpoints.json in `out`, naming the checkpoint with the best mean of the
+    cells run (the eight-benchmark average when all suites run; the first of equals); without
+    `write` only the summary (a torchrun rank but 0). Also what train.py --eval_every writes
+    after each evaluation (infra/evaluation.py)."""
+    import csv
     best = max(rows, key=lambda r: -1.0 if r["Avg"] is None else r["Avg"])
+    summary = {"run": run, "rows": rows, "best": best["checkpoint"]}
+    if not write:
+        return summary
     with open(out / "checkpoints.csv", "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -596,7 +639,6 @@ def sweep_checkpoints(cfg: EvalConfig, sampler=None) -> dict:
     note = (f"\nBest: {best['checkpoint']} (mean of {best['cells']} Table-1 cells: "
             f"{100 * (best['Avg'] or 0):.1f})\n")
     (out / "checkpoints.md").write_text(table + note, encoding="utf-8")
-    summary = {"run": cfg.checkpoints, "rows": rows, "best": best["checkpoint"]}
     (out / "checkpoints.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     return summary
 
@@ -612,7 +654,8 @@ def main(argv=None):
     try:
         if cfg.checkpoints:
             summary = sweep_checkpoints(cfg)
-            print((Path(cfg.output_dir) / "checkpoints.md").read_text(encoding="utf-8"))
+            if writes():
+                print((Path(cfg.output_dir) / "checkpoints.md").read_text(encoding="utf-8"))
             return summary
         try:
             sampler = build_sampler(cfg)
@@ -622,8 +665,9 @@ def main(argv=None):
         results = evaluate(cfg, sampler)
     except MissingDataset as e:
         raise SystemExit(f"eval.py: {e}") from None
-    print(json.dumps(results["metrics"], indent=2))
-    print(results["table1_markdown"])
+    if writes():
+        print(json.dumps(results["metrics"], indent=2))
+        print(results["table1_markdown"])
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ H hinted plays, w the environment's mean unhinted return over its epoch, S_role 
 role-balancing scale (`scale`; grpo.role_scale). What the ALGO blocks run on is in infra/: flags
 in config.py, the statistics (Figs. 7, 9, 19; train()'s one `INFRA: statistics` block) in
 metrics.py, the Fixed-env baseline in baseline.py, Accelerate and the engine in run.py, the run
-directory and checkpoints in rundir.py.
+directory and checkpoints in rundir.py, the held-out evaluations (--eval_every) in evaluation.py.
 
 Deviations (README, "Deviations", has the reasons):
   1. Fewer than N valid environments: the pool is topped up from the previous pool and, at step
@@ -174,6 +174,7 @@ def train(cfg: config.Config, *, sb) -> Path:
     plan = baseline.Schedule(cfg.pools, cfg.loop, sb, run.rank, run.world, env=PoolEnv)
     loop, R = cfg.loop, cfg.loop.regen_interval
     for step in run.steps(st.step, sb.level):  # INFRA: each opens with the rollouts' memory
+        run.evaluate(step)  # INFRA: held-out suites every --eval_every steps, outside time/step_s
         m, times, logs, ended = {}, {}, [], []
         regen, last = plan.regenerates(step), plan.closes_epoch(step)
         st.pool = plan.pool(step, st.pool)
@@ -229,6 +230,7 @@ def train(cfg: config.Config, *, sb) -> Path:
             m.update(metrics.epoch_learnable(st.hist, st.pool, step - step % R, run.n_slots))
         run.log(step, m, times, episodes, sb.level, st.pool if regen else [], logs, scored)
         run.save(step, st)
+    run.evaluate(loop.steps)  # INFRA: and after the last update
     return run.finish()
 
 

@@ -23,7 +23,10 @@ Figures, all on random-initialised weights:
    timed updates; held share = memory still allocated after the update (weights + AdamW state:
    what the rollouts of the next step live beside, gradients being freed) over that peak.
    Context: checkpointed layer calls per update (0 would mean checkpointing is off), whether
-   the model is back in eval mode and its gradients freed.
+   the model is back in eval mode and its gradients freed. gpu.sync.gather_s: the weight sync's
+   gather half (the loop's time/sync_gather_s) on that trained model: engine.stream_weights,
+   every parameter cast to bf16 and cut as vLLM loads it (one GPU: no collective). Its other
+   half, vLLM's per-tensor loader (time/sync_load_s), needs vLLM, which the GPU image lacks.
 3. gpu.train_step.step_s: one real `python train.py --steps 1` step on CUDA (bf16 autocast via
    ACCELERATE_MIXED_PRECISION) on a random ~0.5B Qwen3 (Qwen3-0.6B widths, 32 layers, the tiny
    BPE tokenizer's 1,024-token vocabulary) saved to a local directory in bf16: the designer
@@ -355,6 +358,13 @@ def section_update(s, device):
         report.record("gpu.grpo_update.held_outside_update_share", held / mem.total,
                       held_gib=round(held / GIB, 3), peak_gib=round(mem.total / GIB, 3),
                       weights_and_adam_gib=round(params * 12 / GIB, 3))
+        from infra.engine import stream_weights
+        _sync(device)
+        t0 = time.perf_counter()
+        tensors = sum(len(group) for group in stream_weights(model, torch.bfloat16))
+        _sync(device)
+        report.record("gpu.sync.gather_s", time.perf_counter() - t0, tensors=tensors,
+                      params=params, dtype="bfloat16")
         del model, opt, sched
         accelerator.free_memory()   # the 64 GiB of state go before the train.py step runs
     return run
@@ -428,7 +438,8 @@ def main():
                     ["gpu.logprob.peak_mem_ratio_vs_naive"]),
         "grpo_update": (section_update(s, device), ["gpu.grpo_update.tokens_per_s",
                                                      "gpu.grpo_update.peak_mem_gib",
-                                                     "gpu.grpo_update.held_outside_update_share"]),
+                                                     "gpu.grpo_update.held_outside_update_share",
+                                                     "gpu.sync.gather_s"]),
         "train_step": (section_train_step(s, device), ["gpu.train_step.step_s"]),
     }
     for name, budget in s.budgets:

@@ -23,9 +23,10 @@ both are saved as a local model directory that both engines load.
    vLLM's external launcher sharing one engine; the slower rank), of the same model with 8 query
    and 4 KV heads (SmolLM2's 9 and 3 do not split over 2 ranks), each with its ratio over a bare
    `copy_` of every trainer parameter into a buffer of its size in the same process (the floor of
-   any in-place sync); vllm.sync_tp2_over_tp1 is the ratio of the two. Both ranks share these 2
-   cores, so TP 2 here shows the cost of the group's protocol (each rank streams every full
-   tensor and keeps 1/TP of it), not a speedup.
+   any in-place sync) and its two parts (the loop's time/sync_gather_s and time/sync_load_s:
+   gathering the full tensors, vLLM's loaders); vllm.sync_tp2_over_tp1 is the ratio of the two.
+   Both ranks share these 2 cores, so TP 2 here shows the cost of the group's protocol (each rank
+   streams every full tensor and keeps 1/TP of it), not a speedup.
 4. vllm.seeded_over_unseeded_time: what a seed on every request costs vLLM's V1 sampler (the
    engine seeds each one, engine.Requests; vLLM gives each seeded request its own generator and
    draws for it one request at a time in every decode step): SEED_BATCH prompts x SEED_TOKENS
@@ -149,14 +150,17 @@ def timed_syncs(model_dir: str, tp: int, barrier=lambda: None) -> dict:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     vll = engine.VLLMEngine(model_dir, tensor_parallel_size=tp, dtype="float32",
                             max_model_len=2048, seed=0, cpu_kv_cache_gib=0.5)
-    times = []
+    times, parts = [], []
     for _ in range(3):
         barrier()  # TP 2: both ranks start each sync together
         t0 = time.perf_counter()
         vll.sync_weights(model)
         times.append(time.perf_counter() - t0)
+        parts.append((vll.seconds["sync_gather"], vll.seconds["sync_load"]))
     vll.close()
     return {"sync_s": statistics.median(times), "copy_s": copy_seconds(model),
+            "gather_s": statistics.median(g for g, _ in parts),
+            "load_s": statistics.median(ld for _, ld in parts),
             "billions": sum(p.numel() for p in model.parameters()) / 1e9}
 
 
@@ -258,7 +262,8 @@ def main() -> None:
           f"{tp2['copy_s']:.3f} s")
     figures += [{"metric": f"vllm.sync_s_per_bparam_{name}",
                  "value": round(r["sync_s"] / r["billions"], 2),
-                 "ratio_vs_copy": round(r["sync_s"] / r["copy_s"], 1)}
+                 "ratio_vs_copy": round(r["sync_s"] / r["copy_s"], 1),
+                 "gather_s": round(r["gather_s"], 3), "load_s": round(r["load_s"], 3)}
                 for name, r in (("tp1", tp1), ("tp2", tp2))]
     figures.append({"metric": "vllm.sync_tp2_over_tp1",
                     "value": round(tp2["sync_s"] / tp1["sync_s"], 2)})

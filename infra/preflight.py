@@ -21,10 +21,10 @@ host RAM.
 
 Phases, GiB per GPU, in the order train.py runs them (a phase fits below FIT_SHARE of the card:
 allocator fragmentation); `between` is the trainer's state between updates (fp32 shards, AdamW
-moments, the bf16 KL reference), with --offload_trainer only what offload.py leaves (the
-reference, buffers):
+moments, the bf16 KL reference), with --offload_trainer only what offload.py leaves (buffers):
     start-up = fp32 parameter shards + KL reference + context + util x card (vLLM starts beside
-               them and refuses to start above the card)
+               them and refuses to start above the card); with --offload_trainer the shards are
+               in host RAM before vLLM starts: the rollout's figure
     rollout  = between + context + util x card
     kv wake  = the moment vLLM maps its KV cache again (engine.wake, at a step's start, after the
                offload): the rollout's footprint, its own line because an order that left the
@@ -36,7 +36,8 @@ reference, buffers):
                the largest layer's full bf16 tensors + context; the KV cache stays released
     vLLM asleep = the model runner's persistent buffers (the CUDA graphs wait in host RAM,
                sleep_mode_offload_cudagraph; the NCCL communicators are in the context)
-    context  = the CUDA context + NCCL_GIB per NCCL communicator (communicators())
+    context  = the CUDA context + NCCL_GIB per NCCL communicator (communicators(); NVLS can
+               make one larger, which the output says with the NCCL_NVLS_ENABLE that stops it)
 tests/test_memory_order.py runs train.py's loop on a ledger of these pools and checks that these
 phases are its timeline's maxima.
 
@@ -56,6 +57,7 @@ Dependencies: torch, transformers. Test: `pytest tests/test_preflight.py`.
 from __future__ import annotations
 
 import math
+import os
 import random
 import time
 import types
@@ -70,6 +72,9 @@ CUDA_CONTEXT_GIB = 1.0  # one process's CUDA context, kernels and library worksp
 # all-reduce, NVIDIA/nccl#864; 0.54-0.69 GB per group on 4 A100s, nccl#964; 1.06 GB on 8 H100s
 # before any all-to-all, nccl#1685); vLLM's custom all-reduce buffers (3 x 8 MiB) ride on it.
 NCCL_GIB = 1.0
+# On NVSwitch nodes (H100 / H200 SXM) NCCL's NVLink SHARP buffers can take more than that
+NVLS_NOTE = ("  NVLS (NVSwitch nodes) can raise a communicator above 1 GiB (NVIDIA/nccl#864: "
+             "1.6 GB for one); NCCL_NVLS_ENABLE=0 turns it off")
 VLLM_GRAPHS_GIB = 1.0  # vLLM's CUDA graphs and non-torch memory (estimate)
 MAX_NUM_BATCHED_TOKENS = 8192  # vLLM's prefill chunk: its profile follows it
 KV_BLOCK = 16  # vLLM's KV block size in tokens: its block table holds ceil(len / 16) per sequence
@@ -320,7 +325,8 @@ def measure_trainer(config, *, world: int, seqs: int, seq_len: int, update, samp
     if lora is not None:  # a LoRA sync gathers every adapter at once, and nothing else
         units = [sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)]
     # this rank's shards (the trackers file the reference's under different kinds): the policy's
-    # fp32 ones, which offload.py moves, and the reference's bf16 ones, which it leaves
+    # (fp32; a LoRA run's bf16 base and its adapters) and the reference's bf16 ones, which
+    # offload.py moves together (a LoRA run's reference is the policy itself: none)
     return {**peaks, "params": params, "largest_unit": 2 * max(units) / GIB,
             "policy": _shard_gib(model), "ref": _shard_gib(ref) if kl else 0.0}
 
@@ -369,17 +375,20 @@ def vllm_share(config, *, params: int, tp: int, util: float, card: float, max_nu
             "kv_tokens": max(0, int(kv_gib * GIB / kv_token))}
 
 
-def communicators(world: int, tp: int) -> list[str]:
+def communicators(world: int, tp: int, moe: bool = False) -> list[str]:
     """The NCCL communicators each rank holds for the whole run (sleep frees none): Accelerate's
-    world group (FSDP2's all-gathers) over several GPUs, and under tensor parallelism vLLM's TP
-    device group and its PyNccl communicator. The project's own TP exchange runs on gloo."""
+    world group (FSDP2's all-gathers) over several GPUs; under tensor parallelism vLLM's PyNccl
+    communicator of its TP group and, for an MoE model, of its expert-parallel group (the same
+    ranks): vLLM 0.32 makes one per group of more than one rank, eagerly. Its torch device groups
+    are made lazily and used only without PyNccl; the project's own TP exchange runs on gloo."""
     return ((["Accelerate's world group"] if world > 1 else []) +
-            (["vLLM's TP device group", "vLLM's PyNccl"] if tp > 1 else []))
+            (["vLLM's TP PyNccl"] if tp > 1 else []) +
+            (["vLLM's EP PyNccl (MoE)"] if tp > 1 and moe else []))
 
 
-def context_gib(world: int, tp: int) -> float:
+def context_gib(world: int, tp: int, moe: bool = False) -> float:
     """The CUDA context + NCCL_GIB per communicator, GiB per GPU."""
-    return CUDA_CONTEXT_GIB + NCCL_GIB * len(communicators(world, tp))
+    return CUDA_CONTEXT_GIB + NCCL_GIB * len(communicators(world, tp, moe))
 
 
 def _kind(snapshot: dict, *names: str) -> float:
@@ -394,32 +403,35 @@ def _moments(trainer: dict) -> float:
 
 def state_kinds(trainer: dict) -> dict:
     """GiB per GPU of the trainer's state by kind, as offload.py moves it: `params` (the
-    policy's fp32 shards), `moments` (AdamW's), `grads` (at the update's peak), `fixed` (what
-    stays: the KL reference, buffers), and what each pass adds beyond the state: `update`
-    (activations, FSDP2's buffers) and `step` (the optimizer's temporaries)."""
+    policy's fp32 shards), `moments` (AdamW's), `grads` (at the update's peak), `reference` (the
+    KL reference's bf16 shards), `fixed` (what stays: buffers), and what each pass adds beyond
+    the state: `update` (activations, FSDP2's buffers) and `step` (the optimizer's
+    temporaries)."""
     held, update, step = trainer["held"], trainer["update"], trainer["step"]
     params, moments = trainer["policy"], _kind(held, "OptState", "Optstate")
-    grads = _kind(update, "Sharded Grad", "Gradient")
-    return {"params": params, "moments": moments, "grads": grads,
-            "fixed": held["Total"] - params - moments,
+    grads, ref = _kind(update, "Sharded Grad", "Gradient"), trainer["ref"]
+    return {"params": params, "moments": moments, "grads": grads, "reference": ref,
+            "fixed": held["Total"] - params - moments - ref,
             "update": update["Total"] - held["Total"] - grads,
             "step": step["Total"] - held["Total"] - _kind(step, "Sharded Grad", "Gradient")}
 
 
 def phases(trainer: dict, vllm: dict, *, world: int, tp: int, card: float,
-           offload: bool, lora: bool = False) -> dict:
+           offload: bool, moe: bool = False, lora: bool = False) -> dict:
     """GiB per GPU of each phase (module docstring) from the measured trainer and vLLM's share.
     LoRA: vLLM's sleep releases its KV cache alone (the base never changes), so its weights and
     CUDA graphs stay through the update and the optimizer step."""
-    ctx, kinds = context_gib(world, tp), state_kinds(trainer)
+    ctx, kinds = context_gib(world, tp, moe), state_kinds(trainer)
     asleep = vllm["asleep"] + (vllm["weights"] + vllm["graphs"] if lora else 0.0)
     held = trainer["held"]["Total"]
     rollout = (kinds["fixed"] if offload else held) + ctx + vllm["share"]
     # offloaded, the AdamW moments return at the optimizer step (offload.py), so the forward and
     # backward peak loses them: they are constant over the pass, so subtracting them is exact
     update = trainer["update"]["Total"] - (kinds["moments"] if offload else 0.0)
-    # LoRA: vLLM's first adapter is gathered at start-up, beside its whole share
-    startup = held - kinds["moments"] + ctx + vllm["share"] + \
+    # offloaded, the shards leave before vLLM starts (run.Run): start-up is the rollout's memory;
+    # LoRA (never offloaded: config.check_lora) gathers vLLM's first adapter at start-up, beside
+    # its whole share
+    startup = rollout if offload else held - kinds["moments"] + ctx + vllm["share"] + \
         (trainer["largest_unit"] if lora else 0.0)
     return {"start-up": startup, "rollout": rollout,
             "kv wake": rollout, "update": update + ctx + asleep,
@@ -485,7 +497,8 @@ def plan(config, *, world: int, tp: int, card: float, util: float, offload: bool
     vllm = vllm_share(config, params=trainer["params"], tp=tp, util=util, card=card,
                       max_num_seqs=live_episodes, max_model_len=max_model_len,
                       adapter=trainer["largest_unit"] if lora else 0.0)
-    ph = phases(trainer, vllm, world=world, tp=tp, card=card, offload=offload,
+    moe = bool(getattr(config, "num_experts", 0))
+    ph = phases(trainer, vllm, world=world, tp=tp, card=card, offload=offload, moe=moe,
                 lora=lora is not None)
     fits, change = verdict(ph, vllm, card=card, util=util, offload=offload,
                            moments=_moments(trainer), max_model_len=max_model_len,
@@ -495,8 +508,7 @@ def plan(config, *, world: int, tp: int, card: float, util: float, offload: bool
             "max_util": best,
             "seq_len": seq_len, "world": world, "tp": tp, "card": card, "util": util,
             "offload": offload, "live_episodes": live_episodes, "max_context": max_context,
-            "lora": lora is not None,
-            "moe": bool(getattr(config, "num_experts", 0)), "seconds": time.perf_counter() - t0}
+            "lora": lora is not None, "moe": moe, "seconds": time.perf_counter() - t0}
 
 
 def memory_plan(config, launch: dict, *, name: str, setting: str, cards: list[float],
@@ -527,7 +539,8 @@ def host_ram(params: int, *, world: int, tp: int, sleep_level: int, offload: boo
     their shards); vLLM's sleep backups (level 2: the CUDA graphs, VLLM_GRAPHS_GIB per GPU;
     level 1: the bf16 weights too), pinned by torch's host allocator, which rounds each buffer up
     to a power of two (counted at that bound, twice the bytes); the offload arena, pinned at
-    exactly its bytes (offload.py: fp32 shards + AdamW moments, 12 bytes per parameter); an
+    exactly its bytes (offload.py: fp32 shards + AdamW moments, 12 bytes per parameter, + the
+    bf16 reference's 2 with a KL term); an
     export (the main process: the full fp32 state dict and its bf16 copy); one resumable
     checkpoint (fp32 + AdamW) times --keep_checkpoints. LoRA (the adapters' own bytes
     neglected): the main process reads the bf16 base alone, vLLM backs nothing up (its sleep
@@ -539,7 +552,7 @@ def host_ram(params: int, *, world: int, tp: int, sleep_level: int, offload: boo
     weights = 2 * params * world / tp if sleep_level == 1 else 0.0  # bf16, every GPU's TP share
     return {"load": (4 + 2 * kl) * params / 1e9,
             "sleep": 2 * (VLLM_GRAPHS_GIB * GIB * world + weights) / 1e9,
-            "offload": 12 * params / 1e9 if offload else 0.0,
+            "offload": (12 + 2 * kl) * params / 1e9 if offload else 0.0,
             "export": (4 + 2) * params / 1e9,
             "checkpoint": 12 * params / 1e9, "checkpoints kept": 12 * params * keep / 1e9}
 
@@ -562,12 +575,14 @@ def report(p: dict, name: str, host: dict) -> str:
         out.append(f"  {k:<9}{ph[k]:7.1f} GiB  {ph[k] / card:4.0%}")
     by = {k: round(val, 1) for k, val in t["update"].items() if val >= 0.05 and k != "Total"}
     out.append(f"  update peak by kind (GiB): {by}")
-    comms = communicators(p["world"], p["tp"])
+    comms = communicators(p["world"], p["tp"], p["moe"])
     nccl = f" + {len(comms)} NCCL x {NCCL_GIB:.1f} ({', '.join(comms)})" if comms else ""
     away = t["held"]["Total"] - state_kinds(t)["fixed"]
     out.append(f"  trainer state between updates {t['held']['Total']:.1f} GiB"
                f"{f' ({away:.1f} in host RAM during rollouts)' if p['offload'] else ''}; context "
                f"{ph['context']:.1f} GiB = CUDA {CUDA_CONTEXT_GIB:.1f}{nccl} (estimates)")
+    if comms:
+        out.append(NVLS_NOTE + f" (now {os.environ.get('NCCL_NVLS_ENABLE', 'unset')})")
     out.append(f"  vLLM share {v['share']:.1f} GiB = weights {v['weights']:.1f} + profile "
                f"{v['profile']:.1f} (estimate) + graphs {v['graphs']:.1f} (estimate) + runner "
                f"buffers {v['asleep']:.2f} + KV {v['kv']:.1f}; asleep it keeps the runner buffers")

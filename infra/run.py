@@ -3,7 +3,8 @@ and frozen reference, the rollout engine and the sampler bound to it, and the di
 (process groups, FSDP2, the engine's limits). A reader of Algorithm 1 may skip this file: what the
 paper logs is computed in metrics.py, what it trains in train.py. The run directory's files
 (metrics.jsonl rows, reduced over ranks here; checkpoints, exports, the per-step files) are
-written by rundir.py, whose docstring is their schema.
+written by rundir.py, whose docstring is their schema; the held-out evaluations during the run
+(--eval_every) by evaluation.py.
 Test: `pytest tests/test_train.py`.
 """
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import importlib.util
+import json
 import os
 import tempfile
 import time
@@ -23,8 +25,8 @@ from tqdm.auto import tqdm
 
 import agent
 import grpo
-from infra import (config, engine, lora, metrics, models, offload, preflight, rundir,
-                   sampling, telemetry)
+from infra import (config, engine, evaluation, lora, metrics, models, offload, preflight,
+                   rundir, sampling, telemetry)
 
 
 class Run:
@@ -34,11 +36,12 @@ class Run:
     def __init__(self, cfg: config.Config):
         self.config = cfg
         margs, rargs = cfg.model, cfg.run
+        expandable_segments(os.environ)  # before CUDA starts (Accelerator below starts it)
         # INFRA: collectives wait for the slowest rank (16k-token designer rounds, uneven
         # tensor-parallel groups): NCCL's 10-minute default would abort a healthy run
         timeout = [InitProcessGroupKwargs(timeout=pg_timeout(margs))]
-        self.accelerator = acc = Accelerator(log_with=rargs.log_with, project_dir=rargs.output_dir,
-                                             kwargs_handlers=timeout)
+        self.accelerator = acc = Accelerator(log_with=trackers(rargs.log_with),
+                                             project_dir=rargs.output_dir, kwargs_handlers=timeout)
         self.run_dir = Path(rargs.output_dir)
         self.cfg = config.config_dict(cfg)
         self.resume_from = rundir.prepare_run_dir(self.run_dir, self.cfg, rargs, acc)
@@ -46,6 +49,9 @@ class Run:
         self.rank, self.world, self.main = acc.process_index, acc.num_processes, acc.is_main_process
         # this rank's designer slots
         self.n_slots = len(range(self.rank, cfg.loop.num_envs, self.world))
+        self.evaluation = evaluation.from_config(cfg, self.run_dir, self.rank, self.world,
+                                                 self.gather)  # --eval_every, before any weights
+        self.eval_row: dict = {}  # the next metrics row's eval/* and time/eval_s (evaluate)
         check_vllm_fits(margs, self.world)  # before any weight loads
         fp32_gradient_reduce(acc)
         # fp32 master weights (bf16 compute comes from Accelerate's mixed precision); the
@@ -55,7 +61,6 @@ class Run:
         # shards from the main process: only it reads the weights, the others build on `meta`
         fsdp = getattr(acc.state, "fsdp_plugin", None)
         empty = bool(fsdp2(acc) and fsdp.cpu_ram_efficient_loading and not self.main)
-        self.lora = margs.lora_rank > 0
         model, self.tokenizer = load_policy(margs, rargs.seed, self.shipped, empty)
         if empty:
             unwritten_storage(model)
@@ -71,22 +76,19 @@ class Run:
                                       fused=acc.device.type == "cuda")
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)  # constant (paper)
         self.model, self.optimizer, self.scheduler = acc.prepare(model, optimizer, scheduler)
-        self.ref_model = None
-        if cfg.grpo.kl_coef > 0:  # LoRA: the policy with its adapters off, no second model
-            self.ref_model = lora.Reference(self.model) if self.lora else \
-                reference_model(acc, margs.model, self.shipped, rargs.seed, empty)
+        self.ref_model = (kl_reference(acc, self.model, margs, self.shipped, rargs.seed, empty)
+                          if cfg.grpo.kl_coef > 0 else None)
         # FSDP2 runs the transformers engine too (ranks decode in lockstep); ZeRO-3 and FSDP1
         # need vLLM
         sharded = acc.distributed_type.value == "DEEPSPEED" or (
             fsdp is not None and getattr(fsdp, "fsdp_version", 1) != 2)
-        self.engine = make_engine(cfg, acc.unwrap_model(self.model), self.tokenizer,
-                                  rargs.seed, sharded)
-        if margs.offload_trainer and not isinstance(self.engine, engine.VLLMEngine):
-            raise SystemExit("--offload_trainer needs the vLLM engine (the transformers engine "
-                             "generates with the trainer's own weights)")
-        # the trainer's state in host RAM while vLLM generates (no-ops without the flag)
+        # the trainer's state (and the KL reference) in host RAM while vLLM generates (no-ops
+        # without the flag), away before vLLM starts: it wants util x card free at start-up
         self.offload = offload.TrainerOffload(self.model, self.optimizer,
+                                              reference=self.ref_model,
                                               enabled=margs.offload_trainer)
+        self.engine = make_engine(cfg, acc.unwrap_model(self.model), self.tokenizer,
+                                  rargs.seed, sharded, before_start=self.offload.offload)
         self.temperatures = config.role_temperatures(cfg)
         self.peak = mfu_peak(model.config, self.main)
         # the streams of every designer, hint and agent request: seeds from (seed, step, role, n)
@@ -95,11 +97,13 @@ class Run:
     def resume(self) -> dict | None:
         """With --resume: the checkpoint's weights and optimizer, the engine synced to them, and
         this rank's saved loop state (the metrics of the steps to replay are dropped). vLLM
-        sleeps first: the optimizer state lands on the device beside no KV cache (which comes
-        back at the first step, after the offload, as every step's does)."""
+        sleeps first and the parameters come back from the start-up offload: the optimizer state
+        lands on the device beside no KV cache (which comes back at the first step, after the
+        offload, as every step's does)."""
         if self.resume_from is None:
             return None
         self.engine.sleep()
+        self.offload.reload()
         self.accelerator.load_state(str(self.resume_from))
         st = rundir.load_state(self.resume_from, self.rank)
         if st["world"] != self.world:
@@ -113,9 +117,13 @@ class Run:
     def steps(self, start: int, sandbox_level: str):
         """The steps still to run, as the main process's progress bar. Each step starts with the
         rollouts' memory, in this order: the trainer's state to host RAM (--offload_trainer),
-        then vLLM's KV cache mapped (released since the last update) into what that freed."""
-        if self.main:
-            self.accelerator.init_trackers("spade", config=self.cfg)
+        then vLLM's KV cache mapped (released since the last update) into what that freed (at a
+        fresh run's first step both are no-ops: the state left before vLLM started, whose KV
+        cache has been mapped since)."""
+        if self.main:  # W&B's offline files in the run directory; each tracker's run named as it
+            name = self.run_dir.resolve().name
+            self.accelerator.init_trackers("spade", config=self.cfg, init_kwargs={
+                "wandb": {"dir": str(self.run_dir), "name": name}, "trackio": {"name": name}})
             print(f"[spade] run dir {self.run_dir.resolve()}  sandbox level: {sandbox_level}  "
                   f"world {self.world}")
         steps = self.config.loop.steps
@@ -138,6 +146,28 @@ class Run:
         self.offload.reload(optimizer=False)
         yield
         self.offload.reload()
+
+    def evaluate(self, step: int) -> None:
+        """INFRA: the held-out suites (--eval_every, evaluation.py) on the current weights, when
+        `step` is due: a step's before its phases (its eval/* and time/eval_s join the step's
+        row), step S after the last update, in a row of its own, with the rollouts' memory of a
+        step's start (the trainer's state off the device, vLLM's KV cache mapped) and the
+        update's after it, as finish() expects."""
+        if self.evaluation is None or not self.evaluation.due(step):
+            return
+        last = step == self.config.loop.steps
+        if last:
+            self.offload.offload()
+            self.engine.wake()
+        self.eval_row = self.evaluation.run(step, self.engine, self.tokenizer,
+                                            max_model_len(self.config))
+        if last:
+            self.engine.sleep()
+            self.offload.reload()
+            row, self.eval_row = {**self.eval_row, "charts/step": step}, {}
+            if self.main:
+                rundir.append_metrics(self.run_dir, row)
+                self.accelerator.log(row, step=step)
 
     def gather(self, items: list) -> list:
         """Every rank's items, rank after rank (a collective: every rank calls it)."""
@@ -166,6 +196,7 @@ class Run:
             update_flops=m.get("perf/update_flops", 0.0), peak=self.peak,
             sleep_s=engine_s.get("sleep", 0.0)))
         m = {**(reduce_metrics(self.gather([m])) if self.world > 1 else m), "charts/step": step}
+        m, self.eval_row = {**m, **self.eval_row}, {}  # the same on every rank: not reduced
         if self.main:
             rundir.append_metrics(self.run_dir, {**m, "sandbox/level": sandbox_level})
             self.accelerator.log(m, step=step)
@@ -189,7 +220,7 @@ class Run:
     def export(self, accelerator, model, tokenizer, dest: Path, dtype) -> None:
         """The policy at `dest` in Hugging Face format (rundir.export_policy), or a LoRA run's
         adapter in PEFT's (lora.export; with --lora_merge also dest/merged/, the merged model)."""
-        if self.lora:
+        if self.config.model.lora_rank:
             lora.export(accelerator, model, tokenizer, dest, dtype,
                         merge=self.config.model.lora_merge)
         else:
@@ -198,8 +229,13 @@ class Run:
     def finish(self) -> Path:
         """The final policy in Hugging Face format (a LoRA run: its adapter), for eval.py and for
         sharing."""
+        self.offload.reload()  # a run with no step left exports what the start-up offloaded
         self.export(self.accelerator, self.model, self.tokenizer, self.run_dir / "final_model",
                     self.shipped)
+        best = self.run_dir / "eval" / "checkpoints.json"
+        if self.main and self.evaluation is not None and best.is_file():
+            print(f"[spade] held-out best: {json.loads(best.read_text())['best']} "
+                  f"({self.run_dir / 'eval' / 'checkpoints.md'})")
         if self.main:
             print(f"[spade] done: metrics {self.run_dir / 'metrics.jsonl'}, "
                   f"policy {self.run_dir / 'final_model'}; its page: python -m tools.report "
@@ -220,6 +256,26 @@ def load_policy(margs, seed: int, shipped, empty: bool):
                           base="" if models.is_tiny(margs.model) else  # built, not loaded
                           models.resolve_model_name(margs.model))
     return model, tokenizer
+
+
+def expandable_segments(environ) -> None:
+    """INFRA: the trainer's CUDA allocator grows its segments by mapping pages (expandable
+    segments), so empty_cache returns every free page to the driver. With fixed segments one live
+    block (AdamW's moments, made lazily at the first step where freed activations were) pins its
+    whole segment, which vLLM's KV cache, a pool of its own, then cannot map. vLLM 0.32 turns the
+    option off inside its own pools and back on after (device_allocator/cumem.py). Set in the
+    allocator's variable (PYTORCH_ALLOC_CONF, else PYTORCH_CUDA_ALLOC_CONF) unless it names the
+    option already; read when CUDA starts."""
+    name = "PYTORCH_ALLOC_CONF" if environ.get("PYTORCH_ALLOC_CONF") else \
+        "PYTORCH_CUDA_ALLOC_CONF"
+    conf = environ.get(name, "")
+    if "expandable_segments" not in conf:
+        environ[name] = ",".join(filter(None, [conf, "expandable_segments:True"]))
+
+
+def trackers(log_with: str | None) -> list[str] | None:
+    """--log_with's Accelerate trackers: "tensorboard,wandb" is two."""
+    return [t.strip() for t in log_with.split(",") if t.strip()] if log_with else None
 
 
 def wants_vllm(margs) -> bool:
@@ -247,9 +303,13 @@ def mfu_peak(config, main: bool) -> float | None:
 
 
 def check_vllm_fits(margs, world: int) -> None:
-    """INFRA: fail fast, before anything loads, when the TP size does not divide the processes or
-    vLLM's share of the card (--gpu_memory_utilization x card memory) cannot hold one rank's
-    share of the shipped weights (counted from the architecture: engine.vllm_fit_error)."""
+    """INFRA: fail fast, before anything loads, when --offload_trainer has no vLLM to free the
+    GPU for, the TP size does not divide the processes or vLLM's share of the card
+    (--gpu_memory_utilization x card memory) cannot hold one rank's share of the shipped weights
+    (counted from the architecture: engine.vllm_fit_error)."""
+    if margs.offload_trainer and not wants_vllm(margs):
+        raise SystemExit("--offload_trainer needs the vLLM engine (the transformers engine "
+                         "generates with the trainer's own weights)")
     card = card_bytes() if wants_vllm(margs) else None  # None: only the TP check (CPU, no vLLM)
     weights = 0 if card is None else \
         models.parameter_count(margs.model) * models.shipped_dtype(margs.model).itemsize
@@ -259,10 +319,11 @@ def check_vllm_fits(margs, world: int) -> None:
         raise SystemExit(error)
 
 
-def make_engine(cfg: config.Config, model, tokenizer, seed: int, sharded: bool):
-    """vLLM colocated on GPU when installed (or asked for); the transformers engine otherwise.
-    A LoRA run's vLLM engine gets the policy's adapters at once (the transformers engine samples
-    from the policy itself)."""
+def make_engine(cfg: config.Config, model, tokenizer, seed: int, sharded: bool,
+                before_start=lambda: None):
+    """vLLM colocated on GPU when installed (or asked for), before_start() called just before it
+    starts; the transformers engine otherwise. A LoRA run's vLLM engine gets the policy's adapters
+    at once (the transformers engine samples from the policy itself)."""
     margs = cfg.model
     stops = [agent.turn_end(tokenizer)[1]]  # a base model's EOS is not its end of turn
     if wants_vllm(margs):
@@ -274,7 +335,7 @@ def make_engine(cfg: config.Config, model, tokenizer, seed: int, sharded: bool):
         eng = vllm_engine(margs, model, tokenizer, max_model_len=max_model_len(cfg), seed=seed,
                           stop_ids=stops, max_num_seqs=live_episodes(cfg, world),
                           max_num_batched_tokens=preflight.MAX_NUM_BATCHED_TOKENS,
-                          **lora_engine_args(margs, model, adapters))
+                          before_start=before_start, **lora_engine_args(margs, model, adapters))
         if margs.lora_rank:
             eng.sync_weights(model)  # the first adapter (a collective under FSDP2)
         return eng
@@ -324,9 +385,9 @@ def lora_engine_args(margs, model, adapter_dir) -> dict:
                 expert_adapters=lora.adapts_experts(model))
 
 
-def vllm_engine(margs, model, tokenizer, **kwargs):
+def vllm_engine(margs, model, tokenizer, before_start=lambda: None, **kwargs):
     """engine.VLLMEngine on margs.model, in its shipped dtype; a tiny model (built in memory, not
-    on disk) is saved to a temporary directory for vLLM to load."""
+    on disk) is saved to a temporary directory for vLLM to load, then before_start() runs."""
     name = models.resolve_model_name(margs.model)
     dtype = str(models.shipped_dtype(name)).removeprefix("torch.")
     with tempfile.TemporaryDirectory(prefix="spade-vllm-") as tmp:
@@ -337,6 +398,7 @@ def vllm_engine(margs, model, tokenizer, **kwargs):
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
             name = tmp
+        before_start()
         return engine.VLLMEngine(name, tensor_parallel_size=margs.tensor_parallel_size,
                                  gpu_memory_utilization=margs.gpu_memory_utilization,
                                  dtype=dtype, group_timeout=pg_timeout(margs), **kwargs)
@@ -366,6 +428,14 @@ def unwritten_storage(model) -> None:
                 module._parameters[name] = torch.nn.Parameter(
                     torch.empty_like(p, device="cpu"), requires_grad=p.requires_grad)
     model.tie_weights()  # the loop gave a tied head storage of its own
+
+
+def kl_reference(accelerator, model, margs, dtype, seed: int, empty: bool):
+    """The frozen KL reference pi_ref: a LoRA run's policy with its adapters off (lora.Reference,
+    no second model), else the starting policy loaded again (reference_model)."""
+    if margs.lora_rank:
+        return lora.Reference(model)
+    return reference_model(accelerator, margs.model, dtype, seed, empty)
 
 
 def reference_model(accelerator, name: str, dtype, seed: int, empty: bool):

@@ -7,7 +7,8 @@ RUN_DIR (train.py --output_dir); S is a step, 4 digits (`tag`), R a rank, k a co
                                         --allow_config_change)
     metrics.jsonl                       one JSON row per step, keys sorted: the README's metric
                                         table, charts/step and sandbox/level (the main process
-                                        writes it, reduced over the ranks)
+                                        writes it, reduced over the ranks); with --eval_every one
+                                        more after the last step, its eval/* and time/eval_s
     envs/step-S-rank-R/pool.json        a regeneration's pool on rank R, indented: [{env_id, skill,
                                         origin, class_name, hint, regret, r_hint, r_nohint,
                                         returns, faulty}]
@@ -38,6 +39,16 @@ RUN_DIR (train.py --output_dir); S is a step, 4 digits (`tag`), R a rank, k a co
                                         it (the newest only; removed at the end)
     exports/step-<k>/                   the same every --export_every steps and at the end, the
                                         newest --keep_checkpoints kept (eval.py --checkpoints)
+    eval/step-<k>/                      --eval_every: the held-out suites on the weights after k
+                                        updates (infra/evaluation.py), eval.py's files:
+                                        results.json, samples/<suite>.jsonl (every item's reply
+                                        and score), table1.md; their metrics are metrics.jsonl's
+                                        eval/* (the evaluation after the last step: a row of its
+                                        own, charts/step = steps)
+    eval/checkpoints.{md,csv,json}      eval.py's sweep summary over those evaluations, naming
+                                        the best step (eval.write_sweep)
+    spade/, wandb/                      --log_with tensorboard's event files; W&B's run files
+                                        (offline: WANDB_MODE=offline)
 Every file is written beside its place and renamed into it (a directory as `<name>.tmp`), so a
 killed run never leaves a torn one; metrics.jsonl grows a line a step, and a resume cuts it back
 to its checkpoint's rows. The run never renders its HTML page: `python -m tools.report RUN_DIR`

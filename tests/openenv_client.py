@@ -4,7 +4,8 @@ tests/test_export.py starts the server (`python -m PACKAGE.openenv_env --port P 
 and runs this file with the export virtualenv's Python (openenv 0.10, nothing of this repository)
 as `python -P openenv_client.py URL PACKAGE_DIR HOSTILE_CLASS`, from an empty directory. Through
 openenv's own GenericEnvClient it replays every logged play of replays.jsonl and compares each
-step exactly, reads the task API back against the manifest, attacks the hostile environment
+step exactly (the environment's own reward is the observation's env_reward; OpenEnv's reward is
+0.0 until the last step, which carries the play's return), reads the task API back against the manifest, attacks the hostile environment
 (`\\boxed{attack}` reports what it could read and write, `\\boxed{hang}` never returns), sends
 malformed actions (a number, two megabytes, a lone surrogate, and over a raw WebSocket a text
 frame that is not UTF-8), and plays two sessions at once, interleaved.
@@ -18,25 +19,30 @@ from pathlib import Path
 from openenv.core import GenericEnvClient
 
 
-def played(client, index: int, seed: int, actions: list) -> list:
+def played(client, index: int, seed: int, actions: list, rewards=None) -> list:
+    """[first observation, then [text, env_reward, terminated, truncated] per step]; OpenEnv's
+    rewards appended to `rewards`."""
     r = client.reset(seed=seed, index=index)
     out = [r.observation["text"]]
     for a in actions:
         r = client.step({"message": a})
         o = r.observation
-        out.append([o["text"], r.reward, o["terminated"], o["truncated"]])
+        out.append([o["text"], o["env_reward"], o["terminated"], o["truncated"]])
+        (rewards if rewards is not None else []).append(r.reward)
     return out
 
 
 def replay_all(url: str, manifest: dict, replays: list) -> dict:
-    out = {"first_observation_ok": [], "replayed": 0, "mismatches": []}
+    out = {"first_observation_ok": [], "replayed": 0, "mismatches": [], "rewards": []}
     with GenericEnvClient(base_url=url).sync() as client:
         for i, e in enumerate(manifest["envs"]):
             first = client.reset(seed=0, index=i).observation
             out["first_observation_ok"].append(first["text"] == e["first_observation"]
                                                and first["env_id"] == e["id"])
             for r in (r for r in replays if r["id"] == e["id"]):
-                got = played(client, i, r["seed"], r["actions"])
+                rewards = []
+                got = played(client, i, r["seed"], r["actions"], rewards)
+                out["rewards"].append([rewards, r["return"]])
                 out["replayed"] += 1
                 if got != [r["reset"]] + r["steps"]:
                     out["mismatches"].append({"id": e["id"], "seed": r["seed"], "got": got})
@@ -101,8 +107,8 @@ def two_at_once(url: str, manifest: dict, replays: list) -> dict:
             for key, client, r in (("a", ca, a), ("b", cb, b)):
                 if i < len(r["actions"]):
                     x = client.step({"message": r["actions"][i]})
-                    got[key].append([x.observation["text"], x.reward, x.observation["terminated"],
-                                     x.observation["truncated"]])
+                    got[key].append([x.observation["text"], x.observation["env_reward"],
+                                     x.observation["terminated"], x.observation["truncated"]])
     return {"a_same": got["a"] == [a["reset"]] + a["steps"],
             "b_same": got["b"] == alone, "differ": alone != [a["reset"]] + a["steps"]}
 

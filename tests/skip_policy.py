@@ -2,7 +2,8 @@
 with its reason at the end of the run. Under CI (`CI=true`, which .ci/run sets) a skip nobody
 expects fails the run (exit status 1), so CI cannot go green on tests that silently did not run
 (BFCL without bfcl-eval, the Qwen3 template tests without their fixture, Chromium's report test,
-real vLLM, the sandbox's root-only layers as root). Elsewhere (a laptop, a fresh clone) the same
+real vLLM, the export's virtualenvs .venv-export and .venv-verifiers, the sandbox's root-only
+layers as root). Elsewhere (a laptop, a fresh clone) the same
 skips are listed, plainly, and the run passes.
 
 Expected everywhere: a sandbox layer missing when not running as root (the layers need root).

@@ -17,7 +17,7 @@ from infra import metrics
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = {"gpu.logprob.peak_mem_ratio_vs_naive", "gpu.grpo_update.tokens_per_s",
            "gpu.grpo_update.peak_mem_gib", "gpu.grpo_update.held_outside_update_share",
-           "gpu.train_step.step_s"}
+           "gpu.sync.gather_s", "gpu.train_step.step_s"}
 
 
 def _numbers(figure):

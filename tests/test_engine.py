@@ -189,6 +189,33 @@ def test_top_k_one_is_greedy_but_logprobs_stay_untruncated(tiny):
                                              abs=1e-4)
 
 
+def test_a_half_precision_head_samples_from_fp32_logits(tiny):
+    """Under bf16 autocast (Accelerate's mixed precision, as on a GPU) the head's logits come out
+    of bf16 operands in fp32, the trainer's arithmetic (logprobs.py), not rounded to bf16: checked
+    by hand from the hidden state the head was given, and the sampled token's log-prob is taken
+    from those logits. The (tied) head's weight is scaled so logits pass 8, where bf16 steps are
+    0.0625 and more, as a trained model's do."""
+    model, tok = copy.deepcopy(tiny[0]), tiny[1]
+    with torch.no_grad():
+        model.lm_head.weight.mul_(12.0 / model(torch.tensor([[5, 6]])).logits.abs().max())
+    seen = []
+    model.lm_head.register_forward_hook(lambda mod, args, out: seen.append((args[0], out)))
+    prompt = tok.encode("The tides of the sea")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = TransformersEngine(model, tok).generate([prompt], max_new_tokens=1,
+                                                      temperature=2.0, top_p=1.0, top_k=0,
+                                                      seed=0)[0]
+    h, logits = seen[0][0][0, -1].bfloat16(), seen[0][1][0, -1]                 # (H,), (V,)
+    w = model.lm_head.weight.detach().bfloat16()                                 # (V, H)
+    by_hand, rounded = w.float() @ h.float(), (w @ h).float()                    # (V,)
+    assert logits.dtype == torch.float32 and by_hand.abs().max() > 8
+    assert torch.allclose(logits, by_hand, rtol=0, atol=1e-4)
+    assert (rounded - by_hand).abs().max() > 0.01  # the test can tell the two apart
+    lp = torch.log_softmax(logits / 2.0, dim=-1)[out.token_ids[0]].item()
+    assert out.logprobs[0] == pytest.approx(lp, abs=1e-6)
+    assert "forward" not in model.lm_head.__dict__  # the head's own forward is back
+
+
 def test_transformers_sync_weights_copies_and_strips_wrappers(tiny):
     model, tok = tiny
     twin = copy.deepcopy(model)
@@ -426,6 +453,8 @@ def test_vllm_engine_construction_and_generate(monkeypatch):
     assert kwargs["enable_sleep_mode"] is True and kwargs["logprobs_mode"] == "processed_logprobs"
     assert kwargs["enforce_eager"] is False and "kv_cache_memory_bytes" not in kwargs  # GPU
     assert kwargs["sleep_mode_offload_cudagraph"] is True  # asleep, the graphs wait on the host
+    # the lm_head in fp32, as the trainer's logits: vLLM 0.32 reads head_dtype from the HF config
+    assert kwargs["hf_overrides"] == {"head_dtype": "float32"}
     outs = eng.generate([[1, 2, 3], [4, 5]], max_new_tokens=[16, 4], temperature=0.6, top_p=0.95,
                         top_k=20, seed=10)
     _, prompts, params = fake.log[1]
@@ -442,6 +471,16 @@ def test_vllm_engine_construction_and_generate(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")  # under torchrun / Accelerate with several ranks
     built(fake, "m")
     assert fake.log[-1][1]["distributed_executor_backend"] == "external_launcher"
+
+
+def test_tensor_parallelism_in_one_process_is_refused_before_vllm_starts(monkeypatch):
+    """vLLM's single-process executor at TP 2 waits at the rendezvous for a rank that never
+    comes: refused before vllm is even imported."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with mock.patch.dict(sys.modules, {"vllm": None}):  # importing it would raise ImportError
+        with pytest.raises(ValueError, match=r"^vLLM at tensor_parallel_size 2 needs 2 processes, "
+                                             r"one per GPU \(torchrun --nproc_per_node 2\), not one$"):
+            engine.VLLMEngine("m", tensor_parallel_size=2)
 
 
 def test_vllm_engine_takes_the_plans_scheduler_limits_on_a_gpu(monkeypatch):
@@ -471,6 +510,7 @@ def test_vllm_engine_on_cpu_platform(caplog):
     _, kwargs = fake.log[0]
     assert kwargs["enable_sleep_mode"] is False and kwargs["enforce_eager"] is True
     assert "sleep_mode_offload_cudagraph" not in kwargs
+    assert kwargs["hf_overrides"] == {"head_dtype": "float32"}  # a no-op on an fp32 model
     assert kwargs["kv_cache_memory_bytes"] == int(1.5 * 2**30)
     assert kwargs["max_num_batched_tokens"] == kwargs["max_model_len"] == 5000
     assert kwargs["enable_chunked_prefill"] is False  # several long prompts in one step
@@ -529,10 +569,37 @@ def test_vllm_engine_sleep_wake_and_sync_order(tiny_moe, tmp_path):
     assert [c[0] for c in fake.log] == ["collective_rpc", "reload_weights", "reset_prefix_cache"]
 
 
+def test_a_kv_cache_that_cannot_map_again_is_one_clear_error(tiny, monkeypatch):
+    """On a GPU wake() checks the free memory against what vLLM's KV cache maps before mapping
+    it: a shortfall (fragmentation, a plan off the card) is one line naming the fix, raised
+    before vLLM's wake_up, whose cuMemCreate would fail with a bare CUDA error."""
+    gib = 2**30
+    assert engine.kv_wake_error(need=40 * gib, free=41 * gib, reserved=30 * gib) is None
+    assert engine.kv_wake_error(need=40 * gib, free=38.5 * gib, reserved=31 * gib) == (
+        "vLLM's KV cache needs 40.0 GiB of GPU memory to map again, 38.5 GiB is free (31.0 GiB "
+        "kept by torch's allocator for the trainer): lower --gpu_memory_utilization or add "
+        "--offload_trainer (python train.py <flags> --preflight prints the plan)")
+    fake = FakeVLLM()
+    eng = built(fake, "tiny")
+    eng.sleep()
+    eng.sync_weights(tiny[0])
+    fake.log.clear()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(engine, "_kv_wake_room", lambda: (40 * gib, 38.5 * gib, 31 * gib))
+    with pytest.raises(RuntimeError, match=r"^vLLM's KV cache needs 40\.0 GiB"):
+        eng.wake()
+    assert fake.log == [] and eng.asleep  # nothing mapped
+    monkeypatch.setattr(engine, "_kv_wake_room", lambda: (40 * gib, 41 * gib, 31 * gib))
+    eng.wake()
+    assert fake.log[0] == ("wake_up", ["kv_cache"]) and not eng.asleep
+
+
 def test_vllm_engine_times_its_sleep_and_wake_not_the_reload(tiny, monkeypatch):
-    """time/sleep_s, time/wake_s: on a fake clock, sleep takes 2 s, each wake 0.5 s, the reload
-    10 s. A step's wake figure is its KV cache's wake (its start) and its weights' (its sync),
-    without the reload between them; the first step, which starts awake, has the weights' only."""
+    """time/sleep_s, time/wake_s, time/sync_gather_s, time/sync_load_s: on a fake clock, sleep
+    takes 2 s, each wake 0.5 s, vLLM's loader 10 s, gathering each parameter's full tensor
+    0.25 s. A step's wake figure is its KV cache's wake (its start) and its weights' (its sync),
+    without the reload between them; the first step, which starts awake, has the weights' only.
+    The sync's reload splits into the gathers (inside the stream vLLM consumes) and the rest."""
     model, _ = tiny
     clock, fake = [0.0], FakeVLLM()
     monkeypatch.setattr(engine.time, "perf_counter", lambda: clock[0])
@@ -541,14 +608,30 @@ def test_vllm_engine_times_its_sleep_and_wake_not_the_reload(tiny, monkeypatch):
             clock[0] += _cost
             return _do(*a, **k)
         monkeypatch.setattr(fake, name, timed)
+    full_tensor = engine._full_tensor
+    monkeypatch.setattr(engine, "_full_tensor", lambda *a: (
+        clock.__setitem__(0, clock[0] + 0.25), full_tensor(*a))[1])
+    gather = 0.25 * len(list(model.parameters()))
     eng = built(fake, "tiny")
     eng.sleep()
     eng.sync_weights(model)
-    assert eng.seconds == {"sleep": 2.0, "wake": 0.5}
+    assert eng.seconds == {"sleep": 2.0, "wake": 0.5, "sync_gather": gather, "sync_load": 10.0}
     eng.wake()  # the next step's start
     eng.sleep()
     eng.sync_weights(model)
-    assert eng.seconds == {"sleep": 2.0, "wake": 1.0}
+    assert eng.seconds == {"sleep": 2.0, "wake": 1.0, "sync_gather": gather, "sync_load": 10.0}
+
+
+def test_the_gathers_are_timed_between_device_syncs(monkeypatch):
+    """On CUDA the device is synchronized before and after each group is made, so its
+    collectives count as the gather and the loader's queued copies do not."""
+    syncs = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: syncs.append(1))
+    spent = [0.0]
+    pairs = list(engine._timed([[("a", 1)], [("b", 2), ("c", 3)]], spent, cuda=True))
+    assert pairs == [("a", 1), ("b", 2), ("c", 3)] and len(syncs) == 2 * 3  # 2 groups + the end
+    list(engine._timed([[("a", 1)]], spent, cuda=False))
+    assert len(syncs) == 6
 
 
 def test_engine_generate_signature_matches_contract(tiny):

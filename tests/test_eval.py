@@ -7,6 +7,7 @@ import re
 import select
 import socket
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -541,6 +542,49 @@ def test_user_errors_end_the_cli_in_one_line(tmp_path, flags, said):
     with pytest.raises(SystemExit) as e:
         E.main(argv)
     assert re.match(said, str(e.value)) and "\n" not in str(e.value)
+
+
+def test_tensor_parallelism_in_one_process_ends_at_once_in_one_line(tmp_path, monkeypatch):
+    """vLLM's single-process executor at TP 2 would wait for a second rank that never comes: the
+    CLI stops before anything loads, naming the launches that work."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    argv = ["--model", str(tmp_path / "saved"), "--engine", "vllm", "--tensor_parallel_size", "2",
+            "--suites", "aime2025", "--output_dir", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as e:
+        E.main(argv)
+    assert str(e.value) == (
+        "eval.py: --tensor_parallel_size 2 needs 2 processes, one per GPU, and this launch has 1: "
+        "torchrun --nproc_per_node 2 eval.py ..., or serve the model (vllm serve MODEL "
+        "--tensor-parallel-size 2) and pass --endpoint")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # under torchrun the check lets it through to loading
+    with pytest.raises(SystemExit, match=r"eval.py: --model .*saved .* is not in the Hugging Face"):
+        E.main(argv)
+
+
+def test_a_tiny_model_says_it_ignores_engine_and_tensor_parallelism(capsys):
+    """tiny is built in memory, so it runs on the transformers engine whatever the flags say;
+    the eval says so instead of silently ignoring them."""
+    sampler = E.build_sampler(E.EvalConfig(model="tiny", engine="vllm", tensor_parallel_size=2))
+    assert type(sampler.engine).__name__ == "TransformersEngine"
+    assert capsys.readouterr().err == ("eval.py: tiny is built in memory and runs on the "
+                                       "transformers engine (--engine and --tensor_parallel_size "
+                                       "apply to a saved model)\n")
+    E.build_sampler(E.EvalConfig(model="tiny", engine="transformers"))
+    assert capsys.readouterr().err == ""
+
+
+def test_only_rank_0_writes_the_outputs(tmp_path, monkeypatch):
+    """Under torchrun every rank runs the same prompts (one TP engine) and returns the same
+    results; rank 0 alone writes them."""
+    cfg = E.EvalConfig(suites="aime2025", data_dir=str(FIXTURES), limit=1, aime_samples=1)
+    monkeypatch.setenv("RANK", "1")
+    other = E.evaluate(replace(cfg, output_dir=str(tmp_path / "rank1")), sampler=GARBAGE)
+    assert not (tmp_path / "rank1").exists()
+    monkeypatch.setenv("RANK", "0")
+    main = E.evaluate(replace(cfg, output_dir=str(tmp_path / "rank0")), sampler=GARBAGE)
+    assert other["metrics"] == main["metrics"]
+    assert {p.name for p in (tmp_path / "rank0").iterdir()} == {"samples", "results.json",
+                                                                "table1.md"}
 
 
 def test_cli_help_on_every_field():

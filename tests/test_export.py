@@ -1,7 +1,8 @@
 """The curriculum as an artifact: export.py, infra/imported.py (imported pools) and --memory_from.
 
-A one-step scripted run writes three environments (a fair coin, a loaded coin, and a sleeper that
-plays honestly in training but reads secrets and hangs on actions nobody played). Its export is
+A one-step scripted run writes three environments (a fair coin that pays 2, so its return, clipped
+to 1, is not its rewards' sum; a loaded coin; and a sleeper that plays honestly in training but
+reads secrets and hangs on actions nobody played). Its export is
 played through gem.make and gymnasium.make in a second virtualenv that has gem-llm and gymnasium
 but nothing of this repository (SPADE_EXPORT_PYTHON, else .venv-export/bin/python; .ci/run makes
 it: gem-llm pins reasoning-gym 0.1.23, the evaluation here uses 0.1.25), from an empty directory,
@@ -40,6 +41,10 @@ from tools import export
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "fixtures" / "short_corpus.jsonl"
 EXPORT_PYTHON = Path(os.environ.get("SPADE_EXPORT_PYTHON") or ROOT / ".venv-export" / "bin" / "python")
+# verifiers' own virtualenv (.ci/run makes it from requirements/verifiers.txt): its mcp 2 cannot
+# sit beside openenv 0.10's fastmcp, so it plays the export's server from a venv of its own
+VERIFIERS_PYTHON = Path(os.environ.get("SPADE_VERIFIERS_PYTHON")
+                        or ROOT / ".venv-verifiers" / "bin" / "python")
 
 COIN = r'''
 import random
@@ -135,7 +140,7 @@ def tiny_run(tmp_path_factory, tiny, secrets_dir):
     """One regeneration of three designer environments, two plays each plus two hinted."""
     sleeper = SLEEPER.replace("SECRET", repr(str(secrets_dir / "token.txt"))).replace(
         "MARKER", repr(str(secrets_dir / "escaped.txt")))
-    replies = [f"```python\n{COIN.replace('PAYOUT', '1.0')}\n```",
+    replies = [f"```python\n{COIN.replace('PAYOUT', '2.0')}\n```",
                f"```python\n{COIN.replace('PAYOUT', '0.0')}\n```", f"```python\n{sleeper}\n```"]
     out = tmp_path_factory.mktemp("run") / "coins"
     return main_with({"designer": Scripted(*tiny, replies), "agent": agent_engine(tiny)}, TINY + ["--steps", "1", "--regen_interval", "1", "--num_envs", "3",
@@ -364,6 +369,10 @@ def test_openenv_server_replays_contains_the_sleeper_and_survives_bad_clients(ex
     assert all(report["first_observation_ok"]) and report["tasks_same"]
     assert report["replayed"] == sum(e["replays"] for e in manifest["envs"]) == 6
     assert report["mismatches"] == [] and report["after_all"] == []
+    # OpenEnv's reward: 0 until the last step, which carries the return (the fair coin's 2 as 1)
+    assert [rewards for rewards, _ in report["rewards"]] == [
+        [0.0] * (len(rewards) - 1) + [ret] for rewards, ret in report["rewards"]]
+    assert {ret for _, ret in report["rewards"]} == {0.0, 1.0}
     # the sleeper: no secret, no file, its hang ended by the 2 s step deadline, then a fresh episode
     assert "hunter2" not in report["attack"] and report["attack"].startswith("attack: ")
     assert not (secrets_dir / "escaped.txt").exists()
@@ -383,6 +392,35 @@ def test_openenv_server_replays_contains_the_sleeper_and_survives_bad_clients(ex
 
 
 @pytest.mark.slow
+def test_verifiers_openenv_taskset_plays_every_export_to_its_return(exports, tmp_path):
+    """verifiers' own OpenEnv taskset (the PyPI release, in its own venv: what prime-rl trains
+    on) plays every logged play of every exported environment, and the reward it sums over the
+    session is the return our loop gave the play, the fair coin's 2 included (as 1)."""
+    if not VERIFIERS_PYTHON.exists():
+        pytest.skip(f"no verifiers virtualenv at {VERIFIERS_PYTHON} (.ci/run makes it: "
+                    "requirements/verifiers.txt)")
+    pkg = exports / "openenv"
+    manifest = json.loads((pkg / "manifest.json").read_text())
+    with serving(pkg, tmp_path) as url:
+        out = subprocess.run([str(VERIFIERS_PYTHON), "-P", str(ROOT / "tests" / "verifiers_client.py"),
+                              url, str(pkg / "coins_openenv")], cwd=tmp_path / "cwd",
+                             env={"PATH": os.environ["PATH"], "HOME": str(tmp_path / "cwd")},
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    plays = report["plays"]
+    assert len(plays) == sum(e["replays"] for e in manifest["envs"]) == 6
+    assert {p["id"] for p in plays} == {e["id"] for e in manifest["envs"]}
+    assert [p["verifiers_return"] for p in plays] == [p["return"] for p in plays]
+    assert any(p["env_reward_sum"] != p["return"] for p in plays)  # a sum of raw rewards differs
+    firsts = {e["id"]: e for e in manifest["envs"]}
+    assert all(p["schema"] == ["message"] and p["stopped"] is None for p in plays)
+    assert all(p["first_observation"][:10] == firsts[p["id"]]["first_observation"][:10]
+               for p in plays)
+    assert report["modules"] == []  # nothing of this repository was imported
+
+
+@pytest.mark.slow
 def test_openenv_server_plays_as_a_fixed_pool(exports, tmp_path, tiny):
     """--fixed_envs openenv:URL#index=i: imported.py's client replays what openenv's does, a fault
     on the server is a named environment fault here, and a run trains on the server's games."""
@@ -395,7 +433,9 @@ def test_openenv_server_plays_as_a_fixed_pool(exports, tmp_path, tiny):
                 h = imported.handle(f"openenv:{url}#index={i}")
                 got = [h.reset(seed=r["seed"])[0]] + [list(h.step(a)[:4]) for a in r["actions"]]
                 h.close()
-                assert got == [r["reset"]] + r["steps"]
+                # OpenEnv's reward is the return on the last step (the export's convention)
+                assert got == [r["reset"]] + [[text, agent.episode_return([reward], term), term,
+                                               trunc] for text, reward, term, trunc in r["steps"]]
         h = imported.handle(f"openenv:{url}#index=2")  # the sleeper
         h.reset(seed=1)
         result = h.step(r"\boxed{hang}")

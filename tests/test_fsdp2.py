@@ -1,8 +1,8 @@
 """train.py under `accelerate launch --config_file configs/fsdp2_8gpu.yaml` on 2 CPU ranks (gloo),
 through Accelerate's own FSDP2 prepare (tests/fsdp2_rank.py changes only its choice of distributed
 type on CPU): the KL reference, `meta` models on the ranks Accelerate fills, fp32 log-probs
-through the sharded policy and reference, the process-group timeout, and a checkpoint that
-resumes exactly."""
+through the sharded policy and reference, the process-group timeout, a checkpoint that resumes
+exactly, and the held-out evaluation (--eval_every) with its items split over the ranks."""
 import importlib.util
 import json
 import os
@@ -25,6 +25,11 @@ ARGS = ["--steps", "2", "--regen_interval", "2", "--num_envs", "2", "--skills_pe
         "--kl_coef", "0.05", "--lr", "1e-3", "--weight_decay", "10",
         "--process_group_timeout", "5400",
         "--corpus", str(ROOT / "tests" / "fixtures" / "short_corpus.jsonl")]
+# the held-out suite at steps 0 and 2 (after the last): 3 items, 2 on rank 0 and 1 on rank 1, so
+# a rank with less to sample keeps taking part in the other's decoding (lockstep, or a TP group)
+EVAL = ["--eval_every", "2", "--eval_suites", "aime2025", "--eval_args",
+        f"--data_dir {ROOT / 'tests' / 'fixtures' / 'eval'} --aime_samples 2 --max_new_tokens 4 "
+        "--limit 3"]
 
 
 # The environments of the run (the tiny model's designs all fail, so the step-0 pool is the
@@ -55,7 +60,7 @@ def launch(tmp_path, out: Path, tag: str, *extra, full: bool = False, launcher=(
            str(ROOT / "configs" / "fsdp2_8gpu.yaml"), "--num_processes", "2",
            "--main_process_port", str(port), *launcher, str(ROOT / "tests" / "fsdp2_rank.py"),
            "--model", str(tmp_path / "model"), *ARGS, "--fallback_envs", str(tmp_path / "envs"),
-           "--output_dir", str(out), *extra]
+           "--output_dir", str(out), *EVAL, *extra]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     seen = [torch.load(tmp_path / f"{tag}-rank{r}.pt", weights_only=False) for r in (0, 1)]
@@ -100,6 +105,20 @@ def assert_fp32_logprobs(seen, model_dir: Path, vocab: int) -> None:
             assert float((x - bf16)[on].abs().max()) <= 0.01 * compute, (r, key)
 
 
+def assert_evaluated(out: Path, a: list[dict]) -> None:
+    """eval/* at step 0 and in a row of its own after the last step, every item sampled (both
+    ranks' shares gathered, each sample once) and scored."""
+    assert [r["charts/step"] for r in a if "eval/aime2025/avg@2" in r] == [0, 2]
+    assert set(a[2]) == {"charts/step", "eval/aime2025/avg@2", "eval/aime2025/items"} | (
+        {"time/eval_s"} & set(a[0]))
+    assert a[0]["eval/aime2025/items"] == a[2]["eval/aime2025/items"] == 3
+    for step in (0, 2):
+        got = [json.loads(x) for x in (out / "eval" / f"step-{step}" / "samples" /
+                                       "aime2025.jsonl").read_text().splitlines()]
+        assert [(g["id"], g["sample"]) for g in got] == [(f"fx-{i}", k) for i in (1, 2, 3)
+                                                         for k in (0, 1)]
+
+
 @pytest.mark.slow
 def test_fsdp2_two_ranks_kl_reference_meta_loading_and_exact_resume(tmp_path):
     """A tiny Qwen3 saved in bf16, 2 steps with the KL term, a checkpoint every step, then a
@@ -133,18 +152,21 @@ def test_fsdp2_two_ranks_kl_reference_meta_loading_and_exact_resume(tmp_path):
             assert t.dtype == torch.bfloat16 and torch.equal(t, policy[n].to(torch.bfloat16)), n
     assert_fp32_logprobs(first, tmp_path / "model", len(tok))
     a = rows(out)
-    assert [r["charts/step"] for r in a] == [0, 1] and a[0]["losses/kl"] < 1e-6
+    assert [r["charts/step"] for r in a] == [0, 1, 2] and a[0]["losses/kl"] < 1e-6
     assert a[1]["losses/kl"] > a[0]["losses/kl"]  # the policy moved away from the reference
-    # the transformers engine samples from the trainer's own bf16 weights: the two log-probs
-    # differ by the bf16 compute alone (bf16-rounded log-probs: 7.7e-3 and 8.1e-3, k3 ~4e-5)
-    for r in a:
-        assert r["mismatch/logp_abs_diff"] < 4e-3 and r["mismatch/k3"] < 1e-5, r
+    assert_evaluated(out, a)
+    # the transformers engine samples from the trainer's own bf16 weights with an fp32 head
+    # (engine.fp32_head): the two log-probs differ by the body's bf16 compute alone (4.4e-4 and
+    # 1.7e-4, k3 1.6e-7 and 7.6e-8; with the head's logits in bf16: 1.3e-3 and 7.2e-4, k3 1.3e-6
+    # and 4.9e-7; bf16-rounded log-probs: 7.7e-3 and 8.1e-3, k3 ~4e-5)
+    for r in a[:2]:
+        assert r["mismatch/logp_abs_diff"] < 8e-4 and r["mismatch/k3"] < 4e-7, r
     # resume from checkpoint-1: step 1 again, identically (metrics and final weights)
     shutil.copytree(out / "final_model", tmp_path / "final_first")
     (out / "latest").write_text("checkpoint-1")
     shutil.rmtree(out / "checkpoint-2")
     again = launch(tmp_path, out, "again", "--resume")
-    assert rows(out) == a
+    assert rows(out) == a  # the evaluations after the resume point too
     for seen in again:  # rebuilt from the model directory, not read from the checkpoint
         assert all(torch.equal(t, policy[n].to(torch.bfloat16)) for n, t in seen["ref"].items())
     from safetensors.torch import load_file
@@ -181,7 +203,8 @@ def test_fsdp2_two_ranks_with_vllm_at_tensor_parallel_2(tmp_path):
     assert all(s["distributed_type"] == "DistributedType.FSDP" for s in seen)
     assert "Following weights were not loaded" not in log
     a = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["charts/step"] for r in a] == [0, 1] and a[0]["losses/kl"] < 1e-6
+    assert [r["charts/step"] for r in a] == [0, 1, 2] and a[0]["losses/kl"] < 1e-6
+    assert_evaluated(out, a)
     # the step-0 update moved the policy away from the reference (the starting weights) ...
     assert a[1]["losses/kl"] > 1e-2
     # ... and the engine sampled step 1 from the moved policy: rollout and trainer agree far

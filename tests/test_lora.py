@@ -481,6 +481,24 @@ def test_a_lora_vllm_engine_keeps_its_weights_through_the_update(tmp_path):
     assert [r.lora_int_id for r in fake.requests] == [2]
     assert eng.sync_bytes == sum(p.numel() * 2 for n, p in model.named_parameters()
                                  if "lora_" in n)  # bf16, vLLM's dtype here
+    # time/sync_gather_s, time/sync_load_s: the adapters' gather, then their file and add_lora
+    assert eng.seconds["sync_gather"] >= 0 and eng.seconds["sync_load"] > 0
+
+
+def test_a_lora_plan_counts_the_nccl_communicators_of_its_launch():
+    """The LoRA phases hold the same context as full fine-tuning's (preflight.communicators):
+    Qwen3-30B-A3B at TP 2 over 2 GPUs (README's LoRA row) holds Accelerate's world group and
+    vLLM's TP and EP PyNccl (1 + 3 GiB), a dense model at TP 2 two of them (1 + 2)."""
+    from infra import preflight
+    trainer = {"held": {"Parameter": 7.6, "Optstate": 0.2, "Total": 7.8},
+               "update": {"Parameter": 7.6, "Gradient": 0.1, "Optstate": 0.2, "Total": 29.9},
+               "step": {"Parameter": 7.6, "Gradient": 0.1, "Optstate": 0.2, "Total": 8.0},
+               "policy": 7.6, "ref": 0.0, "largest_unit": 0.05}
+    vllm = {"share": 28.0, "weights": 7.55, "profile": 1.7, "graphs": 1.0, "asleep": 0.05}
+    moe, dense = (preflight.phases(trainer, vllm, world=2, tp=2, card=80.0, offload=False,
+                                   moe=m, lora=True) for m in (True, False))
+    assert (moe["context"], dense["context"]) == (4.0, 3.0)
+    assert moe["update"] - dense["update"] == moe["start-up"] - dense["start-up"] == 1.0
 
 
 @pytest.mark.parametrize("targets", ["q_proj,lm_head", "embed_tokens"])

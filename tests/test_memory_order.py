@@ -6,9 +6,11 @@ at every call where the trainer's state is (resident bytes by kind), and the led
 resident kind at the plan's per-GPU size for that row, not at the tiny model's bytes.
 
 The test fails when any moment exceeds the card, or when the plan's phases are not this
-timeline's maxima (within 5%), so the plan cannot describe an order the code does not run. The
-loop's order before the fix (the KV cache mapped at the end of the weight sync, beside the whole
-trainer state; the optimizer state loaded beside an awake vLLM) is replayed too and must fail.
+timeline's maxima (within 5%), so the plan cannot describe an order the code does not run. Two
+earlier orders are replayed too and must fail: the loop's before round 2's fix (the KV cache
+mapped at the end of the weight sync, beside the whole trainer state; the optimizer state loaded
+beside an awake vLLM), and the start-up before round 3's (vLLM built beside the trainer's fp32
+shards, offloaded only at the first step), which the rows' raised utils no longer leave room for.
 
 One rank stands for each of a row's ranks (they all run this order). The plans measure the
 full-size trainer on fake tensors (minutes each on 2 cores: marked slow); each is measured once.
@@ -96,21 +98,22 @@ class Ledger(FakeTPLLM):
         """The run's TrainerOffload exists: its state's full bytes by kind, and the moments
         recorded before it (vLLM's start-up: nothing has moved the state since) get its state."""
         self.offload = off
-        params = off.resident()["params"]
-        # what trains: every parameter, or a LoRA run's adapters (their gradients and moments)
-        params_of = [p for p in off.model.parameters() if p.requires_grad]
-        trained = params if len(params_of) == len(list(off.model.parameters())) else \
-            sum(p.numel() * p.element_size() for p in params_of)
-        self.full = {"params": params, "grads": trained, "moments": 2 * trained}
         state = off.resident()
+        # what trains: every parameter, or a LoRA run's adapters (their gradients and moments)
+        trainable = [p for p in off.model.parameters() if p.requires_grad]
+        trained = state["params"] if len(trainable) == len(list(off.model.parameters())) else \
+            sum(p.numel() * p.element_size() for p in trainable)
+        self.full = {"params": state["params"], "grads": trained, "moments": 2 * trained,
+                     "reference": state["reference"]}
         self.timeline[:] = [(label, extra + self._trainer(state) if gib is None else gib, extra)
                             for label, gib, extra in self.timeline]
 
     def _trainer(self, state: dict) -> float:
-        """GiB of the trainer's state now: each kind's planned size x its share on the device."""
+        """GiB of the trainer's state now: each kind's planned size x its share on the device (a
+        kind offload.py does not hold, e.g. a reference it was not given, stays whole)."""
         return self.kinds["fixed"] + sum(
-            self.kinds[k] * min(1.0, state[k] / self.full[k]) for k in ("params", "grads",
-                                                                       "moments"))
+            self.kinds[k] * (min(1.0, state[k] / self.full[k]) if self.full[k] else 1.0)
+            for k in ("params", "grads", "moments", "reference"))
 
     def record(self, label: str, transient: float = 0.0) -> None:
         """One moment: vLLM's mapped pools + the context + a transient + the trainer's state."""
@@ -164,10 +167,12 @@ class Ledger(FakeTPLLM):
 
 
 def run_on_ledger(plan: dict, tmp_path, monkeypatch, *, offload_trainer: bool, kl_coef: float,
-                  before_fix: bool = False, lora_rank: int = 0) -> list:
+                  before_fix: bool = False, vllm_first: bool = False,
+                  lora_rank: int = 0) -> list:
     """train.main for 2 steps (a checkpoint after each), then --resume for a third, on a Ledger
-    of `plan`; returns the timeline. before_fix: the order the loop ran before: the KV cache
-    woke at the end of the sync, and the resume loaded the checkpoint with vLLM awake."""
+    of `plan`; returns the timeline. before_fix: the order the loop ran before round 2: the KV
+    cache woke at the end of the sync, and the resume loaded the checkpoint with vLLM awake.
+    vllm_first: the start-up before round 3: vLLM built before the trainer's state left."""
     timeline, ledgers = [], []
     kinds = preflight.state_kinds(plan["trainer"])
     init, step_off, step_re = (offload.TrainerOffload.__init__, offload.TrainerOffload.offload,
@@ -216,6 +221,9 @@ def run_on_ledger(plan: dict, tmp_path, monkeypatch, *, offload_trainer: bool, k
                 del self.engine.sleep
         monkeypatch.setattr(engine.VLLMEngine, "sync_weights", sync_then_kv)
         monkeypatch.setattr(run.Run, "resume", resume_awake)
+    if vllm_first:  # no offload before vLLM starts: the first step's start moves the state
+        vllm_engine = run.vllm_engine
+        monkeypatch.setattr(run, "vllm_engine", lambda *a, before_start, **k: vllm_engine(*a, **k))
     tiny = ["--model", "tiny", "--engine", "vllm", "--steps", "2", "--regen_interval", "2",
             "--num_envs", "2", "--skills_per_regen", "1", "--plays", "2", "--hint_plays", "1",
             "--max_attempts", "1", "--designer_max_tokens", "16", "--hint_max_tokens", "8",
@@ -257,12 +265,13 @@ def check(plan: dict, timeline: list) -> list[str]:
     return wrong
 
 
-def on_ledger(row, tmp_path, monkeypatch, before_fix: bool = False) -> tuple[dict, list]:
-    """(the plan of a README row, the loop's timeline on a Ledger of it)."""
+def on_ledger(row, tmp_path, monkeypatch, **order) -> tuple[dict, list]:
+    """(the plan of a README row, the loop's timeline on a Ledger of it; `order`: run_on_ledger's
+    earlier orders)."""
     plan, cfg = row_plan(row), row_args(row)
     return plan, run_on_ledger(plan, tmp_path, monkeypatch, offload_trainer=cfg.model.offload_trainer,
-                               kl_coef=cfg.grpo.kl_coef, before_fix=before_fix,
-                               lora_rank=cfg.model.lora_rank)
+                               kl_coef=cfg.grpo.kl_coef, lora_rank=cfg.model.lora_rank,
+                               **order)
 
 
 def ledger_rows():
@@ -288,34 +297,59 @@ def show(title: str, plan: dict, timeline: list) -> dict:
     return seen
 
 
-# A plan by hand, one GPU of 80 GiB at util 0.75 (a 4B-sized trainer, GiB): fp32 shards 15,
-# moments 30, gradients 15 and activations 22 at the update's peak; vLLM's share 60.
+# A plan by hand, one GPU of 80 GiB at util 0.9 (a 4B-sized trainer, GiB): fp32 shards 15,
+# moments 30, gradients 15 and activations 22 at the update's peak; vLLM's share 72.
 HAND = {"held": {"Parameter": 15.0, "Optstate": 30.0, "Total": 45.0},
         "update": {"Parameter": 15.0, "Gradient": 15.0, "Activation": 22.0, "Optstate": 30.0,
                    "Total": 82.0},
         "step": {"Parameter": 15.0, "Gradient": 15.0, "Optstate": 30.0, "Total": 60.0},
         "policy": 15.0, "ref": 0.0, "largest_unit": 0.7, "params": 4 * 10**9}
-HAND_VLLM = {"share": 60.0, "weights": 7.5, "profile": 1.7, "graphs": 1.0, "asleep": 0.05,
-             "kv": 49.75}
+HAND_VLLM = {"share": 72.0, "weights": 7.5, "profile": 1.7, "graphs": 1.0, "asleep": 0.05,
+             "kv": 61.75}
 
 
 def test_the_order_on_a_hand_made_plan(tmp_path, monkeypatch, capsys):
-    """The ledger on a plan by hand (no measurement): the loop's order matches the plan; the order
-    before the fix maps the KV cache beside the whole state, 45 + 1 + 60 GiB on an 80 GiB card,
-    and the resume's sync beside an awake vLLM adds the largest layer."""
+    """The ledger on a plan by hand (no measurement): the loop's order matches the plan, vLLM
+    starting with the trainer's state away (0 + 1 + 72 GiB); the order before round 2's fix maps
+    the KV cache beside the whole state, 45 + 1 + 72 GiB on an 80 GiB card, and the resume's
+    sync beside an awake vLLM adds the largest layer; the start-up before round 3's builds vLLM
+    beside the fp32 shards, 15 + 1 + 72."""
     phases = preflight.phases(HAND, HAND_VLLM, world=1, tp=1, card=80.0, offload=True)
     plan = {"trainer": HAND, "vllm": HAND_VLLM, "phases": phases, "card": 80.0}
-    assert phases["rollout"] == phases["kv wake"] == 0.0 + 1.0 + 60.0
+    assert phases["start-up"] == phases["rollout"] == phases["kv wake"] == 0.0 + 1.0 + 72.0
     timeline = run_on_ledger(plan, tmp_path / "fixed", monkeypatch, offload_trainer=True,
                              kl_coef=0.0)
     assert check(plan, timeline) == []
+    assert timeline[0][0] == "offload" and peaks(timeline)["start-up"] == pytest.approx(73.0)
     monkeypatch.undo()
     before = run_on_ledger(plan, tmp_path / "before", monkeypatch, offload_trainer=True,
                            kl_coef=0.0, before_fix=True)
     seen = peaks(before)
-    assert seen["kv wake"] == pytest.approx(45.0 + 1.0 + 60.0)
-    assert seen["sync"] == pytest.approx(45.0 + 1.0 + 60.0 + 0.7)
-    assert "kv wake 106.0 GiB above the 80.0 GiB card" in check(plan, before)
+    assert seen["kv wake"] == pytest.approx(45.0 + 1.0 + 72.0)
+    assert seen["sync"] == pytest.approx(45.0 + 1.0 + 72.0 + 0.7)
+    assert "kv wake 118.0 GiB above the 80.0 GiB card" in check(plan, before)
+    monkeypatch.undo()
+    first = run_on_ledger(plan, tmp_path / "first", monkeypatch, offload_trainer=True,
+                          kl_coef=0.0, vllm_first=True)
+    assert peaks(first)["start-up"] == pytest.approx(15.0 + 1.0 + 72.0)
+    assert "start-up 88.0 GiB above the 80.0 GiB card" in check(plan, first)
+
+
+def test_the_kl_reference_waits_in_host_ram_on_a_hand_made_plan(tmp_path, monkeypatch):
+    """With a KL term the frozen reference (7 GiB here) is read only by the update: offloaded
+    with the trainer, the rollouts and vLLM's start-up run without it, and it is back for the
+    update's forward."""
+    kl = {"held": {**HAND["held"], "Parameter": 22.0, "Total": 52.0},
+          "update": {**HAND["update"], "Parameter": 22.0, "Total": 89.0},
+          "step": {**HAND["step"], "Parameter": 22.0, "Total": 67.0}, "ref": 7.0}
+    trainer = {**HAND, **kl}
+    phases = preflight.phases(trainer, HAND_VLLM, world=1, tp=1, card=80.0, offload=True)
+    plan = {"trainer": trainer, "vllm": HAND_VLLM, "phases": phases, "card": 80.0}
+    assert phases["start-up"] == phases["rollout"] == 0.0 + 1.0 + 72.0  # no reference
+    timeline = run_on_ledger(plan, tmp_path, monkeypatch, offload_trainer=True, kl_coef=0.01)
+    assert check(plan, timeline) == []
+    seen = peaks(timeline)
+    assert seen["update"] == pytest.approx(89.0 - 30.0 + 1.0 + 0.05)  # moments away, ref back
 
 
 # A LoRA plan by hand, one GPU of 80 GiB at util 0.35 (a 4B-sized run, GiB): the frozen bf16 base
@@ -371,3 +405,21 @@ def test_the_order_before_the_fix_runs_out_of_memory(row, tmp_path, monkeypatch,
     assert seen["kv wake"] == pytest.approx(held + plan["phases"]["context"] +
                                             plan["vllm"]["share"], rel=0.01)
     assert check(plan, timeline)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", [r for r in ledger_rows() if "--offload_trainer" in r[4]],
+                         ids=row_id)
+def test_vllm_started_beside_the_trainer_state_does_not_fit_the_rows_util(row, tmp_path,
+                                                                          monkeypatch, capsys):
+    """The start-up before round 3's fix: vLLM built beside the fp32 shards (and the KL
+    reference), offloaded only at the first step. At the util each offload row now takes, the
+    one its rollout allows, that start-up is above the card: vLLM would refuse to start."""
+    plan, timeline = on_ledger(row, tmp_path, monkeypatch, vllm_first=True)
+    with capsys.disabled():
+        seen = show(f", vLLM first, {row_id(row)}", plan, timeline)
+    kinds = preflight.state_kinds(plan["trainer"])
+    beside = kinds["params"] + kinds["reference"] + kinds["fixed"]
+    assert seen["start-up"] == pytest.approx(beside + plan["phases"]["context"] +
+                                             plan["vllm"]["share"], rel=0.01)
+    assert seen["start-up"] > plan["card"] >= plan["phases"]["start-up"]

@@ -121,7 +121,7 @@ def test_the_loop_offloads_for_the_rollouts_and_reloads_around_the_update(tmp_pa
                 "--max_turns", "1", "--max_new_tokens", "8", "--sandbox_workers", "1",
                 "--corpus", corpus, "--output_dir", str(tmp_path / "run")])
     step = ["offload", "reload(optimizer=False)", "update", "reload(optimizer=True)"]
-    assert calls == step * 2
+    assert calls == step * 2 + ["reload(optimizer=True)"]  # the export's (finish)
 
 
 def test_arena_layout_hand_computed():
@@ -144,35 +144,62 @@ def _tiny_with_moments(tiny):
 
 def test_one_arena_of_exactly_the_bytes_it_holds_and_the_plan_counts_them(tiny):
     """The host copies are views into one buffer laid out by arena_layout (not one rounded-up
-    buffer per storage); it is rebuilt only when the set of storages changes (the moments appear
-    at the first step). Its bytes are the plan's 12 per parameter (preflight.host_ram) plus the
-    step counters and the alignment, a slot each at most."""
+    buffer per storage). It is allocated (on CUDA: registered, every page faulted in) once, at the
+    first offload, before AdamW's moments exist, sized for them too from the parameters' shapes:
+    the moments that appear at the first step fill it exactly, with no second arena. Its bytes are
+    the plan's 12 per parameter (preflight.host_ram) plus the step counters and the alignment, a
+    slot each at most."""
     from infra import preflight
     model = copy.deepcopy(tiny[0])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     off = offload.TrainerOffload(model, opt)
     params = [p.untyped_storage().nbytes() for p in model.parameters()]
-    off.offload()
-    assert off.arena.nbytes == offload.arena_layout(params)[1]  # the parameters alone
+    assert off.state_to_come() == [b for n in params for b in (4, n, n)]
+    off.offload()  # the parameters alone are away; the arena has room for the moments
+    arena = off.arena
+    assert arena.nbytes == offload.arena_layout(params + off.state_to_come())[1]
     off.reload()
     for p in model.parameters():
         p.grad = torch.ones_like(p)
     opt.step()  # the moments appear
     opt.zero_grad(set_to_none=True)
+    assert off.state_to_come() == []
     before = [v.clone() for s in opt.state.values() for v in s.values()]
     sizes = [s.nbytes() for s, _ in off._storages()]
     off.offload()
-    arena = off.arena
+    assert off.arena is arena  # the same arena, exactly as large as what it now holds
     assert arena.nbytes == offload.arena_layout(sizes)[1] and len(sizes) == 4 * len(params)
     off.reload()
     assert all(torch.equal(a, b) for a, b in
                zip(before, [v for s in opt.state.values() for v in s.values()]))
-    off.offload()
-    assert off.arena is arena  # the same storages: the same arena
     n = sum(p.numel() for p in model.parameters())
     planned = preflight.host_ram(n, world=1, tp=1, sleep_level=2, offload=True, keep=1)["offload"]
     assert planned * 1e9 == 12 * n
     assert 12 * n <= arena.nbytes <= 12 * n + len(sizes) * offload.ALIGN
+
+
+def test_state_larger_than_the_arena_gets_a_new_one(tiny):
+    """An optimizer whose state offload.py cannot foresee (SGD with momentum): the arena is sized
+    for the parameters, then replaced, once, when the momentum buffers appear."""
+    model = copy.deepcopy(tiny[0])
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    off = offload.TrainerOffload(model, opt)
+    assert off.state_to_come() == []
+    off.offload()
+    first = off.arena
+    off.reload()
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    before = [p.detach().clone() for p in model.parameters()]
+    off.offload()
+    assert off.arena is not first
+    second = off.arena
+    off.reload()
+    off.offload()
+    assert off.arena is second
+    off.reload()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
 def test_pin_registers_exactly_the_arenas_bytes(monkeypatch):
@@ -218,17 +245,36 @@ def test_resident_reports_the_state_on_the_device_by_kind(tiny):
     off = offload.TrainerOffload(model, opt)
     n = sum(p.untyped_storage().nbytes() for p in model.parameters())
     steps = 4 * len(list(model.parameters()))  # AdamW's step counters
-    assert off.resident() == {"params": n, "grads": 0, "moments": 2 * n + steps}
+    assert off.resident() == {"params": n, "grads": 0, "moments": 2 * n + steps, "reference": 0}
     off.offload()
-    assert off.resident() == {"params": 0, "grads": 0, "moments": 0}
+    assert off.resident() == {"params": 0, "grads": 0, "moments": 0, "reference": 0}
     off.reload(optimizer=False)
-    assert off.resident() == {"params": n, "grads": 0, "moments": 0}
+    assert off.resident() == {"params": n, "grads": 0, "moments": 0, "reference": 0}
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
-    assert off.resident() == {"params": n, "grads": n, "moments": 0}
+    assert off.resident() == {"params": n, "grads": n, "moments": 0, "reference": 0}
     opt.step()  # the pre-hook brings the moments back first
-    assert off.resident() == {"params": n, "grads": n, "moments": 2 * n + steps}
+    assert off.resident() == {"params": n, "grads": n, "moments": 2 * n + steps, "reference": 0}
     assert offload.TrainerOffload(model, opt, enabled=False).resident()["params"] == n
+
+
+def test_the_kl_reference_goes_with_the_trainer_and_comes_back_for_the_update(tiny):
+    """The frozen bf16 reference is read only by the update: it waits in host RAM with the
+    parameters during the rollouts and comes back with them (reload(optimizer=False)), bit for
+    bit, before the update's forward."""
+    model, opt = _tiny_with_moments(tiny)
+    ref = copy.deepcopy(tiny[0]).to(torch.bfloat16).requires_grad_(False)
+    before = [p.clone() for p in ref.parameters()]
+    off = offload.TrainerOffload(model, opt, reference=ref)
+    n = sum(p.untyped_storage().nbytes() for p in ref.parameters())
+    assert off.resident()["reference"] == n
+    freed = off.offload()
+    assert off.resident()["reference"] == 0 and freed >= n
+    assert all(p.untyped_storage().nbytes() == 0 for p in ref.parameters())
+    off.reload(optimizer=False)  # the update's start: parameters and reference, no moments
+    assert off.resident()["reference"] == n and off.resident()["moments"] == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, ref.parameters()))
+    off.reload()
 
 
 def test_state_loaded_from_a_checkpoint_offloads_too(tiny):

@@ -73,7 +73,7 @@ def test_qwen3_30b_a3b_plan_on_8_h100s_and_the_memory_offload_frees(capsys):
     assert off["update"] - on["update"] == pytest.approx(t["update"]["OptState"])
     assert t["update"]["OptState"] == pytest.approx(8 * params / 8 / GIB, rel=0.01)
     assert on["step"] == off["step"] and on["sync"] == off["sync"]
-    assert on["start-up"] == off["start-up"]
+    assert on["start-up"] == on["rollout"] < off["start-up"]  # offloaded before vLLM starts
 
 
 def test_vllm_share_by_hand():
@@ -120,26 +120,53 @@ VLLM = {"share": 28.0, "weights": 3.0, "profile": 1.5, "graphs": 1.0, "asleep": 
 
 
 def test_the_phases_by_hand():
-    """Every phase from its terms (module docstring), at 8 GPUs and TP 4, so the context is the
-    CUDA context and 3 NCCL communicators: dropping any term fails one of these."""
+    """Every phase from its terms (module docstring), at 8 GPUs and TP 4 of an MoE model, so the
+    context is the CUDA context and 3 NCCL communicators: dropping any term fails one of these."""
     kinds = preflight.state_kinds(TRAINER)
-    assert kinds == {"params": 4.0, "moments": 8.0, "grads": 4.0, "fixed": 2.5, "update": 6.0,
-                     "step": 1.0}
-    assert preflight.communicators(8, 4) == ["Accelerate's world group", "vLLM's TP device group",
-                                             "vLLM's PyNccl"]
-    assert preflight.communicators(1, 1) == [] and len(preflight.communicators(8, 1)) == 1
+    assert kinds == {"params": 4.0, "moments": 8.0, "grads": 4.0, "reference": 2.0, "fixed": 0.5,
+                     "update": 6.0, "step": 1.0}
     ctx = preflight.CUDA_CONTEXT_GIB + 3 * preflight.NCCL_GIB
-    assert preflight.context_gib(8, 4) == ctx == 4.0
+    assert preflight.context_gib(8, 4, moe=True) == ctx == 4.0
     for offload in (False, True):
-        ph = preflight.phases(TRAINER, VLLM, world=8, tp=4, card=80.0, offload=offload)
-        between = 2.5 if offload else 14.5  # offloaded, the reference and buffers stay
-        # vLLM starts beside the fp32 shards and the reference (the moments do not exist yet)
-        assert ph["start-up"] == pytest.approx(4.0 + 2.5 + ctx + 28.0)
+        ph = preflight.phases(TRAINER, VLLM, world=8, tp=4, card=80.0, offload=offload, moe=True)
+        between = 0.5 if offload else 14.5  # offloaded, the buffers stay (the reference goes)
+        # vLLM starts beside the fp32 shards and the reference (the moments do not exist yet);
+        # offloaded, the shards and the reference are in host RAM before it starts
+        assert ph["start-up"] == pytest.approx((4.0 + 2.0) * (not offload) + 0.5 + ctx + 28.0)
         assert ph["rollout"] == ph["kv wake"] == pytest.approx(between + ctx + 28.0)
         assert ph["update"] == pytest.approx(24.5 - 8.0 * offload + ctx + 0.1)
         assert ph["step"] == pytest.approx(19.5 + ctx + 0.1)
         assert ph["sync"] == pytest.approx(14.5 + 3.0 + 1.0 + 0.1 + 0.25 + ctx)
         assert ph["context"] == ctx
+
+
+def test_the_nccl_communicators_vllm_and_accelerate_make():
+    """vLLM 0.32 gives each group of more than one rank one PyNccl communicator, eagerly: its TP
+    group, and for an MoE model its expert-parallel group (the TP ranks); Accelerate's world group
+    spans the GPUs. A dense TP 2 row over 8 GPUs holds 2, an MoE TP 4 row 3, one GPU none."""
+    assert preflight.communicators(8, 2) == ["Accelerate's world group", "vLLM's TP PyNccl"]
+    assert preflight.communicators(8, 4, moe=True) == [
+        "Accelerate's world group", "vLLM's TP PyNccl", "vLLM's EP PyNccl (MoE)"]
+    assert preflight.communicators(8, 1, moe=True) == ["Accelerate's world group"]  # EP of 1
+    assert preflight.communicators(1, 1, moe=True) == []
+    assert preflight.context_gib(8, 2) == preflight.CUDA_CONTEXT_GIB + 2 * preflight.NCCL_GIB
+
+
+def test_the_report_names_the_nvls_switch_where_there_are_communicators(monkeypatch):
+    """NVLS on NVSwitch nodes can make a communicator larger than the 1 GiB counted: the plan
+    says so, naming NCCL_NVLS_ENABLE and its value, whenever it counts a communicator."""
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+
+    def text(world, tp):
+        ph = preflight.phases(TRAINER, VLLM, world=world, tp=tp, card=80.0, offload=False)
+        p = {"card": 80.0, "phases": ph, "vllm": VLLM, "trainer": TRAINER, "world": world,
+             "tp": tp, "util": 0.35, "offload": False, "seq_len": 32768, "seconds": 1.0,
+             "moe": False, "live_episodes": 96, "max_context": 32768, "max_util": 0.5,
+             "fits": True, "change": "fits"}
+        return preflight.report(p, "m", {"load": 1.0})
+    assert "NCCL_NVLS_ENABLE=0 turns it off (now 0)" in text(8, 2)
+    assert "2 NCCL x 1.0 (Accelerate's world group, vLLM's TP PyNccl)" in text(8, 2)
+    assert "NVLS" not in text(1, 1)
 
 
 def test_a_kv_wake_over_the_card_does_not_fit():
@@ -153,11 +180,12 @@ def test_host_ram_by_hand():
     """GB per node, every term: the main process's fp32 load (+ the bf16 reference), vLLM's sleep
     backups at twice their bytes (torch's pinned allocator rounds each up to a power of two:
     level 2 the CUDA graphs, level 1 the bf16 weights too), the offload arena at its exact 12
-    bytes per parameter, an export's fp32 state dict and bf16 copy, the checkpoints."""
+    bytes per parameter (14 with the bf16 reference), an export's fp32 state dict and bf16 copy,
+    the checkpoints."""
     n, graphs = 30 * 10**9, preflight.VLLM_GRAPHS_GIB * GIB
     two = preflight.host_ram(n, world=8, tp=4, sleep_level=2, offload=True, keep=3, kl=True)
     assert two == pytest.approx({"load": 6 * n / 1e9, "sleep": 2 * 8 * graphs / 1e9,
-                                 "offload": 12 * n / 1e9, "export": 6 * n / 1e9,
+                                 "offload": 14 * n / 1e9, "export": 6 * n / 1e9,
                                  "checkpoint": 12 * n / 1e9, "checkpoints kept": 36 * n / 1e9})
     one = preflight.host_ram(n, world=8, tp=4, sleep_level=1, offload=False, keep=1)
     assert one["load"] == pytest.approx(4 * n / 1e9) and one["offload"] == 0.0

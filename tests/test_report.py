@@ -24,7 +24,11 @@ ROOT = Path(__file__).resolve().parents[1]
 HOSTILE = "<script>alert(1)</script></div></pre></details>"
 VOID = {"meta", "br", "img", "hr", "input", "link", "path", "use", "rect", "circle", "line",
         "polyline", "polygon", "stop", "image", "col"}
-SECTIONS = ["header", "curves", "telemetry", "cards", "designer"]
+SECTIONS = ["header", "curves", "heldout", "telemetry", "cards", "designer"]
+# the held-out suites at steps 0, 2 and after the last (3): one panel per suite
+EVAL = ["--eval_every", "2", "--eval_suites", "aime2025,gpqa_diamond", "--eval_args",
+        f"--data_dir {ROOT / 'tests' / 'fixtures' / 'eval'} --aime_samples 2 --gpqa_samples 1 "
+        "--max_new_tokens 4 --limit 2"]
 
 
 class Page(HTMLParser):
@@ -103,9 +107,11 @@ def scripted_hostile(model, tok):
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory, tiny):
-    """Two regenerations (steps 0 and 2), its page made by the command the run prints."""
+    """Two regenerations (steps 0 and 2), held-out suites at steps 0, 2 and 3, its page made by
+    the command the run prints."""
     out = tmp_path_factory.mktemp("report") / "run"
-    run = main_with(scripted_hostile(*tiny), BASE + ["--transcripts", "2", "--output_dir", str(out)])
+    run = main_with(scripted_hostile(*tiny), BASE + EVAL + ["--transcripts", "2",
+                                                            "--output_dir", str(out)])
     assert not (run / "report.html").exists()  # the run writes its files, never the page
     subprocess.run([sys.executable, "-m", "tools.report", str(run)], cwd=ROOT, check=True,
                    capture_output=True, timeout=300)
@@ -127,7 +133,8 @@ def test_report_has_every_section_and_card(tiny_run):
     for sid in SECTIONS:
         assert page.having(id=sid), sid
     charts = {a["data-chart"] for a in page.having() if "data-chart" in a}
-    assert len(charts) == 11 and text.count("<svg") == 11
+    assert len(charts) == 13 and text.count("<svg") == 13
+    assert {"Held-out: aime2025", "Held-out: gpqa_diamond"} <= charts
     for step, pool in pools(tiny_run).items():
         assert page.having(id=f"regen-{step}")
         cards = [a for a in page.having(**{"class": "card"}) if a["data-step"] == str(step)]
@@ -155,7 +162,11 @@ def test_report_values_equal_the_run_files(tiny_run):
     page = parse(text)
     rows = [json.loads(line) for line in (tiny_run / "metrics.jsonl").read_text().splitlines()]
     head = page.fields("header")
-    assert int(head["steps_done"]) == len(rows) == 3
+    assert int(head["steps_done"]) == len(rows) - 1 == 3  # the last evaluation has a row of its own
+    assert "time/step_s" not in rows[-1]
+    rows = rows[:-1]
+    best = json.loads((tiny_run / "eval" / "checkpoints.json").read_text())
+    assert f"step-{page.fields('heldout')['eval_best']}" == best["best"]
     assert float(head["time_step"]) == pytest.approx(sum(r["time/step_s"] for r in rows), abs=0.05)
     assert float(head["time_play"]) == pytest.approx(sum(r["time/play_s"] for r in rows), abs=0.05)
     scores = json.loads((tiny_run / "designer" / "scores-step-0002-rank-0.json").read_text())
@@ -196,7 +207,8 @@ def test_partial_run_directory_gives_a_report_and_notes(tiny_run, tmp_path):
     run = tmp_path / "partial"
     shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns("checkpoint-*", "final_model"))
     metrics = run / "metrics.jsonl"
-    metrics.write_text(metrics.read_text()[:-40])  # a run killed while writing its last line
+    # a run killed while writing its last step's line (before its last evaluation's row)
+    metrics.write_text("".join(metrics.read_text().splitlines(keepends=True)[:-1])[:-40])
     victim = next((run / "envs").glob("step-0000-rank-0/s0*.py"))
     victim.unlink()
     (run / "memory.json").unlink()
@@ -365,6 +377,14 @@ def test_report_renders_in_headless_chromium(tiny_run, tmp_path):
     cards = page.having(**{"class": "card"})
     assert len(cards) == len(parse(html_file.read_text()).having(**{"class": "card"})) >= 2
     assert "script" not in {t for t, _ in page.tags}
+    # the held-out curves as the browser built them: a panel per suite, its untrained value dashed
+    held = FieldReader(dom, "heldout").fields
+    assert held["eval_best"].isdigit()
+    for suite in ("aime2025", "gpqa_diamond"):
+        [chart] = page.having(**{"data-chart": f"Held-out: {suite}"})
+        svg = dom[dom.index(f'data-chart="Held-out: {suite}"'):]
+        svg = svg[:svg.index("</figure>")]
+        assert "untrained" in svg and "stroke-dasharray" in svg and f"eval/{suite}/avg@" in svg
     if os.environ.get("REPORT_SCREENSHOT"):  # small enough to check in: 960 px, 64 colours
         small = img.resize((960, 1275), Image.LANCZOS).quantize(64)
         small.save(os.environ["REPORT_SCREENSHOT"], optimize=True)

@@ -1,6 +1,7 @@
 """train.py end to end on the tiny models: regeneration, hinted arm, designer + agent updates,
 memory, checkpoints, exact resume after a crash in every phase, ablations, bad configs."""
 import json
+import os
 import types
 from pathlib import Path
 
@@ -687,7 +688,8 @@ def test_local_bf16_model_trains_checkpointed_with_bf16_reference_and_export(
     monkeypatch.setattr(logprobs_lib, "token_logprobs", lambda m, *a, **k: (
         seen.append((next(m.parameters()).dtype, m.training)), logprobs(m, *a, **k))[1])
     engines, make_engine = [], run.make_engine
-    monkeypatch.setattr(run, "make_engine", lambda *a: engines.append(make_engine(*a)) or engines[-1])
+    monkeypatch.setattr(run, "make_engine",
+                        lambda *a, **k: engines.append(make_engine(*a, **k)) or engines[-1])
     out = main_with(scripted(*designer_model), BASE + ["--model", str(src), "--steps", "1", "--kl_coef", "0.01",
                              "--output_dir", str(tmp_path / "run")])
     assert counts["checkpoint"] > 0 and not engines[0].prefix_cache
@@ -803,7 +805,7 @@ def _tp_train_worker(rank, port, out_dir):
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), ACCELERATE_USE_CPU="true")
     torch.set_num_threads(1)
     fake = FakeTPLLM(models.build_tiny_tokenizer())
-    def make_engine(cfg, *args):  # the fake imported as vllm while the engine is built
+    def make_engine(cfg, *args, **kwargs):  # the fake imported as vllm while the engine is built
         with mock.patch.dict(sys.modules, {"vllm": fake, "vllm.platforms": fake.platforms}):
             return engine.VLLMEngine("tiny", tensor_parallel_size=cfg.model.tensor_parallel_size)
     run.make_engine = make_engine
@@ -867,6 +869,31 @@ def test_a_tp_that_does_not_divide_the_processes_stops_before_any_load(tmp_path,
                                          r"processes$"):
         train.main(["--model", "tiny", "--engine", "vllm", "--tensor_parallel_size", "2",
                     "--corpus", str(CORPUS), "--output_dir", str(tmp_path / "run")])
+
+
+def test_the_trainers_allocator_expands_its_segments_before_cuda_starts(tmp_path, monkeypatch):
+    """run.Run sets expandable segments before Accelerate starts CUDA (here a run that stops
+    right after), added to what the user's variable says, never over an explicit choice."""
+    import accelerate
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    seen = []
+    monkeypatch.setattr(accelerate.Accelerator, "__init__", lambda self, **k: (
+        seen.append(os.environ.get("PYTORCH_CUDA_ALLOC_CONF")), pytest.fail("stop"))[1])
+    with pytest.raises(pytest.fail.Exception, match="stop"):
+        train.main(["--model", "tiny", "--corpus", str(CORPUS),
+                    "--output_dir", str(tmp_path / "run")])
+    assert seen == ["expandable_segments:True"]
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}
+    run.expandable_segments(env)
+    assert env == {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512,expandable_segments:True"}
+    env = {"PYTORCH_ALLOC_CONF": "garbage_collection_threshold:0.8"}  # torch reads it first
+    run.expandable_segments(env)
+    assert env == {"PYTORCH_ALLOC_CONF": "garbage_collection_threshold:0.8,"
+                                         "expandable_segments:True"}
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}
+    run.expandable_segments(env)
+    assert env == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}
 
 
 def test_vllm_that_cannot_hold_its_weights_stops_before_any_load(tmp_path, monkeypatch):

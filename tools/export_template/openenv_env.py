@@ -19,9 +19,15 @@ Actions are {"message": str}: at most ACTION_CAP characters, valid UTF-8, no NUL
 refused with an error frame (a non-string: openenv's VALIDATION_ERROR; the rest: EXECUTION_ERROR
 saying why), and the session and its episode go on. Observations: `text` (at most
 sandbox.OBS_CAP characters), reward, done = terminated or truncated, `terminated`, `truncated`,
-`env_id` (the manifest's id). A fault of the environment's code (a timeout, an exception, a
-malformed result: sandbox.FAULT_KINDS) ends the episode with done, reward 0.0 and `error` naming the
-kind; reset() starts a fresh episode.
+`env_id` (the manifest's id), `env_reward` (the environment's own reward of the step). A fault
+of the environment's code (a timeout, an exception, a malformed result: sandbox.FAULT_KINDS) ends
+the episode with done, reward 0.0 and `error` naming the kind; reset() starts a fresh episode.
+
+Reward: OpenEnv's `reward` is 0.0 on every step but the last, and on the last the episode's return
+as SPADE's loop counts it (agent.episode_return: the environment's last reward clipped to [-1, 1]
+if it terminated, else 0), so a client that sums a session's rewards (verifiers' OpenEnv
+taskset, prime-rl) and one that reads the last (TRL, the trainer's openenv: pools) get the
+return training gave the episode.
 
 What the server holds to against its clients (`Guard`, in front of openenv's app):
 1. Sessions end: a WebSocket that sends nothing for --idle_timeout seconds is closed (code 1008)
@@ -101,12 +107,22 @@ def reset_refusal(seed, episode_id) -> str | None:
     return None
 
 
+def episode_reward(reward: float, terminated: bool) -> float:
+    """OpenEnv's reward of a step (the module docstring's convention): the episode's return on
+    a step that terminates it (its reward clipped to [-1, 1]), 0.0 on any other (a truncated
+    episode's return is 0)."""
+    return max(-1.0, min(1.0, float(reward))) if terminated else 0.0
+
+
 class SpadeObservation(Observation):
     text: str = Field(default="", description="what the environment says")
     terminated: bool = False
     truncated: bool = False
     env_id: str = Field(default="", description="the manifest's id of the environment")
     error: Optional[str] = Field(default=None, description="a fault's kind (sandbox.FAULT_KINDS)")
+    env_reward: Optional[float] = Field(default=None, description="the environment's own reward "
+                                        "of the step (OpenEnv's reward: the episode's return, "
+                                        "on its last step)")
 
 
 class SpadeState(State):
@@ -148,9 +164,10 @@ class SpadeEnvironment(Environment):
         except EnvironmentFault as fault:
             return self._fault(fault)
         self._state.step_count += 1
-        return SpadeObservation(text=text, reward=reward, done=terminated or truncated,
-                                terminated=terminated, truncated=truncated,
-                                env_id=self._env.env_id)
+        done = terminated or truncated
+        return SpadeObservation(text=text, reward=episode_reward(reward, terminated),
+                                done=done, terminated=terminated, truncated=truncated,
+                                env_id=self._env.env_id, env_reward=reward)
 
     def _fault(self, fault: EnvironmentFault) -> SpadeObservation:
         return SpadeObservation(text=f"[environment error: {fault.kind}]", reward=0.0, done=True,
