@@ -218,7 +218,8 @@ def test_fsdp2_two_ranks_with_lora(tmp_path):
     shipped bf16 beside fp32 adapters, read once (rank 0; no reference model is loaded: the
     reference is the policy with its adapters off, lora.Reference, whose log-probs through the
     sharded policy equal the policy's while B = 0), the adapters moving the policy away from it,
-    and a checkpoint that resumes exactly."""
+    the held-out evaluation of the adapted policy, and a checkpoint that resumes exactly (its
+    evaluations too)."""
     model, tok = models.build_tiny("tiny", seed=0)
     model.generation_config.eos_token_id = list(range(0, len(tok), 8))
     model.to(torch.bfloat16).save_pretrained(tmp_path / "model")
@@ -240,9 +241,10 @@ def test_fsdp2_two_ranks_with_lora(tmp_path):
         assert seen["ref"] == {}  # no weights of its own
         assert torch.equal(seen["policy_logp"], seen["ref_logp"])  # B = 0: the same model
     a = rows(out)
-    assert [r["charts/step"] for r in a] == [0, 1] and a[0]["losses/kl"] < 1e-9
+    assert [r["charts/step"] for r in a] == [0, 1, 2] and a[0]["losses/kl"] < 1e-9
     assert a[1]["losses/kl"] > 1e-7, a  # the adapters moved the policy from the reference
-    for r in a:  # the engine samples from the trainer's adapters (bf16 compute alone differs)
+    assert_evaluated(out, a)  # the held-out suite samples the adapted policy on both ranks
+    for r in a[:2]:  # the engine samples from the trainer's adapters (bf16 compute alone differs)
         assert r["mismatch/logp_abs_diff"] < 4e-3 and r["mismatch/k3"] < 1e-5, r
     shutil.copytree(out / "final_model", tmp_path / "final_first")
     (out / "latest").write_text("checkpoint-1")
