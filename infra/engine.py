@@ -668,17 +668,18 @@ def _kv_wake_room() -> tuple[int, int, int]:
     return need, torch.cuda.mem_get_info()[0], torch.cuda.memory_reserved()
 
 
-def kv_wake_error(need: int, free: int, reserved: int) -> str | None:
+def kv_wake_error(need: int, free: int, reserved: int, lora: bool = False) -> str | None:
     """None when `free` device bytes hold the `need` bytes vLLM's KV cache maps again at a step's
     start; else one line: the shortfall, what torch's allocator keeps (`reserved`: the trainer's
-    state, and blocks a live tensor pins in a segment empty_cache cannot return), the fix."""
+    state, and blocks a live tensor pins in a segment empty_cache cannot return), the fix (a
+    LoRA run's has no --offload_trainer: config.check_lora refuses it)."""
     if need <= free:
         return None
     gib = 2**30
+    fix = "lower --gpu_memory_utilization" + ("" if lora else " or add --offload_trainer")
     return (f"vLLM's KV cache needs {need / gib:.1f} GiB of GPU memory to map again, "
             f"{free / gib:.1f} GiB is free ({reserved / gib:.1f} GiB kept by torch's allocator "
-            "for the trainer): lower --gpu_memory_utilization or add --offload_trainer (python "
-            "train.py <flags> --preflight prints the plan)")
+            f"for the trainer): {fix} (python train.py <flags> --preflight prints the plan)")
 
 
 def one_process_tp_error(tp: int) -> str:
@@ -942,7 +943,7 @@ class VLLMEngine:
             raise RuntimeError("VLLMEngine.wake() before sync_weights(): vLLM's weights are "
                                "still released")
         if not self.cpu and torch.cuda.is_available():  # a shortfall: one line, not a CUDA error
-            error = kv_wake_error(*_kv_wake_room())
+            error = kv_wake_error(*_kv_wake_room(), lora=bool(self.lora_rank))
             if error:
                 raise RuntimeError(error)
         start = time.perf_counter()

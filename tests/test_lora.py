@@ -430,7 +430,7 @@ def test_the_preflight_counts_a_lora_run():
                                                      ph["context"] + v["asleep"])
 
 
-def test_a_lora_vllm_engine_keeps_its_weights_through_the_update(tmp_path):
+def test_a_lora_vllm_engine_keeps_its_weights_through_the_update(tmp_path, monkeypatch):
     """VLLMEngine with lora_rank, against test_engine's fake vLLM 0.32 on a GPU platform: one
     adapter slot of the smallest rank vLLM allows at or above r; a sync hands over a new adapter
     (add_lora: its directory holds the adapter, nothing else) and drops the previous one, never
@@ -483,6 +483,17 @@ def test_a_lora_vllm_engine_keeps_its_weights_through_the_update(tmp_path):
                                  if "lora_" in n)  # bf16, vLLM's dtype here
     # time/sync_gather_s, time/sync_load_s: the adapters' gather, then their file and add_lora
     assert eng.seconds["sync_gather"] >= 0 and eng.seconds["sync_load"] > 0
+    # the KV wake's free-memory check (on a GPU) names no --offload_trainer, which LoRA refuses
+    gib = 2**30
+    eng.sleep()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(engine, "_kv_wake_room", lambda: (40 * gib, 38.5 * gib, 9 * gib))
+    with pytest.raises(RuntimeError) as error:
+        eng.wake()
+    assert str(error.value) == (
+        "vLLM's KV cache needs 40.0 GiB of GPU memory to map again, 38.5 GiB is free (9.0 GiB "
+        "kept by torch's allocator for the trainer): lower --gpu_memory_utilization (python "
+        "train.py <flags> --preflight prints the plan)")
 
 
 def test_a_lora_plan_counts_the_nccl_communicators_of_its_launch():
