@@ -244,8 +244,10 @@ def test_fsdp2_two_ranks_with_lora(tmp_path):
     assert [r["charts/step"] for r in a] == [0, 1, 2] and a[0]["losses/kl"] < 1e-9
     assert a[1]["losses/kl"] > 1e-7, a  # the adapters moved the policy from the reference
     assert_evaluated(out, a)  # the held-out suite samples the adapted policy on both ranks
-    for r in a[:2]:  # the engine samples from the trainer's adapters (bf16 compute alone differs)
-        assert r["mismatch/logp_abs_diff"] < 4e-3 and r["mismatch/k3"] < 1e-5, r
+    # the engine samples from the trainer's adapters with an fp32 head (engine.fp32_head): the
+    # body's bf16 compute alone differs (4.4e-4 and 7.4e-4, k3 1.7e-7 and 4.5e-7)
+    for r in a[:2]:
+        assert r["mismatch/logp_abs_diff"] < 1.5e-3 and r["mismatch/k3"] < 1e-6, r
     shutil.copytree(out / "final_model", tmp_path / "final_first")
     (out / "latest").write_text("checkpoint-1")
     shutil.rmtree(out / "checkpoint-2")
