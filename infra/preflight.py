@@ -38,6 +38,11 @@ moments, the bf16 KL reference), with --offload_trainer only what offload.py lea
                sleep_mode_offload_cudagraph; the NCCL communicators are in the context)
     context  = the CUDA context + NCCL_GIB per NCCL communicator (communicators(); NVLS can
                make one larger, which the output says with the NCCL_NVLS_ENABLE that stops it)
+With --lora_rank (never offloaded: config.check_lora) the trainer's state is the frozen bf16
+base, the fp32 adapters and their AdamW moments, with no reference copy (the reference is the
+policy with its adapters off); start-up adds the first adapter's gather; vLLM's sleep releases
+its KV cache alone, so update and step hold its weights and CUDA graphs too; the sync gathers
+the adapters alone (phases()).
 tests/test_memory_order.py runs train.py's loop on a ledger of these pools and checks that these
 phases are its timeline's maxima.
 

@@ -432,7 +432,8 @@ def test_the_preflight_counts_a_lora_run():
 
 def test_a_lora_vllm_engine_keeps_its_weights_through_the_update(tmp_path, monkeypatch):
     """VLLMEngine with lora_rank, against test_engine's fake vLLM 0.32 on a GPU platform: one
-    adapter slot of the smallest rank vLLM allows at or above r; a sync hands over a new adapter
+    adapter slot of the smallest rank vLLM allows at or above r, the lm_head still in fp32
+    (engine.FP32_HEAD: vLLM's LoRA logits path keeps head_dtype); a sync hands over a new adapter
     (add_lora: its directory holds the adapter, nothing else) and drops the previous one, never
     waking or reloading the weights; sleep pauses the engine and releases the KV cache alone
     (level 0, then the release: the base never changes, so nothing re-sends it); wake maps the KV
@@ -467,6 +468,7 @@ def test_a_lora_vllm_engine_keeps_its_weights_through_the_update(tmp_path, monke
         [(_, kwargs)] = fake.log
         assert (kwargs["enable_lora"], kwargs["max_lora_rank"], kwargs["max_loras"]) == \
             (True, 8, 1)
+        assert kwargs["hf_overrides"] == {"head_dtype": "float32"}  # the fp32 head stays on
         fake.log.clear()
         _, model, _ = adapted("tiny")
         eng.sync_weights(model)  # the first adapter, engine awake (start-up)
