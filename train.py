@@ -41,6 +41,9 @@ Deviations (README, "Deviations", has the reasons):
      batch of all agent and designer samples (authors: trimmed to 192), the loss a mean over
      the real samples however few (authors: a short batch padded, its loss shrunk when KL > 0);
      weight decay on every parameter (README rows 18, 21-25, 37).
+  8. Only with --lora_rank r (off by default; the paper fine-tunes every weight): LoRA adapters on
+     a frozen base, the KL reference that base (adapters off), AdamW over the adapters, weight
+     syncs of the adapters alone (infra/lora.py; README row 38).
 
 Launch: `python train.py --model tiny ...` (CPU) or `accelerate launch --config_file
 configs/fsdp2_8gpu.yaml train.py --model Qwen3-30B-A3B`. Test: `pytest tests/test_train.py`.
@@ -66,7 +69,7 @@ import memory as memory_lib
 import regret
 import sandbox
 from infra import baseline, config, imported, logprobs, metrics, models, telemetry
-from infra import engine, preflight  # --preflight's plain numbers
+from infra import engine, lora, preflight  # --preflight's plain numbers
 from infra.run import Run, live_episodes, max_model_len
 from infra.sampling import derive_seed
 
@@ -646,7 +649,10 @@ def preflight_launch(cfg: config.Config) -> dict:
     m, gpus = cfg.model, cfg.run.gpus
     update = functools.partial(grpo_update, pad_id=0, gargs=cfg.grpo,
                                temperatures=config.role_temperatures(cfg))
+    adapt = functools.partial(lora.add_adapters, rank=m.lora_rank, alpha=m.lora_alpha,
+                              dropout=m.lora_dropout, targets=m.lora_targets)
     return dict(world=gpus, tp=m.tensor_parallel_size, util=m.gpu_memory_utilization,
+                lora=(adapt, lora.Reference) if m.lora_rank else None,
                 offload=m.offload_trainer, max_model_len=max_model_len(cfg),
                 micro_batch_tokens=cfg.grpo.micro_batch_tokens, max_context=cfg.agent.max_context,
                 live_episodes=live_episodes(cfg, gpus), kl=cfg.grpo.kl_coef > 0,

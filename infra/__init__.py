@@ -20,12 +20,14 @@ train.grpo_update) and the weight sync (`run.engine.sync_weights`); train()'s on
     telemetry.py  step throughput and MFU (perf/*)
     preflight.py  the memory plan of a GPU run (--preflight), measured without weights or a GPU
     offload.py    --offload_trainer: trainer state to host RAM while vLLM generates
+    lora.py       --lora_rank: adapters on the frozen policy, the reference they leave, exports
     baseline.py   the Fixed-env GRPO baseline's pool and draws; the fallback top-up
     imported.py   GEM / Gymnasium / OpenEnv environments in a pool; --memory_from
     evaluation.py eval.py's held-out suites during the run (--eval_every), on its own engine
 
-Leaves (engine, logprobs, models, metrics, telemetry, offload, preflight, config, rundir) import
-nothing of this repository; run, sampling, baseline and imported import the leaves (sampling:
-agent.py); evaluation imports eval.py (lazily, inside its functions: the run that asks for it).
-Nothing else here imports train.py or eval.py, and nothing tools/ (tools/ imports rundir).
+Leaves (engine, logprobs, models, metrics, telemetry, offload, preflight, config, rundir,
+lora) import nothing of this repository; run, sampling, baseline and imported import the leaves
+(sampling: agent.py); evaluation imports eval.py (lazily, inside its functions: the run that
+asks for it). Nothing else here imports train.py or eval.py, and nothing tools/ (tools/ imports
+rundir).
 """

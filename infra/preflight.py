@@ -38,6 +38,11 @@ moments, the bf16 KL reference), with --offload_trainer only what offload.py lea
                sleep_mode_offload_cudagraph; the NCCL communicators are in the context)
     context  = the CUDA context + NCCL_GIB per NCCL communicator (communicators(); NVLS can
                make one larger, which the output says with the NCCL_NVLS_ENABLE that stops it)
+With --lora_rank (never offloaded: config.check_lora) the trainer's state is the frozen bf16
+base, the fp32 adapters and their AdamW moments, with no reference copy (the reference is the
+policy with its adapters off); start-up adds the first adapter's gather; vLLM's sleep releases
+its KV cache alone, so update and step hold its weights and CUDA graphs too; the sync gathers
+the adapters alone (phases()).
 tests/test_memory_order.py runs train.py's loop on a ledger of these pools and checks that these
 phases are its timeline's maxima.
 
@@ -175,13 +180,22 @@ def _fake_mesh(world: int):
     return init_device_mesh("cpu", (world,))  # outside the fake mode: it reads real ranks
 
 
-def _build(config, dtype, mesh, checkpointing: bool):
-    """The model at full size on fake tensors, experts routed evenly; on a mesh laid out as
+def _build(config, dtype, mesh, checkpointing: bool, adapt=None):
+    """The model at full size on fake tensors, experts routed evenly (with `adapt`, a LoRA run's
+    adapters added as run.load_policy adds them, before any wrapping); on a mesh laid out as
     Accelerate's FSDP2 prepare lays it out (configs/fsdp2_8gpu.yaml): each decoder layer in a
     checkpoint wrapper and sharded alone, the embedding alone unless tied, the final norm and head
     together and kept unsharded after the forward, the root last."""
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    if adapt is None:
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    else:  # PEFT's adapter layers cannot be built on fake tensors (its dtype moves swap them)
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+        with unset_fake_temporarily(), torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype,
+                                                     attn_implementation="sdpa")
+            adapt(model)
+        _fake_storage(model)
     for m in model.modules():
         if getattr(getattr(m, "gate_up_proj", None), "dim", lambda: 0)() == 3:
             m.forward = types.MethodType(_even_experts, m)
@@ -208,6 +222,29 @@ def _build(config, dtype, mesh, checkpointing: bool):
     return model
 
 
+def _fake_storage(model) -> None:
+    """Every `meta` parameter and buffer of `model` as a CPU tensor of the active fake mode (no
+    memory), a tensor shared by several modules (a tied head) still shared."""
+    made = {}
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for name, t in list(table.items()):
+                if t is None or not t.is_meta:
+                    continue
+                if id(t) not in made:
+                    new = torch.empty_like(t, device="cpu")
+                    made[id(t)] = torch.nn.Parameter(new, requires_grad=t.requires_grad) \
+                        if isinstance(t, torch.nn.Parameter) else new
+                table[name] = made[id(t)]
+
+
+class _NoHook:
+    """A hook handle with nothing to remove (MemTracker removes its handles on exit)."""
+
+    def remove(self) -> None:
+        pass
+
+
 def _restart_peak(tracker) -> dict:
     """The tracker's peak so far (GiB by category), then its peak restarted at the current total
     (MemTracker has no public reset: its two peak fields are set here)."""
@@ -222,33 +259,56 @@ def _gib(snapshot) -> dict:
     return {str(getattr(k, "value", k)): v / GIB for k, v in by_kind.items()}
 
 
+def _policy_and_reference(config, mesh, checkpointing: bool, kl: bool, lora):
+    """(policy, KL reference or None) as run.Run builds them: fp32 masters and a bf16 reference
+    model, or (`lora`) the frozen bf16 base with fp32 adapters and the policy as reference."""
+    if lora is None:
+        return (_build(config, torch.float32, mesh, checkpointing),
+                _build(config, torch.bfloat16, mesh, False) if kl else None)
+    model = _build(config, torch.bfloat16, mesh, checkpointing, adapt=lora[0])
+    return model, (lora[1](model) if kl else None)
+
+
+def _frozen_ok(tracker, model):
+    """MemTracker hooks every parameter it meets for its gradient, which a frozen one (a LoRA
+    base) refuses: such parameters are marked hooked already."""
+    for p in model.parameters():
+        if not p.requires_grad:
+            tracker._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
+    return tracker
+
+
 def measure_trainer(config, *, world: int, seqs: int, seq_len: int, update, sample, kl: bool,
-                    checkpointing: bool = True, fused: bool = True) -> dict:
+                    checkpointing: bool = True, fused: bool = True, lora=None) -> dict:
     """GiB per GPU of one train.grpo_update call on `seqs` sequences of `seq_len` tokens:
     {"update": forward/backward peak, "step": optimizer-step peak, "held": what stays after it,
     each a dict by category with "Total"}, plus "params" and "largest_unit" (bf16 GiB of the
     largest weight-sync group). `update(model, ref, optimizer, scheduler, accelerator,
     samples)` is train.grpo_update with the run's settings bound, `sample` the record it takes
-    (grpo.Sample, passed in: this module imports nothing of the repository)."""
+    (grpo.Sample, passed in: this module imports nothing of the repository). `lora`: a LoRA run's
+    (adapt, reference), adapt(model) adding its adapters and reference(policy) its KL reference
+    (lora.add_adapters and lora.Reference, bound by train.py): the base in bf16, AdamW over the
+    adapters, no second model; "largest_unit" is then the whole adapter, what its sync gathers."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
     mesh = _fake_mesh(world) if world > 1 else None
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     with fake:
-        model = _build(config, torch.float32, mesh, checkpointing)
-        ref = _build(config, torch.bfloat16, mesh, False) if kl else None
+        model, ref = _policy_and_reference(config, mesh, checkpointing, kl, lora)
         # frozen as run.Run freezes it, except on one GPU: MemTracker hooks every parameter it
         # meets for its gradient (grpo_update runs the reference under no_grad: none is made)
         if ref is not None and mesh is not None:
             ref.requires_grad_(False)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.1,
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=1e-6, weight_decay=0.1,
                                       **({"fused": True} if fused else {"foreach": True}))
-        for p in model.parameters():  # AdamW state and a previous micro-batch's gradients
+        for p in trainable:  # AdamW state and a previous micro-batch's gradients
             p.grad = torch.zeros_like(p)
         optimizer.step()
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    tracker = FSDPMemTracker(model, optimizer) if mesh is not None else MemTracker()
+    tracker = FSDPMemTracker(model, optimizer) if mesh is not None else _frozen_ok(MemTracker(),
+                                                                                   model)
     tracker.track_external(model, optimizer, *([ref] if ref is not None else []))
     peaks = {}
     def before_step(*_):
@@ -262,13 +322,16 @@ def measure_trainer(config, *, world: int, seqs: int, seq_len: int, update, samp
         update(model, ref, optimizer, scheduler, _Accelerator(world, mesh is None), samples)
     peaks["step"] = _gib(tracker.get_tracker_snapshot("peak"))
     peaks["held"] = _gib(tracker.get_tracker_snapshot("current"))
-    params = sum(p.numel() for p in model.parameters())
+    params = sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n)  # the base
     units = [sum(p.numel() for p in layer.parameters())
              for layer in model.get_decoder().layers]
     units += [m.weight.numel() for m in (model.get_input_embeddings(),
                                          model.get_output_embeddings())]
+    if lora is not None:  # a LoRA sync gathers every adapter at once, and nothing else
+        units = [sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)]
     # this rank's shards (the trackers file the reference's under different kinds): the policy's
-    # fp32 ones, which offload.py moves, and the reference's bf16 ones, which it leaves
+    # (fp32; a LoRA run's bf16 base and its adapters) and the reference's bf16 ones, which
+    # offload.py moves together (a LoRA run's reference is the policy itself: none)
     return {**peaks, "params": params, "largest_unit": 2 * max(units) / GIB,
             "policy": _shard_gib(model), "ref": _shard_gib(ref) if kl else 0.0}
 
@@ -286,19 +349,22 @@ def _local(t):
 
 
 def vllm_share(config, *, params: int, tp: int, util: float, card: float, max_num_seqs: int,
-               max_model_len: int, max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS) -> dict:
+               max_model_len: int, max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
+               adapter: float = 0.0) -> dict:
     """GiB per GPU inside vLLM's util x card (`params`: the model's parameter count, as
     measure_trainer counts it): bf16 weights / TP, the activation profile of one
     max_num_batched_tokens forward plus the sampler's fp32 (B, V) tensors for max_num_seqs rows
     (an estimate of vLLM's profile run), graphs, the model runner's persistent buffers (what stays
     while vLLM sleeps: `asleep`), and the KV cache left, in tokens per TP group (each rank holds
-    its heads' share of every token; KV heads replicate when TP exceeds them)."""
+    its heads' share of every token; KV heads replicate when TP exceeds them). `adapter`: GiB
+    of a LoRA run's adapter in bf16, vLLM's adapter slot, counted whole on every rank (vLLM
+    shards only some of its factors) with the weights."""
     H, V, L = config.hidden_size, config.vocab_size, config.num_hidden_layers
     hd = getattr(config, "head_dim", None) or H // config.num_attention_heads
     heads, kv = config.num_attention_heads, config.num_key_value_heads
     experts_k = getattr(config, "num_experts_per_tok", 0)
     inter = experts_k * config.moe_intermediate_size if experts_k else config.intermediate_size
-    weights = 2 * params / tp / GIB
+    weights = 2 * params / tp / GIB + adapter
     per_token = 2 * (8 * H + (heads + 2 * kv) * hd / tp + 4 * inter / tp)      # bf16 bytes
     # alive together in the sampler: the logits, the processed log-probs' log_softmax, the
     # probabilities and the exponential noise, each (B, V) fp32
@@ -356,25 +422,31 @@ def state_kinds(trainer: dict) -> dict:
 
 
 def phases(trainer: dict, vllm: dict, *, world: int, tp: int, card: float,
-           offload: bool, moe: bool = False) -> dict:
-    """GiB per GPU of each phase (module docstring) from the measured trainer and vLLM's share."""
+           offload: bool, moe: bool = False, lora: bool = False) -> dict:
+    """GiB per GPU of each phase (module docstring) from the measured trainer and vLLM's share.
+    LoRA: vLLM's sleep releases its KV cache alone (the base never changes), so its weights and
+    CUDA graphs stay through the update and the optimizer step."""
     ctx, kinds = context_gib(world, tp, moe), state_kinds(trainer)
+    asleep = vllm["asleep"] + (vllm["weights"] + vllm["graphs"] if lora else 0.0)
     held = trainer["held"]["Total"]
     rollout = (kinds["fixed"] if offload else held) + ctx + vllm["share"]
     # offloaded, the AdamW moments return at the optimizer step (offload.py), so the forward and
     # backward peak loses them: they are constant over the pass, so subtracting them is exact
     update = trainer["update"]["Total"] - (kinds["moments"] if offload else 0.0)
-    # offloaded, the shards leave before vLLM starts (run.Run): start-up is the rollout's memory
-    startup = rollout if offload else held - kinds["moments"] + ctx + vllm["share"]
+    # offloaded, the shards leave before vLLM starts (run.Run): start-up is the rollout's memory;
+    # LoRA (never offloaded: config.check_lora) gathers vLLM's first adapter at start-up, beside
+    # its whole share
+    startup = rollout if offload else held - kinds["moments"] + ctx + vllm["share"] + \
+        (trainer["largest_unit"] if lora else 0.0)
     return {"start-up": startup, "rollout": rollout,
-            "kv wake": rollout, "update": update + ctx + vllm["asleep"],
-            "step": trainer["step"]["Total"] + ctx + vllm["asleep"],
+            "kv wake": rollout, "update": update + ctx + asleep,
+            "step": trainer["step"]["Total"] + ctx + asleep,
             "sync": held + vllm["weights"] + vllm["graphs"] + vllm["asleep"] +
             trainer["largest_unit"] + ctx, "context": ctx}
 
 
 def verdict(ph: dict, vllm: dict, *, card: float, util: float, offload: bool, moments: float,
-            max_model_len: int) -> tuple[bool, str]:
+            max_model_len: int, lora: bool = False) -> tuple[bool, str]:
     """(fits, the one change that makes it fit or why none does); `moments`: GiB of the AdamW
     moments, which --offload_trainer keeps off the device until the optimizer step."""
     limit = FIT_SHARE * card
@@ -385,6 +457,9 @@ def verdict(ph: dict, vllm: dict, *, card: float, util: float, offload: bool, mo
     if not over and not short:
         return True, "fits"
     if set(over) & {"update", "step"}:
+        if lora:  # vLLM's weights stay beside the update; --offload_trainer is not for LoRA
+            return False, ("the update does not fit beside vLLM's weights: more GPUs (FSDP2 "
+                           "and --tensor_parallel_size) or a larger card")
         if not offload and ph["update"] - moments <= limit and ph["step"] <= limit:
             return False, "--offload_trainer (then --gpu_memory_utilization from this plan)"
         return False, ("the update does not fit one card whatever vLLM gets: shard it over more "
@@ -410,10 +485,11 @@ def max_util(ph: dict, vllm: dict, *, card: float) -> float:
 def plan(config, *, world: int, tp: int, card: float, util: float, offload: bool,
          micro_batch_tokens: int, max_model_len: int, max_context: int, live_episodes: int,
          kl: bool, update, sample, fused: bool = True, checkpointing: bool = True,
-         trainer: dict | None = None) -> dict:
+         trainer: dict | None = None, lora=None) -> dict:
     """The whole preflight of one run (the arguments: train.py's flags as the plan reads them;
     live_episodes: the episodes a TP group plays at once at a regeneration step; `trainer`: a
-    measure_trainer result to reuse for another card)."""
+    measure_trainer result to reuse for another card; `lora`: measure_trainer's, for a LoRA
+    run)."""
     if world % tp:
         raise SystemExit(f"--tensor_parallel_size {tp} does not divide --gpus {world}")
     t0 = time.perf_counter()
@@ -422,19 +498,22 @@ def plan(config, *, world: int, tp: int, card: float, util: float, offload: bool
     trainer = trainer or measure_trainer(config, world=world, seqs=1, seq_len=seq_len,
                                          update=update, sample=sample, kl=kl,
                                          checkpointing=checkpointing,
-                                         fused=fused)
+                                         fused=fused, lora=lora)
     vllm = vllm_share(config, params=trainer["params"], tp=tp, util=util, card=card,
-                      max_num_seqs=live_episodes, max_model_len=max_model_len)
+                      max_num_seqs=live_episodes, max_model_len=max_model_len,
+                      adapter=trainer["largest_unit"] if lora else 0.0)
     moe = bool(getattr(config, "num_experts", 0))
-    ph = phases(trainer, vllm, world=world, tp=tp, card=card, offload=offload, moe=moe)
+    ph = phases(trainer, vllm, world=world, tp=tp, card=card, offload=offload, moe=moe,
+                lora=lora is not None)
     fits, change = verdict(ph, vllm, card=card, util=util, offload=offload,
-                           moments=_moments(trainer), max_model_len=max_model_len)
+                           moments=_moments(trainer), max_model_len=max_model_len,
+                           lora=lora is not None)
     best = max_util(ph, vllm, card=card)
     return {"trainer": trainer, "vllm": vllm, "phases": ph, "fits": fits, "change": change,
             "max_util": best,
             "seq_len": seq_len, "world": world, "tp": tp, "card": card, "util": util,
             "offload": offload, "live_episodes": live_episodes, "max_context": max_context,
-            "moe": moe, "seconds": time.perf_counter() - t0}
+            "lora": lora is not None, "moe": moe, "seconds": time.perf_counter() - t0}
 
 
 def memory_plan(config, launch: dict, *, name: str, setting: str, cards: list[float],
@@ -449,7 +528,7 @@ def memory_plan(config, launch: dict, *, name: str, setting: str, cards: list[fl
         trainer = p["trainer"]
         host = host_ram(trainer["params"], world=launch["world"], tp=launch["tp"],
                         sleep_level=sleep_level, offload=launch["offload"], keep=keep,
-                        kl=launch["kl"])
+                        kl=launch["kl"], lora=launch.get("lora") is not None)
         print(report(p, name, host))
         rows.append(table_row(p, name, setting))
         status = status or (0 if p["fits"] else 1)
@@ -458,7 +537,7 @@ def memory_plan(config, launch: dict, *, name: str, setting: str, cards: list[fl
 
 
 def host_ram(params: int, *, world: int, tp: int, sleep_level: int, offload: bool,
-             keep: int, kl: bool = False) -> dict:
+             keep: int, kl: bool = False, lora: bool = False) -> dict:
     """GB of host RAM per node (one node of `world` GPUs), each term what a part of the run holds
     at once: the checkpoint load (the main process alone reads it, in fp32, and with a KL term
     the bf16 reference; the other ranks build on `meta` and Accelerate's FSDP2 prepare fills
@@ -468,7 +547,13 @@ def host_ram(params: int, *, world: int, tp: int, sleep_level: int, offload: boo
     exactly its bytes (offload.py: fp32 shards + AdamW moments, 12 bytes per parameter, + the
     bf16 reference's 2 with a KL term); an
     export (the main process: the full fp32 state dict and its bf16 copy); one resumable
-    checkpoint (fp32 + AdamW) times --keep_checkpoints."""
+    checkpoint (fp32 + AdamW) times --keep_checkpoints. LoRA (the adapters' own bytes
+    neglected): the main process reads the bf16 base alone, vLLM backs nothing up (its sleep
+    releases the KV cache alone), an export is the adapter, a checkpoint the bf16 base (Accelerate
+    saves the whole model) with the adapters' AdamW state."""
+    if lora:
+        return {"load": 2 * params / 1e9, "sleep": 0.0, "offload": 0.0, "export": 0.0,
+                "checkpoint": 2 * params / 1e9, "checkpoints kept": 2 * params * keep / 1e9}
     weights = 2 * params * world / tp if sleep_level == 1 else 0.0  # bf16, every GPU's TP share
     return {"load": (4 + 2 * kl) * params / 1e9,
             "sleep": 2 * (VLLM_GRAPHS_GIB * GIB * world + weights) / 1e9,
@@ -486,6 +571,9 @@ def report(p: dict, name: str, host: dict) -> str:
     out = [f"preflight {name}: {p['world']} GPU(s) of {card:.1f} GiB, TP {p['tp']}, "
            f"util {p['util']:.2f}, offload {'on' if p['offload'] else 'off'}, micro-batch "
            f"{p['seq_len']:,} tokens ({p['seconds']:.0f} s)"]
+    if p.get("lora"):
+        out.append(f"  LoRA: frozen bf16 base, adapter {t['largest_unit']:.2f} GiB (bf16); vLLM "
+                   "keeps its weights and graphs through the update (only its KV cache sleeps)")
     if p["moe"]:
         out.append("  MoE routing under fake tensors: even (every expert T*k/E tokens)")
     for k in PHASES:
@@ -521,6 +609,7 @@ def table_row(p: dict, name: str, setting: str) -> str:
     util, start-up / rollout / update / step / sync GiB, KV tokens per TP group, the largest util
     that fits, the verdict."""
     ph, gpu = p["phases"], next((k for k, v in CARDS.items() if v == p["card"]), p["card"])
+    setting = f"{setting}, LoRA" if p.get("lora") else setting
     cells = [name, str(p["world"]), setting, str(gpu), "on" if p["offload"] else "off",
              f"{p['util']:.2f}",
              *(f"{ph[k]:.1f}" for k in ("start-up", "rollout", "update", "step", "sync")),

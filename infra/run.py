@@ -25,8 +25,8 @@ from tqdm.auto import tqdm
 
 import agent
 import grpo
-from infra import (config, engine, evaluation, metrics, models, offload, preflight, rundir,
-                   sampling, telemetry)
+from infra import (config, engine, evaluation, lora, metrics, models, offload, preflight,
+                   rundir, sampling, telemetry)
 
 
 class Run:
@@ -61,8 +61,7 @@ class Run:
         # shards from the main process: only it reads the weights, the others build on `meta`
         fsdp = getattr(acc.state, "fsdp_plugin", None)
         empty = bool(fsdp2(acc) and fsdp.cpu_ram_efficient_loading and not self.main)
-        model, self.tokenizer = models.load_model_and_tokenizer(margs.model, dtype=torch.float32,
-                                                                seed=rargs.seed, empty=empty)
+        model, self.tokenizer = load_policy(margs, rargs.seed, self.shipped, empty)
         if empty:
             unwritten_storage(model)
         model.eval()  # rollouts run in eval mode; grpo_update switches to train mode and back
@@ -71,12 +70,13 @@ class Run:
         if margs.gradient_checkpointing and not tiny and not fsdp_checkpoints:
             model.gradient_checkpointing_enable()  # FSDP configs checkpoint layers themselves
         # fused on CUDA: one kernel, no parameter-sized temporary (foreach's sqrt(v) is one)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.grpo.lr, betas=grpo.BETAS,
+        trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters
+        optimizer = torch.optim.AdamW(trainable, lr=cfg.grpo.lr, betas=grpo.BETAS,
                                       weight_decay=cfg.grpo.weight_decay,
                                       fused=acc.device.type == "cuda")
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)  # constant (paper)
         self.model, self.optimizer, self.scheduler = acc.prepare(model, optimizer, scheduler)
-        self.ref_model = (reference_model(acc, margs.model, self.shipped, rargs.seed, empty)
+        self.ref_model = (kl_reference(acc, self.model, margs, self.shipped, rargs.seed, empty)
                           if cfg.grpo.kl_coef > 0 else None)
         # FSDP2 runs the transformers engine too (ranks decode in lockstep); ZeRO-3 and FSDP1
         # need vLLM
@@ -188,6 +188,8 @@ class Run:
                   **{f"time/{k}_s": v for k, v in {**seconds, **engine_s}.items()},
                   "time/step_s": sum(seconds.values())})
         generated, self.sampler.generated = self.sampler.generated, 0
+        if hasattr(self.engine, "sync_bytes"):  # the weight sync's bytes (a LoRA run: adapters)
+            m["perf/sync_bytes"] = self.engine.sync_bytes
         m.update(telemetry.step_telemetry(
             seconds, generated_tokens=generated, batch_tokens=m.get("perf/batch_tokens", 0),
             update_tokens=m.get("perf/update_tokens", 0),
@@ -213,13 +215,23 @@ class Run:
                                    st.to_dict(done, self.world, n_lines), rargs.keep_checkpoints)
         if rargs.export_every and (done % rargs.export_every == 0 or end):
             rundir.save_export(self.accelerator, self.model, self.tokenizer, self.run_dir, done,
-                               self.shipped, rargs.keep_checkpoints)
+                               self.shipped, rargs.keep_checkpoints, export=self.export)
+
+    def export(self, accelerator, model, tokenizer, dest: Path, dtype) -> None:
+        """The policy at `dest` in Hugging Face format (rundir.export_policy), or a LoRA run's
+        adapter in PEFT's (lora.export; with --lora_merge also dest/merged/, the merged model)."""
+        if self.config.model.lora_rank:
+            lora.export(accelerator, model, tokenizer, dest, dtype,
+                        merge=self.config.model.lora_merge)
+        else:
+            rundir.export_policy(accelerator, model, tokenizer, dest, dtype)
 
     def finish(self) -> Path:
-        """The final policy in Hugging Face format, for eval.py and for sharing."""
+        """The final policy in Hugging Face format (a LoRA run: its adapter), for eval.py and for
+        sharing."""
         self.offload.reload()  # a run with no step left exports what the start-up offloaded
-        rundir.export_policy(self.accelerator, self.model, self.tokenizer,
-                             self.run_dir / "final_model", self.shipped)
+        self.export(self.accelerator, self.model, self.tokenizer, self.run_dir / "final_model",
+                    self.shipped)
         best = self.run_dir / "eval" / "checkpoints.json"
         if self.main and self.evaluation is not None and best.is_file():
             print(f"[spade] held-out best: {json.loads(best.read_text())['best']} "
@@ -231,6 +243,19 @@ class Run:
         self.engine.close()  # before end_training: vLLM tears its process groups down first
         self.accelerator.end_training()
         return self.run_dir
+
+
+def load_policy(margs, seed: int, shipped, empty: bool):
+    """(policy, tokenizer): the model in fp32 master weights, or with --lora_rank its frozen base
+    in the shipped dtype (no masters to keep) with fp32 adapters (lora.add_adapters)."""
+    model, tokenizer = models.load_model_and_tokenizer(
+        margs.model, dtype=shipped if margs.lora_rank else torch.float32, seed=seed, empty=empty)
+    if margs.lora_rank:
+        lora.add_adapters(model, rank=margs.lora_rank, alpha=margs.lora_alpha,
+                          dropout=margs.lora_dropout, targets=margs.lora_targets,
+                          base="" if models.is_tiny(margs.model) else  # built, not loaded
+                          models.resolve_model_name(margs.model))
+    return model, tokenizer
 
 
 def expandable_segments(environ) -> None:
@@ -297,17 +322,23 @@ def check_vllm_fits(margs, world: int) -> None:
 def make_engine(cfg: config.Config, model, tokenizer, seed: int, sharded: bool,
                 before_start=lambda: None):
     """vLLM colocated on GPU when installed (or asked for), before_start() called just before it
-    starts; the transformers engine otherwise."""
+    starts; the transformers engine otherwise. A LoRA run's vLLM engine gets the policy's adapters
+    at once (the transformers engine samples from the policy itself)."""
     margs = cfg.model
     stops = [agent.turn_end(tokenizer)[1]]  # a base model's EOS is not its end of turn
     if wants_vllm(margs):
         # the scheduler's limits from the memory plan (preflight.py): as many sequences as the TP
         # group plays at once, prefill chunks whose profile leaves the KV cache its share
         world = int(os.environ.get("WORLD_SIZE", 1))
-        return vllm_engine(margs, model, tokenizer, max_model_len=max_model_len(cfg), seed=seed,
-                           stop_ids=stops, max_num_seqs=live_episodes(cfg, world),
-                           max_num_batched_tokens=preflight.MAX_NUM_BATCHED_TOKENS,
-                           before_start=before_start)
+        # each rank writes its own copy of a LoRA run's adapters (rundir.py: adapter-sync/)
+        adapters = Path(cfg.run.output_dir) / "adapter-sync" / f"rank-{os.environ.get('RANK', 0)}"
+        eng = vllm_engine(margs, model, tokenizer, max_model_len=max_model_len(cfg), seed=seed,
+                          stop_ids=stops, max_num_seqs=live_episodes(cfg, world),
+                          max_num_batched_tokens=preflight.MAX_NUM_BATCHED_TOKENS,
+                          before_start=before_start, **lora_engine_args(margs, model, adapters))
+        if margs.lora_rank:
+            eng.sync_weights(model)  # the first adapter (a collective under FSDP2)
+        return eng
     if sharded:  # ranks would generate different token counts through one sharded model
         raise SystemExit("DeepSpeed / FSDP1 runs need the vLLM engine (pip install -r "
                          "requirements/gpu.txt); FSDP2 runs can use either engine")
@@ -340,6 +371,20 @@ def live_episodes(cfg: config.Config, world: int) -> int:
                                                                           loop.hint_plays)
 
 
+def lora_engine_args(margs, model, adapter_dir) -> dict:
+    """VLLMEngine's LoRA arguments ({} without --lora_rank). vLLM 0.32's CPU build runs no LoRA
+    on a MoE model (its LoRA MoE layers are Triton kernels): refused here, before vLLM starts."""
+    if not margs.lora_rank:
+        return {}
+    moe = getattr(model.config, "num_experts", 0)
+    if moe and not torch.cuda.is_available():
+        raise SystemExit("--lora_rank with a MoE model needs vLLM on GPUs: vLLM 0.32's CPU build "
+                         "runs LoRA on MoE layers through Triton kernels it lacks (use --engine "
+                         "transformers on CPU)")
+    return dict(lora_rank=margs.lora_rank, adapter_dir=str(adapter_dir),
+                expert_adapters=lora.adapts_experts(model))
+
+
 def vllm_engine(margs, model, tokenizer, before_start=lambda: None, **kwargs):
     """engine.VLLMEngine on margs.model, in its shipped dtype; a tiny model (built in memory, not
     on disk) is saved to a temporary directory for vLLM to load, then before_start() runs."""
@@ -347,6 +392,9 @@ def vllm_engine(margs, model, tokenizer, before_start=lambda: None, **kwargs):
     dtype = str(models.shipped_dtype(name)).removeprefix("torch.")
     with tempfile.TemporaryDirectory(prefix="spade-vllm-") as tmp:
         if name in models.TINY_MODELS:
+            if lora.is_adapted(model):  # the base, as Run built it (its save would be the adapter)
+                model = models.load_model_and_tokenizer(name, dtype=torch.float32,
+                                                        seed=kwargs.get("seed", 0))[0]
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
             name = tmp
@@ -380,6 +428,14 @@ def unwritten_storage(model) -> None:
                 module._parameters[name] = torch.nn.Parameter(
                     torch.empty_like(p, device="cpu"), requires_grad=p.requires_grad)
     model.tie_weights()  # the loop gave a tied head storage of its own
+
+
+def kl_reference(accelerator, model, margs, dtype, seed: int, empty: bool):
+    """The frozen KL reference pi_ref: a LoRA run's policy with its adapters off (lora.Reference,
+    no second model), else the starting policy loaded again (reference_model)."""
+    if margs.lora_rank:
+        return lora.Reference(model)
+    return reference_model(accelerator, margs.model, dtype, seed, empty)
 
 
 def reference_model(accelerator, name: str, dtype, seed: int, empty: bool):

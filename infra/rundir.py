@@ -31,7 +31,12 @@ RUN_DIR (train.py --output_dir); S is a step, 4 digits (`tag`), R a rank, k a co
                                         train.State.to_dict: world, and metrics_lines, the
                                         metrics.jsonl rows it has seen)
     latest                              the newest checkpoint's name (what --resume continues)
-    final_model/                        the policy in Hugging Face format, in its shipped dtype
+    final_model/                        the policy in Hugging Face format, in its shipped dtype;
+                                        a LoRA run (--lora_rank): its adapter in PEFT's format
+                                        (adapter_config.json, adapter_model.safetensors) and,
+                                        with --lora_merge, merged/, the merged model
+    adapter-sync/rank-R/                a LoRA run on vLLM: the adapter each weight sync hands
+                                        it (the newest only; removed at the end)
     exports/step-<k>/                   the same every --export_every steps and at the end, the
                                         newest --keep_checkpoints kept (eval.py --checkpoints)
     eval/step-<k>/                      --eval_every: the held-out suites on the weights after k
@@ -223,11 +228,12 @@ def export_policy(accelerator, model, tokenizer, dest: Path, dtype) -> None:
 
 
 def save_export(accelerator, model, tokenizer, run_dir: Path, step: int, dtype,
-                keep: str) -> None:
-    """exports/step-<step> (export_policy), then only the newest `keep` exports (prune)."""
+                keep: str, export=None) -> None:
+    """exports/step-<step> (`export`, export_policy's arguments; default export_policy), then
+    only the newest `keep` exports (prune)."""
     exports = run_dir / "exports"
     exports.mkdir(exist_ok=True)
-    export_policy(accelerator, model, tokenizer, exports / f"step-{step}", dtype)
+    (export or export_policy)(accelerator, model, tokenizer, exports / f"step-{step}", dtype)
     if accelerator.is_main_process:
         prune([p for p in exports.glob("step-*") if not p.name.endswith(".tmp")], keep)
 

@@ -13,7 +13,8 @@ Per step, per rank (one GPU each on GPUs; metrics.jsonl holds the mean over rank
     time/sleep_s, time/wake_s  = vLLM's sleep before the update; its wakes: the weights' in the
                                  weight sync, the KV cache's at the step's start
     time/sync_gather_s, time/sync_load_s = the sync's reload: gathering the full tensors
-                                 (engine.stream_weights), then the rest, vLLM's loaders
+                                 (engine.stream_weights), then the rest, vLLM's loaders (a
+                                 LoRA run: the adapters' gather, then their file and vLLM's load)
 
 The update's FLOPs (the model FLOPs of PaLM, arXiv 2204.02311, App. B: no recomputation counted)
 for sequences of lengths n_i, with P the matrix parameters a token passes through (attention,

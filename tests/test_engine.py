@@ -314,7 +314,8 @@ LLM_ARGS = {"model", "runner", "convert", "tokenizer", "tokenizer_mode", "skip_t
             "logits_processors", "spec_method", "spec_model", "spec_tokens"}
 ENGINE_ARGS_USED = {"max_model_len", "distributed_executor_backend", "enable_prefix_caching", "logprobs_mode",
                     "enable_sleep_mode", "max_num_batched_tokens", "enable_chunked_prefill",
-                    "max_num_seqs", "sleep_mode_offload_cudagraph"}
+                    "max_num_seqs", "sleep_mode_offload_cudagraph",
+                    "enable_lora", "max_lora_rank", "max_loras", "enable_mixed_moe_lora_format"}
 SAMPLING_FIELDS = {"n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "watermarking",
                    "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "max_tokens",
                    "min_tokens", "logprobs", "prompt_logprobs", "prompt_logprob_token_ids", "prompt_logprob_start",

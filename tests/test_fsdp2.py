@@ -210,3 +210,53 @@ def test_fsdp2_two_ranks_with_vllm_at_tensor_parallel_2(tmp_path):
     # ... and the engine sampled step 1 from the moved policy: rollout and trainer agree far
     # better than the starting weights and the trainer do (a stale engine: mismatch ~ losses/kl)
     assert a[1]["mismatch/k3"] < 0.1 * a[1]["losses/kl"], a[1]
+
+
+@pytest.mark.slow
+def test_fsdp2_two_ranks_with_lora(tmp_path):
+    """--lora_rank through Accelerate's FSDP2 prepare on 2 CPU ranks: the base sharded in its
+    shipped bf16 beside fp32 adapters, read once (rank 0; no reference model is loaded: the
+    reference is the policy with its adapters off, lora.Reference, whose log-probs through the
+    sharded policy equal the policy's while B = 0), the adapters moving the policy away from it,
+    the held-out evaluation of the adapted policy, and a checkpoint that resumes exactly (its
+    evaluations too)."""
+    model, tok = models.build_tiny("tiny", seed=0)
+    model.generation_config.eos_token_id = list(range(0, len(tok), 8))
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    (tmp_path / "envs").mkdir()
+    for name, parity, rest in (("EvenEnv", "even", 0), ("OddEnv", "odd", 1)):
+        (tmp_path / "envs" / f"{parity}.py").write_text(
+            PARITY.format(name=name, parity=parity, rest=rest))
+    out = tmp_path / "run"
+    flags = ("--lora_rank", "4", "--lr", "2e-2", "--weight_decay", "0.1", "--plays", "8")
+    first = launch(tmp_path, out, "lora", *flags)
+    for r, seen in enumerate(first):
+        assert seen["distributed_type"] == "DistributedType.FSDP" and seen["policy_sharded"]
+        assert seen["from_pretrained"] == (1 if r == 0 else 0)  # the policy's base alone
+        assert seen["loaded_on_meta"] == [r == 1]
+        dtypes = {n: t.dtype for n, t in seen["policy"].items()}
+        assert {d for n, d in dtypes.items() if "lora_" in n} == {torch.float32}
+        assert {d for n, d in dtypes.items() if "lora_" not in n} == {torch.bfloat16}
+        assert seen["ref"] == {}  # no weights of its own
+        assert torch.equal(seen["policy_logp"], seen["ref_logp"])  # B = 0: the same model
+    a = rows(out)
+    assert [r["charts/step"] for r in a] == [0, 1, 2] and a[0]["losses/kl"] < 1e-9
+    assert a[1]["losses/kl"] > 1e-7, a  # the adapters moved the policy from the reference
+    assert_evaluated(out, a)  # the held-out suite samples the adapted policy on both ranks
+    # the engine samples from the trainer's adapters with an fp32 head (engine.fp32_head): the
+    # body's bf16 compute alone differs (4.4e-4 and 7.4e-4, k3 1.7e-7 and 4.5e-7)
+    for r in a[:2]:
+        assert r["mismatch/logp_abs_diff"] < 1.5e-3 and r["mismatch/k3"] < 1e-6, r
+    shutil.copytree(out / "final_model", tmp_path / "final_first")
+    (out / "latest").write_text("checkpoint-1")
+    shutil.rmtree(out / "checkpoint-2")
+    launch(tmp_path, out, "lora-again", *flags, "--resume")
+    assert rows(out) == a
+    from safetensors.torch import load_file
+    before = load_file(tmp_path / "final_first" / "adapter_model.safetensors")
+    after = load_file(out / "final_model" / "adapter_model.safetensors")
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in after)
+    # PEFT's names, without the layers' activation-checkpoint wrapper: peft and vLLM load them
+    assert all(k.startswith("base_model.model.model.layers.") and "_checkpoint" not in k
+               for k in after)

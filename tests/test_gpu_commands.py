@@ -20,7 +20,8 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 # total memory as the driver reports it (nvidia-smi: 81,559 MiB and 143,771 MiB)
 CARD_BYTES = {"H100 80 GB": 81559 * 2**20, "H200 141 GB": 143771 * 2**20}
 HEADER = "| model | setting | config file | TP | flags | card |"
-MEMORY_FLAGS = ("--offload_trainer", "--gpu_memory_utilization")  # the flags a row names
+# the flags a row names: the memory flags and LoRA's rank (its runs are planned apart)
+MEMORY_FLAGS = ("--offload_trainer", "--gpu_memory_utilization", "--lora_rank")
 
 
 def table_rows() -> list[tuple[str, str, str, int, str, str]]:
@@ -37,12 +38,13 @@ def table_rows() -> list[tuple[str, str, str, int, str, str]]:
 
 
 def memory_flags(args: list[str]) -> str:
-    """The memory flags of a command's train.py arguments, as a row writes them."""
+    """The flags of a command's train.py arguments a row names (MEMORY_FLAGS), as it writes
+    them."""
     out = []
     for i, a in enumerate(args):
         if a == "--offload_trainer":
             out.append(a)
-        elif a == "--gpu_memory_utilization":
+        elif a in MEMORY_FLAGS:
             out += [a, args[i + 1]]
     return " ".join(out)
 

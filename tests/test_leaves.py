@@ -36,6 +36,12 @@ LEAVES = {
     "infra/offload": ([], "import torch; o = offload.TrainerOffload(torch.nn.Linear(2, 2), None, "
                       "enabled=False); o.offload(); o.reload()"),
     "infra/preflight": ([], "assert preflight.card_gib('h200-141gb') == 140.4"),
+    "infra/lora": ([], "from transformers import Qwen3Config, AutoModelForCausalLM; "
+                   "m = AutoModelForCausalLM.from_config(Qwen3Config(vocab_size=32, hidden_size=16, "
+                   "num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8, "
+                   "intermediate_size=32)); lora.add_adapters(m, rank=2, alpha=4.0, dropout=0.0, "
+                   "targets='q_proj'); assert lora.is_adapted(m) and len(list(lora.Reference(m)"
+                   ".parameters())) == 0"),
     "infra/rundir": ([], "from pathlib import Path; rundir.append_metrics(Path('.'), {'b': 1, 'a': 2}); "
                      "assert rundir.load_run(Path('.'))['rows'] == [{'a': 2, 'b': 1}]"),
     "sandbox": ([], "sb = sandbox.Sandbox(workers=1); "

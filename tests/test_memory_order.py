@@ -17,13 +17,14 @@ full-size trainer on fake tensors (minutes each on 2 cores: marked slow); each i
 """
 import importlib.machinery
 import sys
+import types
 from pathlib import Path
 
 import pytest
 import yaml
 from accelerate import Accelerator
 
-from infra import config, engine, models, offload, preflight
+from infra import config, engine, lora, models, offload, preflight
 from infra import run, rundir
 import train
 from test_gpu_commands import ROOT, table_rows
@@ -41,7 +42,7 @@ def row_flags(row) -> tuple[list[str], str]:
              "--gpus", str(world), *flags.split()], CARD[card])
 
 
-_TRAINERS: dict = {}  # (model, world, KL) -> measure_trainer's result, shared by the rows
+_TRAINERS: dict = {}  # (model, world, KL, LoRA rank) -> measure_trainer's result
 
 
 def row_args(row):
@@ -55,7 +56,7 @@ def row_plan(row) -> dict:
     """The preflight's plan of a README row, as `train.py <flags> --preflight` computes it."""
     cfg = row_args(row)
     gpu = row_flags(row)[1]
-    key = (cfg.model.model, cfg.run.gpus, cfg.grpo.kl_coef > 0)
+    key = (cfg.model.model, cfg.run.gpus, cfg.grpo.kl_coef > 0, cfg.model.lora_rank)
     plan = preflight.plan(models.architecture(cfg.model.model), card=preflight.card_gib(gpu),
                           trainer=_TRAINERS.get(key), **train.preflight_launch(cfg))
     _TRAINERS[key] = plan["trainer"]
@@ -83,6 +84,14 @@ class Ledger(FakeTPLLM):
         self.mapped: set[str] = set()
         self.offload = None  # the run's offload.TrainerOffload, once it exists
         self.full: dict[str, int] = {}
+        # a LoRA run's adapters: each sync loads one (the trainer's gathered adapters beside it)
+        self.llm_engine.add_lora = lambda request: self.record(
+            "sync" if "kv_cache" not in self.mapped else "start-up",
+            transient=plan["trainer"]["largest_unit"])
+        self.llm_engine.remove_lora = lambda lora_id: True
+        self.lora = types.SimpleNamespace(request=types.SimpleNamespace(
+            LoRARequest=lambda name, lora_id, path, **kw: types.SimpleNamespace(
+                lora_name=name, lora_int_id=lora_id, lora_path=path)))
 
     # the trainer's side
     def watch(self, off: offload.TrainerOffload) -> None:
@@ -90,8 +99,12 @@ class Ledger(FakeTPLLM):
         recorded before it (vLLM's start-up: nothing has moved the state since) get its state."""
         self.offload = off
         state = off.resident()
-        self.full = {"params": state["params"], "grads": state["params"],
-                     "moments": 2 * state["params"], "reference": state["reference"]}
+        # what trains: every parameter, or a LoRA run's adapters (their gradients and moments)
+        trainable = [p for p in off.model.parameters() if p.requires_grad]
+        trained = state["params"] if len(trainable) == len(list(off.model.parameters())) else \
+            sum(p.numel() * p.element_size() for p in trainable)
+        self.full = {"params": state["params"], "grads": trained, "moments": 2 * trained,
+                     "reference": state["reference"]}
         self.timeline[:] = [(label, extra + self._trainer(state) if gib is None else gib, extra)
                             for label, gib, extra in self.timeline]
 
@@ -119,7 +132,12 @@ class Ledger(FakeTPLLM):
         return self
 
     def sleep(self, level):
-        self.mapped = {"runner"} | ({"graphs"} if not self.offload_graphs else set())
+        if level > 0:  # level 0 (a LoRA engine's) only pauses the scheduler
+            self.mapped = {"runner"} | ({"graphs"} if not self.offload_graphs else set())
+        self.record("sleep")
+
+    def release_kv_cache_memory(self):
+        self.mapped.discard("kv_cache")
         self.record("sleep")
 
     def wake_up(self, tags=None):
@@ -135,7 +153,7 @@ class Ledger(FakeTPLLM):
         assert self.mapped == set(self.pools), f"vLLM generates with {self.mapped} mapped"
         self.record("rollout")
 
-    def _add(self, request_id, prompt, params):
+    def _add(self, request_id, prompt, params, lora_request=None):
         self._rollout()
         return super()._add(request_id, prompt, params)
 
@@ -149,7 +167,8 @@ class Ledger(FakeTPLLM):
 
 
 def run_on_ledger(plan: dict, tmp_path, monkeypatch, *, offload_trainer: bool, kl_coef: float,
-                  before_fix: bool = False, vllm_first: bool = False) -> list:
+                  before_fix: bool = False, vllm_first: bool = False,
+                  lora_rank: int = 0) -> list:
     """train.main for 2 steps (a checkpoint after each), then --resume for a third, on a Ledger
     of `plan`; returns the timeline. before_fix: the order the loop ran before round 2: the KV
     cache woke at the end of the sync, and the resume loaded the checkpoint with vLLM awake.
@@ -186,6 +205,7 @@ def run_on_ledger(plan: dict, tmp_path, monkeypatch, *, offload_trainer: bool, k
     monkeypatch.setattr(Accelerator, "load_state", traced(Accelerator.load_state, "resume"))
     monkeypatch.setattr(rundir, "save_checkpoint", before(rundir.save_checkpoint, "checkpoint"))
     monkeypatch.setattr(rundir, "export_policy", before(rundir.export_policy, "export"))
+    monkeypatch.setattr(lora, "export", before(lora.export, "export"))
     if before_fix:
         sync, resume = engine.VLLMEngine.sync_weights, run.Run.resume
 
@@ -209,14 +229,16 @@ def run_on_ledger(plan: dict, tmp_path, monkeypatch, *, offload_trainer: bool, k
             "--max_attempts", "1", "--designer_max_tokens", "16", "--hint_max_tokens", "8",
             "--max_turns", "1", "--max_new_tokens", "8", "--sandbox_workers", "1",
             "--checkpoint_every", "1", "--corpus", str(CORPUS), "--kl_coef", str(kl_coef),
-            "--output_dir", str(tmp_path / "run")] + (["--offload_trainer"] if offload_trainer
-                                                        else [])
+            "--output_dir", str(tmp_path / "run"), "--lora_rank", str(lora_rank)] + \
+        (["--offload_trainer"] if offload_trainer else [])
     for argv in (tiny, tiny + ["--resume", "--steps", "3", "--allow_config_change"]):
         ledgers.append(Ledger(models.build_tiny_tokenizer(), plan, timeline))
         # the ledger is the vllm module while the run lasts (monkeypatch restores these keys
         # alone: modules the run imports meanwhile stay imported)
         monkeypatch.setitem(sys.modules, "vllm", ledgers[-1])
         monkeypatch.setitem(sys.modules, "vllm.platforms", ledgers[-1].platforms)
+        monkeypatch.setitem(sys.modules, "vllm.lora", ledgers[-1].lora)
+        monkeypatch.setitem(sys.modules, "vllm.lora.request", ledgers[-1].lora.request)
         train.main(argv)
     return timeline
 
@@ -248,21 +270,24 @@ def on_ledger(row, tmp_path, monkeypatch, **order) -> tuple[dict, list]:
     earlier orders)."""
     plan, cfg = row_plan(row), row_args(row)
     return plan, run_on_ledger(plan, tmp_path, monkeypatch, offload_trainer=cfg.model.offload_trainer,
-                               kl_coef=cfg.grpo.kl_coef, **order)
+                               kl_coef=cfg.grpo.kl_coef, lora_rank=cfg.model.lora_rank,
+                               **order)
 
 
 def ledger_rows():
     """The README's --offload_trainer rows, and the rows of the same model, setting and config
-    file without it (their trainers are measured already)."""
+    file without it (their trainers are measured already), and its LoRA rows."""
     rows = table_rows()
     offloaded = [r for r in rows if "--offload_trainer" in r[4]]
     same = {r[:3] for r in offloaded}
-    return offloaded + [r for r in rows if r[:3] in same and r not in offloaded]
+    twins = [r for r in rows if r[:3] in same and r not in offloaded and "--lora" not in r[4]]
+    return offloaded + twins + [r for r in rows if "--lora_rank" in r[4]]
 
 
 def row_id(row) -> str:
     return "-".join([row[0], row[1], CARD[row[5]], *(["offload"] if "--offload" in row[4]
-                                                     else [])])
+                                                     else []),
+                     *(["lora"] if "--lora_rank" in row[4] else [])])
 
 
 def show(title: str, plan: dict, timeline: list) -> dict:
@@ -327,7 +352,35 @@ def test_the_kl_reference_waits_in_host_ram_on_a_hand_made_plan(tmp_path, monkey
     assert seen["update"] == pytest.approx(89.0 - 30.0 + 1.0 + 0.05)  # moments away, ref back
 
 
+# A LoRA plan by hand, one GPU of 80 GiB at util 0.35 (a 4B-sized run, GiB): the frozen bf16 base
+# 7.5 with adapters 0.1, their moments 0.2, activations 22 at the update's peak; the adapter in
+# bf16 0.05.
+HAND_LORA = {"held": {"Parameter": 7.6, "Optstate": 0.2, "Total": 7.8},
+             "update": {"Parameter": 7.6, "Gradient": 0.1, "Activation": 22.0, "Optstate": 0.2,
+                        "Total": 29.9},
+             "step": {"Parameter": 7.6, "Gradient": 0.1, "Optstate": 0.2, "Total": 8.0},
+             "policy": 7.6, "ref": 0.0, "largest_unit": 0.05, "params": 4 * 10**9}
+HAND_LORA_VLLM = {"share": 28.0, "weights": 7.55, "profile": 1.7, "graphs": 1.0, "asleep": 0.05,
+                  "kv": 17.7}
+
+
+def test_the_lora_order_on_a_hand_made_plan(tmp_path, monkeypatch):
+    """A LoRA run's loop on the ledger of a plan by hand: vLLM's sleep releases the KV cache
+    alone (level 0, then the release), so its weights and graphs stay through the update, the
+    step and the adapter's sync, as the plan's phases count them, and the rollouts find every
+    pool mapped (a level-2 sleep would leave the weights released: nothing re-sends them)."""
+    phases = preflight.phases(HAND_LORA, HAND_LORA_VLLM, world=1, tp=1, card=80.0,
+                              offload=False, lora=True)
+    plan = {"trainer": HAND_LORA, "vllm": HAND_LORA_VLLM, "phases": phases, "card": 80.0}
+    assert phases["update"] == pytest.approx(29.9 + 1.0 + 7.55 + 1.0 + 0.05)
+    assert phases["sync"] == pytest.approx(7.8 + 7.55 + 1.0 + 0.05 + 0.05 + 1.0)
+    timeline = run_on_ledger(plan, tmp_path, monkeypatch, offload_trainer=False, kl_coef=0.0,
+                             lora_rank=4)
+    assert check(plan, timeline) == []
+
+
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # the one-GPU Qwen3-4B LoRA plan alone took 522 s here (load 2-3)
 @pytest.mark.parametrize("row", ledger_rows(), ids=row_id)
 def test_the_loop_runs_the_order_the_plan_describes(row, tmp_path, monkeypatch, capsys):
     plan, timeline = on_ledger(row, tmp_path, monkeypatch)
