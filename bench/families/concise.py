@@ -1,20 +1,29 @@
 """A family of one-move games for bench/designer_learns.py: a move of at most L words wins.
 
-The designer's one choice is the word limit L, written as eight slots that each allow one more
-word or not (`allowed = dict(a=1, b=0, c=1, ...)`, L = the sum, 0 .. 8); every other character of
-the environment is the same. The agent's skill is brevity: its move is `\\boxed{up up ...}`, and
-it wins when the box holds between 1 and L words. A short move wins at every L, so RL can improve
-the agent at every setting, but one that has just learnt to stop at five words still loses at
-L = 2: the frontier (the L where the agent wins half its plays) moves down as the agent learns,
-and a designer that follows it must open fewer and fewer slots.
+The designer's one choice is the word limit L, written as a list of eight 0/1 slots that each
+allow one more word or not (`allowed = [1, 0, 1, ...]`, L = the sum, 0 .. 8); every other
+character of the environment is the same. The agent's skill is brevity: its move is
+`\\boxed{up up ...}`, and it wins when the box holds between 1 and L words. A short move wins at
+every L, so RL can improve the agent at every setting, but one that has just learnt to stop at
+five words still loses at L = 2: the frontier (the L where the agent wins half its plays) moves
+down as the agent learns, and a designer that follows it must open fewer and fewer slots.
 
 Why eight slots and not one digit: a digit is one categorical choice, and a GRPO update moves the
 probability of the digits it saw, a little each (seen here: p(dial) moved about 0.1 nats per
 update at lr 1e-4, and the agent crossed the whole range of digits long before the designer's
 choice concentrated). Eight binary slots are eight draws from one shared habit, so every update
 shifts the whole distribution of L (a binomial, mean 4 after the warm-up) towards what scored.
-Named slots, not a string of marks: a string of eight marks asks a small model to count to eight,
-and the RL updates soon broke the count (plans ran on past their closing quote).
+Why a bare list: the trials before it broke on their own syntax once RL moved the designer. A
+string of eight marks asks a small model to count to eight (plans ran on past their closing
+quote); named slots (`dict(a=1, b=0, ...)`) drifted to a repeated name (`d=0, d=1`: a SyntaxError,
+validity 1.0 -> 0.13 by step 28 under SPADE). A list of any length is valid code, and a slot
+more or less still sets a limit.
+
+Why the unhinted agent starts anywhere in 1 .. 9 words: RL can only reinforce what it samples. A
+warm-up agent that never wrote fewer than three words unhinted converged on exactly three (every
+play by step 30), its frontier stuck at L = 3, while the hint (one to three words) still won
+below it: the designer, scored by regret, then wrote L = 1-2 environments no unhinted play could
+win (the agent's return 0.95 -> 0 under SPADE).
 
 The first observation is the same at every L (the limit is hidden; the hint says what wins), so
 the agent's reply does not depend on L and one play tells whether it would have won at every L
@@ -39,15 +48,15 @@ import random
 import re
 
 NAME = "concise"
-SLOTS = "abcdefgh"                # the plan's slots: L = 0 .. 8
-DIALS = tuple(range(len(SLOTS), -1, -1))  # the word limit L, easiest (8 words allowed) first
+SLOTS = 8                         # the plan's slots: L = 0 .. 8
+DIALS = tuple(range(SLOTS, -1, -1))  # the word limit L, easiest (8 words allowed) first
 HINT = "Use as few words as you can: one word is best."
-AGENT_WORDS = range(3, 10)       # the warm-up agent's move length without a hint, in words
+AGENT_WORDS = range(1, 10)       # the warm-up agent's move length without a hint, in words
 HINTED_WORDS = range(1, 4)       # ... and with one
 WORD = "up"                      # the move's word (one token of the tiny tokenizer, " up" too)
 
 TEMPLATE = '''class BriefMoveEnv:
-    allowed = dict(@PLAN@)
+    allowed = [@PLAN@]
 
     def reset(self, seed=None):
         return "Say your move in the box. Fewer words score.", {}
@@ -55,35 +64,34 @@ TEMPLATE = '''class BriefMoveEnv:
     def step(self, action):
         boxed = action[:7] == "\\\\boxed{" and action[-1:] == "}"
         n = len(action[7:-1].split()) if boxed else 0
-        return "Done.", float(0 < n <= sum(self.allowed.values())), True, False, {}
+        return "Done.", float(0 < n <= sum(self.allowed)), True, False, {}
 '''
 
 
 def with_plan(bits) -> str:
     """The environment whose slot i allows a word when bits[i] is 1."""
-    return TEMPLATE.replace("@PLAN@", ", ".join(f"{k}={b}" for k, b in zip(SLOTS, bits)))
+    return TEMPLATE.replace("@PLAN@", ", ".join(map(str, bits)))
 
 
 def designer_source(rng: random.Random) -> str:
     """The warm-up designer's environment: every slot 1 or 0 at even odds."""
-    return with_plan([rng.randint(0, 1) for _ in SLOTS])
+    return with_plan([rng.randint(0, 1) for _ in range(SLOTS)])
 
 
 def environment(dial: int) -> str:
     """An environment of word limit `dial` (its first `dial` slots open)."""
-    return with_plan([1] * dial + [0] * (len(SLOTS) - dial))
+    return with_plan([1] * dial + [0] * (SLOTS - dial))
 
 
 def dial_of(source: str) -> int | None:
-    """The word limit a designed source sets: the sum of its slots' values, as step() sums them
-    (a plan that skipped a slot, or named another, still sets one); None without a plan, with a
-    value that is not a whole number, or past len(SLOTS)."""
-    m = re.search(r"^\s*allowed\s*=\s*dict\(([^)]*)\)\s*$", source or "", re.M)
-    pairs = [p.split("=", 1) for p in m[1].split(",") if p.strip()] if m else []
-    values = [v.strip() for _, v in (p for p in pairs if len(p) == 2)]
-    if not values or len(values) != len(pairs) or not all(re.fullmatch(r"\d+", v) for v in values):
+    """The word limit a designed source sets: the sum of its list, as step() sums it (a list a
+    slot short or long still sets one); None without a plan, with an item that is not a whole
+    number, or past SLOTS."""
+    m = re.search(r"^\s*allowed\s*=\s*\[([^\]]*)\]\s*$", source or "", re.M)
+    items = [v.strip() for v in m[1].split(",")] if m else []
+    if not items or not all(re.fullmatch(r"\d+", v) for v in items):
         return None
-    total = sum(map(int, values))
+    total = sum(map(int, items))
     return total if total in DIALS else None
 
 
