@@ -26,8 +26,9 @@ from accelerate import Accelerator
 from infra import config, engine, models, offload, preflight
 from infra import run, rundir
 import train
-from test_gpu_commands import ROOT, table_rows
-from test_train import CORPUS, FakeTPLLM
+from fake_vllm import FakeTPLLM
+from gpu_table import ROOT, table_rows
+from runs import CORPUS
 
 CARD = {"H100 80 GB": "h100-80gb", "H200 141 GB": "h200-141gb"}
 TOLERANCE = 0.05
@@ -63,7 +64,7 @@ def row_plan(row) -> dict:
 
 
 class Ledger(FakeTPLLM):
-    """vLLM's `LLM` (and the `vllm` module around it, test_train.FakeTPLLM's scripted replies) as
+    """vLLM's `LLM` (and the `vllm` module around it, tests/fake_vllm.py's scripted replies) as
     a ledger of device memory. vLLM's pools, sized by the plan, map and release as vLLM 0.32's
     sleep mode does them (device_allocator/cumem.py: sleep releases every pool, the CUDA graphs
     to host RAM when sleep_mode_offload_cudagraph is set; a wake maps the tags it names and every

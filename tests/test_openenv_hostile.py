@@ -30,8 +30,9 @@ from websockets.sync.client import connect
 import agent
 import sandbox
 from infra import imported
+from export_venv import export_python, free_port, healthy
+from runs import TINY, agent_engine
 from scripted import main_with
-from test_export import TINY, agent_engine, export_python, free_port, healthy
 from tools import export
 
 PKG, IDLE = "hostile", 2.0

@@ -15,8 +15,8 @@ import pytest
 
 from tools import report
 import train
-from test_train import BASE, COIN, ScriptedDesigner
-from scripted import main_with
+from runs import BASE, COIN
+from scripted import TeacherForced, in_turn, main_with, per_prompt
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,8 +101,8 @@ def scripted_hostile(model, tok):
     coin = f"# designer note: {HOSTILE}\n{coin}"
     designs = [f"```python\n{coin}\n```", "```python\nclass BrokenEnv(:\n    pass\n```"]
     replies = [f"I call it. {HOSTILE} \\boxed{{heads}}", "Hmm. \\boxed{tails}"]
-    return {"designer": ScriptedDesigner(model, tok, designs),
-            "agent": ScriptedDesigner(model, tok, replies, per_batch=True)}
+    return {"designer": TeacherForced(model, tok, in_turn(designs)),
+            "agent": TeacherForced(model, tok, per_prompt(replies))}
 
 
 @pytest.fixture(scope="module")
