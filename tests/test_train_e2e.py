@@ -1,8 +1,8 @@
 """train.py end to end on the tiny models (every test here is a run: marked slow): regeneration,
 hinted arm, designer + agent updates, memory, checkpoints, exact resume after a crash in every
-phase, every ablation, tiny-MoE, tool use with KL, a bf16 local model, data parallel and tensor
-parallel ranks, and eval.py over the exports. The loop's pure functions and its fail-fast checks
-are in tests/test_train.py."""
+phase, tiny-MoE, tool use with KL, a bf16 local model, data parallel and tensor parallel ranks,
+and eval.py over the exports. The loop's pure functions and its fail-fast checks are in
+tests/test_train.py; the ablation runs, each checked for its effect, in tests/test_wiring.py."""
 import json
 from pathlib import Path
 
@@ -16,7 +16,7 @@ from infra import metrics as metrics_lib
 from infra import models
 import train
 from fake_vllm import FakeTPLLM
-from runs import BASE, ENVS, coin_script, count_checkpoints, metrics
+from runs import BASE, coin_script, count_checkpoints, metrics
 from scripted import main_with
 
 pytestmark = pytest.mark.slow
@@ -100,20 +100,6 @@ def test_resume_after_crash_is_exact(tmp_path, monkeypatch, designer_model, refe
     monkeypatch.setattr(train, "phase", enter)
     resumed = main_with(engines, BASE + ["--output_dir", str(tmp_path / "b"), "--resume"])
     assert metrics(resumed) == metrics(reference_run)
-
-
-@pytest.mark.parametrize("flags", [["--no_corpus"], ["--no_memory"], ["--no_designer_training"],
-                                   ["--two_skills"], ["--designer_reward", "regret"],
-                                   ["--designer_reward", "solve_rate"],
-                                   ["--designer_reward", "learning_potential"],
-                                   ["--fixed_envs", str(ENVS)]])
-def test_every_ablation_runs(tmp_path, flags, designer_model):
-    run = main_with(coin_script(*designer_model), BASE + ["--steps", "2", "--plays", "2", "--output_dir", str(tmp_path / "a")] + flags)
-    rows = metrics(run)
-    assert len(rows) == 2 and all(r["losses/samples"] > 0 for r in rows)
-    if "--fixed_envs" in flags:
-        # --num_envs (2 here) of the directory's environments per step, drawn without replacement
-        assert "designer/attempts" not in rows[0] and [r["env/pool_size"] for r in rows] == [2, 2]
 
 
 def test_tool_setting_runs_with_kl(tmp_path):

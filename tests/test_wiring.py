@@ -377,13 +377,18 @@ def test_loop_passes_its_own_settings_on(scripted):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("flag", ["baseline", "--no_corpus", "--no_memory", "--no_designer_training",
-                                  "--two_skills", "regret", "solve_rate", "--fixed_envs"])
+                                  "--two_skills", "regret", "solve_rate", "learning_potential",
+                                  "--fixed_envs"])
 def test_each_ablation_takes_effect(tmp_path, policy, monkeypatch, flag, scripted):
+    """Every ablation flag (README, "Ablations") runs the whole script, trains every step, and
+    takes effect; each runs once here (no other file repeats these runs)."""
     extra = {"baseline": [], "--two_skills": ["--two_skills", "--skills_per_regen", "2"],
              "regret": ["--designer_reward", "regret"], "solve_rate": ["--designer_reward", "solve_rate"],
+             "learning_potential": ["--designer_reward", "learning_potential"],
              "--fixed_envs": ["--fixed_envs", str(ENVS)]}.get(flag, [flag])
     designs = [[EASY_HANGS if d == EASY else d for d in c] for c in DESIGNS] if flag == "regret" else DESIGNS
     out, rows, rec, engines = scripted if flag == "baseline" else run(tmp_path, policy, monkeypatch, extra, designs)
+    assert len(rows) == 3 and all(r["losses/samples"] > 0 for r in rows)
     prompts = [t for c in engines["designer"].calls for t in c["texts"]]
     later = [t for c in engines["designer"].calls[2:] for t in c["texts"]]  # step 2's prompts
     if flag == "baseline":  # what each flag turns off is there without it
@@ -412,6 +417,11 @@ def test_each_ablation_takes_effect(tmp_path, policy, monkeypatch, flag, scripte
             pytest.approx([-2.75, 0, 0, 2.75])  # MATH: 5.5 * (+-0.5 - 0)
     elif flag == "solve_rate":  # plateau(w): FAIR 1, FAULTY 0, HARD 0, EASY 0
         assert rows[2]["designer/score_mean"] == pytest.approx(1 / 4)
+    elif flag == "learning_potential":  # |w - mu_slow(skill)|, the trackers' first update setting
+        # each skill's to the mean of its fault-free environments' plays: FAIR alone in MATH (EASY
+        # faulted), HARD alone in LOGIC, so |w - w| = 0; FAULTY and EASY faulted: 0
+        assert rows[2]["designer/samples"] == 4 and rows[2]["designer/score_mean"] == 0.0
+        assert [float(s.advantage) for s in by_role(rec["samples"][2], "designer")] == [0.0] * 4
     else:  # Fixed-env GRPO: the directory's environments, never a designer call, a hint or a designer sample
         assert engines["designer"].calls == [] and not any(isinstance(c["max_new_tokens"], int)
                                                            for c in engines["agent"].calls)
