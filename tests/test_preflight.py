@@ -230,6 +230,7 @@ def test_bad_input_is_one_clear_line(flags, message):
         train.main(["--model", "tiny-moe", "--preflight", *flags])
 
 
+@pytest.mark.slow
 def test_the_exit_status_covers_every_card(capsys, monkeypatch):
     """--gpu a,b: the trainer is measured once, and the run exits 1 when any card does not fit,
     whichever comes first; 0 when every card fits."""
@@ -245,6 +246,7 @@ def test_the_exit_status_covers_every_card(capsys, monkeypatch):
     assert len(measured) == 3  # once per command
 
 
+@pytest.mark.slow
 def test_tiny_moe_plan_end_to_end(capsys):
     """The whole command on a tiny model at 2 ranks: fits an 8 GiB card (exit 0), not a 2 GiB one
     (exit 1, the update alone needs more than the card with its context)."""

@@ -349,12 +349,11 @@ def chromium():
 
 
 @pytest.mark.slow
+@pytest.mark.needs_chromium
 def test_report_renders_in_headless_chromium(tiny_run, tmp_path):
     """Screenshot the page and read back the DOM the browser built. REPORT_SCREENSHOT=path keeps
     the screenshot (docs/report.png, shown in docs/run.md)."""
-    exe = chromium()
-    if exe is None:
-        pytest.skip("no chromium on PATH (Debian: apt-get install chromium; .ci/run installs it)")
+    exe = chromium()  # there: needs_chromium skipped the test otherwise (tests/conftest.py)
     html_file = tiny_run / "report.html"
     shot = tmp_path / "report.png"
     flags = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
