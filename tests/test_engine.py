@@ -723,6 +723,7 @@ def _tp_step_worker(rank, store, out_dir):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # 2 spawned ranks
 def test_vllm_tensor_parallel_group_steps_in_lockstep(tmp_path):
     """submit / collect under TP: every engine step adds the same requests on both ranks (one
     gather per step), a rank with nothing left keeps stepping until the other is done, and each
@@ -787,6 +788,7 @@ def _tp_serve_worker(rank, store, out_dir):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # 2 spawned ranks
 def test_vllm_tensor_parallel_member_serves_its_group_while_it_waits(tmp_path):
     """A TP member waiting on sandbox work with nothing in flight keeps taking part in the
     group's engine steps (VLLMEngine.serve): its peer's replies finish meanwhile, and the work

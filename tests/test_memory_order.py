@@ -284,6 +284,7 @@ HAND_VLLM = {"share": 72.0, "weights": 7.5, "profile": 1.7, "graphs": 1.0, "asle
              "kv": 61.75}
 
 
+@pytest.mark.slow  # train.py's loop, three times
 def test_the_order_on_a_hand_made_plan(tmp_path, monkeypatch, capsys):
     """The ledger on a plan by hand (no measurement): the loop's order matches the plan, vLLM
     starting with the trainer's state away (0 + 1 + 72 GiB); the order before round 2's fix maps
@@ -311,6 +312,7 @@ def test_the_order_on_a_hand_made_plan(tmp_path, monkeypatch, capsys):
     assert "start-up 88.0 GiB above the 80.0 GiB card" in check(plan, first)
 
 
+@pytest.mark.slow  # train.py's loop
 def test_the_kl_reference_waits_in_host_ram_on_a_hand_made_plan(tmp_path, monkeypatch):
     """With a KL term the frozen reference (7 GiB here) is read only by the update: offloaded
     with the trainer, the rollouts and vLLM's start-up run without it, and it is back for the
