@@ -13,7 +13,8 @@ beside an awake vLLM), and the start-up before round 3's (vLLM built beside the 
 shards, offloaded only at the first step), which the rows' raised utils no longer leave room for.
 
 One rank stands for each of a row's ranks (they all run this order). The plans measure the
-full-size trainer on fake tensors (minutes each on 2 cores: marked slow); each is measured once.
+full-size trainer on fake tensors (minutes each on 2 cores: marked slow); each is measured once
+in the session (tests/plans.py), here and in tests/test_preflight.py.
 """
 import importlib.machinery
 import sys
@@ -28,6 +29,7 @@ from infra import run, rundir
 import train
 from fake_vllm import FakeTPLLM
 from gpu_table import ROOT, table_rows
+import plans
 from runs import CORPUS
 
 CARD = {"H100 80 GB": "h100-80gb", "H200 141 GB": "h200-141gb"}
@@ -42,9 +44,6 @@ def row_flags(row) -> tuple[list[str], str]:
              "--gpus", str(world), *flags.split()], CARD[card])
 
 
-_TRAINERS: dict = {}  # (model, world, KL) -> measure_trainer's result, shared by the rows
-
-
 def row_args(row):
     """A README row's resolved Config, its preset applied."""
     cfg = config.parse(row_flags(row)[0], aliases=models.MODEL_ALIASES)
@@ -56,11 +55,9 @@ def row_plan(row) -> dict:
     """The preflight's plan of a README row, as `train.py <flags> --preflight` computes it."""
     cfg = row_args(row)
     gpu = row_flags(row)[1]
-    key = (cfg.model.model, cfg.run.gpus, cfg.grpo.kl_coef > 0)
-    plan = preflight.plan(models.architecture(cfg.model.model), card=preflight.card_gib(gpu),
-                          trainer=_TRAINERS.get(key), **train.preflight_launch(cfg))
-    _TRAINERS[key] = plan["trainer"]
-    return plan
+    with plans.shared():  # a trainer measured once for every row (and test) that plans it
+        return preflight.plan(models.architecture(cfg.model.model), card=preflight.card_gib(gpu),
+                              **train.preflight_launch(cfg))
 
 
 class Ledger(FakeTPLLM):
