@@ -106,8 +106,9 @@ class ByRole:
 class Barrier(engine.Batched):
     """The loop's own turn barrier (engine.Batched: every collect() is one generate call of all
     pending requests, in key order; without wait it decodes nothing) over a scripted batched
-    `generate`: generate(prompts, caps) for requests with their own caps (agent turns),
-    generate(prompts) for the others (chats: designer attempts, hints)."""
+    `generate`, so the tests of agent.play and designer.regenerate drive the barrier the loop
+    runs on TransformersEngine, not a copy of it: generate(prompts, caps) for requests with their
+    own caps (agent turns), generate(prompts) for the others (chats: designer attempts, hints)."""
 
     def __init__(self, generate):
         super().__init__(_Generate(generate), {}, seed=lambda n: n)
