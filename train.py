@@ -46,7 +46,8 @@ Deviations (README, "Deviations", has the reasons):
      syncs of the adapters alone (infra/lora.py; README row 38).
 
 Launch: `python train.py --model tiny ...` (CPU) or `accelerate launch --config_file
-configs/fsdp2_8gpu.yaml train.py --model Qwen3-30B-A3B`. Test: `pytest tests/test_train.py`.
+configs/fsdp2_8gpu.yaml train.py --model Qwen3-30B-A3B`.
+Test: `pytest tests/test_train.py tests/test_train_e2e.py -m ""` (-m "": the runs too).
 """
 from __future__ import annotations
 

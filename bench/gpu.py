@@ -54,7 +54,7 @@ Choices, numbered:
 Output: JSON {"smoke", "device", "torch", "transformers", "figures": [...], "sections": {name:
 {"status", "seconds"}}}, and one JSON line per figure as the last stdout lines. Never asserts.
 Dependencies: torch, transformers, accelerate; grpo, logprobs, train (and train.py as a subprocess).
-Test: pytest tests/test_bench_gpu.py
+Test: pytest tests/test_bench_gpu.py -m ""
 """
 import argparse
 import ctypes

@@ -14,7 +14,7 @@ infra/imported.py).
 Deviations (README rows 1 and 34): every pool file passes the sandbox's validation (a file that
 imports math_verify cannot load in a worker); --generate_pool takes the six skills in turn; a file
 with no skill named in a manifest or its docstring gets skill "unknown".
-Test: `pytest tests/test_recipe.py tests/test_export.py`.
+Test: `pytest tests/test_recipe.py tests/test_export.py -m ""` (-m "": the runs too).
 """
 from __future__ import annotations
 

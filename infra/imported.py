@@ -42,7 +42,7 @@ whose every session others hold for BUSY_WAIT seconds stops the run (ServerFull)
 `seed_memory` (--memory_from) fills a new run's environment memory with another run's records
 (memory.json) or an export's manifest (tools/export.py): exemplars for the designer's prompts,
 text only, never executed here.
-Test: `pytest tests/test_export.py tests/test_openenv_hostile.py`.
+Test: `pytest tests/test_export.py tests/test_openenv_hostile.py -m ""` (-m "": the slow tier too).
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ offline, on the shipped corpus and environments, under a Qwen3-style chat templa
 (`data/chat_template.jinja`), so tests, benchmarks and the CPU quick-start need no network.
 
 Dependencies: torch, transformers, tokenizers (and accelerate for an empty model, see
-load_model_and_tokenizer). Test: `pytest tests/test_models.py`.
+load_model_and_tokenizer). Test: `pytest tests/test_models.py -m ""` (-m "": its launches too).
 """
 from __future__ import annotations
 

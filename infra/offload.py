@@ -34,7 +34,7 @@ allocated and pinned once, at the first offload, sized for the parameters and th
 still to come (AdamW's moments appear at the first optimizer step: their shapes and dtypes are
 the parameters'); it is replaced only by state larger than that (another optimizer's).
 Bench: `python bench/offload.py` (round trip GB/s against a plain copy of the same bytes).
-Dependencies: torch only. Test: `pytest tests/test_offload.py`.
+Dependencies: torch only. Test: `pytest tests/test_offload.py -m ""` (-m "": the loop's run too).
 """
 from __future__ import annotations
 

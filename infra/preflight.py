@@ -57,7 +57,8 @@ Deviations from a real GPU run (numbered):
      (inside its profile) is not counted at the sync.
 Validation: tests/test_preflight.py pins the plan of the one configuration whose update peak was
 measured on a GPU (docs/gpu.md, "Memory per GPU": the figure, the card and the configuration).
-Dependencies: torch, transformers. Test: `pytest tests/test_preflight.py`.
+Dependencies: torch, transformers. Test: `pytest tests/test_preflight.py -m ""` (-m "": the
+full-size plans too).
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ paper logs is computed in metrics.py, what it trains in train.py. The run direct
 (metrics.jsonl rows, reduced over ranks here; checkpoints, exports, the per-step files) are
 written by rundir.py, whose docstring is their schema; the held-out evaluations during the run
 (--eval_every) by evaluation.py.
-Test: `pytest tests/test_train.py`.
+Test: `pytest tests/test_train.py tests/test_train_e2e.py -m ""` (-m "": the runs too).
 """
 from __future__ import annotations
 

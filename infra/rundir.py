@@ -60,7 +60,7 @@ none of the run's files is NotARun. A transcript line is parsed (json.loads) onl
 wanted env_id as a JSON string, and kept by its env_id field: a long run's plays are hundreds of
 times larger than what a page shows.
 Dependencies: the standard library. Test: `pytest tests/test_rundir.py` (the writers in a run:
-tests/test_train.py; the readers on a run: tests/test_report.py, tests/test_export.py).
+tests/test_train_e2e.py; the readers on a run: tests/test_report.py, tests/test_export.py).
 """
 from __future__ import annotations
 

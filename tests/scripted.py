@@ -1,6 +1,12 @@
-"""Scripted models and streams of the tests: ScriptedSampler (eval and tool use), Barrier (a turn
-barrier stream over a scripted generate), main_with and ByRole (train.py on scripted engines)."""
-import time
+"""Scripted models and streams of the tests: ScriptedSampler (eval and tool use), TeacherForced (a
+rollout engine with scripted replies and the model's own log-probs) and its reply pickers,
+Barrier (engine.Batched, the loop's turn barrier, over a scripted generate), main_with and ByRole
+(train.py on scripted engines)."""
+import itertools
+
+import torch
+
+from infra import engine
 
 
 class ScriptedSampler:
@@ -13,6 +19,51 @@ class ScriptedSampler:
     def chat(self, conversations, *, n=1, tools=None, **sampling):
         self.calls.append({"n": n, "prompts": len(conversations), **sampling})
         return [[self.fn(messages, k) for k in range(n)] for messages in conversations]
+
+
+class TeacherForced(engine.Batching):
+    """A rollout engine with scripted replies and the model's own log-probs of them (teacher
+    forcing), so the designer and agent paths train with real gradients and honest importance
+    weights. `reply(call, i, text, max_new_tokens) -> str` gives the reply to the i-th prompt of
+    the call-th generate call (text: that prompt decoded); in_turn, per_prompt and shifted below
+    make one from a list. Every call is kept in `calls`: its decoded prompts and sampling."""
+
+    def __init__(self, model, tok, reply):
+        self.model, self.tok, self.reply, self.calls = model, tok, reply, []
+
+    def generate(self, prompts, *, max_new_tokens, temperature, top_p, top_k, seed=None):
+        call = {"texts": [self.tok.decode(p) for p in prompts], "max_new_tokens": max_new_tokens,
+                "temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
+        self.calls.append(call)
+        out = []
+        for i, (prompt, text) in enumerate(zip(prompts, call["texts"])):
+            reply = self.reply(len(self.calls) - 1, i, text, max_new_tokens)
+            ids = self.tok.encode(reply, add_special_tokens=False) + [self.tok.eos_token_id]
+            with torch.no_grad():
+                logits = self.model(torch.tensor([list(prompt) + ids])).logits  # (1, T, V)
+            logits = logits[0, len(prompt) - 1:-1]                                # (R, V)
+            lp = torch.log_softmax(logits.float() / temperature, -1)              # (R, V)
+            lp = lp.gather(-1, torch.tensor(ids)[:, None])[:, 0]                  # (R,)
+            out.append(engine.Completion(token_ids=ids, logprobs=lp.tolist(), text=reply,
+                                         finish_reason="stop"))
+        return out
+
+
+def in_turn(replies):
+    """The n-th reply over all calls is replies[n mod len] (a script read on across calls, and
+    across a resume when the engine is reused)."""
+    given = itertools.count()
+    return lambda call, i, text, cap: replies[next(given) % len(replies)]
+
+
+def per_prompt(replies):
+    """The i-th prompt of every call gets replies[i mod len] (the same in every call)."""
+    return lambda call, i, text, cap: replies[i % len(replies)]
+
+
+def shifted(replies):
+    """The i-th prompt of the c-th call gets replies[(c + i) mod len]."""
+    return lambda call, i, text, cap: replies[(call + i) % len(replies)]
 
 
 def main_with(engines: dict, argv):
@@ -52,35 +103,29 @@ class ByRole:
         return self._stream(step, role, *args, **kwargs)
 
 
-class Barrier:
-    """A request stream (infra/engine.py) over a scripted batched `generate`: every collect() is
-    one call for all pending requests, in key order (a turn barrier, as engine.Batched; without
-    wait it decodes nothing): generate(prompts, caps) for token requests with their caps,
-    generate(chats) for chats."""
+class Barrier(engine.Batched):
+    """The loop's own turn barrier (engine.Batched: every collect() is one generate call of all
+    pending requests, in key order; without wait it decodes nothing) over a scripted batched
+    `generate`, so the tests of agent.play and designer.regenerate drive the barrier the loop
+    runs on TransformersEngine, not a copy of it: generate(prompts, caps) for requests with their
+    own caps (agent turns), generate(prompts) for the others (chats: designer attempts, hints)."""
 
     def __init__(self, generate):
-        self.generate, self.queue = generate, []
+        super().__init__(_Generate(generate), {}, seed=lambda n: n)
 
-    @property
-    def pending(self):
-        return len(self.queue)
 
-    def submit(self, key, prompt, max_new_tokens=None):
-        self.queue.append((key, prompt, max_new_tokens))
+class _Generate:
+    """A scripted `generate` as the engine a Batched stream calls: it gets no sampling settings
+    and no seed (the script decides), and must answer every prompt."""
 
-    def collect(self, wait=True):
-        if not wait:
-            time.sleep(0.001)
-            return []
-        batch, self.queue = sorted(self.queue, key=lambda q: q[0]), []
-        if not batch:
-            return []
-        caps = [c for _, _, c in batch]
-        prompts = [p for _, p, _ in batch]
-        replies = self.generate(prompts) if caps[0] is None else self.generate(prompts, caps)
-        if len(replies) != len(batch):
-            raise ValueError(f"generate returned {len(replies)} replies for {len(batch)} prompts")
-        return [(key, reply) for (key, _, _), reply in zip(batch, replies)]
+    def __init__(self, fn):
+        self.fn = fn
+
+    def generate(self, prompts, *, seed, max_new_tokens=None):
+        replies = self.fn(prompts) if max_new_tokens is None else self.fn(prompts, max_new_tokens)
+        if len(replies) != len(prompts):
+            raise ValueError(f"generate returned {len(replies)} replies for {len(prompts)} prompts")
+        return replies
 
     def serve(self, fn):
         return fn()

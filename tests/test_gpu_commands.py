@@ -6,7 +6,6 @@ the README is a row of that table. (Whether the whole run fits the card is the m
 to say: tests/test_preflight.py.)"""
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 import yaml
@@ -14,27 +13,12 @@ import yaml
 from infra import config
 from infra import engine
 from infra import models
+from gpu_table import README, ROOT, table_rows
 
-ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
 # total memory as the driver reports it (nvidia-smi: 81,559 MiB and 143,771 MiB)
 CARD_BYTES = {"H100 80 GB": 81559 * 2**20, "H200 141 GB": 143771 * 2**20}
-HEADER = "| model | setting | config file | TP | flags | card |"
 # the flags a row names: the memory flags and LoRA's rank (its runs are planned apart)
 MEMORY_FLAGS = ("--offload_trainer", "--gpu_memory_utilization", "--lora_rank")
-
-
-def table_rows() -> list[tuple[str, str, str, int, str, str]]:
-    """(model, setting, config file, TP, flags, card) of each row of the README's GPU table."""
-    lines = README[README.index(HEADER):].splitlines()[2:]
-    rows = []
-    for line in lines:
-        if not line.startswith("|"):
-            break
-        model, setting, config_file, tp, flags, card = (c.strip() for c in
-                                                        line.strip("|").split("|"))
-        rows.append((model, setting, config_file, int(tp), flags, card))
-    return rows
 
 
 def memory_flags(args: list[str]) -> str:

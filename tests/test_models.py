@@ -135,6 +135,7 @@ def test_paper_architectures_ship_offline(alias, billions, hub, tmp_path, monkey
     assert config.tie_word_embeddings == (alias == "Qwen3-4B")
 
 
+@pytest.mark.slow  # train.py and eval.py launched as a user launches them
 @pytest.mark.parametrize("argv", [["train.py", "--model", "Qwen3-30B-A3B"],
                                   ["eval.py", "--model", "Qwen3-30B-A3B", "--suites", "aime2025"]])
 def test_an_uncached_model_offline_is_one_line_that_says_what_to_do(tmp_path, argv):

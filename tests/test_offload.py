@@ -93,6 +93,7 @@ def test_offload_needs_the_vllm_engine(tmp_path):
         train.main(flags)
 
 
+@pytest.mark.slow
 def test_the_loop_offloads_for_the_rollouts_and_reloads_around_the_update(tmp_path, monkeypatch):
     """train.train's wiring: each step starts by offloading (the designer and the plays run on
     vLLM), brings the parameters back before the update, the moments with the optimizer's step

@@ -30,8 +30,9 @@ from websockets.sync.client import connect
 import agent
 import sandbox
 from infra import imported
+from export_venv import export_python, free_port, healthy
+from runs import TINY, agent_engine
 from scripted import main_with
-from test_export import TINY, agent_engine, export_python, free_port, healthy
 from tools import export
 
 PKG, IDLE = "hostile", 2.0
@@ -147,6 +148,7 @@ def descendants(pid: int) -> set[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.needs_export_venv
 def test_1_sessions_end_when_idle_and_a_full_server_says_so_and_recovers(server):
     """Two silent WebSockets hold both sessions; the third hears CAPACITY_REACHED. No session can
     be made without a socket (session/create, ?session_id= attaching). After IDLE s the silent
@@ -172,6 +174,7 @@ def test_1_sessions_end_when_idle_and_a_full_server_says_so_and_recovers(server)
 
 
 @pytest.mark.slow
+@pytest.mark.needs_export_venv
 def test_2_only_websocket_sessions_run_environments(server):
     """With both sessions playing, openenv's HTTP /reset (a fresh environment per request,
     outside --max_sessions) and the web interface's routes run nothing: not served."""
@@ -187,6 +190,7 @@ def test_2_only_websocket_sessions_run_environments(server):
 
 
 @pytest.mark.slow
+@pytest.mark.needs_export_venv
 def test_3_bodies_and_frames_are_bounded_to_the_protocol(server):
     """An HTTP body over 64 KiB gets 413, whether declared or streamed in chunks; a WebSocket
     frame over FRAME_CAP is closed with 1009, while the longest valid action still plays."""
@@ -208,6 +212,7 @@ def test_3_bodies_and_frames_are_bounded_to_the_protocol(server):
 
 
 @pytest.mark.slow
+@pytest.mark.needs_export_venv
 def test_4_foreign_hosts_and_origins_are_refused_unless_named(server):
     """A DNS-rebinding page (a foreign Host) reads nothing; a web page (a foreign Origin) can
     neither open a WebSocket nor POST a text/plain "simple request"; the names the user gave
@@ -228,6 +233,7 @@ def test_4_foreign_hosts_and_origins_are_refused_unless_named(server):
 
 
 @pytest.mark.slow
+@pytest.mark.needs_export_venv
 def test_5_reset_arguments_are_checked_with_one_clear_error(server):
     """A seed "5" would play another episode than 5 while the state said 5; -1 the episode of 1.
     Each wrong seed or episode_id gets one error frame saying why, and the session goes on."""
@@ -242,6 +248,7 @@ def test_5_reset_arguments_are_checked_with_one_clear_error(server):
 
 
 @pytest.mark.slow
+@pytest.mark.needs_export_venv
 def test_6_the_server_says_its_sandbox_level_and_can_demand_the_full_one(server, package):
     """The level is printed at start; --require_full serves only at sandbox.FULL; and the server
     refuses to start under ENABLE_WEB_INTERFACE (openenv's web interface shares one environment
@@ -267,6 +274,8 @@ def _port(proc) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.needs_export_venv
+@pytest.mark.needs_root
 def test_7_each_worker_has_its_own_scratch(server):
     """Two sessions each write 3 MiB into scratch, 4 MiB each (--scratch_mb 4): both succeed, where
     one tmpfs shared by every worker would have stopped the second (ENOSPC)."""

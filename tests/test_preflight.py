@@ -2,7 +2,8 @@
 Qwen3-30B-A3B plan, the vLLM formulas by hand, the verdict, and one clear line for bad input.
 
 The two full-size cases build their models on fake tensors (no weights, no download) and take
-about 1-2 minutes each on 2 cores (marked slow)."""
+about 1-2 minutes each on 2 cores (marked slow); the Qwen3-30B-A3B one is measured once in the
+session (tests/plans.py), for its command, its own check and tests/test_memory_order.py's rows."""
 import functools
 
 import pytest
@@ -12,6 +13,7 @@ import grpo
 from infra import models
 from infra import preflight
 import train
+import plans
 
 GIB = 2 ** 30
 
@@ -46,7 +48,7 @@ def test_qwen3_30b_a3b_plan_on_8_h100s_and_the_memory_offload_frees(capsys):
     update's forward/backward peak the AdamW moments."""
     argv = ["--model", "Qwen3-30B-A3B", "--tensor_parallel_size", "4", "--preflight",
             "--gpu", "h100-80gb", "--gpus", "8", "--gpu_memory_utilization", "0.35"]
-    with pytest.raises(SystemExit) as done:
+    with plans.shared(), pytest.raises(SystemExit) as done:
         train.main(argv)
     out = capsys.readouterr().out
     assert "MoE routing under fake tensors: even" in out
@@ -56,8 +58,9 @@ def test_qwen3_30b_a3b_plan_on_8_h100s_and_the_memory_offload_frees(capsys):
     row = out.strip().splitlines()[-1]
     assert row.startswith("| Qwen3-30B-A3B | 8 | games | h100-80gb | off | 0.35 |")
     assert done.value.code in (0, 1)
-    t = preflight.measure_trainer(models.architecture("Qwen3-30B-A3B"), world=8, seqs=1,
-                                  seq_len=32768, update=_update(), sample=grpo.Sample, kl=False)
+    # the command's own measurement (the preset's 32,768-token sequences), made once
+    t = plans.measure_trainer(models.architecture("Qwen3-30B-A3B"), world=8, seqs=1,
+                              seq_len=32768, update=_update(), sample=grpo.Sample, kl=False)
     params = t["params"]
     assert t["held"]["Total"] == pytest.approx(12 * params / 8 / GIB, rel=0.01)  # shards
     assert t["update"]["Total"] > t["held"]["Total"] + 4 * params / 8 / GIB  # + gradients
@@ -230,6 +233,7 @@ def test_bad_input_is_one_clear_line(flags, message):
         train.main(["--model", "tiny-moe", "--preflight", *flags])
 
 
+@pytest.mark.slow
 def test_the_exit_status_covers_every_card(capsys, monkeypatch):
     """--gpu a,b: the trainer is measured once, and the run exits 1 when any card does not fit,
     whichever comes first; 0 when every card fits."""
@@ -245,6 +249,7 @@ def test_the_exit_status_covers_every_card(capsys, monkeypatch):
     assert len(measured) == 3  # once per command
 
 
+@pytest.mark.slow
 def test_tiny_moe_plan_end_to_end(capsys):
     """The whole command on a tiny model at 2 ranks: fits an 8 GiB card (exit 0), not a 2 GiB one
     (exit 1, the update alone needs more than the card with its context)."""

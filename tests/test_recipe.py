@@ -322,21 +322,21 @@ def test_fixed_env_schedule_by_hand():
 @pytest.mark.slow
 def test_generate_pool_resumes_and_feeds_fixed_env_grpo(tmp_path):
     from infra import models
-    from test_train import BASE, scripted
+    from runs import BASE, coin_script
     tiny = models.build_tiny("tiny", seed=0)
     pool = tmp_path / "pool"
     flags = BASE + ["--num_envs", "2", "--output_dir", str(pool)]
-    assert main_with(scripted(*tiny), flags + ["--generate_pool", "2"]) == pool
+    assert main_with(coin_script(*tiny), flags + ["--generate_pool", "2"]) == pool
     manifest = json.loads((pool / "manifest.json").read_text())
     assert sorted(manifest) == ["env_00000.py", "env_00001.py"]
     assert all(v["setting"] == "games" and v["class_name"] == "CoinEnv" for v in manifest.values())
     first = (pool / "env_00000.py").read_text()
-    main_with(scripted(*tiny), flags + ["--generate_pool", "3"])  # continues, keeps the two
+    main_with(coin_script(*tiny), flags + ["--generate_pool", "3"])  # continues, keeps the two
     assert len(json.loads((pool / "manifest.json").read_text())) == 3
     assert (pool / "env_00000.py").read_text() == first
     assert json.loads((pool / "pool_state.json").read_text())["round"] >= 2
     # the baseline draws --num_envs of them per step
-    run = main_with(scripted(*tiny), BASE + ["--fixed_envs", str(pool), "--num_envs", "2", "--steps", "2", "--plays", "2",
+    run = main_with(coin_script(*tiny), BASE + ["--fixed_envs", str(pool), "--num_envs", "2", "--steps", "2", "--plays", "2",
                              "--output_dir", str(tmp_path / "run")])
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["env/pool_size"] for r in rows] == [2, 2] and "designer/attempts" not in rows[0]

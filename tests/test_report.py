@@ -15,8 +15,8 @@ import pytest
 
 from tools import report
 import train
-from test_train import BASE, COIN, ScriptedDesigner
-from scripted import main_with
+from runs import BASE, COIN
+from scripted import TeacherForced, in_turn, main_with, per_prompt
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,8 +101,8 @@ def scripted_hostile(model, tok):
     coin = f"# designer note: {HOSTILE}\n{coin}"
     designs = [f"```python\n{coin}\n```", "```python\nclass BrokenEnv(:\n    pass\n```"]
     replies = [f"I call it. {HOSTILE} \\boxed{{heads}}", "Hmm. \\boxed{tails}"]
-    return {"designer": ScriptedDesigner(model, tok, designs),
-            "agent": ScriptedDesigner(model, tok, replies, per_batch=True)}
+    return {"designer": TeacherForced(model, tok, in_turn(designs)),
+            "agent": TeacherForced(model, tok, per_prompt(replies))}
 
 
 @pytest.fixture(scope="module")
@@ -349,12 +349,11 @@ def chromium():
 
 
 @pytest.mark.slow
+@pytest.mark.needs_chromium
 def test_report_renders_in_headless_chromium(tiny_run, tmp_path):
     """Screenshot the page and read back the DOM the browser built. REPORT_SCREENSHOT=path keeps
     the screenshot (docs/report.png, shown in docs/run.md)."""
-    exe = chromium()
-    if exe is None:
-        pytest.skip("no chromium on PATH (Debian: apt-get install chromium; .ci/run installs it)")
+    exe = chromium()  # there: needs_chromium skipped the test otherwise (tests/conftest.py)
     html_file = tiny_run / "report.html"
     shot = tmp_path / "report.png"
     flags = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",

@@ -545,6 +545,7 @@ def test_env_vars_and_proc_environ_hidden(sb):
                                                       "LC_ALL", "MKL_NUM_THREADS"}
 
 
+@pytest.mark.needs_root
 def test_secret_files_unreadable(sb, tmp_path):
     need(sb, "uid")
     planted = tmp_path / "token"
@@ -582,6 +583,7 @@ def test_project_files_unreadable(sb):
     assert play(sb, env)[0][0] in ("PermissionError", "FileNotFoundError")
 
 
+@pytest.mark.needs_root
 def test_other_environment_memory_unreadable(sb):
     need(sb, "uid")
     a = sb.open(game("return 'a', 0.0, False, False, {}", head=f"SECRET = {SECRET!r}"))
@@ -601,6 +603,7 @@ def test_other_environment_memory_unreadable(sb):
 
 
 # ------------------------------------------------------------- 3. no side effects outside scratch
+@pytest.mark.needs_root
 def test_writes_outside_scratch_blocked_and_scratch_removed(sb, tmp_path):
     need(sb, "uid")
     open_dir = tmp_path / "open"
@@ -717,6 +720,7 @@ def test_no_exec_no_subprocess(sb):
     assert "system:0" not in obs
 
 
+@pytest.mark.needs_root
 def test_thread_left_running_is_resource_leak(sb):
     need(sb, "uid")                                                    # else RLIMIT_NPROC=0: no threads
     env = game("""
@@ -864,6 +868,7 @@ def test_fault_of_builds_every_fault_result():
 
 
 # ------------------------------------------------------------------- 5. the protocol cannot be hijacked
+@pytest.mark.needs_root
 def test_forged_extra_reply_line_kills_worker(sb):
     need(sb, "uid")                                                    # the late forger is a thread
     forged = '{"ok": 1, "r": ["forged", 10, true, false, {}]}\\n'
@@ -1111,6 +1116,7 @@ def test_run_program_honest_and_named_failures(sb):
     assert sb.run_program("print('x' * 100)", out_cap=10) == ("ok", "x" * 10)
 
 
+@pytest.mark.needs_root
 def test_run_program_hostile_gets_no_secret_no_network_and_cannot_stall(sb, tmp_path):
     need(sb, "uid")
     planted = tmp_path / "token"

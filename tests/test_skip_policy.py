@@ -14,9 +14,13 @@ def test_which_skips_are_expected():
     layer = ("tests/test_sandbox.py::test_secret_file", "layer(s) ['uid'] not available here (rlimits)")
     assert skip_policy.skip_expected(*layer, is_root=False)
     assert not skip_policy.skip_expected(*layer, is_root=True)  # as root (CI) the layers must apply
-    # the ids the README's command gives (pytest's rootdir is tests/, where its pytest.ini is)
+    # the ids of a run whose rootdir is tests/ (the README's command gives tests/...)
     assert skip_policy.skip_expected(layer[0].removeprefix("tests/"), layer[1], is_root=False)
     assert not skip_policy.skip_expected("test_sandbox_alone.py::test_x", layer[1], is_root=False)
+    root = ("tests/test_openenv_hostile.py::test_7_each_worker_has_its_own_scratch",
+            "needs root (the sandbox's uid, network and mount namespace layers)")
+    assert skip_policy.skip_expected(*root, is_root=False)
+    assert not skip_policy.skip_expected(*root, is_root=True)
     bfcl = ("tests/test_eval.py::test_bfcl_ground_truth_replay_scores_100_percent[multi_turn_base]",
             "could not import 'bfcl_eval': install with `pip install --no-deps bfcl-eval`")
     qwen3 = ("tests/test_agent.py::test_real_qwen3_template[qwen3-None]",

@@ -111,17 +111,6 @@ def test_answer_outranks_tool_calls_in_the_same_action():
                              "<answer> done </answer>") == DONE
 
 
-def test_shipped_tool_envs_end_with_the_marker_under_the_contract():
-    import test_data
-    for name in test_data.TOOLS:
-        env = test_data.load_tool(name)()
-        env.reset(seed=3)
-        assert env.step(DONE)[1:3] == (0.0, False)               # premature: play continues
-        outs = [env.step(test_data.as_call(c))[0] for c in env.solution()]
-        assert outs[-1].endswith(toolenv.ALL_DONE) and not any(toolenv.ALL_DONE in o for o in outs[:-1])
-        assert env.step(DONE)[1:3] == (1.0, True)
-
-
 def test_self_check_replays_the_solution_and_names_each_breach():
     """toolenv.self_check, what validation runs in the worker: the transcript of a sound
     environment, a ContractError naming the first breach otherwise."""

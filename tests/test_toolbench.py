@@ -69,6 +69,7 @@ def oracle_agent(tasks):
     return ScriptedSampler(reply)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_tau2_end_to_end_scripted_user(airline):
     metrics, records = T.run_tau2(oracle_agent(airline), user=scripted_user(airline), sampling=SAMPLING,
@@ -91,6 +92,7 @@ def test_tau2_end_to_end_scripted_user(airline):
     assert metrics["tau2/airline/pass^1"] == 0.0  # the database never changed
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_tau2_user_simulator_on_an_openai_endpoint(airline, tmp_path, openai_endpoint):
     """eval.py --suites tau2 --tau2_user_endpoint URL: tau2's own user simulator talks to the

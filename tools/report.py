@@ -23,7 +23,8 @@ each cut said on the page.
 
 Usage: `python -m tools.report RUN_DIR [--out FILE] [--cards N]` (default RUN_DIR/report.html),
 during a run or after it; the training run never imports this module.
-Dependencies: the standard library, matplotlib and pygments. Test: `pytest tests/test_report.py`.
+Dependencies: the standard library, matplotlib and pygments.
+Test: `pytest tests/test_report.py -m ""` (-m "": the end-to-end run and the browser too).
 """
 from __future__ import annotations
 
