@@ -190,10 +190,12 @@ class Batched(_Bound):
             return []
         batch, self.queue = sorted(self.queue, key=lambda q: q[0]), []
         self.calls += 1
-        own = [cap for _, _, cap in batch]  # the agent's, one per request; else the stream's cap
+        # the agent's caps, one per request; a request without one takes the stream's cap
+        own = [self.max_new_tokens if cap is None else cap for _, _, cap in batch]
         replies = self.engine.generate(
             [tokens for _, tokens, _ in batch], seed=self.seed(self.calls), **self.sampling,
-            max_new_tokens=own if any(cap is not None for cap in own) else self.max_new_tokens)
+            max_new_tokens=own if any(cap is not None for *_, cap in batch)
+            else self.max_new_tokens)
         self.on_reply(replies)
         return [(key, reply) for (key, _, _), reply in zip(batch, replies)]
 
@@ -696,7 +698,9 @@ def one_process_tp_error(tp: int) -> str:
 # training-inference consistency"). On CUDA one bf16 x bf16 -> fp32 matmul, no fp32 weight copy;
 # a model already in fp32 (the tiny ones) is unchanged.
 FP32_HEAD = {"head_dtype": "float32"}
-IDLE_WAIT_S = 0.005  # VLLMEngine.serve: a TP group with nothing to decode polls this often
+# how long a poll with nothing to return waits: VLLMEngine.serve's TP group with nothing to decode,
+# and Batched.collect(wait=False) (a barrier decodes only when waited on)
+IDLE_WAIT_S = 0.005
 SLEEP_LEVEL = 2  # VLLMEngine's sleep between rollouts: weights and KV cache go (docstring, 2.)
 
 

@@ -147,3 +147,27 @@ def test_fsdp2_two_ranks_decode_in_lockstep(tmp_path):
     for r in (0, 1):
         out = pickle.loads((tmp_path / f"rank{r}.pkl").read_bytes())
         assert out["synced"] and out["got"] == out["expected"] and out["loss"] > 0
+
+
+def test_a_barrier_of_capped_and_uncapped_requests_gives_each_a_cap():
+    """engine.Batched: one request submitted with its own cap, one without; the generate call gets
+    a cap for each (the stream's for the one without), never None in a list of caps."""
+    from infra import engine
+
+    class Recording:
+        def __init__(self):
+            self.caps = []
+
+        def generate(self, prompts, *, seed, max_new_tokens, **sampling):
+            self.caps.append(max_new_tokens)
+            return [engine.Completion(token_ids=[1], logprobs=[0.0], text="x",
+                                      finish_reason="stop") for _ in prompts]
+
+    rec = Recording()
+    stream = engine.Batched(rec, {}, seed=lambda n: n, max_new_tokens=7)
+    stream.submit((0, 0), [5, 6], max_new_tokens=3)
+    stream.submit((1, 0), [5, 6])
+    assert [key for key, _ in stream.collect()] == [(0, 0), (1, 0)]
+    stream.submit((0, 1), [5])
+    stream.collect()
+    assert rec.caps == [[3, 7], 7]  # all uncapped: the stream's cap, as before
