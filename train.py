@@ -400,13 +400,13 @@ def score_epoch(designs, reward: config.RegretArgs, lp: dict | None = None) -> l
                 lp[skill] = regret.learning_potential_update(lp.get(skill), sum(rets) / len(rets))
     for d, e in zip(designs, envs):
         w = sum(e.returns) / len(e.returns) if e.returns else None
-        baseline = (lp or {}).get(e.skill, [None, None])[1]
-        by_mode = {"blend": e.regret, "regret": e.r_hint, "learning_potential": baseline}
+        mu_slow = (lp or {}).get(e.skill, [None, None])[1]  # the skill's slow tracker
+        by_mode = {"blend": e.regret, "regret": e.r_hint, "learning_potential": mu_slow}
         needed = by_mode.get(mode, w)  # the value the mode scores with
         # no plays or no regret to score scores as a fault: 0 (deviation 2)
         faulty = e.faulty or w is None or needed is None
         score = regret.designer_score(e.regret, w, mode=mode, faulty=faulty, timed_out=e.timed_out,
-                                      r_hint=e.r_hint, baseline=baseline,
+                                      r_hint=e.r_hint, baseline=mu_slow,
                                       band=band)
         out.append({"prompt": d.prompt, "reply": d.reply, "logprobs": d.logprobs, "skill": e.skill,
                     "score": score, "env_id": e.env_id})
@@ -536,10 +536,10 @@ def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *,
     lengths = [len(s.token_ids) for s in trained] * gargs.ppo_epochs
     out["perf/batch_tokens"] = sum(len(s.token_ids) for s in samples)
     out["perf/update_tokens"] = sum(lengths)
-    config = getattr(accelerator.unwrap_model(model), "config", None)  # None: not a transformer
-    if config is not None:
+    model_config = getattr(accelerator.unwrap_model(model), "config", None)  # None: no transformer
+    if model_config is not None:
         out["perf/update_flops"] = telemetry.sequence_flops(
-            telemetry.model_flops(config), lengths, passes=3 + (ref_model is not None))
+            telemetry.model_flops(model_config), lengths, passes=3 + (ref_model is not None))
     return out
 
 

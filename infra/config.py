@@ -123,8 +123,8 @@ class DesignerArgs:
     no_designer_training: bool = field(default=False, metadata={
         "help": "Ablation: the designer role is never trained."})
     fallback_envs: str | None = field(default=None, metadata={
-        "help": "The pool that tops up a thin first regeneration (deviation 1), in --fixed_envs' "
-                "form; default: the hand-written data/envs/."})
+        "help": "The pool that tops up a thin first regeneration (train.py's deviation 1), in "
+                "--fixed_envs' form; default: the hand-written data/envs/."})
 
 
 @dataclass
@@ -191,7 +191,7 @@ class GRPOArgs:
         "help": "Tokens per forward/backward micro-batch (gradient accumulation over the step's "
                 "samples)."})
     role_scale_cap: float = field(default=50.0, metadata={
-        "help": "Cap of the role-balancing scale S = min(cap, N_agent / N_designer * R) (paper: "
+        "help": "Cap of the role scale S_role = min(cap, N_agent / N_designer * R) (paper: "
                 "50)."})
 
 

@@ -9,7 +9,7 @@ tests/ and bench/ are not library). Two rules are tests and fail when broken:
 The summed line counts are a printed report, not a test: the six concept modules (designer,
 agent, regret, grpo, memory, train) together and sandbox.py, each beside the figure it was once
 capped at (2,400 and 1,330) for reference. No test fails on a sum. Size is judged in review by
-one question (STYLE.md rule 1): does a reader of the paper need this line here? Never cut an
+one question: does a reader of the paper need this line here? Never cut an
 explanation, an annotation or a clear name to meet a number; a rule is met by simpler code, not
 by moving code sideways or packing statements on a line.
 
