@@ -26,6 +26,7 @@ def adapted(kind: str, rank: int = 4, alpha: float = 8.0, seed: int = 1):
     has it, would make every comparison with the base trivially exact."""
     base, tok = models.build_tiny(kind, seed=0)
     model, _ = models.build_tiny(kind, seed=0)
+    torch.manual_seed(seed)  # peft draws A from the global generator: the same A whatever ran first
     lora.add_adapters(model, rank=rank, alpha=alpha, dropout=0.0, targets=TARGETS)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -102,9 +103,10 @@ def test_forward_and_gradient_are_the_hand_written_low_rank_update(kind):
     (-(hand_logp * torch.linspace(0.5, 1.5, logp.shape[1])).sum()).backward()
     for n, (a, b) in names.items():
         for leaf, name in zip(leaves[n], (a, b)):
-            # fp32 round-off of two summation orders, against the gradient's own scale
+            # fp32 round-off of two summation orders, against the gradient's own scale: at most
+            # 2.5e-5 of it over 40 draws of A on tiny-moe (1e-5 failed one draw in 40)
             scale = float(leaf.grad.abs().max())
-            assert torch.allclose(params[name].grad, leaf.grad, atol=1e-5 * scale, rtol=1e-4), name
+            assert torch.allclose(params[name].grad, leaf.grad, atol=1e-4 * scale, rtol=1e-4), name
     # and with B = 0, as a fresh adapter starts, the adapted model is the base model
     base_logp = logprobs.token_logprobs(base, ids, mask, completion)
     with torch.no_grad():
