@@ -599,12 +599,12 @@ def main(argv=None) -> Path | None:
         resolve(cfg)
         raise SystemExit(preflight_plan(cfg))
     models.check_loadable(cfg.model.model, "train.py")  # e.g. a hub id not cached, offline
+    resolve(cfg)  # a bad flag stops here, before any process starts
     # The sandbox's zygote is a fresh interpreter started before the model loads: it never holds
     # the model, its memory or its secrets.
     sb = sandbox.Sandbox(workers=cfg.run.sandbox_workers, step_timeout=cfg.run.step_timeout,
                          memory_mb=cfg.run.sandbox_memory_mb, max_turns=cfg.loop.max_turns)
     try:
-        resolve(cfg)
         if cfg.pools.generate_pool:
             skills = skill_list(cfg.loop.setting, cfg.designer.two_skills)
             return baseline.generate_pool(cfg, sb=sb, skills=skills)

@@ -33,7 +33,10 @@ from runs import BASE, CORPUS, count_checkpoints
     (["--hint_plays", "0"], "use --designer_reward solve_rate"),
     (["--regen_interval", "0"], "--regen_interval must be positive"),
 ])
-def test_bad_config_fails_fast(tmp_path, flags, message):
+def test_bad_config_fails_fast(tmp_path, flags, message, monkeypatch):
+    def no_sandbox(*args, **kwargs):  # a bad flag stops before any process starts
+        raise AssertionError("the sandbox started before the configuration was checked")
+    monkeypatch.setattr(train.sandbox, "Sandbox", no_sandbox)
     with pytest.raises(SystemExit, match=message):
         train.main(BASE + ["--output_dir", str(tmp_path / "x")] + flags)
 
