@@ -1,4 +1,6 @@
-"""The paper's run statistics: every logged number that is not a loss (metrics.jsonl).
+"""The paper's run statistics of metrics.jsonl: the curriculum's and the returns' (the rest is
+computed beside the code it measures: perf/* in telemetry.py, time/* in run.py, regret/* in
+train.py, designer/* in designer.py, losses/* in grpo.py).
 
 SPADE (arXiv 2608.19197) judges a run by its curriculum as well as by its losses: the share of
 environments at the agent's learning frontier (Fig. 7), how often a game states its own formula
