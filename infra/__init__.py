@@ -4,7 +4,10 @@ pools (`run.steps`, `baseline.Schedule`), the sampling handed to the designer, t
 agent (`run.sampler`), the collective behind the designer's advantages and the memory
 (`run.gather`), the update's trainer state and forward (`run.trainer_on_device`; logprobs.py in
 train.grpo_update) and the weight sync (`run.engine.sync_weights`); train()'s one
-`INFRA: statistics` block calls metrics.py.
+`INFRA: statistics` block calls metrics.py. Beside them: the per-episode seeds
+(`sampling.derive_seed`), imported environments in a pool (`imported.batched`, `imported.handle`,
+`imported.play_rounds`, `imported.seed_memory`), the fallback top-up (`baseline.load`) and the
+update's FLOPs (`telemetry.model_flops`, `telemetry.sequence_flops`).
 
     run.py        Run: Accelerate, the policy with its optimizer and frozen reference, the rollout
                   engine and the Sampler bound to it, the distributed set-up
@@ -26,8 +29,9 @@ train.grpo_update) and the weight sync (`run.engine.sync_weights`); train()'s on
     evaluation.py eval.py's held-out suites during the run (--eval_every), on its own engine
 
 Leaves (engine, logprobs, models, metrics, telemetry, offload, preflight, config, rundir,
-lora) import nothing of this repository; run, sampling, baseline and imported import the leaves
-(sampling: agent.py); evaluation imports eval.py (lazily, inside its functions: the run that
-asks for it). Nothing else here imports train.py or eval.py, and nothing tools/ (tools/ imports
-rundir).
+lora) import nothing of this repository. The others import leaves and concept files: run imports
+the leaves, sampling and evaluation (and agent.py, grpo.py); sampling imports agent.py; imported
+imports memory.py and sandbox.py; baseline imports run, sampling, imported and the leaves (and
+designer.py); evaluation imports eval.py (lazily, inside its functions: the run that asks for
+it). Nothing else here imports train.py or eval.py, and nothing tools/ (tools/ imports rundir).
 """
