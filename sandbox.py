@@ -234,7 +234,7 @@ class Fault(tuple):
     @classmethod
     def of(cls, kind: str, message: str = "", *, step: bool) -> Fault:
         """The Fault result of a step (step=True) or a reset; the message shortened, printable."""
-        message = _clean(message)
+        message = clean_message(message)
         obs = f"[environment error: {kind}] {message}"
         fault = cls((obs, 0.0, True, False, {}) if step else (obs, {}))
         fault.kind, fault.message = kind, message
@@ -252,7 +252,7 @@ class FaultError(Exception):
 
     def __init__(self, kind: str, message: str = ""):
         super().__init__(message)
-        self.kind, self.message = kind, _clean(message)
+        self.kind, self.message = kind, clean_message(message)
 
 
 # INFRA: kernel layers applied in the worker (ctypes + stdlib only). Syscall numbers as
@@ -739,7 +739,7 @@ def _bad_text(x, depth=0) -> str | None:
     return next((m for v in x if (m := _bad_text(v, depth + 1))), None)
 
 
-def _clean(msg: str) -> str:
+def clean_message(msg: str) -> str:
     """Short, printable message (no terminal control sequences) for observations and logs."""
     return "".join(c if c.isprintable() else "?" for c in str(msg)[:300])
 
@@ -893,7 +893,7 @@ class EnvHandle:
     def _infra(self, message: str) -> Exception:
         """End the worker for a failure of the sandbox itself: SandboxInfraError, to raise."""
         message = self._stop(message)
-        self._gone = self._gone or (SandboxInfraError, (_clean(message),))
+        self._gone = self._gone or (SandboxInfraError, (clean_message(message),))
         return self._gone_error()
 
     def _gone_error(self) -> Exception:

@@ -227,7 +227,7 @@ class OpenEnvRemote:
             why = "a reply that is not {type, data: {...}}"
             raise sandbox.FaultError("protocol_violation", why)
         if reply.get("type") == "error":
-            why = sandbox._clean(reply["data"].get("message"))
+            why = sandbox.clean_message(reply["data"].get("message"))
             raise Busy(why) if reply["data"].get("code") == "CAPACITY_REACHED" else \
                 sandbox.FaultError("step_error", why)
         return reply["data"]
