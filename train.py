@@ -145,12 +145,13 @@ class State:
             self.corpus.load_state_dict(d["corpus"])
 
 
-def start_state(run, cfg: config.Config) -> State:
+def start_state(run, cfg: config.Config, plan) -> State:
     """A fresh state (its memory seeded from --memory_from), or with --resume the checkpoint's,
-    memory included as saved: --memory_from seeds a run once, never again on resume."""
+    memory included as saved: --memory_from seeds a run once, never again on resume. plan: the
+    run's baseline.Schedule (a corpus only for a run whose designer writes environments)."""
     dargs, setting, corpus = cfg.designer, cfg.loop.setting, None
     # one sampler per rank, seed --corpus_seed + rank (one rank: 42, Sec. 3.2)
-    if not (dargs.no_corpus or cfg.pools.fixed_envs):
+    if plan.designs and not dargs.no_corpus:
         corpus = designer.Corpus(dargs.corpus, max_words=designer.CORPUS_MAX_WORDS[setting],
                                  seed=dargs.corpus_seed + run.rank)
     mem = memory_lib.EnvironmentMemory(capacity=dargs.memory_capacity,
@@ -170,9 +171,9 @@ def start_state(run, cfg: config.Config) -> State:
 def train(cfg: config.Config, *, sb) -> Path:
     """Algorithm 1; every rank runs it on its own share of the pool (deviation 6)."""
     run = Run(cfg)  # INFRA: Accelerate, policy, engine, run dir
-    st = start_state(run, cfg)
     # SPADE's regenerations every R steps, or the Fixed-env GRPO baseline's draws and no designer
     plan = baseline.Schedule(cfg.pools, cfg.loop, sb, run.rank, run.world, env=PoolEnv)
+    st = start_state(run, cfg, plan)
     loop, R = cfg.loop, cfg.loop.regen_interval
     for step in run.steps(st.step, sb.level):  # INFRA: each opens with the rollouts' memory
         run.evaluate(step)  # INFRA: held-out suites every --eval_every steps, outside time/step_s

@@ -140,17 +140,17 @@ class Schedule:
     def __init__(self, pools: config.PoolArgs, loop: config.LoopArgs, sb, rank: int, world: int,
                  *, env=dict):
         self.steps, self.interval, self.env = loop.steps, loop.regen_interval, env
-        self.fixed = bool(pools.fixed_envs)
+        self.designs = not pools.fixed_envs  # a designer writes the pool (SPADE), or none does
         self.draws = fixed_draws(pools, loop, sb, rank, world)
 
     def regenerates(self, step: int) -> bool:
         """Whether the designer regenerates the pool at `step` (Alg. 1 line 3)."""
-        return step % self.interval == 0 and not self.fixed
+        return step % self.interval == 0 and self.designs
 
     def closes_epoch(self, step: int) -> bool:
         """Whether `step` is the final step of a run with a designer: its last epoch's designer
         samples train now, and its statistics close (deviation 3)."""
-        return step + 1 == self.steps and not self.fixed
+        return step + 1 == self.steps and self.designs
 
     def pool(self, step: int, pool: list) -> list:
         """The pool `step` plays: SPADE's `pool` as it stands, or the baseline's draw."""

@@ -153,12 +153,13 @@ def test_resume_restores_the_checkpoints_memory_and_never_seeds_again(tmp_path):
     cfg = config.parse(["--model", "tiny", "--memory_from", str(other), "--no_corpus"],
                        aliases={})
     run = types.SimpleNamespace(rank=0, run_dir=tmp_path / "run", resume=lambda: None)
-    fresh = train.start_state(run, cfg)
+    plan = types.SimpleNamespace(designs=True)  # SPADE's schedule: a designer, a corpus
+    fresh = train.start_state(run, cfg, plan)
     assert [r.class_name for r in fresh.memory.records] == ["OldEnv"]  # seeded once
     fresh.memory.add(memory_lib.MemoryRecord("Optimization", "class MineEnv: pass", 0.5, 0.2, 1,
                                              "MineEnv", "games"))
     run.resume = lambda: json.loads(json.dumps(fresh.to_dict(2, 1, 2)))
-    resumed = train.start_state(run, cfg)
+    resumed = train.start_state(run, cfg, plan)
     assert [r.class_name for r in resumed.memory.records] == ["OldEnv", "MineEnv"]
     assert resumed.step == 2
 
@@ -464,3 +465,12 @@ def test_vllm_that_cannot_hold_its_weights_stops_before_any_load(tmp_path, monke
                                          r"use --gpu_memory_utilization above 0\.71"):
         train.main(["--model", "Qwen3-30B-A3B", "--engine", "vllm", "--corpus", str(CORPUS),
                     "--output_dir", str(tmp_path / "run")])
+
+
+def test_the_schedule_alone_says_whether_the_run_draws_from_the_corpus(tmp_path):
+    """baseline.Schedule is the one place the loop learns it has no designer: start_state opens
+    the corpus for a schedule whose designer writes environments, and for no other."""
+    cfg = config.parse(["--model", "tiny", "--corpus", str(CORPUS)], aliases={})
+    run = types.SimpleNamespace(rank=0, run_dir=tmp_path / "run", resume=lambda: None)
+    assert train.start_state(run, cfg, types.SimpleNamespace(designs=True)).corpus is not None
+    assert train.start_state(run, cfg, types.SimpleNamespace(designs=False)).corpus is None
