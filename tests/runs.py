@@ -93,3 +93,20 @@ class {name}:
     def step(self, action):
         return "Done.", float(len(action) % 2 == {rest}), True, False, {{}}
 '''
+
+
+def parity_world(root: Path, dtype=None):
+    """root/model: the tiny model whose replies end at any of every 8th token (a random model's
+    episodes finish, and are paid), saved in `dtype` (None: fp32); root/envs: the two PARITY games.
+    Returns the tokenizer."""
+    from infra import models
+    model, tok = models.build_tiny("tiny", seed=0)
+    model.generation_config.eos_token_id = list(range(0, len(tok), 8))
+    (model if dtype is None else model.to(dtype)).save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    (root / "envs").mkdir()
+    for name, parity, rest in (("EvenEnv", "even", 0), ("OddEnv", "odd", 1)):
+        (root / "envs" / f"{parity}.py").write_text(PARITY.format(name=name, parity=parity,
+                                                                 rest=rest))
+    return tok
+

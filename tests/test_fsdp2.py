@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from infra import models
-from runs import PARITY
+from runs import parity_world
 
 ROOT = Path(__file__).resolve().parents[1]
 ARGS = ["--steps", "2", "--regen_interval", "2", "--num_envs", "2", "--skills_per_regen", "1",
@@ -114,15 +113,7 @@ def assert_evaluated(out: Path, a: list[dict]) -> None:
 def test_fsdp2_two_ranks_kl_reference_meta_loading_and_exact_resume(tmp_path):
     """A tiny Qwen3 saved in bf16, 2 steps with the KL term, a checkpoint every step, then a
     resume from the first checkpoint."""
-    model, tok = models.build_tiny("tiny", seed=0)
-    # replies end at any of every 8th token: a random model's episodes finish (and are paid)
-    model.generation_config.eos_token_id = list(range(0, len(tok), 8))
-    model.to(torch.bfloat16).save_pretrained(tmp_path / "model")  # bf16, as Qwen3 ships
-    tok.save_pretrained(tmp_path / "model")
-    (tmp_path / "envs").mkdir()
-    for name, parity, rest in (("EvenEnv", "even", 0), ("OddEnv", "odd", 1)):
-        (tmp_path / "envs" / f"{parity}.py").write_text(
-            PARITY.format(name=name, parity=parity, rest=rest))
+    tok = parity_world(tmp_path, torch.bfloat16)  # bf16, as Qwen3 ships
     out = tmp_path / "run"
     first = launch(tmp_path, out, "first")
     for r, seen in enumerate(first):
@@ -177,14 +168,7 @@ def test_fsdp2_two_ranks_with_vllm_at_tensor_parallel_2(tmp_path):
     missing or partial sync of the step-0 update would break. Sampling is untruncated here
     (top-k and top-p off), so that both sides compute the same log-probs (vLLM's are renormalised
     over the top-k / top-p set, README deviation 15) but for the trainer's bf16 compute."""
-    model, tok = models.build_tiny("tiny", seed=0)
-    model.generation_config.eos_token_id = list(range(0, len(tok), 8))
-    model.save_pretrained(tmp_path / "model")  # fp32: vLLM CPU and the trainer compare exactly
-    tok.save_pretrained(tmp_path / "model")
-    (tmp_path / "envs").mkdir()
-    for name, parity, rest in (("EvenEnv", "even", 0), ("OddEnv", "odd", 1)):
-        (tmp_path / "envs" / f"{parity}.py").write_text(
-            PARITY.format(name=name, parity=parity, rest=rest))
+    parity_world(tmp_path)  # fp32: vLLM CPU and the trainer compare exactly
     left = sorted(p.name for p in Path("/dev/shm").glob("-tp:*cpushm*"))
     assert not left, f"vLLM CPU TP shared memory in use or left behind in /dev/shm: {left}"
     out = tmp_path / "run"
@@ -210,14 +194,7 @@ def test_fsdp2_two_ranks_with_lora(tmp_path):
     sharded policy equal the policy's while B = 0), the adapters moving the policy away from it,
     the held-out evaluation of the adapted policy, and a checkpoint that resumes exactly (its
     evaluations too)."""
-    model, tok = models.build_tiny("tiny", seed=0)
-    model.generation_config.eos_token_id = list(range(0, len(tok), 8))
-    model.to(torch.bfloat16).save_pretrained(tmp_path / "model")
-    tok.save_pretrained(tmp_path / "model")
-    (tmp_path / "envs").mkdir()
-    for name, parity, rest in (("EvenEnv", "even", 0), ("OddEnv", "odd", 1)):
-        (tmp_path / "envs" / f"{parity}.py").write_text(
-            PARITY.format(name=name, parity=parity, rest=rest))
+    parity_world(tmp_path, torch.bfloat16)
     out = tmp_path / "run"
     flags = ("--lora_rank", "4", "--lr", "2e-2", "--weight_decay", "0.1", "--plays", "8")
     first = launch(tmp_path, out, "lora", *flags)

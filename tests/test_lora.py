@@ -280,16 +280,9 @@ def lora_run(tmp_path_factory):
     """train.py --lora_rank 4 --lora_merge for 2 steps, a checkpoint after each, on the Fixed-env
     parity games of tests/test_fsdp2.py with a tiny model whose replies end (every 8th token is an
     EOS), so groups differ in return and the adapters move. Returns (root, argv, run dir)."""
-    from runs import PARITY
+    from runs import parity_world
     root = tmp_path_factory.mktemp("lora-run")
-    model, tok = models.build_tiny("tiny", seed=0)
-    model.generation_config.eos_token_id = list(range(0, len(tok), 8))
-    model.save_pretrained(root / "model")
-    tok.save_pretrained(root / "model")
-    (root / "envs").mkdir()
-    for name, parity, rest in (("EvenEnv", "even", 0), ("OddEnv", "odd", 1)):
-        (root / "envs" / f"{parity}.py").write_text(PARITY.format(name=name, parity=parity,
-                                                                 rest=rest))
+    parity_world(root)
     argv = ["--model", str(root / "model"), "--fixed_envs", str(root / "envs"), "--num_envs", "2",
             "--steps", "2", "--plays", "4", "--max_turns", "1", "--max_new_tokens", "6",
             "--lr", "1e-2", "--kl_coef", "0.01", "--lora_rank", "4", "--lora_merge",
