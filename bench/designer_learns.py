@@ -408,8 +408,9 @@ def update_direction(run_dir: Path, start_dir: Path, family, sb, *, seed: int,
     as the warm-up's (a skill, a document, a memory), not the run's own: the warm-up taught the
     designer to write its dial whatever the prompt holds."""
     tok = models.build_tiny_tokenizer()
+    recomputed = epoch_scores(run_dir, regen_interval)
     by_step = {}
-    for start, env_id, score in epoch_scores(run_dir, regen_interval):
+    for start, env_id, score in recomputed:
         by_step.setdefault(start, []).append((env_id, score))
     scored = []  # (env_id, centred score, source)
     for start, rows in sorted(by_step.items()):
@@ -421,8 +422,8 @@ def update_direction(run_dir: Path, start_dir: Path, family, sb, *, seed: int,
                    for env_id, sc in rows]
     logged = {r["env_id"]: r["score"] for path in (run_dir / "designer").glob("scores-*.json")
               for r in json.loads(path.read_text())}
-    recomputed = dict((env_id, sc) for _, env_id, sc in epoch_scores(run_dir, regen_interval))
-    gap = max((abs(logged[k] - recomputed[k]) for k in logged if k in recomputed), default=None)
+    by_id = {env_id: sc for _, env_id, sc in recomputed}
+    gap = max((abs(logged[k] - by_id[k]) for k in logged if k in by_id), default=None)
     if not scored:
         return {"n": 0, "cov": None, "corr": None, "score_gap": gap}
     chats = Chats(family, tok, WarmUp(), random.Random(seed + 2), check_family(family, sb))
