@@ -509,11 +509,15 @@ def _w_load(box, arg) -> str:
         raise FaultError("load_error", "no class whose name ends in 'Env'")
     if setting == "tool" and not issubclass(cls[-1], ToolEnv):
         raise FaultError("load_error", f"{cls[-1].__name__} does not subclass ToolEnv")
-    # As the authors' play: the class's own defaults, else (a TypeError) max_turns passed in.
+    # As the authors' play: the class's own defaults, else (a TypeError) max_turns passed in;
+    # then a larger turn budget of the game's own is cut to the agent's, as theirs is.
     try:
         box["env"] = env = cls[-1]()
     except TypeError:
         box["env"] = env = cls[-1](max_turns=max_turns)
+    own = getattr(env, "max_turns", None)
+    if type(own) is int and own > max_turns:
+        env.max_turns = max_turns
     tools = env.tools() if setting == "tool" else []
     return _w_encode({"class_name": cls[-1].__name__, "tools": tools, "layers": box["layers"]})
 

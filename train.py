@@ -27,7 +27,8 @@ Deviations (README, "Deviations", has the reasons):
      (authors: fewer games, played more often; the missing ones designed at later steps).
   2. An environment fault drops the episode from the agent batch, the environment from the pool
      for its epoch, and scores its designer sample 0 (authors: -1 to the agent); as theirs, the
-     environment still enters the memory, a crashed play counted as lost.
+     environment still enters the memory, a crashed play counted as lost (with regret 0;
+     authors: its regret from the completed plays).
   3. The last epoch's designer samples are trained at the final step (authors: in effect never;
      their final flush runs only if the last step itself has designer samples).
   4. Every sampling request's seed derives from (seed, step, role, turn or attempt) and its
@@ -347,12 +348,13 @@ def record_plays(pool, episodes, regen: bool = False, setting: str = "games") ->
 
 def stamps_timeout(ep, setting: str) -> bool:
     """Whether a faulted play earns the regret ablation's -0.5, as the authors flag one: a load,
-    reset or step() call past its deadline; in tool use a step only when it submits an answer
-    (their tool calls run through execute_tool, whose timeouts they do not flag); never the
-    episode's whole time budget (their 300 s play limit is not flagged either)."""
+    reset or step() call past its deadline; in tool use a step unless it makes tool calls (an
+    answer, or a reply with neither, which they step raw; their tool calls run through
+    execute_tool, whose timeouts they do not flag); never the episode's whole time budget (their
+    300 s play limit is not flagged either)."""
     if ep.error != "timeout":
         return False
-    return setting != "tool" or not ep.actions or ep.actions[-1].startswith("<answer>")
+    return setting != "tool" or not ep.actions or not ep.actions[-1].startswith("<tool_call>")
 
 
 def hint_regrets(pool, episodes) -> dict:

@@ -257,16 +257,22 @@ def test_regret_timeout_penalty_only_at_the_regeneration_step():
     train.record_plays([fresh, hinted], eps, regen=True)
     train.record_plays([late], [NS(env_id="c", ret=0.0, hinted=False, status="env_error",
                                    error="episode_timeout", rewards=[])], regen=False)
+    stepped = _env("d", [0])  # a step() past its deadline one step after the regeneration step
+    train.record_plays([stepped], [NS(env_id="d", ret=0.0, hinted=False, status="env_error",
+                                      error="timeout", actions=["\\boxed{1}"], rewards=[])],
+                       regen=False)
     assert fresh.timed_out and hinted.timed_out and late.faulty and not late.timed_out
+    assert stepped.faulty and not stepped.timed_out
     regret_only = config.RegretArgs(designer_reward="regret")
-    scored = train.score_epoch(_designs(fresh, hinted, late), regret_only)
-    assert [s["score"] for s in scored] == [-0.5, -0.5, 0.0]
+    scored = train.score_epoch(_designs(fresh, hinted, late, stepped), regret_only)
+    assert [s["score"] for s in scored] == [-0.5, -0.5, 0.0, 0.0]
 
 
 def test_which_timeouts_earn_the_regret_ablations_penalty():
     """As the authors flag a game: a load, reset or step() call past its deadline, in both arms;
-    in tool use a step only when it submits an answer (their tool calls go through execute_tool,
-    whose timeouts they leave unflagged); never the episode's whole budget (their 300 s limit)."""
+    in tool use a step unless it makes tool calls (an answer, or a reply with neither, which they
+    step raw; their tool calls go through execute_tool, whose timeouts they leave unflagged);
+    never the episode's whole budget (their 300 s limit)."""
     from types import SimpleNamespace as NS
 
     def ep(error, *actions):
@@ -277,11 +283,11 @@ def test_which_timeouts_earn_the_regret_ablations_penalty():
     call = '<tool_call>{"name": "ls", "arguments": {}}</tool_call>'
     tool = [ep("timeout"), ep("timeout", call), ep("timeout", call, "<answer>done</answer>"),
             ep("timeout", "no call"), ep("episode_timeout", "<answer>done</answer>")]
-    assert [train.stamps_timeout(e, "tool") for e in tool] == [True, False, True, False, False]
+    assert [train.stamps_timeout(e, "tool") for e in tool] == [True, False, True, True, False]
     envs = [_env(i, []) for i in "abc"]
     train.record_plays(envs, [NS(env_id=i, ret=0.0, hinted=False, status="env_error", rewards=[], **vars(e))
                               for i, e in zip("abc", tool[1:4])], regen=True, setting="tool")
-    assert [e.timed_out for e in envs] == [False, True, False] and all(e.faulty for e in envs)
+    assert [e.timed_out for e in envs] == [False, True, True] and all(e.faulty for e in envs)
 
 
 def test_plateau_band_flags_for_the_later_4b_phase(capsys):

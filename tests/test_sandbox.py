@@ -525,6 +525,22 @@ def test_a_constructor_that_requires_max_turns_gets_the_budget():
             h.close()
 
 
+def test_a_games_own_larger_turn_budget_is_cut_to_the_agents():
+    """As the authors' play sets max_turns = min(the game's, the agent's): a game whose default is
+    40 plays 7 turns under a Sandbox of 7; one whose default is 5 keeps its 5."""
+    env = game("return 'o', 0.0, False, False, {}", reset="return f'{self.max_turns} turns', {}")
+    for default, seen in [(40, "7 turns"), (5, "5 turns")]:
+        src_ = env.replace("def __init__(self, max_turns=10):",
+                           f"def __init__(self, max_turns={default}):\n"
+                           "        self.max_turns = max_turns")
+        with Sandbox(workers=1, step_timeout=STEP_TIMEOUT, numpy=False, pool=0, max_turns=7) as s:
+            h = s.open(src_)
+            try:
+                assert h.reset(seed=0)[0] == seen
+            finally:
+                h.close()
+
+
 # ------------------------------------------------------------------------- 2. no secret leaves
 def test_env_vars_and_proc_environ_hidden(sb):
     need_any(sb, "uid", "landlock")
