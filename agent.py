@@ -25,6 +25,8 @@ Deviations from the paper / the authors' code:
    remaining context) in both arms; the authors' hinted arm feeds the cut reply to the environment.
 4. A chat template that ignores `tools=` gets them as a Qwen3/Hermes block in its system message,
    tool outputs as `<tool_response>` user turns (`render_chat`, logged); the authors use it as is.
+5. The games prompt's first sentence (`PREAMBLE`) says the authors' instruction in our own words;
+   the layout (preamble, observation, answer format) and what it asks are theirs.
 
 Dependencies: the standard library and the tokenizer object passed in.
 Test: `pytest tests/test_agent.py tests/test_chat_models.py`.
@@ -38,7 +40,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-PREAMBLE = "You are playing a language game. Make valid actions to win."
+PREAMBLE = "This is a text game: play it with legal moves and try to win."  # deviation 5
 CONTEXT_MARGIN = 64  # context tokens a reply may never take (the authors' minimum to generate)
 ANSWER_FORMAT = "Please reason step by step, and put your final answer within \\boxed{}."  # Fig. 5
 FORMAT_HINT = ("[FORMAT] Your last <tool_call> could not be parsed. Write each call exactly as "

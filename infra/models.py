@@ -65,7 +65,7 @@ def build_tiny_tokenizer(vocab_size: int = 1024):
     corpus = (data / "corpus.jsonl").read_text(encoding="utf-8").splitlines()
     texts = [json.loads(line)["text"] for line in corpus]
     texts += [path.read_text(encoding="utf-8") for path in sorted((data / "envs").glob("*.py"))]
-    texts += [template, "You are playing a language game. Make valid actions to win. \\boxed{42} "
+    texts += [template, "This is a text game: play it with legal moves and try to win. \\boxed{42} "
               "Observation: reset step reward terminated truncated info def class Env self"]
     tok = Tokenizer(BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

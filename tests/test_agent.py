@@ -267,9 +267,9 @@ def test_tool_action_normalisation():
 
 def test_first_user_message():
     msg = agent.first_user_message("A grid.", "Go left.", "games")
-    assert msg == ("You are playing a language game. Make valid actions to win.\nObservation: A grid."
-                   "\n\nHINT: Go left.\nPlease reason step by step, and put your final answer within "
-                   "\\boxed{}.")
+    assert msg == ("This is a text game: play it with legal moves and try to win."
+                   "\nObservation: A grid.\n\nHINT: Go left.\nPlease reason step by step, and put your "
+                   "final answer within \\boxed{}.")
     assert agent.first_user_message("Find order 17.", None, "tool") == "Find order 17."
 
 
