@@ -29,6 +29,7 @@ FIGURES = {  # bench -> the metric names of its JSON figure lines, in order
                    "sandbox.validations_per_s"],
     "offload.py": ["offload.round_trip_gbps_ratio_vs_plain_copy"],
     "lora.py": ["lora.update_tokens_per_s_ratio", "lora.peak_mem_ratio", "lora.sync_bytes_ratio"],
+    "preflight.py": ["preflight.measure_time_ratio", "preflight.max_figure_diff_gib"],
     "vllm_rollout.py": ["vllm.generation_speedup", "vllm.sync_ms_per_mparam",
                         "vllm.sync_s_per_bparam_tp1", "vllm.sync_s_per_bparam_tp2",
                         "vllm.sync_tp2_over_tp1", "vllm.seeded_over_unseeded_time"],

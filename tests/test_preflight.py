@@ -279,3 +279,22 @@ def test_the_kl_reference_is_measured_on_one_gpu_and_sharded(world):
     tail = 2 * arch.vocab_size * arch.hidden_size if world > 1 else 0
     for measured in (with_ref["ref"] * GIB, extra):
         assert 0.99 * ref_bytes <= measured <= 1.01 * ref_bytes + tail
+
+
+@pytest.mark.slow  # four tiny measurements: 15-35 s each on 2 loaded cores
+@pytest.mark.parametrize("world, adapters", [(1, True), (2, False)], ids=["lora-1", "full-2"])
+def test_the_device_peak_alone_equals_memtrackers_own(world, adapters, monkeypatch):
+    """measure_trainer keeps MemTracker's device-wide peak and drops its per-module peaks (a loop
+    over every module after every op): every figure equals the tracker's own bookkeeping."""
+    from infra import lora
+    arch = models.architecture("tiny")
+    adapt = (functools.partial(lora.add_adapters, rank=4, alpha=8.0, dropout=0.0,
+                               targets="q_proj,v_proj,down_proj"), lora.Reference) if adapters else None
+
+    def measure():
+        return preflight.measure_trainer(arch, world=world, seqs=2, seq_len=48, update=_update(),
+                                         sample=grpo.Sample, kl=not adapters, lora=adapt)
+    fast = measure()
+    monkeypatch.setattr(preflight, "_global_peak_only", lambda tracker: tracker)
+    assert measure() == fast
+    assert fast["update"]["Total"] > fast["held"]["Total"] > 0
