@@ -511,7 +511,7 @@ def regenerate(skills_for_slots: Sequence[str], *, stream, validate: Callable,
                concurrency: int = 1, max_turns: int = 25) -> tuple[list[Proposal], dict]:
     """Write one environment per slot, with up to `max_attempts` attempts per slot.
 
-    stream: the policy's requests (infra/engine.py's Stream), submit(key, chat), collect(wait)
+    stream: the policy's requests (infra/stream.py's Stream), submit(key, chat), collect(wait)
     -> [(key, reply)], pending, serve(fn): replies are judged while other attempts decode, and a
     rejected attempt's retry goes in as soon as its judgment is back (on a turn barrier, which
     decodes only when waited on, the retries of a round go in as one batch).

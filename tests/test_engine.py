@@ -15,7 +15,8 @@ from infra import config
 from infra import engine
 from infra import models
 from infra import run
-from infra.engine import Completion, TransformersEngine, checkpoint_name, vllm_weight_plan
+from infra.engine import TransformersEngine, checkpoint_name, vllm_weight_plan
+from infra.stream import Completion
 from fake_vllm import FakeVLLM, built
 
 # Tiny matmuls on a shared 2-core machine: one thread is 10-50x faster than two fighting.
