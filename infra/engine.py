@@ -813,10 +813,6 @@ class VLLMEngine:
         return Completion(list(o.token_ids), logps, text,
                           "stop" if o.finish_reason == "stop" else "length")
 
-    @property
-    def asleep(self) -> bool:
-        return bool(self.sleeping)
-
     def sleep(self) -> None:
         """Free the GPU for training: level 2 (the default) discards the weights, which the next
         sync_weights pushes in full, and the KV cache, which wake() maps again; level 1 would
