@@ -54,8 +54,8 @@ class Stream(Protocol):
 
     Seeds: seed(n) is round n's seed. VLLMEngine draws request (i, n) from seed(n) + i, its own
     generator, so on CPU a reply never depends on what else is in flight (on GPUs vLLM is not
-    batch-invariant: docs/gpu.md, "No turn barrier"); a turn barrier draws each batch from one
-    generator, its k-th from seed(k)."""
+    batch-invariant: docs/gpu.md, "No turn barrier"); an engine's turn barrier (engine.barrier)
+    draws each batch from one generator, its k-th from seed(k)."""
 
     pending: int
 
