@@ -513,7 +513,7 @@ def play(specs: list[EpisodeSpec], *, stream, tokenizer,
          mask_malformed: bool = False, hinted_thinking: bool | None = None) -> list[Episode]:
     """Play every spec to its end. Returns one Episode per spec, in order. Paper limits (its
     training setup): 25 turns, 32,768-token context, 8,192 new tokens per turn (fewer when the
-    context is nearly full). `stream`: the policy's requests (infra/engine.py's Stream),
+    context is nearly full). `stream`: the policy's requests (infra/stream.py's Stream),
     submit(key, tokens, max_new_tokens), collect() -> [(key, Completion)], pending, serve(fn);
     an episode's next turn goes in as soon as its environment answers, under the key (episode,
     turn).

@@ -56,7 +56,6 @@ Test: `pytest tests/test_designer.py`.
 from __future__ import annotations
 
 import ast
-import functools
 import json
 import logging
 import random
@@ -511,7 +510,7 @@ def regenerate(skills_for_slots: Sequence[str], *, stream, validate: Callable,
                concurrency: int = 1, max_turns: int = 25) -> tuple[list[Proposal], dict]:
     """Write one environment per slot, with up to `max_attempts` attempts per slot.
 
-    stream: the policy's requests (infra/engine.py's Stream), submit(key, chat), collect(wait)
+    stream: the policy's requests (infra/stream.py's Stream), submit(key, chat), collect(wait)
     -> [(key, reply)], pending, serve(fn): replies are judged while other attempts decode, and a
     rejected attempt's retry goes in as soon as its judgment is back (on a turn barrier, which
     decodes only when waited on, the retries of a round go in as one batch).
@@ -522,36 +521,75 @@ def regenerate(skills_for_slots: Sequence[str], *, stream, validate: Callable,
     document; attempt n's prompts are drawn for every slot when the first slot needs one, so a
     retry's document never depends on when validations finish. Returns all proposals (in
     attempt order) and statistics."""
-    drawn: list[list[Proposal]] = []  # drawn[n - 1][slot]: that slot's attempt n
-    proposals, asked, judging = [], {}, {}
-
-    def ask(slot: int, attempt: int) -> None:  # INFRA: submit the slot's attempt
-        while len(drawn) < attempt:
-            drawn.append([_attempt(skill, slot, len(drawn) + 1, corpus, memory_block, setting, rng,
-                                   max_turns) for slot, skill in enumerate(skills_for_slots)])
-        asked[slot, attempt] = drawn[attempt - 1][slot]
-        stream.submit((slot, attempt), asked[slot, attempt].messages)
-    with ThreadPoolExecutor(max(1, concurrency)) as pool:  # sandbox probes wait, not compute
-        for slot in range(len(skills_for_slots)):
-            ask(slot, 1)
-        while asked or judging:  # ALGO: generate -> judge -> retry the rejected (Algorithm 1)
-            for key, reply in stream.collect(wait=not judging) if asked else ():
-                p = asked.pop(key)
-                p.reply = reply
-                judging[pool.submit(_judge, p, validate)] = p
-            # INFRA: with attempts of ours in flight, poll (the next collect decodes on); with
-            # none, wait, through serve (a TP member keeps serving its group meanwhile)
-            judged = functools.partial(wait, judging, timeout=0 if asked else None,
-                                       return_when=FIRST_COMPLETED)
-            finished, _ = judged() if asked else stream.serve(judged)
-            for f in sorted(finished, key=lambda f: judging[f].slot):
-                f.result()  # a validate that kept raising propagates
-                p = judging.pop(f)
+    prompts = _Prompts(skills_for_slots, corpus=corpus, memory_block=memory_block,
+                       setting=setting, rng=rng, max_turns=max_turns)
+    proposals = []
+    for slot in range(len(skills_for_slots)):
+        stream.submit((slot, 1), prompts[slot, 1].messages)
+    with _Judges(validate, concurrency, stream.serve) as judges:
+        while stream.pending or judges.pending:  # ALGO: generate -> judge -> retry (Algorithm 1)
+            for key, reply in stream.collect(wait=not judges.pending) if stream.pending else ():
+                prompts[key].reply = reply
+                judges.submit(prompts[key])
+            # INFRA: with attempts of ours in flight, poll (the next collect decodes on); else wait
+            for p in judges.done(block=not stream.pending):
                 proposals.append(p)
                 if not p.ok and p.attempt < max_attempts:
-                    ask(p.slot, p.attempt + 1)
+                    retry = prompts[p.slot, p.attempt + 1]
+                    stream.submit((p.slot, p.attempt + 1), retry.messages)
     proposals.sort(key=lambda p: (p.attempt, p.slot))
     return proposals, regeneration_stats(proposals, len(skills_for_slots))
+
+
+class _Prompts:
+    """prompts[slot, n]: slot's attempt n, a Proposal with its prompt. Attempt n's prompts are
+    drawn for every slot, in slot order, when the first slot needs one, so a retry's document
+    never depends on when validations finish. draw: _attempt's keyword arguments."""
+
+    def __init__(self, skills: Sequence[str], **draw):
+        self.skills, self.draw, self.drawn = skills, draw, []  # drawn[n - 1][slot]
+
+    def __getitem__(self, key: tuple[int, int]) -> Proposal:
+        slot, attempt = key
+        while len(self.drawn) < attempt:
+            n = len(self.drawn) + 1
+            self.drawn.append([_attempt(skill, i, n, **self.draw)
+                               for i, skill in enumerate(self.skills)])
+        return self.drawn[attempt - 1][slot]
+
+
+class _Judges:
+    """INFRA: the answered proposals being judged, `concurrency` at a time on threads (sandbox
+    probes wait, not compute). submit(p) starts judging p; done(block) yields the judged ones in
+    slot order, those judged by now, or (block) once one is, waiting through serve (a TP member
+    keeps serving its group meanwhile); a validate that kept raising propagates from it."""
+
+    def __init__(self, validate: Callable, concurrency: int, serve: Callable):
+        self.validate, self.serve = validate, serve
+        self.pool = ThreadPoolExecutor(max(1, concurrency))
+        self.judging: dict = {}  # future -> its proposal
+
+    @property
+    def pending(self) -> int:
+        return len(self.judging)
+
+    def submit(self, p: Proposal) -> None:
+        self.judging[self.pool.submit(_judge, p, self.validate)] = p
+
+    def done(self, block: bool):
+        def finished():
+            timeout = None if block else 0
+            return wait(self.judging, timeout=timeout, return_when=FIRST_COMPLETED).done
+        for f in sorted(self.serve(finished) if block else finished(),
+                        key=lambda f: self.judging[f].slot):
+            f.result()
+            yield self.judging.pop(f)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.pool.shutdown()
 
 
 def _attempt(skill: str, slot: int, attempt: int, corpus: Corpus | None,

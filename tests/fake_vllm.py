@@ -56,6 +56,7 @@ class FakeVLLM:
 
     def __init__(self, cpu=False):
         self.log, self.loaded = [], []
+        self.released = set()  # the GPU pools vLLM has let go of asleep: weights, kv_cache
         N = types.SimpleNamespace
         self.platforms = N(current_platform=N(is_cpu=lambda: cpu,
                                               is_sleep_mode_available=lambda: not cpu))
@@ -130,10 +131,12 @@ class FakeVLLM:
     def sleep(self, level=1, mode="abort"):
         assert level in (1, 2) and mode in ("abort", "wait", "keep"), (level, mode)
         self.log.append(("sleep", level))
+        self.released = {"weights", "kv_cache"}  # level 1 offloads the weights, level 2 drops them
 
     def wake_up(self, tags=None):
         assert tags is None or set(tags) <= {"weights", "kv_cache", "scheduling"}, tags
         self.log.append(("wake_up", tags))
+        self.released -= {"weights", "kv_cache"} if tags is None else set(tags)
 
     def reset_prefix_cache(self, reset_running_requests=False, reset_connector=False):
         self.log.append(("reset_prefix_cache",))

@@ -1,12 +1,13 @@
-"""Scripted models and streams of the tests: ScriptedSampler (eval and tool use), TeacherForced (a
+"""Scripted models and engines of the tests: ScriptedSampler (eval and tool use), TeacherForced (a
 rollout engine with scripted replies and the model's own log-probs) and its reply pickers,
-Barrier (engine.Batched, the loop's turn barrier, over a scripted generate), main_with and ByRole
-(train.py on scripted engines)."""
+main_with and ByRole (train.py on scripted engines). A scripted generate(prompts, caps) runs
+under the loop's own turn barrier, infra/stream.py's Batched, as it is."""
 import itertools
 
 import torch
 
 from infra import engine
+from infra.stream import Completion
 
 
 class ScriptedSampler:
@@ -44,8 +45,8 @@ class TeacherForced(engine.Batching):
             logits = logits[0, len(prompt) - 1:-1]                                # (R, V)
             lp = torch.log_softmax(logits.float() / temperature, -1)              # (R, V)
             lp = lp.gather(-1, torch.tensor(ids)[:, None])[:, 0]                  # (R,)
-            out.append(engine.Completion(token_ids=ids, logprobs=lp.tolist(), text=reply,
-                                         finish_reason="stop"))
+            out.append(Completion(token_ids=ids, logprobs=lp.tolist(), text=reply,
+                                  finish_reason="stop"))
         return out
 
 
@@ -101,34 +102,6 @@ class ByRole:
     def __call__(self, step, role, *args, **kwargs):
         self._sampler.eng = self._designer if role == "designer" else self._agent
         return self._stream(step, role, *args, **kwargs)
-
-
-class Barrier(engine.Batched):
-    """The loop's own turn barrier (engine.Batched: every collect() is one generate call of all
-    pending requests, in key order; without wait it decodes nothing) over a scripted batched
-    `generate`, so the tests of agent.play and designer.regenerate drive the barrier the loop
-    runs on TransformersEngine, not a copy of it: generate(prompts, caps) for requests with their
-    own caps (agent turns), generate(prompts) for the others (chats: designer attempts, hints)."""
-
-    def __init__(self, generate):
-        super().__init__(_Generate(generate), {}, seed=lambda n: n)
-
-
-class _Generate:
-    """A scripted `generate` as the engine a Batched stream calls: it gets no sampling settings
-    and no seed (the script decides), and must answer every prompt."""
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def generate(self, prompts, *, seed, max_new_tokens=None):
-        replies = self.fn(prompts) if max_new_tokens is None else self.fn(prompts, max_new_tokens)
-        if len(replies) != len(prompts):
-            raise ValueError(f"generate returned {len(replies)} replies for {len(prompts)} prompts")
-        return replies
-
-    def serve(self, fn):
-        return fn()
 
 
 def seeded(memory, rng):

@@ -11,7 +11,7 @@ import agent
 from infra import engine
 from infra import models
 from agent import EpisodeSpec, play, render_chat, turn_end
-from scripted import Barrier
+from infra.stream import Batched, Completion
 
 # Templates written for these tests, in the two families' formats; "+tools" ones render tools=.
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
@@ -121,7 +121,7 @@ def test_replies_stop_at_end_of_turn_and_observations_stay_exact(families, famil
             outs.append(eng.generate(prompts, max_new_tokens=caps, seed=len(outs)))
             return outs[-1]
         eps = play([EpisodeSpec("count", s, None, CountEnv()) for s in range(2)],
-                   stream=Barrier(generate), tokenizer=tok, max_new_tokens=40)
+                   stream=Batched(generate), tokenizer=tok, max_new_tokens=40)
     finally:
         hook.remove()
     assert all(o.finish_reason == "stop" and o.token_ids[-1] == eot for out in outs for o in out)
@@ -146,8 +146,8 @@ def test_a_reply_ending_on_a_base_models_eos_gets_the_template_end_of_turn(famil
 
     def generate(prompts, caps):
         ids = tok.encode("\\boxed{1}", add_special_tokens=False) + [tok.eos_token_id]
-        return [engine.Completion(ids, [-0.5] * len(ids), "", "stop") for _ in prompts]
-    [ep] = play([EpisodeSpec("count", 0, None, CountEnv())], stream=Barrier(generate), tokenizer=tok)
+        return [Completion(ids, [-0.5] * len(ids), "", "stop") for _ in prompts]
+    [ep] = play([EpisodeSpec("count", 0, None, CountEnv())], stream=Batched(generate), tokenizer=tok)
     assert ep.status == "terminated" and ep.actions == ["\\boxed{1}"] * 3
     text = tok.decode(ep.token_ids)
     assert "\\boxed{1}<|endoftext|><|im_end|>\n<|im_start|>user\nturn 1<|im_end|>" in text
@@ -168,8 +168,8 @@ def play_tools(tok):
     def generate(ps, caps):
         prompts.append(ps[0])
         ids = tok.encode(replies[len(prompts) - 1], add_special_tokens=False) + [eot]
-        return [engine.Completion(ids, [-0.5] * len(ids), "", "stop")]
-    [ep] = play([EpisodeSpec("count", 0, None, CountEnv())], stream=Barrier(generate), tokenizer=tok,
+        return [Completion(ids, [-0.5] * len(ids), "", "stop")]
+    [ep] = play([EpisodeSpec("count", 0, None, CountEnv())], stream=Batched(generate), tokenizer=tok,
                 setting="tool")
     return ep, tok.decode(ep.token_ids)
 
@@ -229,7 +229,7 @@ def test_eval_engine_sampler_shows_tools_a_template_drops(families, monkeypatch)
     class FakeEngine:
         def generate(self, prompts, **kwargs):
             self.prompts = prompts
-            return [engine.Completion([], [], "", "stop") for _ in prompts]
+            return [Completion([], [], "", "stop") for _ in prompts]
     fake = FakeEngine()
     E.EngineSampler(fake, tok).chat([[{"role": "user", "content": "hi"}]], temperature=1.0,
                                     top_p=1.0, max_new_tokens=4, tools=[[TOOL]])

@@ -11,7 +11,8 @@ import pytest
 
 import designer as d
 from memory import EnvironmentMemory, MemoryRecord
-from scripted import Barrier, seeded
+from infra.stream import Batched
+from scripted import seeded
 
 MATH, LOGIC, SPATIAL, PATTERN, OPTIM, CAUSAL = (s.name for s in d.GAME_SKILLS)
 
@@ -428,18 +429,18 @@ def test_parse_hint_json_plain_and_caps():
 def test_write_hints_is_one_batched_call_aligned_with_its_sources():
     gen = ScriptedDesigner(['{"hint": "A."}', "   ", "Plain C.", "", "<think>x</think>"])
     sources = ["class AEnv: pass", "class BEnv: pass", "class CEnv: pass"]
-    assert d.write_hints(sources, "games", Barrier(gen)) == ["A.", None, "Plain C."]  # 3 empty replies
+    assert d.write_hints(sources, "games", Batched(gen)) == ["A.", None, "Plain C."]  # 3 empty replies
     assert [len(b) for b in gen.batches] == [3, 1, 1]  # B asked again, twice: the authors' retry
     assert "The code is hidden from it" in gen.batches[0][0][0]["content"]
     assert "class BEnv" in gen.batches[0][1][1]["content"]
     assert all("class BEnv" in b[0][1]["content"] for b in gen.batches[1:])
     again = ScriptedDesigner(["", "B.", "Late A."])  # a retry that succeeds ends the retries
-    assert d.write_hints(sources[:2], "games", Barrier(again)) == ["Late A.", "B."]
+    assert d.write_hints(sources[:2], "games", Batched(again)) == ["Late A.", "B."]
     assert [len(b) for b in again.batches] == [2, 1]
     tool = ScriptedDesigner(["Ask for the id first."])
-    assert d.write_hints(["class CEnv(ToolEnv): pass"], "tool", Barrier(tool)) == ["Ask for the id first."]
+    assert d.write_hints(["class CEnv(ToolEnv): pass"], "tool", Batched(tool)) == ["Ask for the id first."]
     assert "never sees the code" in tool.batches[0][0][0]["content"]
-    assert d.write_hints([], "games", Barrier(gen)) == [] and len(gen.batches) == 3  # no call for none
+    assert d.write_hints([], "games", Batched(gen)) == [] and len(gen.batches) == 3  # no call for none
 
 
 def test_hint_prompts():
@@ -540,12 +541,13 @@ class SubprocessValidator:
 
 
 class ScriptedDesigner:
-    """generate(list of chats) -> replies, popped in order from a script; records every batch."""
+    """generate(list of chats, caps) -> replies, popped in order from a script; records every
+    batch (caps: None, a designer or hint stream has no cap of its own here)."""
 
     def __init__(self, script):
         self.script, self.batches = list(script), []
 
-    def __call__(self, chats):
+    def __call__(self, chats, caps):
         self.batches.append(chats)
         replies, self.script = self.script[:len(chats)], self.script[len(chats):]
         return replies
@@ -593,7 +595,7 @@ def test_end_to_end_regeneration(tmp_path, corpus):
     ]
     generate, validate = ScriptedDesigner(script), SubprocessValidator(tmp_path)
     reference = d.Corpus(corpus.path)
-    proposals, stats = d.regenerate(skills, stream=Barrier(generate), validate=validate, corpus=corpus,
+    proposals, stats = d.regenerate(skills, stream=Batched(generate), validate=validate, corpus=corpus,
                                     memory_block=None, setting="games", rng=random.Random(0), max_attempts=3)
 
     # one batched generate call per attempt round, only failing slots retried
@@ -633,7 +635,7 @@ def test_end_to_end_regeneration(tmp_path, corpus):
 
     # hints for the accepted environments, in one batched call
     hint_gen = ScriptedDesigner([json.dumps({"hint": f"Hint {i}."}) for i in range(4)])
-    hints = d.write_hints([p.source for p in accepted], "games", Barrier(hint_gen))
+    hints = d.write_hints([p.source for p in accepted], "games", Batched(hint_gen))
     assert hints == ["Hint 0.", "Hint 1.", "Hint 2.", "Hint 3."]
     assert len(hint_gen.batches) == 1 and "class DialEnv" in hint_gen.batches[0][0][1]["content"]
 
@@ -645,7 +647,7 @@ def test_end_to_end_regeneration(tmp_path, corpus):
         memory.add(MemoryRecord(skill=p.skill, source=p.source, win_rate=w, regret=regret, step=0,
                                 class_name=p.class_name, setting=p.setting))
     rng = random.Random(1)
-    nxt, _ = d.regenerate([MATH, LOGIC], stream=Barrier(ScriptedDesigner([fenced(env("Next")), fenced(env("Other"))])),
+    nxt, _ = d.regenerate([MATH, LOGIC], stream=Batched(ScriptedDesigner([fenced(env("Next")), fenced(env("Other"))])),
                           validate=lambda src: Report(True, None, None, None), corpus=corpus,
                           memory_block=lambda skill: seeded(memory, rng).prompt_block(skill), setting="games", rng=rng)
     math_prompt, logic_prompt = (p.messages[1]["content"] for p in nxt)
@@ -667,7 +669,7 @@ def test_tool_regeneration_samples_tasks(corpus):
         return Report(True, None, None, "ShopEnv")
     reply = fenced("class ShopEnv(ToolEnv):\n    TOOLS = []\n")
     skills = [s.name for s in d.TOOL_SKILLS]
-    props, stats = d.regenerate(skills, stream=Barrier(ScriptedDesigner([reply] * 6)), validate=validate,
+    props, stats = d.regenerate(skills, stream=Batched(ScriptedDesigner([reply] * 6)), validate=validate,
                                 corpus=corpus, memory_block=None, setting="tool", rng=random.Random(5))
     rng = random.Random(5)
     assert [p.task for p in props] == [d.tool_task(rng) for _ in range(6)]
@@ -692,7 +694,7 @@ def test_regeneration_validates_a_round_concurrently():
             state["now"] -= 1
         return Report(True, None, None, None)
     replies = [fenced(env(name)) for name in ("Dial", "Lamp", "Gate", "Bell")]
-    props, stats = d.regenerate([MATH] * 4, stream=Barrier(ScriptedDesigner(replies)), validate=validate,
+    props, stats = d.regenerate([MATH] * 4, stream=Batched(ScriptedDesigner(replies)), validate=validate,
                                 corpus=None, memory_block=None, setting="games",
                                 rng=random.Random(0), concurrency=4)
     assert state["max"] == 4 and stats["valid"] == 4
@@ -706,7 +708,7 @@ def test_no_corpus_and_infra_retries():
         if len(calls) < 3:
             raise RuntimeError("could not start a worker")
         return Report(True, None, None, None)
-    props, stats = d.regenerate([MATH], stream=Barrier(ScriptedDesigner([fenced(env("Dial"))])), validate=flaky,
+    props, stats = d.regenerate([MATH], stream=Batched(ScriptedDesigner([fenced(env("Dial"))])), validate=flaky,
                                 corpus=None, memory_block=None, setting="games", rng=random.Random(0),
                                 max_turns=40)
     assert len(calls) == 3 and props[0].ok and props[0].doc_id is None
@@ -718,10 +720,10 @@ def test_no_corpus_and_infra_retries():
     def broken(source):
         raise RuntimeError("sandbox down")
     with pytest.raises(RuntimeError, match="sandbox down"):
-        d.regenerate([MATH], stream=Barrier(ScriptedDesigner([fenced(env("Dial"))])), validate=broken,
+        d.regenerate([MATH], stream=Batched(ScriptedDesigner([fenced(env("Dial"))])), validate=broken,
                      corpus=None, memory_block=None, setting="games", rng=random.Random(0))
     with pytest.raises(ValueError, match="replies"):
-        d.regenerate([MATH, MATH], stream=Barrier(lambda chats: ["x"]), validate=broken,
+        d.regenerate([MATH, MATH], stream=Batched(lambda chats, caps: ["x"]), validate=broken,
                      corpus=None, memory_block=None, setting="games", rng=random.Random(0))
 
 
@@ -819,7 +821,7 @@ def test_an_empty_hint_is_asked_again_as_soon_as_it_comes_back():
     a batched generate gets one call per attempt."""
     gen = ScriptedDesigner(["", json.dumps({"hint": "B."}), "", "A.", ""])
     assert d.write_hints(["class AEnv: pass", "class BEnv: pass", "class CEnv: pass"], "games",
-                         Barrier(gen), attempts=2) == ["A.", "B.", None]
+                         Batched(gen), attempts=2) == ["A.", "B.", None]
     assert [len(b) for b in gen.batches] == [3, 2]
     assert ["class CEnv" in c[1]["content"] for c in gen.batches[1]] == [False, True]
 

@@ -15,7 +15,8 @@ from infra import config
 from infra import engine
 from infra import models
 from infra import run
-from infra.engine import Completion, TransformersEngine, checkpoint_name, vllm_weight_plan
+from infra.engine import TransformersEngine, checkpoint_name, vllm_weight_plan
+from infra.stream import Completion
 from fake_vllm import FakeVLLM, built
 
 # Tiny matmuls on a shared 2-core machine: one thread is 10-50x faster than two fighting.
@@ -390,7 +391,7 @@ def test_vllm_engine_on_cpu_platform(caplog):
     assert kwargs["max_num_batched_tokens"] == kwargs["max_model_len"] == 5000
     assert kwargs["enable_chunked_prefill"] is False  # several long prompts in one step
     eng.sleep()
-    assert len(fake.log) == 1 and not eng.asleep
+    assert len(fake.log) == 1 and not fake.released
     assert built(fake, "m", enforce_eager=False).llm.log[-1][1][
         "enforce_eager"] is False
 
@@ -429,11 +430,11 @@ def test_vllm_engine_sleep_wake_and_sync_order(tiny_moe, tmp_path):
     saved = load_file(str(tmp_path / "model.safetensors"))
     assert fake.log == [("sleep", 2), ("wake_up", ["weights"]),  # level 2: weights discarded
                         ("collective_rpc", "_reload_in_place"), ("reload_weights", len(saved))]
-    assert eng.asleep  # the KV cache is still released
+    assert fake.released == {"kv_cache"}  # the KV cache is still released
     fake.log.clear()
     eng.wake()
     eng.wake()  # mapped: a no-op
-    assert fake.log == [("wake_up", ["kv_cache"]), ("reset_prefix_cache",)] and not eng.asleep
+    assert fake.log == [("wake_up", ["kv_cache"]), ("reset_prefix_cache",)] and not fake.released
     loaded = dict(fake.loaded)
     assert len(loaded) == len(fake.loaded) and loaded.keys() == saved.keys()
     # gathered in vLLM's dtype (bf16), half the bytes of the fp32 master weights
@@ -463,10 +464,10 @@ def test_a_kv_cache_that_cannot_map_again_is_one_clear_error(tiny, monkeypatch):
     monkeypatch.setattr(engine, "_kv_wake_room", lambda: (40 * gib, 38.5 * gib, 31 * gib))
     with pytest.raises(RuntimeError, match=r"^vLLM's KV cache needs 40\.0 GiB"):
         eng.wake()
-    assert fake.log == [] and eng.asleep  # nothing mapped
+    assert fake.log == [] and fake.released == {"kv_cache"}  # nothing mapped
     monkeypatch.setattr(engine, "_kv_wake_room", lambda: (40 * gib, 41 * gib, 31 * gib))
     eng.wake()
-    assert fake.log[0] == ("wake_up", ["kv_cache"]) and not eng.asleep
+    assert fake.log[0] == ("wake_up", ["kv_cache"]) and not fake.released
 
 
 def test_vllm_engine_times_its_sleep_and_wake_not_the_reload(tiny, monkeypatch):

@@ -1,5 +1,5 @@
-"""The transformers engine at scale: batches by length under a token budget, and FSDP2 (gloo on
-CPU) at world size 1 and 2 with synchronised decoding."""
+"""The transformers engine at scale: batches by length under a token budget, FSDP2 (gloo on CPU)
+at world size 1 and 2 with synchronised decoding, and its streams (engine.barrier)."""
 import copy
 import datetime
 import pickle
@@ -10,6 +10,7 @@ import torch
 
 from infra import models
 from infra.engine import TransformersEngine
+from infra.stream import Completion
 
 GREEDY = dict(temperature=0.0, top_p=1.0, top_k=0)
 
@@ -149,25 +150,32 @@ def test_fsdp2_two_ranks_decode_in_lockstep(tmp_path):
         assert out["synced"] and out["got"] == out["expected"] and out["loss"] > 0
 
 
-def test_a_barrier_of_capped_and_uncapped_requests_gives_each_a_cap():
-    """engine.Batched: one request submitted with its own cap, one without; the generate call gets
-    a cap for each (the stream's for the one without), never None in a list of caps."""
+def test_an_engines_barrier_binds_its_sampling_and_seeds_its_kth_call_seed_k():
+    """engine.barrier (TransformersEngine's streams): stream.Batched over the engine's generate,
+    with the role's sampling bound and the k-th generate call seeded seed(k); a request's own cap,
+    or the stream's, goes in as max_new_tokens, and serve is the engine's."""
     from infra import engine
 
     class Recording:
         def __init__(self):
-            self.caps = []
+            self.calls, self.served = [], 0
 
-        def generate(self, prompts, *, seed, max_new_tokens, **sampling):
-            self.caps.append(max_new_tokens)
-            return [engine.Completion(token_ids=[1], logprobs=[0.0], text="x",
-                                      finish_reason="stop") for _ in prompts]
+        def generate(self, prompts, *, max_new_tokens, seed, **sampling):
+            self.calls.append((prompts, max_new_tokens, seed, sampling))
+            return [Completion([1], [0.0], "x", "stop") for _ in prompts]
+
+        def serve(self, fn):
+            self.served += 1
+            return fn()
 
     rec = Recording()
-    stream = engine.Batched(rec, {}, seed=lambda n: n, max_new_tokens=7)
-    stream.submit((0, 0), [5, 6], max_new_tokens=3)
-    stream.submit((1, 0), [5, 6])
-    assert [key for key, _ in stream.collect()] == [(0, 0), (1, 0)]
-    stream.submit((0, 1), [5])
+    stream = engine.barrier(rec, dict(temperature=0.5, top_k=3), seed=lambda k: 100 + k,
+                            max_new_tokens=7, render=lambda chat: [len(chat)])
+    stream.submit((1, 1), "ab")
+    stream.submit((0, 1), "a", max_new_tokens=3)
+    assert [key for key, _ in stream.collect()] == [(0, 1), (1, 1)]
+    stream.submit((0, 2), "abc")
     stream.collect()
-    assert rec.caps == [[3, 7], 7]  # all uncapped: the stream's cap, as before
+    sampling = {"temperature": 0.5, "top_k": 3}
+    assert rec.calls == [([[1], [2]], [3, 7], 101, sampling), ([[3]], 7, 102, sampling)]
+    assert stream.serve(lambda: 42) == 42 and rec.served == 1

@@ -20,13 +20,17 @@ LEAVES = {
     "designer": (["data/prompts"], "doc = designer.Document('d', 'a text', False); m = "
                  "designer.designer_messages(designer.GAME_SKILLS[0], document=doc); "
                  "assert 'REFERENCE_DOCUMENT' in m[-1]['content']"),
+    "infra/stream": ([], "s = stream.Batched(lambda ps, caps: [stream.Completion([1], [0.0], p, "
+                     "'stop') for p in ps]); s.submit((0, 1), 'hi'); "
+                     "assert [(k, c.text) for k, c in s.collect()] == [((0, 1), 'hi')]"),
     "memory": ([], "m = memory.EnvironmentMemory(); assert m.prompt_block('Math') == ''"),
     "regret": ([], "assert regret.hint_regret([1, 1], [0, 1]) == 0.5"),
     "grpo": ([], "assert grpo.agent_advantages([1.0, 0.0], [0, 0]).tolist() == [1.0, -1.0]"),
     "infra/metrics": ([], "assert metrics.win_rate([1, 0, 0, 1]) == 0.5"),
     "infra/logprobs": ([], "import torch; lp = logprobs.chunked_logprobs(torch.randn(3, 4), "
                  "torch.nn.Linear(4, 5), torch.tensor([0, 1, 2])); assert lp.shape == (3,)"),
-    "infra/engine": ([], "assert engine.checkpoint_name('model.layers.0.mlp.gate.weight')"),
+    "infra/engine": (["infra/stream.py"],
+                     "assert engine.checkpoint_name('model.layers.0.mlp.gate.weight')"),
     "toolenv": ([], "assert toolenv.ToolEnv().max_turns == 10"),
     "infra/telemetry": ([], "assert telemetry.phase_seconds({'a': 1.0}, 3.5) == {'a': 2.5}"),
     "infra/models": (["data/chat_template.jinja", "data/corpus.jsonl", "data/envs", "configs/models"],
@@ -57,9 +61,11 @@ def test_leaf_stands_alone(tmp_path, leaf):
         src, dst = ROOT / rel, tmp_path / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if src.is_dir() else shutil.copy)(src, dst)
-    # an infra/ leaf is imported from its own folder, without infra/__init__.py or a sibling
+    # an infra/ leaf is imported from its own folder, without infra/__init__.py; `infra.x` finds
+    # only the siblings copied beside it (engine: stream.py), an infra/ without its __init__.py
     folder, name = (tmp_path / leaf).parent, Path(leaf).name
-    code = f"import sys; sys.path.insert(0, '.'); import {name}; {check}"
+    path = ["."] if folder == tmp_path else [".", ".."]
+    code = f"import sys; sys.path[:0] = {path}; import {name}; {check}"
     done = subprocess.run([sys.executable, "-I", "-c", code], cwd=folder, capture_output=True,
                           text=True, timeout=120, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr[-3000:]

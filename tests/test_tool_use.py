@@ -17,7 +17,7 @@ from infra import logprobs as logprobs_lib
 import toolenv
 import train
 from agent import Episode, EpisodeSpec, play
-from scripted import Barrier
+from infra.stream import Batched
 
 
 class DeskEnv(toolenv.ToolEnv):
@@ -212,7 +212,7 @@ BROKEN = '<tool_call>{"name": "lookup_order", "arguments": {order_id: 17}}</tool
 def test_scripted_agent_malformed_call_is_masked_and_told_the_format(tokenizer, mask_malformed):
     replies = [DONE, BROKEN, call("lookup_order"), call("cancel_order"), call("add_note"), DONE]
     eng = Scripted(tokenizer, replies)
-    [ep] = play([EpisodeSpec("desk", 0, None, DeskEnv())], stream=Barrier(eng), tokenizer=tokenizer,
+    [ep] = play([EpisodeSpec("desk", 0, None, DeskEnv())], stream=Batched(eng), tokenizer=tokenizer,
                 setting="tool", mask_malformed=mask_malformed)
     assert (ep.status, ep.ret, ep.turns) == ("terminated", 1.0, 6)
     assert ep.rewards == [0.0, -0.1, 0.0, 0.0, 0.0, 1.0]
@@ -267,10 +267,10 @@ def test_tool_filters_default_on_for_tool_use_only():
 
 def test_compact_filter_on_played_episodes_cut_by_the_token_cap(tokenizer):
     long_reply = call("lookup_order") * 20
-    cut = play([EpisodeSpec("desk", 0, None, DeskEnv())], stream=Barrier(Scripted(tokenizer, [long_reply])),
+    cut = play([EpisodeSpec("desk", 0, None, DeskEnv())], stream=Batched(Scripted(tokenizer, [long_reply])),
                tokenizer=tokenizer, setting="tool", max_new_tokens=16)[0]
     won = play([EpisodeSpec("desk", 1, None, DeskEnv())], tokenizer=tokenizer, setting="tool",
-               stream=Barrier(Scripted(tokenizer, [call(c["name"]) for c in DeskEnv().solution()] + [DONE])))[0]
+               stream=Batched(Scripted(tokenizer, [call(c["name"]) for c in DeskEnv().solution()] + [DONE])))[0]
     assert (cut.status, won.status, won.ret) == ("truncated", "terminated", 1.0)
     assert any(cut.mask)                                          # play itself keeps the cut reply
     on = train.agent_samples([cut, won], compact=True)
@@ -299,7 +299,7 @@ def test_play_pool_wires_the_malformed_mask_from_the_setting(tokenizer, off):
 
     class Sampler:
         def stream(self, step, role, sampling):
-            return Barrier(Scripted(tokenizer, [BROKEN] + [call(c["name"]) for c in DeskEnv().solution()] + [DONE]))
+            return Batched(Scripted(tokenizer, [BROKEN] + [call(c["name"]) for c in DeskEnv().solution()] + [DONE]))
 
         def drain(self):
             pass

@@ -17,6 +17,7 @@ from infra import rundir
 from infra import logprobs as logprobs_lib
 from infra import metrics as metrics_lib
 from infra import models
+from infra.stream import Completion
 import grpo
 import train
 from runs import BASE, CORPUS, count_checkpoints
@@ -110,7 +111,7 @@ def test_request_seeds_are_what_the_per_turn_calls_gave():
             return len(self.asked) - 1
 
         def collect(self, ids, wait=True):
-            return [(rid, engine.Completion([1] * (6 + rid), [], "", "stop")) for rid in sorted(ids)]
+            return [(rid, Completion([1] * (6 + rid), [], "", "stop")) for rid in sorted(ids)]
 
         def generate(self, prompts, *, seed, **kw):
             self.calls.append(seed)
@@ -403,10 +404,10 @@ def test_hints_only_for_freshly_designed_environments(tiny, monkeypatch):
     class Hints(engine.Batching):
         def generate(self, batch, **kw):
             prompts.extend(batch)
-            return [engine.Completion([1], [-1.0], "Hint: say heads.", "stop") for _ in batch]
+            return [Completion([1], [-1.0], "Hint: say heads.", "stop") for _ in batch]
     fresh = designer.Proposal(skill="Math", ok=True, source="class A: pass", class_name="A",
                               messages=[{"role": "user", "content": "design"}],
-                              reply=engine.Completion([1, 2], [-1.0, -1.0], "x", "stop"))
+                              reply=Completion([1, 2], [-1.0, -1.0], "x", "stop"))
     monkeypatch.setattr(designer, "regenerate", lambda slots, **kw: ([fresh], {"slots": len(slots)}))
     dargs = config.DesignerArgs(skills_per_regen=1, hint_max_tokens=8, no_memory=True)
     loop = config.LoopArgs(num_envs=2, regen_interval=4)

@@ -226,7 +226,7 @@ def test_episodes_replay_alone_in_a_mixed_batch_and_under_a_barrier(live):
     import dataclasses
 
     from infra.sampling import Sampler, derive_seed
-    from scripted import Barrier
+    from infra.stream import Batched
     eng, _, tok = live("tied")
     kw = dict(temperature=0.8, top_p=0.95, top_k=20)
     caps = [6 + 9 * i for i in range(4)]  # episode i's replies run to caps[i] tokens
@@ -262,7 +262,7 @@ def test_episodes_replay_alone_in_a_mixed_batch_and_under_a_barrier(live):
     alone, mixed = run(1, Stream()), run(4, stream := Stream())
     assert max(stream.in_flight) >= 2 and min(stream.in_flight[4:]) >= 1  # turns overlapped
     assert alone[0].token_ids == mixed[0].token_ids and alone[0].turns == 3
-    assert [ep.token_ids for ep in run(4, Barrier(barrier))] == [ep.token_ids for ep in mixed]
+    assert [ep.token_ids for ep in run(4, Batched(barrier))] == [ep.token_ids for ep in mixed]
     assert calls == [4, 4, 4]
 
 
