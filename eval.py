@@ -6,10 +6,11 @@ suites/table1.py (protocols, formulas and deviations there). For the tool-use se
 BFCL v4 (suite `bfcl`: overall of non-live, live, irrelevance, multi-turn; `bfcl_multi_turn` alone)
 and tau2-bench (`tau2`, its user simulator on --tau2_user_endpoint), whose loops live in
 suites/toolbench.py, and ACEBench (`acebench`: Normal, Special, Agent and its summary score;
-suites/acebench.py). This file drives all of them against a checkpoint (infra/engine.py: vLLM or
-transformers), an OpenAI-compatible endpoint, or a scripted sampler (tests): the sampling
-settings of every suite (written to results.json, "sampling"), the data files, the outputs
-(results.json, samples/, table1.md), the best-checkpoint sweep and the command line.
+suites/acebench.py). This file drives all of them against a checkpoint (run.rollout_engine,
+train.py's engine choice: vLLM or transformers), an OpenAI-compatible endpoint, or a scripted
+sampler (tests): the sampling settings of every suite (written to results.json, "sampling"), the
+data files, the outputs (results.json, samples/, table1.md), the best-checkpoint sweep and the
+command line.
 
 Data (local JSONL, one object per line; see `load_items` for the accepted field names):
     aime2025.jsonl / aime2026.jsonl  {"id", "problem", "answer"}
@@ -44,7 +45,7 @@ serve the model with `vllm serve` and use --endpoint):
         --rg_tasks chain_sum --rg_episodes 2 --aime_samples 2 --max_new_tokens 16 \
         --rg_max_new_tokens 16
 
-Dependencies: stdlib, tqdm, transformers (CLI), suites/; lazily: infra/engine.py, infra/models.py,
+Dependencies: stdlib, tqdm, transformers (CLI), suites/; lazily: infra/run.py, infra/models.py,
 `datasets`/`huggingface_hub` (hub loading), `bfcl_eval` (BFCL).
 Test: `pytest tests/test_eval.py`.
 """
@@ -190,7 +191,7 @@ def build_sampler(cfg: "EvalConfig"):
     if cfg.engine == "vllm" and not tiny:
         from transformers import AutoTokenizer
 
-        from infra.engine import VLLMEngine
+        from infra.vllm_engine import VLLMEngine
         path = models.resolve_model_name(cfg.model)
         tokenizer = AutoTokenizer.from_pretrained(path)
         gen = VLLMEngine(path, tensor_parallel_size=cfg.tensor_parallel_size,

@@ -70,7 +70,7 @@ import memory as memory_lib
 import regret
 import sandbox
 from infra import baseline, config, imported, logprobs, metrics, models, telemetry
-from infra import engine, lora, preflight  # --preflight's plain numbers
+from infra import lora, preflight, vllm_engine  # --preflight's plain numbers
 from infra.run import Run, live_episodes, max_model_len
 from infra.sampling import derive_seed
 
@@ -642,7 +642,7 @@ def preflight_plan(cfg: config.Config) -> int:
     keep = int(rargs.keep_checkpoints) if rargs.keep_checkpoints.isdigit() else 2
     return preflight.memory_plan(arch, preflight_launch(cfg), name=name,
                                  setting=cfg.loop.setting, cards=cards,
-                                 sleep_level=engine.SLEEP_LEVEL, keep=keep)
+                                 sleep_level=vllm_engine.SLEEP_LEVEL, keep=keep)
 
 
 def preflight_launch(cfg: config.Config) -> dict:

@@ -15,8 +15,9 @@ update's FLOPs (`telemetry.model_flops`, `telemetry.sequence_flops`).
     rundir.py     the run directory: its schema, its writers (metrics.jsonl, per-step files,
                   checkpoints, exports) and the readers tools/ share
     config.py     the command line: flags, presets, checks
-    engine.py     the request stream; rollout engines: transformers (in process) and vLLM
-                  (colocated, weight sync)
+    engine.py     the request stream; the transformers rollout engine (in process); the weight
+                  plan a vLLM sync streams
+    vllm_engine.py VLLMEngine: vLLM colocated in the training processes (weight sync, sleep)
     logprobs.py   chunked token log-probs (the update's forward)
     models.py     model names, the tiny offline models, shipped dtypes and architectures
     metrics.py    the logged run statistics (Figs. 7, 9, 19), never trained on
@@ -30,8 +31,8 @@ update's FLOPs (`telemetry.model_flops`, `telemetry.sequence_flops`).
 
 Leaves (engine, logprobs, models, metrics, telemetry, offload, preflight, config, rundir,
 lora) import nothing of this repository. The others import leaves and concept files: run imports
-the leaves, sampling and evaluation (and agent.py, grpo.py); sampling imports agent.py; imported
-imports memory.py and sandbox.py; baseline imports run, sampling, imported and the leaves (and
+the leaves, vllm_engine, sampling and evaluation (and agent.py, grpo.py); vllm_engine imports
+engine; sampling imports agent.py; imported imports memory.py and sandbox.py; baseline imports run, sampling, imported and the leaves (and
 designer.py); evaluation imports eval.py (lazily, inside its functions: the run that asks for
 it). Nothing else here imports train.py or eval.py, and nothing tools/ (tools/ imports rundir).
 """

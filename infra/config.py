@@ -22,7 +22,8 @@ DEMO_CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus.jsonl"
 
 @dataclass
 class ModelArgs:
-    """The policy and its rollout engine (infra/run.py, infra/engine.py, infra/offload.py)."""
+    """The policy and its rollout engine (infra/run.py, infra/engine.py,
+    infra/vllm_engine.py, infra/offload.py)."""
     model: str = field(default="tiny", metadata={
         "help": "Alias (Qwen3-4B, Qwen3-8B, Qwen3-30B-A3B), hub id, local dir, or tiny / tiny-moe "
                 "(random, offline)."})

@@ -483,6 +483,29 @@ def max_util(ph: dict, vllm: dict, *, card: float) -> float:
     return max(0.0, math.floor(room / card * 100) / 100)
 
 
+def vllm_fit_error(*, world: int, tp: int, weight_bytes: float, utilization: float,
+                   card_bytes: float | None) -> str | None:
+    """The start-up check of a colocated vLLM, pure (run.Run runs it before anything loads; the
+    README's GPU table is checked with it): None when TP divides the world and one rank's share
+    of the shipped weights fits within vLLM's share of the card, utilization x card memory, which
+    is vLLM's whole budget (weights + activations + KV cache: weights that fill it leave no KV
+    cache and vLLM fails at start-up; card_bytes None: no card to check, TP only). Otherwise a
+    one-line error naming the fix."""
+    if tp < 1 or world % tp:
+        return f"--tensor_parallel_size {tp} does not divide the {world} processes"
+    if card_bytes is None:
+        return None
+    share, per_rank, gib = utilization * card_bytes, weight_bytes / tp, 2**30
+    if per_rank < share:
+        return None
+    bigger = [t for t in range(tp + 1, world + 1) if world % t == 0 and weight_bytes / t < share]
+    fix = (f"--tensor_parallel_size {bigger[0]} or " if bigger else "") + \
+        f"--gpu_memory_utilization above {per_rank / card_bytes:.2f}"
+    return (f"vLLM's weights at --tensor_parallel_size {tp} ({per_rank / gib:.1f} GiB per GPU) "
+            f"fill its share of the card (--gpu_memory_utilization {utilization} x "
+            f"{card_bytes / gib:.1f} GiB = {share / gib:.1f} GiB): use {fix}")
+
+
 def plan(config, *, world: int, tp: int, card: float, util: float, offload: bool,
          micro_batch_tokens: int, max_model_len: int, max_context: int, live_episodes: int,
          kl: bool, update, sample, fused: bool = True, checkpointing: bool = True,

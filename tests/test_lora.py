@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from infra import config, engine, lora, logprobs, models
+from infra import config, engine, lora, logprobs, models, vllm_engine
 import grpo
 import train
 
@@ -233,7 +233,7 @@ def test_vllm_samples_each_synced_adapter_and_receives_only_the_adapters(tmp_pat
     base, model, tok = adapted("tiny")
     base.save_pretrained(tmp_path / "base")
     tok.save_pretrained(tmp_path / "base")
-    eng = engine.VLLMEngine(str(tmp_path / "base"), dtype="float32", max_model_len=512, seed=0,
+    eng = vllm_engine.VLLMEngine(str(tmp_path / "base"), dtype="float32", max_model_len=512, seed=0,
                             cpu_kv_cache_gib=0.25, lora_rank=4,
                             adapter_dir=str(tmp_path / "sync"))
     try:
@@ -424,7 +424,7 @@ def test_the_preflight_counts_a_lora_run():
 def test_a_lora_vllm_engine_keeps_its_weights_through_the_update(tmp_path, monkeypatch):
     """VLLMEngine with lora_rank, against test_engine's fake vLLM 0.32 on a GPU platform: one
     adapter slot of the smallest rank vLLM allows at or above r, the lm_head still in fp32
-    (engine.FP32_HEAD: vLLM's LoRA logits path keeps head_dtype); a sync hands over a new adapter
+    (vllm_engine.FP32_HEAD: vLLM's LoRA logits path keeps head_dtype); a sync hands over a new adapter
     (add_lora: its directory holds the adapter, nothing else) and drops the previous one, never
     waking or reloading the weights; sleep pauses the engine and releases the KV cache alone
     (level 0, then the release: the base never changes, so nothing re-sends it); wake maps the KV
@@ -480,7 +480,7 @@ def test_a_lora_vllm_engine_keeps_its_weights_through_the_update(tmp_path, monke
     gib = 2**30
     eng.sleep()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(engine, "_kv_wake_room", lambda: (40 * gib, 38.5 * gib, 9 * gib))
+    monkeypatch.setattr(vllm_engine, "_kv_wake_room", lambda: (40 * gib, 38.5 * gib, 9 * gib))
     with pytest.raises(RuntimeError) as error:
         eng.wake()
     assert str(error.value) == (
