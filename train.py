@@ -69,7 +69,7 @@ import grpo
 import memory as memory_lib
 import regret
 import sandbox
-from infra import baseline, config, imported, logprobs, metrics, models, telemetry
+from infra import baseline, config, imported, logprobs, metrics, models, openenv, telemetry
 from infra import lora, preflight, vllm_engine  # --preflight's plain numbers
 from infra.run import Run, live_episodes, max_model_len
 from infra.sampling import derive_seed
@@ -321,7 +321,7 @@ def play_pool(step, pool, sampler, sb, tokenizer, aargs: config.AgentArgs, loop:
                       else sb.open(e.source, setting=loop.setting))
             specs.append(agent.EpisodeSpec(e.env_id, s, hint, handle))
         if any(e.suite for e in pool):  # INFRA: at most an OpenEnv server's sessions at once
-            return imported.play_rounds(specs, stream, lambda s, g: play(s, stream=g))
+            return openenv.play_rounds(specs, stream, lambda s, g: play(s, stream=g))
         return play(specs, stream=stream)
     finally:
         sampler.drain()

@@ -6,7 +6,7 @@ agent (`run.sampler`), the collective behind the designer's advantages and the m
 train.grpo_update) and the weight sync (`run.engine.sync_weights`); train()'s one
 `INFRA: statistics` block calls metrics.py. Beside them: the per-episode seeds
 (`sampling.derive_seed`), imported environments in a pool (`imported.batched`, `imported.handle`,
-`imported.play_rounds`, `imported.seed_memory`), the fallback top-up (`baseline.load`) and the
+`openenv.play_rounds`, `imported.seed_memory`), the fallback top-up (`baseline.load`) and the
 update's FLOPs (`telemetry.model_flops`, `telemetry.sequence_flops`).
 
     run.py        Run: Accelerate, the policy with its optimizer and frozen reference, the rollout
@@ -27,12 +27,14 @@ update's FLOPs (`telemetry.model_flops`, `telemetry.sequence_flops`).
     lora.py       --lora_rank: adapters on the frozen policy, the reference they leave, exports
     baseline.py   the Fixed-env GRPO baseline's pool and draws; the fallback top-up
     imported.py   GEM / Gymnasium / OpenEnv environments in a pool; --memory_from
+    openenv.py    OpenEnv servers in a pool: the hardened client, rounds within their capacity
     evaluation.py eval.py's held-out suites during the run (--eval_every), on its own engine
 
 Leaves (engine, logprobs, models, metrics, telemetry, offload, preflight, config, rundir,
 lora) import nothing of this repository. The others import leaves and concept files: run imports
 the leaves, vllm_engine, sampling and evaluation (and agent.py, grpo.py); vllm_engine imports
-engine; sampling imports agent.py; imported imports memory.py and sandbox.py; baseline imports run, sampling, imported and the leaves (and
+engine; sampling imports agent.py; openenv imports sandbox.py; imported imports openenv (and
+memory.py, sandbox.py); baseline imports run, sampling, imported, openenv and the leaves (and
 designer.py); evaluation imports eval.py (lazily, inside its functions: the run that asks for
 it). Nothing else here imports train.py or eval.py, and nothing tools/ (tools/ imports rundir).
 """
