@@ -618,7 +618,7 @@ def resolve(cfg: config.Config) -> None:
     """config.resolve with this code's skills and designer rewards, in place (each path of main
     resolves once); an unknown model fails here."""
     config.resolve(cfg, skills=len(skill_list(cfg.loop.setting, cfg.designer.two_skills)),
-                   designer_modes=regret.DESIGNER_MODES)
+                   designer_modes=regret.DESIGNER_MODES, tiny=models.is_tiny(cfg.model.model))
     baseline.check(cfg.pools, cfg.designer)
     try:
         models.resolve_model_name(cfg.model.model)
