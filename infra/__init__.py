@@ -10,7 +10,8 @@ train.grpo_update) and the weight sync (`run.engine.sync_weights`); train()'s on
 update's FLOPs (`telemetry.model_flops`, `telemetry.sequence_flops`).
 
     run.py        Run: Accelerate, the policy with its optimizer and frozen reference, the rollout
-                  engine and the Sampler bound to it, the distributed set-up
+                  engine (rollout_engine, eval.py's too) and the Sampler bound to it, the
+                  distributed set-up; --preflight's reading of the run (preflight_plan)
     sampling.py   derive_seed (the seed rule) and the Sampler: one role's request stream a phase
     rundir.py     the run directory: its schema, its writers (metrics.jsonl, per-step files,
                   checkpoints, exports) and the readers tools/ share

@@ -1,7 +1,8 @@
 """train.py's infrastructure, none of it the paper's: Accelerate, the policy with its optimizer
-and frozen reference, the rollout engine and the sampler bound to it, and the distributed set-up
-(process groups, FSDP2, the engine's limits). A reader of Algorithm 1 may skip this file: what the
-paper logs is computed in metrics.py, what it trains in train.py. The run directory's files
+and frozen reference, the rollout engine (rollout_engine, eval.py's too) and the sampler bound to
+it, the distributed set-up (process groups, FSDP2, the engine's limits), and --preflight's
+reading of the run for preflight.py (preflight_plan). A reader of Algorithm 1 may skip this file:
+what the paper logs is computed in metrics.py, what it trains in train.py. The run directory's files
 (metrics.jsonl rows, reduced over ranks here; checkpoints, exports, the per-step files) are
 written by rundir.py, whose docstring is their schema; the held-out evaluations during the run
 (--eval_every) by evaluation.py.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import importlib.util
 import json
 import os
@@ -404,6 +406,44 @@ def live_episodes(cfg: config.Config, world: int) -> int:
     loop = cfg.loop
     return cfg.model.tensor_parallel_size * -(-loop.num_envs // world) * (loop.plays +
                                                                           loop.hint_plays)
+
+
+def preflight_plan(cfg: config.Config, update) -> int:
+    """train.py --preflight: preflight.memory_plan of this run on each --gpu card
+    (comma-separated), in plain numbers, `update` (train.grpo_update) measured; returns its exit
+    status. Here, not in preflight.py, which is a leaf: it reads the Config and the engine's
+    limits as make_engine sets them."""
+    rargs, name = cfg.run, cfg.model.model
+    cards = [preflight.card_gib(gpu) for gpu in rargs.gpu.split(",")]
+    if rargs.gpus <= 0:
+        raise SystemExit(f"--gpus must be positive, got {rargs.gpus}")
+    try:
+        arch = models.architecture(name)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--preflight: the config of {name} cannot be read offline "
+                         f"({type(e).__name__}); ship it in configs/models/ or pass a local "
+                         "directory") from None
+    keep = int(rargs.keep_checkpoints) if rargs.keep_checkpoints.isdigit() else 2
+    return preflight.memory_plan(arch, preflight_launch(cfg, update), name=name,
+                                 setting=cfg.loop.setting, cards=cards,
+                                 sleep_level=vllm_engine.SLEEP_LEVEL, keep=keep)
+
+
+def preflight_launch(cfg: config.Config, update) -> dict:
+    """preflight.plan's keyword arguments (but the card) for this run as it launches: its flags,
+    the engine's limits as make_engine sets them, `update` (train.grpo_update) with the run's
+    settings."""
+    m, gpus = cfg.model, cfg.run.gpus
+    update = functools.partial(update, pad_id=0, gargs=cfg.grpo,
+                               temperatures=config.role_temperatures(cfg))
+    adapt = functools.partial(lora.add_adapters, rank=m.lora_rank, alpha=m.lora_alpha,
+                              dropout=m.lora_dropout, targets=m.lora_targets)
+    return dict(world=gpus, tp=m.tensor_parallel_size, util=m.gpu_memory_utilization,
+                lora=(adapt, lora.Reference) if m.lora_rank else None,
+                offload=m.offload_trainer, max_model_len=max_model_len(cfg),
+                micro_batch_tokens=cfg.grpo.micro_batch_tokens, max_context=cfg.agent.max_context,
+                live_episodes=live_episodes(cfg, gpus), kl=cfg.grpo.kl_coef > 0,
+                update=update, sample=grpo.Sample, checkpointing=m.gradient_checkpointing)
 
 
 def lora_engine_args(margs, model, adapter_dir) -> dict:

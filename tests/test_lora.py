@@ -396,12 +396,13 @@ def test_the_preflight_counts_a_lora_run():
     adapters alone (two fp32 moments each), no reference model, vLLM's weights sized on the base
     alone, the adapter gathered at a sync (bf16), and vLLM's weights and graphs resident through
     the update and the step (its sleep releases the KV cache alone)."""
-    from infra import preflight
+    from infra import preflight, run
     cfg = config.parse(["--model", "tiny", "--lora_rank", "8", "--kl_coef", "0.01"],
                        models.MODEL_ALIASES)
     train.resolve(cfg)
     # a 512-token micro-batch (the run's own is 40,960 tokens: minutes on fake tensors here)
-    launch = dict(train.preflight_launch(cfg), micro_batch_tokens=512, max_model_len=512)
+    launch = dict(run.preflight_launch(cfg, train.grpo_update), micro_batch_tokens=512,
+                  max_model_len=512)
     p = preflight.plan(models.architecture("tiny"), card=80.0, **launch)
     model, _ = models.build_tiny("tiny")
     base = sum(x.numel() for x in model.parameters())

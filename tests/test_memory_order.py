@@ -57,7 +57,7 @@ def row_plan(row) -> dict:
     gpu = row_flags(row)[1]
     with plans.shared():  # a trainer measured once for every row (and test) that plans it
         return preflight.plan(models.architecture(cfg.model.model), card=preflight.card_gib(gpu),
-                              **train.preflight_launch(cfg))
+                              **run.preflight_launch(cfg, train.grpo_update))
 
 
 class Ledger(FakeTPLLM):
