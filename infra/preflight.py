@@ -485,12 +485,12 @@ def max_util(ph: dict, vllm: dict, *, card: float) -> float:
 
 def vllm_fit_error(*, world: int, tp: int, weight_bytes: float, utilization: float,
                    card_bytes: float | None) -> str | None:
-    """The start-up check of a colocated vLLM, pure (run.Run runs it before anything loads; the
-    README's GPU table is checked with it): None when TP divides the world and one rank's share
-    of the shipped weights fits within vLLM's share of the card, utilization x card memory, which
-    is vLLM's whole budget (weights + activations + KV cache: weights that fill it leave no KV
-    cache and vLLM fails at start-up; card_bytes None: no card to check, TP only). Otherwise a
-    one-line error naming the fix."""
+    """The start-up check of a colocated vLLM, pure (run.Run runs it before anything loads, plan
+    its TP part; the README's GPU table is checked with it): None when TP divides the world and
+    one rank's share of the shipped weights fits within vLLM's share of the card, utilization x
+    card memory, which is vLLM's whole budget (weights + activations + KV cache: weights that fill
+    it leave no KV cache and vLLM fails at start-up; card_bytes None: no card to check, TP only).
+    Otherwise a one-line error naming the fix."""
     if tp < 1 or world % tp:
         return f"--tensor_parallel_size {tp} does not divide the {world} processes"
     if card_bytes is None:
@@ -514,8 +514,9 @@ def plan(config, *, world: int, tp: int, card: float, util: float, offload: bool
     live_episodes: the episodes a TP group plays at once at a regeneration step; `trainer`: a
     measure_trainer result to reuse for another card; `lora`: measure_trainer's, for a LoRA
     run)."""
-    if world % tp:
-        raise SystemExit(f"--tensor_parallel_size {tp} does not divide --gpus {world}")
+    if tp_error := vllm_fit_error(world=world, tp=tp, weight_bytes=0, utilization=util,
+                                  card_bytes=None):  # TP only: the card's fit is the plan's
+        raise SystemExit(tp_error)
     t0 = time.perf_counter()
     # the largest micro-batch: one sequence as long as the budget or the longest sample
     seq_len = max(micro_batch_tokens, max_model_len)
