@@ -6,10 +6,11 @@ suites/table1.py (protocols, formulas and deviations there). For the tool-use se
 BFCL v4 (suite `bfcl`: overall of non-live, live, irrelevance, multi-turn; `bfcl_multi_turn` alone)
 and tau2-bench (`tau2`, its user simulator on --tau2_user_endpoint), whose loops live in
 suites/toolbench.py, and ACEBench (`acebench`: Normal, Special, Agent and its summary score;
-suites/acebench.py). This file drives all of them against a checkpoint (infra/engine.py: vLLM or
-transformers), an OpenAI-compatible endpoint, or a scripted sampler (tests): the sampling
-settings of every suite (written to results.json, "sampling"), the data files, the outputs
-(results.json, samples/, table1.md), the best-checkpoint sweep and the command line.
+suites/acebench.py). This file drives all of them against a checkpoint (run.rollout_engine,
+train.py's engine choice: vLLM or transformers), an OpenAI-compatible endpoint, or a scripted
+sampler (tests): the sampling settings of every suite (written to results.json, "sampling"), the
+data files, the outputs (results.json, samples/, table1.md), the best-checkpoint sweep and the
+command line.
 
 Data (local JSONL, one object per line; see `load_items` for the accepted field names):
     aime2025.jsonl / aime2026.jsonl  {"id", "problem", "answer"}
@@ -44,7 +45,7 @@ serve the model with `vllm serve` and use --endpoint):
         --rg_tasks chain_sum --rg_episodes 2 --aime_samples 2 --max_new_tokens 16 \
         --rg_max_new_tokens 16
 
-Dependencies: stdlib, tqdm, transformers (CLI), suites/; lazily: infra/engine.py, infra/models.py,
+Dependencies: stdlib, tqdm, transformers (CLI), suites/; lazily: infra/run.py, infra/models.py,
 `datasets`/`huggingface_hub` (hub loading), `bfcl_eval` (BFCL).
 Test: `pytest tests/test_eval.py`.
 """
@@ -174,36 +175,30 @@ def build_sampler(cfg: "EvalConfig"):
     if cfg.endpoint:
         key = os.environ.get(cfg.api_key_env, "")
         return OpenAISampler(cfg.endpoint, cfg.served_model or cfg.model, key)
-    from infra import models  # siblings; heavy imports stay out of the test path
-    # the chat's end of turn (agent.turn_end) stops a reply, whatever the EOS is
+    from infra import models, run  # siblings; heavy imports stay out of the test path
     # tiny models (built in memory) always run on transformers; a saved one can run on vLLM
-    tiny = cfg.model in models.TINY_MODELS
+    tiny = models.is_tiny(cfg.model)
     if tiny and (cfg.engine != "transformers" or cfg.tensor_parallel_size != 1):
         print(f"eval.py: {cfg.model} is built in memory and runs on the transformers engine "
               "(--engine and --tensor_parallel_size apply to a saved model)", file=sys.stderr)
     world, tp = int(os.environ.get("WORLD_SIZE", "1")), cfg.tensor_parallel_size
-    if cfg.engine == "vllm" and not tiny and world % tp:  # one process: vLLM would wait forever
+    use_vllm = cfg.engine == "vllm" and not tiny
+    if use_vllm and world % tp:  # one process: vLLM would wait forever
         raise SystemExit(f"eval.py: --tensor_parallel_size {tp} needs {tp} processes, one per "
                          f"GPU, and this launch has {world}: torchrun --nproc_per_node {tp} "
                          f"eval.py ..., or serve the model (vllm serve MODEL "
                          f"--tensor-parallel-size {tp}) and pass --endpoint")
-    if cfg.engine == "vllm" and not tiny:
+    if use_vllm:  # vLLM loads the weights itself
         from transformers import AutoTokenizer
-
-        from infra.engine import VLLMEngine
-        path = models.resolve_model_name(cfg.model)
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        gen = VLLMEngine(path, tensor_parallel_size=cfg.tensor_parallel_size,
-                         max_model_len=cfg.max_model_len, seed=cfg.seed,
-                         gpu_memory_utilization=cfg.gpu_memory_utilization,
-                         stop_ids=[agent.turn_end(tokenizer)[1]])
-    else:
-        from infra.engine import TransformersEngine
-        # in the dtype it ships in (a tiny run's exports: fp32, as the run sampled them)
+        model, tokenizer = None, AutoTokenizer.from_pretrained(models.resolve_model_name(cfg.model))
+    else:  # in the dtype it ships in (a tiny run's exports: fp32, as the run sampled them)
         model, tokenizer = models.load_model_and_tokenizer(
             cfg.model, dtype=models.shipped_dtype(cfg.model))
-        gen = TransformersEngine(model, tokenizer, stop_ids=[agent.turn_end(tokenizer)[1]],
-                                 max_batch_tokens=cfg.batch_tokens, progress=True)
+    gen = run.rollout_engine(cfg.model, tokenizer, use_vllm=use_vllm, model=model, seed=cfg.seed,
+                             max_model_len=cfg.max_model_len,
+                             tensor_parallel_size=tp if use_vllm else 1,
+                             gpu_memory_utilization=cfg.gpu_memory_utilization,
+                             batch_tokens=cfg.batch_tokens, progress=True)
     return EngineSampler(gen, tokenizer, enable_thinking=cfg.enable_thinking,
                          max_context=cfg.max_model_len)
 

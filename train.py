@@ -70,9 +70,8 @@ import grpo
 import memory as memory_lib
 import regret
 import sandbox
-from infra import baseline, config, imported, logprobs, metrics, models, telemetry
-from infra import engine, lora, preflight  # --preflight's plain numbers
-from infra.run import Run, live_episodes, max_model_len
+from infra import baseline, config, imported, logprobs, metrics, models, openenv, telemetry
+from infra.run import Run, preflight_plan
 from infra.sampling import derive_seed
 
 HERE = Path(__file__).resolve().parent
@@ -322,7 +321,7 @@ def play_pool(step, pool, sampler, sb, tokenizer, aargs: config.AgentArgs, loop:
                       else sb.open(e.source, setting=loop.setting))
             specs.append(agent.EpisodeSpec(e.env_id, s, hint, handle))
         if any(e.suite for e in pool):  # INFRA: at most an OpenEnv server's sessions at once
-            return imported.play_rounds(specs, stream, lambda s, g: play(s, stream=g))
+            return openenv.play_rounds(specs, stream, lambda s, g: play(s, stream=g))
         return play(specs, stream=stream)
     finally:
         sampler.drain()
@@ -600,7 +599,7 @@ def main(argv=None) -> Path | None:
         return None
     if cfg.run.preflight:  # the memory plan of this run, measured without weights or a GPU
         resolve(cfg)
-        raise SystemExit(preflight_plan(cfg))
+        raise SystemExit(preflight_plan(cfg, update=grpo_update))
     models.check_loadable(cfg.model.model, "train.py")  # e.g. a hub id not cached, offline
     resolve(cfg)  # a bad flag stops here, before any process starts
     # The sandbox's zygote is a fresh interpreter started before the model loads: it never holds
@@ -620,47 +619,12 @@ def resolve(cfg: config.Config) -> None:
     """config.resolve with this code's skills and designer rewards, in place (each path of main
     resolves once); an unknown model fails here."""
     config.resolve(cfg, skills=len(skill_list(cfg.loop.setting, cfg.designer.two_skills)),
-                   designer_modes=regret.DESIGNER_MODES)
+                   designer_modes=regret.DESIGNER_MODES, tiny=models.is_tiny(cfg.model.model))
     baseline.check(cfg.pools, cfg.designer)
     try:
         models.resolve_model_name(cfg.model.model)
     except ValueError as e:
         raise SystemExit(str(e)) from None
-
-
-def preflight_plan(cfg: config.Config) -> int:
-    """--preflight: preflight.memory_plan of this run on each --gpu card (comma-separated), in
-    plain numbers; returns its exit status."""
-    rargs, name = cfg.run, cfg.model.model
-    cards = [preflight.card_gib(gpu) for gpu in rargs.gpu.split(",")]
-    if rargs.gpus <= 0:
-        raise SystemExit(f"--gpus must be positive, got {rargs.gpus}")
-    try:
-        arch = models.architecture(name)
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"--preflight: the config of {name} cannot be read offline "
-                         f"({type(e).__name__}); ship it in configs/models/ or pass a local "
-                         "directory") from None
-    keep = int(rargs.keep_checkpoints) if rargs.keep_checkpoints.isdigit() else 2
-    return preflight.memory_plan(arch, preflight_launch(cfg), name=name,
-                                 setting=cfg.loop.setting, cards=cards,
-                                 sleep_level=engine.SLEEP_LEVEL, keep=keep)
-
-
-def preflight_launch(cfg: config.Config) -> dict:
-    """preflight.plan's keyword arguments (but the card) for this run as it launches: its flags,
-    the engine's limits as run.make_engine sets them, grpo_update with the run's settings."""
-    m, gpus = cfg.model, cfg.run.gpus
-    update = functools.partial(grpo_update, pad_id=0, gargs=cfg.grpo,
-                               temperatures=config.role_temperatures(cfg))
-    adapt = functools.partial(lora.add_adapters, rank=m.lora_rank, alpha=m.lora_alpha,
-                              dropout=m.lora_dropout, targets=m.lora_targets)
-    return dict(world=gpus, tp=m.tensor_parallel_size, util=m.gpu_memory_utilization,
-                lora=(adapt, lora.Reference) if m.lora_rank else None,
-                offload=m.offload_trainer, max_model_len=max_model_len(cfg),
-                micro_batch_tokens=cfg.grpo.micro_batch_tokens, max_context=cfg.agent.max_context,
-                live_episodes=live_episodes(cfg, gpus), kl=cfg.grpo.kl_coef > 0,
-                update=update, sample=grpo.Sample, checkpointing=m.gradient_checkpointing)
 
 
 if __name__ == "__main__":

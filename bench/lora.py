@@ -17,7 +17,7 @@ median over 3 interleaved rounds of each arm's update tokens / update seconds (f
 optimizer step; one warm-up update per arm first); lora.peak_mem_ratio, LoRA over full
 fine-tuning, the peak of the tensors alive during one update (torch's MemTracker, which counts
 every storage by kind: parameters, gradients, optimizer state, activations), each figure's
-absolute values beside it; lora.sync_bytes_ratio, what engine.VLLMEngine.sync_weights hands vLLM
+absolute values beside it; lora.sync_bytes_ratio, what vllm_engine.VLLMEngine.sync_weights hands vLLM
 per update in bf16, LoRA's adapters (engine.adapter_weights) over the whole model's
 (engine.stream_weights). Never asserts.
 """

@@ -2,7 +2,7 @@
 
     python bench/step.py                        # the definition: warm-up + 2 measured steps
     python bench/step.py --plays 1 --turns 2    # quick look (~2 min here), same breakdown
-    python bench/step.py --engine vllm          # the same with engine.VLLMEngine (vLLM installed)
+    python bench/step.py --engine vllm          # the same with vllm_engine.VLLMEngine (vLLM installed)
     python bench/step.py --smoke                # 2 environments x 1 play x 1 turn on a 2-layer
                                                 # model, 1 measured step: seconds, shows it runs
 
@@ -64,6 +64,7 @@ from accelerate.optimizer import AcceleratedOptimizer  # noqa: E402
 
 import agent  # noqa: E402
 from infra import engine  # noqa: E402
+from infra import vllm_engine  # noqa: E402
 import grpo  # noqa: E402
 from infra import rundir  # noqa: E402
 from infra import logprobs  # noqa: E402
@@ -135,7 +136,7 @@ def force_vllm_eos(tok) -> None:
     """vLLM's model cannot take the forward hook: its replies that reach 48 tokens get EOS as the
     48th token afterwards (the same replies, prompts and episode lengths as the hook gives), in
     generate() and in the completions collect() hands train.py's request streams."""
-    original, completion = engine.VLLMEngine.generate, engine.VLLMEngine._completion
+    original, completion = vllm_engine.VLLMEngine.generate, vllm_engine.VLLMEngine._completion
 
     def eos_at_cap(o):
         if o.finish_reason == "length" and len(o.token_ids) == REPLY_TOKENS:
@@ -145,8 +146,8 @@ def force_vllm_eos(tok) -> None:
 
     def generate(self, *args, **kwargs):
         return [eos_at_cap(o) for o in original(self, *args, **kwargs)]
-    engine.VLLMEngine.generate = generate
-    engine.VLLMEngine._completion = lambda self, o: eos_at_cap(completion(self, o))
+    vllm_engine.VLLMEngine.generate = generate
+    vllm_engine.VLLMEngine._completion = lambda self, o: eos_at_cap(completion(self, o))
 
 
 def instrument(clock: Clock) -> None:
@@ -182,9 +183,9 @@ def instrument(clock: Clock) -> None:
 
     force_vllm_eos(models.build_tiny_tokenizer())
     clock.wrap(engine.TransformersEngine, "generate", "generation")
-    clock.wrap(engine.VLLMEngine, "generate", "generation")
-    clock.wrap(engine.VLLMEngine, "collect", "generation")  # train.py's request streams
-    clock.wrap(engine.VLLMEngine, "sync_weights", SYNC)  # vLLM only: transformers shares the model
+    clock.wrap(vllm_engine.VLLMEngine, "generate", "generation")
+    clock.wrap(vllm_engine.VLLMEngine, "collect", "generation")  # train.py's request streams
+    clock.wrap(vllm_engine.VLLMEngine, "sync_weights", SYNC)  # vLLM only: transformers shares the model
     for owner, name in ((logprobs, "token_logprobs"), (grpo, "policy_loss"), (Accelerator, "backward"),
                         (Accelerator, "clip_grad_norm_"), (AcceleratedOptimizer, "step")):
         clock.wrap(owner, name, "fwd_bwd")

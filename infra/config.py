@@ -7,7 +7,8 @@ Each group is a dataclass, each field one flag of the same name (`cfg.designer.c
 explicit keyword arguments, never the whole Config. `python train.py --help` lists every field;
 `--print_config` prints the resolved configuration (preset, then explicit flags, then the
 setting's defaults) as one flat JSON object. Standard library and transformers only: train.py
-passes in what the other modules define (skills, designer reward modes, model aliases).
+passes in what the other modules define (skills, designer reward modes, model aliases, whether
+the model is a tiny one).
 Test: `pytest tests/test_recipe.py tests/test_wiring.py -m ""` (-m "": the runs too).
 """
 from __future__ import annotations
@@ -22,7 +23,8 @@ DEMO_CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus.jsonl"
 
 @dataclass
 class ModelArgs:
-    """The policy and its rollout engine (infra/run.py, infra/engine.py, infra/offload.py)."""
+    """The policy and its rollout engine (infra/run.py, infra/engine.py,
+    infra/vllm_engine.py, infra/offload.py)."""
     model: str = field(default="tiny", metadata={
         "help": "Alias (Qwen3-4B, Qwen3-8B, Qwen3-30B-A3B), hub id, local dir, or tiny / tiny-moe "
                 "(random, offline)."})
@@ -337,9 +339,10 @@ def parse(argv: list[str], aliases: dict) -> Config:
     return Config(*parser.parse_args_into_dataclasses(args=argv))
 
 
-def resolve(cfg: Config, *, skills: int, designer_modes) -> None:
+def resolve(cfg: Config, *, skills: int, designer_modes, tiny: bool) -> None:
     """Fill the setting's defaults and fail fast with a clear message on bad values; `skills` is
-    the number of skills of the setting, `designer_modes` the --designer_reward choices."""
+    the number of skills of the setting, `designer_modes` the --designer_reward choices, `tiny`
+    whether --model is a tiny offline model (models.is_tiny)."""
     loop, d, a, g, r = cfg.loop, cfg.designer, cfg.agent, cfg.grpo, cfg.run
     if loop.setting not in SETTING_DEFAULTS:
         raise SystemExit(f"--setting must be games or tool, not {loop.setting!r}")
@@ -382,7 +385,7 @@ def resolve(cfg: Config, *, skills: int, designer_modes) -> None:
     if not d.no_corpus and not cfg.pools.fixed_envs and not Path(d.corpus).is_file():
         raise SystemExit(f"corpus file not found: {d.corpus} (see data/README.md)")
     demo_corpus = Path(d.corpus) == DEMO_CORPUS and not d.no_corpus
-    if cfg.model.model not in ("tiny", "tiny-moe") and demo_corpus:
+    if not tiny and demo_corpus:
         print("[spade] warning: --corpus is the 47-paragraph demo corpus; the paper grounds the "
               "designer in a large web corpus (see data/README.md)", file=sys.stderr)
 

@@ -36,7 +36,7 @@ def resolve_model_name(name: str) -> str:
     that is not cached fails when loaded with the network off)."""
     if os.path.isdir(name) and not os.path.isfile(os.path.join(name, "config.json")):
         raise ValueError(f"the directory {name} holds no model (no config.json)")
-    if name in TINY_MODELS or "/" in name or os.path.isdir(name):
+    if is_tiny(name) or "/" in name or os.path.isdir(name):
         return name
     if name in MODEL_ALIASES:
         return MODEL_ALIASES[name]
@@ -45,8 +45,10 @@ def resolve_model_name(name: str) -> str:
 
 
 def is_tiny(name: str) -> bool:
-    """Whether `name` is one of the tiny offline models (built in memory, never on disk)."""
-    return resolve_model_name(name) in TINY_MODELS
+    """Whether `name` is one of the tiny offline models (built in memory, never on disk): the name
+    itself, which resolve_model_name passes through (no alias names one), so an unknown name is
+    simply not tiny here and fails where it is loaded."""
+    return name in TINY_MODELS
 
 
 # ----------------------------------------------------------------------------------------------
@@ -120,7 +122,7 @@ def architecture(name: str):
     config; a local directory: its config.json; another hub id: the cached config."""
     from transformers import AutoConfig
     resolved = resolve_model_name(name)
-    if resolved in TINY_MODELS:
+    if is_tiny(resolved):
         return tiny_config(resolved, 1024, 2, 0)  # sizes as build_tiny's tokenizer makes them
     alias = {hub: alias for alias, hub in MODEL_ALIASES.items()}.get(resolved, name)
     shipped = HERE / "configs" / "models" / f"{alias}.json"
@@ -134,7 +136,7 @@ def shipped_dtype(name: str) -> torch.dtype:
     """The dtype a model's checkpoint ships in (bf16 for the paper's models; fp32 for tiny):
     run.Run keeps the KL reference model in it and exports the policy in it."""
     resolved = resolve_model_name(name)
-    if resolved in TINY_MODELS:
+    if is_tiny(resolved):
         return torch.float32
     dtype = getattr(architecture(name), "dtype", None) or torch.bfloat16
     return getattr(torch, dtype) if isinstance(dtype, str) else dtype
@@ -161,7 +163,7 @@ def check_loadable(name: str, program: str) -> None:
     model's config is read from the cache or the hub (the weights are not fetched here)."""
     try:
         resolved = resolve_model_name(name)
-        if resolved not in TINY_MODELS and not os.path.isdir(resolved):
+        if not is_tiny(resolved) and not os.path.isdir(resolved):
             from transformers import AutoConfig
             AutoConfig.from_pretrained(resolved)
     except (OSError, ValueError) as e:
@@ -191,7 +193,7 @@ def load_model_and_tokenizer(name: str, dtype: torch.dtype = torch.bfloat16, see
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     resolved = resolve_model_name(name)
-    if resolved in TINY_MODELS:
+    if is_tiny(resolved):
         with _empty_weights(empty):
             model, tokenizer = build_tiny(resolved, seed=seed)
         model.tie_weights()  # see _empty_weights

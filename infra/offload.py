@@ -21,7 +21,7 @@ torch's cache until `torch.cuda.empty_cache()`, which offload() calls, and it he
 only if the KV cache is mapped after the offload. So the first offload runs before vLLM starts
 (run.Run: vLLM maps its KV cache at start-up), train.py wakes vLLM's weights for the sync while
 the trainer's state is on the device, offloads at the next step's start, and only then maps the
-KV cache (engine.VLLMEngine.wake); the resume loads the optimizer state while vLLM sleeps.
+KV cache (vllm_engine.VLLMEngine.wake); the resume loads the optimizer state while vLLM sleeps.
 `resident()` says where the state is at any moment (tests/test_memory_order.py replays the
 loop's order on a ledger of device memory with it).
 

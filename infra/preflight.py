@@ -496,6 +496,29 @@ def max_util(ph: dict, vllm: dict, *, card: float) -> float:
     return max(0.0, math.floor(room / card * 100) / 100)
 
 
+def vllm_fit_error(*, world: int, tp: int, weight_bytes: float, utilization: float,
+                   card_bytes: float | None) -> str | None:
+    """The start-up check of a colocated vLLM, pure (run.Run runs it before anything loads, plan
+    its TP part; the README's GPU table is checked with it): None when TP divides the world and
+    one rank's share of the shipped weights fits within vLLM's share of the card, utilization x
+    card memory, which is vLLM's whole budget (weights + activations + KV cache: weights that fill
+    it leave no KV cache and vLLM fails at start-up; card_bytes None: no card to check, TP only).
+    Otherwise a one-line error naming the fix."""
+    if tp < 1 or world % tp:
+        return f"--tensor_parallel_size {tp} does not divide the {world} processes"
+    if card_bytes is None:
+        return None
+    share, per_rank, gib = utilization * card_bytes, weight_bytes / tp, 2**30
+    if per_rank < share:
+        return None
+    bigger = [t for t in range(tp + 1, world + 1) if world % t == 0 and weight_bytes / t < share]
+    fix = (f"--tensor_parallel_size {bigger[0]} or " if bigger else "") + \
+        f"--gpu_memory_utilization above {per_rank / card_bytes:.2f}"
+    return (f"vLLM's weights at --tensor_parallel_size {tp} ({per_rank / gib:.1f} GiB per GPU) "
+            f"fill its share of the card (--gpu_memory_utilization {utilization} x "
+            f"{card_bytes / gib:.1f} GiB = {share / gib:.1f} GiB): use {fix}")
+
+
 def plan(config, *, world: int, tp: int, card: float, util: float, offload: bool,
          micro_batch_tokens: int, max_model_len: int, max_context: int, live_episodes: int,
          kl: bool, update, sample, fused: bool = True, checkpointing: bool = True,
@@ -504,8 +527,9 @@ def plan(config, *, world: int, tp: int, card: float, util: float, offload: bool
     live_episodes: the episodes a TP group plays at once at a regeneration step; `trainer`: a
     measure_trainer result to reuse for another card; `lora`: measure_trainer's, for a LoRA
     run)."""
-    if world % tp:
-        raise SystemExit(f"--tensor_parallel_size {tp} does not divide --gpus {world}")
+    if tp_error := vllm_fit_error(world=world, tp=tp, weight_bytes=0, utilization=util,
+                                  card_bytes=None):  # TP only: the card's fit is the plan's
+        raise SystemExit(tp_error)
     t0 = time.perf_counter()
     # the largest micro-batch: one sequence as long as the budget or the longest sample
     seq_len = max(micro_batch_tokens, max_model_len)

@@ -1,7 +1,8 @@
 """train.py's infrastructure, none of it the paper's: Accelerate, the policy with its optimizer
-and frozen reference, the rollout engine and the sampler bound to it, and the distributed set-up
-(process groups, FSDP2, the engine's limits). A reader of Algorithm 1 may skip this file: what the
-paper logs is computed in metrics.py, what it trains in train.py. The run directory's files
+and frozen reference, the rollout engine (rollout_engine, eval.py's too) and the sampler bound to
+it, the distributed set-up (process groups, FSDP2, the engine's limits), and --preflight's
+reading of the run for preflight.py (preflight_plan). A reader of Algorithm 1 may skip this file:
+what the paper logs is computed in metrics.py, what it trains in train.py. The run directory's files
 (metrics.jsonl rows, reduced over ranks here; checkpoints, exports, the per-step files) are
 written by rundir.py, whose docstring is their schema; the held-out evaluations during the run
 (--eval_every) by evaluation.py.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import importlib.util
 import json
 import os
@@ -26,7 +28,7 @@ from tqdm.auto import tqdm
 import agent
 import grpo
 from infra import (config, engine, evaluation, lora, metrics, models, offload, preflight,
-                   rundir, sampling, telemetry)
+                   rundir, sampling, telemetry, vllm_engine)
 
 
 class Run:
@@ -183,7 +185,7 @@ class Run:
                                 proposals, self.rank, scored)
         m.update(metrics.episode_metrics(episodes))
         seconds = telemetry.phase_seconds(times, time.perf_counter())
-        engine_s = getattr(self.engine, "seconds", {})  # vLLM's sleep and wake (engine.py)
+        engine_s = getattr(self.engine, "seconds", {})  # vLLM's sleep and wake (vllm_engine.py)
         m.update({"charts/lr": self.scheduler.get_last_lr()[0],
                   **{f"time/{k}_s": v for k, v in {**seconds, **engine_s}.items()},
                   "time/step_s": sum(seconds.values())})
@@ -306,49 +308,84 @@ def check_vllm_fits(margs, world: int) -> None:
     """INFRA: fail fast, before anything loads, when --offload_trainer has no vLLM to free the
     GPU for, the TP size does not divide the processes or vLLM's share of the card
     (--gpu_memory_utilization x card memory) cannot hold one rank's share of the shipped weights
-    (counted from the architecture: engine.vllm_fit_error)."""
+    (counted from the architecture: preflight.vllm_fit_error)."""
     if margs.offload_trainer and not wants_vllm(margs):
         raise SystemExit("--offload_trainer needs the vLLM engine (the transformers engine "
                          "generates with the trainer's own weights)")
     card = card_bytes() if wants_vllm(margs) else None  # None: only the TP check (CPU, no vLLM)
     weights = 0 if card is None else \
         models.parameter_count(margs.model) * models.shipped_dtype(margs.model).itemsize
-    error = engine.vllm_fit_error(world=world, tp=margs.tensor_parallel_size, weight_bytes=weights,
-                                  utilization=margs.gpu_memory_utilization, card_bytes=card)
+    error = preflight.vllm_fit_error(world=world, tp=margs.tensor_parallel_size,
+                                     weight_bytes=weights,
+                                     utilization=margs.gpu_memory_utilization, card_bytes=card)
     if error:
         raise SystemExit(error)
 
 
 def make_engine(cfg: config.Config, model, tokenizer, seed: int, sharded: bool,
                 before_start=lambda: None):
-    """vLLM colocated on GPU when installed (or asked for), before_start() called just before it
-    starts; the transformers engine otherwise. A LoRA run's vLLM engine gets the policy's adapters
-    at once (the transformers engine samples from the policy itself)."""
+    """train.py's rollout engine (rollout_engine on the run's flags): vLLM colocated on GPU when
+    installed (or asked for), before_start() called just before it starts, with the memory plan's
+    scheduler limits (preflight.py: as many sequences as the TP group plays at once, prefill
+    chunks whose profile leaves the KV cache its share) and the run's collective timeout; the
+    transformers engine otherwise. A LoRA run's vLLM engine gets the policy's adapters at once
+    (the transformers engine samples from the policy itself)."""
     margs = cfg.model
-    stops = [agent.turn_end(tokenizer)[1]]  # a base model's EOS is not its end of turn
-    if wants_vllm(margs):
-        # the scheduler's limits from the memory plan (preflight.py): as many sequences as the TP
-        # group plays at once, prefill chunks whose profile leaves the KV cache its share
+    use_vllm = wants_vllm(margs)
+    if sharded and not use_vllm:  # ranks would generate different token counts through one model
+        raise SystemExit("DeepSpeed / FSDP1 runs need the vLLM engine (pip install -r "
+                         "requirements/gpu.txt); FSDP2 runs can use either engine")
+    started = {}
+    if use_vllm:
         world = int(os.environ.get("WORLD_SIZE", 1))
         # each rank writes its own copy of a LoRA run's adapters (rundir.py: adapter-sync/)
         adapters = Path(cfg.run.output_dir) / "adapter-sync" / f"rank-{os.environ.get('RANK', 0)}"
-        eng = vllm_engine(margs, model, tokenizer, max_model_len=max_model_len(cfg), seed=seed,
-                          stop_ids=stops, max_num_seqs=live_episodes(cfg, world),
-                          max_num_batched_tokens=preflight.MAX_NUM_BATCHED_TOKENS,
-                          before_start=before_start, **lora_engine_args(margs, model, adapters))
-        if margs.lora_rank:
-            eng.sync_weights(model)  # the first adapter (a collective under FSDP2)
-        return eng
-    if sharded:  # ranks would generate different token counts through one sharded model
-        raise SystemExit("DeepSpeed / FSDP1 runs need the vLLM engine (pip install -r "
-                         "requirements/gpu.txt); FSDP2 runs can use either engine")
-    if margs.tensor_parallel_size != 1:
+        started = dict(max_num_seqs=live_episodes(cfg, world),
+                       max_num_batched_tokens=preflight.MAX_NUM_BATCHED_TOKENS,
+                       group_timeout=pg_timeout(margs), before_start=before_start,
+                       **lora_engine_args(margs, model, adapters))
+    eng = rollout_engine(margs.model, tokenizer, use_vllm=use_vllm, model=model, seed=seed,
+                         max_model_len=max_model_len(cfg),
+                         tensor_parallel_size=margs.tensor_parallel_size,
+                         gpu_memory_utilization=margs.gpu_memory_utilization,
+                         batch_tokens=margs.batch_tokens, **started)
+    if use_vllm and margs.lora_rank:
+        eng.sync_weights(model)  # the first adapter (a collective under FSDP2)
+    return eng
+
+
+def rollout_engine(name: str, tokenizer, *, use_vllm: bool, model, seed: int, max_model_len: int,
+                   tensor_parallel_size: int, gpu_memory_utilization: float, batch_tokens: int,
+                   progress: bool = False, before_start=lambda: None, **vllm_args):
+    """The rollout engine of model `name`, train.py's (make_engine) and eval.py's (build_sampler):
+    use_vllm, vllm_engine.VLLMEngine in the model's shipped dtype (a tiny model, built in memory,
+    not on disk, is `model` saved to a temporary directory for vLLM to load; then before_start()
+    runs), vllm_args its further arguments; else the transformers engine on `model`. Either
+    stops a reply at the chat's end of turn (agent.turn_end): a base model's EOS is not it."""
+    stops = [agent.turn_end(tokenizer)[1]]
+    if use_vllm:
+        name = models.resolve_model_name(name)
+        dtype = str(models.shipped_dtype(name)).removeprefix("torch.")
+        with tempfile.TemporaryDirectory(prefix="spade-vllm-") as tmp:
+            if models.is_tiny(name):
+                if lora.is_adapted(model):  # the base, as Run built it (its save: the adapter)
+                    model = models.load_model_and_tokenizer(name, dtype=torch.float32,
+                                                            seed=seed)[0]
+                model.save_pretrained(tmp)
+                tokenizer.save_pretrained(tmp)
+                name = tmp
+            before_start()
+            return vllm_engine.VLLMEngine(name, tensor_parallel_size=tensor_parallel_size,
+                                          gpu_memory_utilization=gpu_memory_utilization,
+                                          max_model_len=max_model_len, dtype=dtype, seed=seed,
+                                          stop_ids=stops, **vllm_args)
+    if tensor_parallel_size != 1:
         raise SystemExit("--tensor_parallel_size applies to the vLLM engine only")
     # The prefix cache reuses each episode's KV across turns (sync_weights clears it every step);
     # a real model's long episode holds gigabytes of KV, past the bound: tiny models only.
-    tiny = models.is_tiny(margs.model)
+    tiny = models.is_tiny(name)
     return engine.TransformersEngine(model, tokenizer, stop_ids=stops,
-                                     max_batch_tokens=margs.batch_tokens,
+                                     max_batch_tokens=batch_tokens, progress=progress,
                                      prefix_cache_bytes=PREFIX_CACHE_BYTES if tiny else 0)
 
 
@@ -371,6 +408,44 @@ def live_episodes(cfg: config.Config, world: int) -> int:
                                                                           loop.hint_plays)
 
 
+def preflight_plan(cfg: config.Config, update) -> int:
+    """train.py --preflight: preflight.memory_plan of this run on each --gpu card
+    (comma-separated), in plain numbers, `update` (train.grpo_update) measured; returns its exit
+    status. Here, not in preflight.py, which is a leaf: it reads the Config and the engine's
+    limits as make_engine sets them."""
+    rargs, name = cfg.run, cfg.model.model
+    cards = [preflight.card_gib(gpu) for gpu in rargs.gpu.split(",")]
+    if rargs.gpus <= 0:
+        raise SystemExit(f"--gpus must be positive, got {rargs.gpus}")
+    try:
+        arch = models.architecture(name)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--preflight: the config of {name} cannot be read offline "
+                         f"({type(e).__name__}); ship it in configs/models/ or pass a local "
+                         "directory") from None
+    keep = int(rargs.keep_checkpoints) if rargs.keep_checkpoints.isdigit() else 2
+    return preflight.memory_plan(arch, preflight_launch(cfg, update), name=name,
+                                 setting=cfg.loop.setting, cards=cards,
+                                 sleep_level=vllm_engine.SLEEP_LEVEL, keep=keep)
+
+
+def preflight_launch(cfg: config.Config, update) -> dict:
+    """preflight.plan's keyword arguments (but the card) for this run as it launches: its flags,
+    the engine's limits as make_engine sets them, `update` (train.grpo_update) with the run's
+    settings."""
+    m, gpus = cfg.model, cfg.run.gpus
+    update = functools.partial(update, pad_id=0, gargs=cfg.grpo,
+                               temperatures=config.role_temperatures(cfg))
+    adapt = functools.partial(lora.add_adapters, rank=m.lora_rank, alpha=m.lora_alpha,
+                              dropout=m.lora_dropout, targets=m.lora_targets)
+    return dict(world=gpus, tp=m.tensor_parallel_size, util=m.gpu_memory_utilization,
+                lora=(adapt, lora.Reference) if m.lora_rank else None,
+                offload=m.offload_trainer, max_model_len=max_model_len(cfg),
+                micro_batch_tokens=cfg.grpo.micro_batch_tokens, max_context=cfg.agent.max_context,
+                live_episodes=live_episodes(cfg, gpus), kl=cfg.grpo.kl_coef > 0,
+                update=update, sample=grpo.Sample, checkpointing=m.gradient_checkpointing)
+
+
 def lora_engine_args(margs, model, adapter_dir) -> dict:
     """VLLMEngine's LoRA arguments ({} without --lora_rank). vLLM 0.32's CPU build runs no LoRA
     on a MoE model (its LoRA MoE layers are Triton kernels): refused here, before vLLM starts."""
@@ -383,25 +458,6 @@ def lora_engine_args(margs, model, adapter_dir) -> dict:
                          "transformers on CPU)")
     return dict(lora_rank=margs.lora_rank, adapter_dir=str(adapter_dir),
                 expert_adapters=lora.adapts_experts(model))
-
-
-def vllm_engine(margs, model, tokenizer, before_start=lambda: None, **kwargs):
-    """engine.VLLMEngine on margs.model, in its shipped dtype; a tiny model (built in memory, not
-    on disk) is saved to a temporary directory for vLLM to load, then before_start() runs."""
-    name = models.resolve_model_name(margs.model)
-    dtype = str(models.shipped_dtype(name)).removeprefix("torch.")
-    with tempfile.TemporaryDirectory(prefix="spade-vllm-") as tmp:
-        if name in models.TINY_MODELS:
-            if lora.is_adapted(model):  # the base, as Run built it (its save would be the adapter)
-                model = models.load_model_and_tokenizer(name, dtype=torch.float32,
-                                                        seed=kwargs.get("seed", 0))[0]
-            model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-            name = tmp
-        before_start()
-        return engine.VLLMEngine(name, tensor_parallel_size=margs.tensor_parallel_size,
-                                 gpu_memory_utilization=margs.gpu_memory_utilization,
-                                 dtype=dtype, group_timeout=pg_timeout(margs), **kwargs)
 
 
 def pg_timeout(margs) -> datetime.timedelta:

@@ -8,14 +8,14 @@ from unittest import mock
 
 import torch
 
-from infra import engine
+from infra import vllm_engine
 from runs import COIN
 
 
 
 # vLLM 0.32.0's public signatures, read from its wheel (vllm/entrypoints/llm.py, vllm/sampling_params.py,
 # vllm/inputs/llm.py, vllm/engine/arg_utils.py, vllm/config/{model,parallel}.py). LLM() forwards extra keywords to
-# EngineArgs; of those only the ones engine.py passes are listed (each checked against EngineArgs),
+# EngineArgs; of those only the ones vllm_engine.py passes are listed (each checked against EngineArgs),
 # so a new one fails here until it is checked and added.
 LLM_ARGS = {"model", "runner", "convert", "tokenizer", "tokenizer_mode", "skip_tokenizer_init", "trust_remote_code",
             "allowed_local_media_path", "allowed_media_domains", "tensor_parallel_size", "dtype", "quantization",
@@ -43,10 +43,10 @@ LITERALS = {"logprobs_mode": {"raw_logits", "raw_logprobs", "processed_logits", 
 
 
 def built(fake, *args, **kwargs):
-    """engine.VLLMEngine(*args, **kwargs) importing `fake` as the vllm package (while it is built:
+    """vllm_engine.VLLMEngine(*args, **kwargs) importing `fake` as the vllm package (while it is built:
     the engine keeps the module it imported)."""
     with mock.patch.dict(sys.modules, {"vllm": fake, "vllm.platforms": fake.platforms}):
-        return engine.VLLMEngine(*args, **kwargs)
+        return vllm_engine.VLLMEngine(*args, **kwargs)
 
 
 class FakeVLLM:

@@ -1,4 +1,5 @@
-"""engine.py: transformers sampling with exact log-probs, vLLM plumbing, weight-name mapping."""
+"""engine.py and vllm_engine.py: transformers sampling with exact log-probs, vLLM plumbing,
+weight-name mapping."""
 import copy
 import inspect
 import os
@@ -14,7 +15,9 @@ from safetensors.torch import load_file
 from infra import config
 from infra import engine
 from infra import models
+from infra import preflight
 from infra import run
+from infra import vllm_engine
 from infra.engine import TransformersEngine, checkpoint_name, vllm_weight_plan
 from infra.stream import Completion
 from fake_vllm import FakeVLLM, built
@@ -356,7 +359,7 @@ def test_tensor_parallelism_in_one_process_is_refused_before_vllm_starts(monkeyp
     with mock.patch.dict(sys.modules, {"vllm": None}):  # importing it would raise ImportError
         with pytest.raises(ValueError, match=r"^vLLM at tensor_parallel_size 2 needs 2 processes, "
                                              r"one per GPU \(torchrun --nproc_per_node 2\), not one$"):
-            engine.VLLMEngine("m", tensor_parallel_size=2)
+            vllm_engine.VLLMEngine("m", tensor_parallel_size=2)
 
 
 def test_vllm_engine_takes_the_plans_scheduler_limits_on_a_gpu(monkeypatch):
@@ -401,9 +404,9 @@ def test_vllm_tensor_parallel_groups_wait_as_long_as_the_run(monkeypatch):
     its backend's default instead (gloo: 30 minutes, NCCL: 10), not the default group's."""
     import datetime
     seen = []
-    monkeypatch.setattr(engine.dist, "is_initialized", lambda: True)
-    monkeypatch.setattr(engine.dist, "get_world_size", lambda: 4)
-    monkeypatch.setattr(engine.dist, "new_subgroups_by_enumeration",
+    monkeypatch.setattr(vllm_engine.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(vllm_engine.dist, "get_world_size", lambda: 4)
+    monkeypatch.setattr(vllm_engine.dist, "new_subgroups_by_enumeration",
                         lambda groups, **kw: seen.append((groups, kw)) or ("tp group", []))
     fake, timeout = FakeVLLM(), datetime.timedelta(hours=2)
     eng = built(fake, "m", tensor_parallel_size=2, group_timeout=timeout)
@@ -450,8 +453,8 @@ def test_a_kv_cache_that_cannot_map_again_is_one_clear_error(tiny, monkeypatch):
     it: a shortfall (fragmentation, a plan off the card) is one line naming the fix, raised
     before vLLM's wake_up, whose cuMemCreate would fail with a bare CUDA error."""
     gib = 2**30
-    assert engine.kv_wake_error(need=40 * gib, free=41 * gib, reserved=30 * gib) is None
-    assert engine.kv_wake_error(need=40 * gib, free=38.5 * gib, reserved=31 * gib) == (
+    assert vllm_engine.kv_wake_error(need=40 * gib, free=41 * gib, reserved=30 * gib) is None
+    assert vllm_engine.kv_wake_error(need=40 * gib, free=38.5 * gib, reserved=31 * gib) == (
         "vLLM's KV cache needs 40.0 GiB of GPU memory to map again, 38.5 GiB is free (31.0 GiB "
         "kept by torch's allocator for the trainer): lower --gpu_memory_utilization or add "
         "--offload_trainer (python train.py <flags> --preflight prints the plan)")
@@ -461,11 +464,11 @@ def test_a_kv_cache_that_cannot_map_again_is_one_clear_error(tiny, monkeypatch):
     eng.sync_weights(tiny[0])
     fake.log.clear()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(engine, "_kv_wake_room", lambda: (40 * gib, 38.5 * gib, 31 * gib))
+    monkeypatch.setattr(vllm_engine, "_kv_wake_room", lambda: (40 * gib, 38.5 * gib, 31 * gib))
     with pytest.raises(RuntimeError, match=r"^vLLM's KV cache needs 40\.0 GiB"):
         eng.wake()
     assert fake.log == [] and fake.released == {"kv_cache"}  # nothing mapped
-    monkeypatch.setattr(engine, "_kv_wake_room", lambda: (40 * gib, 41 * gib, 31 * gib))
+    monkeypatch.setattr(vllm_engine, "_kv_wake_room", lambda: (40 * gib, 41 * gib, 31 * gib))
     eng.wake()
     assert fake.log[0] == ("wake_up", ["kv_cache"]) and not fake.released
 
@@ -478,7 +481,7 @@ def test_vllm_engine_times_its_sleep_and_wake_not_the_reload(tiny, monkeypatch):
     The sync's reload splits into the gathers (inside the stream vLLM consumes) and the rest."""
     model, _ = tiny
     clock, fake = [0.0], FakeVLLM()
-    monkeypatch.setattr(engine.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(vllm_engine.time, "perf_counter", lambda: clock[0])
     for name, cost in (("sleep", 2.0), ("wake_up", 0.5), ("collective_rpc", 10.0)):
         def timed(*a, _do=getattr(fake, name), _cost=cost, **k):
             clock[0] += _cost
@@ -504,16 +507,16 @@ def test_the_gathers_are_timed_between_device_syncs(monkeypatch):
     syncs = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: syncs.append(1))
     spent = [0.0]
-    pairs = list(engine._timed([[("a", 1)], [("b", 2), ("c", 3)]], spent, cuda=True))
+    pairs = list(vllm_engine._timed([[("a", 1)], [("b", 2), ("c", 3)]], spent, cuda=True))
     assert pairs == [("a", 1), ("b", 2), ("c", 3)] and len(syncs) == 2 * 3  # 2 groups + the end
-    list(engine._timed([[("a", 1)]], spent, cuda=False))
+    list(vllm_engine._timed([[("a", 1)]], spent, cuda=False))
     assert len(syncs) == 6
 
 
 def test_engine_generate_signature_matches_contract(tiny):
     """Both engines take the same keyword-only sampling arguments."""
     a = inspect.signature(engine.TransformersEngine.generate).parameters
-    b = inspect.signature(engine.VLLMEngine.generate).parameters
+    b = inspect.signature(vllm_engine.VLLMEngine.generate).parameters
     assert list(a) == list(b) == ["self", "prompts", "max_new_tokens", "temperature", "top_p",
                                   "top_k", "seed"]
 
@@ -693,21 +696,21 @@ def test_vllm_fit_error_hand_computed():
     (TP 2 leaves 30 GiB per GPU); weights that exactly fill the share leave no KV cache."""
     GiB = 2**30
     fit = dict(world=8, utilization=0.35, card_bytes=80 * GiB)
-    assert engine.vllm_fit_error(tp=1, weight_bytes=60 * GiB, **fit) == (
+    assert preflight.vllm_fit_error(tp=1, weight_bytes=60 * GiB, **fit) == (
         "vLLM's weights at --tensor_parallel_size 1 (60.0 GiB per GPU) fill its share of the card "
         "(--gpu_memory_utilization 0.35 x 80.0 GiB = 28.0 GiB): use --tensor_parallel_size 4 or "
         "--gpu_memory_utilization above 0.75")
-    assert engine.vllm_fit_error(tp=4, weight_bytes=60 * GiB, **fit) is None   # 15 < 28 GiB
+    assert preflight.vllm_fit_error(tp=4, weight_bytes=60 * GiB, **fit) is None   # 15 < 28 GiB
     assert "use --tensor_parallel_size 4 or --gpu_memory_utilization above 0.35" in \
-        engine.vllm_fit_error(tp=2, weight_bytes=56 * GiB, **fit)              # 28 = 28 GiB
-    assert engine.vllm_fit_error(tp=4, weight_bytes=1, world=6, utilization=0.35,
+        preflight.vllm_fit_error(tp=2, weight_bytes=56 * GiB, **fit)              # 28 = 28 GiB
+    assert preflight.vllm_fit_error(tp=4, weight_bytes=1, world=6, utilization=0.35,
                                  card_bytes=80 * GiB) == \
         "--tensor_parallel_size 4 does not divide the 6 processes"
-    assert engine.vllm_fit_error(tp=4, weight_bytes=0, world=6, utilization=0.35,
+    assert preflight.vllm_fit_error(tp=4, weight_bytes=0, world=6, utilization=0.35,
                                  card_bytes=None) == \
         "--tensor_parallel_size 4 does not divide the 6 processes"   # no card: the TP check only
-    assert engine.vllm_fit_error(tp=2, weight_bytes=0, world=4, utilization=0.35,
+    assert preflight.vllm_fit_error(tp=2, weight_bytes=0, world=4, utilization=0.35,
                                  card_bytes=None) is None
-    assert engine.vllm_fit_error(tp=1, weight_bytes=60 * GiB, world=1, utilization=0.35,
+    assert preflight.vllm_fit_error(tp=1, weight_bytes=60 * GiB, world=1, utilization=0.35,
                                  card_bytes=80 * GiB).endswith(
         "use --gpu_memory_utilization above 0.75")                 # one GPU: no larger TP

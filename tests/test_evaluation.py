@@ -201,7 +201,7 @@ def test_share_cuts_contiguous_parts_the_first_ranks_one_longer():
 
 class Seeded:
     """A sampler whose replies depend on the prompt, its sample and its seed, seed + i for
-    prompt i of the flattened call: what vLLM's per-request seeds give (engine.VLLMEngine)."""
+    prompt i of the flattened call: what vLLM's per-request seeds give (vllm_engine.VLLMEngine)."""
 
     def __init__(self):
         self.calls = []

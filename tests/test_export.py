@@ -28,7 +28,7 @@ import agent
 from infra import config
 import memory as memory_lib
 import sandbox
-from infra import baseline, imported
+from infra import baseline, imported, openenv
 import train
 from export_venv import VERIFIERS_PYTHON, export_python, free_port, healthy
 from runs import TINY, agent_engine
@@ -398,7 +398,7 @@ def test_openenv_server_plays_as_a_fixed_pool(exports, tmp_path, tiny):
 
 
 def test_openenv_spec_is_local_only_and_parses_reset_arguments():
-    assert imported.remote_url("openenv:http://127.0.0.1:8000/#index=2&split=curriculum") == (
+    assert openenv.remote_url("openenv:http://127.0.0.1:8000/#index=2&split=curriculum") == (
         "http://127.0.0.1:8000", {"index": 2, "split": "curriculum"})
     for spec in ("openenv:http://example.com:8000", "openenv:file:///etc/passwd"):
         with pytest.raises(SystemExit, match="on this machine"):

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from infra import config
-from infra import engine
+from infra import preflight
 from infra import models
 from gpu_table import README, ROOT, table_rows
 
@@ -69,7 +69,7 @@ def test_row_passes_the_start_up_checks(row):
     assert cfg.loop.setting == setting and margs.tensor_parallel_size == tp
     world = yaml.safe_load((ROOT / config_file).read_text())["num_processes"]
     weights = models.parameter_count(model) * models.shipped_dtype(model).itemsize
-    assert engine.vllm_fit_error(world=world, tp=tp, weight_bytes=weights,
+    assert preflight.vllm_fit_error(world=world, tp=tp, weight_bytes=weights,
                                  utilization=margs.gpu_memory_utilization,
                                  card_bytes=CARD_BYTES[card]) is None, row
 
@@ -79,7 +79,7 @@ def test_the_30b_at_tp_1_would_not_start():
     against 0.35 x 79.6 GiB = 27.9 GiB on an H100."""
     weights = models.parameter_count("Qwen3-30B-A3B") * 2
     assert weights / 2**30 == pytest.approx(56.87, abs=0.01)
-    error = engine.vllm_fit_error(world=8, tp=1, weight_bytes=weights, utilization=0.35,
+    error = preflight.vllm_fit_error(world=8, tp=1, weight_bytes=weights, utilization=0.35,
                                   card_bytes=CARD_BYTES["H100 80 GB"])
     assert error.endswith("27.9 GiB): use --tensor_parallel_size 4 or --gpu_memory_utilization "
                           "above 0.71")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from infra import config, engine, lora, logprobs, models
+from infra import config, engine, lora, logprobs, models, vllm_engine
 import grpo
 import train
 
@@ -233,7 +233,7 @@ def test_vllm_samples_each_synced_adapter_and_receives_only_the_adapters(tmp_pat
     base, model, tok = adapted("tiny")
     base.save_pretrained(tmp_path / "base")
     tok.save_pretrained(tmp_path / "base")
-    eng = engine.VLLMEngine(str(tmp_path / "base"), dtype="float32", max_model_len=512, seed=0,
+    eng = vllm_engine.VLLMEngine(str(tmp_path / "base"), dtype="float32", max_model_len=512, seed=0,
                             cpu_kv_cache_gib=0.25, lora_rank=4,
                             adapter_dir=str(tmp_path / "sync"))
     try:
@@ -396,12 +396,13 @@ def test_the_preflight_counts_a_lora_run():
     adapters alone (two fp32 moments each), no reference model, vLLM's weights sized on the base
     alone, the adapter gathered at a sync (bf16), and vLLM's weights and graphs resident through
     the update and the step (its sleep releases the KV cache alone)."""
-    from infra import preflight
+    from infra import preflight, run
     cfg = config.parse(["--model", "tiny", "--lora_rank", "8", "--kl_coef", "0.01"],
                        models.MODEL_ALIASES)
     train.resolve(cfg)
     # a 512-token micro-batch (the run's own is 40,960 tokens: minutes on fake tensors here)
-    launch = dict(train.preflight_launch(cfg), micro_batch_tokens=512, max_model_len=512)
+    launch = dict(run.preflight_launch(cfg, train.grpo_update), micro_batch_tokens=512,
+                  max_model_len=512)
     p = preflight.plan(models.architecture("tiny"), card=80.0, **launch)
     model, _ = models.build_tiny("tiny")
     base = sum(x.numel() for x in model.parameters())
@@ -424,7 +425,7 @@ def test_the_preflight_counts_a_lora_run():
 def test_a_lora_vllm_engine_keeps_its_weights_through_the_update(tmp_path, monkeypatch):
     """VLLMEngine with lora_rank, against test_engine's fake vLLM 0.32 on a GPU platform: one
     adapter slot of the smallest rank vLLM allows at or above r, the lm_head still in fp32
-    (engine.FP32_HEAD: vLLM's LoRA logits path keeps head_dtype); a sync hands over a new adapter
+    (vllm_engine.FP32_HEAD: vLLM's LoRA logits path keeps head_dtype); a sync hands over a new adapter
     (add_lora: its directory holds the adapter, nothing else) and drops the previous one, never
     waking or reloading the weights; sleep pauses the engine and releases the KV cache alone
     (level 0, then the release: the base never changes, so nothing re-sends it); wake maps the KV
@@ -480,7 +481,7 @@ def test_a_lora_vllm_engine_keeps_its_weights_through_the_update(tmp_path, monke
     gib = 2**30
     eng.sleep()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(engine, "_kv_wake_room", lambda: (40 * gib, 38.5 * gib, 9 * gib))
+    monkeypatch.setattr(vllm_engine, "_kv_wake_room", lambda: (40 * gib, 38.5 * gib, 9 * gib))
     with pytest.raises(RuntimeError) as error:
         eng.wake()
     assert str(error.value) == (

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from accelerate import Accelerator
 
-from infra import config, engine, lora, models, offload, preflight
+from infra import config, lora, models, offload, preflight, vllm_engine
 from infra import run, rundir
 import train
 from fake_vllm import FakeTPLLM
@@ -57,7 +57,7 @@ def row_plan(row) -> dict:
     gpu = row_flags(row)[1]
     with plans.shared():  # a trainer measured once for every row (and test) that plans it
         return preflight.plan(models.architecture(cfg.model.model), card=preflight.card_gib(gpu),
-                              **train.preflight_launch(cfg))
+                              **run.preflight_launch(cfg, train.grpo_update))
 
 
 class Ledger(FakeTPLLM):
@@ -204,7 +204,7 @@ def run_on_ledger(plan: dict, tmp_path, monkeypatch, *, offload_trainer: bool, k
     monkeypatch.setattr(rundir, "export_policy", before(rundir.export_policy, "export"))
     monkeypatch.setattr(lora, "export", before(lora.export, "export"))
     if before_fix:
-        sync, resume = engine.VLLMEngine.sync_weights, run.Run.resume
+        sync, resume = vllm_engine.VLLMEngine.sync_weights, run.Run.resume
 
         def sync_then_kv(self, model):
             sync(self, model)
@@ -216,11 +216,12 @@ def run_on_ledger(plan: dict, tmp_path, monkeypatch, *, offload_trainer: bool, k
                 return resume(self)
             finally:
                 del self.engine.sleep
-        monkeypatch.setattr(engine.VLLMEngine, "sync_weights", sync_then_kv)
+        monkeypatch.setattr(vllm_engine.VLLMEngine, "sync_weights", sync_then_kv)
         monkeypatch.setattr(run.Run, "resume", resume_awake)
     if vllm_first:  # no offload before vLLM starts: the first step's start moves the state
-        vllm_engine = run.vllm_engine
-        monkeypatch.setattr(run, "vllm_engine", lambda *a, before_start, **k: vllm_engine(*a, **k))
+        rollout_engine = run.rollout_engine
+        monkeypatch.setattr(run, "rollout_engine",
+                            lambda *a, before_start, **k: rollout_engine(*a, **k))
     tiny = ["--model", "tiny", "--engine", "vllm", "--steps", "2", "--regen_interval", "2",
             "--num_envs", "2", "--skills_per_regen", "1", "--plays", "2", "--hint_plays", "1",
             "--max_attempts", "1", "--designer_max_tokens", "16", "--hint_max_tokens", "8",

@@ -2,7 +2,7 @@
 
 The exported server (tools/export_template/openenv_env.py behind openenv 0.10's app, run in the
 export virtualenv as a user runs it) is played by small hostile clients: items 1-7 of
-docs/export.md's "Against hostile peers". The trainer's client (infra/imported.py: RemoteEnv,
+docs/export.md's "Against hostile peers". The trainer's client (infra/openenv.py: RemoteEnv,
 OpenEnvRemote, play_rounds) is driven against small hostile servers written here on
 websockets' sans-I/O protocol, which misbehave as each test tells them: items 8-13.
 Idle times and deadlines are shrunk (server flags, monkeypatched constants) to keep each test
@@ -29,7 +29,7 @@ from websockets.sync.client import connect
 
 import agent
 import sandbox
-from infra import imported
+from infra import imported, openenv
 from export_venv import export_python, free_port, healthy
 from runs import TINY, agent_engine
 from scripted import main_with
@@ -470,8 +470,8 @@ def test_9_one_deadline_per_call_and_per_episode(hostile, monkeypatch):
     """A /schema trickled a byte every 50 ms ends as a timeout at the call's deadline (1 s here),
     not at a per-read timeout; a server that answers each call in 0.3 s ends the episode at its
     budget (1 s here) with episode_timeout."""
-    monkeypatch.setattr(imported, "REMOTE_TIMEOUT", 1.0)
-    monkeypatch.setattr(imported, "REMOTE_EPISODE_TIMEOUT", 1.0)
+    monkeypatch.setattr(openenv, "REMOTE_TIMEOUT", 1.0)
+    monkeypatch.setattr(openenv, "REMOTE_EPISODE_TIMEOUT", 1.0)
 
     def trickle(conn):
         for b in b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(SCHEMA), SCHEMA):
@@ -524,12 +524,12 @@ def test_10_rounds_keep_each_episodes_sampling_key_and_never_drop_one(hostile, m
             assert s.handle.reset(s.seed)[0].endswith(f"(seed {s.seed})")
             generate.submit((j, 1), [0])
         return [s.seed for s in batch]
-    assert imported.play_rounds(specs, Stream(), play) == [0, 1, 2, 3, 4]
+    assert openenv.play_rounds(specs, Stream(), play) == [0, 1, 2, 3, 4]
     assert sorted(seen) == [(i, 1) for i in range(5)] and server.most_open == 2
-    monkeypatch.setattr(imported, "BUSY_WAIT", 0.5)
+    monkeypatch.setattr(openenv, "BUSY_WAIT", 0.5)
     taken = hostile(capacity=0)
-    with pytest.raises(imported.ServerFull, match="refused every session"):
-        imported.play_rounds([agent.EpisodeSpec("e", 0, None, imported.handle(spec(taken)))],
+    with pytest.raises(openenv.ServerFull, match="refused every session"):
+        openenv.play_rounds([agent.EpisodeSpec("e", 0, None, imported.handle(spec(taken)))],
                              None, play)
 
 
@@ -538,7 +538,7 @@ def test_11_local_means_local_no_redirect_no_proxy(hostile, monkeypatch):
     take the client there, and http_proxy does not route a 127.0.0.1 URL through a proxy."""
     elsewhere = hostile(host="127.0.0.2")
     with pytest.raises(SystemExit, match="on this machine"):
-        imported.remote_url(spec(elsewhere))
+        openenv.remote_url(spec(elsewhere))
 
     def moved(conn):
         conn.sendall(b"HTTP/1.1 302 Found\r\nLocation: %s/schema\r\nContent-Length: 0\r\n\r\n"
@@ -636,9 +636,9 @@ def test_13_the_client_keeps_its_rng_promise_and_reads_its_url_strictly(hostile)
     h.close()
     assert random.getstate() == before
     url = "openenv:http://127.0.0.1:8000"
-    assert imported.remote_url(url + "#index=0&name=x") == ("http://127.0.0.1:8000",
+    assert openenv.remote_url(url + "#index=0&name=x") == ("http://127.0.0.1:8000",
                                                            {"index": 0, "name": "x"})
     for frag, why in (("index=02", "ASCII digits"), ("index=\u00b2", "ASCII digits"),
                       ("seed=3", "each episode's seed"), ("index=1&index=1", "given twice")):
         with pytest.raises(SystemExit, match=why):
-            imported.remote_url(f"{url}#{frag}")
+            openenv.remote_url(f"{url}#{frag}")

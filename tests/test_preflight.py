@@ -225,7 +225,7 @@ def test_card_names_and_sizes(gpu, gib):
 @pytest.mark.parametrize("flags,message", [
     (["--gpu", "a100"], "--gpu must be one of h100-80gb, h200-141gb or a size in GiB"),
     (["--gpus", "3", "--tensor_parallel_size", "2", "--engine", "vllm"],
-     "--tensor_parallel_size 2 does not divide --gpus 3"),
+     "--tensor_parallel_size 2 does not divide the 3 processes"),
     (["--model", "nobody/no-such-model"], "cannot be read offline"),
 ])
 def test_bad_input_is_one_clear_line(flags, message):

@@ -11,6 +11,7 @@ import torch
 
 from infra import config
 from infra import engine
+from infra import vllm_engine
 from infra import run
 from infra import sampling
 from infra import rundir
@@ -58,8 +59,11 @@ def test_process_group_timeout_reaches_the_tensor_parallel_groups(tiny, monkeypa
     it through Accelerate: tests/test_fsdp2.py); a longer one resumes a run unchanged."""
     import datetime
     seen = {}
-    monkeypatch.setattr(engine, "VLLMEngine", lambda name, **kw: seen.update(kw))
-    run.vllm_engine(config.ModelArgs(process_group_timeout=90.0), *tiny, max_model_len=64)
+    monkeypatch.setattr(vllm_engine, "VLLMEngine", lambda name, **kw: seen.update(kw))
+    cfg = config.parse(["--model", "tiny", "--engine", "vllm", "--process_group_timeout", "90"],
+                       aliases=models.MODEL_ALIASES)
+    train.resolve(cfg)
+    run.make_engine(cfg, *tiny, seed=0, sharded=False)
     assert seen["group_timeout"] == datetime.timedelta(seconds=90)
     assert "process_group_timeout" not in config.config_dict(config.Config())
     # unset, collectives wait 2 hours (NCCL's own 10 minutes would abort a healthy run waiting
@@ -101,7 +105,7 @@ def test_request_seeds_are_what_the_per_turn_calls_gave():
     derive_seed(seed, step, role, n) + i, what the n-th generate call gives its i-th prompt, so
     its tokens do not depend on what else is in flight; chats are rendered before they go in."""
     class Engine:  # submit / collect, finishing every request at once
-        stream = engine.VLLMEngine.stream  # its streams: engine.Requests
+        stream = vllm_engine.VLLMEngine.stream  # its streams: engine.Requests
 
         def __init__(self):
             self.asked, self.calls = [], []

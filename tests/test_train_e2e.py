@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from infra import engine
+from infra import vllm_engine
 from infra import run
 from infra import logprobs as logprobs_lib
 from infra import metrics as metrics_lib
@@ -217,7 +217,7 @@ def _tp_train_worker(rank, port, out_dir):
     fake = FakeTPLLM(models.build_tiny_tokenizer())
     def make_engine(cfg, *args, **kwargs):  # the fake imported as vllm while the engine is built
         with mock.patch.dict(sys.modules, {"vllm": fake, "vllm.platforms": fake.platforms}):
-            return engine.VLLMEngine("tiny", tensor_parallel_size=cfg.model.tensor_parallel_size)
+            return vllm_engine.VLLMEngine("tiny", tensor_parallel_size=cfg.model.tensor_parallel_size)
     run.make_engine = make_engine
     forwarded, trained, logprobs, samples = [], [], logprobs_lib.token_logprobs, train.agent_samples
     logprobs_lib.token_logprobs = lambda m, ids, attn, *a, **k: (

