@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import json
 import random
 import sys
@@ -388,11 +389,13 @@ def hint_regrets(pool, episodes) -> dict:
 
 
 def score_epoch(designs, reward: config.RegretArgs, lp: dict | None = None) -> list[dict]:
-    """The finished epoch's designer samples with their scores (Sec. 3.3; regret.designer_score).
-    `lp` (skill -> [mu_fast, mu_slow]) carries the learning_potential ablation's trackers: each
-    skill's is updated with the epoch mean of its scored environments' plays before scoring."""
+    """The finished epoch's designer samples with their scores (Sec. 3.3): --designer_reward's
+    function of regret.SCORES, passed the inputs it names, or regret.fault_score for an environment
+    that faulted or lacks one. `lp` (skill -> [mu_fast, mu_slow]) carries the learning_potential
+    ablation's trackers: each skill's is updated with the epoch mean of its scored environments'
+    plays before scoring."""
     mode, out = reward.designer_reward, []
-    band = (reward.plateau_lo, reward.plateau_hi, reward.plateau_ramp)  # plateau(w)'s
+    score = regret.SCORES[mode]
     envs = [d.env for d in designs]
     if mode == "learning_potential" and lp is not None:
         for skill in sorted({e.skill for e in envs}):
@@ -400,17 +403,18 @@ def score_epoch(designs, reward: config.RegretArgs, lp: dict | None = None) -> l
             if rets:
                 lp[skill] = regret.learning_potential_update(lp.get(skill), sum(rets) / len(rets))
     for d, e in zip(designs, envs):
-        w = sum(e.returns) / len(e.returns) if e.returns else None
-        mu_slow = (lp or {}).get(e.skill, [None, None])[1]  # the skill's slow tracker
-        by_mode = {"blend": e.regret, "regret": e.r_hint, "learning_potential": mu_slow}
-        needed = by_mode.get(mode, w)  # the value the mode scores with
-        # no plays or no regret to score scores as a fault: 0 (deviation 2)
-        faulty = e.faulty or w is None or needed is None
-        score = regret.designer_score(e.regret, w, mode=mode, faulty=faulty, timed_out=e.timed_out,
-                                      r_hint=e.r_hint, baseline=mu_slow,
-                                      band=band)
+        inputs = {"regret": e.regret, "r_hint": e.r_hint,
+                  "mean_return": sum(e.returns) / len(e.returns) if e.returns else None,
+                  "mu_slow": (lp or {}).get(e.skill, [None, None])[1],  # the skill's slow tracker
+                  "band": (reward.plateau_lo, reward.plateau_hi, reward.plateau_ramp)}
+        args = {name: inputs[name] for name in inspect.signature(score).parameters}
+        # a fault (a timeout is one), or no plays or no regret to score: deviation 2
+        if e.faulty or e.timed_out or any(v is None for v in args.values()):
+            value = regret.fault_score(mode, e.timed_out)
+        else:
+            value = score(**args)
         out.append({"prompt": d.prompt, "reply": d.reply, "logprobs": d.logprobs, "skill": e.skill,
-                    "score": score, "env_id": e.env_id})
+                    "score": value, "env_id": e.env_id})
     return out
 
 

@@ -194,9 +194,9 @@ def test_play_pool_passes_the_hinted_arms_thinking(monkeypatch):
 def test_regret_ablation_is_the_authors_regret_based():
     import regret
     # r_hint - mean of the whole epoch's unhinted plays, floored at 0, no /0.15 scaling
-    assert regret.designer_score(None, 0.25, mode="regret", r_hint=0.75) == pytest.approx(0.5)
-    assert regret.designer_score(None, 0.5, mode="regret", r_hint=0.2) == 0.0
-    assert regret.designer_score(None, None, mode="regret", timed_out=True) == -0.5
+    assert regret.SCORES["regret"](r_hint=0.75, mean_return=0.25) == pytest.approx(0.5)
+    assert regret.SCORES["regret"](r_hint=0.2, mean_return=0.5) == 0.0
+    assert regret.fault_score("regret", timed_out=True) == -0.5
 
 
 def test_learning_potential_trackers_and_score():
@@ -205,7 +205,7 @@ def test_learning_potential_trackers_and_score():
     assert mu == [0.5, 0.5]
     mu = regret.learning_potential_update(mu, 1.0)  # 0.02 * 0.5 + 0.98 * 1, 0.15 * 0.5 + 0.85 * 1
     assert mu == [pytest.approx(0.99), pytest.approx(0.925)]
-    assert regret.designer_score(None, 0.3, mode="learning_potential", baseline=0.925) == pytest.approx(0.625)
+    assert regret.SCORES["learning_potential"](mean_return=0.3, mu_slow=0.925) == pytest.approx(0.625)
 
 
 def _env(env_id, returns, skill="Optimization", **kw):
