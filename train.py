@@ -116,6 +116,7 @@ class Design:
     prompt: list
     reply: list
     logprobs: list
+    score: float | None = None  # set when its epoch ends (score_epoch)
 
 
 @dataclass
@@ -388,7 +389,7 @@ def hint_regrets(pool, episodes) -> dict:
             "regret/r_nohint": sum(e.r_nohint for e in regs) / len(regs)}
 
 
-def score_epoch(designs, reward: config.RegretArgs, lp: dict | None = None) -> list[dict]:
+def score_epoch(designs, reward: config.RegretArgs, lp: dict | None = None) -> list[Design]:
     """The finished epoch's designer samples with their scores (Sec. 3.3): --designer_reward's
     function of regret.SCORES, passed the inputs it names, or regret.fault_score for an environment
     that faulted or lacks one. `lp` (skill -> [mu_fast, mu_slow]) carries the learning_potential
@@ -410,11 +411,9 @@ def score_epoch(designs, reward: config.RegretArgs, lp: dict | None = None) -> l
         args = {name: inputs[name] for name in inspect.signature(score).parameters}
         # a fault (a timeout is one), or no plays or no regret to score: deviation 2
         if e.faulty or e.timed_out or any(v is None for v in args.values()):
-            value = regret.fault_score(mode, e.timed_out)
+            out.append(dataclasses.replace(d, score=regret.fault_score(mode, e.timed_out)))
         else:
-            value = score(**args)
-        out.append({"prompt": d.prompt, "reply": d.reply, "logprobs": d.logprobs, "skill": e.skill,
-                    "score": value, "env_id": e.env_id})
+            out.append(dataclasses.replace(d, score=score(**args)))
     return out
 
 
@@ -462,24 +461,25 @@ def agent_samples(episodes, compact: bool = False) -> list[grpo.Sample]:
     return out
 
 
-def designer_samples(scored, agent_batch, gather=list, rank=0, *, regen_interval: int,
-                     cap: float = grpo.ROLE_SCALE_CAP) -> tuple[list[grpo.Sample], dict]:
+def designer_samples(scored: list[Design], agent_batch, gather=list, rank=0, *,
+                     regen_interval: int, cap: float = grpo.ROLE_SCALE_CAP
+                     ) -> tuple[list[grpo.Sample], dict]:
     """Scored designer samples -> advantages A = S_role * (score - mean_skill) over all ranks,
     S_role = min(cap, N_agent / N_designer * R); N_agent counts every rank's agent episodes
     (`agent_batch`: this rank's agent samples, the turns of a stripped-history episode weighing 1
-    together), as the authors count before their per-turn fan-out (`gather`: every rank's items;
-    a collective)."""
+    together), as the authors count before their per-turn fan-out (`gather`: every rank's items,
+    rank after rank; a collective)."""
     n_agent = sum(gather([round(sum(s.weight for s in agent_batch))]))
-    everyone = gather([(rank, i, s["skill"], s["score"]) for i, s in enumerate(scored)])
+    everyone = gather([(rank, d.env.skill, d.score) for d in scored])
     if not everyone:
         return [], {}
+    ranks, skills, scores = zip(*everyone)
     scale = grpo.role_scale(n_agent, len(everyone), regen_interval, cap=cap)
-    adv = grpo.designer_advantages([x[3] for x in everyone], [x[2] for x in everyone], scale)
-    mine = {i: a for (r, i, _, _), a in zip(everyone, adv) if r == rank}
-    out = [grpo.Sample(s["prompt"] + s["reply"], [0] * len(s["prompt"]) + [1] * len(s["reply"]),
-                       [0.0] * len(s["prompt"]) + s["logprobs"], advantage=mine[i],
-                       role="designer") for i, s in enumerate(scored)]
-    scores = [x[3] for x in everyone]
+    adv = grpo.designer_advantages(list(scores), list(skills), scale)
+    mine = [a for r, a in zip(ranks, adv) if r == rank]  # this rank's, in the order of `scored`
+    out = [grpo.Sample(d.prompt + d.reply, [0] * len(d.prompt) + [1] * len(d.reply),
+                       [0.0] * len(d.prompt) + d.logprobs, advantage=a, role="designer")
+           for d, a in zip(scored, mine)]
     return out, {"designer/score_mean": sum(scores) / len(scores), "designer/samples": len(scores),
                  "designer/scale": scale}
 

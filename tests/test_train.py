@@ -194,7 +194,7 @@ def test_plays_regret_and_epoch_scores_by_hand():
     scored = train.score_epoch([train.Design(a, [1], [2], [-0.5]), train.Design(b, [1], [3], [-0.7])],
                               config.RegretArgs())
     # a: 0.4 * clip(0.5 / 0.15, 0, 1) + 0.6 * plateau(0.5) = 0.4 + 0.6 = 1.0; b: faulty -> 0
-    assert [s["score"] for s in scored] == [pytest.approx(1.0), 0.0]
+    assert [s.score for s in scored] == [pytest.approx(1.0), 0.0]
 
 
 def test_checkpointed_state_keeps_the_designer_buffer_on_its_pool_environments(tmp_path):
@@ -234,7 +234,7 @@ def test_the_regret_ablation_scores_a_hintless_environment_as_the_authors():
     train.hint_regrets([e], regen_plays)
     train.record_plays([e], [_ep("f", 0.0), _ep("f", 0.0)])  # the epoch's mean w: 0.25
     [s] = train.score_epoch([train.Design(e, [1], [2], [-0.5])], config.RegretArgs(designer_reward="regret"))
-    assert e.returns == [1.0, 0.0, 0.0, 0.0] and s["score"] == 0.0
+    assert e.returns == [1.0, 0.0, 0.0, 0.0] and s.score == 0.0
 
 
 def test_the_memory_takes_faulty_environments_as_the_authors():
