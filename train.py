@@ -72,7 +72,7 @@ import regret
 import sandbox
 from infra import baseline, config, imported, logprobs, metrics, models, telemetry
 from infra import engine, lora, preflight  # --preflight's plain numbers
-from infra.run import Run, live_episodes, max_model_len
+from infra.run import Run, Trainer, live_episodes, max_model_len
 from infra.sampling import derive_seed
 
 HERE = Path(__file__).resolve().parent
@@ -212,12 +212,11 @@ def train(cfg: config.Config, *, sb) -> Path:
         # ALGO: 5. one GRPO update over both roles (INFRA: vLLM asleep, the trainer state back)
         phase("update", times)
         with run.trainer_on_device():
-            m.update(grpo_update(run.model, run.ref_model, run.optimizer, run.scheduler,
-                                 run.accelerator, samples, pad_id=run.tokenizer.pad_token_id,
+            m.update(grpo_update(run.trainer, samples, pad_id=run.tokenizer.pad_token_id,
                                  temperatures=run.temperatures, gargs=cfg.grpo))
         # ALGO: 6. weight sync into the rollout engine (INFRA: its weights wake, its KV cache not)
         phase("sync", times)
-        run.engine.sync_weights(run.accelerator.unwrap_model(run.model))
+        run.engine.sync_weights(run.accelerator.unwrap_model(run.trainer.model))
         # ALGO: 7. memory update: a record for every freshly designed environment
         phase("memory", times)
         if regen and not cfg.designer.no_memory:
@@ -499,9 +498,10 @@ def micro_batches(samples, budget: int) -> list[list[grpo.Sample]]:
     return out
 
 
-def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *, pad_id,
-                temperatures, gargs: config.GRPOArgs) -> dict:
-    """One GRPO step (Sec. 3.4): token-mean per sample, then a mean over all ranks' episodes and
+def grpo_update(trainer: Trainer, samples, *, pad_id, temperatures,
+                gargs: config.GRPOArgs) -> dict:
+    """One GRPO step (Sec. 3.4) of `trainer` (run.Trainer: policy, optimizer, schedule,
+    Accelerator, KL reference): token-mean per sample, then a mean over all ranks' episodes and
     designer samples, each sample weighted by its `weight` (a stripped-history turn: its share of
     its episode's tokens, so an episode's turns pool into one token-mean; otherwise 1).
 
@@ -509,6 +509,7 @@ def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *,
     their KV cache in eval mode); gradients are freed right after the optimizer step. Without a KL
     term a sample with advantage exactly 0, or an all-zero loss mask, has zero gradient: counted
     in the mean over samples, never forwarded (zero-variance groups cost nothing)."""
+    model, accelerator = trainer.model, trainer.accelerator
     dev = accelerator.device
     n_global = float(accelerator.gather(torch.tensor([sum(s.weight for s in samples)],
                                                      dtype=torch.float64, device=dev)).sum())
@@ -524,9 +525,8 @@ def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *,
     filler = [grpo.Sample([pad_id, pad_id], [0, 1], [0.0, 0.0], advantage=0.0, weight=0.0)]
     model.train()
     try:
-        stats_acc, grad_norm = _update_epochs(
-            model, ref_model, optimizer, scheduler, accelerator, batches, n_mb, filler, n_global,
-            temperatures=temperatures, gargs=gargs)
+        stats_acc, grad_norm = _update_epochs(trainer, batches, n_mb, filler, n_global,
+                                              temperatures=temperatures, gargs=gargs)
     finally:
         model.eval()
     out = {}
@@ -543,14 +543,16 @@ def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *,
     out["perf/update_tokens"] = sum(lengths)
     model_config = getattr(accelerator.unwrap_model(model), "config", None)  # None: no transformer
     if model_config is not None:
-        out["perf/update_flops"] = telemetry.sequence_flops(
-            telemetry.model_flops(model_config), lengths, passes=3 + (ref_model is not None))
+        passes = 3 + (trainer.ref_model is not None)  # + the frozen reference's forward
+        out["perf/update_flops"] = telemetry.sequence_flops(telemetry.model_flops(model_config),
+                                                            lengths, passes=passes)
     return out
 
 
-def _update_epochs(model, ref_model, optimizer, scheduler, accelerator, batches, n_mb, filler,
-                   n_global, *, temperatures, gargs: config.GRPOArgs):
+def _update_epochs(trainer: Trainer, batches, n_mb, filler, n_global, *, temperatures,
+                   gargs: config.GRPOArgs):
     """The optimizer passes of grpo_update; returns (per-micro-batch stats, last grad norm)."""
+    model, ref_model, accelerator = trainer.model, trainer.ref_model, trainer.accelerator
     dev, world = accelerator.device, accelerator.num_processes
     stats_acc, old_cache, grad_norm = {}, {}, 0.0
     for epoch in range(gargs.ppo_epochs):
@@ -582,9 +584,9 @@ def _update_epochs(model, ref_model, optimizer, scheduler, accelerator, batches,
                 for k, v in st.items():
                     stats_acc.setdefault(k, []).append((float(v), len(mb)))
         grad_norm = accelerator.clip_grad_norm_(model.parameters(), gargs.grad_clip)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)  # free the gradients before the next rollouts
+        trainer.optimizer.step()
+        trainer.scheduler.step()
+        trainer.optimizer.zero_grad(set_to_none=True)  # free the gradients before the next rollouts
     return stats_acc, grad_norm
 
 

@@ -284,8 +284,8 @@ def measure_trainer(config, *, world: int, seqs: int, seq_len: int, update, samp
     """GiB per GPU of one train.grpo_update call on `seqs` sequences of `seq_len` tokens:
     {"update": forward/backward peak, "step": optimizer-step peak, "held": what stays after it,
     each a dict by category with "Total"}, plus "params" and "largest_unit" (bf16 GiB of the
-    largest weight-sync group). `update(model, ref, optimizer, scheduler, accelerator,
-    samples)` is train.grpo_update with the run's settings bound, `sample` the record it takes
+    largest weight-sync group). `update(trainer, samples)` is train.grpo_update with the run's
+    settings bound (trainer: run.Trainer's fields, here a stand-in), `sample` the record it takes
     (grpo.Sample, passed in: this module imports nothing of the repository). `lora`: a LoRA run's
     (adapt, reference), adapt(model) adding its adapters and reference(policy) its KL reference
     (lora.add_adapters and lora.Reference, bound by train.py): the base in bf16, AdamW over the
@@ -319,8 +319,10 @@ def measure_trainer(config, *, world: int, seqs: int, seq_len: int, update, samp
     samples = [sample([rng.randrange(config.vocab_size) for _ in range(seq_len)],
                       [0] + [1] * (seq_len - 1), [0.0] * seq_len, advantage=1.0, role="agent",
                       weight=1.0) for _ in range(seqs)]
+    trainer = types.SimpleNamespace(model=model, optimizer=optimizer, scheduler=scheduler,
+                                    accelerator=_Accelerator(world, mesh is None), ref_model=ref)
     with fake, tracker, _Readout():
-        update(model, ref, optimizer, scheduler, _Accelerator(world, mesh is None), samples)
+        update(trainer, samples)
     peaks["step"] = _gib(tracker.get_tracker_snapshot("peak"))
     peaks["held"] = _gib(tracker.get_tracker_snapshot("current"))
     params = sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n)  # the base

@@ -16,7 +16,9 @@ import json
 import os
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -27,6 +29,18 @@ import agent
 import grpo
 from infra import (config, engine, evaluation, lora, metrics, models, offload, preflight,
                    rundir, sampling, telemetry)
+
+
+@dataclass
+class Trainer:
+    """What one GRPO update (train.grpo_update) acts on: the policy, AdamW and its learning-rate
+    schedule, prepared by the Accelerator (which runs the update's collectives, backward and
+    gradient clipping), and the frozen KL reference (None without a KL term)."""
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    accelerator: Any
+    ref_model: Any = None
 
 
 class Run:
@@ -75,19 +89,18 @@ class Run:
                                       weight_decay=cfg.grpo.weight_decay,
                                       fused=acc.device.type == "cuda")
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)  # constant (paper)
-        self.model, self.optimizer, self.scheduler = acc.prepare(model, optimizer, scheduler)
-        self.ref_model = (kl_reference(acc, self.model, margs, self.shipped, rargs.seed, empty)
-                          if cfg.grpo.kl_coef > 0 else None)
+        self.trainer = t = Trainer(*acc.prepare(model, optimizer, scheduler), accelerator=acc)
+        if cfg.grpo.kl_coef > 0:
+            t.ref_model = kl_reference(acc, t.model, margs, self.shipped, rargs.seed, empty)
         # FSDP2 runs the transformers engine too (ranks decode in lockstep); ZeRO-3 and FSDP1
         # need vLLM
         sharded = acc.distributed_type.value == "DEEPSPEED" or (
             fsdp is not None and getattr(fsdp, "fsdp_version", 1) != 2)
         # the trainer's state (and the KL reference) in host RAM while vLLM generates (no-ops
         # without the flag), away before vLLM starts: it wants util x card free at start-up
-        self.offload = offload.TrainerOffload(self.model, self.optimizer,
-                                              reference=self.ref_model,
+        self.offload = offload.TrainerOffload(t.model, t.optimizer, reference=t.ref_model,
                                               enabled=margs.offload_trainer)
-        self.engine = make_engine(cfg, acc.unwrap_model(self.model), self.tokenizer,
+        self.engine = make_engine(cfg, acc.unwrap_model(t.model), self.tokenizer,
                                   rargs.seed, sharded, before_start=self.offload.offload)
         self.temperatures = config.role_temperatures(cfg)
         self.peak = mfu_peak(model.config, self.main)
@@ -111,7 +124,7 @@ class Run:
                              f"{self.world}")
         if self.main:
             rundir.cut_metrics(self.run_dir, st["metrics_lines"])
-        self.engine.sync_weights(self.accelerator.unwrap_model(self.model))
+        self.engine.sync_weights(self.accelerator.unwrap_model(self.trainer.model))
         return st
 
     def steps(self, start: int, sandbox_level: str):
@@ -184,7 +197,7 @@ class Run:
         m.update(metrics.episode_metrics(episodes))
         seconds = telemetry.phase_seconds(times, time.perf_counter())
         engine_s = getattr(self.engine, "seconds", {})  # vLLM's sleep and wake (engine.py)
-        m.update({"charts/lr": self.scheduler.get_last_lr()[0],
+        m.update({"charts/lr": self.trainer.scheduler.get_last_lr()[0],
                   **{f"time/{k}_s": v for k, v in {**seconds, **engine_s}.items()},
                   "time/step_s": sum(seconds.values())})
         generated, self.sampler.generated = self.sampler.generated, 0
@@ -214,8 +227,8 @@ class Run:
             rundir.save_checkpoint(self.accelerator, self.run_dir, done,
                                    st.to_dict(done, self.world, n_lines), rargs.keep_checkpoints)
         if rargs.export_every and (done % rargs.export_every == 0 or end):
-            rundir.save_export(self.accelerator, self.model, self.tokenizer, self.run_dir, done,
-                               self.shipped, rargs.keep_checkpoints, export=self.export)
+            rundir.save_export(self.accelerator, self.trainer.model, self.tokenizer, self.run_dir,
+                               done, self.shipped, rargs.keep_checkpoints, export=self.export)
 
     def export(self, accelerator, model, tokenizer, dest: Path, dtype) -> None:
         """The policy at `dest` in Hugging Face format (rundir.export_policy), or a LoRA run's
@@ -230,8 +243,8 @@ class Run:
         """The final policy in Hugging Face format (a LoRA run: its adapter), for eval.py and for
         sharing."""
         self.offload.reload()  # a run with no step left exports what the start-up offloaded
-        self.export(self.accelerator, self.model, self.tokenizer, self.run_dir / "final_model",
-                    self.shipped)
+        self.export(self.accelerator, self.trainer.model, self.tokenizer,
+                    self.run_dir / "final_model", self.shipped)
         best = self.run_dir / "eval" / "checkpoints.json"
         if self.main and self.evaluation is not None and best.is_file():
             print(f"[spade] held-out best: {json.loads(best.read_text())['best']} "

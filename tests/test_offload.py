@@ -44,7 +44,7 @@ def _three_steps(tiny, offloaded: bool):
             assert all(v.untyped_storage().nbytes() == 0
                        for s in opt.state.values() for v in s.values())
             assert all(p.untyped_storage().nbytes() > 0 for p in model.parameters())
-        train.grpo_update(model, None, opt, sched, Accelerator(cpu=True), _samples(step),
+        train.grpo_update(train.Trainer(model, opt, sched, Accelerator(cpu=True)), _samples(step),
                           pad_id=tiny[1].pad_token_id, temperatures={"agent": 1.0},
                           gargs=config.GRPOArgs(kl_coef=0.0))
     return _state(model, opt), freed

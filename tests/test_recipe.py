@@ -149,8 +149,9 @@ def test_each_episode_weighs_one_in_the_loss_whatever_its_turns(monkeypatch):
                         lambda model, ids, *a, **k: model.theta * ids.float())  # (B, T)
     model = Theta()
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    out = train.grpo_update(model, None, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0),
-                            Accelerator(cpu=True), samples, pad_id=0, temperatures={"agent": 1.0},
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    out = train.grpo_update(train.Trainer(model, opt, sched, Accelerator(cpu=True)), samples,
+                            pad_id=0, temperatures={"agent": 1.0},
                             gargs=config.GRPOArgs(kl_coef=0.0, grad_clip=100.0,
                                                   micro_batch_tokens=4))
     assert model.theta.item() == pytest.approx(-1.5)
