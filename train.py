@@ -72,7 +72,7 @@ import regret
 import sandbox
 from infra import baseline, config, imported, logprobs, metrics, models, telemetry
 from infra import engine, lora, preflight  # --preflight's plain numbers
-from infra.run import Run, Trainer, live_episodes, max_model_len
+from infra.run import Run, StepLog, Trainer, live_episodes, max_model_len
 from infra.sampling import derive_seed
 
 HERE = Path(__file__).resolve().parent
@@ -179,30 +179,33 @@ def train(cfg: config.Config, *, sb) -> Path:
     loop, R = cfg.loop, cfg.loop.regen_interval
     for step in run.steps(st.step, sb.level):  # INFRA: each opens with the rollouts' memory
         run.evaluate(step)  # INFRA: held-out suites every --eval_every steps, outside time/step_s
-        m, times, logs, ended = {}, {}, [], []
+        log, ended = StepLog(step), []  # INFRA: what the phases leave for run.log
+        m = log.metrics
         regen, last = plan.regenerates(step), plan.closes_epoch(step)
         st.pool = plan.pool(step, st.pool)
         epoch_pool = st.pool  # INFRA: the finished epoch's environments, for the statistics
         # ALGO: 1. regenerate: designer proposals, sandbox validation, hints (Alg. 1 lines 3-6)
-        phase("regenerate", times)
+        phase("regenerate", log.times)
         if regen:
             ended = st.designs  # the finished epoch's designer samples, scored in phase 4
-            st.pool, st.designs, gm, logs = regenerate(step, st, run.sampler, sb, cfg.designer,
-                                                       loop, run.rank, run.world)
+            st.pool, st.designs, gm, log.proposals = regenerate(
+                step, st, run.sampler, sb, cfg.designer, loop, run.rank, run.world)
+            log.new_pool = st.pool
             m.update(gm)
         # ALGO: 2. play: G unhinted plays per environment, H hinted per fresh one at a regeneration
-        phase("play", times)
-        episodes = play_pool(step, st.pool, run.sampler, sb, run.tokenizer, cfg.agent, loop,
-                             hinted_arm=regen and loop.hint_plays > 0, seed=cfg.run.seed)
+        phase("play", log.times)
+        episodes = log.episodes = play_pool(step, st.pool, run.sampler, sb, run.tokenizer,
+                                            cfg.agent, loop, seed=cfg.run.seed,
+                                            hinted_arm=regen and loop.hint_plays > 0)
         # ALGO: 3. regret (Eq. 3) of the fresh environments, after the plays mark faults and returns
-        phase("regret", times)
+        phase("regret", log.times)
         record_plays(st.pool, episodes, regen, loop.setting)
         m.update(hint_regrets(st.pool, episodes) if regen else {})
         # ALGO: 4. delayed designer scoring of the finished epoch (deviation 3: and of the last)
-        phase("score", times)
+        phase("score", log.times)
         if last:
             ended, st.designs = ended + st.designs, []
-        scored = score_epoch(ended, cfg.regret, st.lp)
+        scored = log.scored = score_epoch(ended, cfg.regret, st.lp)
         samples = agent_samples(episodes, compact=tool_filters(cfg.agent, loop.setting))
         if (regen or last) and not cfg.designer.no_designer_training:  # a collective
             ds, dm = designer_samples(scored, samples, run.gather, run.rank, regen_interval=R,
@@ -210,19 +213,19 @@ def train(cfg: config.Config, *, sb) -> Path:
             samples += ds
             m.update(dm)
         # ALGO: 5. one GRPO update over both roles (INFRA: vLLM asleep, the trainer state back)
-        phase("update", times)
+        phase("update", log.times)
         with run.trainer_on_device():
             m.update(grpo_update(run.trainer, samples, pad_id=run.tokenizer.pad_token_id,
                                  temperatures=run.temperatures, gargs=cfg.grpo))
         # ALGO: 6. weight sync into the rollout engine (INFRA: its weights wake, its KV cache not)
-        phase("sync", times)
+        phase("sync", log.times)
         run.engine.sync_weights(run.accelerator.unwrap_model(run.trainer.model))
         # ALGO: 7. memory update: a record for every freshly designed environment
-        phase("memory", times)
+        phase("memory", log.times)
         if regen and not cfg.designer.no_memory:
             remember(step, st.pool, st.memory, loop.setting, episodes, run.gather)
         # INFRA: statistics (Figs. 7, 9, 19; env/*), never trained on; step files, checkpoint
-        phase("log", times)
+        phase("log", log.times)
         if regen and step > 0:  # Fig. 7 over the epoch that ended at this regeneration
             m.update(metrics.epoch_learnable(st.hist, epoch_pool, step - R, run.n_slots))
         m.update(metrics.env_metrics(st.pool, episodes))
@@ -231,7 +234,7 @@ def train(cfg: config.Config, *, sb) -> Path:
                                        run.gather))
         if last:  # and over the last epoch
             m.update(metrics.epoch_learnable(st.hist, st.pool, step - step % R, run.n_slots))
-        run.log(step, m, times, episodes, sb.level, st.pool if regen else [], logs, scored)
+        run.log(log)
         run.save(step, st)
     run.evaluate(loop.steps)  # INFRA: and after the last update
     return run.finish()

@@ -16,7 +16,7 @@ import json
 import os
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,19 @@ class Trainer:
     scheduler: Any
     accelerator: Any
     ref_model: Any = None
+
+
+@dataclass
+class StepLog:
+    """What one step's phases leave for Run.log: its metrics and phase times (its metrics.jsonl
+    row), and the records of its per-step files (rundir.write_step_files)."""
+    step: int
+    metrics: dict = field(default_factory=dict)    # filled phase by phase
+    times: dict = field(default_factory=dict)      # phase -> its start (train.phase)
+    episodes: list = field(default_factory=list)   # the step's plays (agent.Episode)
+    new_pool: list = field(default_factory=list)   # a regeneration's new pool (train.PoolEnv)
+    proposals: list = field(default_factory=list)  # a regeneration's designer attempts, as logged
+    scored: list = field(default_factory=list)     # the finished epoch's train.Design, scored
 
 
 class Run:
@@ -128,7 +141,8 @@ class Run:
         return st
 
     def steps(self, start: int, sandbox_level: str):
-        """The steps still to run, as the main process's progress bar. Each step starts with the
+        """The steps still to run, as the main process's progress bar (`sandbox_level`: the
+        sandbox's, which each metrics row records). Each step starts with the
         rollouts' memory, in this order: the trainer's state to host RAM (--offload_trainer),
         then vLLM's KV cache mapped (released since the last update) into what that freed (at a
         fresh run's first step both are no-ops: the state left before vLLM started, whose KV
@@ -139,7 +153,7 @@ class Run:
                 "wandb": {"dir": str(self.run_dir), "name": name}, "trackio": {"name": name}})
             print(f"[spade] run dir {self.run_dir.resolve()}  sandbox level: {sandbox_level}  "
                   f"world {self.world}")
-        steps = self.config.loop.steps
+        steps, self.sandbox_level = self.config.loop.steps, sandbox_level
         self.bar = tqdm(range(start, steps), initial=start, total=steps, desc="spade",
                         disable=not self.main)
         for step in self.bar:
@@ -188,14 +202,15 @@ class Run:
             return list(items)
         return gather_object(items)
 
-    def log(self, step: int, m: dict, times: dict, episodes, sandbox_level: str, new_pool,
-            proposals, scored) -> None:
+    def log(self, step_log: StepLog) -> None:
         """The step's files (rundir.write_step_files) and one metrics.jsonl row (and the
         trackers), reduced over the ranks."""
-        rundir.write_step_files(self.run_dir, step, new_pool, episodes, self.config.run.transcripts,
-                                proposals, self.rank, scored)
+        step, m, episodes = step_log.step, step_log.metrics, step_log.episodes
+        rundir.write_step_files(self.run_dir, step, step_log.new_pool, episodes,
+                                self.config.run.transcripts, step_log.proposals, self.rank,
+                                step_log.scored)
         m.update(metrics.episode_metrics(episodes))
-        seconds = telemetry.phase_seconds(times, time.perf_counter())
+        seconds = telemetry.phase_seconds(step_log.times, time.perf_counter())
         engine_s = getattr(self.engine, "seconds", {})  # vLLM's sleep and wake (engine.py)
         m.update({"charts/lr": self.trainer.scheduler.get_last_lr()[0],
                   **{f"time/{k}_s": v for k, v in {**seconds, **engine_s}.items()},
@@ -211,7 +226,7 @@ class Run:
         m = {**(reduce_metrics(self.gather([m])) if self.world > 1 else m), "charts/step": step}
         m, self.eval_row = {**m, **self.eval_row}, {}  # the same on every rank: not reduced
         if self.main:
-            rundir.append_metrics(self.run_dir, {**m, "sandbox/level": sandbox_level})
+            rundir.append_metrics(self.run_dir, {**m, "sandbox/level": self.sandbox_level})
             self.accelerator.log(m, step=step)
             self.bar.set_postfix(ret=f"{m.get('agent/return_mean', 0):.2f}",
                                  learnable=f"{m.get('env/learnable_share', 0):.2f}")
