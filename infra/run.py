@@ -70,8 +70,9 @@ class Run:
         self.accelerator = acc = Accelerator(log_with=trackers(rargs.log_with),
                                              project_dir=rargs.output_dir, kwargs_handlers=timeout)
         self.run_dir = Path(rargs.output_dir)
-        self.cfg = config.config_dict(cfg)
-        self.resume_from = rundir.prepare_run_dir(self.run_dir, self.cfg, rargs, acc)
+        # the Config as config.json saves it, one flat dict (the resume check, the trackers)
+        self.flat_config = config.config_dict(cfg)
+        self.resume_from = rundir.prepare_run_dir(self.run_dir, self.flat_config, rargs, acc)
         set_seed(rargs.seed)
         self.rank, self.world, self.main = acc.process_index, acc.num_processes, acc.is_main_process
         # this rank's designer slots
@@ -149,7 +150,7 @@ class Run:
         cache has been mapped since)."""
         if self.main:  # W&B's offline files in the run directory; each tracker's run named as it
             name = self.run_dir.resolve().name
-            self.accelerator.init_trackers("spade", config=self.cfg, init_kwargs={
+            self.accelerator.init_trackers("spade", config=self.flat_config, init_kwargs={
                 "wandb": {"dir": str(self.run_dir), "name": name}, "trackio": {"name": name}})
             print(f"[spade] run dir {self.run_dir.resolve()}  sandbox level: {sandbox_level}  "
                   f"world {self.world}")
