@@ -648,7 +648,10 @@ def preflight_plan(cfg: config.Config) -> int:
         raise SystemExit(f"--preflight: the config of {name} cannot be read offline "
                          f"({type(e).__name__}); ship it in configs/models/ or pass a local "
                          "directory") from None
-    keep = int(rargs.keep_checkpoints) if rargs.keep_checkpoints.isdigit() else 2
+    # --keep_checkpoints all keeps every checkpoint the run writes: one each --checkpoint_every
+    # steps and one at the end
+    written = -(-cfg.loop.steps // rargs.checkpoint_every)
+    keep = int(rargs.keep_checkpoints) if rargs.keep_checkpoints.isdigit() else written
     return preflight.memory_plan(arch, preflight_launch(cfg), name=name,
                                  setting=cfg.loop.setting, cards=cards,
                                  sleep_level=engine.SLEEP_LEVEL, keep=keep)
