@@ -118,8 +118,11 @@ class Run:
                                   rargs.seed, sharded, before_start=self.offload.offload)
         self.temperatures = config.role_temperatures(cfg)
         self.peak = mfu_peak(model.config, self.main)
-        # the streams of every designer, hint and agent request: seeds from (seed, step, role, n)
-        self.sampler = sampling.Sampler(self.engine, self.tokenizer, rargs.seed + 7919 * self.rank)
+        # the streams of every designer, hint and agent request: seeds from (seed, step, role, n),
+        # with a rank's seed: --seed itself on rank 0 (a one-process run's), on rank r > 0
+        # derive_seed(seed, "rank", r)
+        seed = rargs.seed if self.rank == 0 else sampling.derive_seed(rargs.seed, "rank", self.rank)
+        self.sampler = sampling.Sampler(self.engine, self.tokenizer, seed)
 
     def resume(self) -> dict | None:
         """With --resume: the checkpoint's weights and optimizer, the engine synced to them, and
