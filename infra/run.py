@@ -97,15 +97,7 @@ class Run:
         fsdp_checkpoints = getattr(fsdp, "activation_checkpointing", False)
         if margs.gradient_checkpointing and not tiny and not fsdp_checkpoints:
             model.gradient_checkpointing_enable()  # FSDP configs checkpoint layers themselves
-        # fused on CUDA: one kernel, no parameter-sized temporary (foreach's sqrt(v) is one)
-        trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters
-        optimizer = torch.optim.AdamW(trainable, lr=cfg.grpo.lr, betas=grpo.BETAS,
-                                      weight_decay=cfg.grpo.weight_decay,
-                                      fused=acc.device.type == "cuda")
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)  # constant (paper)
-        self.trainer = t = Trainer(*acc.prepare(model, optimizer, scheduler), accelerator=acc)
-        if cfg.grpo.kl_coef > 0:
-            t.ref_model = kl_reference(acc, t.model, margs, self.shipped, rargs.seed, empty)
+        self.trainer = t = build_trainer(acc, model, cfg, self.shipped, empty)
         # FSDP2 runs the transformers engine too (ranks decode in lockstep); ZeRO-3 and FSDP1
         # need vLLM
         sharded = acc.distributed_type.value == "DEEPSPEED" or (
@@ -275,6 +267,23 @@ class Run:
         self.engine.close()  # before end_training: vLLM tears its process groups down first
         self.accelerator.end_training()
         return self.run_dir
+
+
+def build_trainer(acc, model, cfg: config.Config, shipped, empty: bool) -> Trainer:
+    """The Trainer around the loaded policy: AdamW over its trainable parameters (LoRA: the
+    adapters) at a constant learning rate (the paper's), both prepared by `acc`, and with
+    --kl_coef > 0 the frozen KL reference (kl_reference: `shipped` dtype, `empty` as the policy)."""
+    # fused on CUDA: one kernel, no parameter-sized temporary (foreach's sqrt(v) is one)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.grpo.lr, betas=grpo.BETAS,
+                                  weight_decay=cfg.grpo.weight_decay,
+                                  fused=acc.device.type == "cuda")
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)  # constant (paper)
+    trainer = Trainer(*acc.prepare(model, optimizer, scheduler), accelerator=acc)
+    if cfg.grpo.kl_coef > 0:
+        trainer.ref_model = kl_reference(acc, trainer.model, cfg.model, shipped, cfg.run.seed,
+                                         empty)
+    return trainer
 
 
 def load_policy(margs, seed: int, shipped, empty: bool):
