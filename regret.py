@@ -10,16 +10,18 @@ with and without a privileged hint):
     plateau(w) = 1 on [0.4, 0.6], falling linearly to 0 at 0.15 and 0.85  (--plateau_lo/hi/ramp)
 
 w(e) (code: mean_return) is the environment's mean unhinted return over its regeneration epoch;
-a "win rate", elsewhere, is the share of unhinted plays with return > 0. The ablations
-(--designer_reward) follow the authors' code: "regret" is their regret_based max(0, r_hint - w)
-(r_hint 0 without a hint), -0.5 for a timeout at its regeneration step; "learning_potential" is
-|w - mu_slow(skill)| with per-skill fast/slow EMAs of the epoch mean return; "solve_rate" is
-plateau(w). Inputs are validated (NaN / inf and empty arms of Eq. (3) raise ValueError). The
-logged statistics of a run (learnable shares, win rates, formula reveals, diversity) are
+a "win rate", elsewhere, is the share of unhinted plays with return > 0. Each --designer_reward
+is one function of SCORES, whose parameters name the inputs it scores with: "blend" (the paper's
+runs, above), and the ablations, as the authors' code has them: "regret", their regret_based
+max(0, r_hint - w) (r_hint 0 without a hint), -0.5 for a timeout at its regeneration step;
+"learning_potential", |w - mu_slow(skill)| with per-skill fast/slow EMAs of the epoch mean return;
+"solve_rate", plateau(w). A faulty environment, or one without an input its function names, scores
+fault_score instead. Inputs are validated (NaN / inf and empty arms of Eq. (3) raise ValueError).
+The logged statistics of a run (learnable shares, win rates, formula reveals, diversity) are
 infra/metrics.py's.
 
 Deviations from the paper (and from the authors' code):
-    1. An environment ended by an environment fault scores 0 (`faulty=True`); the authors give the
+    1. An environment ended by an environment fault scores 0 (fault_score); the authors give the
        agent -1 for a crash and silently drop timeouts (train.py drops faulty episodes).
     2. Regret uses common random numbers (both arms play one seed list; the caller's job).
 
@@ -31,7 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
-DESIGNER_MODES = ("blend", "regret", "solve_rate", "learning_potential")
+PLATEAU_BAND = (0.4, 0.6, 0.25)  # plateau's (lo, hi, ramp) in the paper's runs
 STEP_TIMEOUT_PENALTY = -0.5  # the authors' regret_based score of a game whose step timed out
 LP_GAMMAS = (0.98, 0.85)     # the authors' fast / slow EMA weights of a new value
 
@@ -67,30 +69,47 @@ def plateau(w: float, lo: float = 0.4, hi: float = 0.6, ramp: float = 0.25) -> f
     return max(0.0, 1.0 - max(lo - w, 0.0, w - hi) / ramp)
 
 
-def designer_score(regret: float | None, mean_return: float | None, mode: str = "blend",
-                   faulty: bool = False, r_hint: float | None = None, timed_out: bool = False,
-                   baseline: float | None = None, band: tuple = (0.4, 0.6, 0.25)) -> float:
-    """The designer's score of one environment: regret is Eq. (3) at its regeneration step,
-    mean_return w its mean unhinted return over the epoch. Modes (the module docstring): "blend"
-    (the paper's runs), and the ablations "regret" (max(0, r_hint - w), -0.5 if a step timed out),
-    "solve_rate" and "learning_potential" (baseline: the skill's slow EMA); band: plateau's (lo,
-    hi, ramp). An input the mode does not use may be None. A faulty environment scores 0, below
-    its skill's mean (except a timeout under "regret")."""
-    if mode not in DESIGNER_MODES:
-        raise ValueError(f"mode must be one of {DESIGNER_MODES}, got {mode!r}")
-    if mode == "regret" and timed_out:
-        return STEP_TIMEOUT_PENALTY
-    if faulty:
-        return 0.0
-    if mode == "regret":  # r_hint - mean of all epoch plays, floored at 0
-        return max(0.0, _finite(r_hint, "r_hint") - _finite(mean_return, "mean_return"))
-    if mode == "solve_rate":
-        return plateau(_finite(mean_return, "mean_return"), *band)
-    if mode == "learning_potential":  # |w - mu_slow(skill)|
-        return abs(_finite(mean_return, "mean_return") - _finite(baseline, "baseline"))
+# The designer's score of one environment, one function per --designer_reward (SCORES); each names
+# its inputs: regret, Eq. (3) at the regeneration step; mean_return, w over the epoch; r_hint, the
+# mean hinted return at the regeneration step; mu_slow, the skill's slow tracker; band, plateau's
+# (lo, hi, ramp).
+
+def blend(regret: float, mean_return: float, band: tuple = PLATEAU_BAND) -> float:
+    """The paper's runs: regret at the learning frontier and w on the plateau, blended."""
     regret, w = _finite(regret, "regret"), _finite(mean_return, "mean_return")
     # score = 0.4 * clip(regret / 0.15, 0, 1) + 0.6 * plateau(w)
     return 0.4 * min(1.0, max(0.0, regret / 0.15)) + 0.6 * plateau(w, *band)
+
+
+def regret_based(r_hint: float, mean_return: float) -> float:
+    """The authors' regret_based ablation: max(0, r_hint - w), w the mean of every unhinted play
+    of the epoch (r_hint 0 for an environment left without a hint)."""
+    return max(0.0, _finite(r_hint, "r_hint") - _finite(mean_return, "mean_return"))
+
+
+def solve_rate(mean_return: float, band: tuple = PLATEAU_BAND) -> float:
+    """The solve-rate ablation: plateau(w)."""
+    return plateau(_finite(mean_return, "mean_return"), *band)
+
+
+def learning_potential(mean_return: float, mu_slow: float) -> float:
+    """The learning-potential ablation: |w - mu_slow(skill)| (learning_potential_update keeps
+    mu_slow)."""
+    return abs(_finite(mean_return, "mean_return") - _finite(mu_slow, "mu_slow"))
+
+
+SCORES = {"blend": blend, "regret": regret_based, "solve_rate": solve_rate,
+          "learning_potential": learning_potential}
+DESIGNER_MODES = tuple(SCORES)  # the --designer_reward choices
+
+
+def fault_score(mode: str, timed_out: bool = False) -> float:
+    """The score of an environment that faulted, or that lacks an input its mode's function names
+    (no plays, no regret): 0, below its skill's mean (deviation 1); under "regret" a step that
+    timed out at its regeneration step scores the authors' -0.5."""
+    if mode not in SCORES:
+        raise ValueError(f"mode must be one of {DESIGNER_MODES}, got {mode!r}")
+    return STEP_TIMEOUT_PENALTY if mode == "regret" and timed_out else 0.0
 
 
 def learning_potential_update(mu: Sequence[float] | None, r: float,

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import json
 import random
 import sys
@@ -71,7 +72,7 @@ import memory as memory_lib
 import regret
 import sandbox
 from infra import baseline, config, imported, logprobs, metrics, models, openenv, telemetry
-from infra.run import Run, preflight_plan
+from infra.run import Run, StepLog, Trainer, preflight_plan
 from infra.sampling import derive_seed
 
 HERE = Path(__file__).resolve().parent
@@ -115,6 +116,7 @@ class Design:
     prompt: list
     reply: list
     logprobs: list
+    score: float | None = None  # set when its epoch ends (score_epoch)
 
 
 @dataclass
@@ -177,30 +179,33 @@ def train(cfg: config.Config, *, sb) -> Path:
     loop, R = cfg.loop, cfg.loop.regen_interval
     for step in run.steps(st.step, sb.level):  # INFRA: each opens with the rollouts' memory
         run.evaluate(step)  # INFRA: held-out suites every --eval_every steps, outside time/step_s
-        m, times, logs, ended = {}, {}, [], []
+        log, ended = StepLog(step), []  # INFRA: what the phases leave for run.log
+        m = log.metrics
         regen, last = plan.regenerates(step), plan.closes_epoch(step)
         st.pool = plan.pool(step, st.pool)
         epoch_pool = st.pool  # INFRA: the finished epoch's environments, for the statistics
         # ALGO: 1. regenerate: designer proposals, sandbox validation, hints (Alg. 1 lines 3-6)
-        phase("regenerate", times)
+        phase("regenerate", log.times)
         if regen:
             ended = st.designs  # the finished epoch's designer samples, scored in phase 4
-            st.pool, st.designs, gm, logs = regenerate(step, st, run.sampler, sb, cfg.designer,
-                                                       loop, run.rank, run.world)
+            st.pool, st.designs, gm, log.proposals = regenerate(
+                step, st, run.sampler, sb, cfg.designer, loop, run.rank, run.world)
+            log.new_pool = st.pool
             m.update(gm)
         # ALGO: 2. play: G unhinted plays per environment, H hinted per fresh one at a regeneration
-        phase("play", times)
-        episodes = play_pool(step, st.pool, run.sampler, sb, run.tokenizer, cfg.agent, loop,
-                             hinted_arm=regen and loop.hint_plays > 0, seed=cfg.run.seed)
+        phase("play", log.times)
+        episodes = log.episodes = play_pool(step, st.pool, run.sampler, sb, run.tokenizer,
+                                            cfg.agent, loop, seed=cfg.run.seed,
+                                            hinted_arm=regen and loop.hint_plays > 0)
         # ALGO: 3. regret (Eq. 3) of the fresh environments, after the plays mark faults and returns
-        phase("regret", times)
+        phase("regret", log.times)
         record_plays(st.pool, episodes, regen, loop.setting)
         m.update(hint_regrets(st.pool, episodes) if regen else {})
         # ALGO: 4. delayed designer scoring of the finished epoch (deviation 3: and of the last)
-        phase("score", times)
+        phase("score", log.times)
         if last:
             ended, st.designs = ended + st.designs, []
-        scored = score_epoch(ended, cfg.regret, st.lp)
+        scored = log.scored = score_epoch(ended, cfg.regret, st.lp)
         samples = agent_samples(episodes, compact=tool_filters(cfg.agent, loop.setting))
         if (regen or last) and not cfg.designer.no_designer_training:  # a collective
             ds, dm = designer_samples(scored, samples, run.gather, run.rank, regen_interval=R,
@@ -208,20 +213,19 @@ def train(cfg: config.Config, *, sb) -> Path:
             samples += ds
             m.update(dm)
         # ALGO: 5. one GRPO update over both roles (INFRA: vLLM asleep, the trainer state back)
-        phase("update", times)
+        phase("update", log.times)
         with run.trainer_on_device():
-            m.update(grpo_update(run.model, run.ref_model, run.optimizer, run.scheduler,
-                                 run.accelerator, samples, pad_id=run.tokenizer.pad_token_id,
+            m.update(grpo_update(run.trainer, samples, pad_id=run.tokenizer.pad_token_id,
                                  temperatures=run.temperatures, gargs=cfg.grpo))
         # ALGO: 6. weight sync into the rollout engine (INFRA: its weights wake, its KV cache not)
-        phase("sync", times)
-        run.engine.sync_weights(run.accelerator.unwrap_model(run.model))
+        phase("sync", log.times)
+        run.engine.sync_weights(run.accelerator.unwrap_model(run.trainer.model))
         # ALGO: 7. memory update: a record for every freshly designed environment
-        phase("memory", times)
+        phase("memory", log.times)
         if regen and not cfg.designer.no_memory:
             remember(step, st.pool, st.memory, loop.setting, episodes, run.gather)
         # INFRA: statistics (Figs. 7, 9, 19; env/*), never trained on; step files, checkpoint
-        phase("log", times)
+        phase("log", log.times)
         if regen and step > 0:  # Fig. 7 over the epoch that ended at this regeneration
             m.update(metrics.epoch_learnable(st.hist, epoch_pool, step - R, run.n_slots))
         m.update(metrics.env_metrics(st.pool, episodes))
@@ -230,7 +234,7 @@ def train(cfg: config.Config, *, sb) -> Path:
                                        run.gather))
         if last:  # and over the last epoch
             m.update(metrics.epoch_learnable(st.hist, st.pool, step - step % R, run.n_slots))
-        run.log(step, m, times, episodes, sb.level, st.pool if regen else [], logs, scored)
+        run.log(log)
         run.save(step, st)
     run.evaluate(loop.steps)  # INFRA: and after the last update
     return run.finish()
@@ -388,12 +392,14 @@ def hint_regrets(pool, episodes) -> dict:
             "regret/r_nohint": sum(e.r_nohint for e in regs) / len(regs)}
 
 
-def score_epoch(designs, reward: config.RegretArgs, lp: dict | None = None) -> list[dict]:
-    """The finished epoch's designer samples with their scores (Sec. 3.3; regret.designer_score).
-    `lp` (skill -> [mu_fast, mu_slow]) carries the learning_potential ablation's trackers: each
-    skill's is updated with the epoch mean of its scored environments' plays before scoring."""
+def score_epoch(designs, reward: config.RegretArgs, lp: dict | None = None) -> list[Design]:
+    """The finished epoch's designer samples with their scores (Sec. 3.3): --designer_reward's
+    function of regret.SCORES, passed the inputs it names, or regret.fault_score for an environment
+    that faulted or lacks one. `lp` (skill -> [mu_fast, mu_slow]) carries the learning_potential
+    ablation's trackers: each skill's is updated with the epoch mean of its scored environments'
+    plays before scoring."""
     mode, out = reward.designer_reward, []
-    band = (reward.plateau_lo, reward.plateau_hi, reward.plateau_ramp)  # plateau(w)'s
+    score = regret.SCORES[mode]
     envs = [d.env for d in designs]
     if mode == "learning_potential" and lp is not None:
         for skill in sorted({e.skill for e in envs}):
@@ -401,17 +407,16 @@ def score_epoch(designs, reward: config.RegretArgs, lp: dict | None = None) -> l
             if rets:
                 lp[skill] = regret.learning_potential_update(lp.get(skill), sum(rets) / len(rets))
     for d, e in zip(designs, envs):
-        w = sum(e.returns) / len(e.returns) if e.returns else None
-        mu_slow = (lp or {}).get(e.skill, [None, None])[1]  # the skill's slow tracker
-        by_mode = {"blend": e.regret, "regret": e.r_hint, "learning_potential": mu_slow}
-        needed = by_mode.get(mode, w)  # the value the mode scores with
-        # no plays or no regret to score scores as a fault: 0 (deviation 2)
-        faulty = e.faulty or w is None or needed is None
-        score = regret.designer_score(e.regret, w, mode=mode, faulty=faulty, timed_out=e.timed_out,
-                                      r_hint=e.r_hint, baseline=mu_slow,
-                                      band=band)
-        out.append({"prompt": d.prompt, "reply": d.reply, "logprobs": d.logprobs, "skill": e.skill,
-                    "score": score, "env_id": e.env_id})
+        inputs = {"regret": e.regret, "r_hint": e.r_hint,
+                  "mean_return": sum(e.returns) / len(e.returns) if e.returns else None,
+                  "mu_slow": (lp or {}).get(e.skill, [None, None])[1],  # the skill's slow tracker
+                  "band": (reward.plateau_lo, reward.plateau_hi, reward.plateau_ramp)}
+        args = {name: inputs[name] for name in inspect.signature(score).parameters}
+        # a fault (a timeout is one), or no plays or no regret to score: deviation 2
+        if e.faulty or e.timed_out or any(v is None for v in args.values()):
+            out.append(dataclasses.replace(d, score=regret.fault_score(mode, e.timed_out)))
+        else:
+            out.append(dataclasses.replace(d, score=score(**args)))
     return out
 
 
@@ -459,24 +464,25 @@ def agent_samples(episodes, compact: bool = False) -> list[grpo.Sample]:
     return out
 
 
-def designer_samples(scored, agent_batch, gather=list, rank=0, *, regen_interval: int,
-                     cap: float = grpo.ROLE_SCALE_CAP) -> tuple[list[grpo.Sample], dict]:
+def designer_samples(scored: list[Design], agent_batch, gather=list, rank=0, *,
+                     regen_interval: int, cap: float = grpo.ROLE_SCALE_CAP
+                     ) -> tuple[list[grpo.Sample], dict]:
     """Scored designer samples -> advantages A = S_role * (score - mean_skill) over all ranks,
     S_role = min(cap, N_agent / N_designer * R); N_agent counts every rank's agent episodes
     (`agent_batch`: this rank's agent samples, the turns of a stripped-history episode weighing 1
-    together), as the authors count before their per-turn fan-out (`gather`: every rank's items;
-    a collective)."""
+    together), as the authors count before their per-turn fan-out (`gather`: every rank's items,
+    rank after rank; a collective)."""
     n_agent = sum(gather([round(sum(s.weight for s in agent_batch))]))
-    everyone = gather([(rank, i, s["skill"], s["score"]) for i, s in enumerate(scored)])
+    everyone = gather([(rank, d.env.skill, d.score) for d in scored])
     if not everyone:
         return [], {}
+    ranks, skills, scores = zip(*everyone)
     scale = grpo.role_scale(n_agent, len(everyone), regen_interval, cap=cap)
-    adv = grpo.designer_advantages([x[3] for x in everyone], [x[2] for x in everyone], scale)
-    mine = {i: a for (r, i, _, _), a in zip(everyone, adv) if r == rank}
-    out = [grpo.Sample(s["prompt"] + s["reply"], [0] * len(s["prompt"]) + [1] * len(s["reply"]),
-                       [0.0] * len(s["prompt"]) + s["logprobs"], advantage=mine[i],
-                       role="designer") for i, s in enumerate(scored)]
-    scores = [x[3] for x in everyone]
+    adv = grpo.designer_advantages(list(scores), list(skills), scale)
+    mine = [a for r, a in zip(ranks, adv) if r == rank]  # this rank's, in the order of `scored`
+    out = [grpo.Sample(d.prompt + d.reply, [0] * len(d.prompt) + [1] * len(d.reply),
+                       [0.0] * len(d.prompt) + d.logprobs, advantage=a, role="designer")
+           for d, a in zip(scored, mine)]
     return out, {"designer/score_mean": sum(scores) / len(scores), "designer/samples": len(scores),
                  "designer/scale": scale}
 
@@ -496,9 +502,10 @@ def micro_batches(samples, budget: int) -> list[list[grpo.Sample]]:
     return out
 
 
-def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *, pad_id,
-                temperatures, gargs: config.GRPOArgs) -> dict:
-    """One GRPO step (Sec. 3.4): token-mean per sample, then a mean over all ranks' episodes and
+def grpo_update(trainer: Trainer, samples, *, pad_id, temperatures,
+                gargs: config.GRPOArgs) -> dict:
+    """One GRPO step (Sec. 3.4) of `trainer` (run.Trainer: policy, optimizer, schedule,
+    Accelerator, KL reference): token-mean per sample, then a mean over all ranks' episodes and
     designer samples, each sample weighted by its `weight` (a stripped-history turn: its share of
     its episode's tokens, so an episode's turns pool into one token-mean; otherwise 1).
 
@@ -506,6 +513,7 @@ def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *,
     their KV cache in eval mode); gradients are freed right after the optimizer step. Without a KL
     term a sample with advantage exactly 0, or an all-zero loss mask, has zero gradient: counted
     in the mean over samples, never forwarded (zero-variance groups cost nothing)."""
+    model, accelerator = trainer.model, trainer.accelerator
     dev = accelerator.device
     n_global = float(accelerator.gather(torch.tensor([sum(s.weight for s in samples)],
                                                      dtype=torch.float64, device=dev)).sum())
@@ -521,9 +529,8 @@ def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *,
     filler = [grpo.Sample([pad_id, pad_id], [0, 1], [0.0, 0.0], advantage=0.0, weight=0.0)]
     model.train()
     try:
-        stats_acc, grad_norm = _update_epochs(
-            model, ref_model, optimizer, scheduler, accelerator, batches, n_mb, filler, n_global,
-            temperatures=temperatures, gargs=gargs)
+        stats_acc, grad_norm = _update_epochs(trainer, batches, n_mb, filler, n_global,
+                                              temperatures=temperatures, gargs=gargs)
     finally:
         model.eval()
     out = {}
@@ -540,14 +547,16 @@ def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, *,
     out["perf/update_tokens"] = sum(lengths)
     model_config = getattr(accelerator.unwrap_model(model), "config", None)  # None: no transformer
     if model_config is not None:
-        out["perf/update_flops"] = telemetry.sequence_flops(
-            telemetry.model_flops(model_config), lengths, passes=3 + (ref_model is not None))
+        passes = 3 + (trainer.ref_model is not None)  # + the frozen reference's forward
+        out["perf/update_flops"] = telemetry.sequence_flops(telemetry.model_flops(model_config),
+                                                            lengths, passes=passes)
     return out
 
 
-def _update_epochs(model, ref_model, optimizer, scheduler, accelerator, batches, n_mb, filler,
-                   n_global, *, temperatures, gargs: config.GRPOArgs):
+def _update_epochs(trainer: Trainer, batches, n_mb, filler, n_global, *, temperatures,
+                   gargs: config.GRPOArgs):
     """The optimizer passes of grpo_update; returns (per-micro-batch stats, last grad norm)."""
+    model, ref_model, accelerator = trainer.model, trainer.ref_model, trainer.accelerator
     dev, world = accelerator.device, accelerator.num_processes
     stats_acc, old_cache, grad_norm = {}, {}, 0.0
     for epoch in range(gargs.ppo_epochs):
@@ -579,9 +588,9 @@ def _update_epochs(model, ref_model, optimizer, scheduler, accelerator, batches,
                 for k, v in st.items():
                     stats_acc.setdefault(k, []).append((float(v), len(mb)))
         grad_norm = accelerator.clip_grad_norm_(model.parameters(), gargs.grad_clip)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)  # free the gradients before the next rollouts
+        trainer.optimizer.step()
+        trainer.scheduler.step()
+        trainer.optimizer.zero_grad(set_to_none=True)  # free the gradients before the next rollouts
     return stats_acc, grad_norm
 
 

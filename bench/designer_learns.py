@@ -371,7 +371,7 @@ def sequence_logprobs(model, prompt: list[int], replies: list[list[int]], pad: i
 
 def epoch_scores(run_dir: Path, regen_interval: int) -> list[tuple[int, str, float]]:
     """(regeneration step, env_id, blend score) of every designed environment, recomputed from
-    the run directory as train.score_epoch scores it (regret.designer_score on the environment's
+    the run directory as train.score_epoch scores it (regret.blend on the environment's
     regret at its regeneration and its mean unhinted return over the epoch): the control does not
     score its designs, and under SPADE the recomputation is checked against the loop's own
     designer/scores-*.json (update_direction's `score_gap`)."""
@@ -391,8 +391,8 @@ def epoch_scores(run_dir: Path, regen_interval: int) -> list[tuple[int, str, flo
                     for r in plays.get(s, {}).get(e["env_id"], [])]
             w = statistics.fmean(rets) if rets else None
             faulty = e["faulty"] or w is None or e["regret"] is None
-            out.append((start, e["env_id"], regret_lib.designer_score(
-                e["regret"], w, mode="blend", faulty=faulty)))
+            out.append((start, e["env_id"], regret_lib.fault_score("blend") if faulty
+                        else regret_lib.blend(e["regret"], w)))
     return out
 
 

@@ -333,7 +333,7 @@ def section_update(s, device):
             for i in range(1 + s.timed_updates):  # update 0: warm-up, allocates AdamW state
                 calls[0] = 0
                 t0 = time.perf_counter()
-                train.grpo_update(model, None, opt, sched, accelerator, samples, **kw)
+                train.grpo_update(train.Trainer(model, opt, sched, accelerator), samples, **kw)
                 _sync(device)
                 times.append(time.perf_counter() - t0)
                 print(f"  update {i}: {times[-1]:.2f} s", flush=True)

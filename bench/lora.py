@@ -75,7 +75,7 @@ def batch(vocab: int) -> list:
 def update(model, opt, tok, samples) -> dict:
     """One train.grpo_update; returns its metrics."""
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
-    return train.grpo_update(model, None, opt, sched, Accelerator(cpu=True), samples,
+    return train.grpo_update(train.Trainer(model, opt, sched, Accelerator(cpu=True)), samples,
                              pad_id=tok.pad_token_id, temperatures={"agent": 1.0},
                              gargs=config.GRPOArgs(kl_coef=0.0, micro_batch_tokens=SAMPLES * LENGTH))
 

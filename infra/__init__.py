@@ -2,16 +2,16 @@
 skip this folder. train.py's ALGO blocks reach into it at these seams only: the loop's steps and
 pools (`run.steps`, `baseline.Schedule`), the sampling handed to the designer, the hints and the
 agent (`run.sampler`), the collective behind the designer's advantages and the memory
-(`run.gather`), the update's trainer state and forward (`run.trainer_on_device`; logprobs.py in
-train.grpo_update) and the weight sync (`run.engine.sync_weights`); train()'s one
+(`run.gather`), the update's trainer state and forward (`run.trainer_on_device`, `run.trainer`;
+logprobs.py in train.grpo_update) and the weight sync (`run.engine.sync_weights`); train()'s one
 `INFRA: statistics` block calls metrics.py. Beside them: the per-episode seeds
 (`sampling.derive_seed`), imported environments in a pool (`imported.batched`, `imported.handle`,
 `openenv.play_rounds`, `imported.seed_memory`), the fallback top-up (`baseline.load`) and the
 update's FLOPs (`telemetry.model_flops`, `telemetry.sequence_flops`).
 
-    run.py        Run: Accelerate, the policy with its optimizer and frozen reference, the rollout
-                  engine (rollout_engine, eval.py's too) and the Sampler bound to it, the
-                  distributed set-up; --preflight's reading of the run (preflight_plan)
+    run.py        Run: Accelerate, the Trainer (the policy with its optimizer and frozen reference),
+                  the rollout engine (rollout_engine, eval.py's too) and the Sampler bound to it,
+                  the distributed set-up; --preflight's reading of the run (preflight_plan)
     sampling.py   derive_seed (the seed rule) and the Sampler: one role's request stream a phase
     rundir.py     the run directory: its schema, its writers (metrics.jsonl, per-step files,
                   checkpoints, exports) and the readers tools/ share

@@ -159,7 +159,7 @@ class RegretArgs:
     """The designer's score (regret.py; train.score_epoch)."""
     designer_reward: str = field(default="blend", metadata={
         "help": "blend (paper runs); ablations: regret (the authors' regret_based), solve_rate, "
-                "learning_potential (regret.designer_score)."})
+                "learning_potential (regret.SCORES)."})
     plateau_lo: float = field(default=0.4, metadata={
         "help": "plateau(w) is 1 from plateau_lo (paper: 0.4; the authors' later 4B phase: 0.2)."})
     plateau_hi: float = field(default=0.6, metadata={

@@ -296,8 +296,8 @@ def measure_trainer(config, *, world: int, seqs: int, seq_len: int, update, samp
     """GiB per GPU of one train.grpo_update call on `seqs` sequences of `seq_len` tokens:
     {"update": forward/backward peak, "step": optimizer-step peak, "held": what stays after it,
     each a dict by category with "Total"}, plus "params" and "largest_unit" (bf16 GiB of the
-    largest weight-sync group). `update(model, ref, optimizer, scheduler, accelerator,
-    samples)` is train.grpo_update with the run's settings bound, `sample` the record it takes
+    largest weight-sync group). `update(trainer, samples)` is train.grpo_update with the run's
+    settings bound (trainer: run.Trainer's fields, here a stand-in), `sample` the record it takes
     (grpo.Sample, passed in: this module imports nothing of the repository). `lora`: a LoRA run's
     (adapt, reference), adapt(model) adding its adapters and reference(policy) its KL reference
     (lora.add_adapters and lora.Reference, bound by train.py): the base in bf16, AdamW over the
@@ -332,8 +332,10 @@ def measure_trainer(config, *, world: int, seqs: int, seq_len: int, update, samp
     samples = [sample([rng.randrange(config.vocab_size) for _ in range(seq_len)],
                       [0] + [1] * (seq_len - 1), [0.0] * seq_len, advantage=1.0, role="agent",
                       weight=1.0) for _ in range(seqs)]
+    trainer = types.SimpleNamespace(model=model, optimizer=optimizer, scheduler=scheduler,
+                                    accelerator=_Accelerator(world, mesh is None), ref_model=ref)
     with fake, tracker, _Readout():
-        update(model, ref, optimizer, scheduler, _Accelerator(world, mesh is None), samples)
+        update(trainer, samples)
     peaks["step"] = _gib(tracker.get_tracker_snapshot("peak"))
     peaks["held"] = _gib(tracker.get_tracker_snapshot("current"))
     params = sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n)  # the base
@@ -558,16 +560,18 @@ def memory_plan(config, launch: dict, *, name: str, setting: str, cards: list[fl
                 sleep_level: int, keep: int) -> int:
     """--preflight: the plan of `config` on each card of `cards` GiB (`launch`: plan's other
     keyword arguments, the run as it launches), the trainer measured once, each printed with its
-    host RAM (`sleep_level`: vLLM's; `keep`: the checkpoints kept), then one table row per card
-    (`name`: the model; `setting`). Returns the exit status: 0 when it fits every card."""
+    host RAM (`sleep_level`: vLLM's) and the disk of its `keep` kept checkpoints, then one table
+    row per card (`name`: the model; `setting`). Returns the exit status: 0 when it fits every
+    card."""
     status, trainer, rows = 0, None, []
     for card in cards:
         p = plan(config, card=card, trainer=trainer, **launch)
         trainer = p["trainer"]
+        lora = launch.get("lora") is not None
         host = host_ram(trainer["params"], world=launch["world"], tp=launch["tp"],
-                        sleep_level=sleep_level, offload=launch["offload"], keep=keep,
-                        kl=launch["kl"], lora=launch.get("lora") is not None)
-        print(report(p, name, host))
+                        sleep_level=sleep_level, offload=launch["offload"], kl=launch["kl"],
+                        lora=lora)
+        print(report(p, name, host, checkpoint_disk(trainer["params"], keep=keep, lora=lora)))
         rows.append(table_row(p, name, setting))
         status = status or (0 if p["fits"] else 1)
     print("\n".join(rows))
@@ -575,7 +579,7 @@ def memory_plan(config, launch: dict, *, name: str, setting: str, cards: list[fl
 
 
 def host_ram(params: int, *, world: int, tp: int, sleep_level: int, offload: bool,
-             keep: int, kl: bool = False, lora: bool = False) -> dict:
+             kl: bool = False, lora: bool = False) -> dict:
     """GB of host RAM per node (one node of `world` GPUs), each term what a part of the run holds
     at once: the checkpoint load (the main process alone reads it, in fp32, and with a KL term
     the bf16 reference; the other ranks build on `meta` and Accelerate's FSDP2 prepare fills
@@ -583,28 +587,39 @@ def host_ram(params: int, *, world: int, tp: int, sleep_level: int, offload: boo
     level 1: the bf16 weights too), pinned by torch's host allocator, which rounds each buffer up
     to a power of two (counted at that bound, twice the bytes); the offload arena, pinned at
     exactly its bytes (offload.py: fp32 shards + AdamW moments, 12 bytes per parameter, + the
-    bf16 reference's 2 with a KL term); an
-    export (the main process: the full fp32 state dict and its bf16 copy); one resumable
-    checkpoint (fp32 + AdamW) times --keep_checkpoints. LoRA (the adapters' own bytes
-    neglected): the main process reads the bf16 base alone, vLLM backs nothing up (its sleep
-    releases the KV cache alone), an export is the adapter, a checkpoint the bf16 base (Accelerate
-    saves the whole model) with the adapters' AdamW state."""
+    bf16 reference's 2 with a KL term); an export (the main process: the full fp32 state dict and
+    its bf16 copy); the resumable checkpoint being saved (fp32 + AdamW: checkpoint_bytes). LoRA
+    (the adapters' own bytes neglected): the main process reads the bf16 base alone, vLLM backs
+    nothing up (its sleep releases the KV cache alone), an export is the adapter."""
     if lora:
         return {"load": 2 * params / 1e9, "sleep": 0.0, "offload": 0.0, "export": 0.0,
-                "checkpoint": 2 * params / 1e9, "checkpoints kept": 2 * params * keep / 1e9}
+                "checkpoint": checkpoint_bytes(params, lora=True) / 1e9}
     weights = 2 * params * world / tp if sleep_level == 1 else 0.0  # bf16, every GPU's TP share
     return {"load": (4 + 2 * kl) * params / 1e9,
             "sleep": 2 * (VLLM_GRAPHS_GIB * GIB * world + weights) / 1e9,
             "offload": (12 + 2 * kl) * params / 1e9 if offload else 0.0,
-            "export": (4 + 2) * params / 1e9,
-            "checkpoint": 12 * params / 1e9, "checkpoints kept": 12 * params * keep / 1e9}
+            "export": (4 + 2) * params / 1e9, "checkpoint": checkpoint_bytes(params) / 1e9}
+
+
+def checkpoint_bytes(params: int, lora: bool = False) -> int:
+    """One resumable checkpoint: the fp32 parameters and AdamW's two moments, 12 bytes per
+    parameter; a LoRA run's, the bf16 base (Accelerate saves the whole model) with the adapters'
+    AdamW state (neglected)."""
+    return 2 * params if lora else 12 * params
+
+
+def checkpoint_disk(params: int, *, keep: int, lora: bool = False) -> float:
+    """GB of disk the run's `keep` kept checkpoints take (--keep_checkpoints; one more while a
+    save writes the next beside them, before it prunes the oldest)."""
+    return checkpoint_bytes(params, lora) * keep / 1e9
 
 
 PHASES = ("start-up", "rollout", "kv wake", "update", "step", "sync")  # in the loop's order
 
 
-def report(p: dict, name: str, host: dict) -> str:
-    """The plan as text: one line per phase, the KV cache, host RAM, the verdict."""
+def report(p: dict, name: str, host: dict, disk: float) -> str:
+    """The plan as text: one line per phase, the KV cache, host RAM, the checkpoints' disk
+    (`disk` GB), the verdict."""
     card, ph, v, t = p["card"], p["phases"], p["vllm"], p["trainer"]
     out = [f"preflight {name}: {p['world']} GPU(s) of {card:.1f} GiB, TP {p['tp']}, "
            f"util {p['util']:.2f}, offload {'on' if p['offload'] else 'off'}, micro-batch "
@@ -635,6 +650,7 @@ def report(p: dict, name: str, host: dict) -> str:
                f"{p['max_context']:,}): {v['kv_tokens'] / demand:.0%}")
     out.append("  host RAM per node (GB): " + ", ".join(f"{k} {val:,.0f}"
                                                       for k, val in host.items()))
+    out.append(f"  disk (GB): checkpoints kept {disk:,.0f}")
     out.append(f"  largest --gpu_memory_utilization that fits: {p['max_util']:.2f}")
     out.append(f"  vLLM settings: --gpu_memory_utilization {p['util']:.2f}, max_num_seqs "
                f"{p['live_episodes']}, max_num_batched_tokens {MAX_NUM_BATCHED_TOKENS}")

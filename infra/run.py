@@ -18,7 +18,9 @@ import json
 import os
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -29,6 +31,31 @@ import agent
 import grpo
 from infra import (config, engine, evaluation, lora, metrics, models, offload, preflight,
                    rundir, sampling, telemetry, vllm_engine)
+
+
+@dataclass
+class Trainer:
+    """What one GRPO update (train.grpo_update) acts on: the policy, AdamW and its learning-rate
+    schedule, prepared by the Accelerator (which runs the update's collectives, backward and
+    gradient clipping), and the frozen KL reference (None without a KL term)."""
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    accelerator: Any
+    ref_model: Any = None
+
+
+@dataclass
+class StepLog:
+    """What one step's phases leave for Run.log: its metrics and phase times (its metrics.jsonl
+    row), and the records of its per-step files (rundir.write_step_files)."""
+    step: int
+    metrics: dict = field(default_factory=dict)    # filled phase by phase
+    times: dict = field(default_factory=dict)      # phase -> its start (train.phase)
+    episodes: list = field(default_factory=list)   # the step's plays (agent.Episode)
+    new_pool: list = field(default_factory=list)   # a regeneration's new pool (train.PoolEnv)
+    proposals: list = field(default_factory=list)  # a regeneration's designer attempts, as logged
+    scored: list = field(default_factory=list)     # the finished epoch's train.Design, scored
 
 
 class Run:
@@ -45,8 +72,9 @@ class Run:
         self.accelerator = acc = Accelerator(log_with=trackers(rargs.log_with),
                                              project_dir=rargs.output_dir, kwargs_handlers=timeout)
         self.run_dir = Path(rargs.output_dir)
-        self.cfg = config.config_dict(cfg)
-        self.resume_from = rundir.prepare_run_dir(self.run_dir, self.cfg, rargs, acc)
+        # the Config as config.json saves it, one flat dict (the resume check, the trackers)
+        self.flat_config = config.config_dict(cfg)
+        self.resume_from = rundir.prepare_run_dir(self.run_dir, self.flat_config, rargs, acc)
         set_seed(rargs.seed)
         self.rank, self.world, self.main = acc.process_index, acc.num_processes, acc.is_main_process
         # this rank's designer slots
@@ -71,30 +99,24 @@ class Run:
         fsdp_checkpoints = getattr(fsdp, "activation_checkpointing", False)
         if margs.gradient_checkpointing and not tiny and not fsdp_checkpoints:
             model.gradient_checkpointing_enable()  # FSDP configs checkpoint layers themselves
-        # fused on CUDA: one kernel, no parameter-sized temporary (foreach's sqrt(v) is one)
-        trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters
-        optimizer = torch.optim.AdamW(trainable, lr=cfg.grpo.lr, betas=grpo.BETAS,
-                                      weight_decay=cfg.grpo.weight_decay,
-                                      fused=acc.device.type == "cuda")
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)  # constant (paper)
-        self.model, self.optimizer, self.scheduler = acc.prepare(model, optimizer, scheduler)
-        self.ref_model = (kl_reference(acc, self.model, margs, self.shipped, rargs.seed, empty)
-                          if cfg.grpo.kl_coef > 0 else None)
+        self.trainer = t = build_trainer(acc, model, cfg, self.shipped, empty)
         # FSDP2 runs the transformers engine too (ranks decode in lockstep); ZeRO-3 and FSDP1
         # need vLLM
         sharded = acc.distributed_type.value == "DEEPSPEED" or (
             fsdp is not None and getattr(fsdp, "fsdp_version", 1) != 2)
         # the trainer's state (and the KL reference) in host RAM while vLLM generates (no-ops
         # without the flag), away before vLLM starts: it wants util x card free at start-up
-        self.offload = offload.TrainerOffload(self.model, self.optimizer,
-                                              reference=self.ref_model,
+        self.offload = offload.TrainerOffload(t.model, t.optimizer, reference=t.ref_model,
                                               enabled=margs.offload_trainer)
-        self.engine = make_engine(cfg, acc.unwrap_model(self.model), self.tokenizer,
+        self.engine = make_engine(cfg, acc.unwrap_model(t.model), self.tokenizer,
                                   rargs.seed, sharded, before_start=self.offload.offload)
         self.temperatures = config.role_temperatures(cfg)
         self.peak = mfu_peak(model.config, self.main)
-        # the streams of every designer, hint and agent request: seeds from (seed, step, role, n)
-        self.sampler = sampling.Sampler(self.engine, self.tokenizer, rargs.seed + 7919 * self.rank)
+        # the streams of every designer, hint and agent request: seeds from (seed, step, role, n),
+        # with a rank's seed: --seed itself on rank 0 (a one-process run's), on rank r > 0
+        # derive_seed(seed, "rank", r)
+        seed = rargs.seed if self.rank == 0 else sampling.derive_seed(rargs.seed, "rank", self.rank)
+        self.sampler = sampling.Sampler(self.engine, self.tokenizer, seed)
 
     def resume(self) -> dict | None:
         """With --resume: the checkpoint's weights and optimizer, the engine synced to them, and
@@ -113,22 +135,23 @@ class Run:
                              f"{self.world}")
         if self.main:
             rundir.cut_metrics(self.run_dir, st["metrics_lines"])
-        self.engine.sync_weights(self.accelerator.unwrap_model(self.model))
+        self.engine.sync_weights(self.accelerator.unwrap_model(self.trainer.model))
         return st
 
     def steps(self, start: int, sandbox_level: str):
-        """The steps still to run, as the main process's progress bar. Each step starts with the
+        """The steps still to run, as the main process's progress bar (`sandbox_level`: the
+        sandbox's, which each metrics row records). Each step starts with the
         rollouts' memory, in this order: the trainer's state to host RAM (--offload_trainer),
         then vLLM's KV cache mapped (released since the last update) into what that freed (at a
         fresh run's first step both are no-ops: the state left before vLLM started, whose KV
         cache has been mapped since)."""
         if self.main:  # W&B's offline files in the run directory; each tracker's run named as it
             name = self.run_dir.resolve().name
-            self.accelerator.init_trackers("spade", config=self.cfg, init_kwargs={
+            self.accelerator.init_trackers("spade", config=self.flat_config, init_kwargs={
                 "wandb": {"dir": str(self.run_dir), "name": name}, "trackio": {"name": name}})
             print(f"[spade] run dir {self.run_dir.resolve()}  sandbox level: {sandbox_level}  "
                   f"world {self.world}")
-        steps = self.config.loop.steps
+        steps, self.sandbox_level = self.config.loop.steps, sandbox_level
         self.bar = tqdm(range(start, steps), initial=start, total=steps, desc="spade",
                         disable=not self.main)
         for step in self.bar:
@@ -177,16 +200,17 @@ class Run:
             return list(items)
         return gather_object(items)
 
-    def log(self, step: int, m: dict, times: dict, episodes, sandbox_level: str, new_pool,
-            proposals, scored) -> None:
+    def log(self, step_log: StepLog) -> None:
         """The step's files (rundir.write_step_files) and one metrics.jsonl row (and the
         trackers), reduced over the ranks."""
-        rundir.write_step_files(self.run_dir, step, new_pool, episodes, self.config.run.transcripts,
-                                proposals, self.rank, scored)
+        step, m, episodes = step_log.step, step_log.metrics, step_log.episodes
+        rundir.write_step_files(self.run_dir, step, step_log.new_pool, episodes,
+                                self.config.run.transcripts, step_log.proposals, self.rank,
+                                step_log.scored)
         m.update(metrics.episode_metrics(episodes))
-        seconds = telemetry.phase_seconds(times, time.perf_counter())
+        seconds = telemetry.phase_seconds(step_log.times, time.perf_counter())
         engine_s = getattr(self.engine, "seconds", {})  # vLLM's sleep and wake (vllm_engine.py)
-        m.update({"charts/lr": self.scheduler.get_last_lr()[0],
+        m.update({"charts/lr": self.trainer.scheduler.get_last_lr()[0],
                   **{f"time/{k}_s": v for k, v in {**seconds, **engine_s}.items()},
                   "time/step_s": sum(seconds.values())})
         generated, self.sampler.generated = self.sampler.generated, 0
@@ -200,7 +224,7 @@ class Run:
         m = {**(reduce_metrics(self.gather([m])) if self.world > 1 else m), "charts/step": step}
         m, self.eval_row = {**m, **self.eval_row}, {}  # the same on every rank: not reduced
         if self.main:
-            rundir.append_metrics(self.run_dir, {**m, "sandbox/level": sandbox_level})
+            rundir.append_metrics(self.run_dir, {**m, "sandbox/level": self.sandbox_level})
             self.accelerator.log(m, step=step)
             self.bar.set_postfix(ret=f"{m.get('agent/return_mean', 0):.2f}",
                                  learnable=f"{m.get('env/learnable_share', 0):.2f}")
@@ -216,8 +240,8 @@ class Run:
             rundir.save_checkpoint(self.accelerator, self.run_dir, done,
                                    st.to_dict(done, self.world, n_lines), rargs.keep_checkpoints)
         if rargs.export_every and (done % rargs.export_every == 0 or end):
-            rundir.save_export(self.accelerator, self.model, self.tokenizer, self.run_dir, done,
-                               self.shipped, rargs.keep_checkpoints, export=self.export)
+            rundir.save_export(self.accelerator, self.trainer.model, self.tokenizer, self.run_dir,
+                               done, self.shipped, rargs.keep_checkpoints, export=self.export)
 
     def export(self, accelerator, model, tokenizer, dest: Path, dtype) -> None:
         """The policy at `dest` in Hugging Face format (rundir.export_policy), or a LoRA run's
@@ -232,8 +256,8 @@ class Run:
         """The final policy in Hugging Face format (a LoRA run: its adapter), for eval.py and for
         sharing."""
         self.offload.reload()  # a run with no step left exports what the start-up offloaded
-        self.export(self.accelerator, self.model, self.tokenizer, self.run_dir / "final_model",
-                    self.shipped)
+        self.export(self.accelerator, self.trainer.model, self.tokenizer,
+                    self.run_dir / "final_model", self.shipped)
         best = self.run_dir / "eval" / "checkpoints.json"
         if self.main and self.evaluation is not None and best.is_file():
             print(f"[spade] held-out best: {json.loads(best.read_text())['best']} "
@@ -245,6 +269,23 @@ class Run:
         self.engine.close()  # before end_training: vLLM tears its process groups down first
         self.accelerator.end_training()
         return self.run_dir
+
+
+def build_trainer(acc, model, cfg: config.Config, shipped, empty: bool) -> Trainer:
+    """The Trainer around the loaded policy: AdamW over its trainable parameters (LoRA: the
+    adapters) at a constant learning rate (the paper's), both prepared by `acc`, and with
+    --kl_coef > 0 the frozen KL reference (kl_reference: `shipped` dtype, `empty` as the policy)."""
+    # fused on CUDA: one kernel, no parameter-sized temporary (foreach's sqrt(v) is one)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.grpo.lr, betas=grpo.BETAS,
+                                  weight_decay=cfg.grpo.weight_decay,
+                                  fused=acc.device.type == "cuda")
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)  # constant (paper)
+    trainer = Trainer(*acc.prepare(model, optimizer, scheduler), accelerator=acc)
+    if cfg.grpo.kl_coef > 0:
+        trainer.ref_model = kl_reference(acc, trainer.model, cfg.model, shipped, cfg.run.seed,
+                                         empty)
+    return trainer
 
 
 def load_policy(margs, seed: int, shipped, empty: bool):
@@ -423,7 +464,10 @@ def preflight_plan(cfg: config.Config, update) -> int:
         raise SystemExit(f"--preflight: the config of {name} cannot be read offline "
                          f"({type(e).__name__}); ship it in configs/models/ or pass a local "
                          "directory") from None
-    keep = int(rargs.keep_checkpoints) if rargs.keep_checkpoints.isdigit() else 2
+    # --keep_checkpoints all keeps every checkpoint the run writes: one each --checkpoint_every
+    # steps and one at the end
+    written = -(-cfg.loop.steps // rargs.checkpoint_every)
+    keep = int(rargs.keep_checkpoints) if rargs.keep_checkpoints.isdigit() else written
     return preflight.memory_plan(arch, preflight_launch(cfg, update), name=name,
                                  setting=cfg.loop.setting, cards=cards,
                                  sleep_level=vllm_engine.SLEEP_LEVEL, keep=keep)

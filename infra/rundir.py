@@ -144,8 +144,9 @@ def write_step_files(run_dir: Path, step: int, new_pool, episodes, n_transcripts
                      proposals: list[dict], rank: int, scored=()) -> None:
     """Per rank: the freshly designed environments with their hints and first returns, every
     designer attempt with its rejection reason and message, the designer scores of the finished
-    epoch, and sample transcripts: at a regeneration up to `n_transcripts` per new environment
-    (unhinted and hinted alternately, for tools/report.py's cards), else the step's first few."""
+    epoch (`scored`: train.Design records, read for env.env_id and score), and sample
+    transcripts: at a regeneration up to `n_transcripts` per new environment (unhinted and hinted
+    alternately, for tools/report.py's cards), else the step's first few."""
     name = tag(step, rank)
     chosen = episodes[:n_transcripts]
     if new_pool:
@@ -173,7 +174,7 @@ def write_step_files(run_dir: Path, step: int, new_pool, episodes, n_transcripts
     if scored:
         (run_dir / "designer").mkdir(exist_ok=True)
         atomic_write(run_dir / "designer" / f"scores-{name}.json",
-                     json.dumps([{"env_id": s["env_id"], "score": s["score"]} for s in scored]))
+                     json.dumps([{"env_id": d.env.env_id, "score": d.score} for d in scored]))
 
 
 def prune(paths, keep: str) -> None:

@@ -85,7 +85,7 @@ def spy():
         run_init(self, *args, **kwargs)
         SEEN["distributed_type"] = str(self.accelerator.distributed_type)
         SEEN["world"] = self.world
-        for key, model in (("policy", self.model), ("ref", self.ref_model)):
+        for key, model in (("policy", self.trainer.model), ("ref", self.trainer.ref_model)):
             params = sorted(model.named_parameters())
             sharded = [isinstance(p, DTensor) for _, p in params]
             SEEN[f"{key}_sharded"] = all(sharded)
@@ -101,7 +101,7 @@ def spy():
     finish = run.Run.finish
 
     def finish_spy(self):  # after the last update: which reference weights are still gathered
-        SEEN["ref_gathered_at_end"] = [n for n, p in self.ref_model.named_parameters()
+        SEEN["ref_gathered_at_end"] = [n for n, p in self.trainer.ref_model.named_parameters()
                                        if not isinstance(p, DTensor)]
         return finish(self)
     run.Run.finish = finish_spy

@@ -196,7 +196,10 @@ def test_fsdp2_two_ranks_with_lora(tmp_path):
     evaluations too)."""
     parity_world(tmp_path, torch.bfloat16)
     out = tmp_path / "run"
-    flags = ("--lora_rank", "4", "--lr", "2e-2", "--weight_decay", "0.1", "--plays", "8")
+    # LoRA's B starts at 0, so only a paid play moves the policy (weight decay cannot): --seed 1
+    # is a seed whose step-0 plays are paid on some rank and differ within their group
+    flags = ("--lora_rank", "4", "--lr", "2e-2", "--weight_decay", "0.1", "--plays", "8",
+             "--seed", "1")
     first = launch(tmp_path, out, "lora", *flags)
     for r, seen in enumerate(first):
         assert seen["distributed_type"] == "DistributedType.FSDP" and seen["policy_sharded"]

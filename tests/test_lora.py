@@ -161,9 +161,9 @@ def test_one_grpo_step_changes_only_the_adapters():
         ids = torch.randint(0, len(tok), (10,), generator=rng).tolist()
         samples.append(grpo.Sample(ids, [0] * 4 + [1] * 6, [0.0] * 4 + [-7.0] * 6, advantage=a,
                                    role="agent"))
-    out = train.grpo_update(model, lora.Reference(model), opt,
-                            torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0),
-                            Accelerator(cpu=True), samples, pad_id=tok.pad_token_id,
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    trainer = train.Trainer(model, opt, sched, Accelerator(cpu=True), ref_model=lora.Reference(model))
+    out = train.grpo_update(trainer, samples, pad_id=tok.pad_token_id,
                             temperatures={"agent": 1.0},
                             gargs=config.GRPOArgs(kl_coef=0.05, micro_batch_tokens=64))
     assert out["losses/kl"] > 0 and out["losses/grad_norm"] > 0

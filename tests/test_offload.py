@@ -44,7 +44,7 @@ def _three_steps(tiny, offloaded: bool):
             assert all(v.untyped_storage().nbytes() == 0
                        for s in opt.state.values() for v in s.values())
             assert all(p.untyped_storage().nbytes() > 0 for p in model.parameters())
-        train.grpo_update(model, None, opt, sched, Accelerator(cpu=True), _samples(step),
+        train.grpo_update(train.Trainer(model, opt, sched, Accelerator(cpu=True)), _samples(step),
                           pad_id=tiny[1].pad_token_id, temperatures={"agent": 1.0},
                           gargs=config.GRPOArgs(kl_coef=0.0))
     return _state(model, opt), freed
@@ -174,7 +174,7 @@ def test_one_arena_of_exactly_the_bytes_it_holds_and_the_plan_counts_them(tiny):
     assert all(torch.equal(a, b) for a, b in
                zip(before, [v for s in opt.state.values() for v in s.values()]))
     n = sum(p.numel() for p in model.parameters())
-    planned = preflight.host_ram(n, world=1, tp=1, sleep_level=2, offload=True, keep=1)["offload"]
+    planned = preflight.host_ram(n, world=1, tp=1, sleep_level=2, offload=True)["offload"]
     assert planned * 1e9 == 12 * n
     assert 12 * n <= arena.nbytes <= 12 * n + len(sizes) * offload.ALIGN
 

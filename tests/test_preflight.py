@@ -166,7 +166,7 @@ def test_the_report_names_the_nvls_switch_where_there_are_communicators(monkeypa
              "tp": tp, "util": 0.35, "offload": False, "seq_len": 32768, "seconds": 1.0,
              "moe": False, "live_episodes": 96, "max_context": 32768, "max_util": 0.5,
              "fits": True, "change": "fits"}
-        return preflight.report(p, "m", {"load": 1.0})
+        return preflight.report(p, "m", {"load": 1.0}, disk=2.0)
     assert "NCCL_NVLS_ENABLE=0 turns it off (now 0)" in text(8, 2)
     assert "2 NCCL x 1.0 (Accelerate's world group, vLLM's TP PyNccl)" in text(8, 2)
     assert "NVLS" not in text(1, 1)
@@ -184,13 +184,16 @@ def test_host_ram_by_hand():
     backups at twice their bytes (torch's pinned allocator rounds each up to a power of two:
     level 2 the CUDA graphs, level 1 the bf16 weights too), the offload arena at its exact 12
     bytes per parameter (14 with the bf16 reference), an export's fp32 state dict and bf16 copy,
-    the checkpoints."""
+    the checkpoint being saved. The checkpoints kept are disk, not host RAM: 12 bytes per
+    parameter each (a LoRA run's, the bf16 base: 2)."""
     n, graphs = 30 * 10**9, preflight.VLLM_GRAPHS_GIB * GIB
-    two = preflight.host_ram(n, world=8, tp=4, sleep_level=2, offload=True, keep=3, kl=True)
+    two = preflight.host_ram(n, world=8, tp=4, sleep_level=2, offload=True, kl=True)
     assert two == pytest.approx({"load": 6 * n / 1e9, "sleep": 2 * 8 * graphs / 1e9,
                                  "offload": 14 * n / 1e9, "export": 6 * n / 1e9,
-                                 "checkpoint": 12 * n / 1e9, "checkpoints kept": 36 * n / 1e9})
-    one = preflight.host_ram(n, world=8, tp=4, sleep_level=1, offload=False, keep=1)
+                                 "checkpoint": 12 * n / 1e9})
+    assert preflight.checkpoint_disk(n, keep=3) == pytest.approx(36 * n / 1e9)
+    assert preflight.checkpoint_disk(n, keep=3, lora=True) == pytest.approx(6 * n / 1e9)
+    one = preflight.host_ram(n, world=8, tp=4, sleep_level=1, offload=False)
     assert one["load"] == pytest.approx(4 * n / 1e9) and one["offload"] == 0.0
     assert one["sleep"] == pytest.approx(2 * (8 * graphs + 2 * n * 8 / 4) / 1e9)
 

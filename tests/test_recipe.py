@@ -149,8 +149,9 @@ def test_each_episode_weighs_one_in_the_loss_whatever_its_turns(monkeypatch):
                         lambda model, ids, *a, **k: model.theta * ids.float())  # (B, T)
     model = Theta()
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    out = train.grpo_update(model, None, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0),
-                            Accelerator(cpu=True), samples, pad_id=0, temperatures={"agent": 1.0},
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    out = train.grpo_update(train.Trainer(model, opt, sched, Accelerator(cpu=True)), samples,
+                            pad_id=0, temperatures={"agent": 1.0},
                             gargs=config.GRPOArgs(kl_coef=0.0, grad_clip=100.0,
                                                   micro_batch_tokens=4))
     assert model.theta.item() == pytest.approx(-1.5)
@@ -165,8 +166,8 @@ def test_role_scale_counts_episodes_not_turn_samples():
     eps = [NS(env_id=f"e{i % 24}", ret=float(i % 2), hinted=False, status="terminated",
               turn_samples=turns) for i in range(192)]
     agent = train.agent_samples(eps)
-    scored = [{"prompt": [1], "reply": [2], "logprobs": [-0.5], "skill": "s", "score": i / 24}
-              for i in range(24)]
+    env = train.PoolEnv("e", "s", "src", "XEnv", "designer")
+    scored = [train.Design(env, [1], [2], [-0.5], score=i / 24) for i in range(24)]
     out, m = train.designer_samples(scored, agent, regen_interval=4)
     assert len(agent) == 576 and m["designer/scale"] == 32.0
     assert out[0].advantage == pytest.approx(32.0 * (0 - 23 / 48))  # S (score - mean_skill)
@@ -194,9 +195,9 @@ def test_play_pool_passes_the_hinted_arms_thinking(monkeypatch):
 def test_regret_ablation_is_the_authors_regret_based():
     import regret
     # r_hint - mean of the whole epoch's unhinted plays, floored at 0, no /0.15 scaling
-    assert regret.designer_score(None, 0.25, mode="regret", r_hint=0.75) == pytest.approx(0.5)
-    assert regret.designer_score(None, 0.5, mode="regret", r_hint=0.2) == 0.0
-    assert regret.designer_score(None, None, mode="regret", timed_out=True) == -0.5
+    assert regret.SCORES["regret"](r_hint=0.75, mean_return=0.25) == pytest.approx(0.5)
+    assert regret.SCORES["regret"](r_hint=0.2, mean_return=0.5) == 0.0
+    assert regret.fault_score("regret", timed_out=True) == -0.5
 
 
 def test_learning_potential_trackers_and_score():
@@ -205,7 +206,7 @@ def test_learning_potential_trackers_and_score():
     assert mu == [0.5, 0.5]
     mu = regret.learning_potential_update(mu, 1.0)  # 0.02 * 0.5 + 0.98 * 1, 0.15 * 0.5 + 0.85 * 1
     assert mu == [pytest.approx(0.99), pytest.approx(0.925)]
-    assert regret.designer_score(None, 0.3, mode="learning_potential", baseline=0.925) == pytest.approx(0.625)
+    assert regret.SCORES["learning_potential"](mean_return=0.3, mu_slow=0.925) == pytest.approx(0.625)
 
 
 def _env(env_id, returns, skill="Optimization", **kw):
@@ -223,17 +224,17 @@ def test_score_epoch_blend_with_the_default_plateau_band():
     envs = [_env("up", [1] * 7 + [0] * 3, regret=0.0),   # w 0.7: 1 - 0.1 / 0.25 = 0.6
             _env("low", [1, 0, 0, 0], regret=0.0),        # w 0.25: 1 - 0.15 / 0.25 = 0.4
             _env("out", [1] * 7 + [0], regret=0.0)]       # w 0.875 > 0.6 + 0.25: 0
-    scores = [s["score"] for s in train.score_epoch(_designs(*envs), config.RegretArgs())]
+    scores = [s.score for s in train.score_epoch(_designs(*envs), config.RegretArgs())]
     assert scores == [pytest.approx(0.36), pytest.approx(0.24), 0.0]
 
 
 def test_score_epoch_learning_potential_over_two_epochs():
     reward, lp = config.RegretArgs(designer_reward="learning_potential"), {}
     # epoch 1: the skill's plays average (1 + 0 + 1 + 1) / 4 = 0.75 -> mu = [0.75, 0.75]
-    scores = [s["score"] for s in train.score_epoch(_designs(_env("a", [1, 0]), _env("b", [1, 1])), reward, lp)]
+    scores = [s.score for s in train.score_epoch(_designs(_env("a", [1, 0]), _env("b", [1, 1])), reward, lp)]
     assert lp == {"Optimization": [0.75, 0.75]} and scores == [pytest.approx(0.25), pytest.approx(0.25)]
     # epoch 2: mean 0.25 -> slow = 0.15 * 0.75 + 0.85 * 0.25 = 0.325; |0 - 0.325|, |0.5 - 0.325|
-    scores = [s["score"] for s in train.score_epoch(_designs(_env("c", [0, 0]), _env("d", [0, 1])), reward, lp)]
+    scores = [s.score for s in train.score_epoch(_designs(_env("c", [0, 0]), _env("d", [0, 1])), reward, lp)]
     assert lp["Optimization"] == [pytest.approx(0.26), pytest.approx(0.325)]
     assert scores == [pytest.approx(0.325), pytest.approx(0.175)]
 
@@ -244,7 +245,7 @@ def test_score_epoch_regret_uses_the_window_mean_and_the_timeout_penalty():
             _env("b", [1, 1], r_hint=0.5, regret=0.0),                # floored: 0
             _env("c", [0], faulty=True, timed_out=True),              # a step timed out: -0.5
             _env("d", [0], faulty=True, r_hint=1.0)]                  # other faults: 0 (deviation 2)
-    assert [s["score"] for s in train.score_epoch(_designs(*envs), reward)] == [pytest.approx(0.75), 0.0, -0.5, 0.0]
+    assert [s.score for s in train.score_epoch(_designs(*envs), reward)] == [pytest.approx(0.75), 0.0, -0.5, 0.0]
 
 
 def test_regret_timeout_penalty_only_at_the_regeneration_step():
@@ -265,7 +266,7 @@ def test_regret_timeout_penalty_only_at_the_regeneration_step():
     assert stepped.faulty and not stepped.timed_out
     regret_only = config.RegretArgs(designer_reward="regret")
     scored = train.score_epoch(_designs(fresh, hinted, late, stepped), regret_only)
-    assert [s["score"] for s in scored] == [-0.5, -0.5, 0.0, 0.0]
+    assert [s.score for s in scored] == [-0.5, -0.5, 0.0, 0.0]
 
 
 def test_which_timeouts_earn_the_regret_ablations_penalty():
@@ -304,7 +305,7 @@ def test_plateau_band_flags_for_the_later_4b_phase(capsys):
         solve_rate = config.RegretArgs(designer_reward="solve_rate", **kw)
         s = train.score_epoch(_designs(_env("a", [1, 0])), solve_rate)
         b = train.score_epoch(_designs(_env("b", [0.1], regret=0.15)), config.RegretArgs(**kw))
-        assert (s[0]["score"], b[0]["score"]) == (pytest.approx(solve), pytest.approx(blend))
+        assert (s[0].score, b[0].score) == (pytest.approx(solve), pytest.approx(blend))
     with pytest.raises(SystemExit, match="--plateau_lo must be <= --plateau_hi"):
         train.main(["--model", "tiny", "--plateau_lo", "0.5", "--plateau_hi", "0.4",
                     "--print_config"])
@@ -356,7 +357,7 @@ def test_regret_ablation_reproduces_the_authors_case():
     envs = [_env("g1", [0.2, 0.2], skill="logic", r_hint=0.8), _env("g2", [0.5, 0.5], skill="logic", r_hint=0.1),
             _env("g3", [], skill="math", faulty=True, timed_out=True), _env("g4", [], skill="math")]
     scored = train.score_epoch(_designs(*envs), reward)
-    adv = grpo.designer_advantages([s["score"] for s in scored], [s["skill"] for s in scored], 10.0)
+    adv = grpo.designer_advantages([s.score for s in scored], [s.env.skill for s in scored], 10.0)
     assert adv.tolist() == [pytest.approx(3.0), pytest.approx(-3.0), pytest.approx(-2.5), pytest.approx(2.5)]
 
 
@@ -374,6 +375,6 @@ def test_learning_potential_reproduces_the_authors_case(monkeypatch):
             _env("g3", [0.5, 0.5], skill="logic")]
     scored = train.score_epoch(_designs(*envs), config.RegretArgs(designer_reward="learning_potential"), lp)
     assert lp["logic"] == [pytest.approx(0.4), pytest.approx(0.1)]
-    adv = grpo.designer_advantages([s["score"] for s in scored], ["logic"] * 3, 10.0).tolist()
+    adv = grpo.designer_advantages([s.score for s in scored], ["logic"] * 3, 10.0).tolist()
     assert adv == [pytest.approx(4.333333333333333), pytest.approx(-3.6666666666666665),
                    pytest.approx(-0.6666666666666666)]

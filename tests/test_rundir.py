@@ -27,8 +27,8 @@ def test_the_readers_read_what_the_writers_write(tmp_path):
     envs = [pool_env("s2-r1-e0", "class Coin: pass\n"), pool_env("s2:r1:e1", "class Two: pass\n")]
     plays = [episode(e.env_id, h, seed) for e in envs for seed, h in ((1, False), (2, True))]
     attempts = [{"skill": "Math", "slot": 0, "attempt": 1, "ok": True, "source": envs[0].source}]
-    rundir.write_step_files(tmp_path, 2, envs, plays, 2, attempts, rank=1,
-                            scored=[{"env_id": "s0-r1-e0", "score": 0.75, "other": 1}])
+    scored = [SimpleNamespace(env=SimpleNamespace(env_id="s0-r1-e0"), score=0.75, prompt=[1])]
+    rundir.write_step_files(tmp_path, 2, envs, plays, 2, attempts, rank=1, scored=scored)
     rundir.append_metrics(tmp_path, {"charts/step": 2, "agent/return_mean": 0.5})
     run = rundir.load_run(tmp_path)
     assert run["config"] == cfg

@@ -97,8 +97,9 @@ def test_update_flops_count_every_forwarded_sequence_per_epoch_and_the_reference
                            weight=1.0) for n, adv in ((2, 1.0), (4, -1.0), (3, 0.5), (5, 0.0))]
     model, ref = Theta(), Theta().requires_grad_(False)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    out = train.grpo_update(model, ref, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0),
-                            Accelerator(cpu=True), samples, pad_id=0, temperatures={"agent": 1.0},
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    out = train.grpo_update(train.Trainer(model, opt, sched, Accelerator(cpu=True), ref_model=ref),
+                            samples, pad_id=0, temperatures={"agent": 1.0},
                             gargs=config.GRPOArgs(kl_coef=0.0, ppo_epochs=2))
     assert telemetry.model_flops(model.config)["active_params"] == 58
     assert out["perf/update_flops"] == 9280.0

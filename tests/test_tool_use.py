@@ -328,7 +328,8 @@ def test_grpo_update_never_forwards_a_compact_filtered_sample(tiny, monkeypatch)
     samples = [grpo.Sample([5 + i] * 12, [0] * 4 + [1] * 8 if i != 1 else [0] * 12,
                            [-7.0] * 12, advantage=a, role="agent", weight=1.0)
                for i, a in enumerate([1.0, -1.0])]
-    out = train.grpo_update(model, ref, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0),
-                            Accelerator(cpu=True), samples, pad_id=tiny[1].pad_token_id,
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    out = train.grpo_update(train.Trainer(model, opt, sched, Accelerator(cpu=True), ref_model=ref),
+                            samples, pad_id=tiny[1].pad_token_id,
                             temperatures={"agent": 1.0}, gargs=config.GRPOArgs(kl_coef=0.1))
     assert out["losses/samples"] == 2 and seen == [12, 12]      # policy + reference: sample 0 only

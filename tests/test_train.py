@@ -199,7 +199,7 @@ def test_plays_regret_and_epoch_scores_by_hand():
     scored = train.score_epoch([train.Design(a, [1], [2], [-0.5]), train.Design(b, [1], [3], [-0.7])],
                               config.RegretArgs())
     # a: 0.4 * clip(0.5 / 0.15, 0, 1) + 0.6 * plateau(0.5) = 0.4 + 0.6 = 1.0; b: faulty -> 0
-    assert [s["score"] for s in scored] == [pytest.approx(1.0), 0.0]
+    assert [s.score for s in scored] == [pytest.approx(1.0), 0.0]
 
 
 def test_checkpointed_state_keeps_the_designer_buffer_on_its_pool_environments(tmp_path):
@@ -239,7 +239,7 @@ def test_the_regret_ablation_scores_a_hintless_environment_as_the_authors():
     train.hint_regrets([e], regen_plays)
     train.record_plays([e], [_ep("f", 0.0), _ep("f", 0.0)])  # the epoch's mean w: 0.25
     [s] = train.score_epoch([train.Design(e, [1], [2], [-0.5])], config.RegretArgs(designer_reward="regret"))
-    assert e.returns == [1.0, 0.0, 0.0, 0.0] and s["score"] == 0.0
+    assert e.returns == [1.0, 0.0, 0.0, 0.0] and s.score == 0.0
 
 
 def test_the_memory_takes_faulty_environments_as_the_authors():
@@ -350,14 +350,14 @@ def test_grpo_update_checkpoints_in_train_mode_frees_grads_skips_zero_advantages
     result equals an update where those samples carry a vanishing advantage."""
     model, opt, sched, acc, calls, kw = _update_setup(tiny, monkeypatch)
     before = [p.detach().clone() for p in model.parameters()]
-    out = train.grpo_update(model, None, opt, sched, acc, _samples([1.0, 0.0, -1.0, 0.0]), **kw)
+    out = train.grpo_update(train.Trainer(model, opt, sched, acc), _samples([1.0, 0.0, -1.0, 0.0]), **kw)
     assert calls["checkpoint"] >= model.config.num_hidden_layers  # checkpointed forwards ran
     assert not model.training
     assert all(p.grad is None for p in model.parameters())
     assert calls["tokens"] == [24] and out["losses/samples"] == 4  # 2 of 4 samples forwarded
     assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
     ref, opt2, sched2, acc2, calls2, _ = _update_setup(tiny, monkeypatch)
-    train.grpo_update(ref, None, opt2, sched2, acc2, _samples([1.0, 1e-30, -1.0, 1e-30]), **kw)
+    train.grpo_update(train.Trainer(ref, opt2, sched2, acc2), _samples([1.0, 1e-30, -1.0, 1e-30]), **kw)
     assert calls2["tokens"] == [48]
     for p, q in zip(model.parameters(), ref.parameters()):
         assert torch.allclose(p, q, atol=1e-7)
@@ -368,13 +368,13 @@ def test_grpo_update_all_zero_advantages_still_steps_and_kl_trains_them(tiny, mo
     AdamW steps as before (weight decay). With a KL term zero-advantage samples are trained."""
     model, opt, sched, acc, calls, kw = _update_setup(tiny, monkeypatch)
     before = [p.detach().clone() for p in model.parameters()]
-    train.grpo_update(model, None, opt, sched, acc, _samples([0.0, 0.0]), **kw)
+    train.grpo_update(train.Trainer(model, opt, sched, acc), _samples([0.0, 0.0]), **kw)
     assert calls["tokens"] == [2]
     assert all(torch.allclose(p, b * (1 - 1e-3 * 0.01)) for p, b in zip(model.parameters(), before))
     model, opt, sched, acc, calls, kw = _update_setup(tiny, monkeypatch, kl_coef=0.1)
     import copy
     ref = copy.deepcopy(model).requires_grad_(False)
-    train.grpo_update(model, ref, opt, sched, acc, _samples([0.0, 0.0]), **kw)
+    train.grpo_update(train.Trainer(model, opt, sched, acc, ref_model=ref), _samples([0.0, 0.0]), **kw)
     assert calls["tokens"] == [24]
 
 

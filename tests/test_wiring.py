@@ -162,9 +162,9 @@ def run(tmp_path, policy, monkeypatch, extra=(), designs=DESIGNS):
     real_backward, real_clip, real_adamw = (accelerate.Accelerator.backward,
                                             accelerate.Accelerator.clip_grad_norm_, torch.optim.AdamW)
 
-    def grpo_update(model, ref_model, optimizer, scheduler, accelerator, samples, **kw):
+    def grpo_update(trainer, samples, **kw):
         rec["samples"].append(list(samples))  # the step's whole batch, both roles
-        return real_update(model, ref_model, optimizer, scheduler, accelerator, samples, **kw)
+        return real_update(trainer, samples, **kw)
 
     def micro_batches(samples, budget):  # what is forwarded (zero advantages are not)
         out = real_batches(samples, budget)
