@@ -16,7 +16,7 @@ designer.regenerate take, and the turn barrier).
    (logprobs.token_logprobs), so the truncated importance weight sees only numeric drift; a head
    that computes in bf16 (autocast, FSDP2: the GPU runs) returns fp32 logits (`fp32_head`). An
    optional prefix KV cache, bounded in bytes, lets each agent turn prefill only its new tokens
-   (run.make_engine keeps one for the tiny models only: an episode's fp32 KV is
+   (run.rollout_engine keeps one for the tiny models only: an episode's fp32 KV is
    2 x layers x KV heads x head dim x 4 bytes per token, gigabytes for a real model's 32k-token
    episode).
 2. Weight sync after each update, for vLLM (vllm_engine.py): `vllm_weight_plan` maps trainer names
