@@ -400,6 +400,8 @@ def score_epoch(designs, reward: config.RegretArgs, lp: dict | None = None) -> l
     plays before scoring."""
     mode, out = reward.designer_reward, []
     score = regret.SCORES[mode]
+    names = inspect.signature(score).parameters  # the inputs this mode scores with
+    band = (reward.plateau_lo, reward.plateau_hi, reward.plateau_ramp)  # plateau(w)'s
     envs = [d.env for d in designs]
     if mode == "learning_potential" and lp is not None:
         for skill in sorted({e.skill for e in envs}):
@@ -410,8 +412,8 @@ def score_epoch(designs, reward: config.RegretArgs, lp: dict | None = None) -> l
         inputs = {"regret": e.regret, "r_hint": e.r_hint,
                   "mean_return": sum(e.returns) / len(e.returns) if e.returns else None,
                   "mu_slow": (lp or {}).get(e.skill, [None, None])[1],  # the skill's slow tracker
-                  "band": (reward.plateau_lo, reward.plateau_hi, reward.plateau_ramp)}
-        args = {name: inputs[name] for name in inspect.signature(score).parameters}
+                  "band": band}
+        args = {name: inputs[name] for name in names}
         # a fault (a timeout is one), or no plays or no regret to score: deviation 2
         if e.faulty or e.timed_out or any(v is None for v in args.values()):
             out.append(dataclasses.replace(d, score=regret.fault_score(mode, e.timed_out)))
