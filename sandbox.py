@@ -242,6 +242,15 @@ class Fault(tuple):
         fault.kind, fault.message = kind, message
         return fault
 
+    @classmethod
+    def of_error(cls, e: Exception, kind: str, *, step: bool) -> Fault:
+        """The Fault result of exception e caught outside a worker (imported.py, openenv.py): a
+        FaultError (our own checks) names its kind; any other exception, whatever attributes it
+        carries, is `kind` and says its type."""
+        if isinstance(e, FaultError):
+            return cls.of(e.kind, e.message, step=step)
+        return cls.of(kind, f"{type(e).__name__}: {e}", step=step)
+
     @property
     def fault(self) -> str:
         return self.kind

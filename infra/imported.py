@@ -146,15 +146,7 @@ class InProcessEnv:
 
     def _fault(self, e: Exception, kind: str, step: bool = True) -> sandbox.Fault:
         self.close()
-        return _fault_of(e, kind, step)
-
-
-def _fault_of(e: Exception, kind: str, step: bool) -> sandbox.Fault:
-    """The Fault result of exception e. Only our own checks name a kind (sandbox.FaultError); a
-    library's exception is `kind`, whatever attributes it carries, and says its type."""
-    if isinstance(e, sandbox.FaultError):
-        return sandbox.Fault.of(e.kind, e.message, step=step)
-    return sandbox.Fault.of(kind, f"{type(e).__name__}: {e}", step=step)
+        return sandbox.Fault.of_error(e, kind, step=step)
 
 
 def _close(env) -> None:

@@ -266,13 +266,11 @@ class RemoteEnv:
             self._used += time.monotonic() - start
 
     def _fault(self, e: Exception, kind: str, step: bool) -> sandbox.Fault:
-        """The Fault of exception e: our own checks name their kind (sandbox.FaultError), a
-        socket's timeout is `timeout`, any other failure `kind`, saying its type."""
+        """The Fault of exception e (sandbox.Fault.of_error): a socket's timeout is `timeout`,
+        any other failure `kind`."""
         self.close()
-        if isinstance(e, sandbox.FaultError):
-            return sandbox.Fault.of(e.kind, e.message, step=step)
-        kind = "timeout" if isinstance(e, TimeoutError) else kind
-        return sandbox.Fault.of(kind, f"{type(e).__name__}: {e}", step=step)
+        return sandbox.Fault.of_error(e, "timeout" if isinstance(e, TimeoutError) else kind,
+                                      step=step)
 
     def tools(self) -> list[dict]:
         return []

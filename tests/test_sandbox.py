@@ -883,6 +883,16 @@ def test_fault_of_builds_every_fault_result():
     assert err(("o", {})) is None and err(("o", 0.0, True, False, {})) is None
 
 
+def test_fault_of_error_names_our_kinds_and_a_librarys_type():
+    """Fault.of_error, for exceptions caught outside a worker: a FaultError keeps its own kind and
+    message; any other exception is the caller's kind, with its type named."""
+    ours = sandbox.Fault.of_error(sandbox.FaultError("invalid_observation", "a list"),
+                                  "step_error", step=True)
+    assert (ours.kind, ours.message) == ("invalid_observation", "a list") and len(ours) == 5
+    lib = sandbox.Fault.of_error(KeyError("x"), "reset_error", step=False)
+    assert (lib.kind, lib.message, len(lib)) == ("reset_error", "KeyError: 'x'", 2)
+
+
 # ------------------------------------------------------------------- 5. the protocol cannot be hijacked
 @pytest.mark.needs_root
 def test_forged_extra_reply_line_kills_worker(sb):
