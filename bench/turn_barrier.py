@@ -6,7 +6,7 @@
 The tiny random Qwen3 (models.build_tiny("tiny"), fp32) in vllm_engine.VLLMEngine, both arms in one
 run on one engine. "barrier": one generate call per agent turn for all live episodes, one per
 designer round of still-failing slots (engine.barrier streams on VLLMEngine.generate, the turn
-barrier TransformersEngine's streams are). "no barrier": engine.Requests streams
+barrier TransformersEngine's streams are). "no barrier": vllm_engine.Requests streams
 (Sampler.stream) on VLLMEngine.submit / collect (train.py's path on vLLM): an episode's next
 turn, or a rejected attempt's retry, goes in as soon as its environment or validation answers.
 Both arms sample every request with the same seed.

@@ -28,7 +28,7 @@ both are saved as a local model directory that both engines load.
    Both ranks share these 2 cores, so TP 2 here shows the cost of the group's protocol (each rank
    streams every full tensor and keeps 1/TP of it), not a speedup.
 4. vllm.seeded_over_unseeded_time: what a seed on every request costs vLLM's V1 sampler (the
-   engine seeds each one, engine.Requests; vLLM gives each seeded request its own generator and
+   engine seeds each one, vllm_engine.Requests; vLLM gives each seeded request its own generator and
    draws for it one request at a time in every decode step): SEED_BATCH prompts x SEED_TOKENS
    new tokens (T 1, no top-k / top-p) through VLLMEngine.generate with a seed per request and
    without, on a 2-layer model, median of SEED_ROUNDS interleaved pairs; figure: seeded seconds

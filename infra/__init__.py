@@ -18,9 +18,10 @@ update's FLOPs (`telemetry.model_flops`, `telemetry.sequence_flops`).
     config.py     the command line: flags, presets, checks
     stream.py     the request stream agent.py and designer.py take: Completion, the Stream
                   protocol, a turn barrier over any batched generate (copy it beside them)
-    engine.py     the transformers rollout engine (in process) and its streams; vLLM's request
-                  stream; the weight plan a vLLM sync streams
-    vllm_engine.py VLLMEngine: vLLM colocated in the training processes (weight sync, sleep)
+    engine.py     the transformers rollout engine (in process) and its streams; the weight plan
+                  a vLLM sync streams
+    vllm_engine.py VLLMEngine: vLLM colocated in the training processes (its request stream,
+                  weight sync, sleep)
     logprobs.py   chunked token log-probs (the update's forward)
     models.py     model names, the tiny offline models, shipped dtypes and architectures
     metrics.py    the logged run statistics (Figs. 7, 9, 19), never trained on

@@ -2,8 +2,8 @@
 
 SPADE (arXiv 2608.19197) trains one policy that both writes environments (designer) and plays them
 (agent); every token either role emits is sampled here, from a model that models.py loads, or in
-vllm_engine.py's `VLLMEngine`, which takes this file's `Requests` stream and weight plan; it comes
-back as a stream.Completion through a request stream (stream.py: the protocol agent.play and
+vllm_engine.py's `VLLMEngine`, which takes this file's weight plan; it comes back as a
+stream.Completion through a request stream (stream.py: the protocol agent.play and
 designer.regenerate take, and the turn barrier).
 
 1. `TransformersEngine`: a turn barrier's engine (its streams: `barrier`, stream.Batched over its
@@ -44,7 +44,7 @@ from infra.stream import Batched, Completion, per_prompt_caps
 
 
 # ----------------------------------------------------------------------------------------------
-# INFRA: the request streams of the two engines (stream.py: the protocol and the turn barrier)
+# INFRA: the transformers engine's request stream (stream.py: the protocol and the barrier)
 
 
 def barrier(engine, sampling: dict, seed, max_new_tokens: int | None = None, render=None,
@@ -74,39 +74,6 @@ class Batching:
 
     def drain(self) -> None:
         """The end of a phase: nothing to wait for on one process."""
-
-
-class Requests:
-    """VLLMEngine's stream: requests stay in flight across turns, submitted and collected by
-    request id, and collect(wait=False) advances decoding by one engine step. sampling: the
-    engine's temperature, top_p, top_k; seed(n): round n's seed (request (i, n) is seeded
-    seed(n) + i); max_new_tokens, render, on_reply: as barrier's."""
-
-    def __init__(self, engine, sampling: dict, seed, max_new_tokens: int | None = None,
-                 render=None, on_reply=None):
-        self.engine, self.sampling, self.seed, self.max_new_tokens = \
-            engine, sampling, seed, max_new_tokens
-        self.render, self.on_reply = render or (lambda prompt: prompt), on_reply or (lambda r: None)
-        self.keys = {}  # engine request id -> key
-
-    @property
-    def pending(self) -> int:
-        return len(self.keys)
-
-    def submit(self, key: tuple[int, int], prompt, max_new_tokens: int | None = None) -> None:
-        i, n = key
-        rid = self.engine.submit(self.render(prompt),
-                                 max_new_tokens=max_new_tokens or self.max_new_tokens,
-                                 seed=self.seed(n) + i, **self.sampling)
-        self.keys[rid] = key
-
-    def collect(self, wait: bool = True) -> list[tuple]:
-        done = self.engine.collect(self.keys, wait)
-        self.on_reply([c for _, c in done])
-        return [(self.keys.pop(rid), c) for rid, c in done]
-
-    def serve(self, fn):
-        return self.engine.serve(fn)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -2,9 +2,8 @@
 
 SPADE (arXiv 2608.19197) samples the designer's, the hints' and the agent's tokens from the policy
 being trained; on GPUs they come from here, and the trainer's weights come back in after each
-update. engine.py holds what this engine shares with the transformers one: the request streams it
-hands out (`Requests`) and the weight plan its sync streams; stream.py the `Completion` it
-returns.
+update. engine.py holds what this engine shares with the transformers one, the weight plan its
+sync streams; stream.py the `Completion` it returns. Its own request stream is `Requests`.
 
 `VLLMEngine`: vLLM colocated in the training processes (one engine per rank, tensor parallel
 within the node, sleep mode between generation and training on GPUs), token in, token out;
@@ -57,7 +56,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from infra.engine import Requests, adapter_weights, stream_weights
+from infra.engine import adapter_weights, stream_weights
 from infra.stream import Completion, per_prompt_caps
 
 # ----------------------------------------------------------------------------------------------
@@ -155,6 +154,41 @@ def one_process_tp_error(tp: int) -> str:
 # training-inference consistency"). On CUDA one bf16 x bf16 -> fp32 matmul, no fp32 weight copy;
 # a model already in fp32 (the tiny ones) is unchanged.
 FP32_HEAD = {"head_dtype": "float32"}
+
+
+class Requests:
+    """VLLMEngine's stream: requests stay in flight across turns, submitted and collected by
+    request id, and collect(wait=False) advances decoding by one engine step. sampling: the
+    engine's temperature, top_p, top_k; seed(n): round n's seed (request (i, n) is seeded
+    seed(n) + i); max_new_tokens, render, on_reply: as engine.barrier's."""
+
+    def __init__(self, engine, sampling: dict, seed, max_new_tokens: int | None = None,
+                 render=None, on_reply=None):
+        self.engine, self.sampling, self.seed, self.max_new_tokens = \
+            engine, sampling, seed, max_new_tokens
+        self.render, self.on_reply = render or (lambda prompt: prompt), on_reply or (lambda r: None)
+        self.keys = {}  # engine request id -> key
+
+    @property
+    def pending(self) -> int:
+        return len(self.keys)
+
+    def submit(self, key: tuple[int, int], prompt, max_new_tokens: int | None = None) -> None:
+        i, n = key
+        rid = self.engine.submit(self.render(prompt),
+                                 max_new_tokens=max_new_tokens or self.max_new_tokens,
+                                 seed=self.seed(n) + i, **self.sampling)
+        self.keys[rid] = key
+
+    def collect(self, wait: bool = True) -> list[tuple]:
+        done = self.engine.collect(self.keys, wait)
+        self.on_reply([c for _, c in done])
+        return [(self.keys.pop(rid), c) for rid, c in done]
+
+    def serve(self, fn):
+        return self.engine.serve(fn)
+
+
 # how often VLLMEngine.serve's TP group, with nothing to decode, looks at the work it serves
 IDLE_WAIT_S = 0.005
 SLEEP_LEVEL = 2  # VLLMEngine's sleep between rollouts: weights and KV cache go (docstring)

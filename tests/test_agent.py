@@ -688,7 +688,7 @@ class StepStream:
 
 
 def test_environment_steps_go_through_the_streams_serve(tokenizer):
-    """play steps its environments through the request stream's serve (engine.Requests: a TP
+    """play steps its environments through the request stream's serve (vllm_engine.Requests: a TP
     member keeps serving its group while the sandbox steps), once per batch of replies, and the
     episodes end as they do without it."""
     plays, served = {}, []

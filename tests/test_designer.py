@@ -739,7 +739,7 @@ def test_corpus_document_titles_for_the_run_logs(tmp_path):
 
 
 class SteppingDesigner:
-    """A continuous request stream (as engine.Requests on vLLM): `replies[(slot, attempt)]` is
+    """A continuous request stream (as vllm_engine.Requests on vLLM): `replies[(slot, attempt)]` is
     (text, engine steps it takes); collect(wait=False) runs one engine step. Logs events."""
 
     def __init__(self, replies):
@@ -800,8 +800,8 @@ def test_a_rejected_attempt_is_retried_while_other_attempts_decode():
 
 def test_a_validation_wait_with_nothing_in_flight_goes_through_serve():
     """With no attempt of its own decoding, regenerate waits for its validations through the
-    stream's serve (engine.Requests: a TP member keeps serving its group meanwhile); while another
-    attempt decodes it polls them between engine steps instead."""
+    stream's serve (vllm_engine.Requests: a TP member keeps serving its group meanwhile); while
+    another attempt decodes it polls them between engine steps instead."""
     stream = SteppingDesigner({(0, 1): (fenced(env("Good")), 2), (1, 1): (fenced(env("Slow")), 9)})
     served = []
 

@@ -101,11 +101,11 @@ def test_derive_seed_is_stable():
 
 
 def test_request_seeds_are_what_the_per_turn_calls_gave():
-    """engine.Requests: the request of item i in round n (episode i's turn n) is seeded
+    """vllm_engine.Requests: the request of item i in round n (episode i's turn n) is seeded
     derive_seed(seed, step, role, n) + i, what the n-th generate call gives its i-th prompt, so
     its tokens do not depend on what else is in flight; chats are rendered before they go in."""
     class Engine:  # submit / collect, finishing every request at once
-        stream = vllm_engine.VLLMEngine.stream  # its streams: engine.Requests
+        stream = vllm_engine.VLLMEngine.stream  # its streams: vllm_engine.Requests
 
         def __init__(self):
             self.asked, self.calls = [], []
